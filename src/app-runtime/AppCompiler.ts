@@ -1,0 +1,75 @@
+import { isBuiltin } from "node:module"
+import * as esbuild from "esbuild"
+
+export type CompileFailure =
+  | { readonly _tag: "SyntaxError"; readonly message: string }
+  | { readonly _tag: "ForbiddenImport"; readonly module: string; readonly message: string }
+
+const sdkSpecifier = "cornserve/app"
+const sdkUrl = new URL("./index.js", import.meta.url).href
+const policyPlugin = "cornserve-import-policy"
+
+const resolveAllowed = (specifier: string): string | undefined => {
+  if (specifier === sdkSpecifier) return sdkUrl
+  if (specifier === "effect" || specifier.startsWith("effect/")) return import.meta.resolve(specifier)
+  if (isBuiltin(specifier)) return specifier.startsWith("node:") ? specifier : `node:${specifier}`
+  return undefined
+}
+
+const describe = (message: esbuild.Message, file: string): string => {
+  const where = message.location ? `${file}:${message.location.line}:${message.location.column + 1}: ` : ""
+  return `${where}${message.text}`
+}
+
+/**
+ * Turns an app's TypeScript source into one ES module. Imports may name only the SDK, `effect`
+ * and Node built-ins; they resolve to the platform's own copies, so an app's tasks and schemas are
+ * the very classes the platform checks against.
+ */
+export const compileApp = async (
+  source: string,
+  fileName: string
+): Promise<{ readonly _tag: "Compiled"; readonly code: string } | CompileFailure> => {
+  const forbidden: Array<string> = []
+  try {
+    const result = await esbuild.build({
+      stdin: { contents: source, loader: "ts", sourcefile: fileName },
+      bundle: true,
+      write: false,
+      format: "esm",
+      platform: "node",
+      target: "node20",
+      logLevel: "silent",
+      plugins: [
+        {
+          name: policyPlugin,
+          setup(build) {
+            build.onResolve({ filter: /.*/ }, (args) => {
+              const resolved = resolveAllowed(args.path)
+              if (resolved !== undefined) return { path: resolved, external: true }
+              forbidden.push(args.path)
+              return {
+                errors: [
+                  {
+                    text: `import of "${args.path}" is not allowed: an app may import only "cornserve/app", "effect" and Node built-ins`
+                  }
+                ]
+              }
+            })
+          }
+        }
+      ]
+    })
+    return { _tag: "Compiled", code: result.outputFiles[0]!.text }
+  } catch (error) {
+    const messages: Array<esbuild.Message> = (error as esbuild.BuildFailure).errors ?? []
+    if (messages.length === 0) throw error
+    const text = messages.map((message) => describe(message, fileName)).join("\n")
+    return forbidden.length > 0
+      ? { _tag: "ForbiddenImport", module: forbidden[0]!, message: text }
+      : { _tag: "SyntaxError", message: text }
+  }
+}
+
+/** Stops esbuild's helper process; the next compile starts it again. */
+export const stopCompiler = (): Promise<void> => esbuild.stop()

@@ -1,0 +1,232 @@
+/**
+ * The app driver's worker thread: evaluates one app's module, validates its export, and runs its
+ * `serve` for each request the platform hands over. The app never shares a heap with the platform.
+ */
+import { AsyncLocalStorage } from "node:async_hooks"
+import { parentPort, workerData } from "node:worker_threads"
+import { ParseResult, Schema } from "effect"
+import { type App, appDefinitionProblems, appUnitTasks, isApp } from "../App.js"
+import { type DispatchResult, setTaskDispatcher, TaskInputError } from "../tasks/TaskGraph.js"
+import type { FromWorker, InvokeFailureCode, SchemaIssue, ToWorker } from "./protocol.js"
+
+interface WorkerInput {
+  readonly code: string
+}
+
+const port = parentPort!
+const post = (message: FromWorker) => port.postMessage(message)
+const requestContext = new AsyncLocalStorage<{ readonly requestId: string; readonly signal: AbortSignal }>()
+
+const errorMessage = (error: unknown): string =>
+  error instanceof Error ? `${error.name === "Error" ? "" : `${error.name}: `}${error.message}` : String(error)
+
+const loadApp = async (): Promise<App | string> => {
+  const { code } = workerData as WorkerInput
+  let module: Record<string, unknown>
+  try {
+    module = await import(`data:text/javascript;base64,${Buffer.from(code).toString("base64")}`)
+  } catch (error) {
+    return `the app failed while loading: ${errorMessage(error)}`
+  }
+  const candidate = module.default
+  if (candidate === undefined) return "the app has no default export: export default defineApp({ ... })"
+  if (!isApp(candidate)) {
+    const problems = appDefinitionProblems(candidate)
+    return problems.length > 0
+      ? `the default export is not a valid app: ${problems.join("; ")}`
+      : "the default export must be made with defineApp() from \"cornserve/app\""
+  }
+  return candidate
+}
+
+const app = await loadApp()
+if (typeof app === "string") {
+  post({ t: "load-failed", message: app })
+} else {
+  serveApp(app)
+}
+
+function serveApp(app: App) {
+  const decodeRequest = Schema.decodeUnknownEither(app.request)
+  const encodeResponse = app.response === undefined ? undefined : Schema.encodeEither(app.response)
+  const running = new Map<number, AbortController>()
+  const dispatches = new Map<number, PendingDispatch>()
+  let nextDispatchId = 0
+
+  const toJson = (value: unknown): string | { readonly failure: string } => {
+    if (encodeResponse !== undefined) {
+      const encoded = encodeResponse(value)
+      if (encoded._tag === "Left") return { failure: ParseResult.TreeFormatter.formatErrorSync(encoded.left) }
+      value = encoded.right
+    }
+    return JSON.stringify(value) ?? "null"
+  }
+
+  const fail = (rid: number, code: InvokeFailureCode, message: string, issues?: ReadonlyArray<SchemaIssue>) =>
+    post(issues === undefined ? { t: "failed", rid, code, message } : { t: "failed", rid, code, message, issues })
+
+  const invoke = async (rid: number, requestId: string, body: string) => {
+    let parsed: unknown
+    try {
+      parsed = JSON.parse(body)
+    } catch (error) {
+      return fail(rid, "BadJson", `the request body is not JSON: ${errorMessage(error)}`)
+    }
+    const decoded = decodeRequest(parsed, { errors: "all" })
+    if (decoded._tag === "Left") {
+      const issues = ParseResult.ArrayFormatter.formatErrorSync(decoded.left).map(({ path, message }) => ({
+        path,
+        message
+      }))
+      const summary = issues.map((issue) => `${issue.path.length > 0 ? issue.path.join(".") : "(body)"}: ${issue.message}`)
+      return fail(rid, "RequestSchemaMismatch", `the request does not match the app's schema: ${summary.join("; ")}`, issues)
+    }
+    const controller = new AbortController()
+    running.set(rid, controller)
+    const signal = controller.signal
+    try {
+      const result = await requestContext.run({ requestId, signal }, () =>
+        Promise.resolve(app.serve(decoded.right, { requestId, signal }))
+      )
+      if (signal.aborted) return
+      if (isAsyncIterable(result)) {
+        post({ t: "stream-start", rid })
+        for await (const chunk of result) {
+          if (signal.aborted) return
+          const json = toJson(chunk)
+          if (typeof json !== "string") {
+            return fail(rid, "ResponseSchemaMismatch", `a streamed line does not match the app's response schema: ${json.failure}`)
+          }
+          post({ t: "chunk", rid, json })
+        }
+        if (!signal.aborted) post({ t: "end", rid })
+      } else {
+        const json = toJson(result)
+        if (typeof json !== "string") {
+          return fail(rid, "ResponseSchemaMismatch", `serve's answer does not match the app's response schema: ${json.failure}`)
+        }
+        post({ t: "value", rid, json })
+      }
+    } catch (error) {
+      if (signal.aborted) return
+      fail(rid, error instanceof TaskInputError ? "TaskInputRejected" : "AppError", errorMessage(error))
+    } finally {
+      running.delete(rid)
+    }
+  }
+
+  setTaskDispatcher(
+    (graph) =>
+      new Promise<DispatchResult>((resolve, reject) => {
+        const context = requestContext.getStore()
+        if (context === undefined) return reject(new Error("tasks can be invoked only while serving a request"))
+        if (context.signal.aborted) return reject(new Error("the request was cancelled"))
+        const did = nextDispatchId++
+        const pending = new PendingDispatch(resolve, reject)
+        dispatches.set(did, pending)
+        context.signal.addEventListener(
+          "abort",
+          () => {
+            if (dispatches.delete(did)) {
+              post({ t: "dispatch-cancel", did })
+              pending.fail("the request was cancelled")
+            }
+          },
+          { once: true }
+        )
+        post({ t: "dispatch", did, requestId: context.requestId, graph })
+      })
+  )
+
+  port.on("message", (message: ToWorker) => {
+    switch (message.t) {
+      case "invoke":
+        void invoke(message.rid, message.requestId, message.body)
+        return
+      case "cancel":
+        running.get(message.rid)?.abort()
+        return
+      case "ping":
+        post({ t: "pong", nonce: message.nonce })
+        return
+      case "dispatched":
+        dispatches.get(message.did)?.resolveOutputs(message.outputs, message.streams)
+        if (!message.streams) dispatches.delete(message.did)
+        return
+      case "dispatch-chunk":
+        dispatches.get(message.did)?.push(message.chunk)
+        return
+      case "dispatch-end":
+        dispatches.get(message.did)?.end()
+        dispatches.delete(message.did)
+        return
+      case "dispatch-failed":
+        dispatches.get(message.did)?.fail(message.message)
+        dispatches.delete(message.did)
+        return
+    }
+  })
+
+  post({
+    t: "loaded",
+    tasks: appUnitTasks(app).map((task) => ({ id: task.id, kind: task.kind, name: task.name, config: task.config })),
+    example: app.example,
+    description: app.description
+  })
+}
+
+const isAsyncIterable = (value: unknown): value is AsyncIterable<unknown> =>
+  typeof value === "object" && value !== null && Symbol.asyncIterator in value
+
+/** A dispatched graph waiting for its outputs, and then for the chunks of its streaming output. */
+class PendingDispatch {
+  private readonly chunks: Array<unknown> = []
+  private done = false
+  private failure: Error | undefined
+  private wake: (() => void) | undefined
+
+  constructor(
+    private readonly resolve: (result: DispatchResult) => void,
+    private readonly reject: (error: Error) => void
+  ) {}
+
+  resolveOutputs(outputs: ReadonlyArray<unknown>, streams: boolean) {
+    this.resolve(streams ? { outputs, stream: this.stream() } : { outputs })
+  }
+
+  push(chunk: unknown) {
+    this.chunks.push(chunk)
+    this.notify()
+  }
+
+  end() {
+    this.done = true
+    this.notify()
+  }
+
+  fail(message: string) {
+    this.failure = new Error(message)
+    this.reject(this.failure)
+    this.notify()
+  }
+
+  private notify() {
+    const wake = this.wake
+    this.wake = undefined
+    wake?.()
+  }
+
+  private async *stream(): AsyncIterable<unknown> {
+    while (true) {
+      if (this.chunks.length > 0) {
+        yield this.chunks.shift()
+      } else if (this.failure !== undefined) {
+        throw this.failure
+      } else if (this.done) {
+        return
+      } else {
+        await new Promise<void>((wake) => (this.wake = wake))
+      }
+    }
+  }
+}

@@ -1,0 +1,28 @@
+/**
+ * The SDK apps import as `cornserve/app`: define an app, declare the tasks it calls, and use the
+ * OpenAI chat schemas for chat apps.
+ */
+export { defineApp, type App, type AppDefinition, type ServeContext } from "./App.js"
+export { DataForward, type ForwardedDataType } from "./tasks/DataForward.js"
+export { TaskStream } from "./tasks/TaskStream.js"
+export { Task, UnitTask, CompositeTask, TaskConfigError, type UnitTaskKind } from "./tasks/Task.js"
+export { TaskInputError } from "./tasks/TaskGraph.js"
+export { EncoderTask, type EncoderConfig, type EncoderInput, type EncoderOutput } from "./tasks/EncoderTask.js"
+export { LLMTask, LLMEmbeddingTask, type LLMConfig, type LLMInput, type LLMEmbeddingOutput } from "./tasks/LLMTask.js"
+export {
+  ImageGeneratorTask,
+  AudioGeneratorTask,
+  type GeneratorConfig,
+  type ImageGeneratorInput,
+  type ImageGeneratorOutput,
+  type AudioGeneratorInput,
+  type AudioChunk
+} from "./tasks/GeneratorTask.js"
+export { MLLMTask, type MLLMConfig } from "./tasks/MLLMTask.js"
+export {
+  ChatCompletionRequest,
+  ChatCompletionChunk,
+  ChatMessage,
+  ChatContentPart,
+  chatMediaParts
+} from "./schemas/OpenAI.js"

@@ -1,0 +1,36 @@
+import { Schema } from "effect"
+import { DataForward } from "./DataForward.js"
+import { modelShortName, UnitTask } from "./Task.js"
+
+export const Modality = Schema.Literal("image", "video", "audio")
+
+export const EncoderConfig = Schema.Struct({
+  model: Schema.NonEmptyTrimmedString,
+  modality: Modality,
+  maxBatchSize: Schema.optionalWith(Schema.Int.pipe(Schema.positive()), { default: () => 1 })
+})
+export type EncoderConfig = typeof EncoderConfig.Encoded
+
+export const EncoderInput = Schema.Struct({ urls: Schema.NonEmptyArray(Schema.String) })
+export type EncoderInput = typeof EncoderInput.Type
+
+export interface EncoderOutput {
+  /** One embedding per URL, in order; they travel through the sidecar. */
+  readonly embeddings: ReadonlyArray<DataForward<"Tensor">>
+}
+
+/** Embeds images, video or audio with a multimodal encoder (Eric). */
+export class EncoderTask extends UnitTask<EncoderInput, EncoderOutput, typeof EncoderConfig.Type> {
+  readonly operation = "embed"
+  readonly name: string
+  protected readonly inputSchema = EncoderInput
+
+  constructor(config: EncoderConfig) {
+    super("encoder", EncoderConfig, config)
+    this.name = `encoder-${this.config.modality}-${modelShortName(this.config.model)}`
+  }
+
+  protected makeRecordOutput(input: EncoderInput): EncoderOutput {
+    return { embeddings: input.urls.map(() => new DataForward("Tensor")) }
+  }
+}

@@ -1,0 +1,64 @@
+import { ParseResult, Schema } from "effect"
+import { type ChatCompletionChunk, type ChatCompletionRequest, chatMediaParts } from "../schemas/OpenAI.js"
+import type { DataForward } from "./DataForward.js"
+import { EncoderTask, Modality } from "./EncoderTask.js"
+import { LLMTask } from "./LLMTask.js"
+import { CompositeTask, TaskConfigError } from "./Task.js"
+import { TaskInputError } from "./TaskGraph.js"
+import type { TaskStream } from "./TaskStream.js"
+
+export const MLLMConfig = Schema.Struct({
+  model: Schema.NonEmptyTrimmedString,
+  modalities: Schema.Array(Modality),
+  /** Run each encoder as its own task (Eric) and forward embeddings; false: encode inside the LLM. */
+  encoderFission: Schema.optionalWith(Schema.Boolean, { default: () => true }),
+  /** The encoder's model when it differs from the LLM's. */
+  encoderModel: Schema.optional(Schema.NonEmptyTrimmedString)
+})
+export type MLLMConfig = typeof MLLMConfig.Encoded
+
+/**
+ * A multimodal LLM: with encoder fission, one encoder task per modality plus an LLM that takes
+ * their embeddings through the sidecar; without it, the LLM alone, encoding media in-process.
+ */
+export class MLLMTask extends CompositeTask<ChatCompletionRequest, TaskStream<ChatCompletionChunk>> {
+  readonly name: string
+  readonly config: typeof MLLMConfig.Type
+  readonly encoders: ReadonlyMap<string, EncoderTask>
+  readonly llm: LLMTask
+
+  constructor(config: MLLMConfig) {
+    super()
+    const decoded = Schema.decodeUnknownEither(MLLMConfig)(config, { errors: "all", onExcessProperty: "error" })
+    if (decoded._tag === "Left") {
+      throw new TaskConfigError(`invalid MLLM task config: ${ParseResult.TreeFormatter.formatErrorSync(decoded.left)}`)
+    }
+    this.config = { ...decoded.right, modalities: [...new Set(decoded.right.modalities)].sort() }
+    const { model, encoderFission, encoderModel } = this.config
+    this.encoders = new Map(
+      encoderFission
+        ? this.config.modalities.map((modality) => [
+            modality,
+            this.use(new EncoderTask({ model: encoderModel ?? model, modality }))
+          ])
+        : []
+    )
+    this.llm = this.use(new LLMTask({ model, receiveEmbeddings: encoderFission }))
+    this.name = `mllm-${this.llm.name.slice("llm-".length)}`
+  }
+
+  compose(request: ChatCompletionRequest): TaskStream<ChatCompletionChunk> {
+    const media = chatMediaParts(request)
+    for (const part of media) {
+      if (!this.config.modalities.includes(part.modality)) {
+        const accepted = this.config.modalities.length > 0 ? this.config.modalities.join(", ") : "text only"
+        throw new TaskInputError(`this model takes ${accepted}; the request has ${part.modality}`)
+      }
+    }
+    if (!this.config.encoderFission) return this.llm.compose(request)
+    const embeddings: Array<DataForward<"Tensor">> = media.map(
+      (part) => this.encoders.get(part.modality)!.compose({ urls: [part.url] }).embeddings[0]!
+    )
+    return this.llm.compose({ ...request, cornserveEmbeddings: embeddings })
+  }
+}

@@ -1,0 +1,193 @@
+import { readFile } from "node:fs/promises"
+import { basename, extname } from "node:path"
+import { Effect, Schema } from "effect"
+
+/** A failed command: its message is printed as is and the process exits non-zero. */
+export class CliFailure extends Schema.TaggedError<CliFailure>()("CliFailure", { message: Schema.String }) {}
+
+export interface GatewayTarget {
+  readonly url: string
+  readonly token: string | undefined
+}
+
+const request = (target: GatewayTarget, method: string, path: string, body?: unknown) =>
+  Effect.tryPromise({
+    try: () =>
+      fetch(new URL(path, target.url.endsWith("/") ? target.url : `${target.url}/`), {
+        method,
+        headers: {
+          ...(body === undefined ? {} : { "content-type": "application/json" }),
+          ...(target.token === undefined ? {} : { authorization: `Bearer ${target.token}` })
+        },
+        ...(body === undefined ? {} : { body: typeof body === "string" ? body : JSON.stringify(body) })
+      }),
+    catch: (error) =>
+      new CliFailure({
+        message: `cannot reach the gateway at ${target.url}: ${(error as Error).cause instanceof Error ? ((error as Error).cause as Error).message : (error as Error).message}`
+      })
+  })
+
+const readText = (response: Response) => Effect.promise(() => response.text())
+
+/** The server's own message for a failed response. */
+const failureOf = (response: Response) =>
+  Effect.flatMap(readText(response), (text) => {
+    let message = text
+    try {
+      const parsed = JSON.parse(text) as { error?: { code?: string; message?: string } }
+      if (parsed.error?.message !== undefined) message = `${parsed.error.message} (${parsed.error.code ?? response.status})`
+    } catch {
+      // not JSON: the text itself is the message
+    }
+    return Effect.fail(new CliFailure({ message: `error ${response.status}: ${message}` }))
+  })
+
+const expectOk = (response: Response) => (response.ok ? Effect.succeed(response) : failureOf(response))
+
+/** Lines of a streamed body, as they arrive. */
+async function* bodyLines(response: Response): AsyncIterable<string> {
+  const decoder = new TextDecoder()
+  let pending = ""
+  for await (const bytes of response.body as unknown as AsyncIterable<Uint8Array>) {
+    pending += decoder.decode(bytes, { stream: true })
+    let newline: number
+    while ((newline = pending.indexOf("\n")) >= 0) {
+      yield pending.slice(0, newline)
+      pending = pending.slice(newline + 1)
+    }
+  }
+  pending += decoder.decode()
+  if (pending.length > 0) yield pending
+}
+
+const write = (text: string) => Effect.sync(() => process.stdout.write(text))
+const note = (text: string) => Effect.sync(() => process.stderr.write(`${text}\n`))
+
+export const registerApp = (target: GatewayTarget, file: string, name: string | undefined, replace: boolean) =>
+  Effect.gen(function* () {
+    const source = yield* Effect.tryPromise({
+      try: () => readFile(file, "utf8"),
+      catch: (error) => new CliFailure({ message: `cannot read ${file}: ${(error as Error).message}` })
+    })
+    const appName = name ?? basename(file, extname(file))
+    const response = yield* Effect.flatMap(request(target, "POST", "app/register", { source, name: appName, replace }), expectOk)
+    let event = "message"
+    let outcome: { ok: boolean; data: Record<string, any> } | undefined
+    yield* Effect.promise(async () => {
+      for await (const line of bodyLines(response)) {
+        if (line.startsWith("event: ")) event = line.slice("event: ".length)
+        else if (line.startsWith("data: ")) {
+          const data = JSON.parse(line.slice("data: ".length)) as Record<string, any>
+          if (event === "progress") process.stderr.write(`  ${data.message}\n`)
+          else if (event === "final") outcome = { ok: true, data }
+          else if (event === "error") outcome = { ok: false, data }
+        }
+      }
+    })
+    if (outcome === undefined) return yield* new CliFailure({ message: "the gateway closed the registration stream without an outcome" })
+    if (!outcome.ok) {
+      return yield* new CliFailure({ message: `registration of ${appName} failed: ${outcome.data.error?.message ?? "unknown error"}` })
+    }
+    yield* write(`${outcome.data.message}\n`)
+  })
+
+export const unregisterApp = (target: GatewayTarget, appId: string) =>
+  Effect.gen(function* () {
+    const response = yield* Effect.flatMap(request(target, "POST", `app/unregister/${encodeURIComponent(appId)}`), expectOk)
+    const body = JSON.parse(yield* readText(response)) as { message: string }
+    yield* write(`${body.message}\n`)
+  })
+
+const table = (header: ReadonlyArray<string>, rows: ReadonlyArray<ReadonlyArray<string>>): string => {
+  const widths = header.map((title, column) => Math.max(title.length, ...rows.map((row) => row[column]!.length)))
+  const format = (row: ReadonlyArray<string>) => row.map((cell, column) => cell.padEnd(widths[column]!)).join("  ").trimEnd()
+  return [format(header), ...rows.map(format)].join("\n") + "\n"
+}
+
+export const listApps = (target: GatewayTarget) =>
+  Effect.gen(function* () {
+    const response = yield* Effect.flatMap(request(target, "GET", "app/list"), expectOk)
+    const { apps } = JSON.parse(yield* readText(response)) as {
+      apps: Array<{ id: string; state: string; tasks: Array<{ name: string }>; inFlight: number; error?: string }>
+    }
+    if (apps.length === 0) return yield* write("no apps are registered\n")
+    yield* write(
+      table(
+        ["APP", "STATE", "IN FLIGHT", "TASKS"],
+        apps.map((app) => [
+          app.id,
+          app.error === undefined ? app.state : `${app.state}: ${app.error}`,
+          String(app.inFlight),
+          app.tasks.map((task) => task.name).join(", ") || "-"
+        ])
+      )
+    )
+  })
+
+export const listTasks = (target: GatewayTarget) =>
+  Effect.gen(function* () {
+    const response = yield* Effect.flatMap(request(target, "GET", "tasks/list"), expectOk)
+    const { tasks } = JSON.parse(yield* readText(response)) as {
+      tasks: Array<{ id: string; name: string; kind: string; state: string; usedBy: Array<string>; devices: Array<string> }>
+    }
+    if (tasks.length === 0) return yield* write("no tasks are deployed\n")
+    yield* write(
+      table(
+        ["TASK", "NAME", "KIND", "STATE", "USED BY", "DEVICES"],
+        tasks.map((task) => [task.id, task.name, task.kind, task.state, task.usedBy.join(", "), task.devices.join(", ")])
+      )
+    )
+  })
+
+/** `--data`: literal JSON, `@file`, or `-` for standard input. */
+const readData = (data: string) =>
+  Effect.gen(function* () {
+    const text =
+      data === "-"
+        ? yield* Effect.promise(async () => {
+            const chunks: Array<Buffer> = []
+            for await (const chunk of process.stdin) chunks.push(chunk as Buffer)
+            return Buffer.concat(chunks).toString("utf8")
+          })
+        : data.startsWith("@")
+          ? yield* Effect.tryPromise({
+              try: () => readFile(data.slice(1), "utf8"),
+              catch: (error) => new CliFailure({ message: `cannot read ${data.slice(1)}: ${(error as Error).message}` })
+            })
+          : data
+    try {
+      JSON.parse(text)
+    } catch (error) {
+      return yield* new CliFailure({ message: `--data is not JSON: ${(error as Error).message}` })
+    }
+    return text
+  })
+
+/** The value at a dot path such as `choices.0.delta.content` (numbers index arrays). */
+export const valueAt = (value: unknown, path: string): unknown =>
+  path.split(".").reduce<unknown>((current, key) => (typeof current === "object" && current !== null ? (current as Record<string, unknown>)[key] : undefined), value)
+
+export const invokeApp = (target: GatewayTarget, appId: string, data: string, aggregate: string | undefined) =>
+  Effect.gen(function* () {
+    const body = yield* readData(data)
+    const response = yield* Effect.flatMap(request(target, "POST", `app/invoke/${encodeURIComponent(appId)}`, body), expectOk)
+    if (!(response.headers.get("content-type") ?? "").includes("ndjson")) {
+      const text = yield* readText(response)
+      return yield* write(`${JSON.stringify(JSON.parse(text), null, 2)}\n`)
+    }
+    const failure = yield* Effect.promise(async () => {
+      for await (const line of bodyLines(response)) {
+        if (line.trim().length === 0) continue
+        const parsed = JSON.parse(line) as Record<string, any>
+        if (parsed.error !== undefined && Object.keys(parsed).length === 1) return `${parsed.error.message} (${parsed.error.code})`
+        if (aggregate === undefined) process.stdout.write(`${line}\n`)
+        else {
+          const piece = valueAt(parsed, aggregate)
+          if (piece !== undefined && piece !== null) process.stdout.write(typeof piece === "string" ? piece : JSON.stringify(piece))
+        }
+      }
+      if (aggregate !== undefined) process.stdout.write("\n")
+      return undefined
+    })
+    if (failure !== undefined) return yield* new CliFailure({ message: `the stream failed: ${failure}` })
+  })

@@ -1,0 +1,138 @@
+import { homedir } from "node:os"
+import { join } from "node:path"
+import { Args, Command, Options, ValidationError } from "@effect/cli"
+import { NodeContext, NodeRuntime } from "@effect/platform-node"
+import { Config, Console, Effect, Option } from "effect"
+import { CliFailure, type GatewayTarget, invokeApp, listApps, listTasks, registerApp, unregisterApp } from "./client.js"
+import { serve } from "./serve.js"
+
+const version = "0.1.0"
+
+const gatewayOption = Options.text("gateway").pipe(
+  Options.withDescription("The gateway's URL (or CORNSERVE_GATEWAY_URL)."),
+  Options.withFallbackConfig(Config.string("CORNSERVE_GATEWAY_URL")),
+  Options.withDefault("http://127.0.0.1:8000")
+)
+
+const target = (gateway: string): GatewayTarget => ({ url: gateway, token: process.env.CORNSERVE_ADMIN_TOKEN })
+
+const defaultStateDir = process.env.XDG_STATE_HOME
+  ? join(process.env.XDG_STATE_HOME, "cornserve")
+  : join(homedir(), ".local", "state", "cornserve")
+
+const seconds = (name: string, fallback: number, description: string) =>
+  Options.float(name).pipe(
+    Options.withDescription(description),
+    Options.withDefault(fallback),
+    Options.filterMap((value) => (value > 0 ? Option.some(value) : Option.none()), `--${name} must be a positive number of seconds`)
+  )
+
+const serveCommand = Command.make(
+  "serve",
+  {
+    role: Options.choice("role", ["all", "control-plane", "data-plane"]).pipe(
+      Options.withDescription("What this node runs: the whole platform (all), or one half of a multi-node platform."),
+      Options.withDefault("all" as const)
+    ),
+    host: Options.text("host").pipe(Options.withDescription("The address the gateway listens on."), Options.withDefault("127.0.0.1")),
+    port: Options.integer("port").pipe(Options.withDescription("The gateway's port (0 picks a free one)."), Options.withDefault(8000)),
+    stateDir: Options.directory("state-dir").pipe(
+      Options.withDescription("Where registered apps are kept, so they come back after a restart (or CORNSERVE_STATE_DIR)."),
+      Options.withFallbackConfig(Config.string("CORNSERVE_STATE_DIR")),
+      Options.withDefault(defaultStateDir)
+    ),
+    devices: Options.text("devices").pipe(
+      Options.withDescription('Devices for task executors: "auto" or a list such as cpu:0,cpu:1.'),
+      Options.withDefault("auto")
+    ),
+    examples: Options.boolean("examples").pipe(Options.withDescription("Also register the example apps that ship with Cornserve.")),
+    requestTimeout: seconds("request-timeout", 300, "Seconds an app may take to start answering a request (504 after)."),
+    shutdownGrace: seconds("shutdown-grace", 10, "Seconds requests in flight get to finish on SIGINT/SIGTERM or unregister."),
+    maxBodyBytes: Options.integer("max-body-bytes").pipe(
+      Options.withDescription("The largest request body accepted (413 beyond)."),
+      Options.withDefault(32 * 1024 * 1024)
+    )
+  },
+  (options) =>
+    serve({
+      role: options.role,
+      host: options.host,
+      port: options.port,
+      stateDir: options.stateDir,
+      devices: options.devices,
+      examples: options.examples,
+      adminToken: process.env.CORNSERVE_ADMIN_TOKEN || undefined,
+      maxBodyBytes: options.maxBodyBytes,
+      requestTimeoutMs: Math.round(options.requestTimeout * 1000),
+      appLoadTimeoutMs: 30_000,
+      shutdownGraceMs: Math.round(options.shutdownGrace * 1000),
+      unregisterGraceMs: Math.round(options.shutdownGrace * 1000)
+    })
+).pipe(Command.withDescription("Run the platform on this machine: gateway, control plane and executors."))
+
+const register = Command.make(
+  "register",
+  {
+    file: Args.file({ name: "FILE", exists: "yes" }).pipe(Args.withDescription("The app's TypeScript file.")),
+    name: Options.text("name").pipe(Options.withDescription("The app's id (default: the file's stem)."), Options.optional),
+    replace: Options.boolean("replace").pipe(Options.withDescription("Swap in this version of an app already registered under the name.")),
+    gateway: gatewayOption
+  },
+  ({ file, name, replace, gateway }) => registerApp(target(gateway), file, Option.getOrUndefined(name), replace)
+).pipe(Command.withDescription("Register an app (admin token from CORNSERVE_ADMIN_TOKEN)."))
+
+const unregister = Command.make(
+  "unregister",
+  { appId: Args.text({ name: "ID" }), gateway: gatewayOption },
+  ({ appId, gateway }) => unregisterApp(target(gateway), appId)
+).pipe(Command.withDescription("Unregister an app once its requests in flight finish."))
+
+const list = Command.make("list", { gateway: gatewayOption }, ({ gateway }) => listApps(target(gateway))).pipe(
+  Command.withDescription("List registered apps and their states.")
+)
+
+const invoke = Command.make(
+  "invoke",
+  {
+    appId: Args.text({ name: "ID" }),
+    data: Options.text("data").pipe(Options.withDescription("The request: JSON, @file, or - for standard input.")),
+    aggregate: Options.text("aggregate").pipe(
+      Options.withDescription("For streaming apps: print one field of every line, concatenated (a dot path, e.g. choices.0.delta.content)."),
+      Options.optional
+    ),
+    gateway: gatewayOption
+  },
+  ({ appId, data, aggregate, gateway }) => invokeApp(target(gateway), appId, data, Option.getOrUndefined(aggregate))
+).pipe(Command.withDescription("Call an app; prints its JSON answer, or its lines as they stream."))
+
+const app = Command.make("app").pipe(
+  Command.withDescription("Register, list, call and unregister apps."),
+  Command.withSubcommands([register, unregister, list, invoke])
+)
+
+const tasks = Command.make("tasks").pipe(
+  Command.withDescription("Inspect deployed unit tasks."),
+  Command.withSubcommands([
+    Command.make("list", { gateway: gatewayOption }, ({ gateway }) => listTasks(target(gateway))).pipe(
+      Command.withDescription("List deployed unit tasks, the apps that use them and their devices.")
+    )
+  ])
+)
+
+const cornserve = Command.make("cornserve").pipe(
+  Command.withDescription("Serve multimodal ML apps: register an app written in TypeScript, then call it over HTTP."),
+  Command.withSubcommands([serveCommand, app, tasks])
+)
+
+const cli = Command.run(cornserve, { name: "cornserve", version })
+
+export const main = (argv: ReadonlyArray<string>) =>
+  cli(argv).pipe(
+    Effect.catchAll((error) => {
+      process.exitCode = 1
+      if (ValidationError.isValidationError(error)) return Effect.void
+      return Console.error(`cornserve: ${error instanceof CliFailure ? error.message : (error as Error).message ?? String(error)}`)
+    }),
+    Effect.provide(NodeContext.layer),
+    NodeRuntime.runMain({ disableErrorReporting: true })
+  )

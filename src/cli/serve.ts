@@ -1,0 +1,82 @@
+import { readdir, readFile } from "node:fs/promises"
+import { basename, join, relative } from "node:path"
+import { fileURLToPath } from "node:url"
+import type { ServeError } from "@effect/platform/HttpServerError"
+import { Console, Effect, Layer } from "effect"
+import { AppManager, type AppSummary } from "../control/app-manager/AppManager.js"
+import { AppStore } from "../control/app-manager/AppStore.js"
+import { Dispatcher } from "../control/dispatcher/Dispatcher.js"
+import { NotSupported } from "../control/errors.js"
+import { Gateway } from "../control/gateway/Gateway.js"
+import { ResourceManager } from "../control/resource-manager/ResourceManager.js"
+import { ServeConfig, type ServeOptions } from "../control/ServeConfig.js"
+import { TaskManagers } from "../control/task-manager/TaskManagers.js"
+import { ExecutorKinds } from "../executors/ExecutorKinds.js"
+
+export const examplesDir = fileURLToPath(new URL("../../examples/", import.meta.url))
+const binPath = fileURLToPath(new URL("../../bin/cornserve", import.meta.url))
+
+/** The control plane of one node: the only place that knows every layer. */
+export const platformLayer = (options: ServeOptions) => {
+  const config = Layer.succeed(ServeConfig, options)
+  const tasks = Layer.mergeAll(TaskManagers.Default, ExecutorKinds.Default)
+  const resources = ResourceManager.DefaultWithoutDependencies.pipe(Layer.provideMerge(tasks))
+  const dispatcher = Dispatcher.DefaultWithoutDependencies
+  const apps = AppManager.DefaultWithoutDependencies.pipe(Layer.provide(AppStore.Default))
+  return Gateway.Default.pipe(
+    Layer.provideMerge(apps),
+    Layer.provideMerge(dispatcher),
+    Layer.provideMerge(resources),
+    Layer.provide(config)
+  )
+}
+
+const shellQuote = (text: string) => `'${text.replaceAll("'", `'\\''`)}'`
+
+const tryLine = (gatewayUrl: string, app: AppSummary): string => {
+  const data = shellQuote(JSON.stringify(app.example))
+  const cli = relative(process.cwd(), binPath) || binPath
+  return `  ${app.id}:\n    curl -s ${gatewayUrl}/app/invoke/${app.id} -H 'content-type: application/json' -d ${data}\n    node ${cli} app invoke ${app.id} --data ${data}`
+}
+
+/** Registers every example app that is not registered yet; one that cannot deploy is reported. */
+const registerExamples = Effect.gen(function* () {
+  const apps = yield* AppManager
+  const files = (yield* Effect.promise(() => readdir(examplesDir))).filter((file) => file.endsWith(".ts")).sort()
+  for (const file of files) {
+    const name = basename(file, ".ts")
+    if (apps.has(name)) continue
+    const source = yield* Effect.promise(() => readFile(join(examplesDir, file), "utf8"))
+    yield* apps.register(name, source, false, () => Effect.void).pipe(
+      Effect.tap(() => Effect.logInfo(`registered example ${name}`)),
+      Effect.catchAll((error) => Effect.logWarning(`example ${name} is not registered: ${error.message}`))
+    )
+  }
+})
+
+export const serve = (
+  options: ServeOptions & { readonly examples: boolean }
+): Effect.Effect<never, NotSupported | ServeError> =>
+  options.role !== "all"
+    ? Effect.fail(
+        new NotSupported({
+          message: `--role ${options.role} is not supported yet: this release runs the whole platform on one machine (--role all)`
+        })
+      )
+    : runPlatform(options)
+
+const runPlatform = (options: ServeOptions & { readonly examples: boolean }) =>
+  Effect.gen(function* () {
+    const gateway = yield* Gateway
+    const apps = yield* AppManager
+    yield* Console.log(`cornserve: serving at ${gateway.url} (state in ${options.stateDir})`)
+    const restored = yield* apps.restore
+    if (restored > 0) yield* Effect.logInfo(`restored ${restored} app(s) from ${options.stateDir}`)
+    if (options.examples) yield* registerExamples
+    const ready = apps.list().filter((app) => app.state === "ready" && app.example !== undefined)
+    if (ready.length > 0) {
+      yield* Console.log(`\nApps ready to try:\n${ready.map((app) => tryLine(gateway.url, app)).join("\n")}\n`)
+    }
+    yield* Console.log("cornserve: ready (Ctrl-C to stop)")
+    return yield* Effect.never
+  }).pipe(Effect.provide(platformLayer(options)))

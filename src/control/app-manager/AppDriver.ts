@@ -1,0 +1,278 @@
+import { Worker } from "node:worker_threads"
+import type { TaskGraphWire } from "../../app-runtime/tasks/TaskGraph.js"
+import type {
+  FromWorker,
+  InvokeFailureCode,
+  SchemaIssue,
+  ToWorker,
+  UnitTaskSpec
+} from "../../app-runtime/driver/protocol.js"
+
+const workerEntry = new URL("../../app-runtime/driver/worker.js", import.meta.url)
+
+/** How a reply to one request unfolds; exactly one of value / stream-start+end / failed happens. */
+export interface ReplyHandlers {
+  onValue(json: string): void
+  onStreamStart(): void
+  onChunk(json: string): void
+  onEnd(): void
+  onFailed(code: InvokeFailureCode | "WorkerStopped", message: string, issues?: ReadonlyArray<SchemaIssue>): void
+}
+
+export interface DispatchOutcome {
+  readonly outputs: ReadonlyArray<unknown>
+  readonly stream?: AsyncIterable<unknown>
+}
+
+/** Runs a recorded graph for the app (the task dispatcher). */
+export type GraphDispatcher = (graph: TaskGraphWire, requestId: string, signal: AbortSignal) => Promise<DispatchOutcome>
+
+export interface LoadedApp {
+  readonly tasks: ReadonlyArray<UnitTaskSpec>
+  readonly example: unknown
+  readonly description: string | undefined
+}
+
+export class AppLoadError extends Error {
+  override readonly name = "AppLoadError"
+}
+
+/**
+ * The platform's side of one app's worker thread. Requests are tagged with a number and their
+ * replies routed back to their handlers. A worker that dies is started again; the requests it held
+ * fail, the app stays registered.
+ */
+export class AppDriver {
+  private worker!: Worker
+  private readonly replies = new Map<number, ReplyHandlers>()
+  private readonly dispatches = new Map<number, AbortController>()
+  private nextRid = 0
+  private nextNonce = 0
+  private readonly pongs = new Map<number, () => void>()
+  private closing = false
+  private idleWaiters: Array<() => void> = []
+  private restarting: Promise<void> | undefined
+
+  private constructor(
+    readonly appId: string,
+    private readonly code: string,
+    private readonly loadTimeoutMs: number,
+    private readonly dispatch: GraphDispatcher,
+    private readonly log: (message: string) => void
+  ) {}
+
+  static async start(options: {
+    readonly appId: string
+    readonly code: string
+    readonly loadTimeoutMs: number
+    readonly dispatch: GraphDispatcher
+    readonly log: (message: string) => void
+  }): Promise<{ readonly driver: AppDriver; readonly loaded: LoadedApp }> {
+    const driver = new AppDriver(options.appId, options.code, options.loadTimeoutMs, options.dispatch, options.log)
+    const loaded = await driver.spawn()
+    return { driver, loaded }
+  }
+
+  get inFlight(): number {
+    return this.replies.size
+  }
+
+  invoke(requestId: string, body: string, handlers: ReplyHandlers): number {
+    const rid = this.nextRid++
+    this.replies.set(rid, handlers)
+    if (this.restarting !== undefined) {
+      void this.restarting.then(
+        () => this.replies.has(rid) && this.post({ t: "invoke", rid, requestId, body }),
+        () => undefined
+      )
+    } else {
+      this.post({ t: "invoke", rid, requestId, body })
+    }
+    return rid
+  }
+
+  /** The client went away or the request timed out: stop waiting for it and tell the app. */
+  cancel(rid: number): void {
+    if (this.replies.delete(rid)) {
+      this.post({ t: "cancel", rid })
+      this.notifyIfIdle()
+    }
+  }
+
+  /** Whether the worker's event loop answers within `timeoutMs`; restarts it when it does not. */
+  async ensureResponsive(timeoutMs: number): Promise<boolean> {
+    if (this.closing || this.restarting !== undefined) return true
+    const nonce = this.nextNonce++
+    const answered = await new Promise<boolean>((resolve) => {
+      const timer = setTimeout(() => {
+        this.pongs.delete(nonce)
+        resolve(false)
+      }, timeoutMs)
+      this.pongs.set(nonce, () => {
+        clearTimeout(timer)
+        resolve(true)
+      })
+      this.post({ t: "ping", nonce })
+    })
+    if (!answered && !this.closing) {
+      this.log(`app ${this.appId}: its worker is stuck (no answer in ${timeoutMs} ms); restarting it`)
+      await this.worker.terminate()
+    }
+    return answered
+  }
+
+  /** Resolves when no request is in flight, or after `timeoutMs`; true when it drained. */
+  drain(timeoutMs: number): Promise<boolean> {
+    if (this.replies.size === 0) return Promise.resolve(true)
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => resolve(false), timeoutMs)
+      this.idleWaiters.push(() => {
+        clearTimeout(timer)
+        resolve(true)
+      })
+    })
+  }
+
+  async close(): Promise<void> {
+    this.closing = true
+    for (const controller of this.dispatches.values()) controller.abort()
+    this.failAll("the app was unloaded")
+    await this.worker.terminate()
+  }
+
+  private post(message: ToWorker) {
+    this.worker.postMessage(message)
+  }
+
+  private spawn(): Promise<LoadedApp> {
+    const worker = new Worker(workerEntry, { workerData: { code: this.code }, stdout: false, stderr: false })
+    this.worker = worker
+    return new Promise<LoadedApp>((resolve, reject) => {
+      let loaded = false
+      const timer = setTimeout(() => {
+        reject(new AppLoadError(`the app did not finish loading within ${this.loadTimeoutMs} ms`))
+        void worker.terminate()
+      }, this.loadTimeoutMs)
+      worker.on("message", (message: FromWorker) => {
+        if (message.t === "loaded") {
+          loaded = true
+          clearTimeout(timer)
+          resolve({ tasks: message.tasks, example: message.example, description: message.description })
+        } else if (message.t === "load-failed") {
+          clearTimeout(timer)
+          reject(new AppLoadError(message.message))
+          void worker.terminate()
+        } else {
+          this.onMessage(message)
+        }
+      })
+      worker.on("error", (error) => {
+        if (!loaded) {
+          clearTimeout(timer)
+          reject(new AppLoadError(`the app failed while loading: ${error.message}`))
+        } else {
+          this.log(`app ${this.appId}: its worker failed: ${error.stack ?? error.message}`)
+        }
+      })
+      worker.on("exit", (code) => {
+        clearTimeout(timer)
+        if (!loaded) {
+          reject(new AppLoadError(`the app's worker exited with code ${code} while loading`))
+          return
+        }
+        if (!this.closing && this.worker === worker) this.restart(code)
+      })
+    })
+  }
+
+  private restart(exitCode: number) {
+    this.failAll(`the app's worker stopped (exit code ${exitCode}); it is being restarted`)
+    for (const controller of this.dispatches.values()) controller.abort()
+    this.dispatches.clear()
+    this.log(`app ${this.appId}: worker exited with code ${exitCode}; restarting`)
+    this.restarting = this.spawn().then(
+      () => {
+        this.restarting = undefined
+      },
+      (error: unknown) => {
+        this.restarting = undefined
+        this.log(`app ${this.appId}: restart failed: ${String(error)}`)
+      }
+    )
+  }
+
+  private failAll(message: string) {
+    const handlers = [...this.replies.values()]
+    this.replies.clear()
+    for (const handler of handlers) handler.onFailed("WorkerStopped", message)
+    this.notifyIfIdle()
+  }
+
+  private notifyIfIdle() {
+    if (this.replies.size > 0) return
+    const waiters = this.idleWaiters
+    this.idleWaiters = []
+    for (const wake of waiters) wake()
+  }
+
+  private settle(rid: number): ReplyHandlers | undefined {
+    const handlers = this.replies.get(rid)
+    this.replies.delete(rid)
+    this.notifyIfIdle()
+    return handlers
+  }
+
+  private onMessage(message: FromWorker) {
+    switch (message.t) {
+      case "value":
+        this.settle(message.rid)?.onValue(message.json)
+        return
+      case "stream-start":
+        this.replies.get(message.rid)?.onStreamStart()
+        return
+      case "chunk":
+        this.replies.get(message.rid)?.onChunk(message.json)
+        return
+      case "end":
+        this.settle(message.rid)?.onEnd()
+        return
+      case "failed":
+        this.settle(message.rid)?.onFailed(message.code, message.message, message.issues)
+        return
+      case "pong":
+        this.pongs.get(message.nonce)?.()
+        this.pongs.delete(message.nonce)
+        return
+      case "dispatch":
+        void this.runDispatch(message.did, message.requestId, message.graph)
+        return
+      case "dispatch-cancel":
+        this.dispatches.get(message.did)?.abort()
+        this.dispatches.delete(message.did)
+        return
+    }
+  }
+
+  private async runDispatch(did: number, requestId: string, graph: TaskGraphWire) {
+    const controller = new AbortController()
+    this.dispatches.set(did, controller)
+    try {
+      const outcome = await this.dispatch(graph, requestId, controller.signal)
+      if (controller.signal.aborted) return
+      this.post({ t: "dispatched", did, outputs: outcome.outputs, streams: outcome.stream !== undefined })
+      if (outcome.stream !== undefined) {
+        for await (const chunk of outcome.stream) {
+          if (controller.signal.aborted) return
+          this.post({ t: "dispatch-chunk", did, chunk })
+        }
+        this.post({ t: "dispatch-end", did })
+      }
+    } catch (error) {
+      if (!controller.signal.aborted) {
+        this.post({ t: "dispatch-failed", did, message: error instanceof Error ? error.message : String(error) })
+      }
+    } finally {
+      this.dispatches.delete(did)
+    }
+  }
+}

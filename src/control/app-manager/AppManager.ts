@@ -1,0 +1,256 @@
+import { randomUUID } from "node:crypto"
+import { Effect, Runtime } from "effect"
+import { compileApp, stopCompiler } from "../../app-runtime/AppCompiler.js"
+import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
+import { Dispatcher } from "../dispatcher/Dispatcher.js"
+import {
+  AppNameTaken,
+  AppNotFound,
+  AppNotReady,
+  AppSyntaxError,
+  DeploymentFailed,
+  ForbiddenImport,
+  InvalidApp,
+  InvalidAppName
+} from "../errors.js"
+import { ResourceManager } from "../resource-manager/ResourceManager.js"
+import { ServeConfig } from "../ServeConfig.js"
+import { AppDriver, type GraphDispatcher } from "./AppDriver.js"
+import { AppStore } from "./AppStore.js"
+
+export type AppState = "registering" | "ready" | "unregistering" | "failed"
+
+interface AppEntry {
+  readonly id: string
+  readonly state: AppState
+  readonly source: string
+  readonly registeredAt: string
+  readonly tasks: ReadonlyArray<UnitTaskSpec>
+  /** The key this version of the app holds its tasks under (a replaced version has another). */
+  readonly user: string
+  readonly driver: AppDriver | undefined
+  readonly error: string | undefined
+  readonly example: unknown
+  readonly description: string | undefined
+}
+
+export interface AppSummary {
+  readonly id: string
+  readonly state: AppState
+  readonly registeredAt: string
+  readonly tasks: ReadonlyArray<{ readonly id: string; readonly name: string; readonly kind: string }>
+  readonly inFlight: number
+  readonly error?: string
+  readonly example?: unknown
+  readonly description?: string
+}
+
+/** An app that compiled, loaded and validated, and now waits for its tasks to deploy. */
+export interface PreparedApp {
+  readonly id: string
+  readonly source: string
+  readonly driver: AppDriver
+  readonly tasks: ReadonlyArray<UnitTaskSpec>
+  readonly example: unknown
+  readonly description: string | undefined
+}
+
+const appNamePattern = /^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$/
+
+const summarize = (entry: AppEntry): AppSummary => ({
+  id: entry.id,
+  state: entry.state,
+  registeredAt: entry.registeredAt,
+  tasks: entry.tasks.map((task) => ({ id: task.id, name: task.name, kind: task.kind })),
+  inFlight: entry.driver?.inFlight ?? 0,
+  ...(entry.error === undefined ? {} : { error: entry.error }),
+  ...(entry.example === undefined ? {} : { example: entry.example }),
+  ...(entry.description === undefined ? {} : { description: entry.description })
+})
+
+/**
+ * Registered apps: compiles and loads each in its own worker thread, deploys its unit tasks through
+ * the resource manager, keeps it in the state directory, and hands requests to its driver.
+ */
+export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManager", {
+  scoped: Effect.gen(function* () {
+    const config = yield* ServeConfig
+    const store = yield* AppStore
+    const resources = yield* ResourceManager
+    const dispatcher = yield* Dispatcher
+    const runtime = yield* Effect.runtime<never>()
+    const apps = new Map<string, AppEntry>()
+    const pending = new Set<string>()
+
+    const log = (message: string) => Runtime.runSync(runtime)(Effect.logWarning(message))
+    const dispatch: GraphDispatcher = (graph, requestId, signal) =>
+      Runtime.runPromise(runtime)(
+        dispatcher.dispatch(graph, requestId).pipe(Effect.mapError((error) => new Error(error.message))),
+        { signal }
+      )
+
+    yield* Effect.addFinalizer(() =>
+      Effect.gen(function* () {
+        const drivers = [...apps.values()].flatMap((entry) => (entry.driver === undefined ? [] : [entry.driver]))
+        yield* Effect.promise(() => Promise.all(drivers.map((driver) => driver.close())))
+        yield* Effect.promise(() => stopCompiler())
+      })
+    )
+
+    const prepare = (name: string, source: string, replace: boolean) =>
+      Effect.gen(function* () {
+        if (!appNamePattern.test(name)) return yield* new InvalidAppName({ name })
+        if (pending.has(name)) {
+          return yield* new AppNameTaken({ appId: name, message: `app "${name}" is being registered right now` })
+        }
+        const existing = apps.get(name)
+        if (existing !== undefined && existing.state !== "failed" && !replace) {
+          return yield* new AppNameTaken({
+            appId: name,
+            message: `an app named "${name}" is already registered; unregister it first or register with --replace`
+          })
+        }
+        pending.add(name)
+        const compiled = yield* Effect.promise(() => compileApp(source, `${name}.ts`))
+        if (compiled._tag === "SyntaxError") return yield* new AppSyntaxError({ message: compiled.message })
+        if (compiled._tag === "ForbiddenImport") {
+          return yield* new ForbiddenImport({ module: compiled.module, message: compiled.message })
+        }
+        const started = yield* Effect.tryPromise({
+          try: () =>
+            AppDriver.start({ appId: name, code: compiled.code, loadTimeoutMs: config.appLoadTimeoutMs, dispatch, log }),
+          catch: (error) => new InvalidApp({ message: error instanceof Error ? error.message : String(error) })
+        })
+        return {
+          id: name,
+          source,
+          driver: started.driver,
+          tasks: started.loaded.tasks,
+          example: started.loaded.example,
+          description: started.loaded.description
+        } satisfies PreparedApp
+      }).pipe(Effect.onError(() => Effect.sync(() => pending.delete(name))))
+
+    /** Gives up on a prepared app that will not be deployed. */
+    const discard = (prepared: PreparedApp) =>
+      Effect.promise(() => prepared.driver.close()).pipe(Effect.ensuring(Effect.sync(() => pending.delete(prepared.id))))
+
+    /** Retires a replaced or unregistered version once its requests finish (or the grace runs out). */
+    const retire = (entry: AppEntry) =>
+      Effect.gen(function* () {
+        if (entry.driver !== undefined) {
+          const drained = yield* Effect.promise(() => entry.driver!.drain(config.unregisterGraceMs))
+          if (!drained) {
+            yield* Effect.logWarning(`app ${entry.id}: requests still running after ${config.unregisterGraceMs} ms; stopping them`)
+          }
+          yield* Effect.promise(() => entry.driver!.close())
+        }
+        yield* resources.release(entry.user, entry.tasks)
+      })
+
+    const deploy = (prepared: PreparedApp, onProgress: (message: string) => Effect.Effect<void>) =>
+      Effect.gen(function* () {
+        const user = `${prepared.id}#${randomUUID()}`
+        yield* onProgress(`deploying ${prepared.tasks.length} unit task(s) for app ${prepared.id}`)
+        yield* resources.acquire(user, prepared.tasks, onProgress).pipe(
+          Effect.catchAll((error) =>
+            Effect.zipRight(discard(prepared), Effect.fail(new DeploymentFailed({ message: error.message })))
+          )
+        )
+        const previous = apps.get(prepared.id)
+        const entry: AppEntry = {
+          id: prepared.id,
+          state: "ready",
+          source: prepared.source,
+          registeredAt: new Date().toISOString(),
+          tasks: prepared.tasks,
+          user,
+          driver: prepared.driver,
+          error: undefined,
+          example: prepared.example,
+          description: prepared.description
+        }
+        apps.set(prepared.id, entry)
+        pending.delete(prepared.id)
+        yield* store.save({ id: entry.id, source: entry.source, registeredAt: entry.registeredAt })
+        if (previous !== undefined) yield* Effect.forkDaemon(retire(previous))
+        return summarize(entry)
+      })
+
+    const register = (name: string, source: string, replace: boolean, onProgress: (message: string) => Effect.Effect<void>) =>
+      Effect.flatMap(prepare(name, source, replace), (prepared) => deploy(prepared, onProgress))
+
+    const unregister = (id: string) =>
+      Effect.gen(function* () {
+        const entry = apps.get(id)
+        if (entry === undefined || entry.state === "unregistering") return yield* new AppNotFound({ appId: id })
+        apps.set(id, { ...entry, state: "unregistering" })
+        yield* retire(entry).pipe(
+          Effect.ensuring(
+            Effect.zipRight(
+              store.remove(id),
+              Effect.sync(() => apps.delete(id))
+            )
+          )
+        )
+      })
+
+    /** The driver of a ready app, for a request. */
+    const driverOf = (id: string): Effect.Effect<AppDriver, AppNotFound | AppNotReady> =>
+      Effect.suspend((): Effect.Effect<AppDriver, AppNotFound | AppNotReady> => {
+        const entry = apps.get(id)
+        if (entry === undefined || entry.state === "unregistering") return Effect.fail(new AppNotFound({ appId: id }))
+        if (entry.state !== "ready" || entry.driver === undefined) {
+          return Effect.fail(
+            new AppNotReady(entry.error === undefined ? { appId: id, state: entry.state } : { appId: id, state: entry.state, reason: entry.error })
+          )
+        }
+        return Effect.succeed(entry.driver)
+      })
+
+    /** Brings back every app of the state directory, as it was registered. */
+    const restore = Effect.gen(function* () {
+      const stored = yield* store.loadAll
+      yield* Effect.forEach(
+        stored,
+        (app) =>
+          register(app.id, app.source, false, (message) => Effect.logInfo(`restoring ${app.id}: ${message}`)).pipe(
+            Effect.tap(() => Effect.logInfo(`restored app ${app.id}`)),
+            Effect.catchAll((error) =>
+              Effect.gen(function* () {
+                yield* Effect.logError(`app ${app.id} could not be restored: ${error.message}`)
+                apps.set(app.id, {
+                  id: app.id,
+                  state: "failed",
+                  source: app.source,
+                  registeredAt: app.registeredAt,
+                  tasks: [],
+                  user: app.id,
+                  driver: undefined,
+                  error: error.message,
+                  example: undefined,
+                  description: undefined
+                })
+              })
+            )
+          ),
+        { concurrency: 4, discard: true }
+      )
+      return stored.length
+    })
+
+    return {
+      prepare,
+      discard,
+      deploy,
+      register,
+      unregister,
+      driverOf,
+      restore,
+      has: (id: string) => apps.has(id) || pending.has(id),
+      list: (): ReadonlyArray<AppSummary> => [...apps.values()].map(summarize),
+      inFlight: () => [...apps.values()].reduce((sum, entry) => sum + (entry.driver?.inFlight ?? 0), 0)
+    }
+  }),
+  dependencies: [AppStore.Default]
+}) {}

@@ -1,0 +1,47 @@
+import { mkdir, readdir, readFile, rename, rm, writeFile } from "node:fs/promises"
+import { join } from "node:path"
+import { Effect, Schema } from "effect"
+import { ServeConfig } from "../ServeConfig.js"
+
+/** What is kept of a registered app so that it comes back after a restart. */
+export const StoredApp = Schema.Struct({
+  id: Schema.String,
+  source: Schema.String,
+  registeredAt: Schema.String
+})
+export type StoredApp = typeof StoredApp.Type
+
+const decodeStoredApp = Schema.decodeUnknownEither(Schema.parseJson(StoredApp))
+
+/** Registered apps on disk, one JSON file each under `<state-dir>/apps`, written atomically. */
+export class AppStore extends Effect.Service<AppStore>()("cornserve/AppStore", {
+  effect: Effect.gen(function* () {
+    const { stateDir } = yield* ServeConfig
+    const dir = join(stateDir, "apps")
+    yield* Effect.promise(() => mkdir(dir, { recursive: true }))
+    const fileOf = (id: string) => join(dir, `${id}.json`)
+
+    const save = (app: StoredApp) =>
+      Effect.promise(async () => {
+        const temporary = `${fileOf(app.id)}.${process.pid}.tmp`
+        await writeFile(temporary, JSON.stringify(app))
+        await rename(temporary, fileOf(app.id))
+      })
+
+    const remove = (id: string) => Effect.promise(() => rm(fileOf(id), { force: true }))
+
+    const loadAll = Effect.gen(function* () {
+      const names = yield* Effect.promise(() => readdir(dir))
+      const apps: Array<StoredApp> = []
+      for (const name of names.filter((file) => file.endsWith(".json")).sort()) {
+        const text = yield* Effect.promise(() => readFile(join(dir, name), "utf8"))
+        const decoded = decodeStoredApp(text)
+        if (decoded._tag === "Right") apps.push(decoded.right)
+        else yield* Effect.logWarning(`ignoring ${join(dir, name)}: it is not a stored app`)
+      }
+      return apps
+    })
+
+    return { save, remove, loadAll, dir }
+  })
+}) {}

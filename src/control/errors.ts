@@ -1,0 +1,112 @@
+import { Schema } from "effect"
+
+/** Errors the control plane answers with; each maps to one HTTP status in gateway/ErrorResponse.ts. */
+
+export class AppNotFound extends Schema.TaggedError<AppNotFound>()("AppNotFound", { appId: Schema.String }) {
+  override get message() {
+    return `no app named "${this.appId}" is registered`
+  }
+}
+
+export class AppNotReady extends Schema.TaggedError<AppNotReady>()("AppNotReady", {
+  appId: Schema.String,
+  state: Schema.String,
+  reason: Schema.optional(Schema.String)
+}) {
+  override get message() {
+    return `app "${this.appId}" is ${this.state}${this.reason === undefined ? "" : `: ${this.reason}`}`
+  }
+}
+
+export class AppNameTaken extends Schema.TaggedError<AppNameTaken>()("AppNameTaken", {
+  appId: Schema.String,
+  message: Schema.String
+}) {}
+
+export class InvalidAppName extends Schema.TaggedError<InvalidAppName>()("InvalidAppName", { name: Schema.String }) {
+  override get message() {
+    return `"${this.name}" is not a valid app name: use 1 to 63 letters, digits, "-" or "_", starting with a letter or digit`
+  }
+}
+
+export class AppSyntaxError extends Schema.TaggedError<AppSyntaxError>()("AppSyntaxError", {
+  message: Schema.String
+}) {}
+
+export class ForbiddenImport extends Schema.TaggedError<ForbiddenImport>()("ForbiddenImport", {
+  module: Schema.String,
+  message: Schema.String
+}) {}
+
+export class InvalidApp extends Schema.TaggedError<InvalidApp>()("InvalidApp", { message: Schema.String }) {}
+
+export class BadRequest extends Schema.TaggedError<BadRequest>()("BadRequest", { message: Schema.String }) {}
+
+export class RequestSchemaMismatch extends Schema.TaggedError<RequestSchemaMismatch>()("RequestSchemaMismatch", {
+  message: Schema.String,
+  issues: Schema.Array(Schema.Struct({ path: Schema.Array(Schema.Unknown), message: Schema.String }))
+}) {}
+
+export class TaskInputRejected extends Schema.TaggedError<TaskInputRejected>()("TaskInputRejected", {
+  message: Schema.String
+}) {}
+
+export class AppFailed extends Schema.TaggedError<AppFailed>()("AppFailed", {
+  appId: Schema.String,
+  message: Schema.String
+}) {}
+
+export class RequestTimeout extends Schema.TaggedError<RequestTimeout>()("RequestTimeout", {
+  timeoutMs: Schema.Number
+}) {
+  override get message() {
+    return `the app did not answer within ${this.timeoutMs} ms`
+  }
+}
+
+export class PayloadTooLarge extends Schema.TaggedError<PayloadTooLarge>()("PayloadTooLarge", {
+  limitBytes: Schema.Number
+}) {
+  override get message() {
+    return `the request body is larger than the limit of ${this.limitBytes} bytes`
+  }
+}
+
+export class Unauthorized extends Schema.TaggedError<Unauthorized>()("Unauthorized", { message: Schema.String }) {}
+
+export class ShuttingDown extends Schema.TaggedError<ShuttingDown>()("ShuttingDown", {}) {
+  override get message() {
+    return "the platform is shutting down"
+  }
+}
+
+export class NoExecutorForKind extends Schema.TaggedError<NoExecutorForKind>()("NoExecutorForKind", {
+  kind: Schema.String,
+  taskId: Schema.String
+}) {
+  override get message() {
+    return `no executor for task kind "${this.kind}" (task ${this.taskId}) on this platform`
+  }
+}
+
+export class DeploymentFailed extends Schema.TaggedError<DeploymentFailed>()("DeploymentFailed", {
+  message: Schema.String
+}) {}
+
+export class TaskNotFound extends Schema.TaggedError<TaskNotFound>()("TaskNotFound", { taskId: Schema.String }) {
+  override get message() {
+    return `no task "${this.taskId}" is deployed`
+  }
+}
+
+export class DevicesExhausted extends Schema.TaggedError<DevicesExhausted>()("DevicesExhausted", {
+  message: Schema.String
+}) {}
+
+export class DispatchFailed extends Schema.TaggedError<DispatchFailed>()("DispatchFailed", {
+  message: Schema.String
+}) {}
+
+export class NotSupported extends Schema.TaggedError<NotSupported>()("NotSupported", { message: Schema.String }) {}
+
+export type RegistrationError = AppNameTaken | InvalidAppName | AppSyntaxError | ForbiddenImport | InvalidApp

@@ -1,0 +1,318 @@
+import { randomUUID, timingSafeEqual } from "node:crypto"
+import * as Http from "node:http"
+import type { AddressInfo } from "node:net"
+import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
+import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
+import * as NodeHttpServerRequest from "@effect/platform-node/NodeHttpServerRequest"
+import { Effect, Queue, Schema, Stream } from "effect"
+import type { SchemaIssue } from "../../app-runtime/driver/protocol.js"
+import type { ReplyHandlers } from "../app-manager/AppDriver.js"
+import { AppManager } from "../app-manager/AppManager.js"
+import {
+  AppFailed,
+  BadRequest,
+  PayloadTooLarge,
+  RequestSchemaMismatch,
+  RequestTimeout,
+  ShuttingDown,
+  TaskInputRejected,
+  Unauthorized
+} from "../errors.js"
+import { ResourceManager } from "../resource-manager/ResourceManager.js"
+import { ServeConfig } from "../ServeConfig.js"
+import { errorBody, errorResponse, type GatewayError } from "./ErrorResponse.js"
+
+export const RegisterRequest = Schema.Struct({
+  source: Schema.String,
+  name: Schema.String,
+  replace: Schema.optionalWith(Schema.Boolean, { default: () => false })
+})
+
+export const ScaleRequest = Schema.Struct({
+  taskId: Schema.String,
+  devices: Schema.Int.pipe(Schema.filter((n) => n !== 0 || "devices must be a non-zero whole number (+ adds, - removes)"))
+})
+
+const invokeFailure = (appId: string, code: Parameters<ReplyHandlers["onFailed"]>[0], message: string, issues?: ReadonlyArray<SchemaIssue>): GatewayError => {
+  switch (code) {
+    case "BadJson":
+      return new BadRequest({ message })
+    case "RequestSchemaMismatch":
+      return new RequestSchemaMismatch({ message, issues: (issues ?? []).map((issue) => ({ path: [...issue.path], message: issue.message })) })
+    case "TaskInputRejected":
+      return new TaskInputRejected({ message })
+    case "AppError":
+    case "ResponseSchemaMismatch":
+    case "WorkerStopped":
+      return new AppFailed({ appId, message })
+  }
+}
+
+const sseEvent = (event: string, data: unknown) => `event: ${event}\ndata: ${JSON.stringify(data)}\n\n`
+
+/**
+ * The lines of a streamed answer, pushed by the app's driver before or after the HTTP response
+ * starts pulling them.
+ */
+class LineChannel {
+  private buffer: Array<Uint8Array> = []
+  private finished = false
+  private emit: ((line: Uint8Array | undefined) => void) | undefined
+
+  push(text: string) {
+    const bytes = Buffer.from(text)
+    if (this.emit !== undefined) this.emit(bytes)
+    else this.buffer.push(bytes)
+  }
+
+  end() {
+    this.finished = true
+    this.emit?.(undefined)
+  }
+
+  stream(onClose: () => void): Stream.Stream<Uint8Array> {
+    return Stream.async<Uint8Array>((emit) => {
+      this.emit = (line) => (line === undefined ? void emit.end() : void emit.single(line))
+      for (const line of this.buffer) void emit.single(line)
+      this.buffer = []
+      if (this.finished) void emit.end()
+      return Effect.sync(onClose)
+    })
+  }
+}
+
+/**
+ * The platform's HTTP front door: app registration (SSE), invocation (JSON or NDJSON), listing,
+ * task scaling and health. On shutdown it stops taking requests and lets those in flight finish
+ * within the grace period.
+ */
+export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
+  scoped: Effect.gen(function* () {
+    const config = yield* ServeConfig
+    const appManager = yield* AppManager
+    const resources = yield* ResourceManager
+    let draining = false
+    let inFlight = 0
+    let idle: (() => void) | undefined
+
+    const nodeServer = Http.createServer({ keepAliveTimeout: 65_000 })
+    nodeServer.on("request", (_request, response) => {
+      inFlight++
+      response.once("close", () => {
+        inFlight--
+        if (inFlight === 0) idle?.()
+      })
+    })
+    const server = yield* NodeHttpServer.make(() => nodeServer, { port: config.port, host: config.host })
+
+    yield* Effect.addFinalizer(() =>
+      Effect.gen(function* () {
+        draining = true
+        nodeServer.close()
+        if (inFlight > 0) {
+          yield* Effect.logInfo(`waiting up to ${config.shutdownGraceMs} ms for ${inFlight} request(s) in flight`)
+          const drained = yield* Effect.async<boolean>((resume) => {
+            const timer = setTimeout(() => resume(Effect.succeed(false)), config.shutdownGraceMs)
+            idle = () => {
+              clearTimeout(timer)
+              resume(Effect.succeed(true))
+            }
+            if (inFlight === 0) idle()
+          })
+          if (!drained) yield* Effect.logWarning(`${inFlight} request(s) still running after the grace period; closing them`)
+        }
+        nodeServer.closeAllConnections()
+      })
+    )
+
+    const readBody = Effect.gen(function* () {
+      const request = yield* HttpServerRequest.HttpServerRequest
+      const raw = NodeHttpServerRequest.toIncomingMessage(request)
+      const limit = config.maxBodyBytes
+      if (Number(raw.headers["content-length"] ?? 0) > limit) {
+        raw.resume()
+        return yield* new PayloadTooLarge({ limitBytes: limit })
+      }
+      return yield* Effect.async<string, PayloadTooLarge | BadRequest>((resume) => {
+        const chunks: Array<Buffer> = []
+        let size = 0
+        let done = false
+        const finish = (effect: Effect.Effect<string, PayloadTooLarge | BadRequest>) => {
+          if (done) return
+          done = true
+          raw.off("data", onData)
+          resume(effect)
+        }
+        const onData = (chunk: Buffer) => {
+          size += chunk.length
+          if (size > limit) finish(Effect.fail(new PayloadTooLarge({ limitBytes: limit })))
+          else chunks.push(chunk)
+        }
+        raw.on("data", onData)
+        raw.once("end", () => finish(Effect.succeed(Buffer.concat(chunks).toString("utf8"))))
+        raw.once("error", (error) => finish(Effect.fail(new BadRequest({ message: `reading the body failed: ${error.message}` }))))
+      })
+    })
+
+    const readJson = <A, I>(schema: Schema.Schema<A, I, never>) =>
+      Effect.gen(function* () {
+        const text = yield* readBody
+        let parsed: unknown
+        try {
+          parsed = JSON.parse(text)
+        } catch (error) {
+          return yield* new BadRequest({ message: `the request body is not JSON: ${(error as Error).message}` })
+        }
+        return yield* Schema.decodeUnknown(schema)(parsed, { errors: "all" }).pipe(
+          Effect.mapError((error) => new BadRequest({ message: `malformed request: ${error.message}` }))
+        )
+      })
+
+    const tokenBytes = config.adminToken === undefined ? undefined : Buffer.from(config.adminToken)
+    const requireAdmin = Effect.gen(function* () {
+      if (tokenBytes === undefined) return
+      const request = yield* HttpServerRequest.HttpServerRequest
+      const header = request.headers.authorization
+      if (header === undefined || !header.startsWith("Bearer ")) {
+        return yield* new Unauthorized({ message: "this route needs an admin token: Authorization: Bearer <token>" })
+      }
+      const given = Buffer.from(header.slice("Bearer ".length).trim())
+      if (given.length !== tokenBytes.length || !timingSafeEqual(given, tokenBytes)) {
+        return yield* new Unauthorized({ message: "the admin token is wrong" })
+      }
+    })
+
+    const param = (name: string) => Effect.map(HttpRouter.params, (params) => params[name] ?? "")
+
+    const register = Effect.gen(function* () {
+      yield* requireAdmin
+      const body = yield* readJson(RegisterRequest)
+      const prepared = yield* appManager.prepare(body.name, body.source, body.replace)
+      const events = yield* Queue.unbounded<string | undefined>()
+      yield* events.offer(
+        sseEvent("progress", {
+          appId: prepared.id,
+          message: `app ${prepared.id} loaded; it uses ${prepared.tasks.length} unit task(s)`,
+          tasks: prepared.tasks.map((task) => ({ id: task.id, name: task.name, kind: task.kind }))
+        })
+      )
+      yield* appManager
+        .deploy(prepared, (message) => events.offer(sseEvent("progress", { appId: prepared.id, message })))
+        .pipe(
+          Effect.matchEffect({
+            onSuccess: (app) => events.offer(sseEvent("final", { appId: app.id, message: `app ${app.id} is ready`, app })),
+            onFailure: (error) => events.offer(sseEvent("error", { appId: prepared.id, ...errorBody(error) }))
+          }),
+          Effect.ensuring(events.offer(undefined)),
+          Effect.forkDaemon
+        )
+      const stream = Stream.fromQueue(events).pipe(
+        Stream.takeWhile((event): event is string => event !== undefined),
+        Stream.map((event) => Buffer.from(event))
+      )
+      return HttpServerResponse.stream(stream, {
+        contentType: "text/event-stream",
+        headers: { "cache-control": "no-cache", connection: "keep-alive" }
+      })
+    })
+
+    const unregister = Effect.gen(function* () {
+      yield* requireAdmin
+      const appId = yield* param("id")
+      yield* appManager.unregister(appId)
+      return HttpServerResponse.unsafeJson({ appId, message: `app ${appId} is unregistered` })
+    })
+
+    const invoke = Effect.gen(function* () {
+      const appId = yield* param("id")
+      const driver = yield* appManager.driverOf(appId)
+      const body = yield* readBody
+      const requestId = randomUUID()
+      const timeoutMs = config.requestTimeoutMs
+      return yield* Effect.async<HttpServerResponse.HttpServerResponse, GatewayError>((resume) => {
+        let started = false
+        let lines: LineChannel | undefined
+        const settle = (response: Effect.Effect<HttpServerResponse.HttpServerResponse, GatewayError>) => {
+          started = true
+          clearTimeout(timer)
+          resume(response)
+        }
+        const rid = driver.invoke(requestId, body, {
+          onValue: (json) => settle(Effect.succeed(HttpServerResponse.text(json, { contentType: "application/json" }))),
+          onStreamStart: () => {
+            lines = new LineChannel()
+            settle(
+              Effect.succeed(
+                HttpServerResponse.stream(lines.stream(() => driver.cancel(rid)), {
+                  contentType: "application/x-ndjson",
+                  headers: { "x-request-id": requestId }
+                })
+              )
+            )
+          },
+          onChunk: (json) => lines?.push(`${json}\n`),
+          onEnd: () => lines?.end(),
+          onFailed: (code, message, issues) => {
+            const error = invokeFailure(appId, code, message, issues)
+            if (lines === undefined) return settle(Effect.fail(error))
+            lines.push(`${JSON.stringify(errorBody(error))}\n`)
+            lines.end()
+          }
+        })
+        const timer = setTimeout(() => {
+          if (started) return
+          started = true
+          driver.cancel(rid)
+          void driver.ensureResponsive(1_000)
+          resume(Effect.fail(new RequestTimeout({ timeoutMs })))
+        }, timeoutMs)
+        return Effect.sync(() => {
+          clearTimeout(timer)
+          if (!started) driver.cancel(rid)
+        })
+      })
+    })
+
+    const scale = Effect.gen(function* () {
+      yield* requireAdmin
+      const body = yield* readJson(ScaleRequest)
+      yield* resources.scale(body.taskId, body.devices)
+      return HttpServerResponse.unsafeJson({ taskId: body.taskId, tasks: resources.tasks() })
+    })
+
+    const health = Effect.sync(() =>
+      HttpServerResponse.unsafeJson(
+        { status: draining ? "shutting-down" : "ok", role: config.role, apps: appManager.list().length },
+        { status: draining ? 503 : 200 }
+      )
+    )
+
+    const router = HttpRouter.empty.pipe(
+      HttpRouter.post("/app/register", register),
+      HttpRouter.post("/app/unregister/:id", unregister),
+      HttpRouter.get("/app/list", Effect.sync(() => HttpServerResponse.unsafeJson({ apps: appManager.list() }))),
+      HttpRouter.post("/app/invoke/:id", invoke),
+      HttpRouter.get("/tasks/list", Effect.sync(() => HttpServerResponse.unsafeJson({ tasks: resources.tasks(), devices: resources.devices() }))),
+      HttpRouter.post("/task/scale", scale),
+      HttpRouter.get("/health", health)
+    )
+
+    const app = Effect.suspend(() => (draining ? Effect.fail(new ShuttingDown()) : router)).pipe(
+      Effect.catchTags({
+        RouteNotFound: () =>
+          Effect.gen(function* () {
+            const request = yield* HttpServerRequest.HttpServerRequest
+            return HttpServerResponse.unsafeJson(
+              { error: { code: "RouteNotFound", message: `no route for ${request.method} ${request.url}` } },
+              { status: 404 }
+            )
+          })
+      }),
+      Effect.catchAll((error) => Effect.succeed(errorResponse(error)))
+    )
+
+    yield* server.serve(app)
+    const address = nodeServer.address() as AddressInfo
+    return { url: `http://${address.family === "IPv6" ? `[${address.address}]` : address.address}:${address.port}`, port: address.port }
+  })
+}) {}

@@ -1,0 +1,145 @@
+import { Effect } from "effect"
+import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
+import { ExecutorKinds } from "../../executors/ExecutorKinds.js"
+import { type Device, parseDevices } from "../../node/Devices.js"
+import { DeploymentFailed, DevicesExhausted, NoExecutorForKind, NotSupported, TaskNotFound } from "../errors.js"
+import { ServeConfig } from "../ServeConfig.js"
+import { TaskManagers } from "../task-manager/TaskManagers.js"
+
+export interface TaskSummary {
+  readonly id: string
+  readonly kind: string
+  readonly name: string
+  readonly config: unknown
+  readonly state: string
+  readonly usedBy: ReadonlyArray<string>
+  readonly devices: ReadonlyArray<string>
+  readonly executors: ReadonlyArray<{ readonly id: string; readonly url: string; readonly devices: ReadonlyArray<string> }>
+}
+
+/**
+ * Which unit tasks are deployed, who uses them, and which devices they hold. Deployment is
+ * usage-counted: equal tasks (same id) deploy once and are torn down when their last user goes.
+ * A request to use several tasks either deploys them all or rolls back every one it deployed.
+ */
+export class ResourceManager extends Effect.Service<ResourceManager>()("cornserve/ResourceManager", {
+  scoped: Effect.gen(function* () {
+    const config = yield* ServeConfig
+    const taskManagers = yield* TaskManagers
+    const { kinds } = yield* ExecutorKinds
+    const devices = parseDevices(config.devices)
+    const allocated = new Map<string, string>()
+    const users = new Map<string, Set<string>>()
+    const lock = yield* Effect.makeSemaphore(1)
+
+    const freeDevices = () => devices.filter((device) => !allocated.has(device.id))
+
+    const allocate = (taskId: string, count: number): Effect.Effect<ReadonlyArray<Device>, DevicesExhausted> =>
+      Effect.suspend(() => {
+        const free = freeDevices()
+        if (free.length < count) {
+          return Effect.fail(
+            new DevicesExhausted({
+              message: `task ${taskId} needs ${count} device(s) but ${free.length} of ${devices.length} are free`
+            })
+          )
+        }
+        const chosen = free.slice(0, count)
+        for (const device of chosen) allocated.set(device.id, taskId)
+        return Effect.succeed(chosen)
+      })
+
+    const freeTaskDevices = (taskId: string) => {
+      for (const [device, owner] of allocated) if (owner === taskId) allocated.delete(device)
+    }
+
+    const deployOne = (spec: UnitTaskSpec) =>
+      Effect.gen(function* () {
+        const kind = kinds.get(spec.kind)
+        if (kind === undefined) return yield* new NoExecutorForKind({ kind: spec.kind, taskId: spec.id })
+        const taskDevices = yield* allocate(spec.id, Math.max(1, kind.devicesPerExecutor(spec)))
+        yield* taskManagers.deploy(spec, kind, taskDevices).pipe(
+          Effect.mapError((error) => new DeploymentFailed({ message: `task ${spec.id} failed to start: ${error.message}` })),
+          Effect.onError(() => Effect.sync(() => freeTaskDevices(spec.id)))
+        )
+      })
+
+    const teardown = (taskId: string) =>
+      taskManagers.teardown(taskId).pipe(Effect.ensuring(Effect.sync(() => freeTaskDevices(taskId))))
+
+    /** `user` now uses `specs`; deploys those not yet deployed, all or none. */
+    const acquire = (user: string, specs: ReadonlyArray<UnitTaskSpec>, onProgress: (message: string) => Effect.Effect<void>) =>
+      lock.withPermits(1)(
+        Effect.gen(function* () {
+          const fresh: Array<UnitTaskSpec> = []
+          const rollback = Effect.suspend(() => Effect.forEach(fresh, (spec) => teardown(spec.id), { discard: true }))
+          for (const spec of specs) {
+            if (taskManagers.get(spec.id) !== undefined) {
+              yield* onProgress(`task ${spec.name} (${spec.id}) is already deployed; sharing it`)
+              continue
+            }
+            yield* onProgress(`deploying task ${spec.name} (${spec.id})`)
+            fresh.push(spec)
+            yield* deployOne(spec).pipe(Effect.onError(() => rollback))
+          }
+          for (const spec of specs) {
+            const set = users.get(spec.id) ?? new Set<string>()
+            set.add(user)
+            users.set(spec.id, set)
+          }
+        })
+      )
+
+    /** `user` no longer uses `specs`; tasks nobody uses any more are torn down. */
+    const release = (user: string, specs: ReadonlyArray<UnitTaskSpec>) =>
+      lock.withPermits(1)(
+        Effect.forEach(
+          specs,
+          (spec) =>
+            Effect.suspend(() => {
+              const set = users.get(spec.id)
+              set?.delete(user)
+              if (set !== undefined && set.size > 0) return Effect.void
+              users.delete(spec.id)
+              return teardown(spec.id)
+            }),
+          { discard: true }
+        )
+      )
+
+    const scale = (taskId: string, deltaDevices: number) =>
+      lock.withPermits(1)(
+        Effect.gen(function* () {
+          if (taskManagers.get(taskId) === undefined) return yield* new TaskNotFound({ taskId })
+          return yield* new NotSupported({
+            message: `scaling task ${taskId} by ${deltaDevices} device(s) needs running executors, which this platform does not have yet`
+          })
+        })
+      )
+
+    const tasks = (): ReadonlyArray<TaskSummary> =>
+      taskManagers.list().map((task) => ({
+        id: task.spec.id,
+        kind: task.spec.kind,
+        name: task.spec.name,
+        config: task.spec.config,
+        state: task.state,
+        usedBy: [...(users.get(task.spec.id) ?? [])].map((user) => user.split("#")[0]!),
+        devices: task.devices.map((device) => device.id),
+        executors: task.executors.map((executor) => ({
+          id: executor.id,
+          url: executor.url,
+          devices: executor.devices.map((device) => device.id)
+        }))
+      }))
+
+    return {
+      acquire,
+      release,
+      scale,
+      tasks,
+      devices: () => devices.map((device) => ({ id: device.id, task: allocated.get(device.id) ?? null }))
+    }
+  }),
+  dependencies: [TaskManagers.Default, ExecutorKinds.Default]
+}) {}
