@@ -1,10 +1,10 @@
 import { homedir } from "node:os"
 import { join } from "node:path"
 import { Args, Command, Options, ValidationError } from "@effect/cli"
-import { NodeContext, NodeRuntime } from "@effect/platform-node"
+import * as NodeContext from "@effect/platform-node/NodeContext"
+import * as NodeRuntime from "@effect/platform-node/NodeRuntime"
 import { Config, Console, Effect, Option } from "effect"
 import { CliFailure, type GatewayTarget, invokeApp, listApps, listTasks, registerApp, unregisterApp } from "./client.js"
-import { serve } from "./serve.js"
 
 const version = "0.1.0"
 
@@ -54,7 +54,9 @@ const serveCommand = Command.make(
     )
   },
   (options) =>
-    serve({
+    // Loaded on demand: the client commands start faster without the whole control plane.
+    Effect.flatMap(Effect.promise(() => import("./serve.js")), ({ serve }) =>
+      serve({
       role: options.role,
       host: options.host,
       port: options.port,
@@ -67,7 +69,8 @@ const serveCommand = Command.make(
       appLoadTimeoutMs: 30_000,
       shutdownGraceMs: Math.round(options.shutdownGrace * 1000),
       unregisterGraceMs: Math.round(options.shutdownGrace * 1000)
-    })
+      })
+    )
 ).pipe(Command.withDescription("Run the platform on this machine: gateway, control plane and executors."))
 
 const register = Command.make(

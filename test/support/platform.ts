@@ -1,0 +1,115 @@
+import { type ChildProcess, execFile, spawn } from "node:child_process"
+import { mkdtemp, rm } from "node:fs/promises"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { fileURLToPath } from "node:url"
+
+export const repoRoot = fileURLToPath(new URL("../../", import.meta.url))
+export const binPath = join(repoRoot, "bin", "cornserve")
+
+export interface RunningPlatform {
+  readonly url: string
+  readonly process: ChildProcess
+  readonly stateDir: string
+  /** Everything the platform printed so far. */
+  output(): string
+  /** SIGTERM, then the exit code once it is gone. */
+  stop(): Promise<number | null>
+  /** SIGKILL: the way a crash ends it. */
+  kill(): Promise<void>
+}
+
+export const makeStateDir = () => mkdtemp(join(tmpdir(), "cornserve-test-"))
+
+/** Starts the real binary on a free port and resolves once its gateway listens. */
+export const startPlatform = async (options: {
+  readonly args?: ReadonlyArray<string>
+  readonly env?: Readonly<Record<string, string>>
+  readonly stateDir?: string
+} = {}): Promise<RunningPlatform> => {
+  const stateDir = options.stateDir ?? (await makeStateDir())
+  const child = spawn(process.execPath, [binPath, "serve", "--port", "0", "--state-dir", stateDir, ...(options.args ?? [])], {
+    cwd: repoRoot,
+    env: { ...process.env, ...options.env },
+    stdio: ["ignore", "pipe", "pipe"]
+  })
+  let output = ""
+  const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)))
+  const url = await new Promise<string>((resolve, reject) => {
+    const onData = (chunk: Buffer) => {
+      output += chunk.toString()
+      const match = /serving at (http:\/\/\S+)/.exec(output)
+      if (match !== null) resolve(match[1]!)
+    }
+    child.stdout!.on("data", onData)
+    child.stderr!.on("data", onData)
+    child.once("exit", (code) => reject(new Error(`cornserve serve exited with ${code} before listening:\n${output}`)))
+  })
+  return {
+    url,
+    process: child,
+    stateDir,
+    output: () => output,
+    stop: async () => {
+      if (child.exitCode === null) child.kill("SIGTERM")
+      return exited
+    },
+    kill: async () => {
+      if (child.exitCode === null) child.kill("SIGKILL")
+      await exited
+    }
+  }
+}
+
+export const removeStateDir = (dir: string) => rm(dir, { recursive: true, force: true })
+
+export interface CliResult {
+  readonly code: number
+  readonly stdout: string
+  readonly stderr: string
+}
+
+/** Runs `cornserve ARGS` as a user would, against the given gateway. */
+export const runCli = (args: ReadonlyArray<string>, env: Readonly<Record<string, string>> = {}, input?: string) =>
+  new Promise<CliResult>((resolve) => {
+    const child = execFile(
+      process.execPath,
+      [binPath, ...args],
+      { cwd: repoRoot, env: { ...process.env, ...env }, timeout: 60_000 },
+      (error, stdout, stderr) =>
+        resolve({ code: error === null ? 0 : typeof error.code === "number" ? error.code : 1, stdout, stderr })
+    )
+    if (input !== undefined) child.stdin!.end(input)
+    else child.stdin!.end()
+  })
+
+/** Polls until `check` holds (or throws after `timeoutMs`). */
+export const eventually = async <A>(check: () => Promise<A | undefined>, timeoutMs = 30_000): Promise<A> => {
+  const deadline = Date.now() + timeoutMs
+  for (;;) {
+    const value = await check().catch(() => undefined)
+    if (value !== undefined) return value
+    if (Date.now() > deadline) throw new Error("condition not met in time")
+    await new Promise((resolve) => setTimeout(resolve, 100))
+  }
+}
+
+export const appState = async (url: string, appId: string): Promise<string | undefined> => {
+  const response = await fetch(`${url}/app/list`)
+  const { apps } = (await response.json()) as { apps: Array<{ id: string; state: string }> }
+  return apps.find((app) => app.id === appId)?.state
+}
+
+/** POSTs an app's source to /app/register and reads the whole SSE answer. */
+export const registerRaw = async (url: string, body: unknown, token?: string) => {
+  const response = await fetch(`${url}/app/register`, {
+    method: "POST",
+    headers: { "content-type": "application/json", ...(token === undefined ? {} : { authorization: `Bearer ${token}` }) },
+    body: JSON.stringify(body)
+  })
+  const text = await response.text()
+  return { status: response.status, contentType: response.headers.get("content-type") ?? "", text }
+}
+
+export const invoke = (url: string, appId: string, body: string) =>
+  fetch(`${url}/app/invoke/${appId}`, { method: "POST", headers: { "content-type": "application/json" }, body })
