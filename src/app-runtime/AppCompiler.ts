@@ -9,11 +9,20 @@ const sdkSpecifier = "cornserve/app"
 const sdkUrl = new URL("./index.js", import.meta.url).href
 const policyPlugin = "cornserve-import-policy"
 
-const resolveAllowed = (specifier: string): string | undefined => {
-  if (specifier === sdkSpecifier) return sdkUrl
-  if (specifier === "effect" || specifier.startsWith("effect/")) return import.meta.resolve(specifier)
-  if (isBuiltin(specifier)) return specifier.startsWith("node:") ? specifier : `node:${specifier}`
-  return undefined
+const allowedModules = 'an app may import only "cornserve/app", "effect" and Node built-ins'
+
+/** The URL an allowed import resolves to, or why it is refused. */
+const resolveAllowed = (specifier: string): { readonly url: string } | { readonly refused: string } => {
+  if (specifier === sdkSpecifier) return { url: sdkUrl }
+  if (isBuiltin(specifier)) return { url: specifier.startsWith("node:") ? specifier : `node:${specifier}` }
+  if (specifier === "effect" || specifier.startsWith("effect/")) {
+    try {
+      return { url: import.meta.resolve(specifier) }
+    } catch {
+      return { refused: `"${specifier}" is not a module of effect` }
+    }
+  }
+  return { refused: `import of "${specifier}" is not allowed: ${allowedModules}` }
 }
 
 const describe = (message: esbuild.Message, file: string): string => {
@@ -46,15 +55,9 @@ export const compileApp = async (
           setup(build) {
             build.onResolve({ filter: /.*/ }, (args) => {
               const resolved = resolveAllowed(args.path)
-              if (resolved !== undefined) return { path: resolved, external: true }
+              if ("url" in resolved) return { path: resolved.url, external: true }
               forbidden.push(args.path)
-              return {
-                errors: [
-                  {
-                    text: `import of "${args.path}" is not allowed: an app may import only "cornserve/app", "effect" and Node built-ins`
-                  }
-                ]
-              }
+              return { errors: [{ text: resolved.refused }] }
             })
           }
         }
