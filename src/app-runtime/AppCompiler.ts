@@ -1,4 +1,5 @@
-import { isBuiltin } from "node:module"
+import { createRequire, isBuiltin } from "node:module"
+import { pathToFileURL } from "node:url"
 import * as esbuild from "esbuild"
 
 export type CompileFailure =
@@ -9,6 +10,12 @@ const sdkSpecifier = "cornserve/app"
 const sdkUrl = new URL("./index.js", import.meta.url).href
 const policyPlugin = "cornserve-import-policy"
 
+const require = createRequire(import.meta.url)
+
+/** The ES module URL of a package import (module loaders without import.meta.resolve fall back to require's). */
+const resolveModule = (specifier: string): string =>
+  typeof import.meta.resolve === "function" ? import.meta.resolve(specifier) : pathToFileURL(require.resolve(specifier)).href
+
 const allowedModules = 'an app may import only "cornserve/app", "effect" and Node built-ins'
 
 /** The URL an allowed import resolves to, or why it is refused. */
@@ -17,7 +24,7 @@ const resolveAllowed = (specifier: string): { readonly url: string } | { readonl
   if (isBuiltin(specifier)) return { url: specifier.startsWith("node:") ? specifier : `node:${specifier}` }
   if (specifier === "effect" || specifier.startsWith("effect/")) {
     try {
-      return { url: import.meta.resolve(specifier) }
+      return { url: resolveModule(specifier) }
     } catch {
       return { refused: `"${specifier}" is not a module of effect` }
     }

@@ -1,3 +1,4 @@
+import { readdirSync, readFileSync } from "node:fs"
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -15,6 +16,28 @@ import {
 } from "../support/platform.js"
 
 const token = "test-admin-token"
+
+/** The processes whose parent is `pid` (the platform's children: esbuild's helper, executors). */
+const childPids = (pid: number): Array<number> =>
+  readdirSync("/proc")
+    .filter((entry) => /^\d+$/.test(entry))
+    .filter((entry) => {
+      try {
+        return Number(readFileSync(`/proc/${entry}/stat`, "utf8").split(") ")[1]!.split(" ")[1]) === pid
+      } catch {
+        return false
+      }
+    })
+    .map(Number)
+
+/** Running, as opposed to gone or exited and waiting to be reaped (a zombie). */
+const isAlive = (pid: number) => {
+  try {
+    return readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ")[0] !== "Z"
+  } catch {
+    return false
+  }
+}
 const fixture = (name: string) => join(repoRoot, "test", "fixtures", "apps", `${name}.ts`)
 const example = (name: string) => join(repoRoot, "examples", `${name}.ts`)
 
@@ -132,6 +155,12 @@ describe("cornserve serve: apps registered at run time and invoked over HTTP", (
       expect(error.code).toBe("ForbiddenImport")
       expect(error.module).toBe("left-pad")
       expect(error.message).toContain('"left-pad"')
+
+      const missingSubpath = 'import { Nope } from "effect/Nope"\nimport { defineApp } from "cornserve/app"\nimport { Schema } from "effect"\nexport default defineApp({ tasks: {}, request: Schema.Struct({}), serve: () => Nope })\n'
+      const refused = JSON.parse((await registerRaw(platform.url, { name: "subpath", source: missingSubpath }, token)).text)
+      expect(refused.error.code).toBe("ForbiddenImport")
+      expect(refused.error.message).toContain('"effect/Nope" is not a module of effect')
+      expect(refused.error.message).not.toContain("node_modules")
     })
 
     it("answers 500 for a serve that throws, for that request only", async () => {
@@ -239,6 +268,16 @@ describe("cornserve serve: apps registered at run time and invoked over HTTP", (
     expect(await fresh.json()).toEqual({ version: 2 })
   })
 
+  it("lets a request in flight finish when its app is unregistered", async () => {
+    const response = await invoke(platform.url, "countdown", JSON.stringify({ from: 3, intervalMs: 300 }))
+    const body = response.text()
+    const unregistered = await runCli(["app", "unregister", "countdown"], cliEnv)
+    expect(unregistered.code).toBe(0)
+    expect((await body).trim().split("\n").map((line) => JSON.parse(line).count)).toEqual([3, 2, 1])
+    expect((await invoke(platform.url, "countdown", "{}")).status).toBe(404)
+    expect((await runCli(["app", "register", example("countdown")], cliEnv)).code).toBe(0)
+  })
+
   it("unregisters apps with the CLI; they are gone", async () => {
     for (const name of ["hello", "countdown"]) {
       const result = await runCli(["app", "unregister", name], cliEnv)
@@ -272,16 +311,19 @@ describe("cornserve serve: restarts and shutdown", () => {
     }
   })
 
-  it("lets a request in flight finish on SIGTERM, then exits 0", async () => {
+  it("lets a request in flight finish on SIGTERM, then exits 0 with no child process left", async () => {
     const platform = await startPlatform()
     try {
       expect((await runCli(["app", "register", example("countdown")], { CORNSERVE_GATEWAY_URL: platform.url })).code).toBe(0)
+      const children = childPids(platform.process.pid!)
+      expect(children.length).toBeGreaterThan(0)
       const response = await invoke(platform.url, "countdown", JSON.stringify({ from: 4, intervalMs: 300 }))
       const body = response.text()
       const code = platform.stop()
       const lines = (await body).trim().split("\n")
       expect(lines.map((line) => JSON.parse(line).count)).toEqual([4, 3, 2, 1])
       expect(await code).toBe(0)
+      expect(children.filter(isAlive)).toEqual([])
     } finally {
       await platform.kill()
       await removeStateDir(platform.stateDir)
