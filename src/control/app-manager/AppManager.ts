@@ -195,18 +195,17 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
         )
       })
 
-    /** The driver of a ready app, for a request. */
-    const driverOf = (id: string): Effect.Effect<AppDriver, AppNotFound | AppNotReady> =>
-      Effect.suspend((): Effect.Effect<AppDriver, AppNotFound | AppNotReady> => {
-        const entry = apps.get(id)
-        if (entry === undefined || entry.state === "unregistering") return Effect.fail(new AppNotFound({ appId: id }))
-        if (entry.state !== "ready" || entry.driver === undefined) {
-          return Effect.fail(
-            new AppNotReady(entry.error === undefined ? { appId: id, state: entry.state } : { appId: id, state: entry.state, reason: entry.error })
-          )
-        }
-        return Effect.succeed(entry.driver)
-      })
+    /** The driver of a ready app, for a request; synchronous, since every request asks. */
+    const lookup = (id: string): AppDriver | AppNotFound | AppNotReady => {
+      const entry = apps.get(id)
+      if (entry === undefined || entry.state === "unregistering") return new AppNotFound({ appId: id })
+      if (entry.state !== "ready" || entry.driver === undefined) {
+        return new AppNotReady(
+          entry.error === undefined ? { appId: id, state: entry.state } : { appId: id, state: entry.state, reason: entry.error }
+        )
+      }
+      return entry.driver
+    }
 
     /** Brings back every app of the state directory, as it was registered. */
     const restore = Effect.gen(function* () {
@@ -245,7 +244,7 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       deploy,
       register,
       unregister,
-      driverOf,
+      lookup,
       restore,
       has: (id: string) => apps.has(id) || pending.has(id),
       list: (): ReadonlyArray<AppSummary> => [...apps.values()].map(summarize),

@@ -1,26 +1,18 @@
-import { randomUUID, timingSafeEqual } from "node:crypto"
+import { timingSafeEqual } from "node:crypto"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
 import * as NodeHttpServerRequest from "@effect/platform-node/NodeHttpServerRequest"
+import { ServeError } from "@effect/platform/HttpServerError"
 import { Effect, Queue, Schema, Stream } from "effect"
-import type { SchemaIssue } from "../../app-runtime/driver/protocol.js"
-import type { ReplyHandlers } from "../app-manager/AppDriver.js"
 import { AppManager } from "../app-manager/AppManager.js"
-import {
-  AppFailed,
-  BadRequest,
-  PayloadTooLarge,
-  RequestSchemaMismatch,
-  RequestTimeout,
-  ShuttingDown,
-  TaskInputRejected,
-  Unauthorized
-} from "../errors.js"
+import { BadRequest, type PayloadTooLarge, ShuttingDown, Unauthorized } from "../errors.js"
 import { ResourceManager } from "../resource-manager/ResourceManager.js"
 import { ServeConfig } from "../ServeConfig.js"
-import { errorBody, errorResponse, type GatewayError } from "./ErrorResponse.js"
+import { errorBody, errorResponse } from "./ErrorResponse.js"
+import { invokePrefix, makeInvokeRoute } from "./InvokeRoute.js"
+import { readRequestBody } from "./RequestBody.js"
 
 export const RegisterRequest = Schema.Struct({
   source: Schema.String,
@@ -33,53 +25,7 @@ export const ScaleRequest = Schema.Struct({
   devices: Schema.Int.pipe(Schema.filter((n) => n !== 0 || "devices must be a non-zero whole number (+ adds, - removes)"))
 })
 
-const invokeFailure = (appId: string, code: Parameters<ReplyHandlers["onFailed"]>[0], message: string, issues?: ReadonlyArray<SchemaIssue>): GatewayError => {
-  switch (code) {
-    case "BadJson":
-      return new BadRequest({ message })
-    case "RequestSchemaMismatch":
-      return new RequestSchemaMismatch({ message, issues: (issues ?? []).map((issue) => ({ path: [...issue.path], message: issue.message })) })
-    case "TaskInputRejected":
-      return new TaskInputRejected({ message })
-    case "AppError":
-    case "ResponseSchemaMismatch":
-    case "WorkerStopped":
-      return new AppFailed({ appId, message })
-  }
-}
-
 const sseEvent = (event: string, data: unknown) => `event: ${event}\ndata: ${JSON.stringify(data)}\n\n`
-
-/**
- * The lines of a streamed answer, pushed by the app's driver before or after the HTTP response
- * starts pulling them.
- */
-class LineChannel {
-  private buffer: Array<Uint8Array> = []
-  private finished = false
-  private emit: ((line: Uint8Array | undefined) => void) | undefined
-
-  push(text: string) {
-    const bytes = Buffer.from(text)
-    if (this.emit !== undefined) this.emit(bytes)
-    else this.buffer.push(bytes)
-  }
-
-  end() {
-    this.finished = true
-    this.emit?.(undefined)
-  }
-
-  stream(onClose: () => void): Stream.Stream<Uint8Array> {
-    return Stream.async<Uint8Array>((emit) => {
-      this.emit = (line) => (line === undefined ? void emit.end() : void emit.single(line))
-      for (const line of this.buffer) void emit.single(line)
-      this.buffer = []
-      if (this.finished) void emit.end()
-      return Effect.sync(onClose)
-    })
-  }
-}
 
 /**
  * The platform's HTTP front door: app registration (SSE), invocation (JSON or NDJSON), listing,
@@ -96,14 +42,17 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
     let idle: (() => void) | undefined
 
     const nodeServer = Http.createServer({ keepAliveTimeout: 65_000 })
-    nodeServer.on("request", (_request, response) => {
-      inFlight++
-      response.once("close", () => {
-        inFlight--
-        if (inFlight === 0) idle?.()
-      })
-    })
-    const server = yield* NodeHttpServer.make(() => nodeServer, { port: config.port, host: config.host })
+    yield* Effect.acquireRelease(
+      Effect.async<void, ServeError>((resume) => {
+        nodeServer.once("error", (cause) => resume(Effect.fail(new ServeError({ cause }))))
+        nodeServer.listen(config.port, config.host, () => resume(Effect.void))
+      }),
+      () =>
+        Effect.async<void>((resume) => {
+          if (nodeServer.listening) nodeServer.close(() => resume(Effect.void))
+          else resume(Effect.void)
+        })
+    )
 
     yield* Effect.addFinalizer(() =>
       Effect.gen(function* () {
@@ -128,30 +77,9 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
     const readBody = Effect.gen(function* () {
       const request = yield* HttpServerRequest.HttpServerRequest
       const raw = NodeHttpServerRequest.toIncomingMessage(request)
-      const limit = config.maxBodyBytes
-      if (Number(raw.headers["content-length"] ?? 0) > limit) {
-        raw.resume()
-        return yield* new PayloadTooLarge({ limitBytes: limit })
-      }
-      return yield* Effect.async<string, PayloadTooLarge | BadRequest>((resume) => {
-        const chunks: Array<Buffer> = []
-        let size = 0
-        let done = false
-        const finish = (effect: Effect.Effect<string, PayloadTooLarge | BadRequest>) => {
-          if (done) return
-          done = true
-          raw.off("data", onData)
-          resume(effect)
-        }
-        const onData = (chunk: Buffer) => {
-          size += chunk.length
-          if (size > limit) finish(Effect.fail(new PayloadTooLarge({ limitBytes: limit })))
-          else chunks.push(chunk)
-        }
-        raw.on("data", onData)
-        raw.once("end", () => finish(Effect.succeed(Buffer.concat(chunks).toString("utf8"))))
-        raw.once("error", (error) => finish(Effect.fail(new BadRequest({ message: `reading the body failed: ${error.message}` }))))
-      })
+      return yield* Effect.async<string, PayloadTooLarge | BadRequest>((resume) =>
+        readRequestBody(raw, config.maxBodyBytes, (body) => resume(typeof body === "string" ? Effect.succeed(body) : Effect.fail(body)))
+      )
     })
 
     const readJson = <A, I>(schema: Schema.Schema<A, I, never>) =>
@@ -223,56 +151,6 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       return HttpServerResponse.unsafeJson({ appId, message: `app ${appId} is unregistered` })
     })
 
-    const invoke = Effect.gen(function* () {
-      const appId = yield* param("id")
-      const driver = yield* appManager.driverOf(appId)
-      const body = yield* readBody
-      const requestId = randomUUID()
-      const timeoutMs = config.requestTimeoutMs
-      return yield* Effect.async<HttpServerResponse.HttpServerResponse, GatewayError>((resume) => {
-        let started = false
-        let lines: LineChannel | undefined
-        const settle = (response: Effect.Effect<HttpServerResponse.HttpServerResponse, GatewayError>) => {
-          started = true
-          clearTimeout(timer)
-          resume(response)
-        }
-        const rid = driver.invoke(requestId, body, {
-          onValue: (json) => settle(Effect.succeed(HttpServerResponse.text(json, { contentType: "application/json" }))),
-          onStreamStart: () => {
-            lines = new LineChannel()
-            settle(
-              Effect.succeed(
-                HttpServerResponse.stream(lines.stream(() => driver.cancel(rid)), {
-                  contentType: "application/x-ndjson",
-                  headers: { "x-request-id": requestId }
-                })
-              )
-            )
-          },
-          onChunk: (json) => lines?.push(`${json}\n`),
-          onEnd: () => lines?.end(),
-          onFailed: (code, message, issues) => {
-            const error = invokeFailure(appId, code, message, issues)
-            if (lines === undefined) return settle(Effect.fail(error))
-            lines.push(`${JSON.stringify(errorBody(error))}\n`)
-            lines.end()
-          }
-        })
-        const timer = setTimeout(() => {
-          if (started) return
-          started = true
-          driver.cancel(rid)
-          void driver.ensureResponsive(1_000)
-          resume(Effect.fail(new RequestTimeout({ timeoutMs })))
-        }, timeoutMs)
-        return Effect.sync(() => {
-          clearTimeout(timer)
-          if (!started) driver.cancel(rid)
-        })
-      })
-    })
-
     const scale = Effect.gen(function* () {
       yield* requireAdmin
       const body = yield* readJson(ScaleRequest)
@@ -291,13 +169,13 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       HttpRouter.post("/app/register", register),
       HttpRouter.post("/app/unregister/:id", unregister),
       HttpRouter.get("/app/list", Effect.sync(() => HttpServerResponse.unsafeJson({ apps: appManager.list() }))),
-      HttpRouter.post("/app/invoke/:id", invoke),
       HttpRouter.get("/tasks/list", Effect.sync(() => HttpServerResponse.unsafeJson({ tasks: resources.tasks(), devices: resources.devices() }))),
       HttpRouter.post("/task/scale", scale),
       HttpRouter.get("/health", health)
     )
 
-    const app = Effect.suspend(() => (draining ? Effect.fail(new ShuttingDown()) : router)).pipe(
+    const refuseWhileDraining = Effect.suspend(() => (draining ? Effect.fail(new ShuttingDown()) : Effect.void))
+    const app = Effect.zipRight(refuseWhileDraining, router).pipe(
       Effect.catchTags({
         RouteNotFound: () =>
           Effect.gen(function* () {
@@ -311,7 +189,22 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       Effect.catchAll((error) => Effect.succeed(errorResponse(error)))
     )
 
-    yield* server.serve(app)
+    const effectRoutes = yield* NodeHttpServer.makeHandler(app)
+    const invokeRoute = makeInvokeRoute({
+      lookup: appManager.lookup,
+      draining: () => draining,
+      maxBodyBytes: config.maxBodyBytes,
+      requestTimeoutMs: config.requestTimeoutMs
+    })
+    nodeServer.on("request", (request, response) => {
+      inFlight++
+      response.once("close", () => {
+        inFlight--
+        if (inFlight === 0) idle?.()
+      })
+      if (request.method === "POST" && request.url!.startsWith(invokePrefix)) invokeRoute(request, response)
+      else effectRoutes(request, response)
+    })
     const address = nodeServer.address() as AddressInfo
     return { url: `http://${address.family === "IPv6" ? `[${address.address}]` : address.address}:${address.port}`, port: address.port }
   })
