@@ -1,0 +1,137 @@
+import { type ChildProcess, spawn } from "node:child_process"
+import { mkdtemp, rm } from "node:fs/promises"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Exit, Layer } from "effect"
+import type { UnitTaskSpec } from "../../src/app-runtime/driver/protocol.js"
+import { ResourceManager } from "../../src/control/resource-manager/ResourceManager.js"
+import { ServeConfig, type ServeOptions } from "../../src/control/ServeConfig.js"
+import { TaskManagers } from "../../src/control/task-manager/TaskManagers.js"
+import { type ExecutorKind, ExecutorKinds } from "../../src/executors/ExecutorKinds.js"
+
+const options = (stateDir: string, devices: string): ServeOptions => ({
+  role: "all",
+  host: "127.0.0.1",
+  port: 0,
+  stateDir,
+  devices,
+  adminToken: undefined,
+  maxBodyBytes: 1 << 20,
+  requestTimeoutMs: 1_000,
+  appLoadTimeoutMs: 10_000,
+  shutdownGraceMs: 1_000,
+  unregisterGraceMs: 1_000
+})
+
+/**
+ * An executor kind for this test alone: each executor is a real idle child process, so the test
+ * can see which executors run. A task whose model is "broken" fails to start.
+ */
+const processKind = (running: Set<ChildProcess>): ExecutorKind => ({
+  kind: "encoder",
+  devicesPerExecutor: () => 1,
+  start: (task, devices) =>
+    Effect.acquireRelease(
+      Effect.suspend(() => {
+        if ((task.config as { model: string }).model === "broken") {
+          return Effect.fail(new Error("the executor crashed on start"))
+        }
+        const child = spawn(process.execPath, ["-e", "setInterval(() => {}, 1000)"], { stdio: "ignore" })
+        running.add(child)
+        return Effect.succeed({ child, executor: { id: `${task.id}-0`, devices, url: `process:${child.pid}` } })
+      }),
+      ({ child }) =>
+        Effect.async<void>((resume) => {
+          child.once("exit", () => {
+            running.delete(child)
+            resume(Effect.void)
+          })
+          child.kill("SIGTERM")
+        })
+    ).pipe(Effect.map(({ executor }) => executor))
+})
+
+const spec = (id: string, model: string): UnitTaskSpec => ({ id, kind: "encoder", name: `encoder-${model}`, config: { model } })
+const noProgress = () => Effect.void
+
+const withResources = <A, E>(
+  devices: string,
+  body: (resources: ResourceManager, running: Set<ChildProcess>) => Effect.Effect<A, E>
+) =>
+  Effect.gen(function* () {
+    const stateDir = yield* Effect.promise(() => mkdtemp(join(tmpdir(), "cornserve-rm-")))
+    const running = new Set<ChildProcess>()
+    const layer = ResourceManager.DefaultWithoutDependencies.pipe(
+      Layer.provide(TaskManagers.Default),
+      Layer.provide(Layer.succeed(ExecutorKinds, ExecutorKinds.make({ kinds: new Map([["encoder", processKind(running)]]) }))),
+      Layer.provide(Layer.succeed(ServeConfig, options(stateDir, devices)))
+    )
+    const result = yield* Effect.flatMap(ResourceManager, (resources) => body(resources, running)).pipe(Effect.provide(layer))
+    yield* Effect.promise(() => rm(stateDir, { recursive: true, force: true }))
+    return { result, running }
+  })
+
+describe("ResourceManager", () => {
+  it.effect("deploys an equal task once and shares it; tears it down when its last user goes", () =>
+    Effect.gen(function* () {
+      const { running } = yield* withResources("cpu:0,cpu:1", (resources, running) =>
+        Effect.gen(function* () {
+          yield* resources.acquire("app-a", [spec("encoder-1", "m")], noProgress)
+          yield* resources.acquire("app-b", [spec("encoder-1", "m")], noProgress)
+          expect(running.size).toBe(1)
+          expect(resources.tasks()).toMatchObject([{ id: "encoder-1", state: "ready", usedBy: ["app-a", "app-b"], devices: ["cpu:0"] }])
+
+          yield* resources.release("app-a", [spec("encoder-1", "m")])
+          expect(running.size).toBe(1)
+          yield* resources.release("app-b", [spec("encoder-1", "m")])
+          expect(running.size).toBe(0)
+          expect(resources.tasks()).toEqual([])
+          expect(resources.devices()).toEqual([
+            { id: "cpu:0", task: null },
+            { id: "cpu:1", task: null }
+          ])
+        })
+      )
+      expect(running.size).toBe(0)
+    }))
+
+  it.effect("rolls back every task it deployed when one of them fails", () =>
+    withResources("cpu:0,cpu:1,cpu:2", (resources, running) =>
+      Effect.gen(function* () {
+        yield* resources.acquire("app-a", [spec("shared", "m")], noProgress)
+        const exit = yield* Effect.exit(
+          resources.acquire("app-b", [spec("shared", "m"), spec("fresh", "n"), spec("bad", "broken")], noProgress)
+        )
+        expect(Exit.isFailure(exit)).toBe(true)
+        expect(String(exit)).toContain("the executor crashed on start")
+        expect(resources.tasks().map((task) => [task.id, task.usedBy])).toEqual([["shared", ["app-a"]]])
+        expect(running.size).toBe(1)
+        expect(resources.devices().filter((device) => device.task !== null)).toEqual([{ id: "cpu:0", task: "shared" }])
+      })
+    ))
+
+  it.effect("says clearly when devices run out, and when a task kind has no executor", () =>
+    withResources("cpu:0", (resources) =>
+      Effect.gen(function* () {
+        yield* resources.acquire("app-a", [spec("one", "m")], noProgress)
+        const exhausted = yield* Effect.flip(resources.acquire("app-b", [spec("two", "n")], noProgress))
+        expect(exhausted.message).toBe("task two needs 1 device(s) but 0 of 1 are free")
+        const unknown = yield* Effect.flip(
+          resources.acquire("app-c", [{ id: "llm-1", kind: "llm", name: "llm-x", config: { model: "x" } }], noProgress)
+        )
+        expect(unknown.message).toBe('no executor for task kind "llm" (task llm-1) on this platform')
+      })
+    ))
+
+  it.effect("stops every executor when the platform's scope closes", () =>
+    Effect.gen(function* () {
+      const { running } = yield* withResources("cpu:0,cpu:1", (resources, running) =>
+        Effect.gen(function* () {
+          yield* resources.acquire("app-a", [spec("one", "m"), spec("two", "n")], noProgress)
+          expect(running.size).toBe(2)
+        })
+      )
+      expect(running.size).toBe(0)
+    }))
+})
