@@ -1,0 +1,134 @@
+import sharp from "sharp"
+import { MediaError } from "./MediaSource.js"
+
+/** Larger images are refused (413) before they are decoded. */
+const maxInputPixels = 64 * 1024 * 1024
+
+export interface RgbImage {
+  readonly width: number
+  readonly height: number
+  /** Interleaved RGB, row-major, one byte per channel. */
+  readonly pixels: Uint8Array
+}
+
+const describeSharpError = (error: unknown, what: string): MediaError => {
+  const message = error instanceof Error ? error.message : String(error)
+  if (/pixel limit/i.test(message)) return new MediaError(413, `the ${what} has more than ${maxInputPixels} pixels`)
+  return new MediaError(400, `the ${what} could not be decoded: ${message}`)
+}
+
+/** Decodes an image (PNG, JPEG, WebP, GIF, …), drops alpha, and resizes it to exactly width × height. */
+export const decodeImage = async (bytes: Buffer, width: number, height: number, page = 0): Promise<RgbImage> => {
+  try {
+    const { data, info } = await sharp(bytes, { limitInputPixels: maxInputPixels, page })
+      .removeAlpha()
+      .toColourspace("srgb")
+      .resize(width, height, { fit: "fill" })
+      .raw()
+      .toBuffer({ resolveWithObject: true })
+    return { width: info.width, height: info.height, pixels: new Uint8Array(data.buffer, data.byteOffset, data.length) }
+  } catch (error) {
+    throw describeSharpError(error, "image")
+  }
+}
+
+/** Indices of `count` frames spread evenly over `total` (all of them when there are few enough). */
+export const sampleFrameIndices = (total: number, count: number): ReadonlyArray<number> => {
+  if (total <= count) return Array.from({ length: total }, (_, index) => index)
+  if (count === 1) return [0]
+  return Array.from({ length: count }, (_, index) => Math.round((index * (total - 1)) / (count - 1)))
+}
+
+/**
+ * Frames of a video given as an animated image (GIF or WebP): at most `maxFrames`, evenly sampled,
+ * each resized to width × height. A still image is a one-frame video.
+ */
+export const decodeVideoFrames = async (bytes: Buffer, width: number, height: number, maxFrames: number): Promise<ReadonlyArray<RgbImage>> => {
+  let pages: number
+  try {
+    pages = (await sharp(bytes, { limitInputPixels: maxInputPixels, animated: true }).metadata()).pages ?? 1
+  } catch (error) {
+    throw describeSharpError(error, "video")
+  }
+  return Promise.all(sampleFrameIndices(pages, maxFrames).map((page) => decodeImage(bytes, width, height, page)))
+}
+
+const resample = (samples: Float32Array, from: number, to: number): Float32Array => {
+  if (from === to || samples.length === 0) return samples
+  const length = Math.max(1, Math.round((samples.length * to) / from))
+  const out = new Float32Array(length)
+  const step = from / to
+  for (let index = 0; index < length; index++) {
+    const position = index * step
+    const left = Math.floor(position)
+    const right = Math.min(left + 1, samples.length - 1)
+    const fraction = position - left
+    out[index] = samples[Math.min(left, samples.length - 1)]! * (1 - fraction) + samples[right]! * fraction
+  }
+  return out
+}
+
+const readWav = (bytes: Buffer): { readonly samples: Float32Array; readonly sampleRate: number } => {
+  if (bytes.length < 12 || bytes.toString("ascii", 0, 4) !== "RIFF" || bytes.toString("ascii", 8, 12) !== "WAVE") {
+    throw new MediaError(400, "the audio is not a WAV file (RIFF/WAVE header missing)")
+  }
+  let offset = 12
+  let format: { code: number; channels: number; sampleRate: number; bits: number } | undefined
+  while (offset + 8 <= bytes.length) {
+    const id = bytes.toString("ascii", offset, offset + 4)
+    const size = bytes.readUInt32LE(offset + 4)
+    const body = offset + 8
+    if (id === "fmt ") {
+      format = {
+        code: bytes.readUInt16LE(body),
+        channels: bytes.readUInt16LE(body + 2),
+        sampleRate: bytes.readUInt32LE(body + 4),
+        bits: bytes.readUInt16LE(body + 14)
+      }
+      if (format.code === 0xfffe && size >= 26) format.code = bytes.readUInt16LE(body + 24)
+    } else if (id === "data") {
+      if (format === undefined) throw new MediaError(400, "the WAV file has its data before its format")
+      const { code, channels, sampleRate, bits } = format
+      if (channels < 1) throw new MediaError(400, "the WAV file has no channels")
+      const width = bits / 8
+      const end = Math.min(bytes.length, body + size)
+      const frames = Math.floor((end - body) / (width * channels))
+      const read =
+        code === 3 && bits === 32
+          ? (at: number) => bytes.readFloatLE(at)
+          : code === 1 && bits === 16
+            ? (at: number) => bytes.readInt16LE(at) / 32768
+            : code === 1 && bits === 24
+              ? (at: number) => bytes.readIntLE(at, 3) / 8388608
+              : code === 1 && bits === 32
+                ? (at: number) => bytes.readInt32LE(at) / 2147483648
+                : code === 1 && bits === 8
+                  ? (at: number) => (bytes.readUInt8(at) - 128) / 128
+                  : undefined
+      if (read === undefined) throw new MediaError(400, `WAV sample format ${code} with ${bits} bits is not supported`)
+      const samples = new Float32Array(frames)
+      for (let frame = 0; frame < frames; frame++) {
+        let sum = 0
+        for (let channel = 0; channel < channels; channel++) sum += read(body + (frame * channels + channel) * width)
+        samples[frame] = sum / channels
+      }
+      return { samples, sampleRate }
+    }
+    offset = body + size + (size % 2)
+  }
+  throw new MediaError(400, "the WAV file has no data chunk")
+}
+
+/**
+ * Mono float samples at `sampleRate` from a WAV file (8/16/24/32-bit PCM or 32-bit float, any
+ * channel count, mixed down) or from raw PCM16 (`audio/pcm16`, taken to be at `sampleRate`).
+ */
+export const decodeAudio = (bytes: Buffer, mimeType: string | undefined, sampleRate: number): Float32Array => {
+  if (mimeType === "audio/pcm16" || mimeType === "audio/l16") {
+    const samples = new Float32Array(Math.floor(bytes.length / 2))
+    for (let index = 0; index < samples.length; index++) samples[index] = bytes.readInt16LE(index * 2) / 32768
+    return samples
+  }
+  const wav = readWav(bytes)
+  return resample(wav.samples, wav.sampleRate, sampleRate)
+}

@@ -1,0 +1,170 @@
+import { lookup as dnsLookup, type LookupAddress } from "node:dns"
+import { realpath, readFile, stat } from "node:fs/promises"
+import * as Http from "node:http"
+import * as Https from "node:https"
+import { BlockList, isIP, type LookupFunction } from "node:net"
+import { sep } from "node:path"
+import { fileURLToPath } from "node:url"
+
+/** Why a media URL could not be read; `status` is what the executor answers. */
+export class MediaError extends Error {
+  override readonly name = "MediaError"
+  constructor(
+    readonly status: 400 | 413,
+    message: string
+  ) {
+    super(message)
+  }
+}
+
+export interface MediaSourceOptions {
+  /** Files may be read only below this directory; no file URL is accepted without one. */
+  readonly allowedRoot: string | undefined
+  /** Allow http(s) URLs whose host resolves to a loopback, private or link-local address. */
+  readonly allowPrivateHosts: boolean
+  readonly maxBytes: number
+  readonly timeoutMs: number
+}
+
+export interface Media {
+  readonly bytes: Buffer
+  readonly mimeType: string | undefined
+}
+
+const privateRanges = new BlockList()
+for (const [network, prefix] of [
+  ["0.0.0.0", 8],
+  ["10.0.0.0", 8],
+  ["100.64.0.0", 10],
+  ["127.0.0.0", 8],
+  ["169.254.0.0", 16],
+  ["172.16.0.0", 12],
+  ["192.168.0.0", 16],
+  ["224.0.0.0", 3]
+] as const) {
+  privateRanges.addSubnet(network, prefix, "ipv4")
+}
+for (const [network, prefix] of [
+  ["::", 127],
+  ["fc00::", 7],
+  ["fe80::", 10],
+  ["ff00::", 8]
+] as const) {
+  privateRanges.addSubnet(network, prefix, "ipv6")
+}
+
+/** Loopback, private, link-local, multicast or unspecified (IPv4-mapped IPv6 included). */
+export const isPrivateAddress = (address: string): boolean => {
+  const mapped = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(address)
+  if (mapped !== null) return privateRanges.check(mapped[1]!, "ipv4")
+  return privateRanges.check(address, isIP(address) === 6 ? "ipv6" : "ipv4")
+}
+
+const decodeDataUrl = (url: string, maxBytes: number): Media => {
+  const comma = url.indexOf(",")
+  if (comma < 0) throw new MediaError(400, "a data: URL needs a comma before its data")
+  const header = url.slice("data:".length, comma)
+  const data = url.slice(comma + 1)
+  const base64 = header.endsWith(";base64")
+  const mimeType = (base64 ? header.slice(0, -";base64".length) : header).split(";")[0] || undefined
+  if ((base64 ? Math.floor((data.length * 3) / 4) : data.length) > maxBytes + 3) {
+    throw new MediaError(413, `the media is larger than the limit of ${maxBytes} bytes`)
+  }
+  const bytes = base64 ? Buffer.from(data, "base64") : Buffer.from(decodeURIComponent(data))
+  if (bytes.length > maxBytes) throw new MediaError(413, `the media is larger than the limit of ${maxBytes} bytes`)
+  return { bytes, mimeType }
+}
+
+const readAllowedFile = async (url: string, options: MediaSourceOptions): Promise<Media> => {
+  if (options.allowedRoot === undefined) throw new MediaError(400, "file URLs are not accepted: no media root is configured")
+  const root = await realpath(options.allowedRoot)
+  let path: string
+  try {
+    path = await realpath(fileURLToPath(url))
+  } catch {
+    throw new MediaError(400, `cannot read ${url}: no such file`)
+  }
+  if (path !== root && !path.startsWith(root.endsWith(sep) ? root : `${root}${sep}`)) {
+    throw new MediaError(400, `${url} is outside the allowed media root`)
+  }
+  const info = await stat(path)
+  if (!info.isFile()) throw new MediaError(400, `${url} is not a file`)
+  if (info.size > options.maxBytes) throw new MediaError(413, `the media is larger than the limit of ${options.maxBytes} bytes`)
+  return { bytes: await readFile(path), mimeType: undefined }
+}
+
+/** Resolves a host name and refuses private addresses, at connect time, so a redirect or DNS answer cannot slip past. */
+const guardedLookup: LookupFunction = (hostname, options, callback) => {
+  dnsLookup(hostname, { ...options, all: true }, (error, addresses: Array<LookupAddress>) => {
+    if (error) return callback(error, "", 4)
+    const refused = addresses.find((entry) => isPrivateAddress(entry.address))
+    if (refused !== undefined) {
+      return callback(new MediaError(400, `${hostname} resolves to a private address (${refused.address}); refused`), "", 4)
+    }
+    if (options.all) return (callback as unknown as (e: null, a: Array<LookupAddress>) => void)(null, addresses)
+    callback(null, addresses[0]!.address, addresses[0]!.family)
+  })
+}
+
+const fetchHttp = (url: URL, options: MediaSourceOptions, redirectsLeft: number): Promise<Media> =>
+  new Promise((resolve, reject) => {
+    if (!options.allowPrivateHosts && isIP(url.hostname.replace(/^\[|\]$/g, "")) !== 0 && isPrivateAddress(url.hostname.replace(/^\[|\]$/g, ""))) {
+      return reject(new MediaError(400, `${url.hostname} is a private address; refused`))
+    }
+    const client = url.protocol === "https:" ? Https : Http
+    const request = client.get(
+      url,
+      {
+        timeout: options.timeoutMs,
+        headers: { "user-agent": "cornserve-eric" },
+        ...(options.allowPrivateHosts ? {} : { lookup: guardedLookup })
+      },
+      (response) => {
+        const status = response.statusCode ?? 0
+        if (status >= 300 && status < 400 && response.headers.location !== undefined) {
+          response.resume()
+          if (redirectsLeft === 0) return reject(new MediaError(400, `${url.href} redirects too many times`))
+          return resolve(fetchHttp(new URL(response.headers.location, url), options, redirectsLeft - 1))
+        }
+        if (status !== 200) {
+          response.resume()
+          return reject(new MediaError(400, `fetching ${url.href} answered HTTP ${status}`))
+        }
+        if (Number(response.headers["content-length"] ?? 0) > options.maxBytes) {
+          response.destroy()
+          return reject(new MediaError(413, `the media is larger than the limit of ${options.maxBytes} bytes`))
+        }
+        const chunks: Array<Buffer> = []
+        let size = 0
+        response.on("data", (chunk: Buffer) => {
+          size += chunk.length
+          if (size > options.maxBytes) {
+            response.destroy()
+            reject(new MediaError(413, `the media is larger than the limit of ${options.maxBytes} bytes`))
+          } else chunks.push(chunk)
+        })
+        response.once("end", () => resolve({ bytes: Buffer.concat(chunks), mimeType: response.headers["content-type"]?.split(";")[0] }))
+        response.once("error", (error) => reject(new MediaError(400, `fetching ${url.href} failed: ${error.message}`)))
+      }
+    )
+    request.once("timeout", () => request.destroy(new MediaError(400, `fetching ${url.href} took longer than ${options.timeoutMs} ms`)))
+    request.once("error", (error) =>
+      reject(error instanceof MediaError ? error : new MediaError(400, `fetching ${url.href} failed: ${error.message}`))
+    )
+  })
+
+/** The bytes behind a media URL: a data: URL, a file under the allowed root, or http(s). */
+export const readMedia = (url: string, options: MediaSourceOptions): Promise<Media> => {
+  if (url.startsWith("data:")) return Promise.resolve().then(() => decodeDataUrl(url, options.maxBytes))
+  if (url.startsWith("file:")) return readAllowedFile(url, options)
+  let parsed: URL
+  try {
+    parsed = new URL(url)
+  } catch {
+    return Promise.reject(new MediaError(400, `"${url.slice(0, 80)}" is not a URL`))
+  }
+  if (parsed.protocol !== "http:" && parsed.protocol !== "https:") {
+    return Promise.reject(new MediaError(400, `${parsed.protocol} URLs are not accepted: use data:, file: or http(s):`))
+  }
+  return fetchHttp(parsed, options, 3)
+}

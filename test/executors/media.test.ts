@@ -1,0 +1,182 @@
+import { mkdtemp, rm, symlink, writeFile } from "node:fs/promises"
+import * as Http from "node:http"
+import type { AddressInfo } from "node:net"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { pathToFileURL } from "node:url"
+import sharp from "sharp"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { decodeAudio, decodeImage, decodeVideoFrames, sampleFrameIndices } from "../../src/executors/eric/MediaDecoder.js"
+import { isPrivateAddress, MediaError, type MediaSourceOptions, readMedia } from "../../src/executors/eric/MediaSource.js"
+
+const solidPng = (r: number, g: number, b: number, size = 8) =>
+  sharp({ create: { width: size, height: size, channels: 3, background: { r, g, b } } }).png().toBuffer()
+
+const wav16 = (samples: ReadonlyArray<ReadonlyArray<number>>, sampleRate: number): Buffer => {
+  const channels = samples.length
+  const frames = samples[0]!.length
+  const data = Buffer.alloc(frames * channels * 2)
+  for (let frame = 0; frame < frames; frame++) {
+    for (let channel = 0; channel < channels; channel++) {
+      data.writeInt16LE(Math.round(samples[channel]![frame]! * 32767), (frame * channels + channel) * 2)
+    }
+  }
+  const header = Buffer.alloc(44)
+  header.write("RIFF", 0, "ascii")
+  header.writeUInt32LE(36 + data.length, 4)
+  header.write("WAVEfmt ", 8, "ascii")
+  header.writeUInt32LE(16, 16)
+  header.writeUInt16LE(1, 20)
+  header.writeUInt16LE(channels, 22)
+  header.writeUInt32LE(sampleRate, 24)
+  header.writeUInt32LE(sampleRate * channels * 2, 28)
+  header.writeUInt16LE(channels * 2, 32)
+  header.writeUInt16LE(16, 34)
+  header.write("data", 36, "ascii")
+  header.writeUInt32LE(data.length, 40)
+  return Buffer.concat([header, data])
+}
+
+const expectMediaError = async (promise: Promise<unknown>, status: number, message: RegExp) => {
+  const error = await promise.then(
+    () => undefined,
+    (failure: unknown) => failure
+  )
+  expect(error).toBeInstanceOf(MediaError)
+  expect((error as MediaError).status).toBe(status)
+  expect((error as MediaError).message).toMatch(message)
+}
+
+describe("readMedia", () => {
+  let root: string
+  let outside: string
+  let server: Http.Server
+  let base: string
+  const options = (overrides: Partial<MediaSourceOptions> = {}): MediaSourceOptions => ({
+    allowedRoot: root,
+    allowPrivateHosts: false,
+    maxBytes: 1024,
+    timeoutMs: 2_000,
+    ...overrides
+  })
+
+  beforeAll(async () => {
+    root = await mkdtemp(join(tmpdir(), "cornserve-media-"))
+    outside = await mkdtemp(join(tmpdir(), "cornserve-outside-"))
+    await writeFile(join(root, "inside.bin"), "inside")
+    await writeFile(join(outside, "secret.bin"), "secret")
+    await symlink(join(outside, "secret.bin"), join(root, "escape.bin"))
+    server = Http.createServer((request, response) => {
+      if (request.url === "/small") response.end("hello")
+      else if (request.url === "/big") response.end(Buffer.alloc(4096))
+      else if (request.url === "/chunked") {
+        response.write(Buffer.alloc(800))
+        response.end(Buffer.alloc(800))
+      } else if (request.url === "/redirect") response.writeHead(302, { location: "/small" }).end()
+      else if (request.url === "/slow") setTimeout(() => response.end("late"), 3_000)
+      else response.writeHead(404).end()
+    })
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve))
+    base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
+  })
+
+  afterAll(async () => {
+    server.closeAllConnections()
+    server.close()
+    await rm(root, { recursive: true, force: true })
+    await rm(outside, { recursive: true, force: true })
+  })
+
+  it("decodes base64 and percent-encoded data: URLs", async () => {
+    const media = await readMedia(`data:image/png;base64,${Buffer.from("png bytes").toString("base64")}`, options())
+    expect(media.bytes.toString()).toBe("png bytes")
+    expect(media.mimeType).toBe("image/png")
+    expect((await readMedia("data:text/plain,a%20b", options())).bytes.toString()).toBe("a b")
+  })
+
+  it("refuses a data: URL over the size limit (413)", async () => {
+    await expectMediaError(readMedia(`data:;base64,${Buffer.alloc(2048).toString("base64")}`, options()), 413, /larger than the limit/)
+  })
+
+  it("reads files under the allowed root, and refuses any other (400)", async () => {
+    expect((await readMedia(pathToFileURL(join(root, "inside.bin")).href, options())).bytes.toString()).toBe("inside")
+    await expectMediaError(readMedia(pathToFileURL(join(outside, "secret.bin")).href, options()), 400, /outside the allowed media root/)
+    await expectMediaError(readMedia(pathToFileURL(join(root, "escape.bin")).href, options()), 400, /outside the allowed media root/)
+    await expectMediaError(readMedia(pathToFileURL(join(root, "inside.bin")).href, options({ allowedRoot: undefined })), 400, /no media root/)
+  })
+
+  it("refuses http URLs to private addresses unless allowed", async () => {
+    await expectMediaError(readMedia(`${base}/small`, options()), 400, /private address/)
+    const port = new URL(base).port
+    await expectMediaError(readMedia(`http://localhost:${port}/small`, options()), 400, /private address/)
+    expect((await readMedia(`${base}/small`, options({ allowPrivateHosts: true }))).bytes.toString()).toBe("hello")
+  })
+
+  it("follows redirects, caps the size (413) and times out (400)", async () => {
+    const allowed = options({ allowPrivateHosts: true, timeoutMs: 300 })
+    expect((await readMedia(`${base}/redirect`, allowed)).bytes.toString()).toBe("hello")
+    await expectMediaError(readMedia(`${base}/big`, allowed), 413, /larger than the limit/)
+    await expectMediaError(readMedia(`${base}/chunked`, allowed), 413, /larger than the limit/)
+    await expectMediaError(readMedia(`${base}/slow`, allowed), 400, /took longer than 300 ms/)
+    await expectMediaError(readMedia(`${base}/missing`, allowed), 400, /HTTP 404/)
+  })
+
+  it("refuses other schemes and things that are not URLs", async () => {
+    await expectMediaError(readMedia("ftp://example.com/a.png", options()), 400, /not accepted/)
+    await expectMediaError(readMedia("just text", options()), 400, /not a URL/)
+  })
+
+  it("classifies addresses", () => {
+    for (const address of ["127.0.0.1", "10.1.2.3", "172.20.0.1", "192.168.1.1", "169.254.1.1", "::1", "fd00::1", "fe80::1", "::ffff:10.0.0.1", "0.0.0.0"]) {
+      expect(isPrivateAddress(address), address).toBe(true)
+    }
+    for (const address of ["8.8.8.8", "1.1.1.1", "2606:4700::1111", "172.32.0.1"]) {
+      expect(isPrivateAddress(address), address).toBe(false)
+    }
+  })
+})
+
+describe("decoding", () => {
+  it("decodes an image and resizes it to the size asked", async () => {
+    const image = await decodeImage(await solidPng(200, 10, 30, 16), 4, 3)
+    expect([image.width, image.height, image.pixels.length]).toEqual([4, 3, 36])
+    expect([...image.pixels.slice(0, 3)]).toEqual([200, 10, 30])
+  })
+
+  it("refuses corrupt image bytes (400)", async () => {
+    await expectMediaError(decodeImage(Buffer.from("definitely not an image"), 4, 4), 400, /could not be decoded/)
+    const png = await solidPng(1, 2, 3)
+    await expectMediaError(decodeImage(png.subarray(0, png.length / 2), 4, 4), 400, /could not be decoded/)
+  })
+
+  it("samples at most maxFrames evenly spread frames of an animated image", async () => {
+    expect(sampleFrameIndices(3, 32)).toEqual([0, 1, 2])
+    expect(sampleFrameIndices(10, 4)).toEqual([0, 3, 6, 9])
+    const colours = [
+      [255, 0, 0],
+      [0, 255, 0],
+      [0, 0, 255]
+    ] as const
+    const frames = await Promise.all(colours.map(([r, g, b]) => solidPng(r, g, b)))
+    const gif = await sharp(frames, { join: { animated: true } }).gif().toBuffer()
+    const decoded = await decodeVideoFrames(gif, 2, 2, 32)
+    expect(decoded.map((frame) => [...frame.pixels.slice(0, 3)])).toEqual(colours.map((colour) => [...colour]))
+    expect(await decodeVideoFrames(gif, 2, 2, 2)).toHaveLength(2)
+  })
+
+  it("mixes WAV audio to mono and resamples it", () => {
+    const left = Array.from({ length: 4410 }, () => 0.5)
+    const right = Array.from({ length: 4410 }, () => -0.25)
+    const mono = decodeAudio(wav16([left, right], 44_100), "audio/wav", 16_000)
+    expect(mono.length).toBe(1600)
+    expect(mono[100]).toBeCloseTo(0.125, 3)
+    const pcm = Buffer.alloc(4)
+    pcm.writeInt16LE(16384, 0)
+    pcm.writeInt16LE(-32768, 2)
+    expect([...decodeAudio(pcm, "audio/pcm16", 16_000)]).toEqual([0.5, -1])
+  })
+
+  it("refuses audio that is not WAV (400)", () => {
+    expect(() => decodeAudio(Buffer.from("not a wav file at all"), "audio/wav", 16_000)).toThrow(/not a WAV file/)
+  })
+})
