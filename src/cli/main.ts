@@ -122,9 +122,47 @@ const tasks = Command.make("tasks").pipe(
   ])
 )
 
+const sidecarCommand = Command.make(
+  "sidecar",
+  {
+    nodeId: Options.text("node-id").pipe(Options.withDescription("This node's id, as its peers and executors name it.")),
+    socket: Options.text("socket").pipe(Options.withDescription("The Unix socket executors of this node connect to.")),
+    arenaPath: Options.text("arena-path").pipe(
+      Options.withDescription("The shared-memory file (default /dev/shm/cornserve-arena-<node id>-<pid>); removed on exit."),
+      Options.optional
+    ),
+    arenaBytes: Options.integer("arena-bytes").pipe(Options.withDescription("The arena's size in bytes."), Options.withDefault(2 ** 30)),
+    peerHost: Options.text("peer-host").pipe(Options.withDescription("The address the peer port listens on."), Options.withDefault("127.0.0.1")),
+    peerPort: Options.integer("peer-port").pipe(Options.withDescription("The TCP port peer sidecars connect to (0 picks a free one)."), Options.withDefault(0)),
+    peers: Options.text("peers").pipe(Options.withDescription("Peer sidecars: node-id=host:port, comma-separated."), Options.withDefault("")),
+    ttl: seconds("ttl", 300, "Seconds a received chunk may stay without being marked done before it is reclaimed."),
+    peerTimeout: seconds("peer-timeout", 10, "Seconds a send waits for a peer sidecar to be connected.")
+  },
+  (options) =>
+    // Loaded on demand, like serve: the sidecar process needs nothing of the control plane.
+    Effect.flatMap(Effect.promise(() => import("../sidecar/SidecarCommand.js")), ({ runSidecar }) =>
+      runSidecar({
+        nodeId: options.nodeId,
+        socketPath: options.socket,
+        ...Option.match(options.arenaPath, { onNone: () => ({}), onSome: (arenaPath) => ({ arenaPath }) }),
+        arenaBytes: options.arenaBytes,
+        peerHost: options.peerHost,
+        peerPort: options.peerPort,
+        peers: options.peers,
+        ttlMs: options.ttl * 1000,
+        peerTimeoutMs: options.peerTimeout * 1000
+      })
+    )
+).pipe(Command.withDescription("Run this node's tensor sidecar: the shared-memory arena and the peer port."))
+
+const internal = Command.make("internal").pipe(
+  Command.withDescription("Processes that cornserve starts by itself; not meant to be run by hand."),
+  Command.withSubcommands([sidecarCommand])
+)
+
 const cornserve = Command.make("cornserve").pipe(
   Command.withDescription("Serve multimodal ML apps: register an app written in TypeScript, then call it over HTTP."),
-  Command.withSubcommands([serveCommand, app, tasks])
+  Command.withSubcommands([serveCommand, app, tasks, internal])
 )
 
 const cli = Command.run(cornserve, { name: "cornserve", version })

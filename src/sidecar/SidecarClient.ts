@@ -1,0 +1,307 @@
+import net from "node:net"
+import { Arena } from "./Arena.js"
+import { InvalidRequest, SidecarUnavailable } from "./errors.js"
+import {
+  type ClientReply,
+  ClientFrame,
+  type ClientRequest,
+  decodeMessage,
+  encodeFrame,
+  FrameReader,
+  type PayloadMeta,
+  Send,
+  ServerFrame,
+  type SidecarStats,
+  unpackBody
+} from "./protocol.js"
+import { type DType, Tensor, tensorByteLength } from "./Tensor.js"
+
+/**
+ * What an executor uses to hand data to executors on its own node or on others.
+ *
+ * Control messages go to the node's sidecar over its Unix socket; tensor and byte data go through
+ * the node's arena, which the client maps at connect time: a sent tensor is copied once into a
+ * slot (or written there in the first place, see `allocate`), and a received one is a view of its
+ * slot, valid until it is marked done.
+ */
+
+/** What can be sent: a tensor or bytes (through the arena), or a small string or number (inline). */
+export type Payload = Tensor | Uint8Array | string | number
+
+export interface SidecarClientOptions {
+  /** How long a send waits for room in a full arena, here or on a receiving node (default 30 s). */
+  readonly allocTimeoutMs?: number
+  /** How long a receive waits for its chunk (default 60 s). */
+  readonly recvTimeoutMs?: number
+  /** How long any request waits for an answer beyond the waits above (default 30 s). */
+  readonly answerTimeoutMs?: number
+}
+
+export interface SendOptions {
+  /** The receiving nodes; this client's own node id for an executor on the same node. */
+  readonly to: ReadonlyArray<string>
+  /** This chunk's index (default 0). */
+  readonly chunk?: number
+  /** How many chunks the transfer has (default 1). */
+  readonly numChunks?: number
+  /** The number of chunks is not known yet: `closeStream` ends the transfer. */
+  readonly stream?: boolean
+  readonly timeoutMs?: number
+}
+
+interface PendingAnswer {
+  readonly resolve: (reply: ClientReply) => void
+  readonly reject: (error: unknown) => void
+  readonly timer: NodeJS.Timeout
+}
+
+/** What a client remembers of a stream it sends, so that closeStream(id) needs nothing else. */
+interface OpenStream {
+  readonly to: Set<string>
+  numChunks: number
+}
+
+export class SidecarClient {
+  private readonly pending = new Map<number, PendingAnswer>()
+  /** Slots handed out by `allocate` and not sent yet: offset → bytes. */
+  private readonly allocations = new Map<number, number>()
+  private readonly streams = new Map<string, OpenStream>()
+  private nextRid = 0
+  private closedReason: string | undefined
+  private arena: Arena | undefined
+  private node = ""
+  private readonly allocTimeoutMs: number
+  private readonly recvTimeoutMs: number
+  private readonly answerTimeoutMs: number
+
+  private constructor(
+    readonly socketPath: string,
+    private readonly socket: net.Socket,
+    options: SidecarClientOptions
+  ) {
+    this.allocTimeoutMs = options.allocTimeoutMs ?? 30_000
+    this.recvTimeoutMs = options.recvTimeoutMs ?? 60_000
+    this.answerTimeoutMs = options.answerTimeoutMs ?? 30_000
+    const reader = new FrameReader()
+    socket.on("data", (data: Buffer) => {
+      try {
+        for (const body of reader.push(data)) this.answer(decodeMessage(ServerFrame, unpackBody(body)))
+      } catch (error) {
+        socket.destroy(error as Error)
+      }
+    })
+    socket.on("error", (error) => (this.closedReason ??= error.message))
+    socket.once("close", () => {
+      const error = this.unavailable(this.closedReason ?? "the connection closed")
+      for (const answer of this.pending.values()) {
+        clearTimeout(answer.timer)
+        answer.reject(error)
+      }
+      this.pending.clear()
+    })
+  }
+
+  /** Connects to the node's sidecar and maps its arena. */
+  static async connect(socketPath: string, options: SidecarClientOptions = {}): Promise<SidecarClient> {
+    const socket = net.connect(socketPath)
+    await new Promise<void>((resolve, reject) => {
+      socket.once("connect", resolve)
+      socket.once("error", (error) => reject(new SidecarUnavailable({ socketPath, reason: error.message })))
+    })
+    const client = new SidecarClient(socketPath, socket, options)
+    try {
+      const info = await client.request({ _tag: "Hello", pid: process.pid }, "ArenaInfo", client.answerTimeoutMs)
+      client.node = info.nodeId
+      client.arena = Arena.open(info.arenaPath, info.segmentBytes)
+      return client
+    } catch (error) {
+      socket.destroy()
+      throw error
+    }
+  }
+
+  /** The node this client's sidecar serves. */
+  get nodeId(): string {
+    return this.node
+  }
+
+  /**
+   * Sends one chunk of transfer `id` to the executors of the nodes in `to`. Resolves once every
+   * destination holds the chunk; the caller may then reuse `data` (unless it came from `allocate`,
+   * whose slot now belongs to the transfer).
+   */
+  async send(id: string, data: Payload, options: SendOptions): Promise<void> {
+    const chunk = options.chunk ?? 0
+    const timeoutMs = options.timeoutMs ?? this.allocTimeoutMs
+    const { meta, bytes } = describePayload(data)
+    // Checked before a slot is taken, so that a malformed send cannot strand one.
+    const message = decodeMessage(Send, {
+      _tag: "Send",
+      id,
+      chunk,
+      numChunks: options.stream === true ? null : (options.numChunks ?? 1),
+      to: options.to,
+      meta,
+      timeoutMs,
+      offset: null
+    })
+    if (options.stream === true) this.trackStream(id, chunk, options.to)
+    const offset = bytes === undefined || bytes.length === 0 ? null : await this.place(bytes, timeoutMs)
+    await this.request({ ...message, offset }, "Ok", timeoutMs + this.answerTimeoutMs)
+  }
+
+  /**
+   * Chunk `chunk` of transfer `id`, waiting for it if it has not arrived; undefined past the last
+   * chunk of the transfer. A tensor or bytes are a view of the arena: no copy, valid until the
+   * chunk is marked done. Receiving the same chunk again gives the same data.
+   */
+  async recv(id: string, chunk = 0, options: { readonly timeoutMs?: number } = {}): Promise<Payload | undefined> {
+    const timeoutMs = options.timeoutMs ?? this.recvTimeoutMs
+    const reply = await this.request({ _tag: "Recv", id, chunk, timeoutMs }, ["Received", "StreamEnd"], timeoutMs + this.answerTimeoutMs)
+    if (reply._tag === "StreamEnd") return undefined
+    return this.materialize(reply.meta, reply.offset)
+  }
+
+  /** Frees a received chunk, or (no chunk given) everything left of the transfer. */
+  async markDone(id: string, chunk?: number): Promise<void> {
+    await this.request({ _tag: "MarkDone", id, chunk: chunk ?? null }, "Ok", this.answerTimeoutMs)
+  }
+
+  /**
+   * Ends a stream sent with `stream: true`: its receivers get undefined past the last chunk. By
+   * default the chunk count and destinations are those of the chunks this client sent.
+   */
+  async closeStream(id: string, options: { readonly numChunks?: number; readonly to?: ReadonlyArray<string> } = {}): Promise<void> {
+    const stream = this.streams.get(id)
+    const numChunks = options.numChunks ?? stream?.numChunks ?? 0
+    const to = options.to ?? [...(stream?.to ?? [])]
+    if (to.length === 0) throw new InvalidRequest({ reason: `closeStream("${id}") needs destinations: no chunk of it was sent with stream: true` })
+    await this.request({ _tag: "CloseStream", id, numChunks, to: to as [string, ...Array<string>] }, "Ok", this.answerTimeoutMs)
+    this.streams.delete(id)
+  }
+
+  /**
+   * A tensor in the arena for a producer to write its output into directly; sending it then moves
+   * no bytes at all. Like Buffer.allocUnsafe it is not cleared (it holds what the slot last held):
+   * the producer writes all of it. Until it is sent, `discard` gives it back.
+   */
+  async allocate<D extends DType>(dtype: D, shape: ReadonlyArray<number>, options: { readonly timeoutMs?: number } = {}): Promise<Tensor<D>> {
+    const bytes = tensorByteLength(dtype, shape)
+    if (bytes === 0) return Tensor.zeros(dtype, shape)
+    const timeoutMs = options.timeoutMs ?? this.allocTimeoutMs
+    const { offset } = await this.request({ _tag: "Allocate", bytes, timeoutMs }, "Allocated", timeoutMs + this.answerTimeoutMs)
+    this.allocations.set(offset, bytes)
+    const view = this.mapped().view(offset, bytes)
+    return Tensor.view(dtype, shape, view.buffer, view.byteOffset)
+  }
+
+  /** Gives back a tensor from `allocate` that will not be sent. */
+  async discard(tensor: Tensor): Promise<void> {
+    const offset = this.mapped().offsetOf(tensor.bytes)
+    if (offset === undefined || !this.allocations.delete(offset)) return
+    await this.request({ _tag: "Release", offset }, "Ok", this.answerTimeoutMs)
+  }
+
+  /** The sidecar's counters (for /metrics). */
+  async stats(): Promise<SidecarStats> {
+    return this.request({ _tag: "GetStats" }, "SidecarStats", this.answerTimeoutMs)
+  }
+
+  /** Replaces the sidecar's peers: node id → "host:port" of its peer port. */
+  async setPeers(peers: Readonly<Record<string, string>>): Promise<void> {
+    await this.request({ _tag: "SetPeers", peers }, "Ok", this.answerTimeoutMs)
+  }
+
+  /** Disconnects; the sidecar frees what this client allocated and did not send. */
+  async close(): Promise<void> {
+    if (this.socket.destroyed) return
+    this.closedReason ??= "the client closed"
+    const closed = new Promise((resolve) => this.socket.once("close", resolve))
+    this.socket.end()
+    await closed
+  }
+
+  /** The slot for bytes to send: their own when they came from `allocate`, else a new one they are copied into. */
+  private async place(bytes: Uint8Array, timeoutMs: number): Promise<number> {
+    const arena = this.mapped()
+    const own = arena.offsetOf(bytes)
+    if (own !== undefined && this.allocations.get(own) === bytes.length) {
+      this.allocations.delete(own)
+      return own
+    }
+    const { offset } = await this.request({ _tag: "Allocate", bytes: bytes.length, timeoutMs }, "Allocated", timeoutMs + this.answerTimeoutMs)
+    arena.view(offset, bytes.length).set(bytes)
+    return offset
+  }
+
+  private materialize(meta: PayloadMeta, offset: number | null): Payload {
+    switch (meta._tag) {
+      case "Value":
+        return meta.value
+      case "Bytes": {
+        if (offset === null) return new Uint8Array(0)
+        const view = this.mapped().view(offset, meta.length)
+        return new Uint8Array(view.buffer, view.byteOffset, view.length)
+      }
+      case "Tensor": {
+        if (offset === null) return Tensor.zeros(meta.dtype, meta.shape)
+        const view = this.mapped().view(offset, tensorByteLength(meta.dtype, meta.shape))
+        return Tensor.view(meta.dtype, meta.shape, view.buffer, view.byteOffset)
+      }
+    }
+  }
+
+  private trackStream(id: string, chunk: number, to: ReadonlyArray<string>) {
+    const stream = this.streams.get(id) ?? { to: new Set<string>(), numChunks: 0 }
+    for (const node of to) stream.to.add(node)
+    stream.numChunks = Math.max(stream.numChunks, chunk + 1)
+    this.streams.set(id, stream)
+  }
+
+  private request<T extends ClientReply["_tag"]>(
+    request: ClientRequest,
+    expected: T | ReadonlyArray<T>,
+    deadlineMs: number
+  ): Promise<Extract<ClientReply, { _tag: T }>> {
+    if (this.socket.destroyed) return Promise.reject(this.unavailable(this.closedReason ?? "the connection closed"))
+    const rid = this.nextRid++
+    const frame = encodeFrame({ rid, request })
+    return new Promise<ClientReply>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.pending.delete(rid)
+        reject(this.unavailable(`no answer to ${request._tag} within ${deadlineMs} ms`))
+      }, deadlineMs)
+      this.pending.set(rid, { resolve, reject, timer })
+      this.socket.write(frame)
+    }).then((reply) => {
+      const tags: ReadonlyArray<string> = typeof expected === "string" ? [expected] : expected
+      if (!tags.includes(reply._tag)) throw new InvalidRequest({ reason: `the sidecar answered ${request._tag} with ${reply._tag}` })
+      return reply as Extract<ClientReply, { _tag: T }>
+    })
+  }
+
+  private answer(frame: typeof ServerFrame.Type) {
+    const answer = this.pending.get(frame.rid)
+    if (answer === undefined) return
+    this.pending.delete(frame.rid)
+    clearTimeout(answer.timer)
+    if ("error" in frame) answer.reject(frame.error)
+    else answer.resolve(frame.reply)
+  }
+
+  private mapped(): Arena {
+    if (this.arena === undefined) throw this.unavailable("not connected")
+    return this.arena
+  }
+
+  private unavailable(reason: string) {
+    return new SidecarUnavailable({ socketPath: this.socketPath, reason })
+  }
+}
+
+const describePayload = (data: Payload): { meta: PayloadMeta; bytes: Uint8Array | undefined } => {
+  if (typeof data === "string" || typeof data === "number") return { meta: { _tag: "Value", value: data }, bytes: undefined }
+  if (data instanceof Tensor) return { meta: { _tag: "Tensor", dtype: data.dtype, shape: data.shape }, bytes: data.bytes }
+  if (data instanceof Uint8Array) return { meta: { _tag: "Bytes", length: data.length }, bytes: data }
+  throw new InvalidRequest({ reason: `a sidecar sends tensors, bytes, strings and numbers, not ${Object.prototype.toString.call(data)}` })
+}

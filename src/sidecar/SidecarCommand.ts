@@ -1,0 +1,96 @@
+import { join } from "node:path"
+import { Console, Duration, Effect, ParseResult, Schedule, Schema } from "effect"
+import { Arena, arenaFilePrefix } from "./Arena.js"
+import { parsePeers, PeerTransport } from "./PeerTransport.js"
+import { makeSidecarLog, type SidecarLog } from "./SidecarLog.js"
+import { formatReadyLine } from "./SidecarProcess.js"
+import { SidecarServer } from "./SidecarServer.js"
+import { SizeClassAllocator } from "./SizeClassAllocator.js"
+import { SlotPool } from "./SlotPool.js"
+import { TransferTable } from "./TransferTable.js"
+
+/**
+ * `cornserve internal sidecar`: the process that owns a node's arena and its peer port. The node
+ * agent starts one per node and stops it with SIGTERM; it also stops by itself when the process
+ * that started it is gone, and in every case it removes its /dev/shm file on the way out.
+ */
+
+export const SidecarOptions = Schema.Struct({
+  nodeId: Schema.String.pipe(Schema.pattern(/^[A-Za-z0-9._-]{1,64}$/, { message: () => "a node id is 1 to 64 letters, digits, '.', '_' or '-'" })),
+  socketPath: Schema.String.pipe(Schema.minLength(1)),
+  /** Default: /dev/shm/cornserve-arena-<node id>-<pid>. */
+  arenaPath: Schema.optional(Schema.String.pipe(Schema.minLength(1))),
+  arenaBytes: Schema.Int.pipe(Schema.greaterThanOrEqualTo(1024 * 1024)),
+  peerHost: Schema.String.pipe(Schema.minLength(1)),
+  peerPort: Schema.Int.pipe(Schema.between(0, 65535)),
+  /** node-id=host:port, comma-separated. */
+  peers: Schema.String,
+  ttlMs: Schema.Number.pipe(Schema.positive()),
+  peerTimeoutMs: Schema.Number.pipe(Schema.positive())
+})
+export type SidecarOptions = typeof SidecarOptions.Type
+
+/** How often unconsumed chunks are looked for, at most. */
+const maxSweepIntervalMs = 1000
+/** How often the sidecar checks that the process that started it is still there. */
+const parentCheckInterval = Duration.seconds(1)
+
+export class InvalidSidecarOptions extends Schema.TaggedError<InvalidSidecarOptions>()("InvalidSidecarOptions", { reason: Schema.String }) {
+  override get message() {
+    return `invalid sidecar options: ${this.reason}`
+  }
+}
+
+const invalid = (reason: string) => new InvalidSidecarOptions({ reason })
+
+const decodeOptions = (input: SidecarOptions) =>
+  Schema.decodeUnknown(SidecarOptions)(input).pipe(
+    Effect.mapError((error) =>
+      invalid(ParseResult.ArrayFormatter.formatErrorSync(error).map((issue) => `${issue.path.join(".")}: ${issue.message}`).join("; "))
+    )
+  )
+
+/** Runs until SIGTERM/SIGINT (which interrupt it) or until the parent process is gone. */
+export const runSidecar = Effect.fn("Sidecar.run")(function* (input: SidecarOptions) {
+  const options = yield* decodeOptions(input)
+  yield* serve(options).pipe(Effect.scoped, Effect.annotateLogs("sidecar", options.nodeId))
+})
+
+const serve = (options: SidecarOptions) =>
+  Effect.gen(function* () {
+    const peers = yield* Effect.try({ try: () => parsePeers(options.peers), catch: (error) => invalid((error as Error).message) })
+    const log = yield* makeSidecarLog
+    const arenaPath = options.arenaPath ?? join("/dev/shm", `${arenaFilePrefix}${options.nodeId}-${process.pid}`)
+    const arena = yield* Arena.create(arenaPath, options.arenaBytes)
+    const slots = new SlotPool(options.nodeId, new SizeClassAllocator(arena.byteLength, { maxBlockBytes: arena.segmentBytes }))
+    const table = new TransferTable(slots, options.ttlMs, log.warn)
+    const transport = yield* PeerTransport.start({
+      nodeId: options.nodeId,
+      host: options.peerHost,
+      port: options.peerPort,
+      peers,
+      linkTimeoutMs: options.peerTimeoutMs,
+      arena,
+      slots,
+      table,
+      log
+    })
+    yield* SidecarServer.listen({ nodeId: options.nodeId, socketPath: options.socketPath, arena, slots, table, peers: transport, log })
+    yield* Effect.sync(() => table.sweep(Date.now())).pipe(
+      Effect.repeat(Schedule.spaced(Duration.millis(Math.min(options.ttlMs / 2, maxSweepIntervalMs)))),
+      Effect.forkScoped
+    )
+    yield* Console.log(
+      formatReadyLine({ nodeId: options.nodeId, socketPath: options.socketPath, peerPort: transport.port, arenaPath, arenaBytes: arena.byteLength })
+    )
+    yield* untilOrphaned(log)
+  })
+
+/** Returns once the parent process has exited (the sidecar is then re-parented). */
+const untilOrphaned = (log: SidecarLog) => {
+  const parent = process.ppid
+  return Effect.sync(() => process.ppid).pipe(
+    Effect.repeat({ schedule: Schedule.spaced(parentCheckInterval), until: (ppid) => ppid !== parent }),
+    Effect.tap(() => Effect.sync(() => log.warn(`the process that started this sidecar (pid ${parent}) is gone; stopping`)))
+  )
+}

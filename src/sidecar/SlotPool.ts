@@ -1,0 +1,141 @@
+import { AllocationTimeout, TensorTooLarge } from "./errors.js"
+import type { SizeClassAllocator } from "./SizeClassAllocator.js"
+
+/**
+ * Slots of the arena with back-pressure and shared ownership.
+ *
+ * When the arena is full an allocation waits, first come first served, until enough is freed or
+ * its time runs out; it never fails for lack of memory right away and never over-commits. A slot
+ * can be held by several owners at once (the transfer table and each TCP write of it to a peer);
+ * it is freed when the last one lets go.
+ */
+
+interface Waiter {
+  readonly bytes: number
+  readonly resolve: (offset: number) => void
+  readonly reject: (error: unknown) => void
+  readonly timer: NodeJS.Timeout
+  readonly detach: () => void
+}
+
+export class SlotPool {
+  private readonly owners = new Map<number, number>()
+  private readonly waiters: Array<Waiter> = []
+  private waits = 0
+  private timeouts = 0
+
+  constructor(
+    readonly nodeId: string,
+    private readonly allocator: SizeClassAllocator
+  ) {}
+
+  /** A slot now, or undefined when the arena is full or others wait ahead; throws if it can never fit. */
+  tryAllocate(bytes: number): number | undefined {
+    this.checkFits(bytes)
+    if (this.waiters.length > 0) return undefined
+    return this.take(bytes)
+  }
+
+  /** A slot of at least `bytes`, waiting up to timeoutMs for one; an abort gives up the wait. */
+  allocate(bytes: number, timeoutMs: number, signal?: AbortSignal): Promise<number> {
+    let offset: number | undefined
+    try {
+      offset = this.tryAllocate(bytes)
+    } catch (error) {
+      return Promise.reject(error)
+    }
+    if (offset !== undefined) return Promise.resolve(offset)
+    if (signal?.aborted) return Promise.reject(signal.reason)
+    this.waits++
+    return new Promise((resolve, reject) => {
+      const onAbort = () => this.drop(waiter, signal?.reason)
+      const timeout = () => {
+        this.timeouts++
+        const { usedBytes, capacityBytes } = this.allocator
+        this.drop(waiter, new AllocationTimeout({ nodeId: this.nodeId, bytes, waitedMs: timeoutMs, usedBytes, capacityBytes }))
+      }
+      const waiter: Waiter = {
+        bytes,
+        resolve,
+        reject,
+        // Unref'd: a wait alone never keeps a stopping sidecar alive.
+        timer: setTimeout(timeout, timeoutMs).unref(),
+        detach: () => signal?.removeEventListener("abort", onAbort)
+      }
+      signal?.addEventListener("abort", onAbort, { once: true })
+      this.waiters.push(waiter)
+    })
+  }
+
+  /** One more owner for an allocated slot. */
+  retain(offset: number): void {
+    const owners = this.owners.get(offset)
+    if (owners === undefined) throw new RangeError(`no slot is allocated at offset ${offset}`)
+    this.owners.set(offset, owners + 1)
+  }
+
+  /** One owner fewer; the last one frees the slot and lets waiting allocations in. */
+  release(offset: number): void {
+    const owners = this.owners.get(offset)
+    if (owners === undefined) throw new RangeError(`no slot is allocated at offset ${offset}`)
+    if (owners > 1) {
+      this.owners.set(offset, owners - 1)
+      return
+    }
+    this.owners.delete(offset)
+    this.allocator.release(offset)
+    this.serveWaiters()
+  }
+
+  /** The size of the slot at `offset`, or undefined when none is allocated there. */
+  slotBytes(offset: number): number | undefined {
+    return this.allocator.sizeAt(offset)
+  }
+
+  get stats() {
+    return {
+      arenaBytes: this.allocator.capacityBytes,
+      bytesInUse: this.allocator.usedBytes,
+      slotsInUse: this.allocator.allocationCount,
+      largestFreeBytes: this.allocator.largestFreeBytes,
+      allocationWaits: this.waits,
+      allocationTimeouts: this.timeouts
+    }
+  }
+
+  private checkFits(bytes: number) {
+    if (this.allocator.blockBytes(bytes) === undefined) {
+      throw new TensorTooLarge({ nodeId: this.nodeId, bytes, largestBytes: this.allocator.largestBlockBytes })
+    }
+  }
+
+  private take(bytes: number): number | undefined {
+    const offset = this.allocator.allocate(bytes)
+    if (offset !== undefined) this.owners.set(offset, 1)
+    return offset
+  }
+
+  private serveWaiters() {
+    // Strictly in order: a large request at the head is not starved by small ones behind it.
+    while (this.waiters.length > 0) {
+      const waiter = this.waiters[0]!
+      const offset = this.take(waiter.bytes)
+      if (offset === undefined) return
+      this.waiters.shift()
+      clearTimeout(waiter.timer)
+      waiter.detach()
+      waiter.resolve(offset)
+    }
+  }
+
+  private drop(waiter: Waiter, error: unknown) {
+    const index = this.waiters.indexOf(waiter)
+    if (index === -1) return
+    this.waiters.splice(index, 1)
+    clearTimeout(waiter.timer)
+    waiter.detach()
+    waiter.reject(error)
+    // The one that left may have been the head that blocked the others.
+    if (index === 0) this.serveWaiters()
+  }
+}

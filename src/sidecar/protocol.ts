@@ -1,0 +1,219 @@
+import { Packr } from "msgpackr"
+import { Schema } from "effect"
+import { InvalidRequest, SidecarError } from "./errors.js"
+import { dtypes, tensorByteLength } from "./Tensor.js"
+
+/**
+ * The sidecar's wire messages: small typed records, msgpack-encoded, each in a frame
+ * `[u32 LE body length][msgpack body]`. Executors talk to their sidecar with the Client* messages
+ * over a Unix socket; sidecars talk to each other with the Peer* messages over TCP, where a Chunk
+ * frame is followed by the chunk's raw bytes. Tensor bytes never travel in a msgpack body.
+ */
+
+const Count = Schema.Int.pipe(Schema.greaterThanOrEqualTo(0))
+const Positive = Schema.Int.pipe(Schema.greaterThan(0))
+const TransferId = Schema.String.pipe(Schema.minLength(1))
+const NodeId = Schema.String.pipe(Schema.minLength(1))
+
+// ---------------------------------------------------------------------------------------------
+// What a chunk holds
+
+const TensorMeta = Schema.TaggedStruct("Tensor", { dtype: Schema.Literal(...dtypes), shape: Schema.Array(Count) })
+const BytesMeta = Schema.TaggedStruct("Bytes", { length: Count })
+/** Strings and numbers travel inline: they are small, and a receiver wants them as JS values. */
+const ValueMeta = Schema.TaggedStruct("Value", { value: Schema.Union(Schema.String, Schema.Number) })
+export const PayloadMeta = Schema.Union(TensorMeta, BytesMeta, ValueMeta)
+export type PayloadMeta = typeof PayloadMeta.Type
+
+/** The bytes of a chunk that live in the arena (0 for inline values and empty tensors). */
+export const payloadBytes = (meta: PayloadMeta): number => {
+  switch (meta._tag) {
+    case "Tensor":
+      return tensorByteLength(meta.dtype, meta.shape)
+    case "Bytes":
+      return meta.length
+    case "Value":
+      return 0
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Executor ⇄ sidecar (Unix socket)
+
+const Hello = Schema.TaggedStruct("Hello", { pid: Count })
+/** Reserve a slot to write a chunk into; waits up to timeoutMs while the arena is full. */
+const Allocate = Schema.TaggedStruct("Allocate", { bytes: Positive, timeoutMs: Count })
+/** Give back a slot that was allocated and not sent. */
+const Release = Schema.TaggedStruct("Release", { offset: Count })
+export const Send = Schema.TaggedStruct("Send", {
+  id: TransferId,
+  chunk: Count,
+  /** null: a stream whose length CloseStream gives later. */
+  numChunks: Schema.NullOr(Positive),
+  to: Schema.NonEmptyArray(NodeId),
+  meta: PayloadMeta,
+  /** How long a receiving node may wait for room in its arena. */
+  timeoutMs: Count,
+  /** The slot holding the chunk's bytes; null when it has none (inline values, empty tensors). */
+  offset: Schema.NullOr(Count)
+})
+const Recv = Schema.TaggedStruct("Recv", { id: TransferId, chunk: Count, timeoutMs: Count })
+/** chunk null: the whole transfer is done; its remaining chunks are freed and its id forgotten. */
+const MarkDone = Schema.TaggedStruct("MarkDone", { id: TransferId, chunk: Schema.NullOr(Count) })
+const CloseStream = Schema.TaggedStruct("CloseStream", { id: TransferId, numChunks: Count, to: Schema.NonEmptyArray(NodeId) })
+const GetStats = Schema.TaggedStruct("GetStats", {})
+/** Replaces the peer sidecars: node id → host:port. */
+const SetPeers = Schema.TaggedStruct("SetPeers", { peers: Schema.Record({ key: NodeId, value: Schema.String }) })
+
+export const ClientRequest = Schema.Union(Hello, Allocate, Release, Send, Recv, MarkDone, CloseStream, GetStats, SetPeers)
+export type ClientRequest = typeof ClientRequest.Type
+
+const ArenaInfo = Schema.TaggedStruct("ArenaInfo", {
+  nodeId: NodeId,
+  arenaPath: Schema.String,
+  arenaBytes: Count,
+  segmentBytes: Positive
+})
+const Allocated = Schema.TaggedStruct("Allocated", { offset: Count })
+const Received = Schema.TaggedStruct("Received", { meta: PayloadMeta, offset: Schema.NullOr(Count) })
+/** The chunk asked for is past the end of the transfer. */
+const StreamEnd = Schema.TaggedStruct("StreamEnd", {})
+const Ok = Schema.TaggedStruct("Ok", {})
+
+export const SidecarStats = Schema.TaggedStruct("SidecarStats", {
+  nodeId: NodeId,
+  arenaBytes: Count,
+  /** Bytes of the arena held by slots (whole size classes). */
+  bytesInUse: Count,
+  slotsInUse: Count,
+  largestFreeBytes: Count,
+  /** Transfers this sidecar keeps a record of: data, waiting receivers, or a chunk count (for the TTL). */
+  transfersActive: Count,
+  chunksStored: Count,
+  /** Chunks stored here: from executors of this node and from peers. */
+  chunksReceivedLocal: Count,
+  chunksReceivedRemote: Count,
+  chunksForwarded: Count,
+  bytesForwarded: Count,
+  /** Allocations that found the arena full and waited, and those that gave up. */
+  allocationWaits: Count,
+  allocationTimeouts: Count,
+  /** Receives that waited for their chunk, and those that gave up. */
+  recvWaits: Count,
+  recvTimeouts: Count,
+  /** Chunks nobody marked done, freed after the TTL. */
+  chunksReclaimed: Count,
+  /** Slots freed because the executor holding them disconnected. */
+  slotsReleasedOnDisconnect: Count,
+  clients: Count,
+  peersConnected: Count
+})
+export type SidecarStats = typeof SidecarStats.Type
+
+export const ClientReply = Schema.Union(ArenaInfo, Allocated, Received, StreamEnd, Ok, SidecarStats)
+export type ClientReply = typeof ClientReply.Type
+
+export const ClientFrame = Schema.Struct({ rid: Count, request: ClientRequest })
+export const ServerFrame = Schema.Union(
+  Schema.Struct({ rid: Count, reply: ClientReply }),
+  Schema.Struct({ rid: Count, error: SidecarError })
+)
+
+// ---------------------------------------------------------------------------------------------
+// Sidecar ⇄ sidecar (TCP). The node that receives dials the node that sends (see PeerTransport).
+
+const PeerHello = Schema.TaggedStruct("PeerHello", { nodeId: NodeId })
+/** Followed on the wire by payloadBytes(meta) raw bytes. */
+export const PeerChunk = Schema.TaggedStruct("PeerChunk", {
+  seq: Count,
+  id: TransferId,
+  chunk: Count,
+  numChunks: Schema.NullOr(Positive),
+  meta: PayloadMeta,
+  timeoutMs: Count
+})
+const PeerClose = Schema.TaggedStruct("PeerClose", { seq: Count, id: TransferId, numChunks: Count })
+const PeerAck = Schema.TaggedStruct("PeerAck", { seq: Count })
+const PeerNack = Schema.TaggedStruct("PeerNack", { seq: Count, error: SidecarError })
+
+/** What the sending side reads: the receiver's hello, then acknowledgements. */
+export const PeerReply = Schema.Union(PeerHello, PeerAck, PeerNack)
+/** What the receiving side reads. */
+export const PeerData = Schema.Union(PeerChunk, PeerClose)
+
+// ---------------------------------------------------------------------------------------------
+// Framing
+
+/** Larger bodies are refused: only inline values can make a body large, and they should not be. */
+const maxBodyBytes = 16 * 1024 * 1024
+export const frameLengthBytes = 4
+
+const packr = new Packr({ moreTypes: true, useRecords: false })
+
+/** Every message as it goes on the wire: the encoded side of its schema. */
+export type WireMessage =
+  | typeof ClientFrame.Encoded
+  | typeof ServerFrame.Encoded
+  | typeof PeerHello.Encoded
+  | typeof PeerChunk.Encoded
+  | typeof PeerClose.Encoded
+  | typeof PeerAck.Encoded
+  | typeof PeerNack.Encoded
+
+/** An error class as a plain record; the receiving side's decode makes it the class again. */
+export const encodeError = Schema.encodeSync(SidecarError)
+
+/**
+ * Frames a message. The message is already in its encoded form (only errors differ, see
+ * encodeError), so nothing runs through a schema here: checking happens where messages are
+ * decoded, and encoding a union through its schema costs more than the rest of a hand-off.
+ */
+export const encodeFrame = (message: WireMessage): Buffer => {
+  const body = packr.pack(message)
+  if (body.length > maxBodyBytes) throw new InvalidRequest({ reason: `a message of ${body.length} bytes exceeds ${maxBodyBytes}; send large data as bytes` })
+  const frame = Buffer.allocUnsafe(frameLengthBytes + body.length)
+  frame.writeUInt32LE(body.length, 0)
+  body.copy(frame, frameLengthBytes)
+  return frame
+}
+
+/** The msgpack value of a frame body, not yet checked against a schema. */
+export const unpackBody = (body: Uint8Array): unknown => {
+  try {
+    return packr.unpack(body)
+  } catch (error) {
+    throw new InvalidRequest({ reason: `undecodable message: ${error instanceof Error ? error.message : String(error)}` })
+  }
+}
+
+export const decodeMessage = <A, I>(schema: Schema.Schema<A, I>, raw: unknown): A => {
+  const decoded = Schema.decodeUnknownEither(schema)(raw)
+  if (decoded._tag === "Left") throw new InvalidRequest({ reason: decoded.left.message })
+  return decoded.right
+}
+
+export const decodeBody = <A, I>(schema: Schema.Schema<A, I>, body: Uint8Array): A => decodeMessage(schema, unpackBody(body))
+
+/**
+ * Splits a byte stream into frame bodies. Bytes arrive in arbitrary pieces; a body is handed out
+ * once all of it is there.
+ */
+export class FrameReader {
+  private pending: Buffer = Buffer.alloc(0)
+
+  /** The complete bodies in the bytes received so far. Throws on a body over maxBodyBytes. */
+  push(bytes: Buffer): Array<Buffer> {
+    this.pending = this.pending.length === 0 ? bytes : Buffer.concat([this.pending, bytes])
+    const bodies: Array<Buffer> = []
+    let start = 0
+    while (this.pending.length - start >= frameLengthBytes) {
+      const length = this.pending.readUInt32LE(start)
+      if (length > maxBodyBytes) throw new InvalidRequest({ reason: `a frame of ${length} bytes exceeds ${maxBodyBytes}` })
+      if (this.pending.length - start < frameLengthBytes + length) break
+      bodies.push(this.pending.subarray(start + frameLengthBytes, start + frameLengthBytes + length))
+      start += frameLengthBytes + length
+    }
+    this.pending = this.pending.subarray(start)
+    return bodies
+  }
+}

@@ -1,0 +1,132 @@
+import { type ChildProcess, spawn } from "node:child_process"
+import { readdirSync, statSync } from "node:fs"
+import { mkdtemp, rm } from "node:fs/promises"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import * as esbuild from "esbuild"
+import { arenaFilePrefix } from "../../../src/sidecar/Arena.js"
+import { type RunningSidecar, startSidecar, type StartSidecarOptions } from "../../../src/sidecar/SidecarProcess.js"
+import { binPath, repoRoot } from "../../support/platform.js"
+
+/**
+ * Real sidecar processes (`bin/cornserve internal sidecar`) and executor processes for the sidecar
+ * tests. Arena files get a prefix naming this test process, so a test file can check that it left
+ * none behind while other files run beside it.
+ */
+
+export const MiB = 1024 * 1024
+
+const shmDir = "/dev/shm"
+const testArenaPrefix = `${arenaFilePrefix}test-${process.pid}-`
+
+/** The sidecar runs from dist/: a test run after editing src/ without building would test old code. */
+const checkBuildIsFresh = () => {
+  const sources = [
+    ...readdirSync(join(repoRoot, "src/sidecar")).map((file) => [`src/sidecar/${file}`, `dist/sidecar/${file.replace(/\.ts$/, ".js")}`]),
+    ["src/cli/main.ts", "dist/cli/main.js"]
+  ]
+  for (const [source, built] of sources) {
+    const builtTime = (() => {
+      try {
+        return statSync(join(repoRoot, built!)).mtimeMs
+      } catch {
+        return 0
+      }
+    })()
+    if (statSync(join(repoRoot, source!)).mtimeMs > builtTime) throw new Error(`${built} is older than ${source}: run npm run build first`)
+  }
+}
+
+let bundled: Promise<string> | undefined
+
+/** test/sidecar/support/executor.ts, bundled once, so that a child can run it with plain node. */
+const executorScript = () => {
+  bundled ??= (async () => {
+    // Under node_modules so that the bundle's external imports resolve; stopAll removes it.
+    const outfile = join(repoRoot, "node_modules/.cache/cornserve-test", `sidecar-executor-${process.pid}.mjs`)
+    await esbuild.build({
+      entryPoints: [join(repoRoot, "test/sidecar/support/executor.ts")],
+      outfile,
+      bundle: true,
+      packages: "external",
+      platform: "node",
+      format: "esm",
+      target: "node20",
+      logLevel: "warning"
+    })
+    return outfile
+  })()
+  return bundled
+}
+
+export interface TestSidecars {
+  start(nodeId: string, options?: Partial<StartSidecarOptions>): Promise<RunningSidecar>
+  /** Stops every sidecar started here; removes the socket directory and the executor bundle. */
+  stopAll(): Promise<void>
+}
+
+export const testSidecars = async (): Promise<TestSidecars> => {
+  checkBuildIsFresh()
+  const socketDir = await mkdtemp(join(tmpdir(), "cornserve-sidecar-"))
+  const running: Array<RunningSidecar> = []
+  return {
+    start: async (nodeId, options = {}) => {
+      const sidecar = await startSidecar({
+        binPath,
+        nodeId,
+        socketPath: join(socketDir, `${nodeId}.sock`),
+        arenaPath: join(shmDir, `${testArenaPrefix}${nodeId}`),
+        arenaBytes: 64 * MiB,
+        peerHost: "127.0.0.1",
+        ...options
+      })
+      running.push(sidecar)
+      return sidecar
+    },
+    stopAll: async () => {
+      await Promise.all(running.map((sidecar) => sidecar.stop()))
+      await rm(socketDir, { recursive: true, force: true })
+      if (bundled !== undefined) await rm(await bundled, { force: true })
+      bundled = undefined
+    }
+  }
+}
+
+/** Arena files of this test process still in /dev/shm. */
+export const leftoverArenas = () => readdirSync(shmDir).filter((file) => file.startsWith(testArenaPrefix))
+
+export interface ExecutorProcess {
+  readonly process: ChildProcess
+  /** Resolves with the first line it prints that starts with `prefix`. */
+  line(prefix: string): Promise<string>
+  exited: Promise<number | null>
+}
+
+/** Starts an executor process that runs one scenario of support/executor.ts against a sidecar. */
+export const startExecutor = async (args: ReadonlyArray<string>): Promise<ExecutorProcess> => {
+  const child = spawn(process.execPath, [await executorScript(), ...args], { cwd: repoRoot, stdio: ["ignore", "pipe", "pipe"] })
+  let output = ""
+  const listeners = new Set<() => void>()
+  child.stdout!.on("data", (chunk: Buffer) => {
+    output += chunk.toString()
+    for (const listener of listeners) listener()
+  })
+  child.stderr!.on("data", (chunk: Buffer) => (output += chunk.toString()))
+  const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)))
+  return {
+    process: child,
+    exited,
+    line: (prefix) =>
+      new Promise((resolve, reject) => {
+        const check = () => {
+          const found = output.split("\n").find((line) => line.startsWith(prefix))
+          if (found === undefined) return
+          listeners.delete(check)
+          resolve(found)
+        }
+        listeners.add(check)
+        check()
+        void exited.then((code) => reject(new Error(`the executor exited (${code}) before printing "${prefix}":\n${output}`)))
+      })
+  }
+}
