@@ -155,14 +155,82 @@ const sidecarCommand = Command.make(
     )
 ).pipe(Command.withDescription("Run this node's tensor sidecar: the shared-memory arena and the peer port."))
 
+const executorCommand = Command.make(
+  "executor",
+  {
+    kind: Options.choice("kind", ["eric", "geri", "llm"]).pipe(Options.withDescription("Which executor: the encoder (eric), the generator (geri) or the LLM.")),
+    model: Options.text("model").pipe(Options.withDescription("A built-in model name or a model directory.")),
+    devices: Options.text("devices").pipe(Options.withDescription("Its devices, one worker each: cpu:0,cpu:1 or cuda:0."), Options.withDefault("cpu:0")),
+    threadsPerDevice: Options.integer("threads-per-device").pipe(Options.withDescription("ONNX Runtime threads of each CPU worker."), Options.withDefault(1)),
+    host: Options.text("host").pipe(Options.withDescription("The address its HTTP API listens on."), Options.withDefault("127.0.0.1")),
+    port: Options.integer("port").pipe(Options.withDescription("Its HTTP port (0 picks a free one)."), Options.withDefault(0)),
+    sidecarSocket: Options.text("sidecar-socket").pipe(Options.withDescription("The node's sidecar socket, for tensors to and from other executors."), Options.optional),
+    maxBatchSize: Options.integer("max-batch-size").pipe(Options.withDescription("Items in one batch."), Options.withDefault(8)),
+    maxBatchDelayMs: Options.float("max-batch-delay-ms").pipe(Options.withDescription("How long a small batch may wait to fill."), Options.withDefault(2)),
+    maxQueue: Options.integer("max-queue").pipe(Options.withDescription("Requests waiting or running; more are answered 503."), Options.withDefault(256)),
+    preprocessThreads: Options.integer("preprocess-threads").pipe(Options.withDescription("Threads that decode and preprocess media."), Options.withDefault(2)),
+    mediaRoot: Options.directory("media-root").pipe(Options.withDescription("file: media URLs may be read below this directory only."), Options.optional),
+    allowPrivateHosts: Options.boolean("allow-private-hosts").pipe(Options.withDescription("Fetch http(s) media from loopback and private addresses too.")),
+    maxMediaBytes: Options.integer("max-media-bytes").pipe(Options.withDescription("The largest media item accepted (413 beyond)."), Options.withDefault(32 * 1024 * 1024)),
+    batchSlotBytes: Options.integer("batch-slot-bytes").pipe(Options.withDescription("Shared memory for one batch between engine and workers."), Options.withDefault(64 * 1024 * 1024)),
+    embeddingWaitMs: Options.integer("embedding-wait-ms").pipe(Options.withDescription("How long to wait for an embedding from the sidecar (404 after)."), Options.withDefault(30_000))
+  },
+  (options) =>
+    Effect.flatMap(Effect.promise(() => import("../executors/common/ExecutorCommand.js")), ({ runExecutor }) =>
+      runExecutor({
+        kind: options.kind,
+        model: options.model,
+        devices: options.devices.split(",").map((device) => device.trim()).filter((device) => device.length > 0),
+        threadsPerDevice: options.threadsPerDevice,
+        host: options.host,
+        port: options.port,
+        maxBatchSize: options.maxBatchSize,
+        maxBatchDelayMs: options.maxBatchDelayMs,
+        maxQueuedRequests: options.maxQueue,
+        batchSlotBytes: options.batchSlotBytes,
+        preprocessThreads: options.preprocessThreads,
+        allowPrivateHosts: options.allowPrivateHosts,
+        maxMediaBytes: options.maxMediaBytes,
+        embeddingWaitMs: options.embeddingWaitMs,
+        ...Option.match(options.sidecarSocket, { onNone: () => ({}), onSome: (sidecarSocket) => ({ sidecarSocket }) }),
+        ...Option.match(options.mediaRoot, { onNone: () => ({}), onSome: (mediaRoot) => ({ mediaRoot }) })
+      })
+    )
+).pipe(Command.withDescription("Run a task executor: its router (HTTP), which starts its engine and workers."))
+
+const executorEngineCommand = Command.make("executor-engine", {}, () =>
+  Effect.flatMap(Effect.promise(() => import("../executors/common/ExecutorCommand.js")), ({ runExecutorEngine }) => runExecutorEngine())
+).pipe(Command.withDescription("An executor's engine (started by its router)."))
+
+const executorWorkerCommand = Command.make(
+  "executor-worker",
+  { rank: Options.integer("rank").pipe(Options.withDescription("Which of the executor's devices it runs on.")) },
+  ({ rank }) => Effect.flatMap(Effect.promise(() => import("../executors/common/ExecutorCommand.js")), ({ runExecutorWorker }) => runExecutorWorker(rank))
+).pipe(Command.withDescription("An executor's worker on one device (started by its engine)."))
+
+const models = Command.make("models").pipe(
+  Command.withDescription("Build the built-in models."),
+  Command.withSubcommands([
+    Command.make(
+      "build",
+      {
+        names: Args.text({ name: "NAME" }).pipe(Args.withDescription("Models to build (default: every built-in; bench/* presets only when named)."), Args.repeated),
+        dir: Options.directory("dir").pipe(Options.withDescription("Where to build (default: CORNSERVE_MODEL_DIR or ~/.cache/cornserve/models)."), Options.optional)
+      },
+      ({ names, dir }) =>
+        Effect.flatMap(Effect.promise(() => import("./models.js")), ({ buildModels }) => buildModels(names, Option.getOrUndefined(dir)))
+    ).pipe(Command.withDescription("Build models into the model cache (or --dir); the same recipe always gives the same bytes."))
+  ])
+)
+
 const internal = Command.make("internal").pipe(
   Command.withDescription("Processes that cornserve starts by itself; not meant to be run by hand."),
-  Command.withSubcommands([sidecarCommand])
+  Command.withSubcommands([sidecarCommand, executorCommand, executorEngineCommand, executorWorkerCommand])
 )
 
 const cornserve = Command.make("cornserve").pipe(
   Command.withDescription("Serve multimodal ML apps: register an app written in TypeScript, then call it over HTTP."),
-  Command.withSubcommands([serveCommand, app, tasks, internal])
+  Command.withSubcommands([serveCommand, app, tasks, models, internal])
 )
 
 const cli = Command.run(cornserve, { name: "cornserve", version })

@@ -139,8 +139,8 @@ describe("readMedia", () => {
 describe("decoding", () => {
   it("decodes an image and resizes it to the size asked", async () => {
     const image = await decodeImage(await solidPng(200, 10, 30, 16), 4, 3)
-    expect([image.width, image.height, image.pixels.length]).toEqual([4, 3, 36])
-    expect([...image.pixels.slice(0, 3)]).toEqual([200, 10, 30])
+    expect([image.width, image.height, image.data.length]).toEqual([4, 3, 36])
+    expect([...image.data.slice(0, 3)]).toEqual([200, 10, 30])
   })
 
   it("refuses corrupt image bytes (400)", async () => {
@@ -160,7 +160,7 @@ describe("decoding", () => {
     const frames = await Promise.all(colours.map(([r, g, b]) => solidPng(r, g, b)))
     const gif = await sharp(frames, { join: { animated: true } }).gif().toBuffer()
     const decoded = await decodeVideoFrames(gif, 2, 2, 32)
-    expect(decoded.map((frame) => [...frame.pixels.slice(0, 3)])).toEqual(colours.map((colour) => [...colour]))
+    expect(decoded.map((frame) => [...frame.data.slice(0, 3)])).toEqual(colours.map((colour) => [...colour]))
     expect(await decodeVideoFrames(gif, 2, 2, 2)).toHaveLength(2)
   })
 

@@ -1,15 +1,10 @@
 import sharp from "sharp"
+import type { RgbImage } from "../../models/ImageProcessor.js"
 import { MediaError } from "./MediaSource.js"
 
 /** Larger images are refused (413) before they are decoded. */
 const maxInputPixels = 64 * 1024 * 1024
 
-export interface RgbImage {
-  readonly width: number
-  readonly height: number
-  /** Interleaved RGB, row-major, one byte per channel. */
-  readonly pixels: Uint8Array
-}
 
 const describeSharpError = (error: unknown, what: string): MediaError => {
   const message = error instanceof Error ? error.message : String(error)
@@ -26,7 +21,7 @@ export const decodeImage = async (bytes: Buffer, width: number, height: number, 
       .resize(width, height, { fit: "fill" })
       .raw()
       .toBuffer({ resolveWithObject: true })
-    return { width: info.width, height: info.height, pixels: new Uint8Array(data.buffer, data.byteOffset, data.length) }
+    return { width: info.width, height: info.height, data: new Uint8Array(data.buffer, data.byteOffset, data.length) }
   } catch (error) {
     throw describeSharpError(error, "image")
   }

@@ -1,0 +1,238 @@
+/**
+ * The engine of an executor (its own process): a plain loop that receives requests from the
+ * router, asks the scheduler for the next batch, stacks it into shared memory, has the workers run
+ * it, and replies. No request parsing or output formatting happens here.
+ */
+import { join } from "node:path"
+import { Effect } from "effect"
+import * as zmq from "zeromq"
+import { BatchBuffer, batchBufferPrefix } from "./BatchBuffer.js"
+import { exitWithParent, startChild } from "./ChildProcesses.js"
+import { configEnvName, type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
+import { type ScheduledItem, Scheduler } from "./Scheduler.js"
+import { decode, encode, type BatchItem, type FromEngine, type FromWorker, type ToEngine, type ToWorker, type WorkItem } from "./wire.js"
+
+interface OpenRequest {
+  readonly items: ReadonlyArray<WorkItem>
+  readonly results: Array<unknown>
+}
+
+interface RunningBatch {
+  readonly slot: number
+  readonly scheduled: ReadonlyArray<ScheduledItem<WorkItem>>
+  readonly items: ReadonlyArray<BatchItem>
+  readonly results: Array<unknown>
+  readonly pendingRanks: Set<number>
+  readonly shards: Map<number, readonly [number, number]>
+}
+
+/** One wake-up for whoever waits: a new request, a finished batch, or a timer. */
+class Signal {
+  private waiter: (() => void) | undefined
+  notify() {
+    const waiter = this.waiter
+    this.waiter = undefined
+    waiter?.()
+  }
+  wait(timeoutMs?: number): Promise<void> {
+    return new Promise((resolve) => {
+      const timer = timeoutMs === undefined ? undefined : setTimeout(resolve, timeoutMs)
+      this.waiter = () => {
+        if (timer !== undefined) clearTimeout(timer)
+        resolve()
+      }
+    })
+  }
+}
+
+/**
+ * Splits `count` items into one contiguous shard per worker, the larger shards to the workers with
+ * the least work outstanding, so that a one-item batch goes to an idle worker.
+ */
+export const shardItems = (count: number, outstanding: ReadonlyArray<number>): Map<number, readonly [number, number]> => {
+  const order = outstanding.map((load, rank) => ({ load, rank })).sort((a, b) => a.load - b.load || a.rank - b.rank)
+  const shards = new Map<number, readonly [number, number]>()
+  const base = Math.floor(count / outstanding.length)
+  const extra = count % outstanding.length
+  let from = 0
+  order.forEach(({ rank }, position) => {
+    const size = base + (position < extra ? 1 : 0)
+    if (size > 0) shards.set(rank, [from, from + size])
+    from += size
+  })
+  return shards
+}
+
+export const runEngine = (config: ExecutorConfig) =>
+  Effect.gen(function* () {
+    exitWithParent()
+    const buffer = yield* BatchBuffer.create(join("/dev/shm", `${batchBufferPrefix}${process.pid}`), 2, config.batchSlotBytes)
+    const fromRouter = new zmq.Pull()
+    const toRouter = new zmq.Push({ linger: 0 })
+    const fromWorkers = new zmq.Pull()
+    const toWorkers = config.devices.map(() => new zmq.Push({ linger: 0 }))
+    yield* Effect.addFinalizer(() =>
+      Effect.sync(() => {
+        for (const socket of [fromRouter, toRouter, fromWorkers, ...toWorkers]) socket.close()
+      })
+    )
+    yield* Effect.promise(() =>
+      Promise.all([
+        fromRouter.bind(ipcPath(config, "engine-in")),
+        toRouter.bind(ipcPath(config, "engine-out")),
+        fromWorkers.bind(ipcPath(config, "workers-out")),
+        ...toWorkers.map((socket, rank) => socket.bind(ipcPath(config, `worker-${rank}`)))
+      ])
+    )
+    const sendRouter = (message: FromEngine) => toRouter.send(encode(message)).catch(() => undefined)
+
+    const scheduler = new Scheduler<WorkItem>({
+      maxBatchSize: config.maxBatchSize,
+      maxBatchDelayMs: config.maxBatchDelayMs,
+      maxQueuedRequests: config.maxQueuedRequests
+    })
+    const requests = new Map<string, OpenRequest>()
+    const batches = new Map<number, RunningBatch>()
+    const outstanding = config.devices.map(() => 0)
+    const signal = new Signal()
+    let healthy = true
+    let nextBatch = 0
+
+    const failRequest = (id: string, status: number, message: string) => {
+      if (!requests.delete(id)) return
+      scheduler.remove(id)
+      void sendRouter({ t: "failed", id, status, message })
+    }
+
+    const becomeUnhealthy = (reason: string) => {
+      if (!healthy) return
+      healthy = false
+      void sendRouter({ t: "unhealthy", reason })
+      for (const id of [...requests.keys()]) failRequest(id, 503, `the executor failed: ${reason}`)
+    }
+
+    yield* Effect.forEach(
+      config.devices,
+      (device, rank) =>
+        startChild({
+          args: ["executor-worker", "--rank", String(rank)],
+          env: { [configEnvName]: JSON.stringify(config) },
+          onUnexpectedExit: (code, signalName) =>
+            becomeUnhealthy(`worker ${rank} (${device}) exited ${signalName === null ? `with code ${code}` : `on ${signalName}`}`)
+        }),
+      { discard: true }
+    )
+
+    const finishBatch = (id: number, failure?: string) => {
+      const batch = batches.get(id)
+      if (batch === undefined) return
+      batches.delete(id)
+      for (const [rank, [from, to]] of batch.shards) outstanding[rank]! -= to - from
+      buffer.release(batch.slot)
+      if (failure !== undefined) {
+        for (const item of batch.scheduled) failRequest(item.requestId, 500, failure)
+      } else {
+        batch.scheduled.forEach((item, position) => {
+          const request = requests.get(item.requestId)
+          if (request !== undefined) request.results[item.index] = batch.results[position]
+        })
+        for (const id of scheduler.complete(batch.scheduled)) {
+          const request = requests.get(id)
+          requests.delete(id)
+          if (request !== undefined) void sendRouter({ t: "result", id, results: request.results })
+        }
+      }
+      signal.notify()
+    }
+
+    const dispatch = async (scheduled: ReadonlyArray<ScheduledItem<WorkItem>>) => {
+      const slot = await buffer.acquire()
+      const batch = nextBatch++
+      let layout: ReturnType<BatchBuffer["write"]>
+      try {
+        layout = buffer.write(slot, scheduled.map((item) => item.payload))
+      } catch (error) {
+        buffer.release(slot)
+        for (const item of scheduled) failRequest(item.requestId, 400, (error as Error).message)
+        return
+      }
+      const items: Array<BatchItem> = scheduled.map((item, position) => ({
+        requestId: item.requestId,
+        index: item.index,
+        meta: item.payload.meta,
+        rows: layout.rows[position]!
+      }))
+      const shards = shardItems(items.length, outstanding)
+      batches.set(batch, { slot, scheduled, items, results: new Array(items.length), pendingRanks: new Set(shards.keys()), shards })
+      for (const [rank, shard] of shards) {
+        outstanding[rank]! += shard[1] - shard[0]
+        const message: ToWorker = { t: "batch", batch, inputs: layout.inputs, items, shard }
+        void toWorkers[rank]!.send(encode(message))
+      }
+    }
+
+    const receiveRequests = async () => {
+      for await (const [frame] of fromRouter) {
+        const message = decode<ToEngine>(frame!)
+        if (message.t === "cancel") {
+          if (requests.delete(message.id)) scheduler.remove(message.id)
+        } else if (!healthy) {
+          void sendRouter({ t: "failed", id: message.id, status: 503, message: "the executor is unhealthy" })
+        } else if (!scheduler.enqueue(message.id, message.items.map((item) => ({ key: item.key, payload: item })), Date.now())) {
+          void sendRouter({ t: "failed", id: message.id, status: 503, message: "the executor's queue is full" })
+        } else {
+          requests.set(message.id, { items: message.items, results: new Array(message.items.length) })
+          signal.notify()
+        }
+      }
+    }
+
+    let ready = 0
+    const receiveFromWorkers = async () => {
+      for await (const [frame] of fromWorkers) {
+        const message = decode<FromWorker>(frame!)
+        switch (message.t) {
+          case "ready":
+            if (++ready === config.devices.length) void sendRouter({ t: "ready", workers: ready })
+            break
+          case "partial": {
+            const batch = batches.get(message.batch)
+            const item = batch?.items[message.item]
+            if (item !== undefined && requests.has(item.requestId)) {
+              void sendRouter({ t: "partial", id: item.requestId, item: item.index, value: message.value })
+            }
+            break
+          }
+          case "done": {
+            const batch = batches.get(message.batch)
+            if (batch === undefined) break
+            const [from] = batch.shards.get(message.rank) ?? [0]
+            message.results.forEach((value, offset) => (batch.results[from + offset] = value))
+            batch.pendingRanks.delete(message.rank)
+            if (batch.pendingRanks.size === 0) finishBatch(message.batch)
+            break
+          }
+          case "failed":
+            finishBatch(message.batch, `worker ${message.rank} failed: ${message.message}`)
+            break
+        }
+      }
+    }
+
+    const schedule = async () => {
+      for (;;) {
+        if (batches.size >= buffer.slots) {
+          await signal.wait()
+          continue
+        }
+        const decision = scheduler.next(Date.now())
+        if (decision._tag === "Batch") await dispatch(decision.items)
+        else await signal.wait(decision._tag === "Wait" ? Math.max(1, Math.ceil(decision.ms)) : undefined)
+      }
+    }
+
+    void receiveRequests()
+    void receiveFromWorkers()
+    void schedule()
+    return yield* Effect.never
+  })

@@ -1,0 +1,138 @@
+import { randomUUID } from "node:crypto"
+import { Effect, type Scope } from "effect"
+import * as zmq from "zeromq"
+import { startChild } from "./ChildProcesses.js"
+import { configEnvName, type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
+import { decode, encode, type FromEngine, type ToEngine, type WorkItem } from "./wire.js"
+
+/** A request the engine refused or could not finish; `status` is what the router answers. */
+export class EngineFailure extends Error {
+  override readonly name = "EngineFailure"
+  constructor(
+    readonly status: number,
+    message: string
+  ) {
+    super(message)
+  }
+}
+
+interface Pending {
+  readonly resolve: (results: ReadonlyArray<unknown>) => void
+  readonly reject: (error: EngineFailure) => void
+  readonly onPartial: ((item: number, value: unknown) => void) | undefined
+}
+
+export type EngineState = { readonly _tag: "Starting" } | { readonly _tag: "Ready"; readonly workers: number } | { readonly _tag: "Unhealthy"; readonly reason: string }
+
+/**
+ * The router's side of the engine: starts the engine process (which starts the workers), submits
+ * requests over ZeroMQ and routes the replies back. When the engine or a worker dies, the executor
+ * is unhealthy and every request in flight fails with the reason.
+ */
+export class EngineClient {
+  private readonly pending = new Map<string, Pending>()
+  private current: EngineState = { _tag: "Starting" }
+  private readonly readyWaiters: Array<() => void> = []
+
+  private constructor(private readonly toEngine: zmq.Push) {}
+
+  get state(): EngineState {
+    return this.current
+  }
+
+  get inFlight(): number {
+    return this.pending.size
+  }
+
+  static start(config: ExecutorConfig): Effect.Effect<EngineClient, never, Scope.Scope> {
+    return Effect.gen(function* () {
+      const toEngine = new zmq.Push({ linger: 0 })
+      const fromEngine = new zmq.Pull()
+      yield* Effect.addFinalizer(() =>
+        Effect.sync(() => {
+          toEngine.close()
+          fromEngine.close()
+        })
+      )
+      const client = new EngineClient(toEngine)
+      yield* startChild({
+        args: ["executor-engine"],
+        env: { [configEnvName]: JSON.stringify(config) },
+        onUnexpectedExit: (code, signal) =>
+          client.becomeUnhealthy(`the engine exited ${signal === null ? `with code ${code}` : `on ${signal}`}`)
+      })
+      toEngine.connect(ipcPath(config, "engine-in"))
+      fromEngine.connect(ipcPath(config, "engine-out"))
+      void client.receive(fromEngine)
+      return client
+    })
+  }
+
+  /** Resolves once every worker has loaded its model; rejects if the executor fails first. */
+  whenReady(): Promise<void> {
+    if (this.current._tag === "Ready") return Promise.resolve()
+    if (this.current._tag === "Unhealthy") return Promise.reject(new EngineFailure(503, this.current.reason))
+    return new Promise((resolve, reject) =>
+      this.readyWaiters.push(() => (this.current._tag === "Ready" ? resolve() : reject(new EngineFailure(503, (this.current as { reason: string }).reason))))
+    )
+  }
+
+  /** Runs a request's items; `onPartial` gets streamed pieces of results as they come. */
+  submit(items: ReadonlyArray<WorkItem>, onPartial?: (item: number, value: unknown) => void): { readonly id: string; readonly results: Promise<ReadonlyArray<unknown>> } {
+    const id = randomUUID()
+    const results = new Promise<ReadonlyArray<unknown>>((resolve, reject) => {
+      if (this.current._tag !== "Ready") {
+        return reject(new EngineFailure(503, this.current._tag === "Unhealthy" ? `the executor is unhealthy: ${this.current.reason}` : "the executor is still loading its model"))
+      }
+      this.pending.set(id, { resolve, reject, onPartial })
+      void this.send({ t: "request", id, items })
+    })
+    return { id, results }
+  }
+
+  cancel(id: string): void {
+    if (this.pending.delete(id)) void this.send({ t: "cancel", id })
+  }
+
+  private send(message: ToEngine) {
+    return this.toEngine.send(encode(message)).catch(() => undefined)
+  }
+
+  private becomeUnhealthy(reason: string) {
+    if (this.current._tag === "Unhealthy") return
+    this.current = { _tag: "Unhealthy", reason }
+    for (const pending of this.pending.values()) pending.reject(new EngineFailure(503, `the executor failed: ${reason}`))
+    this.pending.clear()
+    for (const wake of this.readyWaiters.splice(0)) wake()
+  }
+
+  private async receive(socket: zmq.Pull) {
+    try {
+      for await (const [frame] of socket) {
+        const message = decode<FromEngine>(frame!)
+        switch (message.t) {
+          case "ready":
+            if (this.current._tag === "Starting") this.current = { _tag: "Ready", workers: message.workers }
+            for (const wake of this.readyWaiters.splice(0)) wake()
+            break
+          case "unhealthy":
+            this.becomeUnhealthy(message.reason)
+            break
+          case "partial":
+            this.pending.get(message.id)?.onPartial?.(message.item, message.value)
+            break
+          case "result":
+            this.pending.get(message.id)?.resolve(message.results)
+            this.pending.delete(message.id)
+            break
+          case "failed":
+            this.pending.get(message.id)?.reject(new EngineFailure(message.status, message.message))
+            this.pending.delete(message.id)
+            break
+        }
+      }
+    } catch {
+      // The socket closed: the router is stopping.
+    }
+  }
+}

@@ -1,0 +1,42 @@
+import { Schema } from "effect"
+
+/**
+ * What an executor's three roles (router, engine, workers) are told. The router gets it on its
+ * command line and hands it to the engine, which hands it to its workers, as JSON in the
+ * environment.
+ */
+export const ExecutorConfig = Schema.Struct({
+  kind: Schema.Literal("eric", "geri", "llm"),
+  /** The model id as asked for (a built-in name or a directory). */
+  model: Schema.String,
+  /** The model's directory on this node. */
+  modelDir: Schema.String,
+  devices: Schema.Array(Schema.String),
+  threadsPerDevice: Schema.Int.pipe(Schema.positive()),
+  host: Schema.String,
+  port: Schema.Int.pipe(Schema.between(0, 65535)),
+  /** A private directory for the executor's sockets and shared memory names. */
+  runDir: Schema.String,
+  maxBatchSize: Schema.Int.pipe(Schema.positive()),
+  maxBatchDelayMs: Schema.Number.pipe(Schema.nonNegative()),
+  maxQueuedRequests: Schema.Int.pipe(Schema.positive()),
+  batchSlotBytes: Schema.Int.pipe(Schema.positive()),
+  preprocessThreads: Schema.Int.pipe(Schema.positive()),
+  /** The node's sidecar, when tensors go to or come from other executors. */
+  sidecarSocket: Schema.optional(Schema.String),
+  /** Directory below which file: media URLs may be read. */
+  mediaRoot: Schema.optional(Schema.String),
+  allowPrivateHosts: Schema.Boolean,
+  maxMediaBytes: Schema.Int.pipe(Schema.positive()),
+  /** How long Geri waits for an embedding to arrive through the sidecar. */
+  embeddingWaitMs: Schema.Int.pipe(Schema.positive()),
+  /** LLM: KV cache positions per device (default: maxBatchSize requests at the model's context length). */
+  kvCacheTokens: Schema.optional(Schema.Int.pipe(Schema.positive()))
+})
+export type ExecutorConfig = typeof ExecutorConfig.Type
+
+export const configEnvName = "CORNSERVE_EXECUTOR_CONFIG"
+
+export const decodeConfig = Schema.decodeUnknownSync(Schema.parseJson(ExecutorConfig))
+
+export const ipcPath = (config: ExecutorConfig, name: string) => `ipc://${config.runDir}/${name}.sock`

@@ -1,0 +1,100 @@
+/**
+ * The router of an executor (the process the node agent starts): HTTP in front, preprocessing in a
+ * thread pool, the engine behind ZeroMQ. Each kind supplies its routes and preprocessing; `/health`
+ * and `/info` are common.
+ */
+import { mkdir, rm } from "node:fs/promises"
+import * as Http from "node:http"
+import type { AddressInfo } from "node:net"
+import { HttpRouter, HttpServerResponse } from "@effect/platform"
+import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
+import { Console, Effect, type Scope } from "effect"
+import { EngineClient } from "./EngineClient.js"
+import type { ExecutorConfig } from "./ExecutorConfig.js"
+import { ThreadPool } from "./ThreadPool.js"
+
+export interface RouterContext {
+  readonly config: ExecutorConfig
+  readonly engine: EngineClient
+  /** Present when the kind has preprocessing to run off the event loop. */
+  readonly pool: ThreadPool | undefined
+}
+
+/** What one kind of executor adds to the common router; `executors/<kind>/router.ts` exports it as `routerKind`. */
+export interface RouterKind {
+  /** The module whose exported functions the preprocessing threads run, if the kind preprocesses. */
+  readonly preprocessModule?: string
+  /** Loads what the routes need (the model's configs, a sidecar client…). */
+  readonly make: (context: RouterContext) => Effect.Effect<
+    {
+      readonly info: Readonly<Record<string, unknown>>
+      /** Handlers answer their own errors (see `errorJson`). */
+      readonly routes: HttpRouter.HttpRouter<never, never>
+    },
+    Error,
+    Scope.Scope
+  >
+}
+
+/** `{ error: { code, message } }` with a status, as every Cornserve HTTP API answers errors. */
+export const errorJson = (status: number, code: string, message: string, headers: Record<string, string> = {}) =>
+  HttpServerResponse.unsafeJson({ error: { code, message } }, { status, headers: status === 503 ? { "retry-after": "1", ...headers } : headers })
+
+const loadKind = (kind: ExecutorConfig["kind"]): Promise<{ readonly routerKind: RouterKind }> =>
+  import(new URL(`../${kind}/router.js`, import.meta.url).href)
+
+export const runRouter = (config: ExecutorConfig) =>
+  Effect.gen(function* () {
+    yield* Effect.acquireRelease(
+      Effect.promise(() => mkdir(config.runDir, { recursive: true })),
+      () => Effect.promise(() => rm(config.runDir, { recursive: true, force: true }))
+    )
+    const { routerKind } = yield* Effect.promise(() => loadKind(config.kind))
+    const engine = yield* EngineClient.start(config)
+    const pool =
+      routerKind.preprocessModule === undefined ? undefined : yield* ThreadPool.make(routerKind.preprocessModule, config.preprocessThreads)
+    const { info, routes } = yield* routerKind.make({ config, engine, pool })
+
+    const health = Effect.sync(() => {
+      const state = engine.state
+      return state._tag === "Ready"
+        ? HttpServerResponse.unsafeJson({ status: "ready", workers: state.workers, inFlight: engine.inFlight })
+        : HttpServerResponse.unsafeJson(
+            state._tag === "Starting" ? { status: "starting" } : { status: "unhealthy", reason: state.reason },
+            { status: 503, headers: { "retry-after": "1" } }
+          )
+    })
+    const app = routes.pipe(
+      HttpRouter.get("/health", health),
+      HttpRouter.get(
+        "/info",
+        Effect.sync(() =>
+          HttpServerResponse.unsafeJson({
+            kind: config.kind,
+            model: config.model,
+            devices: config.devices,
+            threadsPerDevice: config.threadsPerDevice,
+            limits: {
+              maxBatchSize: config.maxBatchSize,
+              maxBatchDelayMs: config.maxBatchDelayMs,
+              maxQueuedRequests: config.maxQueuedRequests,
+              maxMediaBytes: config.maxMediaBytes
+            },
+            ...info
+          })
+        )
+      ),
+      Effect.catchTag("RouteNotFound", () => Effect.succeed(errorJson(404, "RouteNotFound", "no such route")))
+    )
+    const nodeServer = Http.createServer({ keepAliveTimeout: 65_000 })
+    const server = yield* NodeHttpServer.make(() => nodeServer, { port: config.port, host: config.host })
+    yield* server.serve(app)
+    const address = nodeServer.address() as AddressInfo
+    yield* Console.log(`executor: serving at http://${config.host}:${address.port} (${config.kind}, ${config.model}, ${config.devices.join(",")})`)
+    yield* Effect.tryPromise({ try: () => engine.whenReady(), catch: (error) => error as Error }).pipe(
+      Effect.tap(() => Console.log("executor: ready")),
+      Effect.catchAll((error) => Console.error(`executor: not ready: ${error.message}`)),
+      Effect.forkScoped
+    )
+    return yield* Effect.never
+  })

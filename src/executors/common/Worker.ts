@@ -1,0 +1,55 @@
+/**
+ * A worker of an executor (its own process, one per device): loads the kind's model on its device,
+ * then runs its share of every batch the engine hands it, reading the inputs in place from the
+ * batch buffer.
+ */
+import { join } from "node:path"
+import * as zmq from "zeromq"
+import { BatchBuffer, batchBufferPrefix } from "./BatchBuffer.js"
+import { exitWithParent } from "./ChildProcesses.js"
+import { type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
+import type { LoadWorkerModel } from "./WorkerModel.js"
+import { decode, encode, type FromWorker, type ToWorker } from "./wire.js"
+
+/** Each kind's worker module is `executors/<kind>/worker.ts`, loaded only in that kind's workers. */
+const loadKind = (kind: ExecutorConfig["kind"]): Promise<{ readonly load: LoadWorkerModel }> =>
+  import(new URL(`../${kind}/worker.js`, import.meta.url).href)
+
+export const runWorker = async (config: ExecutorConfig, rank: number): Promise<void> => {
+  exitWithParent()
+  const device = config.devices[rank]
+  if (device === undefined) throw new Error(`worker ${rank} has no device (devices: ${config.devices.join(", ")})`)
+  const { load } = await loadKind(config.kind)
+  const model = await load({ config, rank, device })
+  const buffer = BatchBuffer.open(join("/dev/shm", `${batchBufferPrefix}${process.ppid}`), 2, config.batchSlotBytes)
+  const fromEngine = new zmq.Pull()
+  const toEngine = new zmq.Push({ linger: 1_000 })
+  fromEngine.connect(ipcPath(config, `worker-${rank}`))
+  toEngine.connect(ipcPath(config, "workers-out"))
+  const send = (message: FromWorker) => toEngine.send(encode(message))
+  await send({ t: "ready", rank })
+  for await (const [frame] of fromEngine) {
+    const message = decode<ToWorker>(frame!)
+    if (message.t === "stop") break
+    const [from, to] = message.shard
+    const items = message.items.slice(from, to)
+    const firstRow = items[0]!.rows[0]
+    const lastRow = items[items.length - 1]!.rows[1]
+    const inputs = Object.fromEntries(
+      Object.entries(message.inputs).map(([name, input]) => [name, buffer.read(input, firstRow, lastRow)])
+    )
+    try {
+      const results = await model.run({
+        inputs,
+        items: items.map((item) => ({ ...item, rows: [item.rows[0] - firstRow, item.rows[1] - firstRow] as const })),
+        emit: (item, value) => void send({ t: "partial", batch: message.batch, item: from + item, value })
+      })
+      await send({ t: "done", batch: message.batch, rank, results })
+    } catch (error) {
+      await send({ t: "failed", batch: message.batch, rank, message: error instanceof Error ? error.message : String(error) })
+    }
+  }
+  await model.close()
+  fromEngine.close()
+  toEngine.close()
+}

@@ -1,0 +1,28 @@
+import type { Tensor } from "../../sidecar/Tensor.js"
+import type { ExecutorConfig } from "./ExecutorConfig.js"
+import type { BatchItem } from "./wire.js"
+
+/** One worker's view of a batch: its items' inputs, stacked, and a way to stream partial results. */
+export interface WorkerBatch {
+  readonly inputs: Readonly<Record<string, Tensor>>
+  /** Its items, with `rows` relative to `inputs`. */
+  readonly items: ReadonlyArray<BatchItem>
+  /** Sends a piece of item `item`'s result (its index in `items`) before the batch ends. */
+  readonly emit: (item: number, value: unknown) => void
+}
+
+/** A model loaded on one device; what each executor kind supplies for its workers. */
+export interface WorkerModel {
+  /** One result per item, in order. */
+  run(batch: WorkerBatch): Promise<ReadonlyArray<unknown>>
+  close(): Promise<void>
+}
+
+export interface WorkerContext {
+  readonly config: ExecutorConfig
+  readonly rank: number
+  readonly device: string
+}
+
+/** The module `executors/<kind>/worker.ts` exports this. */
+export type LoadWorkerModel = (context: WorkerContext) => Promise<WorkerModel>

@@ -1,0 +1,75 @@
+import { Packr } from "msgpackr"
+import type { DType, TensorData } from "../../sidecar/Tensor.js"
+
+/**
+ * The one codec for every message between an executor's router, engine and workers. `moreTypes`
+ * keeps typed arrays intact (the default codec corrupts them).
+ */
+const packr = new Packr({ moreTypes: true, useRecords: false })
+
+export const encode = (message: unknown): Buffer => packr.pack(message)
+export const decode = <T>(bytes: Uint8Array): T => packr.unpack(bytes) as T
+
+/** A tensor inside a message (router → engine): it is stacked with others along its first axis. */
+export interface WireTensor {
+  readonly dtype: DType
+  readonly shape: ReadonlyArray<number>
+  readonly data: TensorData
+}
+
+/** One unit of work of a request: its inputs, the key that decides what it can be batched with. */
+export interface WorkItem<Meta = unknown> {
+  readonly key: string
+  readonly inputs: Readonly<Record<string, WireTensor>>
+  readonly meta: Meta
+}
+
+/** Router → engine. */
+export type ToEngine =
+  | { readonly t: "request"; readonly id: string; readonly items: ReadonlyArray<WorkItem> }
+  | { readonly t: "cancel"; readonly id: string }
+
+/** Engine → router. */
+export type FromEngine =
+  | { readonly t: "ready"; readonly workers: number }
+  | { readonly t: "result"; readonly id: string; readonly results: ReadonlyArray<unknown> }
+  | { readonly t: "partial"; readonly id: string; readonly item: number; readonly value: unknown }
+  | { readonly t: "failed"; readonly id: string; readonly status: number; readonly message: string }
+  | { readonly t: "unhealthy"; readonly reason: string }
+
+/** Where one input of a batch lies in the batch buffer: rows of every item, back to back. */
+export interface BatchInput {
+  readonly dtype: DType
+  /** The whole stacked tensor's shape; its first axis is the sum of the items' rows. */
+  readonly shape: ReadonlyArray<number>
+  readonly offset: number
+  /** Set when the batch did not fit its slot: the bytes travel in the message instead. */
+  readonly inline?: TensorData
+}
+
+export interface BatchItem {
+  readonly requestId: string
+  readonly index: number
+  readonly meta: unknown
+  /** Its rows along the first axis of every input, [start, end). */
+  readonly rows: readonly [number, number]
+}
+
+/** Engine → worker: the batch (all of it, through shared memory) and the items this worker runs. */
+export interface BatchMessage {
+  readonly t: "batch"
+  readonly batch: number
+  readonly inputs: Readonly<Record<string, BatchInput>>
+  readonly items: ReadonlyArray<BatchItem>
+  /** This worker's share of the items, [from, to). */
+  readonly shard: readonly [number, number]
+}
+
+export type ToWorker = BatchMessage | { readonly t: "stop" }
+
+/** Worker → engine. */
+export type FromWorker =
+  | { readonly t: "ready"; readonly rank: number }
+  | { readonly t: "done"; readonly batch: number; readonly rank: number; readonly results: ReadonlyArray<unknown> }
+  | { readonly t: "partial"; readonly batch: number; readonly item: number; readonly value: unknown }
+  | { readonly t: "failed"; readonly batch: number; readonly rank: number; readonly message: string }

@@ -1,0 +1,46 @@
+/**
+ * Eric's preprocessing, run in the router's thread pool: decoded media → the encoder's inputs, as
+ * the model's preprocessor_config.json says. Each function answers stackable tensors: one row per
+ * image, per video frame, or per audio clip.
+ */
+import { type AudioProcessorConfig, inputValues } from "../../models/AudioProcessor.js"
+import { type ImageProcessorConfig, pixelValues } from "../../models/ImageProcessor.js"
+import type { WireTensor } from "../common/wire.js"
+import { decodeAudio, decodeImage, decodeVideoFrames } from "./MediaDecoder.js"
+
+export interface Preprocessed {
+  readonly inputs: Readonly<Record<string, WireTensor>>
+}
+
+const stackFrames = (frames: ReadonlyArray<Float32Array>, height: number, width: number): WireTensor => {
+  const data = new Float32Array(frames.length * 3 * height * width)
+  frames.forEach((frame, index) => data.set(frame, index * frame.length))
+  return { dtype: "float32", shape: [frames.length, 3, height, width], data }
+}
+
+export const image = async (input: { readonly bytes: Uint8Array; readonly config: ImageProcessorConfig }): Promise<Preprocessed> => {
+  const { height, width } = input.config.size
+  const decoded = await decodeImage(Buffer.from(input.bytes.buffer, input.bytes.byteOffset, input.bytes.byteLength), width, height)
+  return { inputs: { pixel_values: stackFrames([await pixelValues(input.config, decoded)], height, width) } }
+}
+
+export const video = async (input: {
+  readonly bytes: Uint8Array
+  readonly config: ImageProcessorConfig
+  readonly maxFrames: number
+}): Promise<Preprocessed> => {
+  const { height, width } = input.config.size
+  const frames = await decodeVideoFrames(Buffer.from(input.bytes.buffer, input.bytes.byteOffset, input.bytes.byteLength), width, height, input.maxFrames)
+  const values = await Promise.all(frames.map((frame) => pixelValues(input.config, frame)))
+  return { inputs: { pixel_values: stackFrames(values, height, width) } }
+}
+
+export const audio = (input: {
+  readonly bytes: Uint8Array
+  readonly mimeType: string | undefined
+  readonly config: AudioProcessorConfig
+}): Preprocessed => {
+  const samples = decodeAudio(Buffer.from(input.bytes.buffer, input.bytes.byteOffset, input.bytes.byteLength), input.mimeType, input.config.sampling_rate)
+  const values = inputValues(input.config, samples, input.config.sampling_rate)
+  return { inputs: { input_values: { dtype: "float32", shape: [1, values.length], data: values } } }
+}

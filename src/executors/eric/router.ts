@@ -1,0 +1,116 @@
+/**
+ * Eric's router: `POST /embeddings`. Media are fetched here and decoded in the thread pool; an item
+ * whose media is unreadable or corrupt fails its own request (400, or 413 when too large) before it
+ * reaches the engine, so requests batched with it are not affected.
+ */
+import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
+import { Effect, Schema } from "effect"
+import { decodeAudioProcessorConfig } from "../../models/AudioProcessor.js"
+import { decodeImageProcessorConfig } from "../../models/ImageProcessor.js"
+import { loadModelDirectory } from "../../models/ModelDirectory.js"
+import { EngineFailure } from "../common/EngineClient.js"
+import { errorJson, type RouterKind } from "../common/Router.js"
+import type { WorkItem } from "../common/wire.js"
+import { type EmbeddingResult, EmbeddingsRequest } from "./api.js"
+import { MediaError, readMedia } from "./MediaSource.js"
+import type { Preprocessed } from "./preprocess.js"
+import type { EricItemMeta, EricItemResult } from "./worker.js"
+
+/** At most this many frames of a video are embedded, evenly sampled. */
+export const maxVideoFrames = 32
+
+export const routerKind: RouterKind = {
+  preprocessModule: new URL("./preprocess.js", import.meta.url).href,
+  make: ({ config, engine, pool: maybePool }) =>
+    Effect.gen(function* () {
+      const pool = maybePool!
+      const model = yield* Effect.tryPromise({ try: () => loadModelDirectory(config.modelDir), catch: (error) => error as Error })
+      const imageConfig = model.onnx.has("vision_encoder") ? decodeImageProcessorConfig(model.preprocessorConfig) : undefined
+      const audioConfig = model.onnx.has("audio_encoder") ? decodeAudioProcessorConfig(model.preprocessorConfig) : undefined
+      const modalities = [...(imageConfig ? ["image", "video"] : []), ...(audioConfig ? ["audio"] : [])]
+      const sidecarNode = config.sidecarSocket === undefined ? undefined : yield* Effect.tryPromise({
+        try: async () => {
+          const { SidecarClient } = await import("../../sidecar/SidecarClient.js")
+          const client = await SidecarClient.connect(config.sidecarSocket!)
+          const node = client.nodeId
+          await client.close()
+          return node
+        },
+        catch: (error) => error as Error
+      })
+      const mediaOptions = {
+        allowedRoot: config.mediaRoot,
+        allowPrivateHosts: config.allowPrivateHosts,
+        maxBytes: config.maxMediaBytes,
+        timeoutMs: 10_000
+      }
+
+      const preprocess = (item: EmbeddingsRequest["items"][number]): Promise<Preprocessed> =>
+        readMedia(item.url, mediaOptions).then((media) => {
+          const bytes = new Uint8Array(media.bytes.buffer, media.bytes.byteOffset, media.bytes.byteLength)
+          switch (item.modality) {
+            case "image":
+              return pool.run<Preprocessed>("image", { bytes, config: imageConfig })
+            case "video":
+              return pool.run<Preprocessed>("video", { bytes, config: imageConfig, maxFrames: maxVideoFrames })
+            case "audio":
+              return pool.run<Preprocessed>("audio", { bytes, mimeType: media.mimeType, config: audioConfig })
+          }
+        })
+
+      const embeddings = Effect.gen(function* () {
+        const body = yield* HttpServerRequest.schemaBodyJson(EmbeddingsRequest)
+        const unsupported = body.items.find((item) => !modalities.includes(item.modality))
+        if (unsupported !== undefined) {
+          return errorJson(400, "UnsupportedModality", `model ${config.model} takes ${modalities.join(", ")}; item ${unsupported.id} is ${unsupported.modality}`)
+        }
+        const inline = body.return === "inline"
+        if (!inline && sidecarNode === undefined) {
+          return errorJson(400, "NoSidecar", 'this executor has no sidecar; ask for return: "inline"')
+        }
+        const preprocessed = yield* Effect.tryPromise({ try: () => Promise.all(body.items.map(preprocess)), catch: (error) => error as Error })
+        const items: Array<WorkItem> = body.items.map((item, index) => ({
+          key: item.modality === "audio" ? "audio" : "vision",
+          inputs: preprocessed[index]!.inputs,
+          meta: {
+            id: item.id,
+            modality: item.modality,
+            receivers: item.receivers ?? body.receivers ?? (sidecarNode === undefined ? [] : [sidecarNode]),
+            inline
+          } satisfies EricItemMeta
+        }))
+        const submitted = engine.submit(items)
+        const results = yield* Effect.tryPromise({ try: () => submitted.results, catch: (error) => error as Error }).pipe(
+          Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id)))
+        )
+        const answer: Array<EmbeddingResult> = body.items.map((item, index) => {
+          const result = results[index] as EricItemResult
+          return {
+            id: item.id,
+            modality: item.modality,
+            dtype: "float32",
+            shape: [result.shape[0], result.shape[1]],
+            ...(result.embedding === undefined ? {} : { embedding: Array.from(result.embedding) })
+          }
+        })
+        return HttpServerResponse.unsafeJson({ items: answer })
+      }).pipe(
+        Effect.catchAll((error) => {
+          if (error instanceof MediaError || (error instanceof Error && "status" in error && (error.status === 400 || error.status === 413))) {
+            const status = (error as { status: number }).status
+            return Effect.succeed(errorJson(status, status === 413 ? "MediaTooLarge" : "BadMedia", error.message))
+          }
+          if (error instanceof EngineFailure) return Effect.succeed(errorJson(error.status, "ExecutorFailed", error.message))
+          if ("_tag" in error && (error._tag === "ParseError" || error._tag === "RequestError")) {
+            return Effect.succeed(errorJson(400, "BadRequest", error.message))
+          }
+          return Effect.succeed(errorJson(500, "InternalError", error.message))
+        })
+      )
+
+      return {
+        info: { modalities, maxVideoFrames, sidecarNode: sidecarNode ?? null },
+        routes: HttpRouter.empty.pipe(HttpRouter.post("/embeddings", embeddings))
+      }
+    })
+}

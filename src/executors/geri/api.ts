@@ -1,0 +1,34 @@
+import { Schema } from "effect"
+import { DataId } from "../eric/api.js"
+
+/**
+ * Geri's HTTP API, shared by the executor and the task dispatcher.
+ *
+ * `POST /generate` takes prompt embeddings from the sidecar (every chunk of each id named, in
+ * order, concatenated) and generates: an image model answers `{ image: <PNG, base64>, ... }`; an
+ * audio model streams NDJSON lines `{ chunk, audio: <PCM16 LE, base64>, sampleRate }` ending with
+ * `{ done: true, ... }`, or with `stream: false` answers one WAV file.
+ */
+export const GenerateRequest = Schema.Struct({
+  embeddings: Schema.Union(DataId, Schema.NonEmptyArray(DataId)),
+  /** Leading prompt positions to ignore (a fixed system prompt, say). */
+  skipTokens: Schema.optionalWith(Schema.Int.pipe(Schema.nonNegative()), { default: () => 0 }),
+  /** Image size; the model's own when left out. */
+  height: Schema.optional(Schema.Int.pipe(Schema.between(8, 4096))),
+  width: Schema.optional(Schema.Int.pipe(Schema.between(8, 4096))),
+  seed: Schema.optional(Schema.Int),
+  /** Audio: how many chunks to generate (the model's default when left out). */
+  chunks: Schema.optional(Schema.Int.pipe(Schema.between(1, 10_000))),
+  stream: Schema.optionalWith(Schema.Boolean, { default: () => true })
+})
+export type GenerateRequest = typeof GenerateRequest.Type
+
+export const ImageAnswer = Schema.Struct({
+  image: Schema.String,
+  width: Schema.Int,
+  height: Schema.Int,
+  mimeType: Schema.Literal("image/png")
+})
+
+export const AudioChunkLine = Schema.Struct({ chunk: Schema.Int, audio: Schema.String, sampleRate: Schema.Int })
+export const AudioDoneLine = Schema.Struct({ done: Schema.Literal(true), chunks: Schema.Int, sampleRate: Schema.Int })

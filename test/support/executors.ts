@@ -1,0 +1,74 @@
+import { type ChildProcess, spawn } from "node:child_process"
+import { readdirSync, readFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { binPath, repoRoot } from "./platform.js"
+
+export interface RunningProcess {
+  readonly process: ChildProcess
+  output(): string
+  stop(): Promise<void>
+}
+
+/** Starts `cornserve internal ...` and resolves once its output matches `ready`. */
+export const startInternal = (args: ReadonlyArray<string>, ready: RegExp, env: Readonly<Record<string, string>> = {}) =>
+  new Promise<RunningProcess & { readonly match: RegExpExecArray }>((resolve, reject) => {
+    const child = spawn(process.execPath, [binPath, "internal", ...args], {
+      cwd: repoRoot,
+      env: { ...process.env, ...env },
+      stdio: ["ignore", "pipe", "pipe"]
+    })
+    let output = ""
+    const exited = new Promise<void>((done) => child.once("exit", () => done()))
+    const timer = setTimeout(() => reject(new Error(`cornserve internal ${args[0]} did not get ready:\n${output}`)), 90_000)
+    const onData = (chunk: Buffer) => {
+      output += chunk.toString()
+      const match = ready.exec(output)
+      if (match !== null) {
+        clearTimeout(timer)
+        resolve({
+          process: child,
+          match,
+          output: () => output,
+          stop: async () => {
+            if (child.exitCode === null && child.signalCode === null) child.kill("SIGTERM")
+            await exited
+          }
+        })
+      }
+    }
+    child.stdout!.on("data", onData)
+    child.stderr!.on("data", onData)
+    child.once("exit", (code) => {
+      clearTimeout(timer)
+      reject(new Error(`cornserve internal ${args[0]} exited with ${code}:\n${output}`))
+    })
+  })
+
+export const startSidecar = async (nodeId: string, env: Readonly<Record<string, string>> = {}) => {
+  const socket = join(tmpdir(), `cornserve-test-${nodeId}-${process.pid}-${Date.now()}.sock`)
+  const running = await startInternal(["sidecar", "--node-id", nodeId, "--socket", socket, "--arena-bytes", String(64 * 1024 * 1024)], /sidecar: ready/, env)
+  return { ...running, socket, nodeId }
+}
+
+export const startExecutor = async (args: ReadonlyArray<string>, env: Readonly<Record<string, string>> = {}) => {
+  const running = await startInternal(["executor", "--port", "0", ...args], /executor: serving at (http:\/\/\S+)[\s\S]*executor: ready/, env)
+  return { ...running, url: running.match[1]! }
+}
+
+/** Every process below `pid`, children first. */
+export const descendants = (pid: number): Array<{ readonly pid: number; readonly command: string }> => {
+  const all = readdirSync("/proc")
+    .filter((entry) => /^\d+$/.test(entry))
+    .flatMap((entry) => {
+      try {
+        const parent = Number(readFileSync(`/proc/${entry}/stat`, "utf8").split(") ")[1]!.split(" ")[1])
+        return [{ pid: Number(entry), parent, command: readFileSync(`/proc/${entry}/cmdline`, "utf8").replaceAll("\0", " ") }]
+      } catch {
+        return []
+      }
+    })
+  const below = (root: number): Array<{ pid: number; command: string }> =>
+    all.filter((entry) => entry.parent === root).flatMap((entry) => [{ pid: entry.pid, command: entry.command }, ...below(entry.pid)])
+  return below(pid)
+}
