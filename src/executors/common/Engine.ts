@@ -10,7 +10,7 @@ import { BatchBuffer, batchBufferPrefix } from "./BatchBuffer.js"
 import { exitWithParent, startChild } from "./ChildProcesses.js"
 import { configEnvName, type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
 import { type ScheduledItem, Scheduler } from "./Scheduler.js"
-import { decode, encode, type BatchItem, type FromEngine, type FromWorker, type ToEngine, type ToWorker, type WorkItem } from "./wire.js"
+import { type BatchItem, decode, type FromEngine, type FromWorker, orderedSender, type ToEngine, type ToWorker, type WorkItem } from "./wire.js"
 
 interface OpenRequest {
   readonly items: ReadonlyArray<WorkItem>
@@ -84,7 +84,9 @@ export const runEngine = (config: ExecutorConfig) =>
         ...toWorkers.map((socket, rank) => socket.bind(ipcPath(config, `worker-${rank}`)))
       ])
     )
-    const sendRouter = (message: FromEngine) => toRouter.send(encode(message)).catch(() => undefined)
+    const toRouterInOrder = orderedSender<FromEngine>(toRouter)
+    const sendRouter = (message: FromEngine) => toRouterInOrder(message).catch(() => undefined)
+    const sendWorker = toWorkers.map((socket) => orderedSender<ToWorker>(socket))
 
     const scheduler = new Scheduler<WorkItem>({
       maxBatchSize: config.maxBatchSize,
@@ -167,7 +169,7 @@ export const runEngine = (config: ExecutorConfig) =>
       for (const [rank, shard] of shards) {
         outstanding[rank]! += shard[1] - shard[0]
         const message: ToWorker = { t: "batch", batch, inputs: layout.inputs, items, shard }
-        void toWorkers[rank]!.send(encode(message))
+        void sendWorker[rank]!(message).catch(() => undefined)
       }
     }
 

@@ -3,7 +3,7 @@ import { Effect, type Scope } from "effect"
 import * as zmq from "zeromq"
 import { startChild } from "./ChildProcesses.js"
 import { configEnvName, type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
-import { decode, encode, type FromEngine, type ToEngine, type WorkItem } from "./wire.js"
+import { decode, type FromEngine, orderedSender, type ToEngine, type WorkItem } from "./wire.js"
 
 /** A request the engine refused or could not finish; `status` is what the router answers. */
 export class EngineFailure extends Error {
@@ -34,7 +34,11 @@ export class EngineClient {
   private current: EngineState = { _tag: "Starting" }
   private readonly readyWaiters: Array<() => void> = []
 
-  private constructor(private readonly toEngine: zmq.Push) {}
+  private readonly sendToEngine: (message: ToEngine) => Promise<void>
+
+  private constructor(toEngine: zmq.Push) {
+    this.sendToEngine = orderedSender(toEngine)
+  }
 
   get state(): EngineState {
     return this.current
@@ -95,7 +99,7 @@ export class EngineClient {
   }
 
   private send(message: ToEngine) {
-    return this.toEngine.send(encode(message)).catch(() => undefined)
+    return this.sendToEngine(message).catch(() => undefined)
   }
 
   private becomeUnhealthy(reason: string) {

@@ -88,6 +88,8 @@ export const runRouter = (config: ExecutorConfig) =>
     )
     const nodeServer = Http.createServer({ keepAliveTimeout: 65_000 })
     const server = yield* NodeHttpServer.make(() => nodeServer, { port: config.port, host: config.host })
+    // Runs before the server's own close, which would otherwise wait for every client to hang up.
+    yield* Effect.addFinalizer(() => Effect.sync(() => nodeServer.closeAllConnections()))
     yield* server.serve(app)
     const address = nodeServer.address() as AddressInfo
     yield* Console.log(`executor: serving at http://${config.host}:${address.port} (${config.kind}, ${config.model}, ${config.devices.join(",")})`)

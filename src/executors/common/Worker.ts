@@ -9,7 +9,7 @@ import { BatchBuffer, batchBufferPrefix } from "./BatchBuffer.js"
 import { exitWithParent } from "./ChildProcesses.js"
 import { type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
 import type { LoadWorkerModel } from "./WorkerModel.js"
-import { decode, encode, type FromWorker, type ToWorker } from "./wire.js"
+import { decode, type FromWorker, orderedSender, type ToWorker } from "./wire.js"
 
 /** Each kind's worker module is `executors/<kind>/worker.ts`, loaded only in that kind's workers. */
 const loadKind = (kind: ExecutorConfig["kind"]): Promise<{ readonly load: LoadWorkerModel }> =>
@@ -26,7 +26,7 @@ export const runWorker = async (config: ExecutorConfig, rank: number): Promise<v
   const toEngine = new zmq.Push({ linger: 1_000 })
   fromEngine.connect(ipcPath(config, `worker-${rank}`))
   toEngine.connect(ipcPath(config, "workers-out"))
-  const send = (message: FromWorker) => toEngine.send(encode(message))
+  const send = orderedSender<FromWorker>(toEngine)
   await send({ t: "ready", rank })
   for await (const [frame] of fromEngine) {
     const message = decode<ToWorker>(frame!)

@@ -10,6 +10,21 @@ const packr = new Packr({ moreTypes: true, useRecords: false })
 export const encode = (message: unknown): Buffer => packr.pack(message)
 export const decode = <T>(bytes: Uint8Array): T => packr.unpack(bytes) as T
 
+/**
+ * Sends messages on a ZeroMQ socket one at a time, in order. A socket takes one send at a time:
+ * after a run of sends that completed at once it defers the next, and a send issued meanwhile
+ * throws EBUSY, which under load (hundreds of tokens or chunks a second) would drop messages.
+ */
+export const orderedSender = <M>(socket: { send(frame: Buffer): Promise<void> }): ((message: M) => Promise<void>) => {
+  let previous: Promise<void> = Promise.resolve()
+  return (message) => {
+    const frame = encode(message)
+    const sent = previous.then(() => socket.send(frame))
+    previous = sent.catch(() => undefined)
+    return sent
+  }
+}
+
 /** A tensor inside a message (router → engine): it is stacked with others along its first axis. */
 export interface WireTensor {
   readonly dtype: DType

@@ -1,0 +1,241 @@
+/**
+ * The LLM executor against a plain ONNX Runtime generation loop, on the `bench/decoder-125m` preset
+ * (OPT-125m-sized, random weights): decode tokens/s and time to first token of streamed chat
+ * completions through the executor's HTTP API (router, engine, one CPU worker), and of the same
+ * prompts run directly in this process with the same thread count, in the same run.
+ *
+ * - 1 request: one streamed request at a time vs one direct generation at a time.
+ * - 8 concurrent: 8 streamed requests at once (continuously batched) vs the same 8 generated
+ *   directly one after another; the figure is aggregate tokens/s, and time to first token counts
+ *   from when all 8 arrive.
+ *
+ * Direct and API runs alternate so that the machine's drift hits both; the ratios are medians of
+ * per-pair (1 request) and per-round (8 requests) ratios. Greedy outputs through the API are
+ * checked against the direct ones. Prints a table, then (as the last line) one JSON object.
+ *
+ * Env: BENCH_TOKENS (tokens per request, default 64), BENCH_ROUNDS (default 3; medians are
+ * reported), BENCH_THREADS (ONNX Runtime threads, default 2).
+ */
+import { loadModelDirectory } from "../src/models/ModelDirectory.js"
+import { resolveModel } from "../src/models/ModelStore.js"
+import { ChatTokenizer } from "../src/models/Tokenizer.js"
+import { startExecutor } from "../test/support/executors.js"
+import { DirectGenerator } from "./support/llm-direct.js"
+
+const tokens = Number(process.env.BENCH_TOKENS ?? 64)
+const rounds = Number(process.env.BENCH_ROUNDS ?? 3)
+const pairsPerRound = 2
+const threads = Number(process.env.BENCH_THREADS ?? 2)
+const concurrency = 8
+const model = "bench/decoder-125m"
+const targets = { singleDecodeRatio: 0.9, concurrentOverSequential: 1 }
+
+const prompts = [
+  "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+  "Explain how a transformer decoder uses its key and value cache during generation.",
+  "List five things to pack for a weekend hike in the mountains.",
+  "What colour is the sky on Mars at sunset, and why?",
+  "Translate 'good morning, how are you today?' into French and German.",
+  "Summarize the plot of a heist movie in three sentences.",
+  "Give me a recipe for a quick vegetable soup.",
+  "Describe the sound of rain on a tin roof to someone who has never heard it."
+]
+
+interface Run {
+  readonly text: string
+  readonly tokens: number
+  readonly firstTokenMs: number
+  readonly decodeMs: number
+  readonly endMs: number
+}
+
+const median = (values: ReadonlyArray<number>) => {
+  const sorted = [...values].sort((a, b) => a - b)
+  return sorted.length % 2 === 1 ? sorted[(sorted.length - 1) / 2]! : (sorted[sorted.length / 2 - 1]! + sorted[sorted.length / 2]!) / 2
+}
+const mean = (values: ReadonlyArray<number>) => values.reduce((sum, value) => sum + value, 0) / values.length
+const round = (value: number, digits = 2) => Number(value.toFixed(digits))
+
+/** One streamed chat completion; times are from `origin` (performance.now()). */
+const streamed = async (url: string, prompt: string, origin: number): Promise<Run> => {
+  const response = await fetch(`${url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({
+      model,
+      messages: [{ role: "user", content: prompt }],
+      max_tokens: tokens,
+      ignore_eos: true,
+      temperature: 0,
+      stream: true,
+      stream_options: { include_usage: true }
+    })
+  })
+  if (response.status !== 200) throw new Error(`the executor answered ${response.status}: ${await response.text()}`)
+  let text = ""
+  let firstAt: number | undefined
+  let endAt = 0
+  let completionTokens = 0
+  let pending = ""
+  for await (const piece of response.body!.pipeThrough(new TextDecoderStream())) {
+    const now = performance.now()
+    pending += piece
+    const events = pending.split("\n\n")
+    pending = events.pop()!
+    for (const event of events) {
+      const data = event.slice("data: ".length)
+      if (data === "[DONE]") continue
+      const chunk = JSON.parse(data) as {
+        choices: Array<{ delta: { content?: string }; finish_reason: string | null }>
+        usage?: { completion_tokens: number } | null
+      }
+      for (const choice of chunk.choices) {
+        if (choice.delta.content !== undefined && choice.delta.content.length > 0) {
+          firstAt ??= now
+          text += choice.delta.content
+        }
+        if (choice.finish_reason !== null) endAt = now
+      }
+      if (chunk.usage) completionTokens = chunk.usage.completion_tokens
+    }
+  }
+  return { text, tokens: completionTokens, firstTokenMs: firstAt! - origin, decodeMs: endAt - firstAt!, endMs: endAt - origin }
+}
+
+export default async function main(): Promise<void> {
+  console.error(`llm bench: ${model} (building it on first use), ${tokens} tokens per request, ${threads} threads, ${rounds} rounds`)
+  const modelDir = await resolveModel(model)
+  const directory = await loadModelDirectory(modelDir)
+  const tokenizer = new ChatTokenizer(directory)
+  const promptIds = prompts.map((prompt) => tokenizer.encode(tokenizer.applyChatTemplate([{ role: "user", content: prompt }])))
+  const direct = await DirectGenerator.open(directory, threads)
+  const executor = await startExecutor([
+    "--kind",
+    "llm",
+    "--model",
+    model,
+    "--devices",
+    "cpu:0",
+    "--threads-per-device",
+    String(threads),
+    "--max-batch-size",
+    String(concurrency)
+  ])
+  const stopExecutor = () => void executor.process.kill("SIGTERM")
+  process.once("SIGINT", stopExecutor)
+  try {
+    const decodeRate = (run: { readonly tokens: number; readonly decodeMs: number }) => (run.tokens - 1) / (run.decodeMs / 1000)
+    const samples = {
+      directSingle: { rate: [] as Array<number>, ttft: [] as Array<number> },
+      apiSingle: { rate: [] as Array<number>, ttft: [] as Array<number> },
+      directSequential: { rate: [] as Array<number>, ttft: [] as Array<number> },
+      apiConcurrent: { rate: [] as Array<number>, ttft: [] as Array<number> }
+    }
+    let mismatches = 0
+    const expected = new Map<number, string>()
+
+    // Warm-up: first runs pay for allocations and caches.
+    await direct.generate(promptIds[0]!, 4)
+    await streamed(executor.url, prompts[0]!, performance.now())
+
+    const singleRatios: Array<number> = []
+    const concurrentRatios: Array<number> = []
+    for (let round = 0; round < rounds; round++) {
+      // Direct and API runs alternate, first one then the other, so that drift in the machine's
+      // speed hits both; each pair gives a ratio and the medians are reported.
+      for (let pair = 0; pair < pairsPerRound; pair++) {
+        const which = (round * pairsPerRound + pair) % prompts.length
+        const runDirect = async () => {
+          const run = await direct.generate(promptIds[which]!, tokens)
+          expected.set(which, tokenizer.decode(run.tokens, { skipSpecialTokens: true }))
+          return { tokens: run.tokens.length, firstTokenMs: run.firstTokenMs, decodeMs: run.decodeMs }
+        }
+        const runApi = () => streamed(executor.url, prompts[which]!, performance.now())
+        const [directRun, apiRun] = pair % 2 === 0 ? [await runDirect(), await runApi()] : await runApi().then(async (api) => [await runDirect(), api] as const)
+        samples.directSingle.rate.push(decodeRate(directRun))
+        samples.directSingle.ttft.push(directRun.firstTokenMs)
+        samples.apiSingle.rate.push(decodeRate(apiRun))
+        samples.apiSingle.ttft.push(apiRun.firstTokenMs)
+        singleRatios.push(decodeRate(apiRun) / decodeRate(directRun))
+        if (apiRun.text !== expected.get(which) || apiRun.tokens !== tokens) mismatches++
+      }
+
+      const runSequential = async () => {
+        const start = performance.now()
+        // Time to first token as 8 clients arriving together see it: each waits for those before it.
+        const ttft: Array<number> = []
+        for (const [index, ids] of promptIds.entries()) {
+          const startedAt = performance.now() - start
+          const run = await direct.generate(ids, tokens)
+          ttft.push(startedAt + run.firstTokenMs)
+          expected.set(index, tokenizer.decode(run.tokens, { skipSpecialTokens: true }))
+        }
+        return { rate: (concurrency * tokens) / ((performance.now() - start) / 1000), ttft: mean(ttft) }
+      }
+      const runConcurrent = async () => {
+        const start = performance.now()
+        const runs = await Promise.all(prompts.map((prompt) => streamed(executor.url, prompt, start)))
+        return { runs, rate: runs.reduce((sum, run) => sum + run.tokens, 0) / (Math.max(...runs.map((run) => run.endMs)) / 1000), ttft: mean(runs.map((run) => run.firstTokenMs)) }
+      }
+      const [sequential, concurrent] =
+        round % 2 === 0 ? [await runSequential(), await runConcurrent()] : await runConcurrent().then(async (api) => [await runSequential(), api] as const)
+      samples.directSequential.rate.push(sequential.rate)
+      samples.directSequential.ttft.push(sequential.ttft)
+      samples.apiConcurrent.rate.push(concurrent.rate)
+      samples.apiConcurrent.ttft.push(concurrent.ttft)
+      concurrentRatios.push(concurrent.rate / sequential.rate)
+      concurrent.runs.forEach((run, index) => {
+        if (run.text !== expected.get(index) || run.tokens !== tokens) mismatches++
+      })
+      console.error(
+        `  round ${round + 1}: 1 request: direct ${round2(samples.directSingle.rate.at(-1)!)} tok/s, api ${round2(samples.apiSingle.rate.at(-1)!)} tok/s; ` +
+          `8 requests: one after another ${round2(sequential.rate)} tok/s, concurrent ${round2(concurrent.rate)} tok/s`
+      )
+    }
+
+    const figures = Object.fromEntries(
+      Object.entries(samples).map(([name, sample]) => [name, { tokensPerSecond: round(median(sample.rate), 1), ttftMs: round(median(sample.ttft), 1) }])
+    ) as Record<keyof typeof samples, { readonly tokensPerSecond: number; readonly ttftMs: number }>
+    const singleDecodeRatio = round(median(singleRatios), 3)
+    const concurrentOverSequential = round(median(concurrentRatios), 3)
+
+    const rows = [
+      ["1 request", "direct ORT loop", figures.directSingle, "decode"],
+      ["1 request", "executor API", figures.apiSingle, "decode"],
+      ["8 requests", "direct, one after another", figures.directSequential, "aggregate"],
+      ["8 requests", "executor API, concurrent", figures.apiConcurrent, "aggregate"]
+    ] as const
+    const table = [
+      ["load", "path", "tokens/s", "kind", "TTFT ms (mean)"],
+      ...rows.map(([load, path, figure, kind]) => [load, path, String(figure.tokensPerSecond), kind, String(figure.ttftMs)])
+    ]
+    const widths = table[0]!.map((_, column) => Math.max(...table.map((row) => row[column]!.length)))
+    console.log(`llm bench: ${model}, ${tokens} tokens per request (greedy, streamed), ${threads} ORT threads, medians over ${rounds} rounds`)
+    for (const row of table) console.log(row.map((cell, column) => cell.padEnd(widths[column]!)).join("  "))
+    console.log(
+      `1 request: API decode ${singleDecodeRatio} × direct (target ≥ ${targets.singleDecodeRatio}); ` +
+        `8 concurrent: ${concurrentOverSequential} × 8 one after another (target > ${targets.concurrentOverSequential}); ` +
+        `greedy outputs ${mismatches === 0 ? "identical to direct" : `differ from direct in ${mismatches} requests`}`
+    )
+    console.log(
+      JSON.stringify({
+        bench: "llm",
+        model,
+        tokensPerRequest: tokens,
+        threads,
+        rounds,
+        ...figures,
+        singleDecodeRatio,
+        concurrentOverSequential,
+        outputMismatches: mismatches,
+        targetsMet: singleDecodeRatio >= targets.singleDecodeRatio && concurrentOverSequential > targets.concurrentOverSequential && mismatches === 0
+      })
+    )
+  } finally {
+    process.off("SIGINT", stopExecutor)
+    await executor.stop()
+    await direct.close()
+  }
+}
+
+const round2 = (value: number) => round(value, 1)

@@ -1,0 +1,109 @@
+/**
+ * One chat completion in the router: submits it to the engine, turns its tokens into text as they
+ * stream in (stop strings included: one ends the request and cancels it in the engine), and hands
+ * the text to whoever answers the client, a streaming response or a whole one.
+ */
+import type { EngineClient } from "../common/EngineClient.js"
+import type { WorkItem } from "../common/wire.js"
+import type { FinishReason } from "./api.js"
+import type { GenerateMeta, GenerateResult, TokenPartial } from "./protocol.js"
+import { type Detokenizer, TextStream } from "./TextStream.js"
+
+export interface Outcome {
+  readonly finishReason: FinishReason
+  readonly completionTokens: number
+}
+
+export interface GenerationListener {
+  text(text: string): void
+  end(outcome: Outcome): void
+  error(error: Error): void
+}
+
+export class Generation {
+  readonly id: string
+  /** Everything said so far. */
+  text = ""
+  /** Settles at the first token, or when the request ends or fails: when the client's answer can start. */
+  readonly started: Promise<void>
+  /** The outcome; rejects with the engine's failure. */
+  readonly done: Promise<Outcome>
+  private readonly backlog: Array<string> = []
+  private listener: GenerationListener | undefined
+  private result: { readonly outcome: Outcome } | { readonly error: Error } | undefined
+  private markStarted!: () => void
+  private settled!: (result: { readonly outcome: Outcome } | { readonly error: Error }) => void
+
+  constructor(
+    private readonly engine: EngineClient,
+    meta: GenerateMeta,
+    tokenizer: Detokenizer,
+    stops: ReadonlyArray<string>
+  ) {
+    this.started = new Promise((resolve) => (this.markStarted = resolve))
+    this.done = new Promise((resolve, reject) => (this.settled = (result) => ("outcome" in result ? resolve(result.outcome) : reject(result.error))))
+    // A client that never subscribes still must not see an unhandled rejection.
+    this.done.catch(() => undefined)
+    const stream = new TextStream(tokenizer, stops)
+    const item: WorkItem = { key: meta.op, inputs: {}, meta }
+    const submitted = engine.submit([item], (_, value) => {
+      if (this.result !== undefined) return
+      const delta = stream.push((value as TokenPartial).token)
+      this.markStarted()
+      this.say(delta.text)
+      if (delta.stopped) {
+        engine.cancel(submitted.id)
+        this.settle({ outcome: { finishReason: "stop", completionTokens: stream.tokens } })
+      }
+    })
+    this.id = submitted.id
+    submitted.results.then(
+      (results) => {
+        if (this.result !== undefined) return
+        const rest = stream.end()
+        this.say(rest.text)
+        const result = results[0] as GenerateResult
+        this.settle({ outcome: { finishReason: rest.stopped ? "stop" : result.finishReason, completionTokens: result.completionTokens } })
+      },
+      (error: Error) => this.settle({ error })
+    )
+  }
+
+  /** The engine's failure, once the request has failed. */
+  get failure(): Error | undefined {
+    return this.result !== undefined && "error" in this.result ? this.result.error : undefined
+  }
+
+  /** Replays the text so far, then reports as it comes. */
+  subscribe(listener: GenerationListener): void {
+    this.listener = listener
+    for (const text of this.backlog.splice(0)) listener.text(text)
+    if (this.result !== undefined) this.deliver(this.result)
+  }
+
+  /** The client went away: the engine drops the request and frees its cache. */
+  cancel(): void {
+    this.engine.cancel(this.id)
+  }
+
+  private say(text: string) {
+    if (text.length === 0) return
+    this.text += text
+    if (this.listener === undefined) this.backlog.push(text)
+    else this.listener.text(text)
+    this.markStarted()
+  }
+
+  private settle(result: { readonly outcome: Outcome } | { readonly error: Error }) {
+    if (this.result !== undefined) return
+    this.result = result
+    this.settled(result)
+    this.markStarted()
+    if (this.listener !== undefined) this.deliver(result)
+  }
+
+  private deliver(result: { readonly outcome: Outcome } | { readonly error: Error }) {
+    if ("outcome" in result) this.listener!.end(result.outcome)
+    else this.listener!.error(result.error)
+  }
+}

@@ -1,0 +1,121 @@
+/**
+ * The router's side of a prompt's media: each media part becomes the model's input for it, either
+ * preprocessed here for the model's own encoder (read, decoded and normalized in the router's
+ * thread pool) or, when the request names sidecar embeddings, the rows an encoder executor sent.
+ */
+import { decodeAudioProcessorConfig } from "../../models/AudioProcessor.js"
+import { decodeImageProcessorConfig } from "../../models/ImageProcessor.js"
+import type { ModelDirectory } from "../../models/ModelDirectory.js"
+import type { SidecarClient } from "../../sidecar/SidecarClient.js"
+import { Tensor } from "../../sidecar/Tensor.js"
+import type { ExecutorConfig } from "../common/ExecutorConfig.js"
+import type { ThreadPool } from "../common/ThreadPool.js"
+import { readMedia } from "../eric/MediaSource.js"
+import type { Preprocessed } from "../eric/preprocess.js"
+import type { EmbeddingRef, Modality } from "./api.js"
+import { type MediaPart, PromptError } from "./Prompt.js"
+import type { MediaInput } from "./protocol.js"
+
+export class EmbeddingMissing extends Error {
+  override readonly name = "EmbeddingMissing"
+}
+
+export interface ResolvedMedia {
+  readonly modality: Modality
+  readonly rows: number
+  readonly input: MediaInput
+}
+
+export interface MediaInputs {
+  /** The modalities the model has placeholders for: what sidecar embeddings may stand for. */
+  readonly accepted: ReadonlyArray<Modality>
+  /** The modalities the model can embed itself. */
+  readonly encodable: ReadonlyArray<Modality>
+  /** Placeholder token id → modality. */
+  readonly placeholders: ReadonlyMap<number, Modality>
+  resolve(parts: ReadonlyArray<MediaPart>, refs: ReadonlyArray<EmbeddingRef> | undefined): Promise<Array<ResolvedMedia>>
+}
+
+export const makeMediaInputs = (options: {
+  readonly config: ExecutorConfig
+  readonly model: ModelDirectory
+  readonly pool: ThreadPool
+  readonly sidecar: SidecarClient | undefined
+}): MediaInputs => {
+  const { config, model, pool, sidecar } = options
+  const hidden = model.decoder!.hiddenSize
+  const placeholders = new Map<number, Modality>()
+  if (model.config.image_token_id !== undefined) placeholders.set(model.config.image_token_id, "image")
+  if (model.config.audio_token_id !== undefined) placeholders.set(model.config.audio_token_id, "audio")
+  const accepted = [...placeholders.values()]
+  // The model embeds a modality itself when it has the encoder and says how many rows it gives.
+  const imageConfig =
+    model.onnx.has("vision_encoder") && model.config.image_seq_length !== undefined ? decodeImageProcessorConfig(model.preprocessorConfig) : undefined
+  const audioConfig =
+    model.onnx.has("audio_encoder") && model.config.audio_seq_length !== undefined ? decodeAudioProcessorConfig(model.preprocessorConfig) : undefined
+  const encodable = accepted.filter((modality) => (modality === "image" ? imageConfig : audioConfig) !== undefined)
+  const mediaOptions = { allowedRoot: config.mediaRoot, allowPrivateHosts: config.allowPrivateHosts, maxBytes: config.maxMediaBytes, timeoutMs: 10_000 }
+
+  const encode = async (part: MediaPart): Promise<ResolvedMedia> => {
+    if (!encodable.includes(part.modality)) {
+      throw new PromptError(`model ${config.model} cannot take ${part.modality}${accepted.includes(part.modality) ? " without embeddings from an encoder (cornserve_embeddings)" : ""}`)
+    }
+    const media = await readMedia(part.url, mediaOptions)
+    const bytes = new Uint8Array(media.bytes.buffer, media.bytes.byteOffset, media.bytes.byteLength)
+    if (part.modality === "image") {
+      const { inputs } = await pool.run<Preprocessed>("image", { bytes, config: imageConfig })
+      const pixels = inputs.pixel_values!
+      return { modality: "image", rows: model.config.image_seq_length!, input: { kind: "pixel_values", data: pixels.data as Float32Array, shape: pixels.shape } }
+    }
+    const { inputs } = await pool.run<Preprocessed>("audio", { bytes, mimeType: media.mimeType, config: audioConfig })
+    const values = inputs.input_values!
+    return { modality: "audio", rows: model.config.audio_seq_length!, input: { kind: "input_values", data: values.data as Float32Array, shape: values.shape } }
+  }
+
+  /** Every chunk of embedding `id`, in order, as [rows, hidden]; the chunks are then released. */
+  const receive = async (client: SidecarClient, ref: EmbeddingRef): Promise<ResolvedMedia> => {
+    const parts: Array<Float32Array> = []
+    for (let chunk = 0; ; chunk++) {
+      let payload
+      try {
+        payload = await client.recv(ref.id, chunk, { timeoutMs: config.embeddingWaitMs })
+      } catch (error) {
+        if (chunk === 0) throw new EmbeddingMissing(`embedding ${ref.id} did not arrive within ${config.embeddingWaitMs} ms`)
+        throw error
+      }
+      if (payload === undefined) break
+      if (!(payload instanceof Tensor) || payload.dtype !== "float32" || payload.shape.length !== 2 || payload.shape[1] !== hidden) {
+        throw new PromptError(`embedding ${ref.id} chunk ${chunk} is not a float32 [rows, ${hidden}] tensor`)
+      }
+      parts.push((payload.data as Float32Array).slice())
+      await client.markDone(ref.id, chunk)
+    }
+    const data = new Float32Array(parts.reduce((sum, part) => sum + part.length, 0))
+    let at = 0
+    for (const part of parts) {
+      data.set(part, at)
+      at += part.length
+    }
+    const rows = data.length / hidden
+    if (rows === 0) throw new PromptError(`embedding ${ref.id} is empty`)
+    return { modality: ref.modality, rows, input: { kind: "embedding", data, shape: [rows, hidden] } }
+  }
+
+  return {
+    accepted,
+    encodable,
+    placeholders,
+    resolve: async (parts, refs) => {
+      for (const part of parts) {
+        if (!accepted.includes(part.modality)) throw new PromptError(`model ${config.model} cannot take ${part.modality}; it takes ${accepted.join(", ") || "text only"}`)
+      }
+      if (refs === undefined) return Promise.all(parts.map(encode))
+      if (refs.length !== parts.length) throw new PromptError(`cornserve_embeddings names ${refs.length} embeddings for ${parts.length} media parts`)
+      refs.forEach((ref, index) => {
+        if (ref.modality !== parts[index]!.modality) throw new PromptError(`cornserve_embeddings[${index}] is ${ref.modality}, but media part ${index} is ${parts[index]!.modality}`)
+      })
+      if (sidecar === undefined) throw new PromptError("this executor has no sidecar to take cornserve_embeddings from")
+      return Promise.all(refs.map((ref) => receive(sidecar, ref)))
+    }
+  }
+}

@@ -1,0 +1,69 @@
+/**
+ * Chat messages → the prompt the model runs: the chat template rendered over the messages (media
+ * parts become the model's placeholder tokens), tokenized, and each placeholder expanded to as many
+ * positions as its media item has embedding rows.
+ */
+import { chatMediaParts, type MediaModality } from "../../app-runtime/schemas/OpenAI.js"
+import type { ChatMessage as TemplateMessage } from "../../models/Tokenizer.js"
+import type { ChatContentPart, ChatMessage, Modality } from "./api.js"
+
+/** A media part of the messages, in the order the template meets it; inline audio is a data: URL. */
+export interface MediaPart {
+  readonly modality: MediaModality
+  readonly url: string
+}
+
+export const mediaParts = (messages: ReadonlyArray<ChatMessage>): ReadonlyArray<MediaPart> => chatMediaParts({ messages: messages as [ChatMessage, ...Array<ChatMessage>] })
+
+const partModality: Readonly<Record<Exclude<ChatContentPart["type"], "text">, MediaModality>> = {
+  image_url: "image",
+  input_audio: "audio",
+  audio_url: "audio",
+  video_url: "video"
+}
+
+/**
+ * The messages as chat templates take them (the Hugging Face convention): text parts keep their
+ * text, media parts become `{ type: "image" | "audio" | "video" }`.
+ */
+export const templateMessages = (messages: ReadonlyArray<ChatMessage>): Array<TemplateMessage> =>
+  messages.map((message) => ({
+    role: message.role,
+    content:
+      typeof message.content === "string"
+        ? message.content
+        : message.content.map((part) => (part.type === "text" ? { type: "text", text: part.text } : { type: partModality[part.type] }))
+  }))
+
+export class PromptError extends Error {
+  override readonly name = "PromptError"
+}
+
+/**
+ * Expands each placeholder token of `ids` (by `placeholders`, token id → modality) into `rows[i]`
+ * copies for the i-th media item; answers the expanded ids and where each item's rows start.
+ */
+export const expandPlaceholders = (
+  ids: ReadonlyArray<number>,
+  placeholders: ReadonlyMap<number, Modality>,
+  media: ReadonlyArray<{ readonly modality: Modality; readonly rows: number }>
+): { readonly inputIds: Int32Array; readonly starts: ReadonlyArray<number> } => {
+  const expanded: Array<number> = []
+  const starts: Array<number> = []
+  for (const id of ids) {
+    const modality = placeholders.get(id)
+    if (modality === undefined) {
+      expanded.push(id)
+      continue
+    }
+    const item = media[starts.length]
+    if (item === undefined) throw new PromptError(`the prompt has more ${modality} placeholders than the messages have media parts`)
+    if (item.modality !== modality) throw new PromptError(`media item ${starts.length} is ${item.modality}, but its place in the prompt is a ${modality} placeholder`)
+    starts.push(expanded.length)
+    for (let row = 0; row < item.rows; row++) expanded.push(id)
+  }
+  if (starts.length < media.length) {
+    throw new PromptError(`the chat template placed ${starts.length} media placeholders for ${media.length} media parts`)
+  }
+  return { inputIds: Int32Array.from(expanded), starts }
+}

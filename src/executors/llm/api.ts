@@ -1,0 +1,145 @@
+import { Schema } from "effect"
+import { ChatMessage, CompletionUsage } from "../../app-runtime/schemas/OpenAI.js"
+import { DataId } from "../eric/api.js"
+
+/**
+ * The LLM executor's HTTP API, shared by the executor and the task dispatcher.
+ *
+ * - `POST /v1/chat/completions`: OpenAI's chat completions, streaming (Server-Sent Events ending
+ *   with `data: [DONE]`) or not. Image and audio content parts are embedded by the model's own
+ *   encoders, unless `cornserve_embeddings` names embeddings that an encoder executor already sent
+ *   through the sidecar: then the n-th entry stands for the n-th media part of the messages.
+ * - `GET /v1/models`: the one model this executor serves.
+ * - `POST /v1/cornserve/prompt-embeddings`: the model's embeddings of a prompt, sent through the
+ *   sidecar to a generator (the LLMEmbeddingTask).
+ * - `GET /v1/cornserve/stats`: requests waiting and running, KV cache positions held.
+ */
+
+/** Chat messages as apps send them: the same schema on both sides of the dispatcher. */
+export { ChatContentPart, ChatMessage } from "../../app-runtime/schemas/OpenAI.js"
+
+export const Modality = Schema.Literal("image", "audio", "video")
+export type Modality = typeof Modality.Type
+
+/** An embedding in the sidecar standing for one media part of the messages. */
+export const EmbeddingRef = Schema.Struct({ id: DataId, modality: Modality })
+export type EmbeddingRef = typeof EmbeddingRef.Type
+
+const TokenCount = Schema.Int.pipe(Schema.positive())
+
+export const ChatCompletionRequest = Schema.Struct({
+  model: Schema.String,
+  messages: Schema.NonEmptyArray(ChatMessage),
+  stream: Schema.optional(Schema.NullOr(Schema.Boolean)),
+  stream_options: Schema.optional(Schema.NullOr(Schema.Struct({ include_usage: Schema.optional(Schema.Boolean) }))),
+  max_tokens: Schema.optional(Schema.NullOr(TokenCount)),
+  max_completion_tokens: Schema.optional(Schema.NullOr(TokenCount)),
+  temperature: Schema.optional(Schema.NullOr(Schema.Number.pipe(Schema.between(0, 2)))),
+  top_p: Schema.optional(Schema.NullOr(Schema.Number.pipe(Schema.greaterThan(0), Schema.lessThanOrEqualTo(1)))),
+  seed: Schema.optional(Schema.NullOr(Schema.Int)),
+  stop: Schema.optional(Schema.NullOr(Schema.Union(Schema.String, Schema.Array(Schema.String).pipe(Schema.maxItems(4))))),
+  n: Schema.optional(Schema.NullOr(Schema.Literal(1))),
+  /** vLLM's extension: keep generating past end-of-sequence until max_tokens. */
+  ignore_eos: Schema.optional(Schema.Boolean),
+  cornserve_embeddings: Schema.optional(Schema.Array(EmbeddingRef))
+})
+export type ChatCompletionRequest = typeof ChatCompletionRequest.Type
+
+export const FinishReason = Schema.Literal("stop", "length")
+export type FinishReason = typeof FinishReason.Type
+
+export const Usage = CompletionUsage
+export type Usage = typeof Usage.Type
+
+export const ChatCompletion = Schema.Struct({
+  id: Schema.String,
+  object: Schema.Literal("chat.completion"),
+  created: Schema.Int,
+  model: Schema.String,
+  choices: Schema.Tuple(
+    Schema.Struct({
+      index: Schema.Literal(0),
+      message: Schema.Struct({ role: Schema.Literal("assistant"), content: Schema.String }),
+      finish_reason: FinishReason,
+      logprobs: Schema.Null
+    })
+  ),
+  usage: Usage
+})
+export type ChatCompletion = typeof ChatCompletion.Type
+
+export const ChatCompletionChunk = Schema.Struct({
+  id: Schema.String,
+  object: Schema.Literal("chat.completion.chunk"),
+  created: Schema.Int,
+  model: Schema.String,
+  choices: Schema.Array(
+    Schema.Struct({
+      index: Schema.Literal(0),
+      delta: Schema.Struct({ role: Schema.optional(Schema.Literal("assistant")), content: Schema.optional(Schema.String) }),
+      finish_reason: Schema.NullOr(FinishReason),
+      logprobs: Schema.Null
+    })
+  ),
+  /** With stream_options.include_usage: null on every chunk but the last, which has no choices. */
+  usage: Schema.optional(Schema.NullOr(Usage))
+})
+export type ChatCompletionChunk = typeof ChatCompletionChunk.Type
+
+export const ModelList = Schema.Struct({
+  object: Schema.Literal("list"),
+  data: Schema.Array(
+    Schema.Struct({
+      id: Schema.String,
+      object: Schema.Literal("model"),
+      created: Schema.Int,
+      owned_by: Schema.String,
+      max_model_len: Schema.Int
+    })
+  )
+})
+export type ModelList = typeof ModelList.Type
+
+/** What a prompt's embeddings are: the embedding table's rows (media spliced in), or the decoder's final hidden states. */
+export const EmbeddingSource = Schema.Literal("embed_tokens", "hidden_states")
+export type EmbeddingSource = typeof EmbeddingSource.Type
+
+export const PromptEmbeddingsRequest = Schema.Struct({
+  /** Checked when given, as in chat completions. */
+  model: Schema.optional(Schema.String),
+  /** Rendered with the chat template (without the generation prompt unless asked)… */
+  messages: Schema.optional(Schema.NonEmptyArray(ChatMessage)),
+  add_generation_prompt: Schema.optionalWith(Schema.Boolean, { default: () => false }),
+  /** …or plain text, tokenized as it is. */
+  prompt: Schema.optional(Schema.String),
+  cornserve_embeddings: Schema.optional(Schema.Array(EmbeddingRef)),
+  /** The sidecar id the [rows, hidden] float32 tensor goes out under. */
+  id: DataId,
+  /** Node ids that receive it (default: this node). */
+  receivers: Schema.optional(Schema.Array(Schema.String)),
+  source: Schema.optionalWith(EmbeddingSource, { default: () => "embed_tokens" as const }),
+  return: Schema.optionalWith(Schema.Literal("sidecar", "inline"), { default: () => "sidecar" as const })
+})
+export type PromptEmbeddingsRequest = typeof PromptEmbeddingsRequest.Type
+
+export const PromptEmbeddingsResponse = Schema.Struct({
+  id: Schema.String,
+  source: EmbeddingSource,
+  dtype: Schema.Literal("float32"),
+  shape: Schema.Tuple(Schema.Int, Schema.Int),
+  /** Row-major, with `return: "inline"` only. */
+  embedding: Schema.optional(Schema.Array(Schema.Number))
+})
+export type PromptEmbeddingsResponse = typeof PromptEmbeddingsResponse.Type
+
+export const LlmStats = Schema.Struct({
+  waiting: Schema.Int,
+  running: Schema.Int,
+  /** KV cache positions reserved by running requests and the budget, over all devices. */
+  kvCache: Schema.Struct({ usedTokens: Schema.Int, totalTokens: Schema.Int }),
+  finished: Schema.Int,
+  cancelled: Schema.Int,
+  /** The most requests that decoded together in one step so far. */
+  largestBatch: Schema.Int
+})
+export type LlmStats = typeof LlmStats.Type

@@ -1,0 +1,291 @@
+/**
+ * The LLM executor's engine (its own process): continuous batching. One loop per worker (a lane)
+ * asks the scheduler, at every step boundary, which requests join and which go on, sends the step,
+ * and waits for it; tokens stream from the worker through here to the router as they are sampled.
+ * A request finishes when its worker says so (end of sequence or max tokens) or when the router
+ * cancels it; either way it leaves the batch and its KV cache is freed.
+ */
+import { rmSync } from "node:fs"
+import { join } from "node:path"
+import { Effect } from "effect"
+import * as zmq from "zeromq"
+import { loadModelDirectory } from "../../models/ModelDirectory.js"
+import { BatchBuffer, batchBufferPrefix } from "../common/BatchBuffer.js"
+import { exitWithParent, startChild } from "../common/ChildProcesses.js"
+import { configEnvName, type ExecutorConfig, ipcPath } from "../common/ExecutorConfig.js"
+import { type BatchItem, decode, type FromEngine, type FromWorker, orderedSender, type ToEngine, type ToWorker } from "../common/wire.js"
+import type { LlmStats } from "./api.js"
+import { kvCacheTokens } from "./Limits.js"
+import type { EmbedMeta, EmbedResult, GenerateMeta, GenerateResult, LlmRequestMeta, StepOp, TokenPartial } from "./protocol.js"
+import { ContinuousScheduler } from "./Scheduler.js"
+
+/** Wakes every lane that waits for work. */
+class Wakeup {
+  private waiters: Array<() => void> = []
+  wait(): Promise<void> {
+    return new Promise((resolve) => this.waiters.push(resolve))
+  }
+  wakeAll() {
+    const waiters = this.waiters
+    this.waiters = []
+    for (const wake of waiters) wake()
+  }
+}
+
+/** Steps a lane has sent to its worker and not seen end, at most. */
+const stepsAhead = 2
+
+type OpenRequest =
+  | { readonly op: "generate"; readonly meta: GenerateMeta; generated: number }
+  | { readonly op: "embed"; readonly meta: EmbedMeta }
+
+interface RunningStep {
+  readonly lane: number
+  readonly items: ReadonlyArray<BatchItem>
+  readonly done: () => void
+}
+
+export const runEngine = (config: ExecutorConfig) =>
+  Effect.gen(function* () {
+    const bufferPath = join("/dev/shm", `${batchBufferPrefix}${process.pid}`)
+    // Leaving this way skips the scope's finalizers: the buffer's file goes first.
+    exitWithParent(() => {
+      rmSync(bufferPath, { force: true })
+      process.exit(0)
+    })
+    const model = yield* Effect.tryPromise({ try: () => loadModelDirectory(config.modelDir), catch: (error) => error as Error })
+    // The framework's workers map this buffer; the LLM's steps are small and travel in their messages.
+    yield* BatchBuffer.create(bufferPath, 2, config.batchSlotBytes)
+    const fromRouter = new zmq.Pull()
+    const toRouter = new zmq.Push({ linger: 0 })
+    const fromWorkers = new zmq.Pull()
+    const toWorkers = config.devices.map(() => new zmq.Push({ linger: 0 }))
+    yield* Effect.addFinalizer(() =>
+      Effect.sync(() => {
+        for (const socket of [fromRouter, toRouter, fromWorkers, ...toWorkers]) socket.close()
+      })
+    )
+    yield* Effect.promise(() =>
+      Promise.all([
+        fromRouter.bind(ipcPath(config, "engine-in")),
+        toRouter.bind(ipcPath(config, "engine-out")),
+        fromWorkers.bind(ipcPath(config, "workers-out")),
+        ...toWorkers.map((socket, rank) => socket.bind(ipcPath(config, `worker-${rank}`)))
+      ])
+    )
+    const toRouterInOrder = orderedSender<FromEngine>(toRouter)
+    const sendRouter = (message: FromEngine) => toRouterInOrder(message).catch(() => undefined)
+    const sendWorker = toWorkers.map((socket) => orderedSender<ToWorker>(socket))
+
+    const scheduler = new ContinuousScheduler({
+      lanes: config.devices.length,
+      maxRunning: config.maxBatchSize,
+      kvCacheTokens: kvCacheTokens(config, model),
+      maxQueuedRequests: config.maxQueuedRequests
+    })
+    const requests = new Map<string, OpenRequest>()
+    const embedQueue: Array<string> = []
+    /** Requests whose cache a lane's worker may still hold though they left the batch. */
+    const frees = config.devices.map(() => new Set<string>())
+    const steps = new Map<number, RunningStep>()
+    const wakeup = new Wakeup()
+    const counts = { finished: 0, cancelled: 0, largestBatch: 0 }
+    let healthy = true
+    let nextStep = 0
+
+    const finish = (id: string, result: GenerateResult) => {
+      requests.delete(id)
+      scheduler.release(id)
+      counts.finished++
+      void sendRouter({ t: "result", id, results: [result] })
+      wakeup.wakeAll()
+    }
+
+    const fail = (id: string, status: number, message: string) => {
+      const request = requests.get(id)
+      if (request === undefined) return
+      requests.delete(id)
+      const placement = scheduler.release(id)
+      if (placement?._tag === "Running") frees[placement.lane]!.add(id)
+      void sendRouter({ t: "failed", id, status, message })
+      wakeup.wakeAll()
+    }
+
+    const becomeUnhealthy = (reason: string) => {
+      if (!healthy) return
+      healthy = false
+      void sendRouter({ t: "unhealthy", reason })
+      for (const id of [...requests.keys()]) fail(id, 503, `the executor failed: ${reason}`)
+      for (const step of steps.values()) step.done()
+      wakeup.wakeAll()
+    }
+
+    yield* Effect.forEach(
+      config.devices,
+      (device, rank) =>
+        startChild({
+          args: ["executor-worker", "--rank", String(rank)],
+          env: { [configEnvName]: JSON.stringify(config) },
+          onUnexpectedExit: (code, signal) => becomeUnhealthy(`worker ${rank} (${device}) exited ${signal === null ? `with code ${code}` : `on ${signal}`}`)
+        }),
+      { discard: true }
+    )
+
+    const stats = (): LlmStats => {
+      const { waiting, running, usedTokens, totalTokens } = scheduler.stats
+      return { waiting: waiting + embedQueue.length, running, kvCache: { usedTokens, totalTokens }, ...counts }
+    }
+
+    const accept = (id: string, meta: LlmRequestMeta) => {
+      switch (meta.op) {
+        case "stats":
+          return void sendRouter({ t: "result", id, results: [stats()] })
+        case "embed": {
+          if (requests.size >= config.maxQueuedRequests) return void sendRouter({ t: "failed", id, status: 503, message: "the executor's queue is full" })
+          requests.set(id, { op: "embed", meta })
+          embedQueue.push(id)
+          return wakeup.wakeAll()
+        }
+        case "generate": {
+          const admission = scheduler.enqueue(id, meta.prompt.inputIds.length + meta.sampling.maxNewTokens)
+          if (admission._tag === "QueueFull") return void sendRouter({ t: "failed", id, status: 503, message: "the executor's queue is full" })
+          if (admission._tag === "TooLarge") {
+            const message = `the request needs ${meta.prompt.inputIds.length + meta.sampling.maxNewTokens} KV cache positions (prompt and max_tokens); a device has ${admission.kvCacheTokens}`
+            return void sendRouter({ t: "failed", id, status: 400, message })
+          }
+          requests.set(id, { op: "generate", meta, generated: 0 })
+          return wakeup.wakeAll()
+        }
+      }
+    }
+
+    const cancel = (id: string) => {
+      const request = requests.get(id)
+      if (request === undefined) return
+      requests.delete(id)
+      counts.cancelled++
+      if (request.op === "embed") {
+        const queued = embedQueue.indexOf(id)
+        if (queued >= 0) embedQueue.splice(queued, 1)
+        return
+      }
+      const placement = scheduler.release(id)
+      if (placement?._tag === "Running") frees[placement.lane]!.add(id)
+      wakeup.wakeAll()
+    }
+
+    /** The next step of `lane`: frees, queued embeddings, the running batch, and the requests that join it now. */
+    const planStep = (lane: number): Array<BatchItem> => {
+      const item = (requestId: string, op: StepOp): BatchItem => ({ requestId, index: 0, meta: op, rows: [0, 0] })
+      const items = [...frees[lane]!].map((id) => item(id, { op: "free" }))
+      frees[lane]!.clear()
+      for (const id of embedQueue.splice(0, config.maxBatchSize)) {
+        const request = requests.get(id)
+        if (request?.op === "embed") items.push(item(id, request.meta))
+      }
+      for (const id of scheduler.running(lane)) items.push(item(id, { op: "decode" }))
+      for (const id of scheduler.admit(lane)) {
+        const request = requests.get(id)
+        if (request?.op === "generate") items.push(item(id, { op: "prefill", prompt: request.meta.prompt, sampling: request.meta.sampling }))
+      }
+      counts.largestBatch = Math.max(counts.largestBatch, scheduler.running(lane).length)
+      return items
+    }
+
+    const runStep = (lane: number, items: ReadonlyArray<BatchItem>) =>
+      new Promise<void>((resolve) => {
+        const step = nextStep++
+        steps.set(step, {
+          lane,
+          items,
+          done: () => {
+            steps.delete(step)
+            resolve()
+          }
+        })
+        const message: ToWorker = { t: "batch", batch: step, inputs: {}, items, shard: [0, items.length] }
+        void sendWorker[lane]!(message).catch(() => undefined)
+      })
+
+    /**
+     * A lane keeps its next step queued at the worker while the current one runs, so the worker
+     * goes from step to step without waiting for the engine. A step planned before the previous
+     * one ended may name requests that ended in it: the worker skips those.
+     */
+    const runLane = async (lane: number) => {
+      const outstanding: Array<Promise<void>> = []
+      while (healthy) {
+        if (outstanding.length >= stepsAhead) {
+          await outstanding.shift()
+          continue
+        }
+        const items = planStep(lane)
+        if (items.length > 0) outstanding.push(runStep(lane, items))
+        else if (outstanding.length > 0) await outstanding.shift()
+        else await wakeup.wait()
+      }
+    }
+
+    const onToken = (id: string, partial: TokenPartial) => {
+      const request = requests.get(id)
+      if (request?.op !== "generate") return
+      request.generated++
+      void sendRouter({ t: "partial", id, item: 0, value: partial })
+      if (partial.finish !== undefined) finish(id, { finishReason: partial.finish, completionTokens: request.generated })
+    }
+
+    const onStepDone = (step: RunningStep, results: ReadonlyArray<unknown>) => {
+      step.items.forEach((item, index) => {
+        const request = requests.get(item.requestId)
+        if (request?.op !== "embed") return
+        const result = results[index] as EmbedResult
+        requests.delete(item.requestId)
+        if (result.error !== undefined) void sendRouter({ t: "failed", id: item.requestId, status: 400, message: result.error })
+        else void sendRouter({ t: "result", id: item.requestId, results: [result] })
+      })
+      step.done()
+    }
+
+    const receiveRequests = async () => {
+      for await (const [frame] of fromRouter) {
+        const message = decode<ToEngine>(frame!)
+        if (message.t === "cancel") cancel(message.id)
+        else if (!healthy) void sendRouter({ t: "failed", id: message.id, status: 503, message: "the executor is unhealthy" })
+        else accept(message.id, message.items[0]!.meta as LlmRequestMeta)
+      }
+    }
+
+    let ready = 0
+    const receiveFromWorkers = async () => {
+      for await (const [frame] of fromWorkers) {
+        const message = decode<FromWorker>(frame!)
+        switch (message.t) {
+          case "ready":
+            if (++ready === config.devices.length) void sendRouter({ t: "ready", workers: ready })
+            break
+          case "partial": {
+            const item = steps.get(message.batch)?.items[message.item]
+            if (item !== undefined) onToken(item.requestId, message.value as TokenPartial)
+            break
+          }
+          case "done": {
+            const step = steps.get(message.batch)
+            if (step !== undefined) onStepDone(step, message.results)
+            break
+          }
+          case "failed": {
+            const step = steps.get(message.batch)
+            if (step === undefined) break
+            for (const item of step.items) fail(item.requestId, 500, `worker ${message.rank} failed: ${message.message}`)
+            step.done()
+            break
+          }
+        }
+      }
+    }
+
+    void receiveRequests()
+    void receiveFromWorkers()
+    config.devices.forEach((_, lane) => void runLane(lane))
+    return yield* Effect.never
+  })

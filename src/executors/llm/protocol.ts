@@ -1,0 +1,89 @@
+/**
+ * What the LLM executor's router, engine and worker tell each other, inside the framework's wire
+ * messages (`WorkItem.meta`, `BatchItem.meta`, partial values, results).
+ *
+ * Router → engine: one work item per request, keyed by what it asks for. Engine → worker: a step,
+ * one batch item per request it touches. A worker keeps each request's KV cache from its prefill
+ * until it finishes or the engine frees it.
+ */
+import type { EmbeddingSource, FinishReason } from "./api.js"
+
+/** An image or audio clip for the model's own encoder, or an embedding from the sidecar. */
+export type MediaInput =
+  | { readonly kind: "pixel_values"; readonly data: Float32Array; readonly shape: ReadonlyArray<number> }
+  | { readonly kind: "input_values"; readonly data: Float32Array; readonly shape: ReadonlyArray<number> }
+  | { readonly kind: "embedding"; readonly data: Float32Array; readonly shape: readonly [number, number] }
+
+/** One media item's rows in the prompt: positions [start, start + rows) of inputs_embeds. */
+export interface MediaSpan {
+  readonly start: number
+  readonly rows: number
+  readonly input: MediaInput
+}
+
+/** A prompt as the model sees it: token ids with each media placeholder expanded to its rows. */
+export interface PromptInput {
+  readonly inputIds: Int32Array
+  readonly media: ReadonlyArray<MediaSpan>
+}
+
+export interface SamplingParams {
+  /** 0 is greedy. */
+  readonly temperature: number
+  readonly topP: number
+  readonly seed: number
+  readonly maxNewTokens: number
+  /** Tokens that end the sequence (empty with ignore_eos). */
+  readonly stopTokenIds: ReadonlyArray<number>
+}
+
+export interface GenerateMeta {
+  readonly op: "generate"
+  readonly prompt: PromptInput
+  readonly sampling: SamplingParams
+}
+
+export interface EmbedMeta {
+  readonly op: "embed"
+  readonly prompt: PromptInput
+  readonly id: string
+  readonly source: EmbeddingSource
+  readonly receivers: ReadonlyArray<string>
+  readonly inline: boolean
+}
+
+export interface StatsMeta {
+  readonly op: "stats"
+}
+
+/** `WorkItem.meta` of the router's requests; the item's key is the op. */
+export type LlmRequestMeta = GenerateMeta | EmbedMeta | StatsMeta
+
+/** `BatchItem.meta` of a step's items. */
+export type StepOp =
+  /** Run the prompt, sample the first token, keep the cache, then decode with the batch. */
+  | { readonly op: "prefill"; readonly prompt: PromptInput; readonly sampling: SamplingParams }
+  /** One more token for a request whose cache the worker holds. */
+  | { readonly op: "decode" }
+  /** Drop the request's cache (cancelled). */
+  | { readonly op: "free" }
+  | EmbedMeta
+
+/** A partial value, worker → engine → router: one generated token, and whether it ends the request. */
+export interface TokenPartial {
+  readonly token: number
+  readonly finish?: FinishReason
+}
+
+/** The result of a generate request, engine → router. */
+export interface GenerateResult {
+  readonly finishReason: FinishReason
+  readonly completionTokens: number
+}
+
+/** The result of an embed item, worker → engine → router; `error` is the caller's mistake (400). */
+export interface EmbedResult {
+  readonly shape?: readonly [number, number]
+  readonly embedding?: Float32Array
+  readonly error?: string
+}

@@ -1,0 +1,276 @@
+/**
+ * The LLM executor's router: the OpenAI chat-completions surface, and prompt embeddings for
+ * generators. Requests are checked, rendered and tokenized here, their media preprocessed (or their
+ * embeddings taken from the sidecar), and tokens turned back into text and OpenAI chunks; the
+ * engine sees only token ids and tensors.
+ */
+import { randomInt, randomUUID } from "node:crypto"
+import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
+import { Effect, ParseResult, Stream } from "effect"
+import { loadModelDirectory } from "../../models/ModelDirectory.js"
+import { ChatTokenizer } from "../../models/Tokenizer.js"
+import { SidecarClient } from "../../sidecar/SidecarClient.js"
+import { EngineFailure } from "../common/EngineClient.js"
+import { errorJson, type RouterKind } from "../common/Router.js"
+import { MediaError } from "../eric/MediaSource.js"
+import {
+  type ChatCompletion,
+  type ChatCompletionChunk,
+  ChatCompletionRequest,
+  type ChatMessage,
+  type EmbeddingRef,
+  type FinishReason,
+  type LlmStats,
+  type ModelList,
+  PromptEmbeddingsRequest,
+  type PromptEmbeddingsResponse,
+  type Usage
+} from "./api.js"
+import { Generation, type Outcome } from "./Generation.js"
+import { contextLength, kvCacheTokens } from "./Limits.js"
+import { EmbeddingMissing, makeMediaInputs } from "./MediaInputs.js"
+import { expandPlaceholders, mediaParts, PromptError, templateMessages } from "./Prompt.js"
+import type { EmbedResult, GenerateMeta, LlmRequestMeta, PromptInput, SamplingParams } from "./protocol.js"
+
+/** A request the router refuses: its status and error code. */
+class RequestRefused extends Error {
+  override readonly name = "RequestRefused"
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string
+  ) {
+    super(message)
+  }
+}
+
+const tokenIds = (value: unknown): Array<number> =>
+  typeof value === "number" ? [value] : Array.isArray(value) ? value.filter((id): id is number => typeof id === "number") : []
+
+const sseLine = (data: unknown) => new TextEncoder().encode(`data: ${typeof data === "string" ? data : JSON.stringify(data)}\n\n`)
+
+export const routerKind: RouterKind = {
+  preprocessModule: new URL("../eric/preprocess.js", import.meta.url).href,
+  make: ({ config, engine, pool }) =>
+    Effect.gen(function* () {
+      const model = yield* Effect.tryPromise({ try: () => loadModelDirectory(config.modelDir), catch: (error) => error as Error })
+      if (model.decoder === undefined || !model.onnx.has("decoder_model_merged") || !model.onnx.has("embed_tokens")) {
+        return yield* Effect.fail(new Error(`${config.model} is not a decoder model: it needs a text config with vocab_size, onnx/embed_tokens.onnx and onnx/decoder_model_merged.onnx`))
+      }
+      const tokenizer = yield* Effect.try({ try: () => new ChatTokenizer(model), catch: (error) => error as Error })
+      const sidecar =
+        config.sidecarSocket === undefined
+          ? undefined
+          : yield* Effect.acquireRelease(
+              Effect.tryPromise({ try: () => SidecarClient.connect(config.sidecarSocket!), catch: (error) => error as Error }),
+              (client) => Effect.promise(() => client.close())
+            )
+      const media = makeMediaInputs({ config, model, pool: pool!, sidecar })
+      const maxModelLength = contextLength(model)
+      const generationConfig = model.generationConfig ?? {}
+      const stopTokenIds = [...new Set([...tokenIds(model.config.eos_token_id), ...tokenIds(generationConfig.eos_token_id)])]
+      const defaults = {
+        temperature: typeof generationConfig.temperature === "number" ? generationConfig.temperature : generationConfig.do_sample === false ? 0 : 1,
+        topP: typeof generationConfig.top_p === "number" ? generationConfig.top_p : 1,
+        maxNewTokens: typeof generationConfig.max_new_tokens === "number" ? generationConfig.max_new_tokens : undefined
+      }
+      const created = Math.floor(Date.now() / 1000)
+
+      const checkModel = (name: string | undefined) =>
+        name === undefined || name === config.model
+          ? Effect.void
+          : Effect.fail(new RequestRefused(404, "ModelNotFound", `this executor serves "${config.model}", not "${name}"`))
+
+      /** The chat template over the messages; a template that refuses them (or none at all) is the request's problem. */
+      const renderChat = (messages: ReadonlyArray<ChatMessage>, addGenerationPrompt: boolean): string => {
+        try {
+          return tokenizer.applyChatTemplate(templateMessages(messages), { addGenerationPrompt })
+        } catch (error) {
+          throw new PromptError(`the model's chat template cannot render these messages: ${(error as Error).message}`)
+        }
+      }
+
+      /** The prompt a chat request (or a plain text) runs: ids with expanded placeholders, media rows to splice. */
+      const buildPrompt = async (
+        source: { readonly messages: ReadonlyArray<ChatMessage>; readonly addGenerationPrompt: boolean } | { readonly text: string },
+        refs: ReadonlyArray<EmbeddingRef> | undefined
+      ): Promise<PromptInput> => {
+        const parts = "messages" in source ? mediaParts(source.messages) : []
+        const resolved = await media.resolve(parts, refs)
+        const text = "messages" in source ? renderChat(source.messages, source.addGenerationPrompt) : source.text
+        const { inputIds, starts } = expandPlaceholders(tokenizer.encode(text), media.placeholders, resolved)
+        if (inputIds.length === 0) throw new RequestRefused(400, "EmptyPrompt", "the prompt has no tokens")
+        return { inputIds, media: resolved.map((item, index) => ({ start: starts[index]!, rows: item.rows, input: item.input })) }
+      }
+
+      const sampling = (body: ChatCompletionRequest, promptTokens: number): SamplingParams => {
+        if (promptTokens >= maxModelLength) {
+          throw new RequestRefused(400, "ContextLengthExceeded", `this model's maximum context length is ${maxModelLength} tokens; the messages take ${promptTokens}`)
+        }
+        const asked = body.max_completion_tokens ?? body.max_tokens ?? undefined
+        const maxNewTokens = asked ?? Math.min(defaults.maxNewTokens ?? Infinity, maxModelLength - promptTokens)
+        if (promptTokens + maxNewTokens > maxModelLength) {
+          throw new RequestRefused(
+            400,
+            "ContextLengthExceeded",
+            `this model's maximum context length is ${maxModelLength} tokens; ${promptTokens + maxNewTokens} were asked for (${promptTokens} in the messages, ${maxNewTokens} in the completion)`
+          )
+        }
+        return {
+          temperature: body.temperature ?? defaults.temperature,
+          topP: body.top_p ?? defaults.topP,
+          seed: body.seed ?? randomInt(2 ** 31),
+          maxNewTokens,
+          stopTokenIds: body.ignore_eos === true ? [] : stopTokenIds
+        }
+      }
+
+      const usageOf = (prompt: PromptInput, outcome: Outcome): Usage => ({
+        prompt_tokens: prompt.inputIds.length,
+        completion_tokens: outcome.completionTokens,
+        total_tokens: prompt.inputIds.length + outcome.completionTokens
+      })
+
+      const refusal = (error: unknown) => {
+        if (error instanceof RequestRefused) return errorJson(error.status, error.code, error.message)
+        if (error instanceof PromptError) return errorJson(400, "BadPrompt", error.message)
+        if (error instanceof MediaError) return errorJson(error.status, error.status === 413 ? "MediaTooLarge" : "BadMedia", error.message)
+        if (error instanceof EmbeddingMissing) return errorJson(404, "EmbeddingNotFound", error.message)
+        if (error instanceof EngineFailure) return errorJson(error.status, error.status === 400 ? "BadRequest" : "ExecutorFailed", error.message)
+        const tagged = error as { readonly _tag?: string; readonly message?: string; readonly status?: number }
+        if (ParseResult.isParseError(error)) {
+          const issues = ParseResult.ArrayFormatter.formatErrorSync(error).map((issue) => `${issue.path.length === 0 ? "body" : issue.path.join(".")}: ${issue.message}`)
+          return errorJson(400, "BadRequest", issues.join("; "))
+        }
+        if (tagged._tag === "RequestError") return errorJson(400, "BadRequest", `the body is not JSON: ${tagged.message ?? ""}`)
+        // Eric's preprocessing reports undecodable media with a status.
+        if (tagged.status === 400 || tagged.status === 413) return errorJson(tagged.status, "BadMedia", tagged.message ?? "bad media")
+        return errorJson(500, "InternalError", tagged.message ?? String(error))
+      }
+
+      const attempt = <A>(run: () => Promise<A>) => Effect.tryPromise({ try: run, catch: (error) => error })
+      const check = <A>(run: () => A) => Effect.try({ try: run, catch: (error) => error })
+
+      const chatCompletions = Effect.gen(function* () {
+        const body = yield* HttpServerRequest.schemaBodyJson(ChatCompletionRequest)
+        yield* checkModel(body.model)
+        const prompt = yield* attempt(() => buildPrompt({ messages: body.messages, addGenerationPrompt: true }, body.cornserve_embeddings))
+        const meta: GenerateMeta = { op: "generate", prompt, sampling: yield* check(() => sampling(body, prompt.inputIds.length)) }
+        const stops = body.stop === undefined || body.stop === null ? [] : typeof body.stop === "string" ? [body.stop] : body.stop
+        const generation = new Generation(engine, meta, tokenizer, stops)
+        const id = `chatcmpl-${randomUUID()}`
+        const now = Math.floor(Date.now() / 1000)
+
+        if (body.stream !== true) {
+          const outcome = yield* attempt(() => generation.done).pipe(Effect.onInterrupt(() => Effect.sync(() => generation.cancel())))
+          const completion: ChatCompletion = {
+            id,
+            object: "chat.completion",
+            created: now,
+            model: config.model,
+            choices: [{ index: 0, message: { role: "assistant", content: generation.text }, finish_reason: outcome.finishReason, logprobs: null }],
+            usage: usageOf(prompt, outcome)
+          }
+          return HttpServerResponse.unsafeJson(completion)
+        }
+
+        // The answer starts with the first token, so that a request the engine refuses gets its status.
+        yield* Effect.promise(() => generation.started).pipe(Effect.onInterrupt(() => Effect.sync(() => generation.cancel())))
+        if (generation.failure !== undefined) return yield* Effect.fail(generation.failure)
+        const includeUsage = body.stream_options?.include_usage === true
+        const chunk = (delta: ChatCompletionChunk["choices"][number]["delta"], finishReason: FinishReason | null): ChatCompletionChunk => ({
+          id,
+          object: "chat.completion.chunk",
+          created: now,
+          model: config.model,
+          choices: [{ index: 0, delta, finish_reason: finishReason, logprobs: null }],
+          ...(includeUsage ? { usage: null } : {})
+        })
+        const events = Stream.async<Uint8Array>((emit) => {
+          void emit.single(sseLine(chunk({ role: "assistant", content: "" }, null)))
+          generation.subscribe({
+            text: (text) => void emit.single(sseLine(chunk({ content: text }, null))),
+            end: (outcome) => {
+              void emit.single(sseLine(chunk({}, outcome.finishReason)))
+              if (includeUsage) void emit.single(sseLine({ ...chunk({}, null), choices: [], usage: usageOf(prompt, outcome) }))
+              void emit.single(sseLine("[DONE]"))
+              void emit.end()
+            },
+            error: (error) => {
+              void emit.single(sseLine({ error: { code: "ExecutorFailed", message: error.message } }))
+              void emit.single(sseLine("[DONE]"))
+              void emit.end()
+            }
+          })
+          return Effect.sync(() => generation.cancel())
+        })
+        return HttpServerResponse.stream(events, { contentType: "text/event-stream", headers: { "cache-control": "no-cache" } })
+      }).pipe(Effect.catchAll((error) => Effect.succeed(refusal(error))))
+
+      const promptEmbeddings = Effect.gen(function* () {
+        const body = yield* HttpServerRequest.schemaBodyJson(PromptEmbeddingsRequest)
+        yield* checkModel(body.model)
+        if ((body.messages === undefined) === (body.prompt === undefined)) return yield* Effect.fail(new RequestRefused(400, "BadRequest", "give either messages or prompt"))
+        const inline = body.return === "inline"
+        if (!inline && sidecar === undefined) return yield* Effect.fail(new RequestRefused(400, "NoSidecar", 'this executor has no sidecar; ask for return: "inline"'))
+        const prompt = yield* attempt(() =>
+          buildPrompt(
+            body.messages === undefined ? { text: body.prompt! } : { messages: body.messages, addGenerationPrompt: body.add_generation_prompt },
+            body.cornserve_embeddings
+          )
+        )
+        if (prompt.inputIds.length > maxModelLength) {
+          return yield* Effect.fail(
+            new RequestRefused(400, "ContextLengthExceeded", `this model's maximum context length is ${maxModelLength} tokens; the prompt takes ${prompt.inputIds.length}`)
+          )
+        }
+        const meta: LlmRequestMeta = {
+          op: "embed",
+          prompt,
+          id: body.id,
+          source: body.source,
+          receivers: body.receivers ?? (sidecar === undefined ? [] : [sidecar.nodeId]),
+          inline
+        }
+        const submitted = engine.submit([{ key: meta.op, inputs: {}, meta }])
+        const [result] = (yield* attempt(() => submitted.results).pipe(Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id))))) as [
+          EmbedResult
+        ]
+        const answer: PromptEmbeddingsResponse = {
+          id: body.id,
+          source: body.source,
+          dtype: "float32",
+          shape: result.shape!,
+          ...(result.embedding === undefined ? {} : { embedding: Array.from(result.embedding) })
+        }
+        return HttpServerResponse.unsafeJson(answer)
+      }).pipe(Effect.catchAll((error) => Effect.succeed(refusal(error))))
+
+      const stats = Effect.gen(function* () {
+        const submitted = engine.submit([{ key: "stats", inputs: {}, meta: { op: "stats" } satisfies LlmRequestMeta }])
+        const [result] = (yield* attempt(() => submitted.results)) as [LlmStats]
+        return HttpServerResponse.unsafeJson(result)
+      }).pipe(Effect.catchAll((error) => Effect.succeed(refusal(error))))
+
+      const models: ModelList = {
+        object: "list",
+        data: [{ id: config.model, object: "model", created, owned_by: "cornserve", max_model_len: maxModelLength }]
+      }
+
+      return {
+        info: {
+          modalities: media.accepted,
+          encoders: media.encodable,
+          maxModelLength,
+          kvCacheTokensPerDevice: kvCacheTokens(config, model),
+          sidecarNode: sidecar?.nodeId ?? null
+        },
+        routes: HttpRouter.empty.pipe(
+          HttpRouter.post("/v1/chat/completions", chatCompletions),
+          HttpRouter.get("/v1/models", Effect.sync(() => HttpServerResponse.unsafeJson(models))),
+          HttpRouter.post("/v1/cornserve/prompt-embeddings", promptEmbeddings),
+          HttpRouter.get("/v1/cornserve/stats", stats)
+        )
+      }
+    })
+}
