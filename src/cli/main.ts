@@ -45,6 +45,11 @@ const serveCommand = Command.make(
       Options.withDescription('Devices for task executors: "auto" or a list such as cpu:0,cpu:1.'),
       Options.withDefault("auto")
     ),
+    nodeId: Options.text("node-id").pipe(Options.withDescription("This node's name (its sidecar's too)."), Options.withDefault("local")),
+    sidecarArenaBytes: Options.integer("sidecar-arena-bytes").pipe(
+      Options.withDescription("Shared memory for tensors moving between the node's executors."),
+      Options.withDefault(256 * 1024 * 1024)
+    ),
     examples: Options.boolean("examples").pipe(Options.withDescription("Also register the example apps that ship with Cornserve.")),
     requestTimeout: seconds("request-timeout", 300, "Seconds an app may take to start answering a request (504 after)."),
     shutdownGrace: seconds("shutdown-grace", 10, "Seconds requests in flight get to finish on SIGINT/SIGTERM or unregister."),
@@ -62,6 +67,8 @@ const serveCommand = Command.make(
       port: options.port,
       stateDir: options.stateDir,
       devices: options.devices,
+      nodeId: options.nodeId,
+      sidecarArenaBytes: options.sidecarArenaBytes,
       examples: options.examples,
       adminToken: process.env.CORNSERVE_ADMIN_TOKEN || undefined,
       maxBodyBytes: options.maxBodyBytes,
@@ -173,7 +180,11 @@ const executorCommand = Command.make(
     allowPrivateHosts: Options.boolean("allow-private-hosts").pipe(Options.withDescription("Fetch http(s) media from loopback and private addresses too.")),
     maxMediaBytes: Options.integer("max-media-bytes").pipe(Options.withDescription("The largest media item accepted (413 beyond)."), Options.withDefault(32 * 1024 * 1024)),
     batchSlotBytes: Options.integer("batch-slot-bytes").pipe(Options.withDescription("Shared memory for one batch between engine and workers."), Options.withDefault(64 * 1024 * 1024)),
-    embeddingWaitMs: Options.integer("embedding-wait-ms").pipe(Options.withDescription("How long to wait for an embedding from the sidecar (404 after)."), Options.withDefault(30_000))
+    embeddingWaitMs: Options.integer("embedding-wait-ms").pipe(Options.withDescription("How long to wait for an embedding from the sidecar (404 after)."), Options.withDefault(30_000)),
+    kvCacheTokens: Options.integer("kv-cache-tokens").pipe(
+      Options.withDescription("LLM: the KV cache positions all requests may hold at once (default: max batch size × context length)."),
+      Options.optional
+    )
   },
   (options) =>
     Effect.flatMap(Effect.promise(() => import("../executors/common/ExecutorCommand.js")), ({ runExecutor }) =>
@@ -192,6 +203,7 @@ const executorCommand = Command.make(
         allowPrivateHosts: options.allowPrivateHosts,
         maxMediaBytes: options.maxMediaBytes,
         embeddingWaitMs: options.embeddingWaitMs,
+        ...Option.match(options.kvCacheTokens, { onNone: () => ({}), onSome: (kvCacheTokens) => ({ kvCacheTokens }) }),
         ...Option.match(options.sidecarSocket, { onNone: () => ({}), onSome: (sidecarSocket) => ({ sidecarSocket }) }),
         ...Option.match(options.mediaRoot, { onNone: () => ({}), onSome: (mediaRoot) => ({ mediaRoot }) })
       })

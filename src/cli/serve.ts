@@ -12,6 +12,7 @@ import { ResourceManager } from "../control/resource-manager/ResourceManager.js"
 import { ServeConfig, type ServeOptions } from "../control/ServeConfig.js"
 import { TaskManagers } from "../control/task-manager/TaskManagers.js"
 import { ExecutorKinds } from "../executors/ExecutorKinds.js"
+import { NodeAgent } from "../node/NodeAgent.js"
 
 export const examplesDir = fileURLToPath(new URL("../../examples/", import.meta.url))
 const binPath = fileURLToPath(new URL("../../bin/cornserve", import.meta.url))
@@ -19,7 +20,7 @@ const binPath = fileURLToPath(new URL("../../bin/cornserve", import.meta.url))
 /** The control plane of one node: the only place that knows every layer. */
 export const platformLayer = (options: ServeOptions) => {
   const config = Layer.succeed(ServeConfig, options)
-  const tasks = Layer.mergeAll(TaskManagers.Default, ExecutorKinds.Default)
+  const tasks = Layer.mergeAll(TaskManagers.Default, ExecutorKinds.DefaultWithoutDependencies)
   const resources = ResourceManager.DefaultWithoutDependencies.pipe(Layer.provideMerge(tasks))
   const dispatcher = Dispatcher.DefaultWithoutDependencies
   const apps = AppManager.DefaultWithoutDependencies.pipe(Layer.provide(AppStore.Default))
@@ -27,6 +28,7 @@ export const platformLayer = (options: ServeOptions) => {
     Layer.provideMerge(apps),
     Layer.provideMerge(dispatcher),
     Layer.provideMerge(resources),
+    Layer.provideMerge(NodeAgent.Default),
     Layer.provide(config)
   )
 }
@@ -56,7 +58,7 @@ const registerExamples = Effect.gen(function* () {
 
 export const serve = (
   options: ServeOptions & { readonly examples: boolean }
-): Effect.Effect<never, NotSupported | ServeError> =>
+): Effect.Effect<never, NotSupported | ServeError | Error> =>
   options.role !== "all"
     ? Effect.fail(
         new NotSupported({

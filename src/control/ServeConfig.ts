@@ -9,6 +9,9 @@ export interface ServeOptions {
   readonly port: number
   readonly stateDir: string
   readonly devices: string
+  /** This node's name among the platform's nodes (and its sidecar's). */
+  readonly nodeId: string
+  readonly sidecarArenaBytes: number
   readonly adminToken: string | undefined
   readonly maxBodyBytes: number
   readonly requestTimeoutMs: number

@@ -51,6 +51,11 @@ export class TaskInputRejected extends Schema.TaggedError<TaskInputRejected>()("
   message: Schema.String
 }) {}
 
+/** A task the request needs has no executor able to take it right now; the client may retry. */
+export class TaskUnavailable extends Schema.TaggedError<TaskUnavailable>()("TaskUnavailable", {
+  message: Schema.String
+}) {}
+
 export class AppFailed extends Schema.TaggedError<AppFailed>()("AppFailed", {
   appId: Schema.String,
   message: Schema.String

@@ -1,12 +1,15 @@
 import { Effect, type Scope } from "effect"
 import type { UnitTaskSpec } from "../app-runtime/driver/protocol.js"
 import type { Device } from "../node/Devices.js"
+import { NodeAgent } from "../node/NodeAgent.js"
 
 /** A running executor (a process group) that serves one unit task on its devices. */
 export interface Executor {
-  readonly id: string
   readonly devices: ReadonlyArray<Device>
-  readonly url: string
+  /** Its address while it is up; undefined while it restarts. */
+  url(): string | undefined
+  /** Kills it so that its supervisor starts it again (its health check failed). */
+  restart(reason: string): void
 }
 
 /**
@@ -19,12 +22,40 @@ export interface ExecutorKind {
   start(task: UnitTaskSpec, devices: ReadonlyArray<Device>): Effect.Effect<Executor, Error, Scope.Scope>
 }
 
+const modelOf = (task: UnitTaskSpec) => (task.config as { readonly model: string }).model
+const batchArgs = (task: UnitTaskSpec) => {
+  const size = (task.config as { readonly maxBatchSize?: number }).maxBatchSize
+  return size === undefined ? [] : ["--max-batch-size", String(size)]
+}
+
 /**
- * The executor kinds this platform can run, by task kind. The encoder, LLM and generator
- * executors join this list as they are built; a task of a kind that is not here cannot deploy.
+ * The executor kinds this platform runs, by unit-task kind: the encoder on Eric, the LLM on the
+ * LLM executor, image and audio generators on Geri. Each executor is a supervised process group
+ * started by the node agent.
  */
 export class ExecutorKinds extends Effect.Service<ExecutorKinds>()("cornserve/ExecutorKinds", {
-  succeed: {
-    kinds: new Map<string, ExecutorKind>()
-  }
+  effect: Effect.gen(function* () {
+    const agent = yield* NodeAgent
+    const onAgent = (executor: "eric" | "geri" | "llm", extraArgs: (task: UnitTaskSpec) => ReadonlyArray<string>) =>
+      (kind: string): ExecutorKind => ({
+        kind,
+        devicesPerExecutor: () => 1,
+        start: (task, devices) =>
+          Effect.map(
+            agent.startExecutor({ kind: executor, model: modelOf(task), devices, args: extraArgs(task) }),
+            (process): Executor => ({
+              devices,
+              url: () => (process.state._tag === "Ready" ? process.state.ready : undefined),
+              restart: (reason) => process.restart(reason)
+            })
+          )
+      })
+    const kinds = new Map<string, ExecutorKind>(
+      [onAgent("eric", batchArgs)("encoder"), onAgent("llm", () => [])("llm"), onAgent("geri", batchArgs)("image-generator"), onAgent("geri", batchArgs)("audio-generator")].map(
+        (kind) => [kind.kind, kind]
+      )
+    )
+    return { kinds }
+  }),
+  dependencies: [NodeAgent.Default]
 }) {}

@@ -9,6 +9,7 @@ const forward = (id: string) => ({ $dataForward: id, dataType: "Tensor" })
 const encoderCall = (taskId: string, produces: ReadonlyArray<string>): TaskInvocationWire => ({
   taskId,
   kind: "encoder",
+    operation: "embed",
   config: { model: "m", modality: "image", maxBatchSize: 1 },
   input: { urls: produces.map((id) => `https://example.com/${id}.png`) },
   output: { embeddings: produces.map(forward) },
@@ -18,6 +19,7 @@ const encoderCall = (taskId: string, produces: ReadonlyArray<string>): TaskInvoc
 const llmCall = (taskId: string, consumes: ReadonlyArray<string>): TaskInvocationWire => ({
   taskId,
   kind: "llm",
+    operation: "chat",
   config: { model: "m", receiveEmbeddings: true },
   input: { messages: [{ role: "user", content: "hi" }], cornserveEmbeddings: consumes.map(forward) },
   output: {},

@@ -16,6 +16,8 @@ const options = (stateDir: string, devices: string): ServeOptions => ({
   port: 0,
   stateDir,
   devices,
+  nodeId: "local",
+  sidecarArenaBytes: 1 << 24,
   adminToken: undefined,
   maxBodyBytes: 1 << 20,
   requestTimeoutMs: 1_000,
@@ -39,7 +41,7 @@ const processKind = (running: Set<ChildProcess>): ExecutorKind => ({
         }
         const child = spawn(process.execPath, ["-e", "setInterval(() => {}, 1000)"], { stdio: "ignore" })
         running.add(child)
-        return Effect.succeed({ child, executor: { id: `${task.id}-0`, devices, url: `process:${child.pid}` } })
+        return Effect.succeed({ child, executor: { devices, url: () => `process:${child.pid}`, restart: () => child.kill("SIGKILL") } })
       }),
       ({ child }) =>
         Effect.async<void>((resume) => {

@@ -47,7 +47,7 @@ describe("cornserve serve: apps registered at run time and invoked over HTTP", (
 
   beforeAll(async () => {
     platform = await startPlatform({
-      args: ["--request-timeout", "2", "--max-body-bytes", "65536"],
+      args: ["--request-timeout", "2", "--max-body-bytes", "65536", "--devices", "cpu:0"],
       env: { CORNSERVE_ADMIN_TOKEN: token }
     })
     cliEnv = { CORNSERVE_GATEWAY_URL: platform.url, CORNSERVE_ADMIN_TOKEN: token }
@@ -235,10 +235,11 @@ describe("cornserve serve: apps registered at run time and invoked over HTTP", (
       expect(await appState(platform.url, "hello")).toBe("ready")
     })
 
-    it("fails to register an app whose task kind has no executor, with a clear error", async () => {
+    it("fails to register an app whose tasks cannot all deploy, with a clear error, and rolls back", async () => {
+      // color_chat needs three devices (two encoders and an LLM); this platform has one.
       const cli = await runCli(["app", "register", example("color_chat")], cliEnv)
       expect(cli.code).not.toBe(0)
-      expect(cli.stderr).toContain('no executor for task kind "encoder"')
+      expect(cli.stderr).toMatch(/needs 1 device\(s\) but 0 of 1 are free/)
       expect(await appState(platform.url, "color_chat")).toBeUndefined()
       const tasks = (await (await fetch(`${platform.url}/tasks/list`)).json()) as { tasks: Array<unknown> }
       expect(tasks.tasks).toEqual([])

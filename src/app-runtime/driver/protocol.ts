@@ -12,6 +12,7 @@ export type InvokeFailureCode =
   | "BadJson"
   | "RequestSchemaMismatch"
   | "TaskInputRejected"
+  | "TaskUnavailable"
   | "AppError"
   | "ResponseSchemaMismatch"
 
@@ -28,7 +29,7 @@ export type ToWorker =
   | { readonly t: "dispatched"; readonly did: number; readonly outputs: ReadonlyArray<unknown>; readonly streams: boolean }
   | { readonly t: "dispatch-chunk"; readonly did: number; readonly chunk: unknown }
   | { readonly t: "dispatch-end"; readonly did: number }
-  | { readonly t: "dispatch-failed"; readonly did: number; readonly message: string }
+  | { readonly t: "dispatch-failed"; readonly did: number; readonly message: string; readonly status: number }
 
 /** Messages from an app's worker thread to the platform. */
 export type FromWorker =

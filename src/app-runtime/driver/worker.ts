@@ -6,7 +6,7 @@ import { AsyncLocalStorage } from "node:async_hooks"
 import { parentPort, workerData } from "node:worker_threads"
 import { ParseResult, Schema } from "effect"
 import { type App, appDefinitionProblems, appUnitTasks, isApp } from "../App.js"
-import { type DispatchResult, setTaskDispatcher, TaskInputError } from "../tasks/TaskGraph.js"
+import { type DispatchResult, setTaskDispatcher, TaskExecutionError, TaskInputError } from "../tasks/TaskGraph.js"
 import type { FromWorker, InvokeFailureCode, SchemaIssue, ToWorker } from "./protocol.js"
 
 interface WorkerInput {
@@ -109,7 +109,7 @@ function serveApp(app: App) {
       }
     } catch (error) {
       if (signal.aborted) return
-      fail(rid, error instanceof TaskInputError ? "TaskInputRejected" : "AppError", errorMessage(error))
+      fail(rid, failureCode(error), errorMessage(error))
     } finally {
       running.delete(rid)
     }
@@ -129,7 +129,7 @@ function serveApp(app: App) {
           () => {
             if (dispatches.delete(did)) {
               post({ t: "dispatch-cancel", did })
-              pending.fail("the request was cancelled")
+              pending.fail("the request was cancelled", 499)
             }
           },
           { once: true }
@@ -161,7 +161,7 @@ function serveApp(app: App) {
         dispatches.delete(message.did)
         return
       case "dispatch-failed":
-        dispatches.get(message.did)?.fail(message.message)
+        dispatches.get(message.did)?.fail(message.message, message.status)
         dispatches.delete(message.did)
         return
     }
@@ -173,6 +173,14 @@ function serveApp(app: App) {
     example: app.example,
     description: app.description
   })
+}
+
+/** A task input the request made wrong is the client's fault; a task without capacity is retryable. */
+const failureCode = (error: unknown): InvokeFailureCode => {
+  if (error instanceof TaskInputError) return "TaskInputRejected"
+  if (error instanceof TaskExecutionError && error.status >= 400 && error.status < 500) return "TaskInputRejected"
+  if (error instanceof TaskExecutionError && error.status === 503) return "TaskUnavailable"
+  return "AppError"
 }
 
 const isAsyncIterable = (value: unknown): value is AsyncIterable<unknown> =>
@@ -204,8 +212,8 @@ class PendingDispatch {
     this.notify()
   }
 
-  fail(message: string) {
-    this.failure = new Error(message)
+  fail(message: string, status = 500) {
+    this.failure = new TaskExecutionError(message, status)
     this.reject(this.failure)
     this.notify()
   }

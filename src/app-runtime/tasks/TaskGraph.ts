@@ -5,6 +5,8 @@ import { TaskStream } from "./TaskStream.js"
 export const TaskInvocationWire = Schema.Struct({
   taskId: Schema.String,
   kind: Schema.String,
+  /** What is asked of the task's executor (an LLM task can chat, or embed a prompt). */
+  operation: Schema.String,
   config: Schema.Unknown,
   input: Schema.Unknown,
   output: Schema.Unknown,
@@ -30,6 +32,7 @@ export type TaskDispatcher = (graph: TaskGraphWire) => Promise<DispatchResult>
 export interface RecordableUnitTask {
   readonly id: string
   readonly kind: string
+  readonly operation: string
   readonly config: unknown
 }
 
@@ -53,6 +56,17 @@ export const setTaskDispatcher = (next: TaskDispatcher | undefined): void => {
 
 export class TaskInputError extends Error {
   override readonly name = "TaskInputError"
+}
+
+/** A dispatched graph failed; `status` says whose fault (4xx: the request's input, 503: capacity). */
+export class TaskExecutionError extends Error {
+  override readonly name = "TaskExecutionError"
+  constructor(
+    message: string,
+    readonly status: number
+  ) {
+    super(message)
+  }
 }
 
 const runPhase = <A>(next: Phase, f: () => A): A => {
@@ -92,6 +106,7 @@ export const invokeGraph = async <I, O>(compose: (input: I) => O, input: I): Pro
     invocations: invocations.map((invocation) => ({
       taskId: invocation.task.id,
       kind: invocation.task.kind,
+      operation: invocation.task.operation,
       config: invocation.task.config,
       input: toWire(invocation.input),
       output: toWire(invocation.output),

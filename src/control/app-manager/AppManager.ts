@@ -83,11 +83,7 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
     const pending = new Set<string>()
 
     const log = (message: string) => Runtime.runSync(runtime)(Effect.logWarning(message))
-    const dispatch: GraphDispatcher = (graph, requestId, signal) =>
-      Runtime.runPromise(runtime)(
-        dispatcher.dispatch(graph, requestId).pipe(Effect.mapError((error) => new Error(error.message))),
-        { signal }
-      )
+    const dispatch: GraphDispatcher = (graph, requestId, signal) => dispatcher.dispatch(graph, requestId, signal)
 
     yield* Effect.addFinalizer(() =>
       Effect.gen(function* () {

@@ -1,7 +1,10 @@
 import { Effect } from "effect"
 import { collectDataForwards, dataForwardId } from "../../app-runtime/tasks/DataForward.js"
-import type { TaskGraphWire } from "../../app-runtime/tasks/TaskGraph.js"
-import { AppNotReady, DispatchFailed, TaskNotFound } from "../errors.js"
+import type { TaskGraphWire, TaskInvocationWire } from "../../app-runtime/tasks/TaskGraph.js"
+import { NodeAgent } from "../../node/NodeAgent.js"
+import type { DispatchOutcome } from "../app-manager/AppDriver.js"
+import { ExecutorUnavailable } from "../task-manager/TaskManagers.js"
+import { ExecutorCallFailed, executorCalls, idempotentOperations } from "./ExecutorCalls.js"
 import { TaskManagers } from "../task-manager/TaskManagers.js"
 
 /** For each forwarded datum: which invocation produces it and which consume it. */
@@ -39,30 +42,143 @@ export const wireDataForwards = (graph: TaskGraphWire): ReadonlyArray<DataWiring
   return [...wiring].map(([id, entry]) => ({ id, ...entry }))
 }
 
+/** Why a graph failed, with the status the app's client should see (4xx: its input; 503: capacity). */
+export class GraphFailed extends Error {
+  override readonly name = "GraphFailed"
+  constructor(
+    message: string,
+    readonly status: number
+  ) {
+    super(message)
+  }
+}
+
+const statusOf = (error: unknown): number => {
+  if (error instanceof ExecutorCallFailed || error instanceof ExecutorUnavailable) return error.status
+  return 502
+}
+
+/** How long a cancelled graph's leftovers are looked for in the sidecar before they are left to its TTL. */
+const releaseWaitMs = 3_000
+
 /**
- * Executes an app's recorded task graph: every task must be deployed and ready, every forwarded
- * datum wired from its producer to its consumers; then each invocation goes to its task manager.
+ * Executes an app's recorded task graph: every task must be deployed and ready and every
+ * forwarded datum wired from its producer to its consumers; then every invocation goes to an
+ * executor of its task at once (data dependencies are kept by the consumers waiting on the
+ * sidecar). A streaming last invocation's chunks pass through as they come. When one invocation
+ * fails, the others are cancelled; when the request is cancelled, so is every invocation, and the
+ * data the graph forwarded is released from the sidecar.
  */
 export class Dispatcher extends Effect.Service<Dispatcher>()("cornserve/Dispatcher", {
   effect: Effect.gen(function* () {
     const taskManagers = yield* TaskManagers
+    const agent = yield* NodeAgent
 
-    const dispatch = Effect.fn("Dispatcher.dispatch")(function* (graph: TaskGraphWire, requestId: string) {
-      for (const invocation of graph.invocations) {
+    const release = (graph: TaskGraphWire) => {
+      const produced = graph.invocations.flatMap((invocation) => collectDataForwards(invocation.output).map(dataForwardId))
+      if (produced.length === 0) return
+      void agent.sidecarClient().then((client) =>
+        Promise.all(
+          produced.map((id) =>
+            client.recv(id, 0, { timeoutMs: releaseWaitMs }).then(
+              () => client.markDone(id),
+              () => undefined
+            )
+          )
+        )
+      )
+    }
+
+    const dispatch = async (graph: TaskGraphWire, requestId: string, signal: AbortSignal): Promise<DispatchOutcome> => {
+      const managers = graph.invocations.map((invocation) => {
         const task = taskManagers.get(invocation.taskId)
-        if (task === undefined) return yield* new TaskNotFound({ taskId: invocation.taskId })
-        if (task.state !== "ready") {
-          return yield* new AppNotReady({ appId: requestId, state: `waiting for task ${task.spec.id} (${task.state})` })
+        if (task === undefined) throw new GraphFailed(`task ${invocation.taskId} is not deployed`, 503)
+        if (task.state !== "ready") throw new GraphFailed(`task ${invocation.taskId} is ${task.state}`, 503)
+        return task
+      })
+      const wiring = wireDataForwards(graph)
+      if (typeof wiring === "string") throw new GraphFailed(wiring, 500)
+      const modalities = new Map<string, string>()
+      graph.invocations.forEach((invocation) => {
+        if (invocation.operation !== "embed") return
+        for (const produced of collectDataForwards(invocation.output)) {
+          modalities.set(dataForwardId(produced), (invocation.config as { modality: string }).modality)
+        }
+      })
+
+      const controller = new AbortController()
+      let firstFailure: GraphFailed | undefined
+      const fail = (error: unknown, taskId: string) => {
+        if (firstFailure === undefined && !signal.aborted) {
+          firstFailure = error instanceof GraphFailed ? error : new GraphFailed(`task ${taskId}: ${(error as Error).message}`, statusOf(error))
+        }
+        controller.abort()
+        return firstFailure ?? new GraphFailed(`request ${requestId} was cancelled`, 499)
+      }
+      const onCancel = () => {
+        controller.abort()
+        release(graph)
+      }
+      signal.addEventListener("abort", onCancel, { once: true })
+      const context = { receivers: [agent.nodeId], modalities, signal: controller.signal }
+
+      const run = async (invocation: TaskInvocationWire, index: number) => {
+        const call = executorCalls[invocation.operation]
+        if (call === undefined) throw new GraphFailed(`no executor call for operation ${invocation.operation}`, 500)
+        const idempotent = idempotentOperations.has(invocation.operation)
+        let lease = await managers[index]!.lease({ signal: controller.signal })
+        for (let attempt = 0; ; attempt++) {
+          try {
+            const result = await call(lease.url, invocation, context)
+            if (result.stream === undefined) {
+              lease.release("ok")
+              return result
+            }
+            const held = lease
+            return { output: result.output, stream: passThrough(result.stream, () => held.release("ok"), (error) => {
+              held.release("failed")
+              throw fail(error, invocation.taskId)
+            }) }
+          } catch (error) {
+            const unavailable = (error instanceof ExecutorCallFailed && error.status === 503) || (error instanceof TypeError && !controller.signal.aborted)
+            lease.release(unavailable ? "unavailable" : "failed")
+            if (!unavailable || !idempotent || attempt > 0) throw fail(error, invocation.taskId)
+            lease = await managers[index]!.lease({ exclude: lease.executorId, signal: controller.signal })
+          }
         }
       }
-      const wiring = wireDataForwards(graph)
-      if (typeof wiring === "string") return yield* new DispatchFailed({ message: wiring })
-      return yield* new DispatchFailed({
-        message: `request ${requestId}: no executor is running for ${graph.invocations.map((invocation) => invocation.kind).join(", ")}`
-      })
-    })
+
+      try {
+        const results = await Promise.all(graph.invocations.map((invocation, index) => run(invocation, index)))
+        const last = results[results.length - 1]!
+        return last.stream === undefined
+          ? { outputs: results.map((result) => result.output) }
+          : {
+              outputs: results.map((result) => result.output),
+              stream: passThrough(last.stream, () => signal.removeEventListener("abort", onCancel), (error) => {
+                signal.removeEventListener("abort", onCancel)
+                throw firstFailure ?? error
+              })
+            }
+      } catch (error) {
+        signal.removeEventListener("abort", onCancel)
+        if (!signal.aborted) release(graph)
+        throw firstFailure ?? fail(error, "?")
+      }
+    }
 
     return { dispatch }
   }),
-  dependencies: [TaskManagers.Default]
+  dependencies: [TaskManagers.Default, NodeAgent.Default]
 }) {}
+
+/** The chunks of `source`, calling `onEnd` when it is done and `onError` (which rethrows) when it fails. */
+async function* passThrough<A>(source: AsyncIterable<A>, onEnd: () => void, onError: (error: unknown) => never): AsyncIterable<A> {
+  try {
+    for await (const chunk of source) yield chunk
+  } catch (error) {
+    onError(error)
+  } finally {
+    onEnd()
+  }
+}

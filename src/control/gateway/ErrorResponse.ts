@@ -13,6 +13,7 @@ export type GatewayError =
   | Errors.RequestSchemaMismatch
   | Errors.TaskInputRejected
   | Errors.AppFailed
+  | Errors.TaskUnavailable
   | Errors.RequestTimeout
   | Errors.PayloadTooLarge
   | Errors.Unauthorized
@@ -54,6 +55,7 @@ export const statusOf = (error: GatewayError): number => {
     case "DispatchFailed":
       return 502
     case "AppNotReady":
+    case "TaskUnavailable":
     case "ShuttingDown":
     case "DevicesExhausted":
       return 503

@@ -10,8 +10,10 @@ import { AppManager } from "../app-manager/AppManager.js"
 import { BadRequest, type PayloadTooLarge, ShuttingDown, Unauthorized } from "../errors.js"
 import { ResourceManager } from "../resource-manager/ResourceManager.js"
 import { ServeConfig } from "../ServeConfig.js"
+import { NodeAgent } from "../../node/NodeAgent.js"
 import { errorBody, errorResponse } from "./ErrorResponse.js"
-import { invokePrefix, makeInvokeRoute } from "./InvokeRoute.js"
+import { renderMetrics } from "./Metrics.js"
+import { chatCompletionsPattern, invokePrefix, makeInvokeRoute } from "./InvokeRoute.js"
 import { readRequestBody } from "./RequestBody.js"
 
 export const RegisterRequest = Schema.Struct({
@@ -37,6 +39,7 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
     const config = yield* ServeConfig
     const appManager = yield* AppManager
     const resources = yield* ResourceManager
+    const agent = yield* NodeAgent
     let draining = false
     let inFlight = 0
     let idle: (() => void) | undefined
@@ -165,13 +168,21 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       )
     )
 
+    const metrics = Effect.gen(function* () {
+      const sidecar = yield* Effect.tryPromise(() => agent.sidecarClient().then((client) => client.stats())).pipe(Effect.orElseSucceed(() => undefined))
+      return HttpServerResponse.text(renderMetrics({ apps: appManager.list(), inFlight, tasks: resources.tasks(), sidecar }), {
+        contentType: "text/plain; version=0.0.4"
+      })
+    })
+
     const router = HttpRouter.empty.pipe(
       HttpRouter.post("/app/register", register),
       HttpRouter.post("/app/unregister/:id", unregister),
       HttpRouter.get("/app/list", Effect.sync(() => HttpServerResponse.unsafeJson({ apps: appManager.list() }))),
       HttpRouter.get("/tasks/list", Effect.sync(() => HttpServerResponse.unsafeJson({ tasks: resources.tasks(), devices: resources.devices() }))),
       HttpRouter.post("/task/scale", scale),
-      HttpRouter.get("/health", health)
+      HttpRouter.get("/health", health),
+      HttpRouter.get("/metrics", metrics)
     )
 
     const refuseWhileDraining = Effect.suspend(() => (draining ? Effect.fail(new ShuttingDown()) : Effect.void))
@@ -202,8 +213,13 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
         inFlight--
         if (inFlight === 0) idle?.()
       })
-      if (request.method === "POST" && request.url!.startsWith(invokePrefix)) invokeRoute(request, response)
-      else effectRoutes(request, response)
+      if (request.method === "POST") {
+        const path = request.url!.split("?", 1)[0]!
+        if (path.startsWith(invokePrefix)) return invokeRoute(request, response, decodeURIComponent(path.slice(invokePrefix.length)), "native")
+        const chat = chatCompletionsPattern.exec(path)
+        if (chat !== null) return invokeRoute(request, response, decodeURIComponent(chat[1]!), "chat")
+      }
+      effectRoutes(request, response)
     })
     const address = nodeServer.address() as AddressInfo
     return { url: `http://${address.family === "IPv6" ? `[${address.address}]` : address.address}:${address.port}`, port: address.port }

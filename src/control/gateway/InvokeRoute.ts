@@ -8,12 +8,98 @@ import {
   RequestSchemaMismatch,
   RequestTimeout,
   ShuttingDown,
-  TaskInputRejected
+  TaskInputRejected,
+  TaskUnavailable
 } from "../errors.js"
 import { errorBody, type GatewayError, statusOf } from "./ErrorResponse.js"
 import { readRequestBody } from "./RequestBody.js"
 
 export const invokePrefix = "/app/invoke/"
+/** `POST /app/:id/v1/chat/completions`: the OpenAI surface of apps that take chat requests. */
+export const chatCompletionsPattern = /^\/app\/([^/]+)\/v1\/chat\/completions$/
+
+/** How a request's reply is written: the native JSON/NDJSON, or OpenAI's chat completions. */
+interface ReplyFormat {
+  value(response: ServerResponse, json: string): void
+  streamStart(response: ServerResponse, requestId: string): void
+  chunk(response: ServerResponse, json: string): void
+  end(response: ServerResponse): void
+  streamError(response: ServerResponse, error: GatewayError): void
+}
+
+const writeJson = (response: ServerResponse, json: string) =>
+  response.writeHead(200, { "content-type": "application/json", "content-length": Buffer.byteLength(json) }).end(json)
+
+const nativeFormat: ReplyFormat = {
+  value: writeJson,
+  streamStart: (response, requestId) => {
+    response.writeHead(200, { "content-type": "application/x-ndjson", "x-request-id": requestId })
+    response.flushHeaders()
+  },
+  chunk: (response, json) => response.write(`${json}\n`),
+  end: (response) => response.end(),
+  streamError: (response, error) => response.end(`${JSON.stringify(errorBody(error))}\n`)
+}
+
+/** Chunks streamed as Server-Sent Events, ending with `data: [DONE]`. */
+const chatStreamFormat: ReplyFormat = {
+  value: writeJson,
+  streamStart: (response, requestId) => {
+    response.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache", "x-request-id": requestId })
+    response.flushHeaders()
+  },
+  chunk: (response, json) => response.write(`data: ${json}\n\n`),
+  end: (response) => response.end("data: [DONE]\n\n"),
+  streamError: (response, error) => response.end(`data: ${JSON.stringify(errorBody(error))}\n\n`)
+}
+
+interface Chunk {
+  id?: string
+  created?: number
+  model?: string
+  choices?: Array<{ delta?: { content?: string }; finish_reason?: string | null }>
+  usage?: unknown
+}
+
+/** Chunks gathered into one `chat.completion` object, for a request that did not ask to stream. */
+const chatCompletionFormat = (): ReplyFormat => {
+  const chunks: Array<Chunk> = []
+  return {
+    value: writeJson,
+    streamStart: () => undefined,
+    chunk: (_, json) => void chunks.push(JSON.parse(json) as Chunk),
+    end: (response) => {
+      const first = chunks[0] ?? {}
+      const choices = chunks.flatMap((chunk) => chunk.choices ?? [])
+      const completion = {
+        id: first.id ?? "chatcmpl-cornserve",
+        object: "chat.completion",
+        created: first.created ?? Math.floor(Date.now() / 1000),
+        model: first.model ?? "",
+        choices: [
+          {
+            index: 0,
+            message: { role: "assistant", content: choices.map((choice) => choice.delta?.content ?? "").join("") },
+            finish_reason: choices.map((choice) => choice.finish_reason).filter((reason) => reason != null).at(-1) ?? "stop",
+            logprobs: null
+          }
+        ],
+        usage: chunks.map((chunk) => chunk.usage).filter((usage) => usage != null).at(-1) ?? null
+      }
+      writeJson(response, JSON.stringify(completion))
+    },
+    streamError: (response, error) => sendError(response, error)
+  }
+}
+
+/** Whether a chat request body asks to stream (false when it is not JSON: the app will say so). */
+const asksToStream = (body: string): boolean => {
+  try {
+    return (JSON.parse(body) as { stream?: unknown }).stream === true
+  } catch {
+    return false
+  }
+}
 
 const invokeFailure = (
   appId: string,
@@ -31,6 +117,8 @@ const invokeFailure = (
       })
     case "TaskInputRejected":
       return new TaskInputRejected({ message })
+    case "TaskUnavailable":
+      return new TaskUnavailable({ message })
     case "AppError":
     case "ResponseSchemaMismatch":
     case "WorkerStopped":
@@ -62,9 +150,7 @@ export interface InvokeRouteOptions {
  * body in, app driver, JSON or NDJSON out. Errors are the same tagged errors, mapped to statuses in
  * the same place as every other route's.
  */
-export const makeInvokeRoute = (options: InvokeRouteOptions) => (request: IncomingMessage, response: ServerResponse) => {
-  const path = request.url!.split("?", 1)[0]!
-  const appId = decodeURIComponent(path.slice(invokePrefix.length))
+export const makeInvokeRoute = (options: InvokeRouteOptions) => (request: IncomingMessage, response: ServerResponse, appId: string, api: "native" | "chat") => {
   if (options.draining()) return sendError(response, new ShuttingDown())
   const driver = options.lookup(appId)
   if (!("invoke" in driver)) {
@@ -74,6 +160,7 @@ export const makeInvokeRoute = (options: InvokeRouteOptions) => (request: Incomi
   readRequestBody(request, options.maxBodyBytes, (body) => {
     if (typeof body !== "string") return sendError(response, body)
     if (response.destroyed) return
+    const format = api === "native" ? nativeFormat : asksToStream(body) ? chatStreamFormat : chatCompletionFormat()
     const requestId = randomUUID()
     let settled = false
     let streaming = false
@@ -91,29 +178,22 @@ export const makeInvokeRoute = (options: InvokeRouteOptions) => (request: Incomi
     const rid = driver.invoke(requestId, body, {
       onValue: (json) => {
         settle()
-        response
-          .writeHead(200, { "content-type": "application/json", "content-length": Buffer.byteLength(json) })
-          .end(json)
+        format.value(response, json)
       },
       onStreamStart: () => {
         settle()
         streaming = true
-        response.writeHead(200, { "content-type": "application/x-ndjson", "x-request-id": requestId })
-        response.flushHeaders()
+        format.streamStart(response, requestId)
       },
-      onChunk: (json) => {
-        response.write(`${json}\n`)
-      },
-      onEnd: () => {
-        response.end()
-      },
+      onChunk: (json) => format.chunk(response, json),
+      onEnd: () => format.end(response),
       onFailed: (code, message, issues) => {
         const error = invokeFailure(appId, code, message, issues)
         if (!streaming) {
           settle()
           return sendError(response, error)
         }
-        response.end(`${JSON.stringify(errorBody(error))}\n`)
+        format.streamError(response, error)
       }
     })
     response.once("close", () => {

@@ -2,9 +2,9 @@ import { Effect } from "effect"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
 import { ExecutorKinds } from "../../executors/ExecutorKinds.js"
 import { type Device, parseDevices } from "../../node/Devices.js"
-import { DeploymentFailed, DevicesExhausted, NoExecutorForKind, NotSupported, TaskNotFound } from "../errors.js"
+import { BadRequest, DeploymentFailed, DevicesExhausted, NoExecutorForKind, TaskNotFound } from "../errors.js"
 import { ServeConfig } from "../ServeConfig.js"
-import { TaskManagers } from "../task-manager/TaskManagers.js"
+import { type ExecutorSummary, TaskManagers } from "../task-manager/TaskManagers.js"
 
 export interface TaskSummary {
   readonly id: string
@@ -14,7 +14,7 @@ export interface TaskSummary {
   readonly state: string
   readonly usedBy: ReadonlyArray<string>
   readonly devices: ReadonlyArray<string>
-  readonly executors: ReadonlyArray<{ readonly id: string; readonly url: string; readonly devices: ReadonlyArray<string> }>
+  readonly executors: ReadonlyArray<ExecutorSummary>
 }
 
 /**
@@ -59,10 +59,9 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         if (kind === undefined) return yield* new NoExecutorForKind({ kind: spec.kind, taskId: spec.id })
         const taskDevices = yield* allocate(spec.id, Math.max(1, kind.devicesPerExecutor(spec)))
         yield* taskManagers.deploy(spec, kind, taskDevices).pipe(
-          Effect.mapError((error) => new DeploymentFailed({ message: `task ${spec.id} failed to start: ${error.message}` })),
-          Effect.onError(() => Effect.sync(() => freeTaskDevices(spec.id)))
+          Effect.mapError((error) => new DeploymentFailed({ message: `task ${spec.id} failed to start: ${error.message}` }))
         )
-      })
+      }).pipe(Effect.onError(() => Effect.sync(() => freeTaskDevices(spec.id))))
 
     const teardown = (taskId: string) =>
       taskManagers.teardown(taskId).pipe(Effect.ensuring(Effect.sync(() => freeTaskDevices(taskId))))
@@ -71,17 +70,15 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
     const acquire = (user: string, specs: ReadonlyArray<UnitTaskSpec>, onProgress: (message: string) => Effect.Effect<void>) =>
       lock.withPermits(1)(
         Effect.gen(function* () {
-          const fresh: Array<UnitTaskSpec> = []
-          const rollback = Effect.suspend(() => Effect.forEach(fresh, (spec) => teardown(spec.id), { discard: true }))
+          const fresh = specs.filter((spec) => taskManagers.get(spec.id) === undefined)
           for (const spec of specs) {
-            if (taskManagers.get(spec.id) !== undefined) {
-              yield* onProgress(`task ${spec.name} (${spec.id}) is already deployed; sharing it`)
-              continue
-            }
-            yield* onProgress(`deploying task ${spec.name} (${spec.id})`)
-            fresh.push(spec)
-            yield* deployOne(spec).pipe(Effect.onError(() => rollback))
+            if (!fresh.includes(spec)) yield* onProgress(`task ${spec.name} (${spec.id}) is already deployed; sharing it`)
           }
+          // The new tasks start side by side; if one fails, every one that started is torn down.
+          yield* Effect.forEach(fresh, (spec) => Effect.zipRight(onProgress(`deploying task ${spec.name} (${spec.id})`), deployOne(spec)), {
+            concurrency: "unbounded",
+            discard: true
+          }).pipe(Effect.onError(() => Effect.forEach(fresh, (spec) => teardown(spec.id), { discard: true })))
           for (const spec of specs) {
             const set = users.get(spec.id) ?? new Set<string>()
             set.add(user)
@@ -107,13 +104,29 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         )
       )
 
+    /** Adds devices (new executors) to a task, or takes some away: those executors drain first. */
     const scale = (taskId: string, deltaDevices: number) =>
       lock.withPermits(1)(
         Effect.gen(function* () {
-          if (taskManagers.get(taskId) === undefined) return yield* new TaskNotFound({ taskId })
-          return yield* new NotSupported({
-            message: `scaling task ${taskId} by ${deltaDevices} device(s) needs running executors, which this platform does not have yet`
-          })
+          const task = taskManagers.get(taskId)
+          if (task === undefined) return yield* new TaskNotFound({ taskId })
+          const perExecutor = Math.max(1, kinds.get(task.spec.kind)!.devicesPerExecutor(task.spec))
+          if (deltaDevices > 0) {
+            const added = yield* allocate(taskId, Math.ceil(deltaDevices / perExecutor) * perExecutor)
+            yield* taskManagers.grow(taskId, added).pipe(
+              Effect.mapError((error) => new DeploymentFailed({ message: `task ${taskId} could not grow: ${error.message}` })),
+              Effect.onError(() => Effect.sync(() => added.forEach((device) => allocated.delete(device.id))))
+            )
+          } else {
+            const executors = Math.ceil(-deltaDevices / perExecutor)
+            if (executors >= task.executors().length) {
+              return yield* new BadRequest({
+                message: `task ${taskId} has ${task.executors().length} executor(s); it keeps at least one (unregister its apps to stop it)`
+              })
+            }
+            const freed = yield* taskManagers.shrink(taskId, executors)
+            for (const device of freed) allocated.delete(device.id)
+          }
         })
       )
 
@@ -126,11 +139,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         state: task.state,
         usedBy: [...(users.get(task.spec.id) ?? [])].map((user) => user.split("#")[0]!),
         devices: task.devices.map((device) => device.id),
-        executors: task.executors.map((executor) => ({
-          id: executor.id,
-          url: executor.url,
-          devices: executor.devices.map((device) => device.id)
-        }))
+        executors: task.executors()
       }))
 
     return {

@@ -1,24 +1,163 @@
-import { Effect, Exit, Scope } from "effect"
+import { Effect, ExecutionStrategy, Exit, Scope } from "effect"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
 import type { Executor, ExecutorKind } from "../../executors/ExecutorKinds.js"
 import type { Device } from "../../node/Devices.js"
 
 export type TaskState = "deploying" | "ready" | "tearing-down"
 
-/** One deployed unit task: its executors and the devices they hold. */
+/** How often each executor's /health is asked: an unhealthy executor leaves rotation within a second. */
+const healthPeriodMs = 250
+const healthTimeoutMs = 750
+
+interface ManagedExecutor {
+  readonly id: string
+  readonly executor: Executor
+  readonly scope: Scope.CloseableScope
+  outstanding: number
+  healthy: boolean
+  draining: boolean
+  /** Resolves waiters once the executor has no request in flight. */
+  idle: Array<() => void>
+}
+
+/** No executor of a task could take a request. */
+export class ExecutorUnavailable extends Error {
+  override readonly name = "ExecutorUnavailable"
+  readonly status = 503
+}
+
+export interface ExecutorSummary {
+  readonly id: string
+  readonly url: string | null
+  readonly devices: ReadonlyArray<string>
+  readonly healthy: boolean
+  readonly outstanding: number
+}
+
+/** One deployed unit task: its executors, the devices they hold, and how requests reach them. */
 export interface TaskManager {
   readonly spec: UnitTaskSpec
   readonly state: TaskState
   readonly devices: ReadonlyArray<Device>
-  readonly executors: ReadonlyArray<Executor>
+  executors(): ReadonlyArray<ExecutorSummary>
+  /**
+   * The healthy executor with the least outstanding work (waiting a bounded time for one), counted
+   * as busy until the lease is released; `exclude` names one to avoid, for a retry.
+   */
+  lease(options: { readonly exclude?: string; readonly signal?: AbortSignal }): Promise<ExecutorLease>
 }
 
-interface ManagedTask {
-  spec: UnitTaskSpec
-  state: TaskState
+/** One request's hold on an executor. */
+export interface ExecutorLease {
+  readonly executorId: string
+  readonly url: string
+  /** "unavailable": the executor could not take it, so it leaves rotation until its health check passes. */
+  release(outcome: "ok" | "unavailable" | "failed"): void
+}
+
+class ManagedTask implements TaskManager {
+  state: TaskState = "deploying"
   devices: Array<Device>
-  executors: Array<Executor>
-  scope: Scope.CloseableScope
+  readonly members: Array<ManagedExecutor> = []
+  private nextExecutor = 0
+  private readonly waiters: Array<() => void> = []
+
+  constructor(
+    readonly spec: UnitTaskSpec,
+    readonly kind: ExecutorKind,
+    readonly scope: Scope.CloseableScope,
+    devices: ReadonlyArray<Device>
+  ) {
+    this.devices = [...devices]
+  }
+
+  executors(): ReadonlyArray<ExecutorSummary> {
+    return this.members.map((member) => ({
+      id: member.id,
+      url: member.executor.url() ?? null,
+      devices: member.executor.devices.map((device) => device.id),
+      healthy: member.healthy && !member.draining,
+      outstanding: member.outstanding
+    }))
+  }
+
+  add(executor: Executor, scope: Scope.CloseableScope): ManagedExecutor {
+    const member: ManagedExecutor = { id: `${this.spec.id}-${this.nextExecutor++}`, executor, scope, outstanding: 0, healthy: true, draining: false, idle: [] }
+    this.members.push(member)
+    this.wake()
+    return member
+  }
+
+  setHealth(member: ManagedExecutor, healthy: boolean) {
+    member.healthy = healthy
+    if (healthy) this.wake()
+  }
+
+  private wake() {
+    for (const waiter of this.waiters.splice(0)) waiter()
+  }
+
+  private pick(exclude: ManagedExecutor | undefined): ManagedExecutor | undefined {
+    const candidates = this.members.filter((member) => member.healthy && !member.draining && member.executor.url() !== undefined)
+    const preferred = candidates.filter((member) => member !== exclude)
+    const pool = preferred.length > 0 ? preferred : candidates
+    return pool.reduce<ManagedExecutor | undefined>((best, member) => (best === undefined || member.outstanding < best.outstanding ? member : best), undefined)
+  }
+
+  /** A healthy executor, waiting a bounded time for one to come back if none is. */
+  private async choose(exclude: ManagedExecutor | undefined, signal: AbortSignal | undefined): Promise<ManagedExecutor> {
+    const deadline = Date.now() + 15_000
+    for (;;) {
+      const member = this.pick(exclude)
+      if (member !== undefined) return member
+      if (this.state === "tearing-down") throw new ExecutorUnavailable(`task ${this.spec.id} is being torn down`)
+      if (Date.now() > deadline || signal?.aborted) throw new ExecutorUnavailable(`task ${this.spec.id} has no healthy executor`)
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, 100)
+        this.waiters.push(() => {
+          clearTimeout(timer)
+          resolve()
+        })
+      })
+    }
+  }
+
+  async lease(options: { readonly exclude?: string; readonly signal?: AbortSignal }): Promise<ExecutorLease> {
+    const member = await this.choose(this.members.find((candidate) => candidate.id === options.exclude), options.signal)
+    member.outstanding++
+    let released = false
+    return {
+      executorId: member.id,
+      url: member.executor.url()!,
+      release: (outcome) => {
+        if (released) return
+        released = true
+        if (outcome === "unavailable") member.healthy = false
+        member.outstanding--
+        if (member.outstanding === 0) for (const wake of member.idle.splice(0)) wake()
+      }
+    }
+  }
+
+  /** Takes an executor out of rotation and resolves once its requests in flight are done. */
+  drain(member: ManagedExecutor): Promise<void> {
+    member.draining = true
+    if (member.outstanding === 0) return Promise.resolve()
+    return new Promise((resolve) => member.idle.push(resolve))
+  }
+}
+
+const checkHealth = async (member: ManagedExecutor, task: ManagedTask) => {
+  const url = member.executor.url()
+  if (url === undefined) return task.setHealth(member, false)
+  try {
+    const response = await fetch(`${url}/health`, { signal: AbortSignal.timeout(healthTimeoutMs) })
+    const body = (await response.json().catch(() => ({}))) as { status?: string; reason?: string }
+    task.setHealth(member, response.status === 200)
+    if (body.status === "unhealthy") member.executor.restart(body.reason ?? "its health check failed")
+  } catch {
+    task.setHealth(member, false)
+  }
 }
 
 /** The task managers of every deployed unit task, by task id. */
@@ -36,27 +175,68 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
 
     yield* Effect.addFinalizer(() => Effect.forEach([...tasks.keys()], teardown, { discard: true }))
 
-    /** Starts the task's executors, one per `devicesPerExecutor` devices, and waits for them all. */
+    const startExecutor = (task: ManagedTask, devices: ReadonlyArray<Device>) =>
+      Effect.gen(function* () {
+        const scope = yield* Scope.fork(task.scope, ExecutionStrategy.sequential)
+        const executor = yield* Scope.extend(task.kind.start(task.spec, devices), scope).pipe(Effect.onError(() => Scope.close(scope, Exit.void)))
+        const member = task.add(executor, scope)
+        yield* Effect.promise(() => checkHealth(member, task)).pipe(
+          Effect.zipRight(Effect.sleep(healthPeriodMs)),
+          Effect.forever,
+          Effect.forkIn(scope)
+        )
+        return member
+      })
+
+    const groupsOf = (task: ManagedTask, devices: ReadonlyArray<Device>) => {
+      const perExecutor = Math.max(1, task.kind.devicesPerExecutor(task.spec))
+      return Array.from({ length: Math.floor(devices.length / perExecutor) }, (_, index) => devices.slice(index * perExecutor, (index + 1) * perExecutor))
+    }
+
+    /** Starts the task's executors on `devices` and waits until each is up. */
     const deploy = (spec: UnitTaskSpec, kind: ExecutorKind, devices: ReadonlyArray<Device>) =>
       Effect.gen(function* () {
-        const scope = yield* Scope.make()
-        const task: ManagedTask = { spec, state: "deploying", devices: [...devices], executors: [], scope }
+        const task = new ManagedTask(spec, kind, yield* Scope.make(), devices)
         tasks.set(spec.id, task)
-        const perExecutor = Math.max(1, kind.devicesPerExecutor(spec))
-        const groups = Array.from({ length: Math.floor(devices.length / perExecutor) }, (_, index) =>
-          devices.slice(index * perExecutor, (index + 1) * perExecutor)
+        yield* Effect.forEach(groupsOf(task, devices), (group) => startExecutor(task, group), { concurrency: "unbounded" }).pipe(
+          Effect.onError(() => teardown(spec.id))
         )
-        const executors = yield* Effect.forEach(groups, (group) => Scope.extend(kind.start(spec, group), scope), {
-          concurrency: "unbounded"
-        }).pipe(Effect.onError(() => teardown(spec.id)))
-        task.executors = [...executors]
         task.state = "ready"
         return task as TaskManager
+      })
+
+    /** More executors on more devices. */
+    const grow = (taskId: string, devices: ReadonlyArray<Device>) =>
+      Effect.gen(function* () {
+        const task = tasks.get(taskId)!
+        yield* Effect.forEach(groupsOf(task, devices), (group) => startExecutor(task, group), { concurrency: "unbounded" })
+        task.devices.push(...devices)
+      })
+
+    /** Fewer executors: each leaves rotation, finishes its requests, then stops. Answers the devices freed. */
+    const shrink = (taskId: string, executors: number) =>
+      Effect.gen(function* () {
+        const task = tasks.get(taskId)!
+        const leaving = task.members.slice(-executors)
+        yield* Effect.forEach(
+          leaving,
+          (member) =>
+            Effect.promise(() => task.drain(member)).pipe(
+              Effect.zipRight(Scope.close(member.scope, Exit.void)),
+              Effect.ensuring(Effect.sync(() => task.members.splice(task.members.indexOf(member), 1)))
+            ),
+          { concurrency: "unbounded", discard: true }
+        )
+        const freed = leaving.flatMap((member) => member.executor.devices)
+        task.devices = task.devices.filter((device) => !freed.includes(device))
+        return freed
       })
 
     return {
       deploy,
       teardown,
+      grow,
+      shrink,
       get: (taskId: string): TaskManager | undefined => tasks.get(taskId),
       list: (): ReadonlyArray<TaskManager> => [...tasks.values()]
     }

@@ -1,26 +1,27 @@
 /**
  * Entry points of an executor's three process roles: `cornserve internal executor` (the router,
  * which the node agent starts), and `executor-engine` / `executor-worker`, which the router and the
- * engine start in turn with the config in their environment.
+ * engine start in turn with the config in their environment. Each role loads only its own modules:
+ * a worker has no use for the HTTP stack, nor a router for ONNX Runtime.
  */
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { Effect } from "effect"
-import { resolveModel } from "../../models/ModelStore.js"
-import { runEngine } from "./Engine.js"
 import { configEnvName, decodeConfig, type ExecutorConfig } from "./ExecutorConfig.js"
-import { runRouter } from "./Router.js"
-import { runWorker } from "./Worker.js"
 
 export type ExecutorOptions = Omit<ExecutorConfig, "modelDir" | "runDir">
 
+const asError = (error: unknown) => (error instanceof Error ? error : new Error(String(error)))
+
 export const runExecutor = (options: ExecutorOptions) =>
   Effect.gen(function* () {
+    const { resolveModel } = yield* Effect.promise(() => import("../../models/ModelStore.js"))
     const modelDir = yield* Effect.tryPromise({
       try: () => resolveModel(options.model),
-      catch: (error) => new Error(`model ${options.model}: ${error instanceof Error ? error.message : String(error)}`)
+      catch: (error) => new Error(`model ${options.model}: ${asError(error).message}`)
     })
     const config: ExecutorConfig = { ...options, modelDir, runDir: join(tmpdir(), `cornserve-executor-${process.pid}`) }
+    const { runRouter } = yield* Effect.promise(() => import("./Router.js"))
     return yield* runRouter(config)
   }).pipe(Effect.scoped)
 
@@ -37,12 +38,18 @@ const configFromEnvironment = (): ExecutorConfig => {
 export const runExecutorEngine = () =>
   Effect.gen(function* () {
     const config = configFromEnvironment()
-    if (config.kind !== "llm") return yield* runEngine(config)
-    const kindEngine = (yield* Effect.promise(() => import(new URL(`../${config.kind}/engine.js`, import.meta.url).href))) as {
-      readonly runEngine: typeof runEngine
+    const module = config.kind === "llm" ? new URL(`../${config.kind}/engine.js`, import.meta.url).href : new URL("./Engine.js", import.meta.url).href
+    const { runEngine } = (yield* Effect.promise(() => import(module))) as {
+      readonly runEngine: (config: ExecutorConfig) => Effect.Effect<never, Error, import("effect").Scope.Scope>
     }
-    return yield* kindEngine.runEngine(config)
+    return yield* runEngine(config)
   }).pipe(Effect.scoped)
 
 export const runExecutorWorker = (rank: number) =>
-  Effect.tryPromise({ try: () => runWorker(configFromEnvironment(), rank), catch: (error) => (error instanceof Error ? error : new Error(String(error))) })
+  Effect.tryPromise({
+    try: async () => {
+      const { runWorker } = await import("./Worker.js")
+      return runWorker(configFromEnvironment(), rank)
+    },
+    catch: asError
+  })
