@@ -5,12 +5,12 @@
  */
 import { join } from "node:path"
 import { Effect } from "effect"
-import * as zmq from "zeromq"
 import { BatchBuffer, batchBufferPrefix } from "./BatchBuffer.js"
 import { exitWithParent, startChild } from "./ChildProcesses.js"
-import { configEnvName, type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
+import { bindEngineSockets } from "./EngineSockets.js"
+import { configEnvName, type ExecutorConfig } from "./ExecutorConfig.js"
 import { type ScheduledItem, Scheduler } from "./Scheduler.js"
-import { type BatchItem, decode, type FromEngine, type FromWorker, orderedSender, type ToEngine, type ToWorker, type WorkItem } from "./wire.js"
+import { type BatchItem, decode, type FromWorker, type ToEngine, type ToWorker, type WorkItem } from "./wire.js"
 
 interface OpenRequest {
   readonly items: ReadonlyArray<WorkItem>
@@ -67,26 +67,7 @@ export const runEngine = (config: ExecutorConfig) =>
   Effect.gen(function* () {
     exitWithParent()
     const buffer = yield* BatchBuffer.create(join("/dev/shm", `${batchBufferPrefix}${process.pid}`), 2, config.batchSlotBytes)
-    const fromRouter = new zmq.Pull()
-    const toRouter = new zmq.Push({ linger: 0 })
-    const fromWorkers = new zmq.Pull()
-    const toWorkers = config.devices.map(() => new zmq.Push({ linger: 0 }))
-    yield* Effect.addFinalizer(() =>
-      Effect.sync(() => {
-        for (const socket of [fromRouter, toRouter, fromWorkers, ...toWorkers]) socket.close()
-      })
-    )
-    yield* Effect.promise(() =>
-      Promise.all([
-        fromRouter.bind(ipcPath(config, "engine-in")),
-        toRouter.bind(ipcPath(config, "engine-out")),
-        fromWorkers.bind(ipcPath(config, "workers-out")),
-        ...toWorkers.map((socket, rank) => socket.bind(ipcPath(config, `worker-${rank}`)))
-      ])
-    )
-    const toRouterInOrder = orderedSender<FromEngine>(toRouter)
-    const sendRouter = (message: FromEngine) => toRouterInOrder(message).catch(() => undefined)
-    const sendWorker = toWorkers.map((socket) => orderedSender<ToWorker>(socket))
+    const { fromRouter, fromWorkers, sendRouter, sendWorker } = yield* bindEngineSockets(config)
 
     const scheduler = new Scheduler<WorkItem>({
       maxBatchSize: config.maxBatchSize,

@@ -8,12 +8,12 @@
 import { rmSync } from "node:fs"
 import { join } from "node:path"
 import { Effect } from "effect"
-import * as zmq from "zeromq"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { BatchBuffer, batchBufferPrefix } from "../common/BatchBuffer.js"
 import { exitWithParent, startChild } from "../common/ChildProcesses.js"
-import { configEnvName, type ExecutorConfig, ipcPath } from "../common/ExecutorConfig.js"
-import { type BatchItem, decode, type FromEngine, type FromWorker, orderedSender, type ToEngine, type ToWorker } from "../common/wire.js"
+import { bindEngineSockets } from "../common/EngineSockets.js"
+import { configEnvName, type ExecutorConfig } from "../common/ExecutorConfig.js"
+import { type BatchItem, decode, type FromWorker, type ToEngine, type ToWorker } from "../common/wire.js"
 import type { LlmStats } from "./api.js"
 import { kvCacheTokens } from "./Limits.js"
 import type { EmbedMeta, EmbedResult, GenerateMeta, GenerateResult, LlmRequestMeta, StepOp, TokenPartial } from "./protocol.js"
@@ -56,26 +56,7 @@ export const runEngine = (config: ExecutorConfig) =>
     const model = yield* Effect.tryPromise({ try: () => loadModelDirectory(config.modelDir), catch: (error) => error as Error })
     // The framework's workers map this buffer; the LLM's steps are small and travel in their messages.
     yield* BatchBuffer.create(bufferPath, 2, config.batchSlotBytes)
-    const fromRouter = new zmq.Pull()
-    const toRouter = new zmq.Push({ linger: 0 })
-    const fromWorkers = new zmq.Pull()
-    const toWorkers = config.devices.map(() => new zmq.Push({ linger: 0 }))
-    yield* Effect.addFinalizer(() =>
-      Effect.sync(() => {
-        for (const socket of [fromRouter, toRouter, fromWorkers, ...toWorkers]) socket.close()
-      })
-    )
-    yield* Effect.promise(() =>
-      Promise.all([
-        fromRouter.bind(ipcPath(config, "engine-in")),
-        toRouter.bind(ipcPath(config, "engine-out")),
-        fromWorkers.bind(ipcPath(config, "workers-out")),
-        ...toWorkers.map((socket, rank) => socket.bind(ipcPath(config, `worker-${rank}`)))
-      ])
-    )
-    const toRouterInOrder = orderedSender<FromEngine>(toRouter)
-    const sendRouter = (message: FromEngine) => toRouterInOrder(message).catch(() => undefined)
-    const sendWorker = toWorkers.map((socket) => orderedSender<ToWorker>(socket))
+    const { fromRouter, fromWorkers, sendRouter, sendWorker } = yield* bindEngineSockets(config)
 
     const scheduler = new ContinuousScheduler({
       lanes: config.devices.length,
