@@ -7,6 +7,7 @@ import * as ort from "onnxruntime-node"
 import sharp from "sharp"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { decodeAudio, decodeImage, decodeVideoFrames } from "../../src/executors/eric/MediaDecoder.js"
+import { wavFile } from "../../src/executors/geri/router.js"
 import { decodeAudioProcessorConfig, inputValues } from "../../src/models/AudioProcessor.js"
 import { decodeImageProcessorConfig, pixelValues } from "../../src/models/ImageProcessor.js"
 import { loadModelDirectory, onnxPath } from "../../src/models/ModelDirectory.js"
@@ -19,24 +20,8 @@ const png = (r: number, g: number, b: number, size = 40) =>
   sharp({ create: { width: size, height: size, channels: 3, background: { r, g, b } } }).png().toBuffer()
 const dataUrl = (mime: string, bytes: Buffer) => `data:${mime};base64,${bytes.toString("base64")}`
 
-const wavTone = (hertz: number, sampleRate: number, seconds: number): Buffer => {
-  const count = Math.round(sampleRate * seconds)
-  const data = Buffer.alloc(count * 2)
-  for (let i = 0; i < count; i++) data.writeInt16LE(Math.round(0.4 * 32767 * Math.sin((2 * Math.PI * hertz * i) / sampleRate)), i * 2)
-  const header = Buffer.alloc(44)
-  header.write("RIFFxxxxWAVEfmt ", 0, "ascii")
-  header.writeUInt32LE(36 + data.length, 4)
-  header.writeUInt32LE(16, 16)
-  header.writeUInt16LE(1, 20)
-  header.writeUInt16LE(1, 22)
-  header.writeUInt32LE(sampleRate, 24)
-  header.writeUInt32LE(sampleRate * 2, 28)
-  header.writeUInt16LE(2, 32)
-  header.writeUInt16LE(16, 34)
-  header.write("data", 36, "ascii")
-  header.writeUInt32LE(data.length, 40)
-  return Buffer.concat([header, data])
-}
+const wavTone = (hertz: number, sampleRate: number, seconds: number): Buffer =>
+  wavFile([Int16Array.from({ length: Math.round(sampleRate * seconds) }, (_, i) => Math.round(0.4 * 32767 * Math.sin((2 * Math.PI * hertz * i) / sampleRate)))], sampleRate)
 
 interface Answer {
   readonly items: ReadonlyArray<{ id: string; modality: string; dtype: string; shape: [number, number]; embedding?: Array<number> }>
