@@ -18,7 +18,7 @@ import { join } from "node:path"
 import { performance } from "node:perf_hooks"
 import { createInterface } from "node:readline"
 import { setTimeout as sleep } from "node:timers/promises"
-import * as esbuild from "esbuild"
+import { bundleScript } from "../test/support/bundle.js"
 
 const SECONDS = envNumber("BENCH_SECONDS", 5)
 const WARMUP_SECONDS = envNumber("BENCH_WARMUP_SECONDS", 1)
@@ -158,19 +158,8 @@ async function waitForApp(gateway: URL, app: string): Promise<void> {
   throw new Error(`app ${app} was not ready within ${START_TIMEOUT_MS} ms`)
 }
 
-async function bundleBareServer(): Promise<string> {
-  const outfile = `bench/.out/bare-hello-server-${process.pid}.mjs`
-  await esbuild.build({
-    entryPoints: [BARE_SERVER_SOURCE],
-    outfile,
-    bundle: true,
-    packages: "external",
-    platform: "node",
-    format: "esm",
-    target: "node20",
-    logLevel: "warning"
-  })
-  return outfile
+function bundleBareServer(): Promise<string> {
+  return bundleScript(BARE_SERVER_SOURCE, `bench/.out/bare-hello-server-${process.pid}.mjs`)
 }
 
 // ---------------------------------------------------------------------------------------------

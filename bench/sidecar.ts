@@ -25,7 +25,7 @@ import { type ChildProcess, fork } from "node:child_process"
 import { mkdtempSync, rmSync } from "node:fs"
 import { availableParallelism, tmpdir } from "node:os"
 import { join } from "node:path"
-import * as esbuild from "esbuild"
+import { bundleScript } from "../test/support/bundle.js"
 import { arenaFilePrefix } from "../src/sidecar/Arena.js"
 import { SidecarClient } from "../src/sidecar/SidecarClient.js"
 import { type RunningSidecar, startSidecar } from "../src/sidecar/SidecarProcess.js"
@@ -96,19 +96,8 @@ async function forkPeer(script: string, role: string, ...args: Array<string>) {
   return { child, send: (message: unknown) => child.send(message as object), receive, first: await receive() }
 }
 
-async function bundlePeer(): Promise<string> {
-  const outfile = `bench/.out/sidecar-peer-${process.pid}.mjs`
-  await esbuild.build({
-    entryPoints: [PEER_SOURCE],
-    outfile,
-    bundle: true,
-    packages: "external",
-    platform: "node",
-    format: "esm",
-    target: "node20",
-    logLevel: "warning"
-  })
-  return outfile
+function bundlePeer(): Promise<string> {
+  return bundleScript(PEER_SOURCE, `bench/.out/sidecar-peer-${process.pid}.mjs`)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ import { readdirSync, statSync } from "node:fs"
 import { mkdtemp, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import * as esbuild from "esbuild"
+import { bundleScript } from "../../support/bundle.js"
 import { arenaFilePrefix } from "../../../src/sidecar/Arena.js"
 import { type RunningSidecar, startSidecar, type StartSidecarOptions } from "../../../src/sidecar/SidecarProcess.js"
 import { binPath, repoRoot } from "../../support/platform.js"
@@ -41,21 +41,11 @@ let bundled: Promise<string> | undefined
 
 /** test/sidecar/support/executor.ts, bundled once, so that a child can run it with plain node. */
 const executorScript = () => {
-  bundled ??= (async () => {
-    // Under node_modules so that the bundle's external imports resolve; stopAll removes it.
-    const outfile = join(repoRoot, "node_modules/.cache/cornserve-test", `sidecar-executor-${process.pid}.mjs`)
-    await esbuild.build({
-      entryPoints: [join(repoRoot, "test/sidecar/support/executor.ts")],
-      outfile,
-      bundle: true,
-      packages: "external",
-      platform: "node",
-      format: "esm",
-      target: "node20",
-      logLevel: "warning"
-    })
-    return outfile
-  })()
+  // Under node_modules so that the bundle's external imports resolve; stopAll removes it.
+  bundled ??= bundleScript(
+    join(repoRoot, "test/sidecar/support/executor.ts"),
+    join(repoRoot, "node_modules/.cache/cornserve-test", `sidecar-executor-${process.pid}.mjs`)
+  )
   return bundled
 }
 
