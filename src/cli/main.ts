@@ -181,6 +181,10 @@ const executorCommand = Command.make(
     maxMediaBytes: Options.integer("max-media-bytes").pipe(Options.withDescription("The largest media item accepted (413 beyond)."), Options.withDefault(32 * 1024 * 1024)),
     batchSlotBytes: Options.integer("batch-slot-bytes").pipe(Options.withDescription("Shared memory for one batch between engine and workers."), Options.withDefault(64 * 1024 * 1024)),
     embeddingWaitMs: Options.integer("embedding-wait-ms").pipe(Options.withDescription("How long to wait for an embedding from the sidecar (404 after)."), Options.withDefault(30_000)),
+    runDir: Options.text("run-dir").pipe(
+      Options.withDescription("A private directory for its sockets (default: a new one in the temporary directory); removed when it stops."),
+      Options.optional
+    ),
     kvCacheTokens: Options.integer("kv-cache-tokens").pipe(
       Options.withDescription("LLM: the KV cache positions all requests may hold at once (default: max batch size × context length)."),
       Options.optional
@@ -204,6 +208,7 @@ const executorCommand = Command.make(
         maxMediaBytes: options.maxMediaBytes,
         embeddingWaitMs: options.embeddingWaitMs,
         ...Option.match(options.kvCacheTokens, { onNone: () => ({}), onSome: (kvCacheTokens) => ({ kvCacheTokens }) }),
+        ...Option.match(options.runDir, { onNone: () => ({}), onSome: (runDir) => ({ runDir }) }),
         ...Option.match(options.sidecarSocket, { onNone: () => ({}), onSome: (sidecarSocket) => ({ sidecarSocket }) }),
         ...Option.match(options.mediaRoot, { onNone: () => ({}), onSome: (mediaRoot) => ({ mediaRoot }) })
       })

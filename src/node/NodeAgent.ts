@@ -1,4 +1,4 @@
-import { mkdtempSync, rmSync } from "node:fs"
+import { mkdtempSync, readdirSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { Effect, Runtime, type Scope } from "effect"
@@ -7,6 +7,25 @@ import { SidecarClient } from "../sidecar/SidecarClient.js"
 import type { SidecarReady } from "../sidecar/SidecarProcess.js"
 import { type Device, parseDevices } from "./Devices.js"
 import { type ProcessState, SupervisedProcess } from "./SupervisedProcess.js"
+
+const runDirPrefix = "cornserve-node-"
+
+const isRunning = (pid: number) => {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch (error) {
+    return (error as NodeJS.ErrnoException).code === "EPERM"
+  }
+}
+
+/** Directories of node agents that were killed before they could remove them (their pid is gone). */
+const removeAbandonedRunDirs = () => {
+  for (const name of readdirSync(tmpdir())) {
+    const pid = Number(/^cornserve-node-(\d+)-/.exec(name)?.[1])
+    if (Number.isSafeInteger(pid) && pid > 0 && !isRunning(pid)) rmSync(join(tmpdir(), name), { recursive: true, force: true })
+  }
+}
 
 const sidecarReadyPattern = /cornserve sidecar: ready (\{.*\})/
 const executorReadyPattern = /executor: serving at (http:\/\/\S+)[\s\S]*executor: ready/
@@ -32,11 +51,15 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
     const log = (message: string) => Runtime.runSync(runtime)(Effect.logWarning(message))
     const devices = parseDevices(config.devices)
     const runDir = yield* Effect.acquireRelease(
-      Effect.sync(() => mkdtempSync(join(tmpdir(), "cornserve-node-"))),
+      Effect.sync(() => {
+        removeAbandonedRunDirs()
+        return mkdtempSync(join(tmpdir(), `${runDirPrefix}${process.pid}-`))
+      }),
       (dir) => Effect.sync(() => rmSync(dir, { recursive: true, force: true }))
     )
     const socketPath = join(runDir, "sidecar.sock")
     const executors = new Set<SupervisedProcess<string>>()
+    let executorCount = 0
     let sidecarRuns = 0
 
     const sidecar = yield* SupervisedProcess.start<SidecarReady>({
@@ -77,6 +100,9 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
             launch.devices.map((device) => device.id).join(","),
             "--sidecar-socket",
             socketPath,
+            // Inside the agent's own directory: gone with it even when the executor is killed.
+            "--run-dir",
+            join(runDir, `executor-${executorCount++}`),
             ...(launch.args ?? [])
           ],
           parseReady: (output) => executorReadyPattern.exec(output)?.[1],

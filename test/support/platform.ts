@@ -27,6 +27,7 @@ export const startPlatform = async (options: {
   readonly env?: Readonly<Record<string, string>>
   readonly stateDir?: string
 } = {}): Promise<RunningPlatform> => {
+  const ownStateDir = options.stateDir === undefined
   const stateDir = options.stateDir ?? (await makeStateDir())
   const child = spawn(process.execPath, [binPath, "serve", "--port", "0", "--state-dir", stateDir, ...(options.args ?? [])], {
     cwd: repoRoot,
@@ -44,6 +45,9 @@ export const startPlatform = async (options: {
     child.stdout!.on("data", onData)
     child.stderr!.on("data", onData)
     child.once("exit", (code) => reject(new Error(`cornserve serve exited with ${code} before listening:\n${output}`)))
+  }).catch(async (error: unknown) => {
+    if (ownStateDir) await rm(stateDir, { recursive: true, force: true })
+    throw error
   })
   return {
     url,

@@ -9,7 +9,7 @@ import { join } from "node:path"
 import { Effect } from "effect"
 import { configEnvName, decodeConfig, type ExecutorConfig } from "./ExecutorConfig.js"
 
-export type ExecutorOptions = Omit<ExecutorConfig, "modelDir" | "runDir">
+export type ExecutorOptions = Omit<ExecutorConfig, "modelDir" | "runDir"> & { readonly runDir?: string }
 
 const asError = (error: unknown) => (error instanceof Error ? error : new Error(String(error)))
 
@@ -20,7 +20,7 @@ export const runExecutor = (options: ExecutorOptions) =>
       try: () => resolveModel(options.model),
       catch: (error) => new Error(`model ${options.model}: ${asError(error).message}`)
     })
-    const config: ExecutorConfig = { ...options, modelDir, runDir: join(tmpdir(), `cornserve-executor-${process.pid}`) }
+    const config: ExecutorConfig = { ...options, modelDir, runDir: options.runDir ?? join(tmpdir(), `cornserve-executor-${process.pid}`) }
     const { runRouter } = yield* Effect.promise(() => import("./Router.js"))
     return yield* runRouter(config)
   }).pipe(Effect.scoped)
