@@ -1,6 +1,7 @@
 import { readFile } from "node:fs/promises"
 import { basename, extname } from "node:path"
 import { Effect, Schema } from "effect"
+import { responseLines } from "../control/ResponseLines.js"
 
 /** A failed command: its message is printed as is and the process exits non-zero. */
 export class CliFailure extends Schema.TaggedError<CliFailure>()("CliFailure", { message: Schema.String }) {}
@@ -44,21 +45,6 @@ const failureOf = (response: Response) =>
 
 const expectOk = (response: Response) => (response.ok ? Effect.succeed(response) : failureOf(response))
 
-/** Lines of a streamed body, as they arrive. */
-async function* bodyLines(response: Response): AsyncIterable<string> {
-  const decoder = new TextDecoder()
-  let pending = ""
-  for await (const bytes of response.body as unknown as AsyncIterable<Uint8Array>) {
-    pending += decoder.decode(bytes, { stream: true })
-    let newline: number
-    while ((newline = pending.indexOf("\n")) >= 0) {
-      yield pending.slice(0, newline)
-      pending = pending.slice(newline + 1)
-    }
-  }
-  pending += decoder.decode()
-  if (pending.length > 0) yield pending
-}
 
 const write = (text: string) => Effect.sync(() => process.stdout.write(text))
 const note = (text: string) => Effect.sync(() => process.stderr.write(`${text}\n`))
@@ -74,7 +60,7 @@ export const registerApp = (target: GatewayTarget, file: string, name: string | 
     let event = "message"
     let outcome: { ok: boolean; data: Record<string, any> } | undefined
     yield* Effect.promise(async () => {
-      for await (const line of bodyLines(response)) {
+      for await (const line of responseLines(response)) {
         if (line.startsWith("event: ")) event = line.slice("event: ".length)
         else if (line.startsWith("data: ")) {
           const data = JSON.parse(line.slice("data: ".length)) as Record<string, any>
@@ -176,7 +162,7 @@ export const invokeApp = (target: GatewayTarget, appId: string, data: string, ag
       return yield* write(`${JSON.stringify(JSON.parse(text), null, 2)}\n`)
     }
     const failure = yield* Effect.promise(async () => {
-      for await (const line of bodyLines(response)) {
+      for await (const line of responseLines(response)) {
         if (line.trim().length === 0) continue
         const parsed = JSON.parse(line) as Record<string, any>
         if (parsed.error !== undefined && Object.keys(parsed).length === 1) return `${parsed.error.message} (${parsed.error.code})`

@@ -8,6 +8,7 @@ import type { TaskInvocationWire } from "../../app-runtime/tasks/TaskGraph.js"
 import type { EmbeddingsRequest } from "../../executors/eric/api.js"
 import type { GenerateRequest } from "../../executors/geri/api.js"
 import type { ChatCompletionRequest, PromptEmbeddingsRequest } from "../../executors/llm/api.js"
+import { responseLines } from "../ResponseLines.js"
 
 /** An executor's answer that is not success; 503 means it could not take the request (retry elsewhere). */
 export class ExecutorCallFailed extends Error {
@@ -47,23 +48,10 @@ const post = async (url: string, body: unknown, signal: AbortSignal): Promise<Re
   throw new ExecutorCallFailed(message, response.status)
 }
 
-async function* lines(response: Response): AsyncIterable<string> {
-  const decoder = new TextDecoder()
-  let pending = ""
-  for await (const bytes of response.body as unknown as AsyncIterable<Uint8Array>) {
-    pending += decoder.decode(bytes, { stream: true })
-    let newline: number
-    while ((newline = pending.indexOf("\n")) >= 0) {
-      yield pending.slice(0, newline).replace(/\r$/, "")
-      pending = pending.slice(newline + 1)
-    }
-  }
-  if (pending.length > 0) yield pending
-}
 
 /** The JSON of each `data:` event of a Server-Sent Events answer, until `data: [DONE]`. */
 async function* serverSentEvents(response: Response): AsyncIterable<unknown> {
-  for await (const line of lines(response)) {
+  for await (const line of responseLines(response)) {
     if (!line.startsWith("data:")) continue
     const data = line.slice("data:".length).trim()
     if (data === "[DONE]") return
@@ -142,7 +130,7 @@ const generateImage = async (url: string, invocation: TaskInvocationWire, contex
 }
 
 async function* audioChunks(response: Response): AsyncIterable<unknown> {
-  for await (const line of lines(response)) {
+  for await (const line of responseLines(response)) {
     if (line.trim().length === 0) continue
     const parsed = JSON.parse(line) as { audio?: string; sampleRate?: number; done?: boolean; error?: { message?: string } }
     if (parsed.error !== undefined) throw new ExecutorCallFailed(parsed.error.message ?? "the stream failed", 500)
