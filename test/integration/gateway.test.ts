@@ -212,6 +212,15 @@ describe("cornserve serve: apps registered at run time and invoked over HTTP", (
       expect(cli.stderr).toContain('no app named "nobody"')
     })
 
+    it("answers 400 for an app id that is not valid percent-encoding, and keeps serving", async () => {
+      for (const path of ["/app/invoke/%E0%A4%A", "/app/%E0%A4%A/v1/chat/completions"]) {
+        const response = await fetch(`${platform.url}${path}`, { method: "POST", body: "{}" })
+        expect(response.status).toBe(400)
+        expect((await errorOf(response)).code).toBe("BadRequest")
+      }
+      expect((await fetch(`${platform.url}/health`)).status).toBe(200)
+    })
+
     it("answers 409 for a taken name", async () => {
       const source = await readFile(example("hello"), "utf8")
       const result = await registerRaw(platform.url, { name: "hello", source }, token)

@@ -215,9 +215,9 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       })
       if (request.method === "POST") {
         const path = request.url!.split("?", 1)[0]!
-        if (path.startsWith(invokePrefix)) return invokeRoute(request, response, decodeURIComponent(path.slice(invokePrefix.length)), "native")
+        if (path.startsWith(invokePrefix)) return invokeRoute(request, response, path.slice(invokePrefix.length), "native")
         const chat = chatCompletionsPattern.exec(path)
-        if (chat !== null) return invokeRoute(request, response, decodeURIComponent(chat[1]!), "chat")
+        if (chat !== null) return invokeRoute(request, response, chat[1]!, "chat")
       }
       effectRoutes(request, response)
     })

@@ -138,6 +138,15 @@ const sendError = (response: ServerResponse, error: GatewayError) => {
   response.writeHead(status, headers).end(body)
 }
 
+/** A percent-encoded path segment, decoded; `undefined` when its encoding is malformed. */
+const decodePathSegment = (segment: string): string | undefined => {
+  try {
+    return decodeURIComponent(segment)
+  } catch {
+    return undefined
+  }
+}
+
 export interface InvokeRouteOptions {
   readonly lookup: (appId: string) => AppDriver | GatewayError
   readonly draining: () => boolean
@@ -150,8 +159,13 @@ export interface InvokeRouteOptions {
  * body in, app driver, JSON or NDJSON out. Errors are the same tagged errors, mapped to statuses in
  * the same place as every other route's.
  */
-export const makeInvokeRoute = (options: InvokeRouteOptions) => (request: IncomingMessage, response: ServerResponse, appId: string, api: "native" | "chat") => {
+export const makeInvokeRoute = (options: InvokeRouteOptions) => (request: IncomingMessage, response: ServerResponse, encodedAppId: string, api: "native" | "chat") => {
   if (options.draining()) return sendError(response, new ShuttingDown())
+  const appId = decodePathSegment(encodedAppId)
+  if (appId === undefined) {
+    request.resume()
+    return sendError(response, new BadRequest({ message: "the app id in the path is not valid percent-encoding" }))
+  }
   const driver = options.lookup(appId)
   if (!("invoke" in driver)) {
     request.resume()
