@@ -47,7 +47,12 @@ const expectOk = (response: Response) => (response.ok ? Effect.succeed(response)
 
 
 const write = (text: string) => Effect.sync(() => process.stdout.write(text))
-const note = (text: string) => Effect.sync(() => process.stderr.write(`${text}\n`))
+
+/** The data of one Server-Sent Event of a registration. */
+interface RegistrationEvent {
+  readonly message?: string
+  readonly error?: { readonly code?: string; readonly message?: string }
+}
 
 export const registerApp = (target: GatewayTarget, file: string, name: string | undefined, replace: boolean) =>
   Effect.gen(function* () {
@@ -58,12 +63,12 @@ export const registerApp = (target: GatewayTarget, file: string, name: string | 
     const appName = name ?? basename(file, extname(file))
     const response = yield* Effect.flatMap(request(target, "POST", "app/register", { source, name: appName, replace }), expectOk)
     let event = "message"
-    let outcome: { ok: boolean; data: Record<string, any> } | undefined
+    let outcome: { ok: boolean; data: RegistrationEvent } | undefined
     yield* Effect.promise(async () => {
       for await (const line of responseLines(response)) {
         if (line.startsWith("event: ")) event = line.slice("event: ".length)
         else if (line.startsWith("data: ")) {
-          const data = JSON.parse(line.slice("data: ".length)) as Record<string, any>
+          const data = JSON.parse(line.slice("data: ".length)) as RegistrationEvent
           if (event === "progress") process.stderr.write(`  ${data.message}\n`)
           else if (event === "final") outcome = { ok: true, data }
           else if (event === "error") outcome = { ok: false, data }
@@ -87,7 +92,7 @@ export const unregisterApp = (target: GatewayTarget, appId: string) =>
 const table = (header: ReadonlyArray<string>, rows: ReadonlyArray<ReadonlyArray<string>>): string => {
   const widths = header.map((title, column) => Math.max(title.length, ...rows.map((row) => row[column]!.length)))
   const format = (row: ReadonlyArray<string>) => row.map((cell, column) => cell.padEnd(widths[column]!)).join("  ").trimEnd()
-  return [format(header), ...rows.map(format)].join("\n") + "\n"
+  return `${[format(header), ...rows.map(format)].join("\n")}\n`
 }
 
 export const listApps = (target: GatewayTarget) =>
@@ -164,7 +169,7 @@ export const invokeApp = (target: GatewayTarget, appId: string, data: string, ag
     const failure = yield* Effect.promise(async () => {
       for await (const line of responseLines(response)) {
         if (line.trim().length === 0) continue
-        const parsed = JSON.parse(line) as Record<string, any>
+        const parsed = JSON.parse(line) as { error?: { code?: string; message?: string } }
         if (parsed.error !== undefined && Object.keys(parsed).length === 1) return `${parsed.error.message} (${parsed.error.code})`
         if (aggregate === undefined) process.stdout.write(`${line}\n`)
         else {

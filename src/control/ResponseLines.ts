@@ -4,8 +4,7 @@ export async function* responseLines(response: Response): AsyncIterable<string> 
   let pending = ""
   for await (const bytes of response.body as unknown as AsyncIterable<Uint8Array>) {
     pending += decoder.decode(bytes, { stream: true })
-    let newline: number
-    while ((newline = pending.indexOf("\n")) >= 0) {
+    for (let newline = pending.indexOf("\n"); newline >= 0; newline = pending.indexOf("\n")) {
       yield pending.slice(0, newline).replace(/\r$/, "")
       pending = pending.slice(newline + 1)
     }

@@ -3,7 +3,6 @@ import { Arena } from "./Arena.js"
 import { InvalidRequest, SidecarUnavailable } from "./errors.js"
 import {
   type ClientReply,
-  ClientFrame,
   type ClientRequest,
   decodeMessage,
   encodeFrame,

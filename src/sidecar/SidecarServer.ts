@@ -13,7 +13,7 @@ import {
   encodeFrame,
   FrameReader,
   payloadBytes,
-  ServerFrame,
+  type ServerFrame,
   type SidecarStats,
   unpackBody
 } from "./protocol.js"

@@ -70,9 +70,9 @@ export class Tensor<D extends DType = DType> {
     readonly data: ArrayTypes[D]
   ) {
     checkShape(shape)
-    const constructor = arrayConstructors[dtype]
-    if (constructor === undefined) throw new TypeError(`unknown dtype "${String(dtype)}"; use one of ${dtypes.join(", ")}`)
-    if (!(data instanceof constructor)) throw new TypeError(`a ${dtype} tensor holds a ${constructor.name}, got ${data.constructor.name}`)
+    const arrayType = arrayConstructors[dtype]
+    if (arrayType === undefined) throw new TypeError(`unknown dtype "${String(dtype)}"; use one of ${dtypes.join(", ")}`)
+    if (!(data instanceof arrayType)) throw new TypeError(`a ${dtype} tensor holds a ${arrayType.name}, got ${data.constructor.name}`)
     const count = elementCount(shape)
     if (data.length !== count) throw new RangeError(`shape [${shape.join(", ")}] has ${count} elements, the data ${data.length}`)
     this.shape = Object.freeze([...shape])

@@ -2,7 +2,7 @@ import type { SidecarStats } from "../../sidecar/protocol.js"
 import type { AppSummary } from "../app-manager/AppManager.js"
 import type { TaskSummary } from "../resource-manager/ResourceManager.js"
 
-const escape = (value: string) => value.replaceAll("\\", "\\\\").replaceAll('"', '\\"').replaceAll("\n", "\\n")
+const escapeLabel = (value: string) => value.replaceAll("\\", "\\\\").replaceAll('"', '\\"').replaceAll("\n", "\\n")
 
 /** One metric in the Prometheus text format: its help, its type, and a sample per label set. */
 const metric = (name: string, type: "gauge" | "counter", help: string, samples: ReadonlyArray<readonly [Readonly<Record<string, string>>, number]>) =>
@@ -10,7 +10,7 @@ const metric = (name: string, type: "gauge" | "counter", help: string, samples: 
     `# HELP ${name} ${help}`,
     `# TYPE ${name} ${type}`,
     ...samples.map(([labels, value]) => {
-      const rendered = Object.entries(labels).map(([key, label]) => `${key}="${escape(label)}"`)
+      const rendered = Object.entries(labels).map(([key, label]) => `${key}="${escapeLabel(label)}"`)
       return `${name}${rendered.length > 0 ? `{${rendered.join(",")}}` : ""} ${value}`
     })
   ].join("\n")

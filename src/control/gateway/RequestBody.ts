@@ -12,7 +12,8 @@ export const readRequestBody = (
 ): void => {
   if (Number(request.headers["content-length"] ?? 0) > limitBytes) {
     request.resume()
-    return done(new PayloadTooLarge({ limitBytes }))
+    done(new PayloadTooLarge({ limitBytes }))
+    return
   }
   const chunks: Array<Buffer> = []
   let size = 0

@@ -4,7 +4,7 @@
  * reaches the engine, so requests batched with it are not affected.
  */
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
-import { Effect, Schema } from "effect"
+import { Effect, } from "effect"
 import { decodeAudioProcessorConfig } from "../../models/AudioProcessor.js"
 import { decodeImageProcessorConfig } from "../../models/ImageProcessor.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"

@@ -6,7 +6,7 @@
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
 import { Effect, Stream } from "effect"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
-import { SidecarClient } from "../../sidecar/SidecarClient.js"
+import { type Payload, SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import { EngineFailure } from "../common/EngineClient.js"
 import { errorJson, type RouterKind } from "../common/Router.js"
@@ -57,7 +57,7 @@ export const routerKind: RouterKind = {
         let hidden = 0
         for (const id of ids) {
           for (let chunk = 0; ; chunk++) {
-            let payload
+            let payload: Payload | undefined
             try {
               payload = await sidecar.recv(id, chunk, { timeoutMs: config.embeddingWaitMs })
             } catch (error) {

@@ -6,7 +6,7 @@
 import { decodeAudioProcessorConfig } from "../../models/AudioProcessor.js"
 import { decodeImageProcessorConfig } from "../../models/ImageProcessor.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
-import type { SidecarClient } from "../../sidecar/SidecarClient.js"
+import type { Payload, SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import type { ExecutorConfig } from "../common/ExecutorConfig.js"
 import type { ThreadPool } from "../common/ThreadPool.js"
@@ -76,7 +76,7 @@ export const makeMediaInputs = (options: {
   const receive = async (client: SidecarClient, ref: EmbeddingRef): Promise<ResolvedMedia> => {
     const parts: Array<Float32Array> = []
     for (let chunk = 0; ; chunk++) {
-      let payload
+      let payload: Payload | undefined
       try {
         payload = await client.recv(ref.id, chunk, { timeoutMs: config.embeddingWaitMs })
       } catch (error) {

@@ -1,5 +1,5 @@
 import type { NamedColor } from "../../../src/models/recipes/ColorChannels.js"
-import { Random } from "../../../src/models/Random.js"
+import type { Random } from "../../../src/models/Random.js"
 import type { RgbImage } from "../../../src/models/ImageProcessor.js"
 
 /** Generated test inputs: images with a known dominant colour, tones with a known pitch. */
