@@ -46,10 +46,17 @@ const closedLoop = async (clients: number, ms: number, work: (client: number) =>
 }
 
 /** One request at a time, alternating between the two ways, so that both see the same machine. */
-const alternatingLatencies = async (count: number, first: (index: number) => Promise<void>, second: (index: number) => Promise<void>) => {
+const alternatingLatencies = async (
+  count: number,
+  first: (index: number) => Promise<void>,
+  second: (index: number) => Promise<void>
+) => {
   const latencies = { first: [] as Array<number>, second: [] as Array<number> }
   for (let index = 0; index < count; index++) {
-    for (const [work, into] of [[first, latencies.first], [second, latencies.second]] as const) {
+    for (const [work, into] of [
+      [first, latencies.first],
+      [second, latencies.second]
+    ] as const) {
       const started = performance.now()
       await work(index)
       into.push(performance.now() - started)
@@ -64,12 +71,23 @@ export default async function ericBench(): Promise<void> {
   const config = decodeImageProcessorConfig(directory.preprocessorConfig)
   const { height, width } = config.size
   const images = await Promise.all(
-    Array.from({ length: 8 }, () => sharp(randomBytes(width * height * 3), { raw: { width, height, channels: 3 } }).png().toBuffer())
+    Array.from({ length: 8 }, () =>
+      sharp(randomBytes(width * height * 3), { raw: { width, height, channels: 3 } })
+        .png()
+        .toBuffer()
+    )
   )
   const urls = images.map((image) => `data:image/png;base64,${image.toString("base64")}`)
 
   const sessions = await Promise.all(
-    [0, 1].map(() => ort.InferenceSession.create(onnxPath(directory, "vision_encoder"), { executionProviders: ["cpu"], intraOpNumThreads: 1, interOpNumThreads: 1, graphOptimizationLevel: "all" }))
+    [0, 1].map(() =>
+      ort.InferenceSession.create(onnxPath(directory, "vision_encoder"), {
+        executionProviders: ["cpu"],
+        intraOpNumThreads: 1,
+        interOpNumThreads: 1,
+        graphOptimizationLevel: "all"
+      })
+    )
   )
   const direct = async (session: ort.InferenceSession, index: number) => {
     const values = await pixelValues(config, await decodeImage(images[index % images.length]!, width, height))
@@ -77,7 +95,20 @@ export default async function ericBench(): Promise<void> {
   }
 
   const sidecar = await startSidecar("bench-eric", {})
-  const eric = await startExecutor(["--kind", "eric", "--model", model, "--devices", "cpu:0,cpu:1", "--threads-per-device", "1", "--max-batch-size", "4", "--sidecar-socket", sidecar.socket])
+  const eric = await startExecutor([
+    "--kind",
+    "eric",
+    "--model",
+    model,
+    "--devices",
+    "cpu:0,cpu:1",
+    "--threads-per-device",
+    "1",
+    "--max-batch-size",
+    "4",
+    "--sidecar-socket",
+    sidecar.socket
+  ])
   const receiver = await SidecarClient.connect(sidecar.socket)
   let next = 0
   const throughEric = async (index: number) => {
@@ -103,11 +134,14 @@ export default async function ericBench(): Promise<void> {
     const ericLatency = latencies.second
 
     // Alternating rounds, so that noise from the rest of the machine falls on both alike.
-    process.stderr.write(`saturation: ${concurrency} clients, ${rounds} alternating rounds of ${seconds / rounds} s each\n`)
+    process.stderr.write(
+      `saturation: ${concurrency} clients, ${rounds} alternating rounds of ${seconds / rounds} s each\n`
+    )
     let directThroughput = 0
     let ericThroughput = 0
     for (let round = 0; round < rounds; round++) {
-      directThroughput += (await closedLoop(2, (seconds * 1000) / rounds, (client) => direct(sessions[client]!, client))) / rounds
+      directThroughput +=
+        (await closedLoop(2, (seconds * 1000) / rounds, (client) => direct(sessions[client]!, client))) / rounds
       ericThroughput += (await closedLoop(concurrency, (seconds * 1000) / rounds, throughEric)) / rounds
     }
 
@@ -130,8 +164,12 @@ export default async function ericBench(): Promise<void> {
     }
     console.log("eric bench: bench/vit-b16 on 2 CPU devices, 1 thread each")
     console.log("phase        direct          eric            ratio   target")
-    console.log(`low load     p50 ${String(result.lowLoad.directP50Ms).padEnd(8)} ms p50 ${String(result.lowLoad.ericP50Ms).padEnd(8)} ms ${String(result.lowLoad.p50Ratio).padEnd(7)} ≤ 1.1`)
-    console.log(`saturation   ${String(result.saturation.directImagesPerSecond).padEnd(7)} img/s   ${String(result.saturation.ericImagesPerSecond).padEnd(7)} img/s   ${String(result.saturation.throughputRatio).padEnd(7)} ≥ 0.9`)
+    console.log(
+      `low load     p50 ${String(result.lowLoad.directP50Ms).padEnd(8)} ms p50 ${String(result.lowLoad.ericP50Ms).padEnd(8)} ms ${String(result.lowLoad.p50Ratio).padEnd(7)} ≤ 1.1`
+    )
+    console.log(
+      `saturation   ${String(result.saturation.directImagesPerSecond).padEnd(7)} img/s   ${String(result.saturation.ericImagesPerSecond).padEnd(7)} img/s   ${String(result.saturation.throughputRatio).padEnd(7)} ≥ 0.9`
+    )
     console.log(JSON.stringify(result))
   } finally {
     await receiver.close()

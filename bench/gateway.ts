@@ -82,7 +82,8 @@ function envRates(name: string, fallback: ReadonlyArray<number>): ReadonlyArray<
   const raw = process.env[name]
   if (raw === undefined || raw === "") return fallback
   const rates = raw.split(",").map(Number)
-  if (rates.some((rate) => !Number.isInteger(rate) || rate <= 0)) throw new Error(`${name} must list positive integers, got ${raw}`)
+  if (rates.some((rate) => !Number.isInteger(rate) || rate <= 0))
+    throw new Error(`${name} must list positive integers, got ${raw}`)
   return rates
 }
 
@@ -112,7 +113,8 @@ async function startServer(label: string, args: ReadonlyArray<string>): Promise<
   const stdout = createInterface({ input: child.stdout! })
   const url = await new Promise<URL>((resolve, reject) => {
     const timer = setTimeout(() => fail(`did not print its URL within ${START_TIMEOUT_MS} ms`), START_TIMEOUT_MS)
-    const onExit = (code: number | null, signal: NodeJS.Signals | null) => fail(`exited (${signal ?? code}) before serving`)
+    const onExit = (code: number | null, signal: NodeJS.Signals | null) =>
+      fail(`exited (${signal ?? code}) before serving`)
     function fail(why: string) {
       clearTimeout(timer)
       child.off("exit", onExit)
@@ -362,7 +364,17 @@ export default async function gatewayBench(): Promise<void> {
   try {
     bareScript = await bundleBareServer()
     const [cornserve, bare] = await Promise.all([
-      startServer("cornserve", ["bin/cornserve", "serve", "--host", "127.0.0.1", "--port", "0", "--state-dir", stateDir, "--examples"]),
+      startServer("cornserve", [
+        "bin/cornserve",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--state-dir",
+        stateDir,
+        "--examples"
+      ]),
       startServer("bare server", [bareScript])
     ])
     await waitForApp(cornserve.url, APP)

@@ -51,7 +51,9 @@ interface Run {
 
 const median = (values: ReadonlyArray<number>) => {
   const sorted = [...values].sort((a, b) => a - b)
-  return sorted.length % 2 === 1 ? sorted[(sorted.length - 1) / 2]! : (sorted[sorted.length / 2 - 1]! + sorted[sorted.length / 2]!) / 2
+  return sorted.length % 2 === 1
+    ? sorted[(sorted.length - 1) / 2]!
+    : (sorted[sorted.length / 2 - 1]! + sorted[sorted.length / 2]!) / 2
 }
 const mean = (values: ReadonlyArray<number>) => values.reduce((sum, value) => sum + value, 0) / values.length
 const round = (value: number, digits = 2) => Number(value.toFixed(digits))
@@ -99,15 +101,25 @@ const streamed = async (url: string, prompt: string, origin: number): Promise<Ru
       if (chunk.usage) completionTokens = chunk.usage.completion_tokens
     }
   }
-  return { text, tokens: completionTokens, firstTokenMs: firstAt! - origin, decodeMs: endAt - firstAt!, endMs: endAt - origin }
+  return {
+    text,
+    tokens: completionTokens,
+    firstTokenMs: firstAt! - origin,
+    decodeMs: endAt - firstAt!,
+    endMs: endAt - origin
+  }
 }
 
 export default async function main(): Promise<void> {
-  console.error(`llm bench: ${model} (building it on first use), ${tokens} tokens per request, ${threads} threads, ${rounds} rounds`)
+  console.error(
+    `llm bench: ${model} (building it on first use), ${tokens} tokens per request, ${threads} threads, ${rounds} rounds`
+  )
   const modelDir = await resolveModel(model)
   const directory = await loadModelDirectory(modelDir)
   const tokenizer = new ChatTokenizer(directory)
-  const promptIds = prompts.map((prompt) => tokenizer.encode(tokenizer.applyChatTemplate([{ role: "user", content: prompt }])))
+  const promptIds = prompts.map((prompt) =>
+    tokenizer.encode(tokenizer.applyChatTemplate([{ role: "user", content: prompt }]))
+  )
   const direct = await DirectGenerator.open(directory, threads)
   const executor = await startExecutor([
     "--kind",
@@ -124,7 +136,8 @@ export default async function main(): Promise<void> {
   const stopExecutor = () => void executor.process.kill("SIGTERM")
   process.once("SIGINT", stopExecutor)
   try {
-    const decodeRate = (run: { readonly tokens: number; readonly decodeMs: number }) => (run.tokens - 1) / (run.decodeMs / 1000)
+    const decodeRate = (run: { readonly tokens: number; readonly decodeMs: number }) =>
+      (run.tokens - 1) / (run.decodeMs / 1000)
     const samples = {
       directSingle: { rate: [] as Array<number>, ttft: [] as Array<number> },
       apiSingle: { rate: [] as Array<number>, ttft: [] as Array<number> },
@@ -151,7 +164,10 @@ export default async function main(): Promise<void> {
           return { tokens: run.tokens.length, firstTokenMs: run.firstTokenMs, decodeMs: run.decodeMs }
         }
         const runApi = () => streamed(executor.url, prompts[which]!, performance.now())
-        const [directRun, apiRun] = pair % 2 === 0 ? [await runDirect(), await runApi()] : await runApi().then(async (api) => [await runDirect(), api] as const)
+        const [directRun, apiRun] =
+          pair % 2 === 0
+            ? [await runDirect(), await runApi()]
+            : await runApi().then(async (api) => [await runDirect(), api] as const)
         samples.directSingle.rate.push(decodeRate(directRun))
         samples.directSingle.ttft.push(directRun.firstTokenMs)
         samples.apiSingle.rate.push(decodeRate(apiRun))
@@ -175,10 +191,16 @@ export default async function main(): Promise<void> {
       const runConcurrent = async () => {
         const start = performance.now()
         const runs = await Promise.all(prompts.map((prompt) => streamed(executor.url, prompt, start)))
-        return { runs, rate: runs.reduce((sum, run) => sum + run.tokens, 0) / (Math.max(...runs.map((run) => run.endMs)) / 1000), ttft: mean(runs.map((run) => run.firstTokenMs)) }
+        return {
+          runs,
+          rate: runs.reduce((sum, run) => sum + run.tokens, 0) / (Math.max(...runs.map((run) => run.endMs)) / 1000),
+          ttft: mean(runs.map((run) => run.firstTokenMs))
+        }
       }
       const [sequential, concurrent] =
-        round % 2 === 0 ? [await runSequential(), await runConcurrent()] : await runConcurrent().then(async (api) => [await runSequential(), api] as const)
+        round % 2 === 0
+          ? [await runSequential(), await runConcurrent()]
+          : await runConcurrent().then(async (api) => [await runSequential(), api] as const)
       samples.directSequential.rate.push(sequential.rate)
       samples.directSequential.ttft.push(sequential.ttft)
       samples.apiConcurrent.rate.push(concurrent.rate)
@@ -194,7 +216,10 @@ export default async function main(): Promise<void> {
     }
 
     const figures = Object.fromEntries(
-      Object.entries(samples).map(([name, sample]) => [name, { tokensPerSecond: round(median(sample.rate), 1), ttftMs: round(median(sample.ttft), 1) }])
+      Object.entries(samples).map(([name, sample]) => [
+        name,
+        { tokensPerSecond: round(median(sample.rate), 1), ttftMs: round(median(sample.ttft), 1) }
+      ])
     ) as Record<keyof typeof samples, { readonly tokensPerSecond: number; readonly ttftMs: number }>
     const singleDecodeRatio = round(median(singleRatios), 3)
     const concurrentOverSequential = round(median(concurrentRatios), 3)
@@ -207,10 +232,18 @@ export default async function main(): Promise<void> {
     ] as const
     const table = [
       ["load", "path", "tokens/s", "kind", "TTFT ms (mean)"],
-      ...rows.map(([load, path, figure, kind]) => [load, path, String(figure.tokensPerSecond), kind, String(figure.ttftMs)])
+      ...rows.map(([load, path, figure, kind]) => [
+        load,
+        path,
+        String(figure.tokensPerSecond),
+        kind,
+        String(figure.ttftMs)
+      ])
     ]
     const widths = table[0]!.map((_, column) => Math.max(...table.map((row) => row[column]!.length)))
-    console.log(`llm bench: ${model}, ${tokens} tokens per request (greedy, streamed), ${threads} ORT threads, medians over ${rounds} rounds`)
+    console.log(
+      `llm bench: ${model}, ${tokens} tokens per request (greedy, streamed), ${threads} ORT threads, medians over ${rounds} rounds`
+    )
     for (const row of table) console.log(row.map((cell, column) => cell.padEnd(widths[column]!)).join("  "))
     console.log(
       `1 request: API decode ${singleDecodeRatio} × direct (target ≥ ${targets.singleDecodeRatio}); ` +
@@ -228,7 +261,10 @@ export default async function main(): Promise<void> {
         singleDecodeRatio,
         concurrentOverSequential,
         outputMismatches: mismatches,
-        targetsMet: singleDecodeRatio >= targets.singleDecodeRatio && concurrentOverSequential > targets.concurrentOverSequential && mismatches === 0
+        targetsMet:
+          singleDecodeRatio >= targets.singleDecodeRatio &&
+          concurrentOverSequential > targets.concurrentOverSequential &&
+          mismatches === 0
       })
     )
   } finally {

@@ -20,7 +20,10 @@ const outDir = join(benchDir, ".out")
 /** Bench names: the top-level .ts files of bench/ (helpers live in subfolders). */
 async function listBenches() {
   const files = await readdir(benchDir)
-  return files.filter((file) => file.endsWith(".ts") && !file.endsWith(".d.ts")).map((file) => basename(file, ".ts")).sort()
+  return files
+    .filter((file) => file.endsWith(".ts") && !file.endsWith(".d.ts"))
+    .map((file) => basename(file, ".ts"))
+    .sort()
 }
 
 async function bundle(name) {

@@ -55,7 +55,11 @@ function envCount(name: string, fallback: number): number {
 }
 
 const round = (value: number, digits: number) => Number(value.toFixed(digits))
-const median = (values: ReadonlyArray<number>) => percentile([...values].sort((a, b) => a - b), 0.5)
+const median = (values: ReadonlyArray<number>) =>
+  percentile(
+    [...values].sort((a, b) => a - b),
+    0.5
+  )
 
 /** Nearest-rank percentile of sorted values. */
 function percentile(sorted: ReadonlyArray<number>, p: number): number {
@@ -171,7 +175,13 @@ async function inPlace(sender: SidecarClient, receiver: Peer, nodeId: string, by
  * has the last. `chunk` is copied into the arena per send; without it each chunk is a tensor
  * allocated in the arena (as a producer that writes its output there), which isolates the transport.
  */
-async function crossNode(sender: SidecarClient, receiver: Peer, nodeId: string, id: string, chunk: Tensor | undefined): Promise<number> {
+async function crossNode(
+  sender: SidecarClient,
+  receiver: Peer,
+  nodeId: string,
+  id: string,
+  chunk: Tensor | undefined
+): Promise<number> {
   receiver.send({ id, chunks: CROSS_CHUNKS })
   await receiver.receive()
   const started = now()
@@ -301,7 +311,13 @@ export default async function sidecarBench(): Promise<void> {
         String(result.ratio),
         `≥ ${TARGET.sameNodeRatio}`
       ]),
-      [`same node, written in place ${SIZES[0] / MiB} MiB`, "-", `p50 ${written.p50} ms, p99 ${written.p99} ms`, "-", "-"],
+      [
+        `same node, written in place ${SIZES[0] / MiB} MiB`,
+        "-",
+        `p50 ${written.p50} ms, p99 ${written.p99} ms`,
+        "-",
+        "-"
+      ],
       [
         `cross node ${CROSS_CHUNKS} × 64 MiB`,
         `raw TCP ${round(rawGBps, 2)} GB/s`,
@@ -309,7 +325,13 @@ export default async function sidecarBench(): Promise<void> {
         String(round(crossRatio, 3)),
         `≥ ${TARGET.crossNodeRatio}`
       ],
-      [`cross node, against TCP read via onread`, `raw TCP ${round(onreadGBps, 2)} GB/s`, `${round(crossGBps, 2)} GB/s`, String(round(crossGBps / onreadGBps, 3)), "-"],
+      [
+        `cross node, against TCP read via onread`,
+        `raw TCP ${round(onreadGBps, 2)} GB/s`,
+        `${round(crossGBps, 2)} GB/s`,
+        String(round(crossGBps / onreadGBps, 3)),
+        "-"
+      ],
       [
         `cross node, written in place`,
         `raw TCP ${round(onreadGBps, 2)} GB/s (onread)`,
@@ -335,7 +357,10 @@ export default async function sidecarBench(): Promise<void> {
           inPlaceRatioToOnread: round(crossInPlaceGBps / onreadGBps, 3)
         },
         target: TARGET,
-        meetsTarget: seven.ratio >= TARGET.sameNodeRatio && sixtyFour.ratio >= TARGET.sameNodeRatio && crossRatio >= TARGET.crossNodeRatio
+        meetsTarget:
+          seven.ratio >= TARGET.sameNodeRatio &&
+          sixtyFour.ratio >= TARGET.sameNodeRatio &&
+          crossRatio >= TARGET.crossNodeRatio
       })
     )
   } finally {

@@ -44,7 +44,8 @@ export class DirectGenerator {
   async generate(prompt: ReadonlyArray<number>, maxNewTokens: number): Promise<DirectRun> {
     const spec = this.model.decoder!
     const started = performance.now()
-    const int64 = (values: ReadonlyArray<number>, dims: ReadonlyArray<number>) => new ort.Tensor("int64", BigInt64Array.from(values, BigInt), dims)
+    const int64 = (values: ReadonlyArray<number>, dims: ReadonlyArray<number>) =>
+      new ort.Tensor("int64", BigInt64Array.from(values, BigInt), dims)
     let past: Record<string, ort.Tensor> = {}
     const empty = new ort.Tensor("float32", new Float32Array(0), [1, spec.keyValueHeads, 0, spec.headDim])
     for (let i = 0; i < spec.layers; i++) {
@@ -60,7 +61,10 @@ export class DirectGenerator {
       const outputs = await this.decoder.run({
         inputs_embeds: embeds,
         attention_mask: int64(new Array<number>(length + inputs.length).fill(1), [1, length + inputs.length]),
-        position_ids: int64(Array.from(inputs, (_, i) => length + i), [1, inputs.length]),
+        position_ids: int64(
+          Array.from(inputs, (_, i) => length + i),
+          [1, inputs.length]
+        ),
         ...past
       })
       const logits = outputs.logits!.data as Float32Array

@@ -64,7 +64,11 @@ if (role === "receiver") {
     const socket =
       mode === "data"
         ? net.connect(port, "127.0.0.1").on("data", (data: Buffer) => count(data.length))
-        : net.connect({ port, host: "127.0.0.1", onread: { buffer: () => large.subarray(bytes % large.length), callback: count } })
+        : net.connect({
+            port,
+            host: "127.0.0.1",
+            onread: { buffer: () => large.subarray(bytes % large.length), callback: count }
+          })
     socket.on("end", () => send({ bytes, doneAt: now() }))
   })
   send({ ready: true })

@@ -14,7 +14,9 @@ const require = createRequire(import.meta.url)
 
 /** The ES module URL of a package import (module loaders without import.meta.resolve fall back to require's). */
 const resolveModule = (specifier: string): string =>
-  typeof import.meta.resolve === "function" ? import.meta.resolve(specifier) : pathToFileURL(require.resolve(specifier)).href
+  typeof import.meta.resolve === "function"
+    ? import.meta.resolve(specifier)
+    : pathToFileURL(require.resolve(specifier)).href
 
 const allowedModules = 'an app may import only "cornserve/app", "effect" and Node built-ins'
 

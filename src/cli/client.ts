@@ -36,7 +36,8 @@ const failureOf = (response: Response) =>
     let message = text
     try {
       const parsed = JSON.parse(text) as { error?: { code?: string; message?: string } }
-      if (parsed.error?.message !== undefined) message = `${parsed.error.message} (${parsed.error.code ?? response.status})`
+      if (parsed.error?.message !== undefined)
+        message = `${parsed.error.message} (${parsed.error.code ?? response.status})`
     } catch {
       // not JSON: the text itself is the message
     }
@@ -44,7 +45,6 @@ const failureOf = (response: Response) =>
   })
 
 const expectOk = (response: Response) => (response.ok ? Effect.succeed(response) : failureOf(response))
-
 
 const write = (text: string) => Effect.sync(() => process.stdout.write(text))
 
@@ -61,7 +61,10 @@ export const registerApp = (target: GatewayTarget, file: string, name: string | 
       catch: (error) => new CliFailure({ message: `cannot read ${file}: ${(error as Error).message}` })
     })
     const appName = name ?? basename(file, extname(file))
-    const response = yield* Effect.flatMap(request(target, "POST", "app/register", { source, name: appName, replace }), expectOk)
+    const response = yield* Effect.flatMap(
+      request(target, "POST", "app/register", { source, name: appName, replace }),
+      expectOk
+    )
     let event = "message"
     let outcome: { ok: boolean; data: RegistrationEvent } | undefined
     yield* Effect.promise(async () => {
@@ -75,23 +78,33 @@ export const registerApp = (target: GatewayTarget, file: string, name: string | 
         }
       }
     })
-    if (outcome === undefined) return yield* new CliFailure({ message: "the gateway closed the registration stream without an outcome" })
+    if (outcome === undefined)
+      return yield* new CliFailure({ message: "the gateway closed the registration stream without an outcome" })
     if (!outcome.ok) {
-      return yield* new CliFailure({ message: `registration of ${appName} failed: ${outcome.data.error?.message ?? "unknown error"}` })
+      return yield* new CliFailure({
+        message: `registration of ${appName} failed: ${outcome.data.error?.message ?? "unknown error"}`
+      })
     }
     yield* write(`${outcome.data.message}\n`)
   })
 
 export const unregisterApp = (target: GatewayTarget, appId: string) =>
   Effect.gen(function* () {
-    const response = yield* Effect.flatMap(request(target, "POST", `app/unregister/${encodeURIComponent(appId)}`), expectOk)
+    const response = yield* Effect.flatMap(
+      request(target, "POST", `app/unregister/${encodeURIComponent(appId)}`),
+      expectOk
+    )
     const body = JSON.parse(yield* readText(response)) as { message: string }
     yield* write(`${body.message}\n`)
   })
 
 const table = (header: ReadonlyArray<string>, rows: ReadonlyArray<ReadonlyArray<string>>): string => {
   const widths = header.map((title, column) => Math.max(title.length, ...rows.map((row) => row[column]!.length)))
-  const format = (row: ReadonlyArray<string>) => row.map((cell, column) => cell.padEnd(widths[column]!)).join("  ").trimEnd()
+  const format = (row: ReadonlyArray<string>) =>
+    row
+      .map((cell, column) => cell.padEnd(widths[column]!))
+      .join("  ")
+      .trimEnd()
   return `${[format(header), ...rows.map(format)].join("\n")}\n`
 }
 
@@ -119,13 +132,27 @@ export const listTasks = (target: GatewayTarget) =>
   Effect.gen(function* () {
     const response = yield* Effect.flatMap(request(target, "GET", "tasks/list"), expectOk)
     const { tasks } = JSON.parse(yield* readText(response)) as {
-      tasks: Array<{ id: string; name: string; kind: string; state: string; usedBy: Array<string>; devices: Array<string> }>
+      tasks: Array<{
+        id: string
+        name: string
+        kind: string
+        state: string
+        usedBy: Array<string>
+        devices: Array<string>
+      }>
     }
     if (tasks.length === 0) return yield* write("no tasks are deployed\n")
     yield* write(
       table(
         ["TASK", "NAME", "KIND", "STATE", "USED BY", "DEVICES"],
-        tasks.map((task) => [task.id, task.name, task.kind, task.state, task.usedBy.join(", "), task.devices.join(", ")])
+        tasks.map((task) => [
+          task.id,
+          task.name,
+          task.kind,
+          task.state,
+          task.usedBy.join(", "),
+          task.devices.join(", ")
+        ])
       )
     )
   })
@@ -156,12 +183,21 @@ const readData = (data: string) =>
 
 /** The value at a dot path such as `choices.0.delta.content` (numbers index arrays). */
 export const valueAt = (value: unknown, path: string): unknown =>
-  path.split(".").reduce<unknown>((current, key) => (typeof current === "object" && current !== null ? (current as Record<string, unknown>)[key] : undefined), value)
+  path
+    .split(".")
+    .reduce<unknown>(
+      (current, key) =>
+        typeof current === "object" && current !== null ? (current as Record<string, unknown>)[key] : undefined,
+      value
+    )
 
 export const invokeApp = (target: GatewayTarget, appId: string, data: string, aggregate: string | undefined) =>
   Effect.gen(function* () {
     const body = yield* readData(data)
-    const response = yield* Effect.flatMap(request(target, "POST", `app/invoke/${encodeURIComponent(appId)}`, body), expectOk)
+    const response = yield* Effect.flatMap(
+      request(target, "POST", `app/invoke/${encodeURIComponent(appId)}`, body),
+      expectOk
+    )
     if (!(response.headers.get("content-type") ?? "").includes("ndjson")) {
       const text = yield* readText(response)
       return yield* write(`${JSON.stringify(JSON.parse(text), null, 2)}\n`)
@@ -170,11 +206,13 @@ export const invokeApp = (target: GatewayTarget, appId: string, data: string, ag
       for await (const line of responseLines(response)) {
         if (line.trim().length === 0) continue
         const parsed = JSON.parse(line) as { error?: { code?: string; message?: string } }
-        if (parsed.error !== undefined && Object.keys(parsed).length === 1) return `${parsed.error.message} (${parsed.error.code})`
+        if (parsed.error !== undefined && Object.keys(parsed).length === 1)
+          return `${parsed.error.message} (${parsed.error.code})`
         if (aggregate === undefined) process.stdout.write(`${line}\n`)
         else {
           const piece = valueAt(parsed, aggregate)
-          if (piece !== undefined && piece !== null) process.stdout.write(typeof piece === "string" ? piece : JSON.stringify(piece))
+          if (piece !== undefined && piece !== null)
+            process.stdout.write(typeof piece === "string" ? piece : JSON.stringify(piece))
         }
       }
       if (aggregate !== undefined) process.stdout.write("\n")

@@ -24,7 +24,10 @@ const seconds = (name: string, fallback: number, description: string) =>
   Options.float(name).pipe(
     Options.withDescription(description),
     Options.withDefault(fallback),
-    Options.filterMap((value) => (value > 0 ? Option.some(value) : Option.none()), `--${name} must be a positive number of seconds`)
+    Options.filterMap(
+      (value) => (value > 0 ? Option.some(value) : Option.none()),
+      `--${name} must be a positive number of seconds`
+    )
   )
 
 const serveCommand = Command.make(
@@ -34,10 +37,18 @@ const serveCommand = Command.make(
       Options.withDescription("What this node runs: the whole platform (all), or one half of a multi-node platform."),
       Options.withDefault("all" as const)
     ),
-    host: Options.text("host").pipe(Options.withDescription("The address the gateway listens on."), Options.withDefault("127.0.0.1")),
-    port: Options.integer("port").pipe(Options.withDescription("The gateway's port (0 picks a free one)."), Options.withDefault(8000)),
+    host: Options.text("host").pipe(
+      Options.withDescription("The address the gateway listens on."),
+      Options.withDefault("127.0.0.1")
+    ),
+    port: Options.integer("port").pipe(
+      Options.withDescription("The gateway's port (0 picks a free one)."),
+      Options.withDefault(8000)
+    ),
     stateDir: Options.directory("state-dir").pipe(
-      Options.withDescription("Where registered apps are kept, so they come back after a restart (or CORNSERVE_STATE_DIR)."),
+      Options.withDescription(
+        "Where registered apps are kept, so they come back after a restart (or CORNSERVE_STATE_DIR)."
+      ),
       Options.withFallbackConfig(Config.string("CORNSERVE_STATE_DIR")),
       Options.withDefault(defaultStateDir)
     ),
@@ -45,14 +56,27 @@ const serveCommand = Command.make(
       Options.withDescription('Devices for task executors: "auto" or a list such as cpu:0,cpu:1.'),
       Options.withDefault("auto")
     ),
-    nodeId: Options.text("node-id").pipe(Options.withDescription("This node's name (its sidecar's too)."), Options.withDefault("local")),
+    nodeId: Options.text("node-id").pipe(
+      Options.withDescription("This node's name (its sidecar's too)."),
+      Options.withDefault("local")
+    ),
     sidecarArenaBytes: Options.integer("sidecar-arena-bytes").pipe(
       Options.withDescription("Shared memory for tensors moving between the node's executors."),
       Options.withDefault(256 * 1024 * 1024)
     ),
-    examples: Options.boolean("examples").pipe(Options.withDescription("Also register the example apps that ship with Cornserve.")),
-    requestTimeout: seconds("request-timeout", 300, "Seconds an app may take to start answering a request (504 after)."),
-    shutdownGrace: seconds("shutdown-grace", 10, "Seconds requests in flight get to finish on SIGINT/SIGTERM or unregister."),
+    examples: Options.boolean("examples").pipe(
+      Options.withDescription("Also register the example apps that ship with Cornserve.")
+    ),
+    requestTimeout: seconds(
+      "request-timeout",
+      300,
+      "Seconds an app may take to start answering a request (504 after)."
+    ),
+    shutdownGrace: seconds(
+      "shutdown-grace",
+      10,
+      "Seconds requests in flight get to finish on SIGINT/SIGTERM or unregister."
+    ),
     maxBodyBytes: Options.integer("max-body-bytes").pipe(
       Options.withDescription("The largest request body accepted (413 beyond)."),
       Options.withDefault(32 * 1024 * 1024)
@@ -60,23 +84,25 @@ const serveCommand = Command.make(
   },
   (options) =>
     // Loaded on demand: the client commands start faster without the whole control plane.
-    Effect.flatMap(Effect.promise(() => import("./serve.js")), ({ serve }) =>
-      serve({
-      role: options.role,
-      host: options.host,
-      port: options.port,
-      stateDir: options.stateDir,
-      devices: options.devices,
-      nodeId: options.nodeId,
-      sidecarArenaBytes: options.sidecarArenaBytes,
-      examples: options.examples,
-      adminToken: process.env.CORNSERVE_ADMIN_TOKEN || undefined,
-      maxBodyBytes: options.maxBodyBytes,
-      requestTimeoutMs: Math.round(options.requestTimeout * 1000),
-      appLoadTimeoutMs: 30_000,
-      shutdownGraceMs: Math.round(options.shutdownGrace * 1000),
-      unregisterGraceMs: Math.round(options.shutdownGrace * 1000)
-      })
+    Effect.flatMap(
+      Effect.promise(() => import("./serve.js")),
+      ({ serve }) =>
+        serve({
+          role: options.role,
+          host: options.host,
+          port: options.port,
+          stateDir: options.stateDir,
+          devices: options.devices,
+          nodeId: options.nodeId,
+          sidecarArenaBytes: options.sidecarArenaBytes,
+          examples: options.examples,
+          adminToken: process.env.CORNSERVE_ADMIN_TOKEN || undefined,
+          maxBodyBytes: options.maxBodyBytes,
+          requestTimeoutMs: Math.round(options.requestTimeout * 1000),
+          appLoadTimeoutMs: 30_000,
+          shutdownGraceMs: Math.round(options.shutdownGrace * 1000),
+          unregisterGraceMs: Math.round(options.shutdownGrace * 1000)
+        })
     )
 ).pipe(Command.withDescription("Run the platform on this machine: gateway, control plane and executors."))
 
@@ -84,8 +110,13 @@ const register = Command.make(
   "register",
   {
     file: Args.file({ name: "FILE", exists: "yes" }).pipe(Args.withDescription("The app's TypeScript file.")),
-    name: Options.text("name").pipe(Options.withDescription("The app's id (default: the file's stem)."), Options.optional),
-    replace: Options.boolean("replace").pipe(Options.withDescription("Swap in this version of an app already registered under the name.")),
+    name: Options.text("name").pipe(
+      Options.withDescription("The app's id (default: the file's stem)."),
+      Options.optional
+    ),
+    replace: Options.boolean("replace").pipe(
+      Options.withDescription("Swap in this version of an app already registered under the name.")
+    ),
     gateway: gatewayOption
   },
   ({ file, name, replace, gateway }) => registerApp(target(gateway), file, Option.getOrUndefined(name), replace)
@@ -107,7 +138,9 @@ const invoke = Command.make(
     appId: Args.text({ name: "ID" }),
     data: Options.text("data").pipe(Options.withDescription("The request: JSON, @file, or - for standard input.")),
     aggregate: Options.text("aggregate").pipe(
-      Options.withDescription("For streaming apps: print one field of every line, concatenated (a dot path, e.g. choices.0.delta.content)."),
+      Options.withDescription(
+        "For streaming apps: print one field of every line, concatenated (a dot path, e.g. choices.0.delta.content)."
+      ),
       Options.optional
     ),
     gateway: gatewayOption
@@ -132,97 +165,180 @@ const tasks = Command.make("tasks").pipe(
 const sidecarCommand = Command.make(
   "sidecar",
   {
-    nodeId: Options.text("node-id").pipe(Options.withDescription("This node's id, as its peers and executors name it.")),
+    nodeId: Options.text("node-id").pipe(
+      Options.withDescription("This node's id, as its peers and executors name it.")
+    ),
     socket: Options.text("socket").pipe(Options.withDescription("The Unix socket executors of this node connect to.")),
     arenaPath: Options.text("arena-path").pipe(
-      Options.withDescription("The shared-memory file (default /dev/shm/cornserve-arena-<node id>-<pid>); removed on exit."),
+      Options.withDescription(
+        "The shared-memory file (default /dev/shm/cornserve-arena-<node id>-<pid>); removed on exit."
+      ),
       Options.optional
     ),
-    arenaBytes: Options.integer("arena-bytes").pipe(Options.withDescription("The arena's size in bytes."), Options.withDefault(2 ** 30)),
-    peerHost: Options.text("peer-host").pipe(Options.withDescription("The address the peer port listens on."), Options.withDefault("127.0.0.1")),
-    peerPort: Options.integer("peer-port").pipe(Options.withDescription("The TCP port peer sidecars connect to (0 picks a free one)."), Options.withDefault(0)),
-    peers: Options.text("peers").pipe(Options.withDescription("Peer sidecars: node-id=host:port, comma-separated."), Options.withDefault("")),
+    arenaBytes: Options.integer("arena-bytes").pipe(
+      Options.withDescription("The arena's size in bytes."),
+      Options.withDefault(2 ** 30)
+    ),
+    peerHost: Options.text("peer-host").pipe(
+      Options.withDescription("The address the peer port listens on."),
+      Options.withDefault("127.0.0.1")
+    ),
+    peerPort: Options.integer("peer-port").pipe(
+      Options.withDescription("The TCP port peer sidecars connect to (0 picks a free one)."),
+      Options.withDefault(0)
+    ),
+    peers: Options.text("peers").pipe(
+      Options.withDescription("Peer sidecars: node-id=host:port, comma-separated."),
+      Options.withDefault("")
+    ),
     ttl: seconds("ttl", 300, "Seconds a received chunk may stay without being marked done before it is reclaimed."),
     peerTimeout: seconds("peer-timeout", 10, "Seconds a send waits for a peer sidecar to be connected.")
   },
   (options) =>
     // Loaded on demand, like serve: the sidecar process needs nothing of the control plane.
-    Effect.flatMap(Effect.promise(() => import("../sidecar/SidecarCommand.js")), ({ runSidecar }) =>
-      runSidecar({
-        nodeId: options.nodeId,
-        socketPath: options.socket,
-        ...Option.match(options.arenaPath, { onNone: () => ({}), onSome: (arenaPath) => ({ arenaPath }) }),
-        arenaBytes: options.arenaBytes,
-        peerHost: options.peerHost,
-        peerPort: options.peerPort,
-        peers: options.peers,
-        ttlMs: options.ttl * 1000,
-        peerTimeoutMs: options.peerTimeout * 1000
-      })
+    Effect.flatMap(
+      Effect.promise(() => import("../sidecar/SidecarCommand.js")),
+      ({ runSidecar }) =>
+        runSidecar({
+          nodeId: options.nodeId,
+          socketPath: options.socket,
+          ...Option.match(options.arenaPath, { onNone: () => ({}), onSome: (arenaPath) => ({ arenaPath }) }),
+          arenaBytes: options.arenaBytes,
+          peerHost: options.peerHost,
+          peerPort: options.peerPort,
+          peers: options.peers,
+          ttlMs: options.ttl * 1000,
+          peerTimeoutMs: options.peerTimeout * 1000
+        })
     )
 ).pipe(Command.withDescription("Run this node's tensor sidecar: the shared-memory arena and the peer port."))
 
 const executorCommand = Command.make(
   "executor",
   {
-    kind: Options.choice("kind", ["eric", "geri", "llm"]).pipe(Options.withDescription("Which executor: the encoder (eric), the generator (geri) or the LLM.")),
+    kind: Options.choice("kind", ["eric", "geri", "llm"]).pipe(
+      Options.withDescription("Which executor: the encoder (eric), the generator (geri) or the LLM.")
+    ),
     model: Options.text("model").pipe(Options.withDescription("A built-in model name or a model directory.")),
-    devices: Options.text("devices").pipe(Options.withDescription("Its devices, one worker each: cpu:0,cpu:1 or cuda:0."), Options.withDefault("cpu:0")),
-    threadsPerDevice: Options.integer("threads-per-device").pipe(Options.withDescription("ONNX Runtime threads of each CPU worker."), Options.withDefault(1)),
-    host: Options.text("host").pipe(Options.withDescription("The address its HTTP API listens on."), Options.withDefault("127.0.0.1")),
-    port: Options.integer("port").pipe(Options.withDescription("Its HTTP port (0 picks a free one)."), Options.withDefault(0)),
-    sidecarSocket: Options.text("sidecar-socket").pipe(Options.withDescription("The node's sidecar socket, for tensors to and from other executors."), Options.optional),
-    maxBatchSize: Options.integer("max-batch-size").pipe(Options.withDescription("Items in one batch."), Options.withDefault(8)),
-    maxBatchDelayMs: Options.float("max-batch-delay-ms").pipe(Options.withDescription("How long a small batch may wait to fill."), Options.withDefault(2)),
-    maxQueue: Options.integer("max-queue").pipe(Options.withDescription("Requests waiting or running; more are answered 503."), Options.withDefault(256)),
-    preprocessThreads: Options.integer("preprocess-threads").pipe(Options.withDescription("Threads that decode and preprocess media."), Options.withDefault(2)),
-    mediaRoot: Options.directory("media-root").pipe(Options.withDescription("file: media URLs may be read below this directory only."), Options.optional),
-    allowPrivateHosts: Options.boolean("allow-private-hosts").pipe(Options.withDescription("Fetch http(s) media from loopback and private addresses too.")),
-    maxMediaBytes: Options.integer("max-media-bytes").pipe(Options.withDescription("The largest media item accepted (413 beyond)."), Options.withDefault(32 * 1024 * 1024)),
-    batchSlotBytes: Options.integer("batch-slot-bytes").pipe(Options.withDescription("Shared memory for one batch between engine and workers."), Options.withDefault(64 * 1024 * 1024)),
-    embeddingWaitMs: Options.integer("embedding-wait-ms").pipe(Options.withDescription("How long to wait for an embedding from the sidecar (404 after)."), Options.withDefault(30_000)),
+    devices: Options.text("devices").pipe(
+      Options.withDescription("Its devices, one worker each: cpu:0,cpu:1 or cuda:0."),
+      Options.withDefault("cpu:0")
+    ),
+    threadsPerDevice: Options.integer("threads-per-device").pipe(
+      Options.withDescription("ONNX Runtime threads of each CPU worker."),
+      Options.withDefault(1)
+    ),
+    host: Options.text("host").pipe(
+      Options.withDescription("The address its HTTP API listens on."),
+      Options.withDefault("127.0.0.1")
+    ),
+    port: Options.integer("port").pipe(
+      Options.withDescription("Its HTTP port (0 picks a free one)."),
+      Options.withDefault(0)
+    ),
+    sidecarSocket: Options.text("sidecar-socket").pipe(
+      Options.withDescription("The node's sidecar socket, for tensors to and from other executors."),
+      Options.optional
+    ),
+    maxBatchSize: Options.integer("max-batch-size").pipe(
+      Options.withDescription("Items in one batch."),
+      Options.withDefault(8)
+    ),
+    maxBatchDelayMs: Options.float("max-batch-delay-ms").pipe(
+      Options.withDescription("How long a small batch may wait to fill."),
+      Options.withDefault(2)
+    ),
+    maxQueue: Options.integer("max-queue").pipe(
+      Options.withDescription("Requests waiting or running; more are answered 503."),
+      Options.withDefault(256)
+    ),
+    preprocessThreads: Options.integer("preprocess-threads").pipe(
+      Options.withDescription("Threads that decode and preprocess media."),
+      Options.withDefault(2)
+    ),
+    mediaRoot: Options.directory("media-root").pipe(
+      Options.withDescription("file: media URLs may be read below this directory only."),
+      Options.optional
+    ),
+    allowPrivateHosts: Options.boolean("allow-private-hosts").pipe(
+      Options.withDescription("Fetch http(s) media from loopback and private addresses too.")
+    ),
+    maxMediaBytes: Options.integer("max-media-bytes").pipe(
+      Options.withDescription("The largest media item accepted (413 beyond)."),
+      Options.withDefault(32 * 1024 * 1024)
+    ),
+    batchSlotBytes: Options.integer("batch-slot-bytes").pipe(
+      Options.withDescription("Shared memory for one batch between engine and workers."),
+      Options.withDefault(64 * 1024 * 1024)
+    ),
+    embeddingWaitMs: Options.integer("embedding-wait-ms").pipe(
+      Options.withDescription("How long to wait for an embedding from the sidecar (404 after)."),
+      Options.withDefault(30_000)
+    ),
     runDir: Options.text("run-dir").pipe(
-      Options.withDescription("A private directory for its sockets (default: a new one in the temporary directory); removed when it stops."),
+      Options.withDescription(
+        "A private directory for its sockets (default: a new one in the temporary directory); removed when it stops."
+      ),
       Options.optional
     ),
     kvCacheTokens: Options.integer("kv-cache-tokens").pipe(
-      Options.withDescription("LLM: the KV cache positions all requests may hold at once (default: max batch size × context length)."),
+      Options.withDescription(
+        "LLM: the KV cache positions all requests may hold at once (default: max batch size × context length)."
+      ),
       Options.optional
     )
   },
   (options) =>
-    Effect.flatMap(Effect.promise(() => import("../executors/common/ExecutorCommand.js")), ({ runExecutor }) =>
-      runExecutor({
-        kind: options.kind,
-        model: options.model,
-        devices: options.devices.split(",").map((device) => device.trim()).filter((device) => device.length > 0),
-        threadsPerDevice: options.threadsPerDevice,
-        host: options.host,
-        port: options.port,
-        maxBatchSize: options.maxBatchSize,
-        maxBatchDelayMs: options.maxBatchDelayMs,
-        maxQueuedRequests: options.maxQueue,
-        batchSlotBytes: options.batchSlotBytes,
-        preprocessThreads: options.preprocessThreads,
-        allowPrivateHosts: options.allowPrivateHosts,
-        maxMediaBytes: options.maxMediaBytes,
-        embeddingWaitMs: options.embeddingWaitMs,
-        ...Option.match(options.kvCacheTokens, { onNone: () => ({}), onSome: (kvCacheTokens) => ({ kvCacheTokens }) }),
-        ...Option.match(options.runDir, { onNone: () => ({}), onSome: (runDir) => ({ runDir }) }),
-        ...Option.match(options.sidecarSocket, { onNone: () => ({}), onSome: (sidecarSocket) => ({ sidecarSocket }) }),
-        ...Option.match(options.mediaRoot, { onNone: () => ({}), onSome: (mediaRoot) => ({ mediaRoot }) })
-      })
+    Effect.flatMap(
+      Effect.promise(() => import("../executors/common/ExecutorCommand.js")),
+      ({ runExecutor }) =>
+        runExecutor({
+          kind: options.kind,
+          model: options.model,
+          devices: options.devices
+            .split(",")
+            .map((device) => device.trim())
+            .filter((device) => device.length > 0),
+          threadsPerDevice: options.threadsPerDevice,
+          host: options.host,
+          port: options.port,
+          maxBatchSize: options.maxBatchSize,
+          maxBatchDelayMs: options.maxBatchDelayMs,
+          maxQueuedRequests: options.maxQueue,
+          batchSlotBytes: options.batchSlotBytes,
+          preprocessThreads: options.preprocessThreads,
+          allowPrivateHosts: options.allowPrivateHosts,
+          maxMediaBytes: options.maxMediaBytes,
+          embeddingWaitMs: options.embeddingWaitMs,
+          ...Option.match(options.kvCacheTokens, {
+            onNone: () => ({}),
+            onSome: (kvCacheTokens) => ({ kvCacheTokens })
+          }),
+          ...Option.match(options.runDir, { onNone: () => ({}), onSome: (runDir) => ({ runDir }) }),
+          ...Option.match(options.sidecarSocket, {
+            onNone: () => ({}),
+            onSome: (sidecarSocket) => ({ sidecarSocket })
+          }),
+          ...Option.match(options.mediaRoot, { onNone: () => ({}), onSome: (mediaRoot) => ({ mediaRoot }) })
+        })
     )
 ).pipe(Command.withDescription("Run a task executor: its router (HTTP), which starts its engine and workers."))
 
 const executorEngineCommand = Command.make("executor-engine", {}, () =>
-  Effect.flatMap(Effect.promise(() => import("../executors/common/ExecutorCommand.js")), ({ runExecutorEngine }) => runExecutorEngine())
+  Effect.flatMap(
+    Effect.promise(() => import("../executors/common/ExecutorCommand.js")),
+    ({ runExecutorEngine }) => runExecutorEngine()
+  )
 ).pipe(Command.withDescription("An executor's engine (started by its router)."))
 
 const executorWorkerCommand = Command.make(
   "executor-worker",
   { rank: Options.integer("rank").pipe(Options.withDescription("Which of the executor's devices it runs on.")) },
-  ({ rank }) => Effect.flatMap(Effect.promise(() => import("../executors/common/ExecutorCommand.js")), ({ runExecutorWorker }) => runExecutorWorker(rank))
+  ({ rank }) =>
+    Effect.flatMap(
+      Effect.promise(() => import("../executors/common/ExecutorCommand.js")),
+      ({ runExecutorWorker }) => runExecutorWorker(rank)
+    )
 ).pipe(Command.withDescription("An executor's worker on one device (started by its engine)."))
 
 const models = Command.make("models").pipe(
@@ -231,12 +347,25 @@ const models = Command.make("models").pipe(
     Command.make(
       "build",
       {
-        names: Args.text({ name: "NAME" }).pipe(Args.withDescription("Models to build (default: every built-in; bench/* presets only when named)."), Args.repeated),
-        dir: Options.directory("dir").pipe(Options.withDescription("Where to build (default: CORNSERVE_MODEL_DIR or ~/.cache/cornserve/models)."), Options.optional)
+        names: Args.text({ name: "NAME" }).pipe(
+          Args.withDescription("Models to build (default: every built-in; bench/* presets only when named)."),
+          Args.repeated
+        ),
+        dir: Options.directory("dir").pipe(
+          Options.withDescription("Where to build (default: CORNSERVE_MODEL_DIR or ~/.cache/cornserve/models)."),
+          Options.optional
+        )
       },
       ({ names, dir }) =>
-        Effect.flatMap(Effect.promise(() => import("./models.js")), ({ buildModels }) => buildModels(names, Option.getOrUndefined(dir)))
-    ).pipe(Command.withDescription("Build models into the model cache (or --dir); the same recipe always gives the same bytes."))
+        Effect.flatMap(
+          Effect.promise(() => import("./models.js")),
+          ({ buildModels }) => buildModels(names, Option.getOrUndefined(dir))
+        )
+    ).pipe(
+      Command.withDescription(
+        "Build models into the model cache (or --dir); the same recipe always gives the same bytes."
+      )
+    )
   ])
 )
 
@@ -257,7 +386,9 @@ export const main = (argv: ReadonlyArray<string>) =>
     Effect.catchAll((error) => {
       process.exitCode = 1
       if (ValidationError.isValidationError(error)) return Effect.void
-      return Console.error(`cornserve: ${error instanceof CliFailure ? error.message : (error as Error).message ?? String(error)}`)
+      return Console.error(
+        `cornserve: ${error instanceof CliFailure ? error.message : ((error as Error).message ?? String(error))}`
+      )
     }),
     Effect.provide(NodeContext.layer),
     NodeRuntime.runMain({ disableErrorReporting: true })

@@ -9,7 +9,8 @@ export const buildModels = (names: ReadonlyArray<string>, dir: string | undefine
       const started = performance.now()
       const path = yield* Effect.tryPromise({
         try: () => buildModel(name, dir ?? modelCacheDir()),
-        catch: (error) => new Error(`building ${name} failed: ${error instanceof Error ? error.message : String(error)}`)
+        catch: (error) =>
+          new Error(`building ${name} failed: ${error instanceof Error ? error.message : String(error)}`)
       })
       yield* Console.log(`built ${name} in ${((performance.now() - started) / 1000).toFixed(2)} s → ${path}`)
     }

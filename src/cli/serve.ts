@@ -49,10 +49,12 @@ const registerExamples = Effect.gen(function* () {
     const name = basename(file, ".ts")
     if (apps.has(name)) continue
     const source = yield* Effect.promise(() => readFile(join(examplesDir, file), "utf8"))
-    yield* apps.register(name, source, false, () => Effect.void).pipe(
-      Effect.tap(() => Effect.logInfo(`registered example ${name}`)),
-      Effect.catchAll((error) => Effect.logWarning(`example ${name} is not registered: ${error.message}`))
-    )
+    yield* apps
+      .register(name, source, false, () => Effect.void)
+      .pipe(
+        Effect.tap(() => Effect.logInfo(`registered example ${name}`)),
+        Effect.catchAll((error) => Effect.logWarning(`example ${name} is not registered: ${error.message}`))
+      )
   }
 })
 

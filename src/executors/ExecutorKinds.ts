@@ -36,7 +36,8 @@ const batchArgs = (task: UnitTaskSpec) => {
 export class ExecutorKinds extends Effect.Service<ExecutorKinds>()("cornserve/ExecutorKinds", {
   effect: Effect.gen(function* () {
     const agent = yield* NodeAgent
-    const onAgent = (executor: "eric" | "geri" | "llm", extraArgs: (task: UnitTaskSpec) => ReadonlyArray<string>) =>
+    const onAgent =
+      (executor: "eric" | "geri" | "llm", extraArgs: (task: UnitTaskSpec) => ReadonlyArray<string>) =>
       (kind: string): ExecutorKind => ({
         kind,
         devicesPerExecutor: () => 1,
@@ -51,9 +52,12 @@ export class ExecutorKinds extends Effect.Service<ExecutorKinds>()("cornserve/Ex
           )
       })
     const kinds = new Map<string, ExecutorKind>(
-      [onAgent("eric", batchArgs)("encoder"), onAgent("llm", () => [])("llm"), onAgent("geri", batchArgs)("image-generator"), onAgent("geri", batchArgs)("audio-generator")].map(
-        (kind) => [kind.kind, kind]
-      )
+      [
+        onAgent("eric", batchArgs)("encoder"),
+        onAgent("llm", () => [])("llm"),
+        onAgent("geri", batchArgs)("image-generator"),
+        onAgent("geri", batchArgs)("audio-generator")
+      ].map((kind) => [kind.kind, kind])
     )
     return { kinds }
   }),

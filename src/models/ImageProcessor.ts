@@ -33,13 +33,23 @@ export interface RgbImage {
 }
 
 /** PIL's resample codes (what preprocessor configs hold) as sharp kernels. */
-const kernels: Record<number, "nearest" | "lanczos3" | "linear" | "cubic"> = { 0: "nearest", 1: "lanczos3", 2: "linear", 3: "cubic" }
+const kernels: Record<number, "nearest" | "lanczos3" | "linear" | "cubic"> = {
+  0: "nearest",
+  1: "lanczos3",
+  2: "linear",
+  3: "cubic"
+}
 
 /** An encoded image (PNG, JPEG, WebP, ...) or raw RGB → pixel_values of one image, [3, height, width]. */
-export const pixelValues = async (config: ImageProcessorConfig, image: Uint8Array | RgbImage): Promise<Float32Array> => {
+export const pixelValues = async (
+  config: ImageProcessorConfig,
+  image: Uint8Array | RgbImage
+): Promise<Float32Array> => {
   const { height, width } = config.size
   const source =
-    image instanceof Uint8Array ? sharp(image) : sharp(image.data, { raw: { width: image.width, height: image.height, channels: 3 } })
+    image instanceof Uint8Array
+      ? sharp(image)
+      : sharp(image.data, { raw: { width: image.width, height: image.height, channels: 3 } })
   const rgb = await source
     .removeAlpha()
     .toColourspace("srgb")

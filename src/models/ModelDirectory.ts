@@ -113,14 +113,23 @@ export interface ModelDirectory {
 
 /** Decodes a config value, or says which fields are wrong and why. */
 export const decodeConfig = <A, I>(schema: Schema.Schema<A, I>, value: unknown): Either.Either<A, string> =>
-  Either.mapLeft(Schema.decodeUnknownEither(schema)(value, { errors: "all" }), (error) => ParseResult.TreeFormatter.formatErrorSync(error))
+  Either.mapLeft(Schema.decodeUnknownEither(schema)(value, { errors: "all" }), (error) =>
+    ParseResult.TreeFormatter.formatErrorSync(error)
+  )
 
 const decodeModelFile = <A, I>(schema: Schema.Schema<A, I>, value: unknown, path: string, what: string): A =>
-  Either.getOrThrowWith(decodeConfig(schema, value), (reason) => new InvalidModelDirectory({ path, reason: `${what}: ${reason}` }))
+  Either.getOrThrowWith(
+    decodeConfig(schema, value),
+    (reason) => new InvalidModelDirectory({ path, reason: `${what}: ${reason}` })
+  )
 
 const isMissing = (error: unknown) => (error as NodeJS.ErrnoException).code === "ENOENT"
 
-const readJsonObject = async (dir: string, file: string, required: boolean): Promise<Record<string, unknown> | undefined> => {
+const readJsonObject = async (
+  dir: string,
+  file: string,
+  required: boolean
+): Promise<Record<string, unknown> | undefined> => {
   let text: string
   try {
     text = await readFile(join(dir, file), "utf8")

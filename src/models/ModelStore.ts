@@ -26,7 +26,9 @@ export class UnknownModel extends Schema.TaggedError<UnknownModel>()("UnknownMod
 const builtinRecipes = [tinyColorVlm, tinyColorPainter, tinyColorTones]
 /** Random-weight presets at realistic sizes; hundreds of MB each, so built only when named. */
 const benchRecipes = [benchVitB16, benchDecoder125m]
-const recipes = new Map<string, ModelRecipe>([...builtinRecipes, ...benchRecipes].map((recipe) => [recipe.name, recipe]))
+const recipes = new Map<string, ModelRecipe>(
+  [...builtinRecipes, ...benchRecipes].map((recipe) => [recipe.name, recipe])
+)
 
 export const builtinModelNames: ReadonlyArray<string> = builtinRecipes.map((recipe) => recipe.name)
 export const benchModelNames: ReadonlyArray<string> = benchRecipes.map((recipe) => recipe.name)
@@ -47,7 +49,9 @@ const errorCode = (error: unknown) => (error as NodeJS.ErrnoException).code
 /** Whether `dir` holds a build of the recipe's current version. */
 const isCurrentBuild = async (dir: string, recipe: ModelRecipe): Promise<boolean> => {
   try {
-    const config = JSON.parse(await readFile(join(dir, "config.json"), "utf8")) as { cornserve?: { recipe?: string; version?: number } }
+    const config = JSON.parse(await readFile(join(dir, "config.json"), "utf8")) as {
+      cornserve?: { recipe?: string; version?: number }
+    }
     return config.cornserve?.recipe === recipe.name && config.cornserve.version === recipe.version
   } catch {
     return false

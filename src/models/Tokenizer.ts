@@ -27,7 +27,8 @@ export class ChatTokenizer {
     const { json, rawConfig, config } = model.tokenizer
     this.tokenizer = new Tokenizer(json, rawConfig)
     const chatTemplate = config.chat_template
-    const source = typeof chatTemplate === "string" ? chatTemplate : chatTemplate?.find((t) => t.name === "default")?.template
+    const source =
+      typeof chatTemplate === "string" ? chatTemplate : chatTemplate?.find((t) => t.name === "default")?.template
     this.template = source === undefined ? undefined : new Template(source)
     this.templateTokens = { bos_token: tokenText(config.bos_token), eos_token: tokenText(config.eos_token) }
   }
@@ -47,7 +48,10 @@ export class ChatTokenizer {
     return this.tokenizer.token_to_id(token)
   }
 
-  applyChatTemplate(messages: ReadonlyArray<ChatMessage>, options: { readonly addGenerationPrompt?: boolean } = {}): string {
+  applyChatTemplate(
+    messages: ReadonlyArray<ChatMessage>,
+    options: { readonly addGenerationPrompt?: boolean } = {}
+  ): string {
     if (this.template === undefined) throw new Error("this model's tokenizer_config.json has no chat_template")
     return this.template.render({
       messages,

@@ -79,7 +79,7 @@ export interface VisionTransformerWeights {
 }
 
 export const matrix = (rows: number, cols: number, data: Float32Array = new Float32Array(rows * cols)): Matrix => {
-  if (data.length !== rows * cols) throw new Error(`a ${rows}×${cols} matrix needs ${rows * cols} values, got ${data.length}`)
+  if (data.length !== rows * cols)
+    throw new Error(`a ${rows}×${cols} matrix needs ${rows * cols} values, got ${data.length}`)
   return { rows, cols, data }
 }
-

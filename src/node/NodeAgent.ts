@@ -23,7 +23,8 @@ const isRunning = (pid: number) => {
 const removeAbandonedRunDirs = () => {
   for (const name of readdirSync(tmpdir())) {
     const pid = Number(/^cornserve-node-(\d+)-/.exec(name)?.[1])
-    if (Number.isSafeInteger(pid) && pid > 0 && !isRunning(pid)) rmSync(join(tmpdir(), name), { recursive: true, force: true })
+    if (Number.isSafeInteger(pid) && pid > 0 && !isRunning(pid))
+      rmSync(join(tmpdir(), name), { recursive: true, force: true })
   }
 }
 
@@ -64,7 +65,16 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
 
     const sidecar = yield* SupervisedProcess.start<SidecarReady>({
       name: `sidecar of node ${config.nodeId}`,
-      args: ["internal", "sidecar", "--node-id", config.nodeId, "--socket", socketPath, "--arena-bytes", String(config.sidecarArenaBytes)],
+      args: [
+        "internal",
+        "sidecar",
+        "--node-id",
+        config.nodeId,
+        "--socket",
+        socketPath,
+        "--arena-bytes",
+        String(config.sidecarArenaBytes)
+      ],
       parseReady: (output) => {
         const match = sidecarReadyPattern.exec(output)
         return match === null ? undefined : (JSON.parse(match[1]!) as SidecarReady)

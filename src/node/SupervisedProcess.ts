@@ -113,7 +113,11 @@ export class SupervisedProcess<R> {
       let ready = false
       const timer = setTimeout(() => {
         child.kill("SIGKILL")
-        reject(new Error(`${this.options.name} was not ready within ${this.options.startTimeoutMs} ms:\n${this.output.slice(-2_000)}`))
+        reject(
+          new Error(
+            `${this.options.name} was not ready within ${this.options.startTimeoutMs} ms:\n${this.output.slice(-2_000)}`
+          )
+        )
       }, this.options.startTimeoutMs)
       const onData = (chunk: Buffer) => {
         this.output = (this.output + chunk.toString()).slice(-64_000)

@@ -19,7 +19,13 @@ type PeerChunk = Extract<typeof PeerData.Type, { _tag: "PeerChunk" }>
 type State =
   | { readonly kind: "frame" }
   | { readonly kind: "allocating"; readonly frame: PeerChunk }
-  | { readonly kind: "payload"; readonly frame: PeerChunk; readonly offset: number; readonly view: Buffer; received: number }
+  | {
+      readonly kind: "payload"
+      readonly frame: PeerChunk
+      readonly offset: number
+      readonly view: Buffer
+      received: number
+    }
   | { readonly kind: "discard"; readonly frame: PeerChunk; readonly error: unknown; remaining: number }
 
 export interface ChunkReceiverOptions {

@@ -3,7 +3,15 @@ import { Effect } from "effect"
 import type { Arena } from "./Arena.js"
 import { ChunkReceiver } from "./ChunkReceiver.js"
 import { PeerUnavailable, type SidecarError, UnknownNode } from "./errors.js"
-import { decodeBody, encodeError, encodeFrame, FrameReader, type PeerChunk, PeerReply, payloadBytes } from "./protocol.js"
+import {
+  decodeBody,
+  encodeError,
+  encodeFrame,
+  FrameReader,
+  type PeerChunk,
+  PeerReply,
+  payloadBytes
+} from "./protocol.js"
 import type { SidecarLog } from "./SidecarLog.js"
 import type { SlotPool } from "./SlotPool.js"
 import type { TransferTable } from "./TransferTable.js"
@@ -36,7 +44,10 @@ export const parseAddress = (text: string): PeerAddress => {
 /** "b=10.0.0.2:7100,c=10.0.0.3:7100" → node id → address. */
 export const parsePeers = (text: string): ReadonlyMap<string, PeerAddress> => {
   const peers = new Map<string, PeerAddress>()
-  for (const entry of text.split(",").map((part) => part.trim()).filter((part) => part !== "")) {
+  for (const entry of text
+    .split(",")
+    .map((part) => part.trim())
+    .filter((part) => part !== "")) {
     const separator = entry.indexOf("=")
     if (separator <= 0) throw new Error(`"${entry}" is not node-id=host:port`)
     peers.set(entry.slice(0, separator), parseAddress(entry.slice(separator + 1)))
@@ -173,7 +184,11 @@ export class PeerTransport {
   }
 
   get stats() {
-    return { chunksForwarded: this.chunksForwarded, bytesForwarded: this.bytesForwarded, peersConnected: this.links.size }
+    return {
+      chunksForwarded: this.chunksForwarded,
+      bytesForwarded: this.bytesForwarded,
+      peersConnected: this.links.size
+    }
   }
 
   /** A socket to close on stop. */
@@ -189,7 +204,8 @@ export class PeerTransport {
   private link(nodeId: string): Promise<OutboundLink> {
     const link = this.links.get(nodeId)
     if (link !== undefined) return Promise.resolve(link)
-    if (!this.peers.has(nodeId)) return Promise.reject(new UnknownNode({ nodeId, known: [this.options.nodeId, ...this.peers.keys()] }))
+    if (!this.peers.has(nodeId))
+      return Promise.reject(new UnknownNode({ nodeId, known: [this.options.nodeId, ...this.peers.keys()] }))
     const timeoutMs = this.options.linkTimeoutMs
     return new Promise((resolve, reject) => {
       const waiters = this.linkWaiters.get(nodeId) ?? new Set()
@@ -257,7 +273,10 @@ export class PeerTransport {
       this.links.delete(link.nodeId)
       this.options.log.info(`node "${link.nodeId}" disconnected`)
     }
-    const error = new PeerUnavailable({ nodeId: link.nodeId, reason: "the connection closed before it stored the chunk" })
+    const error = new PeerUnavailable({
+      nodeId: link.nodeId,
+      reason: "the connection closed before it stored the chunk"
+    })
     for (const pending of link.pending.values()) pending.reject(error)
     link.pending.clear()
   }
@@ -302,7 +321,11 @@ class Dialer {
       slots,
       table,
       reply: (seq, error) => {
-        socket.write(encodeFrame(error === undefined ? { _tag: "PeerAck", seq } : { _tag: "PeerNack", seq, error: encodeError(error) }))
+        socket.write(
+          encodeFrame(
+            error === undefined ? { _tag: "PeerAck", seq } : { _tag: "PeerNack", seq, error: encodeError(error) }
+          )
+        )
       },
       resume: () => socket.resume(),
       fail: drop
@@ -333,7 +356,10 @@ class Dialer {
     socket.once("close", () => {
       receiver.close()
       if (this.stopped) return
-      if (this.wasConnected) log.warn(`lost the connection to node "${this.nodeId}" at ${this.address.host}:${this.address.port}; redialling`)
+      if (this.wasConnected)
+        log.warn(
+          `lost the connection to node "${this.nodeId}" at ${this.address.host}:${this.address.port}; redialling`
+        )
       this.wasConnected = false
       this.timer = setTimeout(() => this.connect(), redialMs)
     })

@@ -156,7 +156,11 @@ export class SidecarClient {
    */
   async recv(id: string, chunk = 0, options: { readonly timeoutMs?: number } = {}): Promise<Payload | undefined> {
     const timeoutMs = options.timeoutMs ?? this.recvTimeoutMs
-    const reply = await this.request({ _tag: "Recv", id, chunk, timeoutMs }, ["Received", "StreamEnd"], timeoutMs + this.answerTimeoutMs)
+    const reply = await this.request(
+      { _tag: "Recv", id, chunk, timeoutMs },
+      ["Received", "StreamEnd"],
+      timeoutMs + this.answerTimeoutMs
+    )
     if (reply._tag === "StreamEnd") return undefined
     return this.materialize(reply.meta, reply.offset)
   }
@@ -170,12 +174,22 @@ export class SidecarClient {
    * Ends a stream sent with `stream: true`: its receivers get undefined past the last chunk. By
    * default the chunk count and destinations are those of the chunks this client sent.
    */
-  async closeStream(id: string, options: { readonly numChunks?: number; readonly to?: ReadonlyArray<string> } = {}): Promise<void> {
+  async closeStream(
+    id: string,
+    options: { readonly numChunks?: number; readonly to?: ReadonlyArray<string> } = {}
+  ): Promise<void> {
     const stream = this.streams.get(id)
     const numChunks = options.numChunks ?? stream?.numChunks ?? 0
     const to = options.to ?? [...(stream?.to ?? [])]
-    if (to.length === 0) throw new InvalidRequest({ reason: `closeStream("${id}") needs destinations: no chunk of it was sent with stream: true` })
-    await this.request({ _tag: "CloseStream", id, numChunks, to: to as [string, ...Array<string>] }, "Ok", this.answerTimeoutMs)
+    if (to.length === 0)
+      throw new InvalidRequest({
+        reason: `closeStream("${id}") needs destinations: no chunk of it was sent with stream: true`
+      })
+    await this.request(
+      { _tag: "CloseStream", id, numChunks, to: to as [string, ...Array<string>] },
+      "Ok",
+      this.answerTimeoutMs
+    )
     this.streams.delete(id)
   }
 
@@ -184,11 +198,19 @@ export class SidecarClient {
    * no bytes at all. Like Buffer.allocUnsafe it is not cleared (it holds what the slot last held):
    * the producer writes all of it. Until it is sent, `discard` gives it back.
    */
-  async allocate<D extends DType>(dtype: D, shape: ReadonlyArray<number>, options: { readonly timeoutMs?: number } = {}): Promise<Tensor<D>> {
+  async allocate<D extends DType>(
+    dtype: D,
+    shape: ReadonlyArray<number>,
+    options: { readonly timeoutMs?: number } = {}
+  ): Promise<Tensor<D>> {
     const bytes = tensorByteLength(dtype, shape)
     if (bytes === 0) return Tensor.zeros(dtype, shape)
     const timeoutMs = options.timeoutMs ?? this.allocTimeoutMs
-    const { offset } = await this.request({ _tag: "Allocate", bytes, timeoutMs }, "Allocated", timeoutMs + this.answerTimeoutMs)
+    const { offset } = await this.request(
+      { _tag: "Allocate", bytes, timeoutMs },
+      "Allocated",
+      timeoutMs + this.answerTimeoutMs
+    )
     this.allocations.set(offset, bytes)
     const view = this.mapped().view(offset, bytes)
     return Tensor.view(dtype, shape, view.buffer, view.byteOffset)
@@ -228,7 +250,11 @@ export class SidecarClient {
       this.allocations.delete(own)
       return own
     }
-    const { offset } = await this.request({ _tag: "Allocate", bytes: bytes.length, timeoutMs }, "Allocated", timeoutMs + this.answerTimeoutMs)
+    const { offset } = await this.request(
+      { _tag: "Allocate", bytes: bytes.length, timeoutMs },
+      "Allocated",
+      timeoutMs + this.answerTimeoutMs
+    )
     arena.view(offset, bytes.length).set(bytes)
     return offset
   }
@@ -274,7 +300,8 @@ export class SidecarClient {
       this.socket.write(frame)
     }).then((reply) => {
       const tags: ReadonlyArray<string> = typeof expected === "string" ? [expected] : expected
-      if (!tags.includes(reply._tag)) throw new InvalidRequest({ reason: `the sidecar answered ${request._tag} with ${reply._tag}` })
+      if (!tags.includes(reply._tag))
+        throw new InvalidRequest({ reason: `the sidecar answered ${request._tag} with ${reply._tag}` })
       return reply as Extract<ClientReply, { _tag: T }>
     })
   }
@@ -299,8 +326,12 @@ export class SidecarClient {
 }
 
 const describePayload = (data: Payload): { meta: PayloadMeta; bytes: Uint8Array | undefined } => {
-  if (typeof data === "string" || typeof data === "number") return { meta: { _tag: "Value", value: data }, bytes: undefined }
-  if (data instanceof Tensor) return { meta: { _tag: "Tensor", dtype: data.dtype, shape: data.shape }, bytes: data.bytes }
+  if (typeof data === "string" || typeof data === "number")
+    return { meta: { _tag: "Value", value: data }, bytes: undefined }
+  if (data instanceof Tensor)
+    return { meta: { _tag: "Tensor", dtype: data.dtype, shape: data.shape }, bytes: data.bytes }
   if (data instanceof Uint8Array) return { meta: { _tag: "Bytes", length: data.length }, bytes: data }
-  throw new InvalidRequest({ reason: `a sidecar sends tensors, bytes, strings and numbers, not ${Object.prototype.toString.call(data)}` })
+  throw new InvalidRequest({
+    reason: `a sidecar sends tensors, bytes, strings and numbers, not ${Object.prototype.toString.call(data)}`
+  })
 }

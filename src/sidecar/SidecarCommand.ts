@@ -16,7 +16,9 @@ import { TransferTable } from "./TransferTable.js"
  */
 
 export const SidecarOptions = Schema.Struct({
-  nodeId: Schema.String.pipe(Schema.pattern(/^[A-Za-z0-9._-]{1,64}$/, { message: () => "a node id is 1 to 64 letters, digits, '.', '_' or '-'" })),
+  nodeId: Schema.String.pipe(
+    Schema.pattern(/^[A-Za-z0-9._-]{1,64}$/, { message: () => "a node id is 1 to 64 letters, digits, '.', '_' or '-'" })
+  ),
   socketPath: Schema.String.pipe(Schema.minLength(1)),
   /** Default: /dev/shm/cornserve-arena-<node id>-<pid>. */
   arenaPath: Schema.optional(Schema.String.pipe(Schema.minLength(1))),
@@ -35,7 +37,9 @@ const maxSweepIntervalMs = 1000
 /** How often the sidecar checks that the process that started it is still there. */
 const parentCheckInterval = Duration.seconds(1)
 
-export class InvalidSidecarOptions extends Schema.TaggedError<InvalidSidecarOptions>()("InvalidSidecarOptions", { reason: Schema.String }) {
+export class InvalidSidecarOptions extends Schema.TaggedError<InvalidSidecarOptions>()("InvalidSidecarOptions", {
+  reason: Schema.String
+}) {
   override get message() {
     return `invalid sidecar options: ${this.reason}`
   }
@@ -46,7 +50,11 @@ const invalid = (reason: string) => new InvalidSidecarOptions({ reason })
 const decodeOptions = (input: SidecarOptions) =>
   Schema.decodeUnknown(SidecarOptions)(input).pipe(
     Effect.mapError((error) =>
-      invalid(ParseResult.ArrayFormatter.formatErrorSync(error).map((issue) => `${issue.path.join(".")}: ${issue.message}`).join("; "))
+      invalid(
+        ParseResult.ArrayFormatter.formatErrorSync(error)
+          .map((issue) => `${issue.path.join(".")}: ${issue.message}`)
+          .join("; ")
+      )
     )
   )
 
@@ -58,11 +66,17 @@ export const runSidecar = Effect.fn("Sidecar.run")(function* (input: SidecarOpti
 
 const serve = (options: SidecarOptions) =>
   Effect.gen(function* () {
-    const peers = yield* Effect.try({ try: () => parsePeers(options.peers), catch: (error) => invalid((error as Error).message) })
+    const peers = yield* Effect.try({
+      try: () => parsePeers(options.peers),
+      catch: (error) => invalid((error as Error).message)
+    })
     const log = yield* makeSidecarLog
     const arenaPath = options.arenaPath ?? join("/dev/shm", `${arenaFilePrefix}${options.nodeId}-${process.pid}`)
     const arena = yield* Arena.create(arenaPath, options.arenaBytes)
-    const slots = new SlotPool(options.nodeId, new SizeClassAllocator(arena.byteLength, { maxBlockBytes: arena.segmentBytes }))
+    const slots = new SlotPool(
+      options.nodeId,
+      new SizeClassAllocator(arena.byteLength, { maxBlockBytes: arena.segmentBytes })
+    )
     const table = new TransferTable(slots, options.ttlMs, log.warn)
     const transport = yield* PeerTransport.start({
       nodeId: options.nodeId,
@@ -75,13 +89,27 @@ const serve = (options: SidecarOptions) =>
       table,
       log
     })
-    yield* SidecarServer.listen({ nodeId: options.nodeId, socketPath: options.socketPath, arena, slots, table, peers: transport, log })
+    yield* SidecarServer.listen({
+      nodeId: options.nodeId,
+      socketPath: options.socketPath,
+      arena,
+      slots,
+      table,
+      peers: transport,
+      log
+    })
     yield* Effect.sync(() => table.sweep(Date.now())).pipe(
       Effect.repeat(Schedule.spaced(Duration.millis(Math.min(options.ttlMs / 2, maxSweepIntervalMs)))),
       Effect.forkScoped
     )
     yield* Console.log(
-      formatReadyLine({ nodeId: options.nodeId, socketPath: options.socketPath, peerPort: transport.port, arenaPath, arenaBytes: arena.byteLength })
+      formatReadyLine({
+        nodeId: options.nodeId,
+        socketPath: options.socketPath,
+        peerPort: transport.port,
+        arenaPath,
+        arenaBytes: arena.byteLength
+      })
     )
     yield* untilOrphaned(log)
   })
@@ -91,6 +119,8 @@ const untilOrphaned = (log: SidecarLog) => {
   const parent = process.ppid
   return Effect.sync(() => process.ppid).pipe(
     Effect.repeat({ schedule: Schedule.spaced(parentCheckInterval), until: (ppid) => ppid !== parent }),
-    Effect.tap(() => Effect.sync(() => log.warn(`the process that started this sidecar (pid ${parent}) is gone; stopping`)))
+    Effect.tap(() =>
+      Effect.sync(() => log.warn(`the process that started this sidecar (pid ${parent}) is gone; stopping`))
+    )
   )
 }

@@ -46,7 +46,16 @@ export interface RunningSidecar extends SidecarReady {
 }
 
 const sidecarArgs = (options: StartSidecarOptions): Array<string> => {
-  const args = ["internal", "sidecar", "--node-id", options.nodeId, "--socket", options.socketPath, "--arena-bytes", String(options.arenaBytes)]
+  const args = [
+    "internal",
+    "sidecar",
+    "--node-id",
+    options.nodeId,
+    "--socket",
+    options.socketPath,
+    "--arena-bytes",
+    String(options.arenaBytes)
+  ]
   if (options.arenaPath !== undefined) args.push("--arena-path", options.arenaPath)
   if (options.peerHost !== undefined) args.push("--peer-host", options.peerHost)
   if (options.peerPort !== undefined) args.push("--peer-port", String(options.peerPort))
@@ -59,7 +68,9 @@ const sidecarArgs = (options: StartSidecarOptions): Array<string> => {
 
 /** Spawns a sidecar and resolves once it is ready; rejects with its output if it fails to start. */
 export const startSidecar = async (options: StartSidecarOptions): Promise<RunningSidecar> => {
-  const child = spawn(process.execPath, [options.binPath, ...sidecarArgs(options)], { stdio: ["ignore", "pipe", "pipe"] })
+  const child = spawn(process.execPath, [options.binPath, ...sidecarArgs(options)], {
+    stdio: ["ignore", "pipe", "pipe"]
+  })
   let output = ""
   const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)))
   const timeoutMs = options.startTimeoutMs ?? 30_000
@@ -84,7 +95,9 @@ export const startSidecar = async (options: StartSidecarOptions): Promise<Runnin
     child.stderr!.on("data", (chunk: Buffer) => (output += chunk.toString()))
     child.once("exit", (code, signal) => {
       clearTimeout(timer)
-      reject(new Error(`the sidecar of node ${options.nodeId} exited (${signal ?? code}) before it was ready:\n${output}`))
+      reject(
+        new Error(`the sidecar of node ${options.nodeId} exited (${signal ?? code}) before it was ready:\n${output}`)
+      )
     })
   })
   return {

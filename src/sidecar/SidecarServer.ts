@@ -143,7 +143,13 @@ export class SidecarServer {
     switch (request._tag) {
       case "Hello":
         session.pid = request.pid
-        return { _tag: "ArenaInfo", nodeId, arenaPath: arena.path, arenaBytes: arena.byteLength, segmentBytes: arena.segmentBytes }
+        return {
+          _tag: "ArenaInfo",
+          nodeId,
+          arenaPath: arena.path,
+          arenaBytes: arena.byteLength,
+          segmentBytes: arena.segmentBytes
+        }
       case "Allocate": {
         const offset = await slots.allocate(request.bytes, request.timeoutMs, session.closed.signal)
         session.owned.add(offset)
@@ -158,7 +164,9 @@ export class SidecarServer {
         return { _tag: "Ok" }
       case "Recv": {
         const result = await table.recv(request.id, request.chunk, request.timeoutMs, session, session.closed.signal)
-        return result === "end" ? { _tag: "StreamEnd" } : { _tag: "Received", meta: result.meta, offset: result.offset ?? null }
+        return result === "end"
+          ? { _tag: "StreamEnd" }
+          : { _tag: "Received", meta: result.meta, offset: result.offset ?? null }
       }
       case "MarkDone":
         table.markDone(request.id, request.chunk ?? undefined)
@@ -199,11 +207,13 @@ export class SidecarServer {
     let held = offset !== undefined
     try {
       const bytes = payloadBytes(request.meta)
-      if ((bytes > 0) !== (offset !== undefined)) {
+      if (bytes > 0 !== (offset !== undefined)) {
         throw new InvalidRequest({ reason: `a chunk of ${bytes} bytes ${bytes > 0 ? "needs" : "takes no"} slot` })
       }
       if (offset !== undefined && slots.slotBytes(offset)! < bytes) {
-        throw new InvalidRequest({ reason: `a chunk of ${bytes} bytes does not fit its ${slots.slotBytes(offset)}-byte slot` })
+        throw new InvalidRequest({
+          reason: `a chunk of ${bytes} bytes does not fit its ${slots.slotBytes(offset)}-byte slot`
+        })
       }
       const { local, remotes } = this.destinations(request.to)
       const numChunks = request.numChunks ?? undefined
@@ -212,7 +222,13 @@ export class SidecarServer {
         table.store(request.id, request.chunk, numChunks, request.meta, offset, "local")
       }
       // Each forward holds the slot itself, so it outlives a local receiver marking the chunk done.
-      const header = { id: request.id, chunk: request.chunk, numChunks: request.numChunks, meta: request.meta, timeoutMs: request.timeoutMs }
+      const header = {
+        id: request.id,
+        chunk: request.chunk,
+        numChunks: request.numChunks,
+        meta: request.meta,
+        timeoutMs: request.timeoutMs
+      }
       const forwards = remotes.map((remote) => peers.sendChunk(remote, header, offset))
       if (held) slots.release(offset!)
       held = false
@@ -225,18 +241,22 @@ export class SidecarServer {
   private destinations(to: ReadonlyArray<string>) {
     const { nodeId, peers } = this.options
     for (const node of to) {
-      if (node !== nodeId && !peers.knows(node)) throw new UnknownNode({ nodeId: node, known: [nodeId, ...peers.knownNodes] })
+      if (node !== nodeId && !peers.knows(node))
+        throw new UnknownNode({ nodeId: node, known: [nodeId, ...peers.knownNodes] })
     }
     return { local: to.includes(nodeId), remotes: [...new Set(to.filter((node) => node !== nodeId))] }
   }
 
   private takeOwned(session: ClientSession, offset: number) {
-    if (!session.owned.delete(offset)) throw new InvalidRequest({ reason: `no slot at offset ${offset} was allocated to this client` })
+    if (!session.owned.delete(offset))
+      throw new InvalidRequest({ reason: `no slot at offset ${offset} was allocated to this client` })
   }
 
   private release(session: ClientSession) {
     this.sessions.delete(session)
-    session.closed.abort(new SidecarUnavailable({ socketPath: this.options.socketPath, reason: "the client disconnected" }))
+    session.closed.abort(
+      new SidecarUnavailable({ socketPath: this.options.socketPath, reason: "the client disconnected" })
+    )
     const slots = session.owned.size
     const chunks = session.received.size
     for (const offset of session.owned) this.options.slots.release(offset)
@@ -244,9 +264,13 @@ export class SidecarServer {
     this.slotsReleasedOnDisconnect += slots
     this.options.table.releaseReader(session)
     if (slots > 0) {
-      this.options.log.warn(`executor (pid ${session.pid ?? "?"}) disconnected in the middle of ${slots} send(s); their slots are freed`)
+      this.options.log.warn(
+        `executor (pid ${session.pid ?? "?"}) disconnected in the middle of ${slots} send(s); their slots are freed`
+      )
     } else if (chunks > 0) {
-      this.options.log.info(`executor (pid ${session.pid ?? "?"}) disconnected without marking ${chunks} received chunk(s) done`)
+      this.options.log.info(
+        `executor (pid ${session.pid ?? "?"}) disconnected without marking ${chunks} received chunk(s) done`
+      )
     }
   }
 

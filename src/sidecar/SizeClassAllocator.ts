@@ -21,7 +21,8 @@ const defaultMaxBlockBytes = 2 ** 31
 
 const log2 = (value: number) => Math.log2(value)
 
-const isPowerOfTwo = (value: number) => Number.isSafeInteger(value) && value > 0 && 2 ** Math.round(log2(value)) === value
+const isPowerOfTwo = (value: number) =>
+  Number.isSafeInteger(value) && value > 0 && 2 ** Math.round(log2(value)) === value
 
 interface TopBlock {
   readonly offset: number
@@ -140,7 +141,8 @@ export class SizeClassAllocator {
   }
 
   private orderFor(bytes: number): number | undefined {
-    if (!Number.isSafeInteger(bytes) || bytes <= 0) throw new RangeError(`an allocation is a whole number of bytes > 0, got ${bytes}`)
+    if (!Number.isSafeInteger(bytes) || bytes <= 0)
+      throw new RangeError(`an allocation is a whole number of bytes > 0, got ${bytes}`)
     if (bytes > this.largestBlockBytes) return undefined
     const order = Math.max(this.minOrder, Math.ceil(log2(bytes)))
     // Math.log2 may round 2^k + 1 down to k for very large k.

@@ -52,7 +52,10 @@ export class SlotPool {
       const timeout = () => {
         this.timeouts++
         const { usedBytes, capacityBytes } = this.allocator
-        this.drop(waiter, new AllocationTimeout({ nodeId: this.nodeId, bytes, waitedMs: timeoutMs, usedBytes, capacityBytes }))
+        this.drop(
+          waiter,
+          new AllocationTimeout({ nodeId: this.nodeId, bytes, waitedMs: timeoutMs, usedBytes, capacityBytes })
+        )
       }
       const waiter: Waiter = {
         bytes,

@@ -57,7 +57,8 @@ export const elementCount = (shape: ReadonlyArray<number>): number => shape.redu
 
 const checkShape = (shape: ReadonlyArray<number>) => {
   for (const dim of shape) {
-    if (!Number.isSafeInteger(dim) || dim < 0) throw new RangeError(`a tensor's dimensions are whole numbers ≥ 0, got [${shape.join(", ")}]`)
+    if (!Number.isSafeInteger(dim) || dim < 0)
+      throw new RangeError(`a tensor's dimensions are whole numbers ≥ 0, got [${shape.join(", ")}]`)
   }
 }
 
@@ -71,10 +72,13 @@ export class Tensor<D extends DType = DType> {
   ) {
     checkShape(shape)
     const arrayType = arrayConstructors[dtype]
-    if (arrayType === undefined) throw new TypeError(`unknown dtype "${String(dtype)}"; use one of ${dtypes.join(", ")}`)
-    if (!(data instanceof arrayType)) throw new TypeError(`a ${dtype} tensor holds a ${arrayType.name}, got ${data.constructor.name}`)
+    if (arrayType === undefined)
+      throw new TypeError(`unknown dtype "${String(dtype)}"; use one of ${dtypes.join(", ")}`)
+    if (!(data instanceof arrayType))
+      throw new TypeError(`a ${dtype} tensor holds a ${arrayType.name}, got ${data.constructor.name}`)
     const count = elementCount(shape)
-    if (data.length !== count) throw new RangeError(`shape [${shape.join(", ")}] has ${count} elements, the data ${data.length}`)
+    if (data.length !== count)
+      throw new RangeError(`shape [${shape.join(", ")}] has ${count} elements, the data ${data.length}`)
     this.shape = Object.freeze([...shape])
   }
 
@@ -85,7 +89,12 @@ export class Tensor<D extends DType = DType> {
   }
 
   /** A tensor over existing memory (the arena), without copying. */
-  static view<D extends DType>(dtype: D, shape: ReadonlyArray<number>, buffer: ArrayBufferLike, byteOffset: number): Tensor<D> {
+  static view<D extends DType>(
+    dtype: D,
+    shape: ReadonlyArray<number>,
+    buffer: ArrayBufferLike,
+    byteOffset: number
+  ): Tensor<D> {
     checkShape(shape)
     return new Tensor(dtype, shape, new arrayConstructors[dtype](buffer, byteOffset, elementCount(shape)))
   }
@@ -101,4 +110,5 @@ export class Tensor<D extends DType = DType> {
 }
 
 /** The byte length of a tensor of this dtype and shape. */
-export const tensorByteLength = (dtype: DType, shape: ReadonlyArray<number>): number => elementCount(shape) * bytesPerElement(dtype)
+export const tensorByteLength = (dtype: DType, shape: ReadonlyArray<number>): number =>
+  elementCount(shape) * bytesPerElement(dtype)

@@ -67,13 +67,22 @@ export class TransferTable {
    * Stores a chunk and wakes its receivers. Takes over one ownership of the slot, also when it
    * throws (the slot is then released).
    */
-  store(id: string, chunk: number, numChunks: number | undefined, meta: PayloadMeta, offset: number | undefined, origin: ChunkOrigin): void {
+  store(
+    id: string,
+    chunk: number,
+    numChunks: number | undefined,
+    meta: PayloadMeta,
+    offset: number | undefined,
+    origin: ChunkOrigin
+  ): void {
     try {
       const transfer = this.transfer(id)
       if (transfer.chunks.has(chunk) || transfer.done.has(chunk)) throw new DuplicateChunk({ id, chunk })
       if (numChunks !== undefined) this.setChunkCount(transfer, numChunks)
       if (transfer.numChunks !== undefined && chunk >= transfer.numChunks) {
-        throw new InvalidRequest({ reason: `chunk ${chunk} is past the end of transfer "${id}" (${transfer.numChunks} chunks)` })
+        throw new InvalidRequest({
+          reason: `chunk ${chunk} is past the end of transfer "${id}" (${transfer.numChunks} chunks)`
+        })
       }
       const stored: StoredChunk = { id, chunk, meta, offset, storedAt: Date.now(), readers: new Set() }
       transfer.chunks.set(chunk, stored)
@@ -198,7 +207,9 @@ export class TransferTable {
 
   private setChunkCount(transfer: Transfer, numChunks: number) {
     if (transfer.numChunks !== undefined && transfer.numChunks !== numChunks) {
-      throw new InvalidRequest({ reason: `transfer "${transfer.id}" has ${transfer.numChunks} chunks, not ${numChunks}` })
+      throw new InvalidRequest({
+        reason: `transfer "${transfer.id}" has ${transfer.numChunks} chunks, not ${numChunks}`
+      })
     }
     transfer.numChunks = numChunks
   }

@@ -128,4 +128,6 @@ const isSidecarError = Schema.is(SidecarError)
 
 /** The error to report for a failure: itself when it is one of the above. */
 export const toSidecarError = (error: unknown): SidecarError =>
-  isSidecarError(error) ? error : new InternalError({ reason: error instanceof Error ? (error.stack ?? error.message) : String(error) })
+  isSidecarError(error)
+    ? error
+    : new InternalError({ reason: error instanceof Error ? (error.stack ?? error.message) : String(error) })

@@ -60,12 +60,26 @@ export const Send = Schema.TaggedStruct("Send", {
 const Recv = Schema.TaggedStruct("Recv", { id: TransferId, chunk: Count, timeoutMs: Count })
 /** chunk null: the whole transfer is done; its remaining chunks are freed and its id forgotten. */
 const MarkDone = Schema.TaggedStruct("MarkDone", { id: TransferId, chunk: Schema.NullOr(Count) })
-const CloseStream = Schema.TaggedStruct("CloseStream", { id: TransferId, numChunks: Count, to: Schema.NonEmptyArray(NodeId) })
+const CloseStream = Schema.TaggedStruct("CloseStream", {
+  id: TransferId,
+  numChunks: Count,
+  to: Schema.NonEmptyArray(NodeId)
+})
 const GetStats = Schema.TaggedStruct("GetStats", {})
 /** Replaces the peer sidecars: node id → host:port. */
 const SetPeers = Schema.TaggedStruct("SetPeers", { peers: Schema.Record({ key: NodeId, value: Schema.String }) })
 
-export const ClientRequest = Schema.Union(Hello, Allocate, Release, Send, Recv, MarkDone, CloseStream, GetStats, SetPeers)
+export const ClientRequest = Schema.Union(
+  Hello,
+  Allocate,
+  Release,
+  Send,
+  Recv,
+  MarkDone,
+  CloseStream,
+  GetStats,
+  SetPeers
+)
 export type ClientRequest = typeof ClientRequest.Type
 
 const ArenaInfo = Schema.TaggedStruct("ArenaInfo", {
@@ -170,7 +184,10 @@ export const encodeError = Schema.encodeSync(SidecarError)
  */
 export const encodeFrame = (message: WireMessage): Buffer => {
   const body = packr.pack(message)
-  if (body.length > maxBodyBytes) throw new InvalidRequest({ reason: `a message of ${body.length} bytes exceeds ${maxBodyBytes}; send large data as bytes` })
+  if (body.length > maxBodyBytes)
+    throw new InvalidRequest({
+      reason: `a message of ${body.length} bytes exceeds ${maxBodyBytes}; send large data as bytes`
+    })
   const frame = Buffer.allocUnsafe(frameLengthBytes + body.length)
   frame.writeUInt32LE(body.length, 0)
   body.copy(frame, frameLengthBytes)
@@ -182,7 +199,9 @@ export const unpackBody = (body: Uint8Array): unknown => {
   try {
     return packr.unpack(body)
   } catch (error) {
-    throw new InvalidRequest({ reason: `undecodable message: ${error instanceof Error ? error.message : String(error)}` })
+    throw new InvalidRequest({
+      reason: `undecodable message: ${error instanceof Error ? error.message : String(error)}`
+    })
   }
 }
 
@@ -192,7 +211,8 @@ export const decodeMessage = <A, I>(schema: Schema.Schema<A, I>, raw: unknown): 
   return decoded.right
 }
 
-export const decodeBody = <A, I>(schema: Schema.Schema<A, I>, body: Uint8Array): A => decodeMessage(schema, unpackBody(body))
+export const decodeBody = <A, I>(schema: Schema.Schema<A, I>, body: Uint8Array): A =>
+  decodeMessage(schema, unpackBody(body))
 
 /**
  * Splits a byte stream into frame bodies. Bytes arrive in arbitrary pieces; a body is handed out
@@ -208,7 +228,8 @@ export class FrameReader {
     let start = 0
     while (this.pending.length - start >= frameLengthBytes) {
       const length = this.pending.readUInt32LE(start)
-      if (length > maxBodyBytes) throw new InvalidRequest({ reason: `a frame of ${length} bytes exceeds ${maxBodyBytes}` })
+      if (length > maxBodyBytes)
+        throw new InvalidRequest({ reason: `a frame of ${length} bytes exceeds ${maxBodyBytes}` })
       if (this.pending.length - start < frameLengthBytes + length) break
       bodies.push(this.pending.subarray(start + frameLengthBytes, start + frameLengthBytes + length))
       start += frameLengthBytes + length

@@ -15,7 +15,8 @@ import { ChatCompletionRequest, LLMTask, MLLMTask } from "../../src/app-runtime/
 // ---------------------------------------------------------------------------------------------
 
 /** defineApp without the compiler's help, for definitions the types would refuse. */
-const defineUnchecked = (definition: unknown) => defineApp(definition as AppDefinition<unknown, unknown, unknown, unknown>)
+const defineUnchecked = (definition: unknown) =>
+  defineApp(definition as AppDefinition<unknown, unknown, unknown, unknown>)
 
 const thrownBy = (f: () => unknown): Error => {
   try {
@@ -66,9 +67,7 @@ describe("defineApp", () => {
   })
 
   it("throws a TypeError when request is not an Effect Schema", () => {
-    const error = thrownBy(() =>
-      defineUnchecked({ tasks: {}, request: { type: "object" }, serve: () => "x" })
-    )
+    const error = thrownBy(() => defineUnchecked({ tasks: {}, request: { type: "object" }, serve: () => "x" }))
     expect(error).toBeInstanceOf(TypeError)
     expect(error.message).toContain("`request` must be an Effect Schema")
   })

@@ -13,11 +13,7 @@ import {
   TaskStream
 } from "../../src/app-runtime/index.js"
 import { distinctUnitTasks } from "../../src/app-runtime/tasks/Task.js"
-import {
-  type DispatchResult,
-  setTaskDispatcher,
-  type TaskGraphWire
-} from "../../src/app-runtime/tasks/TaskGraph.js"
+import { type DispatchResult, setTaskDispatcher, type TaskGraphWire } from "../../src/app-runtime/tasks/TaskGraph.js"
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -58,7 +54,8 @@ interface EncodedForward {
   readonly dataType: string
 }
 
-const forwardIds = (forwards: unknown): Array<string> => (forwards as ReadonlyArray<EncodedForward>).map((f) => f.$dataForward)
+const forwardIds = (forwards: unknown): Array<string> =>
+  (forwards as ReadonlyArray<EncodedForward>).map((f) => f.$dataForward)
 
 const invocationAt = (graph: TaskGraphWire, index: number) => {
   const invocation = graph.invocations[index]
@@ -189,7 +186,8 @@ describe("unit task identity", () => {
       expect(llmError.message).toContain('["stream"]')
 
       const mllmError = thrownBy(
-        () => new MLLMTask({ model, modalities: ["image"], fission: true } as unknown as { model: string; modalities: [] })
+        () =>
+          new MLLMTask({ model, modalities: ["image"], fission: true } as unknown as { model: string; modalities: [] })
       )
       expect(mllmError).toBeInstanceOf(TaskConfigError)
       expect(mllmError.message).toContain('["fission"]')
@@ -450,7 +448,9 @@ describe("invoking a task: record, dispatch, replay", () => {
   it("keeps the outputs of concurrent unit-task invokes apart", async () => {
     setTaskDispatcher(async (graph) => ({
       outputs: graph.invocations.map((invocation) => ({
-        embeddings: [{ $dataForward: `for ${(invocation.input as { urls: Array<string> }).urls[0]}`, dataType: "Tensor" }]
+        embeddings: [
+          { $dataForward: `for ${(invocation.input as { urls: Array<string> }).urls[0]}`, dataType: "Tensor" }
+        ]
       }))
     }))
     const encoder = new EncoderTask({ model, modality: "image" })

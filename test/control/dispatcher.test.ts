@@ -1,6 +1,10 @@
 import { afterEach, describe, expect, it } from "vitest"
 import { type ChatCompletionRequest, MLLMTask } from "../../src/app-runtime/index.js"
-import { setTaskDispatcher, type TaskGraphWire, type TaskInvocationWire } from "../../src/app-runtime/tasks/TaskGraph.js"
+import {
+  setTaskDispatcher,
+  type TaskGraphWire,
+  type TaskInvocationWire
+} from "../../src/app-runtime/tasks/TaskGraph.js"
 import { wireDataForwards } from "../../src/control/dispatcher/Dispatcher.js"
 
 /** A forwarded datum as it appears in a wire graph. */
@@ -9,7 +13,7 @@ const forward = (id: string) => ({ $dataForward: id, dataType: "Tensor" })
 const encoderCall = (taskId: string, produces: ReadonlyArray<string>): TaskInvocationWire => ({
   taskId,
   kind: "encoder",
-    operation: "embed",
+  operation: "embed",
   config: { model: "m", modality: "image", maxBatchSize: 1 },
   input: { urls: produces.map((id) => `https://example.com/${id}.png`) },
   output: { embeddings: produces.map(forward) },
@@ -19,7 +23,7 @@ const encoderCall = (taskId: string, produces: ReadonlyArray<string>): TaskInvoc
 const llmCall = (taskId: string, consumes: ReadonlyArray<string>): TaskInvocationWire => ({
   taskId,
   kind: "llm",
-    operation: "chat",
+  operation: "chat",
   config: { model: "m", receiveEmbeddings: true },
   input: { messages: [{ role: "user", content: "hi" }], cornserveEmbeddings: consumes.map(forward) },
   output: {},

@@ -41,7 +41,10 @@ const processKind = (running: Set<ChildProcess>): ExecutorKind => ({
         }
         const child = spawn(process.execPath, ["-e", "setInterval(() => {}, 1000)"], { stdio: "ignore" })
         running.add(child)
-        return Effect.succeed({ child, executor: { devices, url: () => `process:${child.pid}`, restart: () => child.kill("SIGKILL") } })
+        return Effect.succeed({
+          child,
+          executor: { devices, url: () => `process:${child.pid}`, restart: () => child.kill("SIGKILL") }
+        })
       }),
       ({ child }) =>
         Effect.async<void>((resume) => {
@@ -54,7 +57,12 @@ const processKind = (running: Set<ChildProcess>): ExecutorKind => ({
     ).pipe(Effect.map(({ executor }) => executor))
 })
 
-const spec = (id: string, model: string): UnitTaskSpec => ({ id, kind: "encoder", name: `encoder-${model}`, config: { model } })
+const spec = (id: string, model: string): UnitTaskSpec => ({
+  id,
+  kind: "encoder",
+  name: `encoder-${model}`,
+  config: { model }
+})
 const noProgress = () => Effect.void
 
 const withResources = <A, E>(
@@ -66,10 +74,14 @@ const withResources = <A, E>(
     const running = new Set<ChildProcess>()
     const layer = ResourceManager.DefaultWithoutDependencies.pipe(
       Layer.provide(TaskManagers.Default),
-      Layer.provide(Layer.succeed(ExecutorKinds, ExecutorKinds.make({ kinds: new Map([["encoder", processKind(running)]]) }))),
+      Layer.provide(
+        Layer.succeed(ExecutorKinds, ExecutorKinds.make({ kinds: new Map([["encoder", processKind(running)]]) }))
+      ),
       Layer.provide(Layer.succeed(ServeConfig, options(stateDir, devices)))
     )
-    const result = yield* Effect.flatMap(ResourceManager, (resources) => body(resources, running)).pipe(Effect.provide(layer))
+    const result = yield* Effect.flatMap(ResourceManager, (resources) => body(resources, running)).pipe(
+      Effect.provide(layer)
+    )
     yield* Effect.promise(() => rm(stateDir, { recursive: true, force: true }))
     return { result, running }
   })
@@ -82,7 +94,9 @@ describe("ResourceManager", () => {
           yield* resources.acquire("app-a", [spec("encoder-1", "m")], noProgress)
           yield* resources.acquire("app-b", [spec("encoder-1", "m")], noProgress)
           expect(running.size).toBe(1)
-          expect(resources.tasks()).toMatchObject([{ id: "encoder-1", state: "ready", usedBy: ["app-a", "app-b"], devices: ["cpu:0"] }])
+          expect(resources.tasks()).toMatchObject([
+            { id: "encoder-1", state: "ready", usedBy: ["app-a", "app-b"], devices: ["cpu:0"] }
+          ])
 
           yield* resources.release("app-a", [spec("encoder-1", "m")])
           expect(running.size).toBe(1)
@@ -96,7 +110,8 @@ describe("ResourceManager", () => {
         })
       )
       expect(running.size).toBe(0)
-    }))
+    })
+  )
 
   it.effect("rolls back every task it deployed when one of them fails", () =>
     withResources("cpu:0,cpu:1,cpu:2", (resources, running) =>
@@ -111,7 +126,8 @@ describe("ResourceManager", () => {
         expect(running.size).toBe(1)
         expect(resources.devices().filter((device) => device.task !== null)).toEqual([{ id: "cpu:0", task: "shared" }])
       })
-    ))
+    )
+  )
 
   it.effect("says clearly when devices run out, and when a task kind has no executor", () =>
     withResources("cpu:0", (resources) =>
@@ -124,7 +140,8 @@ describe("ResourceManager", () => {
         )
         expect(unknown.message).toBe('no executor for task kind "llm" (task llm-1) on this platform')
       })
-    ))
+    )
+  )
 
   it.effect("stops every executor when the platform's scope closes", () =>
     Effect.gen(function* () {
@@ -135,5 +152,6 @@ describe("ResourceManager", () => {
         })
       )
       expect(running.size).toBe(0)
-    }))
+    })
+  )
 })

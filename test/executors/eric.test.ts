@@ -17,20 +17,36 @@ import { Tensor } from "../../src/sidecar/Tensor.js"
 import { descendants, startExecutor, startSidecar } from "../support/executors.js"
 
 const png = (r: number, g: number, b: number, size = 40) =>
-  sharp({ create: { width: size, height: size, channels: 3, background: { r, g, b } } }).png().toBuffer()
+  sharp({ create: { width: size, height: size, channels: 3, background: { r, g, b } } })
+    .png()
+    .toBuffer()
 const dataUrl = (mime: string, bytes: Buffer) => `data:${mime};base64,${bytes.toString("base64")}`
 
 const wavTone = (hertz: number, sampleRate: number, seconds: number): Buffer =>
-  wavFile([Int16Array.from({ length: Math.round(sampleRate * seconds) }, (_, i) => Math.round(0.4 * 32767 * Math.sin((2 * Math.PI * hertz * i) / sampleRate)))], sampleRate)
+  wavFile(
+    [
+      Int16Array.from({ length: Math.round(sampleRate * seconds) }, (_, i) =>
+        Math.round(0.4 * 32767 * Math.sin((2 * Math.PI * hertz * i) / sampleRate))
+      )
+    ],
+    sampleRate
+  )
 
 interface Answer {
-  readonly items: ReadonlyArray<{ id: string; modality: string; dtype: string; shape: [number, number]; embedding?: Array<number> }>
+  readonly items: ReadonlyArray<{
+    id: string
+    modality: string
+    dtype: string
+    shape: [number, number]
+    embedding?: Array<number>
+  }>
 }
 
 const expectClose = (actual: ArrayLike<number>, expected: ArrayLike<number>) => {
   expect(actual.length).toBe(expected.length)
   let worst = 0
-  for (let i = 0; i < actual.length; i++) worst = Math.max(worst, Math.abs(actual[i]! - expected[i]!) / (1 + Math.abs(expected[i]!)))
+  for (let i = 0; i < actual.length; i++)
+    worst = Math.max(worst, Math.abs(actual[i]! - expected[i]!) / (1 + Math.abs(expected[i]!)))
   expect(worst).toBeLessThan(1e-5)
 }
 
@@ -45,7 +61,11 @@ describe("Eric: the multimodal encoder executor", () => {
   let audioEncoder: ort.InferenceSession
 
   const embed = (body: unknown) =>
-    fetch(`${eric.url}/embeddings`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) })
+    fetch(`${eric.url}/embeddings`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(body)
+    })
 
   beforeAll(async () => {
     root = await mkdtemp(join(tmpdir(), "cornserve-eric-"))
@@ -58,7 +78,20 @@ describe("Eric: the multimodal encoder executor", () => {
     audioEncoder = await ort.InferenceSession.create(onnxPath(model, "audio_encoder"))
     sidecar = await startSidecar("eric-node", env)
     eric = await startExecutor(
-      ["--kind", "eric", "--model", "cornserve/tiny-color-vlm", "--devices", "cpu:0,cpu:1", "--sidecar-socket", sidecar.socket, "--media-root", mediaRoot, "--max-media-bytes", "300000"],
+      [
+        "--kind",
+        "eric",
+        "--model",
+        "cornserve/tiny-color-vlm",
+        "--devices",
+        "cpu:0,cpu:1",
+        "--sidecar-socket",
+        sidecar.socket,
+        "--media-root",
+        mediaRoot,
+        "--max-media-bytes",
+        "300000"
+      ],
       env
     )
   })
@@ -72,19 +105,29 @@ describe("Eric: the multimodal encoder executor", () => {
   const directVision = async (frames: ReadonlyArray<Float32Array>, size: number) => {
     const stacked = new Float32Array(frames.length * frames[0]!.length)
     frames.forEach((frame, index) => stacked.set(frame, index * frame.length))
-    const output = await vision.run({ pixel_values: new ort.Tensor("float32", stacked, [frames.length, 3, size, size]) })
+    const output = await vision.run({
+      pixel_values: new ort.Tensor("float32", stacked, [frames.length, 3, size, size])
+    })
     return output.image_features!.data as Float32Array
   }
 
   it("reports its model, modalities and devices", async () => {
     const info = (await (await fetch(`${eric.url}/info`)).json()) as Record<string, unknown>
-    expect(info).toMatchObject({ kind: "eric", model: "cornserve/tiny-color-vlm", devices: ["cpu:0", "cpu:1"], modalities: ["image", "video", "audio"] })
+    expect(info).toMatchObject({
+      kind: "eric",
+      model: "cornserve/tiny-color-vlm",
+      devices: ["cpu:0", "cpu:1"],
+      modalities: ["image", "video", "audio"]
+    })
     expect((await fetch(`${eric.url}/health`)).status).toBe(200)
   })
 
   it("embeds an image exactly as a direct ONNX Runtime run on the same preprocessed input", async () => {
     const image = await png(230, 20, 30)
-    const response = await embed({ items: [{ id: "image-1", modality: "image", url: dataUrl("image/png", image) }], return: "inline" })
+    const response = await embed({
+      items: [{ id: "image-1", modality: "image", url: dataUrl("image/png", image) }],
+      return: "inline"
+    })
     expect(response.status).toBe(200)
     const [item] = ((await response.json()) as Answer).items
     const config = decodeImageProcessorConfig((await loadModelDirectory(vlmDir)).preprocessorConfig)
@@ -96,7 +139,10 @@ describe("Eric: the multimodal encoder executor", () => {
 
   it("embeds a tone exactly as a direct run of the audio encoder", async () => {
     const wav = wavTone(300, 22_050, 1)
-    const response = await embed({ items: [{ id: "tone-1", modality: "audio", url: dataUrl("audio/wav", wav) }], return: "inline" })
+    const response = await embed({
+      items: [{ id: "tone-1", modality: "audio", url: dataUrl("audio/wav", wav) }],
+      return: "inline"
+    })
     expect(response.status).toBe(200)
     const [item] = ((await response.json()) as Answer).items
     const config = decodeAudioProcessorConfig((await loadModelDirectory(vlmDir)).preprocessorConfig)
@@ -107,8 +153,13 @@ describe("Eric: the multimodal encoder executor", () => {
 
   it("embeds an animated image as a video of its frames", async () => {
     const frames = await Promise.all([png(255, 0, 0), png(0, 255, 0), png(0, 0, 255)])
-    const gif = await sharp(frames, { join: { animated: true } }).gif().toBuffer()
-    const response = await embed({ items: [{ id: "video-1", modality: "video", url: dataUrl("image/gif", gif) }], return: "inline" })
+    const gif = await sharp(frames, { join: { animated: true } })
+      .gif()
+      .toBuffer()
+    const response = await embed({
+      items: [{ id: "video-1", modality: "video", url: dataUrl("image/gif", gif) }],
+      return: "inline"
+    })
     expect(response.status).toBe(200)
     const [item] = ((await response.json()) as Answer).items
     const config = decodeImageProcessorConfig((await loadModelDirectory(vlmDir)).preprocessorConfig)
@@ -121,8 +172,18 @@ describe("Eric: the multimodal encoder executor", () => {
 
   it("sends each embedding through the sidecar under the item's id", async () => {
     const image = await png(10, 200, 40)
-    const [inline] = ((await (await embed({ items: [{ id: "inline-copy", modality: "image", url: dataUrl("image/png", image) }], return: "inline" })).json()) as Answer).items
-    const response = await embed({ items: [{ id: "through-sidecar", modality: "image", url: dataUrl("image/png", image) }], receivers: [sidecar.nodeId] })
+    const [inline] = (
+      (await (
+        await embed({
+          items: [{ id: "inline-copy", modality: "image", url: dataUrl("image/png", image) }],
+          return: "inline"
+        })
+      ).json()) as Answer
+    ).items
+    const response = await embed({
+      items: [{ id: "through-sidecar", modality: "image", url: dataUrl("image/png", image) }],
+      receivers: [sidecar.nodeId]
+    })
     expect(response.status).toBe(200)
     const [item] = ((await response.json()) as Answer).items
     expect(item!.embedding).toBeUndefined()
@@ -139,30 +200,52 @@ describe("Eric: the multimodal encoder executor", () => {
   })
 
   it("fails a request with corrupt image bytes (400) while a request beside it succeeds", async () => {
-    const good = embed({ items: [{ id: "good", modality: "image", url: dataUrl("image/png", await png(0, 0, 0)) }], return: "inline" })
-    const bad = embed({ items: [{ id: "bad", modality: "image", url: dataUrl("image/png", Buffer.from("not a png, not at all")) }], return: "inline" })
+    const good = embed({
+      items: [{ id: "good", modality: "image", url: dataUrl("image/png", await png(0, 0, 0)) }],
+      return: "inline"
+    })
+    const bad = embed({
+      items: [{ id: "bad", modality: "image", url: dataUrl("image/png", Buffer.from("not a png, not at all")) }],
+      return: "inline"
+    })
     const [goodResponse, badResponse] = await Promise.all([good, bad])
     expect(goodResponse.status).toBe(200)
     expect(badResponse.status).toBe(400)
-    expect(((await badResponse.json()) as { error: { message: string } }).error.message).toContain("could not be decoded")
+    expect(((await badResponse.json()) as { error: { message: string } }).error.message).toContain(
+      "could not be decoded"
+    )
   })
 
   it("refuses a URL to a private address, and a file outside the media root (400)", async () => {
-    const privateUrl = await embed({ items: [{ id: "p", modality: "image", url: "http://127.0.0.1:9/image.png" }], return: "inline" })
+    const privateUrl = await embed({
+      items: [{ id: "p", modality: "image", url: "http://127.0.0.1:9/image.png" }],
+      return: "inline"
+    })
     expect(privateUrl.status).toBe(400)
     expect(((await privateUrl.json()) as { error: { message: string } }).error.message).toContain("private address")
-    const outside = await embed({ items: [{ id: "o", modality: "image", url: pathToFileURL("/etc/hostname").href }], return: "inline" })
+    const outside = await embed({
+      items: [{ id: "o", modality: "image", url: pathToFileURL("/etc/hostname").href }],
+      return: "inline"
+    })
     expect(outside.status).toBe(400)
     const inside = join(mediaRoot, "inside.png")
     await writeFile(inside, await png(255, 255, 0))
-    const allowed = await embed({ items: [{ id: "i", modality: "image", url: pathToFileURL(inside).href }], return: "inline" })
+    const allowed = await embed({
+      items: [{ id: "i", modality: "image", url: pathToFileURL(inside).href }],
+      return: "inline"
+    })
     expect(allowed.status).toBe(200)
   })
 
   it("refuses oversized media (413)", async () => {
-    const noise = await sharp(randomBytes(400 * 400 * 3), { raw: { width: 400, height: 400, channels: 3 } }).png().toBuffer()
+    const noise = await sharp(randomBytes(400 * 400 * 3), { raw: { width: 400, height: 400, channels: 3 } })
+      .png()
+      .toBuffer()
     expect(noise.length).toBeGreaterThan(300_000)
-    const response = await embed({ items: [{ id: "huge", modality: "image", url: dataUrl("image/png", noise) }], return: "inline" })
+    const response = await embed({
+      items: [{ id: "huge", modality: "image", url: dataUrl("image/png", noise) }],
+      return: "inline"
+    })
     expect(response.status).toBe(413)
   })
 
@@ -175,7 +258,10 @@ describe("Eric: the multimodal encoder executor", () => {
       const response = await fetch(`${executor.url}/embeddings`, {
         method: "POST",
         headers: { "content-type": "application/json" },
-        body: JSON.stringify({ items: [{ id: "a", modality: "audio", url: dataUrl("audio/wav", wavTone(300, 16_000, 0.5)) }], return: "inline" })
+        body: JSON.stringify({
+          items: [{ id: "a", modality: "audio", url: dataUrl("audio/wav", wavTone(300, 16_000, 0.5)) }],
+          return: "inline"
+        })
       })
       expect(response.status).toBe(400)
       expect(((await response.json()) as { error: { code: string } }).error.code).toBe("UnsupportedModality")
@@ -197,7 +283,10 @@ describe("Eric: the multimodal encoder executor", () => {
     expect(status).toBe(503)
     const body = (await (await fetch(`${eric.url}/health`)).json()) as { reason: string }
     expect(body.reason).toMatch(/worker \d \(cpu:\d\) exited on SIGKILL/)
-    const response = await embed({ items: [{ id: "late", modality: "image", url: dataUrl("image/png", await png(1, 2, 3)) }], return: "inline" })
+    const response = await embed({
+      items: [{ id: "late", modality: "image", url: dataUrl("image/png", await png(1, 2, 3)) }],
+      return: "inline"
+    })
     expect(response.status).toBe(503)
   })
 })

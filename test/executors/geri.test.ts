@@ -26,15 +26,23 @@ describe("Geri: the generator executor", () => {
   /** A prompt as the VLM's embed_tokens sees it, sent into the sidecar; answers its id. */
   const sendPrompt = async (text: string): Promise<string> => {
     const ids = tokenizer.encode(text)
-    const output = await embedTokens.run({ input_ids: new ort.Tensor("int64", BigInt64Array.from(ids, BigInt), [1, ids.length]) })
+    const output = await embedTokens.run({
+      input_ids: new ort.Tensor("int64", BigInt64Array.from(ids, BigInt), [1, ids.length])
+    })
     const embeds = output.inputs_embeds!
     const id = `prompt-${next++}`
-    await client.send(id, new Tensor("float32", [ids.length, embeds.dims[2]!], embeds.data as Float32Array), { to: [sidecar.nodeId] })
+    await client.send(id, new Tensor("float32", [ids.length, embeds.dims[2]!], embeds.data as Float32Array), {
+      to: [sidecar.nodeId]
+    })
     return id
   }
 
   const generate = (url: string, body: unknown) =>
-    fetch(`${url}/generate`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) })
+    fetch(`${url}/generate`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(body)
+    })
 
   beforeAll(async () => {
     root = await mkdtemp(join(tmpdir(), "cornserve-geri-"))
@@ -44,7 +52,16 @@ describe("Geri: the generator executor", () => {
     embedTokens = await ort.InferenceSession.create(onnxPath(vlm, "embed_tokens"))
     sidecar = await startSidecar("geri-node", env)
     client = await SidecarClient.connect(sidecar.socket)
-    const common = ["--kind", "geri", "--devices", "cpu:0", "--sidecar-socket", sidecar.socket, "--embedding-wait-ms", "500"]
+    const common = [
+      "--kind",
+      "geri",
+      "--devices",
+      "cpu:0",
+      "--sidecar-socket",
+      sidecar.socket,
+      "--embedding-wait-ms",
+      "500"
+    ]
     ;[painter, tones] = await Promise.all([
       startExecutor([...common, "--model", "cornserve/tiny-color-painter"], env),
       startExecutor([...common, "--model", "cornserve/tiny-color-tones"], env)
@@ -64,15 +81,30 @@ describe("Geri: the generator executor", () => {
       ["blue", [0, 0, 1]],
       ["yellow", [1, 1, 0]]
     ] as const) {
-      const response = await generate(painter.url, { embeddings: await sendPrompt(`paint the sky ${word}`), width: 64, height: 48 })
+      const response = await generate(painter.url, {
+        embeddings: await sendPrompt(`paint the sky ${word}`),
+        width: 64,
+        height: 48
+      })
       expect(response.status).toBe(200)
       const answer = (await response.json()) as { image: string; width: number; height: number; mimeType: string }
       expect(answer).toMatchObject({ width: 64, height: 48, mimeType: "image/png" })
       const stats = await sharp(Buffer.from(answer.image, "base64")).stats()
       const mean = stats.channels.slice(0, 3).map((channel) => channel.mean / 255)
-      const distance = (colour: ReadonlyArray<number>) => colour.reduce((sum, value, index) => sum + (value - mean[index]!) ** 2, 0)
-      for (const other of [[0, 0, 0], [1, 1, 1], [1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 0], [0, 1, 1], [1, 0, 1]]) {
-        if (other.join() !== expected.join()) expect(distance(expected), `${word} vs ${other}`).toBeLessThan(distance(other))
+      const distance = (colour: ReadonlyArray<number>) =>
+        colour.reduce((sum, value, index) => sum + (value - mean[index]!) ** 2, 0)
+      for (const other of [
+        [0, 0, 0],
+        [1, 1, 1],
+        [1, 0, 0],
+        [0, 1, 0],
+        [0, 0, 1],
+        [1, 1, 0],
+        [0, 1, 1],
+        [1, 0, 1]
+      ]) {
+        if (other.join() !== expected.join())
+          expect(distance(expected), `${word} vs ${other}`).toBeLessThan(distance(other))
       }
     }
   })
@@ -81,7 +113,10 @@ describe("Geri: the generator executor", () => {
     const response = await generate(tones.url, { embeddings: await sendPrompt("play me something red"), chunks: 5 })
     expect(response.status).toBe(200)
     expect(response.headers.get("content-type")).toContain("application/x-ndjson")
-    const lines = (await response.text()).trim().split("\n").map((line) => JSON.parse(line) as Record<string, unknown>)
+    const lines = (await response.text())
+      .trim()
+      .split("\n")
+      .map((line) => JSON.parse(line) as Record<string, unknown>)
     expect(lines.at(-1)).toEqual({ done: true, chunks: 5, sampleRate: 16_000 })
     const chunks = lines.slice(0, -1) as Array<{ chunk: number; audio: string; sampleRate: number }>
     expect(chunks.map((line) => line.chunk)).toEqual([0, 1, 2, 3, 4])
@@ -94,7 +129,11 @@ describe("Geri: the generator executor", () => {
   })
 
   it("answers one WAV file when not streaming", async () => {
-    const response = await generate(tones.url, { embeddings: await sendPrompt("a blue note"), chunks: 3, stream: false })
+    const response = await generate(tones.url, {
+      embeddings: await sendPrompt("a blue note"),
+      chunks: 3,
+      stream: false
+    })
     expect(response.status).toBe(200)
     expect(response.headers.get("content-type")).toBe("audio/wav")
     const wav = Buffer.from(await response.arrayBuffer())

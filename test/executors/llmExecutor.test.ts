@@ -29,8 +29,15 @@ let executor: Awaited<ReturnType<typeof startExecutor>>
 let client: OpenAI
 
 const pngDataUrl = async (color: NamedColor, seed: number): Promise<string> => {
-  const { image } = colorImage(new Random(seed), color, colors[(colors.indexOf(color) + 3) % colors.length]!, "noisy-patch")
-  const png = await sharp(Buffer.from(image.data), { raw: { width: image.width, height: image.height, channels: 3 } }).png().toBuffer()
+  const { image } = colorImage(
+    new Random(seed),
+    color,
+    colors[(colors.indexOf(color) + 3) % colors.length]!,
+    "noisy-patch"
+  )
+  const png = await sharp(Buffer.from(image.data), { raw: { width: image.width, height: image.height, channels: 3 } })
+    .png()
+    .toBuffer()
   return `data:image/png;base64,${png.toString("base64")}`
 }
 
@@ -40,7 +47,9 @@ const wavBase64 = (hertz: number) => {
 }
 
 /** Chat parameters with vLLM's ignore_eos, which the openai client passes through. */
-const ignoringEos = (params: OpenAI.Chat.ChatCompletionCreateParamsNonStreaming): OpenAI.Chat.ChatCompletionCreateParamsNonStreaming =>
+const ignoringEos = (
+  params: OpenAI.Chat.ChatCompletionCreateParamsNonStreaming
+): OpenAI.Chat.ChatCompletionCreateParamsNonStreaming =>
   ({ ...params, ignore_eos: true }) as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming
 
 const imageQuestion = (url: string): OpenAI.Chat.ChatCompletionMessageParam => ({
@@ -52,9 +61,14 @@ const imageQuestion = (url: string): OpenAI.Chat.ChatCompletionMessageParam => (
 })
 
 const post = (path: string, body: unknown) =>
-  fetch(`${executor.url}${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) })
+  fetch(`${executor.url}${path}`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(body)
+  })
 
-const stats = async (): Promise<LlmStats> => (await (await fetch(`${executor.url}/v1/cornserve/stats`)).json()) as LlmStats
+const stats = async (): Promise<LlmStats> =>
+  (await (await fetch(`${executor.url}/v1/cornserve/stats`)).json()) as LlmStats
 
 /** Polls the executor's stats until `done` holds (the test's timeout bounds it). */
 const statsWhen = async (done: (stats: LlmStats) => boolean): Promise<LlmStats> => {
@@ -70,9 +84,15 @@ const statsWhen = async (done: (stats: LlmStats) => boolean): Promise<LlmStats> 
  * as a client that goes away does). Answers the status and the first piece of the body.
  */
 const openRequest = (body: unknown) => {
-  const request = http.request(`${executor.url}/v1/chat/completions`, { method: "POST", agent: false, headers: { "content-type": "application/json" } })
+  const request = http.request(`${executor.url}/v1/chat/completions`, {
+    method: "POST",
+    agent: false,
+    headers: { "content-type": "application/json" }
+  })
   const response = new Promise<{ readonly status: number; readonly first: string }>((resolve, reject) => {
-    request.once("response", (incoming) => incoming.once("data", (chunk: Buffer) => resolve({ status: incoming.statusCode!, first: chunk.toString() })))
+    request.once("response", (incoming) =>
+      incoming.once("data", (chunk: Buffer) => resolve({ status: incoming.statusCode!, first: chunk.toString() }))
+    )
     request.once("error", reject)
   })
   response.catch(() => undefined)
@@ -82,12 +102,21 @@ const openRequest = (body: unknown) => {
 
 /** A request that runs long: it ignores end-of-sequence up to max_tokens. */
 const longRequest = (stream: boolean) =>
-  openRequest({ model, messages: [{ role: "user", content: "Tell me everything." }], stream, ignore_eos: true, max_tokens: 1000 })
+  openRequest({
+    model,
+    messages: [{ role: "user", content: "Tell me everything." }],
+    stream,
+    ignore_eos: true,
+    max_tokens: 1000
+  })
 
 beforeAll(async () => {
   root = await mkdtemp(join(tmpdir(), "cornserve-llm-"))
   vlm = await loadModelDirectory(await buildModel(model, root))
-  executor = await startExecutor(["--kind", "llm", "--model", model, "--devices", "cpu:0", "--max-batch-size", "8", "--max-queue", "8"], { CORNSERVE_MODEL_DIR: root })
+  executor = await startExecutor(
+    ["--kind", "llm", "--model", model, "--devices", "cpu:0", "--max-batch-size", "8", "--max-queue", "8"],
+    { CORNSERVE_MODEL_DIR: root }
+  )
   client = new OpenAI({ baseURL: `${executor.url}/v1`, apiKey: "not-needed", maxRetries: 0 })
 })
 
@@ -120,15 +149,23 @@ describe("the LLM executor, through the openai client", () => {
     })
     const chunks: Array<OpenAI.Chat.ChatCompletionChunk> = []
     for await (const chunk of stream) chunks.push(chunk)
-    expect(chunks.flatMap((chunk) => chunk.choices.map((choice) => choice.delta.content ?? "")).join("")).toBe(colors[5]!.name)
+    expect(chunks.flatMap((chunk) => chunk.choices.map((choice) => choice.delta.content ?? "")).join("")).toBe(
+      colors[5]!.name
+    )
     expect(chunks[0]!.choices[0]!.delta.role).toBe("assistant")
-    expect(chunks.flatMap((chunk) => chunk.choices.map((choice) => choice.finish_reason)).filter((reason) => reason !== null)).toEqual(["stop"])
+    expect(
+      chunks.flatMap((chunk) => chunk.choices.map((choice) => choice.finish_reason)).filter((reason) => reason !== null)
+    ).toEqual(["stop"])
     expect(chunks.at(-1)!.choices).toEqual([])
     expect(chunks.at(-1)!.usage).toEqual(completion.usage)
   })
 
   it("ends the SSE stream with data: [DONE]", async () => {
-    const response = await post("/v1/chat/completions", { model, messages: [{ role: "user", content: "Hello" }], stream: true })
+    const response = await post("/v1/chat/completions", {
+      model,
+      messages: [{ role: "user", content: "Hello" }],
+      stream: true
+    })
     expect(response.headers.get("content-type")).toMatch(/^text\/event-stream/)
     const events = (await response.text()).split("\n\n").filter((event) => event.length > 0)
     expect(events.at(-1)).toBe("data: [DONE]")
@@ -142,7 +179,15 @@ describe("the LLM executor, through the openai client", () => {
     ] as const) {
       const completion = await client.chat.completions.create({
         model,
-        messages: [{ role: "user", content: [{ type: "input_audio", input_audio: { data: wavBase64(hertz), format: "wav" } }, { type: "text", text: "Low or high?" }] }],
+        messages: [
+          {
+            role: "user",
+            content: [
+              { type: "input_audio", input_audio: { data: wavBase64(hertz), format: "wav" } },
+              { type: "text", text: "Low or high?" }
+            ]
+          }
+        ],
         temperature: 0
       })
       expect(completion.choices[0]!.message.content).toBe(expected)
@@ -163,7 +208,16 @@ describe("the LLM executor, through the openai client", () => {
 
   it("samples with temperature and top_p, the same tokens for the same seed", async () => {
     const ask = (seed: number) =>
-      client.chat.completions.create(ignoringEos({ model, messages: [{ role: "user", content: "Anything?" }], temperature: 1.5, top_p: 0.95, seed, max_tokens: 12 }))
+      client.chat.completions.create(
+        ignoringEos({
+          model,
+          messages: [{ role: "user", content: "Anything?" }],
+          temperature: 1.5,
+          top_p: 0.95,
+          seed,
+          max_tokens: 12
+        })
+      )
     const [first, again] = await Promise.all([ask(7), ask(7)])
     expect(first.choices[0]!.message.content).toBe(again.choices[0]!.message.content)
     expect(first.usage!.completion_tokens).toBe(12)
@@ -171,7 +225,9 @@ describe("the LLM executor, through the openai client", () => {
 
   it("gives the same greedy answers alone as batched with 7 others", async () => {
     const conversations: Array<Array<OpenAI.Chat.ChatCompletionMessageParam>> = [
-      ...(await Promise.all([0, 2, 4, 6, 7].map(async (color, i) => [imageQuestion(await pngDataUrl(colors[color]!, 10 + i))]))),
+      ...(await Promise.all(
+        [0, 2, 4, 6, 7].map(async (color, i) => [imageQuestion(await pngDataUrl(colors[color]!, 10 + i))])
+      )),
       [{ role: "user", content: [{ type: "input_audio", input_audio: { data: wavBase64(5000), format: "wav" } }] }],
       [
         { role: "system", content: "Be brief." },
@@ -181,33 +237,56 @@ describe("the LLM executor, through the openai client", () => {
     ]
     const requests = conversations.map((messages) => ignoringEos({ model, messages, temperature: 0, max_tokens: 24 }))
     const alone: Array<string> = []
-    for (const request of requests) alone.push((await client.chat.completions.create(request)).choices[0]!.message.content!)
-    const batched = await Promise.all(requests.map(async (request) => (await client.chat.completions.create(request)).choices[0]!.message.content!))
+    for (const request of requests)
+      alone.push((await client.chat.completions.create(request)).choices[0]!.message.content!)
+    const batched = await Promise.all(
+      requests.map(async (request) => (await client.chat.completions.create(request)).choices[0]!.message.content!)
+    )
     expect(batched).toEqual(alone)
     // Each says its answer first; ignoring end-of-sequence, it then goes on to max_tokens.
-    ;[...[0, 2, 4, 6, 7].map((color) => colors[color]!.name), "high"].forEach((answer, i) => expect(alone[i]!.startsWith(answer), alone[i]).toBe(true))
+    ;[...[0, 2, 4, 6, 7].map((color) => colors[color]!.name), "high"].forEach((answer, i) =>
+      expect(alone[i]!.startsWith(answer), alone[i]).toBe(true)
+    )
     expect((await stats()).largestBatch).toBe(8)
   })
 })
 
 describe("the LLM executor's answers to bad input", () => {
   it("404 for an unknown model", async () => {
-    await expect(client.chat.completions.create({ model: "gpt-17", messages: [{ role: "user", content: "hi" }] })).rejects.toMatchObject({ status: 404 })
+    await expect(
+      client.chat.completions.create({ model: "gpt-17", messages: [{ role: "user", content: "hi" }] })
+    ).rejects.toMatchObject({ status: 404 })
   })
 
   it("400 for malformed messages", async () => {
-    for (const messages of [[], "hello", [{ role: "user" }], [{ role: "robot", content: "hi" }], [{ role: "user", content: [{ type: "hologram" }] }]]) {
+    for (const messages of [
+      [],
+      "hello",
+      [{ role: "user" }],
+      [{ role: "robot", content: "hi" }],
+      [{ role: "user", content: [{ type: "hologram" }] }]
+    ]) {
       const response = await post("/v1/chat/completions", { model, messages })
       expect(response.status, JSON.stringify(messages)).toBe(400)
       expect(((await response.json()) as { error: { code: string } }).error.code).toBe("BadRequest")
     }
-    expect((await fetch(`${executor.url}/v1/chat/completions`, { method: "POST", body: "{ not json" })).status).toBe(400)
+    expect((await fetch(`${executor.url}/v1/chat/completions`, { method: "POST", body: "{ not json" })).status).toBe(
+      400
+    )
   })
 
   it("400 for a modality the model cannot take", async () => {
     const response = await post("/v1/chat/completions", {
       model,
-      messages: [{ role: "user", content: [{ type: "video_url", video_url: { url: "data:video/mp4;base64,AAAA" } }, { type: "text", text: "What happens?" }] }]
+      messages: [
+        {
+          role: "user",
+          content: [
+            { type: "video_url", video_url: { url: "data:video/mp4;base64,AAAA" } },
+            { type: "text", text: "What happens?" }
+          ]
+        }
+      ]
     })
     expect(response.status).toBe(400)
     expect(((await response.json()) as { error: { message: string } }).error.message).toMatch(/cannot take video/)
@@ -215,8 +294,12 @@ describe("the LLM executor's answers to bad input", () => {
 
   it("400 for a prompt over the context length, or a completion that would run past it", async () => {
     const context = vlm.decoder!.maxPositions!
-    await expect(client.chat.completions.create({ model, messages: [{ role: "user", content: "word ".repeat(context) }] })).rejects.toMatchObject({ status: 400 })
-    await expect(client.chat.completions.create({ model, messages: [{ role: "user", content: "hi" }], max_tokens: context })).rejects.toMatchObject({ status: 400 })
+    await expect(
+      client.chat.completions.create({ model, messages: [{ role: "user", content: "word ".repeat(context) }] })
+    ).rejects.toMatchObject({ status: 400 })
+    await expect(
+      client.chat.completions.create({ model, messages: [{ role: "user", content: "hi" }], max_tokens: context })
+    ).rejects.toMatchObject({ status: 400 })
   })
 
   it("frees the KV cache of a client that disconnects, streaming or not", async () => {
@@ -227,25 +310,40 @@ describe("the LLM executor's answers to bad input", () => {
     expect(running.kvCache.usedTokens).toBeGreaterThan(1000)
     streaming.hangUp()
     const afterStream = await statsWhen((current) => current.running === 0)
-    expect(afterStream).toMatchObject({ cancelled: before.cancelled + 1, finished: before.finished, kvCache: { usedTokens: 0 } })
+    expect(afterStream).toMatchObject({
+      cancelled: before.cancelled + 1,
+      finished: before.finished,
+      kvCache: { usedTokens: 0 }
+    })
 
     const whole = longRequest(false)
     await statsWhen((current) => current.running === 1)
     whole.hangUp()
     const afterWhole = await statsWhen((current) => current.running === 0)
-    expect(afterWhole).toMatchObject({ cancelled: before.cancelled + 2, finished: before.finished, kvCache: { usedTokens: 0 } })
+    expect(afterWhole).toMatchObject({
+      cancelled: before.cancelled + 2,
+      finished: before.finished,
+      kvCache: { usedTokens: 0 }
+    })
   })
 
   it("503 with Retry-After when the queue is full", async () => {
     const clients = Array.from({ length: 8 }, () => longRequest(true))
-    expect((await Promise.all(clients.map((client) => client.response))).map((response) => response.status)).toEqual(new Array(8).fill(200))
+    expect((await Promise.all(clients.map((client) => client.response))).map((response) => response.status)).toEqual(
+      new Array(8).fill(200)
+    )
     const refused = await post("/v1/chat/completions", { model, messages: [{ role: "user", content: "me too" }] })
     expect(refused.status).toBe(503)
     expect(refused.headers.get("retry-after")).toBe("1")
     expect(((await refused.json()) as { error: { message: string } }).error.message).toMatch(/queue is full/)
     for (const request of clients) request.hangUp()
-    expect(await statsWhen((current) => current.running === 0 && current.waiting === 0)).toMatchObject({ kvCache: { usedTokens: 0 } })
-    const completion = await client.chat.completions.create({ model, messages: [{ role: "user", content: "and now?" }] })
+    expect(await statsWhen((current) => current.running === 0 && current.waiting === 0)).toMatchObject({
+      kvCache: { usedTokens: 0 }
+    })
+    const completion = await client.chat.completions.create({
+      model,
+      messages: [{ role: "user", content: "and now?" }]
+    })
     expect(completion.choices[0]!.message.content).toBe("nothing")
   })
 })
@@ -259,7 +357,9 @@ describe("prompt embeddings for a generator", () => {
     const tokenizer = new ChatTokenizer(vlm)
     const ids = tokenizer.encode(tokenizer.applyChatTemplate(messages, { addGenerationPrompt: false }))
     const session = await ort.InferenceSession.create(onnxPath(vlm, "embed_tokens"))
-    const direct = (await session.run({ input_ids: new ort.Tensor("int64", BigInt64Array.from(ids, BigInt), [1, ids.length]) })).inputs_embeds!
+    const direct = (
+      await session.run({ input_ids: new ort.Tensor("int64", BigInt64Array.from(ids, BigInt), [1, ids.length]) })
+    ).inputs_embeds!
     expect(answer.source).toBe("embed_tokens")
     expect(answer.shape).toEqual([ids.length, vlm.decoder!.hiddenSize])
     expect(answer.embedding).toEqual(Array.from(direct.data as Float32Array))
@@ -269,7 +369,13 @@ describe("prompt embeddings for a generator", () => {
   it("400 without a sidecar to send to, and for hidden states the model does not export", async () => {
     const messages = [{ role: "user", content: "paint it blue" }]
     expect((await post("/v1/cornserve/prompt-embeddings", { model, messages, id: "x" })).status).toBe(400)
-    const hidden = await post("/v1/cornserve/prompt-embeddings", { model, messages, id: "x", source: "hidden_states", return: "inline" })
+    const hidden = await post("/v1/cornserve/prompt-embeddings", {
+      model,
+      messages,
+      id: "x",
+      source: "hidden_states",
+      return: "inline"
+    })
     expect(hidden.status).toBe(400)
     expect(((await hidden.json()) as { error: { message: string } }).error.message).toMatch(/no hidden states/)
   })

@@ -64,7 +64,13 @@ const drive = async (runner: Runner, requests: ReadonlyArray<Scripted>): Promise
   return tokens
 }
 
-const greedy = (maxNewTokens: number, stopTokenIds: ReadonlyArray<number> = []): SamplingParams => ({ temperature: 0, topP: 1, seed: 0, maxNewTokens, stopTokenIds })
+const greedy = (maxNewTokens: number, stopTokenIds: ReadonlyArray<number> = []): SamplingParams => ({
+  temperature: 0,
+  topP: 1,
+  seed: 0,
+  maxNewTokens,
+  stopTokenIds
+})
 
 let root: string
 let decoder: ModelDirectory
@@ -72,14 +78,28 @@ let vlm: ModelDirectory
 
 beforeAll(async () => {
   root = await mkdtemp(join(tmpdir(), "cornserve-llm-runner-"))
-  const preset = { hidden: 64, layers: 2, heads: 4, intermediate: 128, vocabSize: chatVocabulary().vocabSize, maxPositions: 256, seed: 11 }
+  const preset = {
+    hidden: 64,
+    layers: 2,
+    heads: 4,
+    intermediate: 128,
+    vocabSize: chatVocabulary().vocabSize,
+    maxPositions: 256,
+    seed: 11
+  }
   const recipe = decoderRecipe("test/tiny-decoder", preset)
   // Untied, larger random weights than the recipe's, so that greedy text wanders instead of repeating one token.
   const weights = randomDecoderWeights(preset)
   const random = new Random(12)
   const files = new Map([
     ...recipe.build(),
-    ["onnx/embed_tokens.onnx", embedTokensGraph({ ...weights, embedTokens: matrix(weights.embedTokens.rows, preset.hidden, random.normals(weights.embedTokens.data.length, 1)) }).toBytes()],
+    [
+      "onnx/embed_tokens.onnx",
+      embedTokensGraph({
+        ...weights,
+        embedTokens: matrix(weights.embedTokens.rows, preset.hidden, random.normals(weights.embedTokens.data.length, 1))
+      }).toBytes()
+    ],
     [
       "onnx/decoder_model_merged.onnx",
       decoderGraph({
@@ -123,7 +143,8 @@ describe("Runner", () => {
       joinAt: [0, 0, 1, 3, 3, 4, 9, 12][i]!
     }))
     const alone = new Map<string, ReadonlyArray<number>>()
-    for (const request of requests) alone.set(request.id, (await drive(runner, [{ ...request, joinAt: 0 }])).get(request.id)!)
+    for (const request of requests)
+      alone.set(request.id, (await drive(runner, [{ ...request, joinAt: 0 }])).get(request.id)!)
     expect(runner.held).toEqual([])
     const batched = await drive(runner, requests)
     for (const request of requests) {
@@ -145,7 +166,10 @@ describe("Runner", () => {
       ...(cancelAt === undefined ? {} : { cancelAt })
     })
     const alone = await drive(runner, [request("kept", "Paint the sea green")])
-    const mixed = await drive(runner, [request("kept", "Paint the sea green"), request("dropped", "What colour is this image?", 4)])
+    const mixed = await drive(runner, [
+      request("kept", "Paint the sea green"),
+      request("dropped", "What colour is this image?", 4)
+    ])
     expect(mixed.get("kept")).toEqual(alone.get("kept"))
     // Two tokens at the step it joined (prefill and a decode), then one a step.
     expect(mixed.get("dropped")).toHaveLength(5)
@@ -162,21 +186,34 @@ describe("Runner", () => {
     const cases = await Promise.all(
       [0, 3, 5, 6, -1, 1, 2, 7].map(async (color) => ({
         color,
-        pixels: color < 0 ? undefined : await pixelValues(preprocessor, colorImage(random, colors[color]!, colors[(color + 4) % 8]!, "noisy-patch").image)
+        pixels:
+          color < 0
+            ? undefined
+            : await pixelValues(
+                preprocessor,
+                colorImage(random, colors[color]!, colors[(color + 4) % 8]!, "noisy-patch").image
+              )
       }))
     )
     const imageToken = vlm.config.image_token_id!
     const rows = vlm.config.image_seq_length!
     const requests: Array<Scripted> = cases.map((c, i) => {
-      const content = [...(c.pixels === undefined ? [] : [{ type: "image" }]), { type: "text", text: "What colour is this image?" }]
+      const content = [
+        ...(c.pixels === undefined ? [] : [{ type: "image" }]),
+        { type: "text", text: "What colour is this image?" }
+      ]
       const ids = tokenizer.encode(tokenizer.applyChatTemplate([{ role: "user", content }]))
       const at = ids.indexOf(imageToken)
-      const inputIds = at < 0 ? ids : [...ids.slice(0, at), ...new Array<number>(rows).fill(imageToken), ...ids.slice(at + 1)]
+      const inputIds =
+        at < 0 ? ids : [...ids.slice(0, at), ...new Array<number>(rows).fill(imageToken), ...ids.slice(at + 1)]
       return {
         id: `q${i}`,
         prompt: {
           inputIds: Int32Array.from(inputIds),
-          media: c.pixels === undefined ? [] : [{ start: at, rows, input: { kind: "pixel_values", data: c.pixels, shape: [1, 3, 64, 64] } }]
+          media:
+            c.pixels === undefined
+              ? []
+              : [{ start: at, rows, input: { kind: "pixel_values", data: c.pixels, shape: [1, 3, 64, 64] } }]
         },
         sampling: greedy(8, [vlm.config.eos_token_id as number]),
         joinAt: i % 3
@@ -184,11 +221,16 @@ describe("Runner", () => {
     })
     const answers = await drive(runner, requests)
     const expected = await direct.answer(
-      cases.map((c) => ({ text: "What colour is this image?", ...(c.pixels === undefined ? {} : { images: [c.pixels] }) })),
+      cases.map((c) => ({
+        text: "What colour is this image?",
+        ...(c.pixels === undefined ? {} : { images: [c.pixels] })
+      })),
       8
     )
     requests.forEach((request, i) => expect(answers.get(request.id), request.id).toEqual(expected[i]!.ids))
-    expect(expected.map((answer) => answer.text)).toEqual(cases.map((c) => (c.color < 0 ? "nothing" : colors[c.color]!.name)))
+    expect(expected.map((answer) => answer.text)).toEqual(
+      cases.map((c) => (c.color < 0 ? "nothing" : colors[c.color]!.name))
+    )
     await runner.close()
   })
 })

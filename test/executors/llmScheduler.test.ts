@@ -83,7 +83,13 @@ describe("the batch KV cache layout", () => {
   }
 
   it("gathers requests from different pasts into one, right-aligned, zero-padded", () => {
-    const running = past([[1, 2, 3], [4, 5]], 4)
+    const running = past(
+      [
+        [1, 2, 3],
+        [4, 5]
+      ],
+      4
+    )
     const joined = past([[7], [8, 9]], 2)
     const gathered = gatherRows(
       [

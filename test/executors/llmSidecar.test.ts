@@ -31,18 +31,26 @@ let client: OpenAI
 let sidecarClient: SidecarClient
 
 const post = async <T>(url: string, body: unknown): Promise<{ readonly status: number; readonly body: T }> => {
-  const response = await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) })
+  const response = await fetch(url, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(body)
+  })
   return { status: response.status, body: (await response.json()) as T }
 }
 
 const imageUrl = async (color: number, seed: number) => {
   const { image } = colorImage(new Random(seed), colors[color]!, colors[(color + 5) % 8]!, "patch")
-  const png = await sharp(Buffer.from(image.data), { raw: { width: image.width, height: image.height, channels: 3 } }).png().toBuffer()
+  const png = await sharp(Buffer.from(image.data), { raw: { width: image.width, height: image.height, channels: 3 } })
+    .png()
+    .toBuffer()
   return `data:image/png;base64,${png.toString("base64")}`
 }
 
 const audioBase64 = (hertz: number) =>
-  wavFile([Int16Array.from(tone(hertz, 16_000, 1, 0.4), (sample) => Math.round(sample * 32767))], 16_000).toString("base64")
+  wavFile([Int16Array.from(tone(hertz, 16_000, 1, 0.4), (sample) => Math.round(sample * 32767))], 16_000).toString(
+    "base64"
+  )
 
 beforeAll(async () => {
   root = await mkdtemp(join(tmpdir(), "cornserve-llm-sidecar-"))
@@ -70,7 +78,12 @@ describe("the LLM executor with embeddings from Eric through the sidecar", () =>
     const media = [
       { id: "image-red", modality: "image" as const, url: await imageUrl(0, 1), part: "image_url" as const },
       { id: "image-cyan", modality: "image" as const, url: await imageUrl(5, 2), part: "image_url" as const },
-      { id: "tone-high", modality: "audio" as const, url: `data:audio/wav;base64,${audioBase64(2000)}`, part: "input_audio" as const }
+      {
+        id: "tone-high",
+        modality: "audio" as const,
+        url: `data:audio/wav;base64,${audioBase64(2000)}`,
+        part: "input_audio" as const
+      }
     ]
     const embedded = await post<EmbeddingsResponse>(`${eric.url}/embeddings`, {
       items: media.map(({ id, modality, url }) => ({ id, modality, url })),
@@ -80,8 +93,12 @@ describe("the LLM executor with embeddings from Eric through the sidecar", () =>
 
     for (const [index, item] of media.entries()) {
       const part: OpenAI.Chat.ChatCompletionContentPart =
-        item.part === "image_url" ? { type: "image_url", image_url: { url: item.url } } : { type: "input_audio", input_audio: { data: audioBase64(2000), format: "wav" } }
-      const messages: Array<OpenAI.Chat.ChatCompletionMessageParam> = [{ role: "user", content: [part, { type: "text", text: "What is this?" }] }]
+        item.part === "image_url"
+          ? { type: "image_url", image_url: { url: item.url } }
+          : { type: "input_audio", input_audio: { data: audioBase64(2000), format: "wav" } }
+      const messages: Array<OpenAI.Chat.ChatCompletionMessageParam> = [
+        { role: "user", content: [part, { type: "text", text: "What is this?" }] }
+      ]
       const inProcess = await client.chat.completions.create({ model, messages, temperature: 0 })
       const fromEric = await client.chat.completions.create({
         model,
@@ -98,7 +115,15 @@ describe("the LLM executor with embeddings from Eric through the sidecar", () =>
     await post(`${eric.url}/embeddings`, { items: [{ id: "image-red-2", modality: "image", url: media[0]!.url }] })
     const stream = await client.chat.completions.create({
       model,
-      messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: media[0]!.url } }, { type: "text", text: "Colour?" }] }],
+      messages: [
+        {
+          role: "user",
+          content: [
+            { type: "image_url", image_url: { url: media[0]!.url } },
+            { type: "text", text: "Colour?" }
+          ]
+        }
+      ],
       temperature: 0,
       stream: true,
       cornserve_embeddings: [{ id: "image-red-2", modality: "image" }]
@@ -116,7 +141,11 @@ describe("the LLM executor with embeddings from Eric through the sidecar", () =>
       cornserve_embeddings: [{ id: "never-sent", modality: "image" }]
     })
     expect(missing).toMatchObject({ status: 404, body: { error: { code: "EmbeddingNotFound" } } })
-    const mismatched = await post(`${llm.url}/v1/chat/completions`, { model, messages, cornserve_embeddings: [{ id: "x", modality: "audio" }] })
+    const mismatched = await post(`${llm.url}/v1/chat/completions`, {
+      model,
+      messages,
+      cornserve_embeddings: [{ id: "x", modality: "audio" }]
+    })
     expect(mismatched.status).toBe(400)
     const tooMany = await post(`${llm.url}/v1/chat/completions`, { model, messages, cornserve_embeddings: [] })
     expect(tooMany.status).toBe(400)
@@ -126,8 +155,18 @@ describe("the LLM executor with embeddings from Eric through the sidecar", () =>
 describe("prompt embeddings through the sidecar (the LLM embedding task)", () => {
   it("sends embed_tokens of the prompt under the id, to the node named", async () => {
     const messages = [{ role: "user", content: "paint the sky green" }]
-    const inline = await post<PromptEmbeddingsResponse>(`${llm.url}/v1/cornserve/prompt-embeddings`, { model, messages, id: "inline", return: "inline" })
-    const sent = await post<PromptEmbeddingsResponse>(`${llm.url}/v1/cornserve/prompt-embeddings`, { model, messages, id: "prompt-green", receivers: [sidecar.nodeId] })
+    const inline = await post<PromptEmbeddingsResponse>(`${llm.url}/v1/cornserve/prompt-embeddings`, {
+      model,
+      messages,
+      id: "inline",
+      return: "inline"
+    })
+    const sent = await post<PromptEmbeddingsResponse>(`${llm.url}/v1/cornserve/prompt-embeddings`, {
+      model,
+      messages,
+      id: "prompt-green",
+      receivers: [sidecar.nodeId]
+    })
     expect(sent.status).toBe(200)
     expect(sent.body.shape).toEqual(inline.body.shape)
     const received = await sidecarClient.recv("prompt-green", 0, { timeoutMs: 5_000 })
@@ -144,9 +183,17 @@ describe("prompt embeddings through the sidecar (the LLM embedding task)", () =>
       ["blue", [0, 0, 1]]
     ] as const) {
       const id = `paint-${word}`
-      const sent = await post(`${llm.url}/v1/cornserve/prompt-embeddings`, { model, messages: [{ role: "user", content: `Paint me something ${word}.` }], id })
+      const sent = await post(`${llm.url}/v1/cornserve/prompt-embeddings`, {
+        model,
+        messages: [{ role: "user", content: `Paint me something ${word}.` }],
+        id
+      })
       expect(sent.status).toBe(200)
-      const painted = await post<{ image: string }>(`${painter.url}/generate`, { embeddings: id, width: 32, height: 32 })
+      const painted = await post<{ image: string }>(`${painter.url}/generate`, {
+        embeddings: id,
+        width: 32,
+        height: 32
+      })
       expect(painted.status).toBe(200)
       const stats = await sharp(Buffer.from(painted.body.image, "base64")).stats()
       const mean = stats.channels.slice(0, 3).map((channel) => channel.mean / 255)

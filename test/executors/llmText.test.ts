@@ -143,7 +143,9 @@ describe("prompts", () => {
     expect([...expanded.inputIds]).toEqual([1, 100, 100, 100, 2, 200, 200, 3])
     expect(expanded.starts).toEqual([1, 5])
     expect(() => expandPlaceholders([100, 100], placeholders, [{ modality: "image", rows: 1 }])).toThrow(PromptError)
-    expect(() => expandPlaceholders([1], placeholders, [{ modality: "image", rows: 1 }])).toThrow(/placed 0 media placeholders for 1/)
+    expect(() => expandPlaceholders([1], placeholders, [{ modality: "image", rows: 1 }])).toThrow(
+      /placed 0 media placeholders for 1/
+    )
     expect(() => expandPlaceholders([200], placeholders, [{ modality: "image", rows: 1 }])).toThrow(/audio placeholder/)
   })
 })

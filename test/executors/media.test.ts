@@ -6,11 +6,23 @@ import { join } from "node:path"
 import { pathToFileURL } from "node:url"
 import sharp from "sharp"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { decodeAudio, decodeImage, decodeVideoFrames, sampleFrameIndices } from "../../src/executors/eric/MediaDecoder.js"
-import { isPrivateAddress, MediaError, type MediaSourceOptions, readMedia } from "../../src/executors/eric/MediaSource.js"
+import {
+  decodeAudio,
+  decodeImage,
+  decodeVideoFrames,
+  sampleFrameIndices
+} from "../../src/executors/eric/MediaDecoder.js"
+import {
+  isPrivateAddress,
+  MediaError,
+  type MediaSourceOptions,
+  readMedia
+} from "../../src/executors/eric/MediaSource.js"
 
 const solidPng = (r: number, g: number, b: number, size = 8) =>
-  sharp({ create: { width: size, height: size, channels: 3, background: { r, g, b } } }).png().toBuffer()
+  sharp({ create: { width: size, height: size, channels: 3, background: { r, g, b } } })
+    .png()
+    .toBuffer()
 
 const wav16 = (samples: ReadonlyArray<ReadonlyArray<number>>, sampleRate: number): Buffer => {
   const channels = samples.length
@@ -95,14 +107,30 @@ describe("readMedia", () => {
   })
 
   it("refuses a data: URL over the size limit (413)", async () => {
-    await expectMediaError(readMedia(`data:;base64,${Buffer.alloc(2048).toString("base64")}`, options()), 413, /larger than the limit/)
+    await expectMediaError(
+      readMedia(`data:;base64,${Buffer.alloc(2048).toString("base64")}`, options()),
+      413,
+      /larger than the limit/
+    )
   })
 
   it("reads files under the allowed root, and refuses any other (400)", async () => {
     expect((await readMedia(pathToFileURL(join(root, "inside.bin")).href, options())).bytes.toString()).toBe("inside")
-    await expectMediaError(readMedia(pathToFileURL(join(outside, "secret.bin")).href, options()), 400, /outside the allowed media root/)
-    await expectMediaError(readMedia(pathToFileURL(join(root, "escape.bin")).href, options()), 400, /outside the allowed media root/)
-    await expectMediaError(readMedia(pathToFileURL(join(root, "inside.bin")).href, options({ allowedRoot: undefined })), 400, /no media root/)
+    await expectMediaError(
+      readMedia(pathToFileURL(join(outside, "secret.bin")).href, options()),
+      400,
+      /outside the allowed media root/
+    )
+    await expectMediaError(
+      readMedia(pathToFileURL(join(root, "escape.bin")).href, options()),
+      400,
+      /outside the allowed media root/
+    )
+    await expectMediaError(
+      readMedia(pathToFileURL(join(root, "inside.bin")).href, options({ allowedRoot: undefined })),
+      400,
+      /no media root/
+    )
   })
 
   it("refuses http URLs to private addresses unless allowed", async () => {
@@ -127,7 +155,18 @@ describe("readMedia", () => {
   })
 
   it("classifies addresses", () => {
-    for (const address of ["127.0.0.1", "10.1.2.3", "172.20.0.1", "192.168.1.1", "169.254.1.1", "::1", "fd00::1", "fe80::1", "::ffff:10.0.0.1", "0.0.0.0"]) {
+    for (const address of [
+      "127.0.0.1",
+      "10.1.2.3",
+      "172.20.0.1",
+      "192.168.1.1",
+      "169.254.1.1",
+      "::1",
+      "fd00::1",
+      "fe80::1",
+      "::ffff:10.0.0.1",
+      "0.0.0.0"
+    ]) {
       expect(isPrivateAddress(address), address).toBe(true)
     }
     for (const address of ["8.8.8.8", "1.1.1.1", "2606:4700::1111", "172.32.0.1"]) {
@@ -158,7 +197,9 @@ describe("decoding", () => {
       [0, 0, 255]
     ] as const
     const frames = await Promise.all(colours.map(([r, g, b]) => solidPng(r, g, b)))
-    const gif = await sharp(frames, { join: { animated: true } }).gif().toBuffer()
+    const gif = await sharp(frames, { join: { animated: true } })
+      .gif()
+      .toBuffer()
     const decoded = await decodeVideoFrames(gif, 2, 2, 32)
     expect(decoded.map((frame) => [...frame.data.slice(0, 3)])).toEqual(colours.map((colour) => [...colour]))
     expect(await decodeVideoFrames(gif, 2, 2, 2)).toHaveLength(2)

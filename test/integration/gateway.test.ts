@@ -110,7 +110,12 @@ describe("cornserve serve: apps registered at run time and invoked over HTTP", (
       if (next.done) break
       text += decoder.decode(next.value)
     }
-    expect(text.trim().split("\n").map((line) => JSON.parse(line))).toEqual([
+    expect(
+      text
+        .trim()
+        .split("\n")
+        .map((line) => JSON.parse(line))
+    ).toEqual([
       { count: 3, done: false },
       { count: 2, done: false },
       { count: 1, done: true }
@@ -121,12 +126,16 @@ describe("cornserve serve: apps registered at run time and invoked over HTTP", (
     const lines = await runCli(["app", "invoke", "countdown", "--data", '{"from":3,"intervalMs":10}'], cliEnv)
     expect(lines.code).toBe(0)
     expect(lines.stdout.trim().split("\n")).toHaveLength(3)
-    const aggregated = await runCli(["app", "invoke", "countdown", "--data", '{"from":3,"intervalMs":10}', "--aggregate", "count"], cliEnv)
+    const aggregated = await runCli(
+      ["app", "invoke", "countdown", "--data", '{"from":3,"intervalMs":10}', "--aggregate", "count"],
+      cliEnv
+    )
     expect(aggregated.stdout.trim()).toBe("321")
   })
 
   describe("bad input: a clear JSON error, and the gateway keeps serving", () => {
-    const errorOf = async (response: Response) => ((await response.json()) as { error: { code: string; message: string; module?: string } }).error
+    const errorOf = async (response: Response) =>
+      ((await response.json()) as { error: { code: string; message: string; module?: string } }).error
 
     it("refuses app source with a syntax error (400, with line and column)", async () => {
       const source = 'import { defineApp } from "cornserve/app"\nexport default defineApp({\n  tasks: {,\n})\n'
@@ -148,7 +157,8 @@ describe("cornserve serve: apps registered at run time and invoked over HTTP", (
     })
 
     it("refuses a forbidden import and names the module (400)", async () => {
-      const source = 'import leftPad from "left-pad"\nimport { defineApp } from "cornserve/app"\nimport { Schema } from "effect"\nexport default defineApp({ tasks: {}, request: Schema.Struct({}), serve: () => leftPad("x", 3) })\n'
+      const source =
+        'import leftPad from "left-pad"\nimport { defineApp } from "cornserve/app"\nimport { Schema } from "effect"\nexport default defineApp({ tasks: {}, request: Schema.Struct({}), serve: () => leftPad("x", 3) })\n'
       const result = await registerRaw(platform.url, { name: "sneaky", source }, token)
       expect(result.status).toBe(400)
       const { error } = JSON.parse(result.text)
@@ -156,8 +166,11 @@ describe("cornserve serve: apps registered at run time and invoked over HTTP", (
       expect(error.module).toBe("left-pad")
       expect(error.message).toContain('"left-pad"')
 
-      const missingSubpath = 'import { Nope } from "effect/Nope"\nimport { defineApp } from "cornserve/app"\nimport { Schema } from "effect"\nexport default defineApp({ tasks: {}, request: Schema.Struct({}), serve: () => Nope })\n'
-      const refused = JSON.parse((await registerRaw(platform.url, { name: "subpath", source: missingSubpath }, token)).text)
+      const missingSubpath =
+        'import { Nope } from "effect/Nope"\nimport { defineApp } from "cornserve/app"\nimport { Schema } from "effect"\nexport default defineApp({ tasks: {}, request: Schema.Struct({}), serve: () => Nope })\n'
+      const refused = JSON.parse(
+        (await registerRaw(platform.url, { name: "subpath", source: missingSubpath }, token)).text
+      )
       expect(refused.error.code).toBe("ForbiddenImport")
       expect(refused.error.message).toContain('"effect/Nope" is not a module of effect')
       expect(refused.error.message).not.toContain("node_modules")
@@ -239,7 +252,10 @@ describe("cornserve serve: apps registered at run time and invoked over HTTP", (
       expect(wrong.status).toBe(401)
       const unregister = await fetch(`${platform.url}/app/unregister/hello`, { method: "POST" })
       expect(unregister.status).toBe(401)
-      const cli = await runCli(["app", "unregister", "hello"], { CORNSERVE_GATEWAY_URL: platform.url, CORNSERVE_ADMIN_TOKEN: "" })
+      const cli = await runCli(["app", "unregister", "hello"], {
+        CORNSERVE_GATEWAY_URL: platform.url,
+        CORNSERVE_ADMIN_TOKEN: ""
+      })
       expect(cli.code).not.toBe(0)
       expect(await appState(platform.url, "hello")).toBe("ready")
     })
@@ -283,7 +299,12 @@ describe("cornserve serve: apps registered at run time and invoked over HTTP", (
     const body = response.text()
     const unregistered = await runCli(["app", "unregister", "countdown"], cliEnv)
     expect(unregistered.code).toBe(0)
-    expect((await body).trim().split("\n").map((line) => JSON.parse(line).count)).toEqual([3, 2, 1])
+    expect(
+      (await body)
+        .trim()
+        .split("\n")
+        .map((line) => JSON.parse(line).count)
+    ).toEqual([3, 2, 1])
     expect((await invoke(platform.url, "countdown", "{}")).status).toBe(404)
     expect((await runCli(["app", "register", example("countdown")], cliEnv)).code).toBe(0)
   })
@@ -324,7 +345,9 @@ describe("cornserve serve: restarts and shutdown", () => {
   it("lets a request in flight finish on SIGTERM, then exits 0 with no child process left", async () => {
     const platform = await startPlatform()
     try {
-      expect((await runCli(["app", "register", example("countdown")], { CORNSERVE_GATEWAY_URL: platform.url })).code).toBe(0)
+      expect(
+        (await runCli(["app", "register", example("countdown")], { CORNSERVE_GATEWAY_URL: platform.url })).code
+      ).toBe(0)
       const children = childPids(platform.process.pid!)
       expect(children.length).toBeGreaterThan(0)
       const response = await invoke(platform.url, "countdown", JSON.stringify({ from: 4, intervalMs: 300 }))

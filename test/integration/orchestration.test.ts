@@ -5,16 +5,36 @@ import OpenAI from "openai"
 import sharp from "sharp"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { descendants } from "../support/executors.js"
-import { eventually, invoke, removeStateDir, repoRoot, runCli, type RunningPlatform, startPlatform } from "../support/platform.js"
+import {
+  eventually,
+  invoke,
+  removeStateDir,
+  repoRoot,
+  runCli,
+  type RunningPlatform,
+  startPlatform
+} from "../support/platform.js"
 
 const example = (name: string) => join(repoRoot, "examples", `${name}.ts`)
 const fixture = (name: string) => join(repoRoot, "test", "fixtures", "apps", `${name}.ts`)
 
 const solid = async (r: number, g: number, b: number) =>
-  `data:image/png;base64,${(await sharp({ create: { width: 48, height: 48, channels: 3, background: { r, g, b } } }).png().toBuffer()).toString("base64")}`
+  `data:image/png;base64,${(
+    await sharp({ create: { width: 48, height: 48, channels: 3, background: { r, g, b } } })
+      .png()
+      .toBuffer()
+  ).toString("base64")}`
 
 const chatRequest = (imageUrl: string, extra: Record<string, unknown> = {}) => ({
-  messages: [{ role: "user", content: [{ type: "text", text: "What colour is this?" }, { type: "image_url", image_url: { url: imageUrl } }] }],
+  messages: [
+    {
+      role: "user",
+      content: [
+        { type: "text", text: "What colour is this?" },
+        { type: "image_url", image_url: { url: imageUrl } }
+      ]
+    }
+  ],
   max_tokens: 8,
   ...extra
 })
@@ -41,7 +61,11 @@ describe("orchestration: apps' tasks run on executors, shared, supervised and wi
   let env: Record<string, string>
   let modelDir: string
 
-  const tasks = async () => ((await (await fetch(`${platform.url}/tasks/list`)).json()) as { tasks: Array<TaskRow>; devices: Array<{ id: string; task: string | null }> })
+  const tasks = async () =>
+    (await (await fetch(`${platform.url}/tasks/list`)).json()) as {
+      tasks: Array<TaskRow>
+      devices: Array<{ id: string; task: string | null }>
+    }
   const sidecarBytesInUse = async () => {
     const text = await (await fetch(`${platform.url}/metrics`)).text()
     return Number(/^cornserve_sidecar_bytes_in_use\{[^}]*\} (\d+)$/m.exec(text)![1])
@@ -80,11 +104,16 @@ describe("orchestration: apps' tasks run on executors, shared, supervised and wi
   it("serves color_chat to the official openai client, streaming and not", async () => {
     const client = new OpenAI({ baseURL: `${platform.url}/app/color_chat/v1`, apiKey: "unused" })
     const green = await solid(20, 230, 30)
-    const completion = await client.chat.completions.create(chatRequest(green, { model: "cornserve/tiny-color-vlm" }) as never)
+    const completion = await client.chat.completions.create(
+      chatRequest(green, { model: "cornserve/tiny-color-vlm" }) as never
+    )
     expect((completion as OpenAI.ChatCompletion).choices[0]!.message.content).toBe("green")
-    const stream = await client.chat.completions.create(chatRequest(green, { model: "cornserve/tiny-color-vlm", stream: true }) as never)
+    const stream = await client.chat.completions.create(
+      chatRequest(green, { model: "cornserve/tiny-color-vlm", stream: true }) as never
+    )
     let text = ""
-    for await (const chunk of stream as unknown as AsyncIterable<OpenAI.ChatCompletionChunk>) text += chunk.choices[0]?.delta.content ?? ""
+    for await (const chunk of stream as unknown as AsyncIterable<OpenAI.ChatCompletionChunk>)
+      text += chunk.choices[0]?.delta.content ?? ""
     expect(text).toBe("green")
   })
 
@@ -101,8 +130,15 @@ describe("orchestration: apps' tasks run on executors, shared, supervised and wi
   })
 
   it("streams a tone of the named colour with color_studio's audio variant", async () => {
-    const response = await invoke(platform.url, "color_studio", JSON.stringify(chatRequest(await solid(235, 25, 20), { output: "audio" })))
-    const lines = (await response.text()).trim().split("\n").map((line) => JSON.parse(line) as { colour?: string; audio?: string; sampleRate?: number })
+    const response = await invoke(
+      platform.url,
+      "color_studio",
+      JSON.stringify(chatRequest(await solid(235, 25, 20), { output: "audio" }))
+    )
+    const lines = (await response.text())
+      .trim()
+      .split("\n")
+      .map((line) => JSON.parse(line) as { colour?: string; audio?: string; sampleRate?: number })
     expect(lines[0]).toEqual({ colour: "red" })
     expect(lines.length).toBeGreaterThan(2)
     expect(lines.slice(1).every((line) => typeof line.audio === "string" && line.sampleRate === 16_000)).toBe(true)
@@ -119,22 +155,51 @@ describe("orchestration: apps' tasks run on executors, shared, supervised and wi
 
   it("loses no request that can be retried when an executor is killed under load, and recovers", async () => {
     const encoder = (await tasks()).tasks.find((task) => task.name === "encoder-image-tiny-color-vlm")!
-    const scaled = await fetch(`${platform.url}/task/scale`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ taskId: encoder.id, devices: 1 }) })
+    const scaled = await fetch(`${platform.url}/task/scale`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ taskId: encoder.id, devices: 1 })
+    })
     expect(scaled.status).toBe(200)
-    await eventually(async () => ((await tasks()).tasks.find((task) => task.id === encoder.id)!.executors.filter((executor) => executor.healthy).length === 2 ? true : undefined))
+    await eventually(async () =>
+      (await tasks()).tasks.find((task) => task.id === encoder.id)!.executors.filter((executor) => executor.healthy)
+        .length === 2
+        ? true
+        : undefined
+    )
 
     const red = await solid(240, 10, 10)
-    const requests = Array.from({ length: 12 }, () => invoke(platform.url, "color_chat", JSON.stringify(chatRequest(red))).then(streamedText))
-    const victim = descendants(platform.process.pid!).find((entry) => entry.command.includes("internal executor ") && entry.command.includes("--kind eric") && entry.command.includes("cpu:1"))
+    const requests = Array.from({ length: 12 }, () =>
+      invoke(platform.url, "color_chat", JSON.stringify(chatRequest(red))).then(streamedText)
+    )
+    const victim = descendants(platform.process.pid!).find(
+      (entry) =>
+        entry.command.includes("internal executor ") &&
+        entry.command.includes("--kind eric") &&
+        entry.command.includes("cpu:1")
+    )
     expect(victim).toBeDefined()
     process.kill(victim!.pid, "SIGKILL")
     expect(await Promise.all(requests)).toEqual(Array.from({ length: 12 }, () => "red"))
-    await eventually(async () => ((await tasks()).tasks.find((task) => task.id === encoder.id)!.executors.filter((executor) => executor.healthy).length === 2 ? true : undefined), 60_000)
+    await eventually(
+      async () =>
+        (await tasks()).tasks.find((task) => task.id === encoder.id)!.executors.filter((executor) => executor.healthy)
+          .length === 2
+          ? true
+          : undefined,
+      60_000
+    )
     expect(await streamedText(await invoke(platform.url, "color_chat", JSON.stringify(chatRequest(red))))).toBe("red")
 
     // Scaling down while requests are in flight drains the leaving executor: none of them fails.
-    const during = Array.from({ length: 8 }, () => invoke(platform.url, "color_chat", JSON.stringify(chatRequest(red))).then(streamedText))
-    const shrunk = await fetch(`${platform.url}/task/scale`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ taskId: encoder.id, devices: -1 }) })
+    const during = Array.from({ length: 8 }, () =>
+      invoke(platform.url, "color_chat", JSON.stringify(chatRequest(red))).then(streamedText)
+    )
+    const shrunk = await fetch(`${platform.url}/task/scale`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ taskId: encoder.id, devices: -1 })
+    })
     expect(shrunk.status).toBe(200)
     expect(await Promise.all(during)).toEqual(Array.from({ length: 8 }, () => "red"))
     expect((await tasks()).tasks.find((task) => task.id === encoder.id)!.executors).toHaveLength(1)
@@ -146,7 +211,11 @@ describe("orchestration: apps' tasks run on executors, shared, supervised and wi
     await Promise.all(
       [0, 5, 20, 60].map(async (delay) => {
         const controller = new AbortController()
-        const pending = fetch(`${platform.url}/app/invoke/color_chat`, { method: "POST", body: JSON.stringify(chatRequest(yellow)), signal: controller.signal }).then(
+        const pending = fetch(`${platform.url}/app/invoke/color_chat`, {
+          method: "POST",
+          body: JSON.stringify(chatRequest(yellow)),
+          signal: controller.signal
+        }).then(
           (response) => response.text(),
           () => undefined
         )
@@ -163,7 +232,8 @@ describe("orchestration: apps' tasks run on executors, shared, supervised and wi
     const afterOne = (await tasks()).tasks
     expect(afterOne.find((task) => task.name === "encoder-image-tiny-color-vlm")?.usedBy).toEqual(["color_chat"])
     expect(afterOne.some((task) => task.name.startsWith("image-generator"))).toBe(false)
-    for (const app of ["color_chat", "color_chat_local"]) expect((await runCli(["app", "unregister", app], env)).code).toBe(0)
+    for (const app of ["color_chat", "color_chat_local"])
+      expect((await runCli(["app", "unregister", app], env)).code).toBe(0)
     const { tasks: remaining, devices } = await tasks()
     expect(remaining).toEqual([])
     expect(devices.every((device) => device.task === null)).toBe(true)

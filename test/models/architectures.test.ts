@@ -6,7 +6,12 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { loadModelDirectory, onnxPath } from "../../src/models/ModelDirectory.js"
 import { Graph } from "../../src/models/onnx/Graph.js"
 import { Random } from "../../src/models/Random.js"
-import { decoder125m, type DecoderPreset, decoderRecipe, randomDecoderWeights } from "../../src/models/recipes/BenchDecoder125m.js"
+import {
+  decoder125m,
+  type DecoderPreset,
+  decoderRecipe,
+  randomDecoderWeights
+} from "../../src/models/recipes/BenchDecoder125m.js"
 import {
   randomVisionTransformerWeights,
   type VisionTransformerPreset,
@@ -42,8 +47,24 @@ const writeRecipe = async (recipe: ModelRecipe) => {
   return loadModelDirectory(dir)
 }
 
-const smallVit: VisionTransformerPreset = { imageSize: 32, patchSize: 8, hidden: 32, layers: 2, heads: 4, intermediate: 64, seed: 3 }
-const smallDecoder: DecoderPreset = { hidden: 32, layers: 3, heads: 4, intermediate: 64, vocabSize: 1000, maxPositions: 64, seed: 4 }
+const smallVit: VisionTransformerPreset = {
+  imageSize: 32,
+  patchSize: 8,
+  hidden: 32,
+  layers: 2,
+  heads: 4,
+  intermediate: 64,
+  seed: 3
+}
+const smallDecoder: DecoderPreset = {
+  hidden: 32,
+  layers: 3,
+  heads: 4,
+  intermediate: 64,
+  vocabSize: 1000,
+  maxPositions: 64,
+  seed: 4
+}
 
 describe("the benchmark presets", () => {
   it("have the sizes they are named for", () => {
@@ -59,9 +80,15 @@ describe("the ViT recipe", () => {
     expect(model.config.model_type).toBe("vit")
     const random = new Random(11)
     const pixels = Float32Array.from({ length: 2 * 3 * 32 * 32 }, () => 2 * random.uniform() - 1)
-    const outputs = await (await session(onnxPath(model, "vision_encoder"))).run({ pixel_values: floatTensor(pixels, [2, 3, 32, 32]) })
+    const outputs = await (await session(onnxPath(model, "vision_encoder"))).run({
+      pixel_values: floatTensor(pixels, [2, 3, 32, 32])
+    })
     expect(outputs.image_features!.dims).toEqual([2, 17, 32])
-    expectClose(outputs.image_features, visionTransformerForward(randomVisionTransformerWeights(smallVit), pixels, 2), "image_features")
+    expectClose(
+      outputs.image_features,
+      visionTransformerForward(randomVisionTransformerWeights(smallVit), pixels, 2),
+      "image_features"
+    )
   })
 })
 
@@ -73,7 +100,14 @@ describe("the decoder recipe", () => {
 
   beforeAll(async () => {
     const model = await writeRecipe(decoderRecipe("test/decoder-small", smallDecoder))
-    expect(model.decoder).toEqual({ hiddenSize: hidden, layers, keyValueHeads: heads, headDim, vocabSize: 1000, maxPositions: 64 })
+    expect(model.decoder).toEqual({
+      hiddenSize: hidden,
+      layers,
+      keyValueHeads: heads,
+      headDim,
+      vocabSize: 1000,
+      maxPositions: 64
+    })
     decoder = await session(onnxPath(model, "decoder_model_merged"))
   })
 
@@ -97,7 +131,10 @@ describe("the decoder recipe", () => {
       decoder.run({
         inputs_embeds: floatTensor(embeds.slice(from * hidden, to * hidden), [1, to - from, hidden]),
         attention_mask: int64Tensor(new Array<number>(to).fill(1), [1, to]),
-        position_ids: int64Tensor(Array.from({ length: to - from }, (_, i) => from + i), [1, to - from]),
+        position_ids: int64Tensor(
+          Array.from({ length: to - from }, (_, i) => from + i),
+          [1, to - from]
+        ),
         ...past
       })
     const whole = numbers((await run(0, length, emptyPast(1))).logits)
@@ -132,7 +169,9 @@ describe("Graph", () => {
     const build = () => {
       const g = new Graph("same")
       const x = g.input("x", "float32", ["batch", 2])
-      const y = g.scope("layer", () => g.op("MatMul", [x, g.weight("w", "float32", [2, 2], Float32Array.of(1, 2, 3, 4))]))
+      const y = g.scope("layer", () =>
+        g.op("MatMul", [x, g.weight("w", "float32", [2, 2], Float32Array.of(1, 2, 3, 4))])
+      )
       g.output(y, "y", "float32", ["batch", 2])
       return Buffer.from(g.toBytes())
     }

@@ -34,7 +34,8 @@ afterEach(() => {
 const snapshot = async (dir: string): Promise<Map<string, Buffer>> => {
   const files = new Map<string, Buffer>()
   for (const entry of await readdir(dir, { recursive: true, withFileTypes: true })) {
-    if (entry.isFile()) files.set(relative(dir, join(entry.parentPath, entry.name)), await readFile(join(entry.parentPath, entry.name)))
+    if (entry.isFile())
+      files.set(relative(dir, join(entry.parentPath, entry.name)), await readFile(join(entry.parentPath, entry.name)))
   }
   return files
 }
@@ -43,7 +44,11 @@ const leftovers = async (dir: string) => (await readdir(dir)).filter((entry) => 
 
 describe("buildModel", () => {
   it("names the built-in models and the benchmark presets", () => {
-    expect(builtinModelNames).toEqual(["cornserve/tiny-color-vlm", "cornserve/tiny-color-painter", "cornserve/tiny-color-tones"])
+    expect(builtinModelNames).toEqual([
+      "cornserve/tiny-color-vlm",
+      "cornserve/tiny-color-painter",
+      "cornserve/tiny-color-tones"
+    ])
     expect(benchModelNames).toEqual(["bench/vit-b16", "bench/decoder-125m"])
   })
 
@@ -70,7 +75,11 @@ describe("buildModel", () => {
     for (const name of ["cornserve/tiny-color-painter", "cornserve/tiny-color-tones"]) {
       const generator = await loadModelDirectory(join(root, "first", name))
       expect(onnxPath(generator, "generator")).toMatch(/onnx\/generator\.onnx$/)
-      expect(generator.config.prompt_embeddings).toEqual({ model: "cornserve/tiny-color-vlm", source: "embed_tokens", hidden_size: 64 })
+      expect(generator.config.prompt_embeddings).toEqual({
+        model: "cornserve/tiny-color-vlm",
+        source: "embed_tokens",
+        hidden_size: 64
+      })
     }
   })
 
@@ -119,8 +128,11 @@ describe("resolveModel", () => {
     })
     const resolveInProcess = () =>
       new Promise<string>((resolvePath, reject) => {
-        execFile(process.execPath, [script, "cornserve/tiny-color-vlm"], { env: { ...process.env, CORNSERVE_MODEL_DIR: cache } }, (error, stdout) =>
-          error === null ? resolvePath(stdout.trim()) : reject(error)
+        execFile(
+          process.execPath,
+          [script, "cornserve/tiny-color-vlm"],
+          { env: { ...process.env, CORNSERVE_MODEL_DIR: cache } },
+          (error, stdout) => (error === null ? resolvePath(stdout.trim()) : reject(error))
         )
       })
     const dirs = await Promise.all([resolveInProcess(), resolveInProcess()])
@@ -178,18 +190,30 @@ describe("loadModelDirectory", () => {
   it("explains what is wrong with a directory", async () => {
     expect(await rejection(join(root, "dirs", "nothing-here"))).toMatch(/does not exist/)
     expect(await rejection(await directory("no-config", onnx))).toMatch(/config\.json is missing/)
-    expect(await rejection(await directory("bad-json", { "config.json": "{", ...onnx }))).toMatch(/config\.json is not valid JSON/)
-    expect(await rejection(await directory("array", { "config.json": "[]", ...onnx }))).toMatch(/must hold a JSON object/)
-    expect(await rejection(await directory("no-type", { "config.json": "{}", ...onnx }))).toMatch(/model_type/)
-    expect(await rejection(await directory("bad-decoder", { "config.json": '{"model_type":"x","vocab_size":10}', ...onnx }))).toMatch(
-      /hidden_size/
+    expect(await rejection(await directory("bad-json", { "config.json": "{", ...onnx }))).toMatch(
+      /config\.json is not valid JSON/
     )
-    expect(await rejection(await directory("no-onnx", { "config.json": '{"model_type":"x"}' }))).toMatch(/no onnx\/ folder/)
-    expect(await rejection(await directory("empty-onnx", { "config.json": '{"model_type":"x"}', "onnx/README": "" }))).toMatch(
-      /no \.onnx file/
+    expect(await rejection(await directory("array", { "config.json": "[]", ...onnx }))).toMatch(
+      /must hold a JSON object/
+    )
+    expect(await rejection(await directory("no-type", { "config.json": "{}", ...onnx }))).toMatch(/model_type/)
+    expect(
+      await rejection(await directory("bad-decoder", { "config.json": '{"model_type":"x","vocab_size":10}', ...onnx }))
+    ).toMatch(/hidden_size/)
+    expect(await rejection(await directory("no-onnx", { "config.json": '{"model_type":"x"}' }))).toMatch(
+      /no onnx\/ folder/
     )
     expect(
-      await rejection(await directory("half-tokenizer", { "config.json": '{"model_type":"x"}', "tokenizer_config.json": "{}", ...onnx }))
+      await rejection(await directory("empty-onnx", { "config.json": '{"model_type":"x"}', "onnx/README": "" }))
+    ).toMatch(/no \.onnx file/)
+    expect(
+      await rejection(
+        await directory("half-tokenizer", {
+          "config.json": '{"model_type":"x"}',
+          "tokenizer_config.json": "{}",
+          ...onnx
+        })
+      )
     ).toMatch(/tokenizer\.json is missing/)
   })
 
@@ -197,6 +221,8 @@ describe("loadModelDirectory", () => {
     const model = await loadModelDirectory(await directory("minimal", { "config.json": '{"model_type":"x"}', ...onnx }))
     expect(model.decoder).toBeUndefined()
     expect(model.tokenizer).toBeUndefined()
-    expect(() => onnxPath(model, "decoder_model_merged")).toThrow(/no onnx\/decoder_model_merged\.onnx \(it has model\.onnx\)/)
+    expect(() => onnxPath(model, "decoder_model_merged")).toThrow(
+      /no onnx\/decoder_model_merged\.onnx \(it has model\.onnx\)/
+    )
   })
 })

@@ -19,7 +19,9 @@ describe("pixelValues", () => {
   })
 
   it("decodes encoded images", async () => {
-    const png = await sharp({ create: { width: 10, height: 6, channels: 4, background: { r: 0, g: 255, b: 0, alpha: 1 } } })
+    const png = await sharp({
+      create: { width: 10, height: 6, channels: 4, background: { r: 0, g: 255, b: 0, alpha: 1 } }
+    })
       .png()
       .toBuffer()
     const pixels = await pixelValues(imageConfig, new Uint8Array(png))

@@ -79,7 +79,11 @@ describe("tiny-color-painter", () => {
   it("paints the colour a prompt names, and grey when it names none", async () => {
     expect(painter.config.generator).toEqual({ modality: "image", height: 128, width: 128 })
     const prompts = [
-      ...colors.map((color, i) => (i % 2 === 0 ? `Paint a ${color.name} picture` : `${color.name[0]!.toUpperCase()}${color.name.slice(1)} sky, please`)),
+      ...colors.map((color, i) =>
+        i % 2 === 0
+          ? `Paint a ${color.name} picture`
+          : `${color.name[0]!.toUpperCase()}${color.name.slice(1)} sky, please`
+      ),
       "Paint a picture of the sea"
     ]
     const outputs = await (await session(onnxPath(painter, "generator"))).run(await embedPrompts(prompts))
@@ -87,9 +91,13 @@ describe("tiny-color-painter", () => {
     expect(outputs.images!.dims).toEqual([prompts.length, 3, 128, 128])
     const plane = 128 * 128
     const means = prompts.map((_, b) =>
-      [0, 1, 2].map((c) => images.subarray((b * 3 + c) * plane, (b * 3 + c + 1) * plane).reduce((a, v) => a + v, 0) / plane)
+      [0, 1, 2].map(
+        (c) => images.subarray((b * 3 + c) * plane, (b * 3 + c + 1) * plane).reduce((a, v) => a + v, 0) / plane
+      )
     )
-    expect(means.slice(0, colors.length).map((mean) => nearestColor(mean).name)).toEqual(colors.map((color) => color.name))
+    expect(means.slice(0, colors.length).map((mean) => nearestColor(mean).name)).toEqual(
+      colors.map((color) => color.name)
+    )
     for (const channel of means[colors.length]!) expect(channel).toBeCloseTo(0.5, 5)
   })
 })
@@ -107,7 +115,13 @@ const streamTones = async (prompts: ReadonlyArray<string>): Promise<Array<Int16A
   const feeds = await embedPrompts(prompts)
   const streams = prompts.map(() => new Int16Array(chunks * chunkSize))
   for (let chunk = 0; chunk < chunks; chunk++) {
-    const outputs = await model.run({ ...feeds, chunk_index: int64Tensor(prompts.map(() => chunk), [prompts.length]) })
+    const outputs = await model.run({
+      ...feeds,
+      chunk_index: int64Tensor(
+        prompts.map(() => chunk),
+        [prompts.length]
+      )
+    })
     expect(outputs.pcm!.dims).toEqual([prompts.length, chunkSize])
     const pcm = outputs.pcm!.data as Int16Array
     streams.forEach((stream, b) => stream.set(pcm.subarray(b * chunkSize, (b + 1) * chunkSize), chunk * chunkSize))
@@ -120,7 +134,10 @@ describe("tiny-color-tones", () => {
     const random = new Random(47)
     const { reference, feeds } = randomPrompts(random, 3, 6)
     const chunkIndex = [0, 1 + random.below(50), 1000 + random.below(1000)]
-    const outputs = await (await session(onnxPath(tones, "generator"))).run({ ...feeds, chunk_index: int64Tensor(chunkIndex, [3]) })
+    const outputs = await (await session(onnxPath(tones, "generator"))).run({
+      ...feeds,
+      chunk_index: int64Tensor(chunkIndex, [3])
+    })
     expect(outputs.pcm!.type).toBe("int16")
     expectClose(outputs.pcm, tonesForward(tonesWeights(), reference, chunkIndex), "pcm")
   })
@@ -145,8 +162,17 @@ describe("tiny-color-tones", () => {
     const { sampleRate } = audioGenerator()
     const streams = await streamTones(["black", "blue", "yellow", "white"].map((name) => `Play a ${name} tone`))
     const audio = decodeAudioProcessorConfig(runner.model.preprocessorConfig)
-    const clips = streams.map((stream) => inputValues(audio, Float32Array.from(stream, (sample) => sample / 32768), sampleRate))
-    const answers = await runner.answer(clips.map((clip) => ({ text: "Is this tone low or high?", audio: [clip] })), 4)
+    const clips = streams.map((stream) =>
+      inputValues(
+        audio,
+        Float32Array.from(stream, (sample) => sample / 32768),
+        sampleRate
+      )
+    )
+    const answers = await runner.answer(
+      clips.map((clip) => ({ text: "Is this tone low or high?", audio: [clip] })),
+      4
+    )
     expect(answers.map((answer) => answer.text)).toEqual(["low", "low", "high", "high"])
   })
 })

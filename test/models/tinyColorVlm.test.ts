@@ -61,7 +61,9 @@ describe("tiny-color-vlm matches its float64 reference", () => {
   it("embed_tokens", async () => {
     const weights = colorDecoderWeights()
     const ids = Array.from({ length: 12 }, () => random.below(weights.embedTokens.rows))
-    const outputs = await (await session(onnxPath(runner.model, "embed_tokens"))).run({ input_ids: int64Tensor(ids, [2, 6]) })
+    const outputs = await (await session(onnxPath(runner.model, "embed_tokens"))).run({
+      input_ids: int64Tensor(ids, [2, 6])
+    })
     expectClose(outputs.inputs_embeds, embedTokensForward(weights, ids), "inputs_embeds")
   })
 
@@ -133,7 +135,11 @@ describe("tiny-color-vlm answers", () => {
     const red = await pixelValues(imagePreprocessor, colorImage(new Random(1), colors[0]!, colors[1]!, "solid").image)
     const answers = await runner.answer(
       [
-        { text: "What is this?", images: [red], audio: [inputValues(audioPreprocessor, tone(3000, samplingRate, 1, 0.5), samplingRate)] },
+        {
+          text: "What is this?",
+          images: [red],
+          audio: [inputValues(audioPreprocessor, tone(3000, samplingRate, 1, 0.5), samplingRate)]
+        },
         { text: "Tell me about a zebra in Zürich 🦓" },
         { text: "What colour is this image?", images: [red] }
       ],
@@ -173,7 +179,9 @@ describe("tiny-color-vlm's tokenizer", () => {
       { role: "system", content: "Be brief." },
       { role: "user", content: [{ type: "image_url" }, { type: "input_audio" }, { type: "text", text: "Hi" }] }
     ])
-    expect(text).toBe("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n<image><audio>Hi<|im_end|>\n<|im_start|>assistant\n")
+    expect(text).toBe(
+      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n<image><audio>Hi<|im_end|>\n<|im_start|>assistant\n"
+    )
     const ids = runner.tokenizer.encode(text)
     expect(ids.filter((id) => id === runner.model.config.image_token_id)).toHaveLength(1)
     expect(ids.filter((id) => id === runner.model.config.audio_token_id)).toHaveLength(1)

@@ -54,7 +54,9 @@ const makeNode = (arenaBytes: number) => {
   const stored = async (id: string, chunk: number) => {
     const result = await table.recv(id, chunk, 1000, { received: new Set() }, new AbortController().signal)
     if (result === "end") return "end"
-    return result.offset === undefined ? result.meta : Buffer.from(memory.subarray(result.offset, result.offset + payloadBytes(result.meta)))
+    return result.offset === undefined
+      ? result.meta
+      : Buffer.from(memory.subarray(result.offset, result.offset + payloadBytes(result.meta)))
   }
   return { receiver, slots, table, replies, feed, stored }
 }
@@ -85,32 +87,48 @@ describe("ChunkReceiver", () => {
       const node = makeNode(2 * 1024 * KiB)
       await node.feed(stream, readSizes)
       expect(node.replies).toEqual([0, 1, 2, 3, 4, 5, 6].map((seq) => ({ seq, error: undefined })))
-      for (const [chunk, bytes] of payloads.entries()) expect(sameBytes(await node.stored("s", chunk), bytes)).toBe(true)
+      for (const [chunk, bytes] of payloads.entries())
+        expect(sameBytes(await node.stored("s", chunk), bytes)).toBe(true)
       expect(await node.stored("s", 4)).toEqual({ _tag: "Value", value: "done" })
       expect(await node.stored("s", 6)).toBe("end")
     }
   })
 
-  it.each([[[64 * KiB]], [[1024 * KiB, 3]]])("pauses while the arena is full and goes on once a chunk is marked done (reads of %j bytes)", async (readSizes) => {
-    const node = makeNode(512 * KiB)
-    const first = payload(512 * KiB, 1)
-    const second = payload(300 * KiB, 2)
-    const fed = node.feed(Buffer.concat([chunkFrame(0, "a", 0, bytesMeta(first.length), first), chunkFrame(1, "b", 0, bytesMeta(second.length), second)]), readSizes)
-    // Fed synchronously up to the pause: the second chunk waits for room.
-    expect(node.replies.map((reply) => reply.seq)).toEqual([0])
-    expect(node.slots.stats.allocationWaits).toBe(1)
-    expect(sameBytes(await node.stored("a", 0), first)).toBe(true)
-    node.table.markDone("a", undefined)
-    await fed
-    expect(node.replies.map((reply) => reply.seq)).toEqual([0, 1])
-    expect(sameBytes(await node.stored("b", 0), second)).toBe(true)
-  })
+  it.each([[[64 * KiB]], [[1024 * KiB, 3]]])(
+    "pauses while the arena is full and goes on once a chunk is marked done (reads of %j bytes)",
+    async (readSizes) => {
+      const node = makeNode(512 * KiB)
+      const first = payload(512 * KiB, 1)
+      const second = payload(300 * KiB, 2)
+      const fed = node.feed(
+        Buffer.concat([
+          chunkFrame(0, "a", 0, bytesMeta(first.length), first),
+          chunkFrame(1, "b", 0, bytesMeta(second.length), second)
+        ]),
+        readSizes
+      )
+      // Fed synchronously up to the pause: the second chunk waits for room.
+      expect(node.replies.map((reply) => reply.seq)).toEqual([0])
+      expect(node.slots.stats.allocationWaits).toBe(1)
+      expect(sameBytes(await node.stored("a", 0), first)).toBe(true)
+      node.table.markDone("a", undefined)
+      await fed
+      expect(node.replies.map((reply) => reply.seq)).toEqual([0, 1])
+      expect(sameBytes(await node.stored("b", 0), second)).toBe(true)
+    }
+  )
 
   it("skips a chunk it refuses, says why, and reads on", async () => {
     const node = makeNode(64 * KiB)
     const tooLarge = payload(100 * KiB, 1)
     const next = payload(10, 2)
-    await node.feed(Buffer.concat([chunkFrame(0, "x", 0, bytesMeta(tooLarge.length), tooLarge), chunkFrame(1, "y", 0, bytesMeta(next.length), next)]), [8 * KiB])
+    await node.feed(
+      Buffer.concat([
+        chunkFrame(0, "x", 0, bytesMeta(tooLarge.length), tooLarge),
+        chunkFrame(1, "y", 0, bytesMeta(next.length), next)
+      ]),
+      [8 * KiB]
+    )
     expect(node.replies[0]).toMatchObject({ seq: 0, error: { _tag: "TensorTooLarge", nodeId: "node-b" } })
     expect(node.replies[1]).toEqual({ seq: 1, error: undefined })
     expect(sameBytes(await node.stored("y", 0), next)).toBe(true)

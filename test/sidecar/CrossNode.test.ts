@@ -24,7 +24,9 @@ beforeAll(async () => {
   // Ports are known only once both run, as when the node agent learns of a node joining.
   await onA.setPeers({ "node-b": `127.0.0.1:${nodeB.peerPort}` })
   await onB.setPeers({ "node-a": `127.0.0.1:${nodeA.peerPort}` })
-  await eventually(async () => ((await onA.stats()).peersConnected === 1 && (await onB.stats()).peersConnected === 1 ? true : undefined))
+  await eventually(async () =>
+    (await onA.stats()).peersConnected === 1 && (await onB.stats()).peersConnected === 1 ? true : undefined
+  )
 })
 
 afterAll(async () => {
@@ -66,7 +68,8 @@ describe("between two nodes", () => {
 
   it("a stream sent out of order ends where closeStream says, on the other node", async () => {
     const parts = [0, 1, 2].map((chunk) => pattern(100_000 + chunk, chunk))
-    for (const chunk of [2, 0, 1]) await onA.send("remote-stream", parts[chunk]!, { to: ["node-b"], chunk, stream: true })
+    for (const chunk of [2, 0, 1])
+      await onA.send("remote-stream", parts[chunk]!, { to: ["node-b"], chunk, stream: true })
     await onA.send("remote-stream", "a value", { to: ["node-b"], chunk: 3, stream: true })
     await onA.closeStream("remote-stream")
     for (const [chunk, part] of parts.entries()) sameBytes(await onB.recv("remote-stream", chunk), part)
@@ -127,7 +130,9 @@ describe("between two nodes", () => {
       message: expect.stringMatching(/node "node-c" is unavailable: it has not connected within 1000 ms/)
     })
     await nodeB.stop()
-    await expect(onA.send("to-stopped-b", pattern(MiB, 2), { to: ["node-b"] })).rejects.toMatchObject({ _tag: "PeerUnavailable" })
+    await expect(onA.send("to-stopped-b", pattern(MiB, 2), { to: ["node-b"] })).rejects.toMatchObject({
+      _tag: "PeerUnavailable"
+    })
     expect((await onA.stats()).bytesInUse).toBe(0)
   })
 })

@@ -65,7 +65,15 @@ describe("same-node transfers", () => {
         await receiver.markDone(id)
       }
     }
-    const values: ReadonlyArray<Payload> = ["a string ✓", "", 42, -0.5, Number.MAX_SAFE_INTEGER, new Uint8Array([0, 1, 254, 255]), new Uint8Array(0)]
+    const values: ReadonlyArray<Payload> = [
+      "a string ✓",
+      "",
+      42,
+      -0.5,
+      Number.MAX_SAFE_INTEGER,
+      new Uint8Array([0, 1, 254, 255]),
+      new Uint8Array(0)
+    ]
     for (const value of values) {
       const id = nextId("value")
       await sender.send(id, value, { to: [sidecar.nodeId] })
@@ -94,7 +102,10 @@ describe("same-node transfers", () => {
       expectSameTensor(got, tensor)
       await receiver.markDone(id)
     })
-    await Promise.all([...shapes.map(({ id, tensor }) => sender.send(id, tensor, { to: [sidecar.nodeId] })), ...received])
+    await Promise.all([
+      ...shapes.map(({ id, tensor }) => sender.send(id, tensor, { to: [sidecar.nodeId] })),
+      ...received
+    ])
     const stats = await sender.stats()
     expect(stats.allocationWaits).toBeGreaterThan(waitsBefore)
     expect(stats.bytesInUse).toBe(0)
@@ -104,7 +115,8 @@ describe("same-node transfers", () => {
   it("deliver chunks sent out of order, and the end of the transfer after the last one", async () => {
     const id = nextId("chunks")
     const chunks = [0, 1, 2, 3].map((chunk) => sampleTensor("float32", [100, chunk + 1], chunk))
-    for (const chunk of [3, 1, 0, 2]) await sender.send(id, chunks[chunk]!, { to: [sidecar.nodeId], chunk, numChunks: 4 })
+    for (const chunk of [3, 1, 0, 2])
+      await sender.send(id, chunks[chunk]!, { to: [sidecar.nodeId], chunk, numChunks: 4 })
     for (const [chunk, tensor] of chunks.entries()) expectSameTensor(await receiver.recv(id, chunk), tensor)
     expect(await receiver.recv(id, 4)).toBeUndefined()
     await receiver.markDone(id)
@@ -140,7 +152,10 @@ describe("same-node transfers", () => {
 
     await receiver.markDone(id, 0)
     expect(await bytesInUse()).toBe(0)
-    await expect(receiver.recv(id, 0)).rejects.toMatchObject({ _tag: "InvalidRequest", message: expect.stringMatching(/already marked done/) })
+    await expect(receiver.recv(id, 0)).rejects.toMatchObject({
+      _tag: "InvalidRequest",
+      message: expect.stringMatching(/already marked done/)
+    })
     expect(await receiver.recv(id, 1)).toBe("tail")
     await receiver.markDone(id)
     await expect(receiver.recv(id, 1, { timeoutMs: 100 })).rejects.toMatchObject({ _tag: "RecvTimeout" })
@@ -150,7 +165,8 @@ describe("same-node transfers", () => {
     const id = nextId("stream")
     const pastTheEnd = receiver.recv(id, 3)
     const parts = [0, 1, 2].map((chunk) => sampleTensor("uint8", [1000 + chunk], chunk))
-    for (const [chunk, part] of parts.entries()) await sender.send(id, part, { to: [sidecar.nodeId], chunk, stream: true })
+    for (const [chunk, part] of parts.entries())
+      await sender.send(id, part, { to: [sidecar.nodeId], chunk, stream: true })
     await sender.closeStream(id)
     expect(await pastTheEnd).toBeUndefined()
     const received: Array<unknown> = []
@@ -161,7 +177,8 @@ describe("same-node transfers", () => {
       await receiver.markDone(id, chunk)
     }
     expect(received).toHaveLength(3)
-    for (const [chunk, part] of parts.entries()) expect(Buffer.compare((received[chunk] as Tensor).bytes, part.bytes)).toBe(0)
+    for (const [chunk, part] of parts.entries())
+      expect(Buffer.compare((received[chunk] as Tensor).bytes, part.bytes)).toBe(0)
     expect(await bytesInUse()).toBe(0)
   })
 
@@ -191,12 +208,16 @@ describe("same-node transfers", () => {
   it("fail a send that waits too long for room, or that can never fit, with a clear error", async () => {
     const holder = nextId("holder")
     await sender.send(holder, sampleTensor("uint8", [32 * MiB], 1), { to: [sidecar.nodeId] })
-    await expect(sender.send(nextId("late"), new Uint8Array(1024), { to: [sidecar.nodeId], timeoutMs: 200 })).rejects.toMatchObject({
+    await expect(
+      sender.send(nextId("late"), new Uint8Array(1024), { to: [sidecar.nodeId], timeoutMs: 200 })
+    ).rejects.toMatchObject({
       _tag: "AllocationTimeout",
       message: expect.stringMatching(/no room for 1.00 KiB in the arena of node node-a within 200 ms .*markDone/)
     })
     await receiver.markDone(holder)
-    await expect(sender.send(nextId("huge"), new Uint8Array(32 * MiB + 1), { to: [sidecar.nodeId] })).rejects.toMatchObject({
+    await expect(
+      sender.send(nextId("huge"), new Uint8Array(32 * MiB + 1), { to: [sidecar.nodeId] })
+    ).rejects.toMatchObject({
       _tag: "TensorTooLarge"
     })
     await expect(sender.send(nextId("nowhere"), "x", { to: ["node-z"] })).rejects.toMatchObject({
@@ -265,7 +286,9 @@ describe("the sidecar process", () => {
     expect((await client.stats()).bytesInUse).toBe(MiB)
     await eventually(async () => ((await client.stats()).chunksReclaimed === 1 ? true : undefined))
     expect((await client.stats()).bytesInUse).toBe(0)
-    expect(shortLived.output()).toMatch(/reclaimed chunk 0 of transfer "forgotten" \(1048576 bytes\): not marked done within the 0.3 s TTL/)
+    expect(shortLived.output()).toMatch(
+      /reclaimed chunk 0 of transfer "forgotten" \(1048576 bytes\): not marked done within the 0.3 s TTL/
+    )
     await client.close()
   })
 

@@ -34,7 +34,8 @@ describe("SizeClassAllocator", () => {
       return { offset, size }
     })
     const sorted = [...blocks].sort((a, b) => a.offset - b.offset)
-    for (let i = 1; i < sorted.length; i++) expect(sorted[i]!.offset).toBeGreaterThanOrEqual(sorted[i - 1]!.offset + sorted[i - 1]!.size)
+    for (let i = 1; i < sorted.length; i++)
+      expect(sorted[i]!.offset).toBeGreaterThanOrEqual(sorted[i - 1]!.offset + sorted[i - 1]!.size)
     expect(allocator.usedBytes).toBe(blocks.reduce((sum, block) => sum + block.size, 0))
     expect(allocator.allocationCount).toBe(sizes.length)
   })
@@ -84,7 +85,11 @@ describe("SizeClassAllocator", () => {
     const allocator = new SizeClassAllocator(40 * MiB, { maxBlockBytes: 16 * MiB })
     expect(allocator.largestBlockBytes).toBe(16 * MiB)
     expect(allocator.blockBytes(16 * MiB + 1)).toBeUndefined()
-    expect([allocator.allocate(16 * MiB), allocator.allocate(16 * MiB), allocator.allocate(8 * MiB)]).toEqual([0, 16 * MiB, 32 * MiB])
+    expect([allocator.allocate(16 * MiB), allocator.allocate(16 * MiB), allocator.allocate(8 * MiB)]).toEqual([
+      0,
+      16 * MiB,
+      32 * MiB
+    ])
   })
 
   it("handles offsets beyond 32 bits", () => {
@@ -124,7 +129,8 @@ describe("SizeClassAllocator", () => {
       }
     }
     const blocks = [...live.entries()].sort((a, b) => a[0] - b[0])
-    for (let i = 1; i < blocks.length; i++) expect(blocks[i]![0]).toBeGreaterThanOrEqual(blocks[i - 1]![0] + blocks[i - 1]![1])
+    for (let i = 1; i < blocks.length; i++)
+      expect(blocks[i]![0]).toBeGreaterThanOrEqual(blocks[i - 1]![0] + blocks[i - 1]![1])
     expect(allocator.usedBytes).toBe(blocks.reduce((sum, [, size]) => sum + size, 0))
     for (const offset of live.keys()) allocator.release(offset)
     expect(allocator.usedBytes).toBe(0)

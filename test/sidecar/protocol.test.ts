@@ -31,7 +31,13 @@ describe("wire protocol", () => {
     }
     expect(decodeBody(ClientFrame, body(encodeFrame(send)))).toEqual(send)
 
-    const error = new AllocationTimeout({ nodeId: "node-b", bytes: 1024, waitedMs: 5, usedBytes: 10, capacityBytes: 20 })
+    const error = new AllocationTimeout({
+      nodeId: "node-b",
+      bytes: 1024,
+      waitedMs: 5,
+      usedBytes: 10,
+      capacityBytes: 20
+    })
     const decoded = decodeBody(ServerFrame, body(encodeFrame({ rid: 3, error: encodeError(error) })))
     expect("error" in decoded && decoded.error).toBeInstanceOf(AllocationTimeout)
     expect("error" in decoded && decoded.error.message).toBe(error.message)
@@ -39,17 +45,24 @@ describe("wire protocol", () => {
 
   it("refuses malformed messages with InvalidRequest", () => {
     const bad = { rid: 1, request: { _tag: "Recv", id: "", chunk: -1, timeoutMs: 5 } }
-    expect(() => decodeBody(ClientFrame, body(encodeFrame(bad as never)))).toThrow(expect.objectContaining({ _tag: "InvalidRequest" }))
-    expect(() => decodeBody(ClientFrame, Buffer.from([0xc1]))).toThrow(expect.objectContaining({ _tag: "InvalidRequest" }))
+    expect(() => decodeBody(ClientFrame, body(encodeFrame(bad as never)))).toThrow(
+      expect.objectContaining({ _tag: "InvalidRequest" })
+    )
+    expect(() => decodeBody(ClientFrame, Buffer.from([0xc1]))).toThrow(
+      expect.objectContaining({ _tag: "InvalidRequest" })
+    )
   })
 
   it("splits a byte stream into frames however it is cut", () => {
-    const frames = [0, 1, 2, 3].map((rid) => encodeFrame({ rid, error: encodeError(new RecvTimeout({ id: `x${rid}`, chunk: rid, waitedMs: 1 })) }))
+    const frames = [0, 1, 2, 3].map((rid) =>
+      encodeFrame({ rid, error: encodeError(new RecvTimeout({ id: `x${rid}`, chunk: rid, waitedMs: 1 })) })
+    )
     const stream = Buffer.concat(frames)
     for (const cut of [1, 2, 3, 5, 17, stream.length]) {
       const reader = new FrameReader()
       const bodies: Array<Buffer> = []
-      for (let start = 0; start < stream.length; start += cut) bodies.push(...reader.push(stream.subarray(start, start + cut)))
+      for (let start = 0; start < stream.length; start += cut)
+        bodies.push(...reader.push(stream.subarray(start, start + cut)))
       expect(bodies.map((frameBody) => decodeBody(ServerFrame, frameBody).rid)).toEqual([0, 1, 2, 3])
     }
   })

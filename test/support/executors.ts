@@ -20,7 +20,10 @@ export const startInternal = (args: ReadonlyArray<string>, ready: RegExp, env: R
     })
     let output = ""
     const exited = new Promise<void>((done) => child.once("exit", () => done()))
-    const timer = setTimeout(() => reject(new Error(`cornserve internal ${args[0]} did not get ready:\n${output}`)), 90_000)
+    const timer = setTimeout(
+      () => reject(new Error(`cornserve internal ${args[0]} did not get ready:\n${output}`)),
+      90_000
+    )
     const onData = (chunk: Buffer) => {
       output += chunk.toString()
       const match = ready.exec(output)
@@ -47,12 +50,20 @@ export const startInternal = (args: ReadonlyArray<string>, ready: RegExp, env: R
 
 export const startSidecar = async (nodeId: string, env: Readonly<Record<string, string>> = {}) => {
   const socket = join(tmpdir(), `cornserve-test-${nodeId}-${process.pid}-${Date.now()}.sock`)
-  const running = await startInternal(["sidecar", "--node-id", nodeId, "--socket", socket, "--arena-bytes", String(64 * 1024 * 1024)], /sidecar: ready/, env)
+  const running = await startInternal(
+    ["sidecar", "--node-id", nodeId, "--socket", socket, "--arena-bytes", String(64 * 1024 * 1024)],
+    /sidecar: ready/,
+    env
+  )
   return { ...running, socket, nodeId }
 }
 
 export const startExecutor = async (args: ReadonlyArray<string>, env: Readonly<Record<string, string>> = {}) => {
-  const running = await startInternal(["executor", "--port", "0", ...args], /executor: serving at (http:\/\/\S+)[\s\S]*executor: ready/, env)
+  const running = await startInternal(
+    ["executor", "--port", "0", ...args],
+    /executor: serving at (http:\/\/\S+)[\s\S]*executor: ready/,
+    env
+  )
   return { ...running, url: running.match[1]! }
 }
 
@@ -63,12 +74,16 @@ export const descendants = (pid: number): Array<{ readonly pid: number; readonly
     .flatMap((entry) => {
       try {
         const parent = Number(readFileSync(`/proc/${entry}/stat`, "utf8").split(") ")[1]!.split(" ")[1])
-        return [{ pid: Number(entry), parent, command: readFileSync(`/proc/${entry}/cmdline`, "utf8").replaceAll("\0", " ") }]
+        return [
+          { pid: Number(entry), parent, command: readFileSync(`/proc/${entry}/cmdline`, "utf8").replaceAll("\0", " ") }
+        ]
       } catch {
         return []
       }
     })
   const below = (root: number): Array<{ pid: number; command: string }> =>
-    all.filter((entry) => entry.parent === root).flatMap((entry) => [{ pid: entry.pid, command: entry.command }, ...below(entry.pid)])
+    all
+      .filter((entry) => entry.parent === root)
+      .flatMap((entry) => [{ pid: entry.pid, command: entry.command }, ...below(entry.pid)])
   return below(pid)
 }

@@ -22,18 +22,24 @@ export interface RunningPlatform {
 export const makeStateDir = () => mkdtemp(join(tmpdir(), "cornserve-test-"))
 
 /** Starts the real binary on a free port and resolves once its gateway listens. */
-export const startPlatform = async (options: {
-  readonly args?: ReadonlyArray<string>
-  readonly env?: Readonly<Record<string, string>>
-  readonly stateDir?: string
-} = {}): Promise<RunningPlatform> => {
+export const startPlatform = async (
+  options: {
+    readonly args?: ReadonlyArray<string>
+    readonly env?: Readonly<Record<string, string>>
+    readonly stateDir?: string
+  } = {}
+): Promise<RunningPlatform> => {
   const ownStateDir = options.stateDir === undefined
   const stateDir = options.stateDir ?? (await makeStateDir())
-  const child = spawn(process.execPath, [binPath, "serve", "--port", "0", "--state-dir", stateDir, ...(options.args ?? [])], {
-    cwd: repoRoot,
-    env: { ...process.env, ...options.env },
-    stdio: ["ignore", "pipe", "pipe"]
-  })
+  const child = spawn(
+    process.execPath,
+    [binPath, "serve", "--port", "0", "--state-dir", stateDir, ...(options.args ?? [])],
+    {
+      cwd: repoRoot,
+      env: { ...process.env, ...options.env },
+      stdio: ["ignore", "pipe", "pipe"]
+    }
+  )
   let output = ""
   const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)))
   const url = await new Promise<string>((resolve, reject) => {
@@ -108,7 +114,10 @@ export const appState = async (url: string, appId: string): Promise<string | und
 export const registerRaw = async (url: string, body: unknown, token?: string) => {
   const response = await fetch(`${url}/app/register`, {
     method: "POST",
-    headers: { "content-type": "application/json", ...(token === undefined ? {} : { authorization: `Bearer ${token}` }) },
+    headers: {
+      "content-type": "application/json",
+      ...(token === undefined ? {} : { authorization: `Bearer ${token}` })
+    },
     body: JSON.stringify(body)
   })
   const text = await response.text()

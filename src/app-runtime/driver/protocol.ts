@@ -26,7 +26,12 @@ export type ToWorker =
   | { readonly t: "invoke"; readonly rid: number; readonly requestId: string; readonly body: string }
   | { readonly t: "cancel"; readonly rid: number }
   | { readonly t: "ping"; readonly nonce: number }
-  | { readonly t: "dispatched"; readonly did: number; readonly outputs: ReadonlyArray<unknown>; readonly streams: boolean }
+  | {
+      readonly t: "dispatched"
+      readonly did: number
+      readonly outputs: ReadonlyArray<unknown>
+      readonly streams: boolean
+    }
   | { readonly t: "dispatch-chunk"; readonly did: number; readonly chunk: unknown }
   | { readonly t: "dispatch-end"; readonly did: number }
   | { readonly t: "dispatch-failed"; readonly did: number; readonly message: string; readonly status: number }

@@ -34,7 +34,7 @@ const loadApp = async (): Promise<App | string> => {
     const problems = appDefinitionProblems(candidate)
     return problems.length > 0
       ? `the default export is not a valid app: ${problems.join("; ")}`
-      : "the default export must be made with defineApp() from \"cornserve/app\""
+      : 'the default export must be made with defineApp() from "cornserve/app"'
   }
   return candidate
 }
@@ -78,8 +78,15 @@ function serveApp(app: App) {
         path,
         message
       }))
-      const summary = issues.map((issue) => `${issue.path.length > 0 ? issue.path.join(".") : "(body)"}: ${issue.message}`)
-      return fail(rid, "RequestSchemaMismatch", `the request does not match the app's schema: ${summary.join("; ")}`, issues)
+      const summary = issues.map(
+        (issue) => `${issue.path.length > 0 ? issue.path.join(".") : "(body)"}: ${issue.message}`
+      )
+      return fail(
+        rid,
+        "RequestSchemaMismatch",
+        `the request does not match the app's schema: ${summary.join("; ")}`,
+        issues
+      )
     }
     const controller = new AbortController()
     running.set(rid, controller)
@@ -95,7 +102,11 @@ function serveApp(app: App) {
           if (signal.aborted) return
           const json = toJson(chunk)
           if (typeof json !== "string") {
-            return fail(rid, "ResponseSchemaMismatch", `a streamed line does not match the app's response schema: ${json.failure}`)
+            return fail(
+              rid,
+              "ResponseSchemaMismatch",
+              `a streamed line does not match the app's response schema: ${json.failure}`
+            )
           }
           post({ t: "chunk", rid, json })
         }
@@ -103,7 +114,11 @@ function serveApp(app: App) {
       } else {
         const json = toJson(result)
         if (typeof json !== "string") {
-          return fail(rid, "ResponseSchemaMismatch", `serve's answer does not match the app's response schema: ${json.failure}`)
+          return fail(
+            rid,
+            "ResponseSchemaMismatch",
+            `serve's answer does not match the app's response schema: ${json.failure}`
+          )
         }
         post({ t: "value", rid, json })
       }

@@ -39,7 +39,10 @@ export class DataForward<T extends ForwardedDataType = "Tensor"> {
 }
 
 /** Every DataForward reachable from a value (arrays, plain objects), in document order. */
-export const collectDataForwards = (value: unknown, into: Array<DataForward<ForwardedDataType> | EncodedDataForward> = []) => {
+export const collectDataForwards = (
+  value: unknown,
+  into: Array<DataForward<ForwardedDataType> | EncodedDataForward> = []
+) => {
   if (value instanceof DataForward || DataForward.isEncoded(value)) {
     into.push(value)
   } else if (Array.isArray(value)) {

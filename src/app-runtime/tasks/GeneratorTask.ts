@@ -29,7 +29,11 @@ export interface ImageGeneratorOutput {
 }
 
 /** Paints an image from prompt embeddings (Geri). */
-export class ImageGeneratorTask extends UnitTask<ImageGeneratorInput, ImageGeneratorOutput, typeof GeneratorConfig.Type> {
+export class ImageGeneratorTask extends UnitTask<
+  ImageGeneratorInput,
+  ImageGeneratorOutput,
+  typeof GeneratorConfig.Type
+> {
   readonly operation = "generate-image"
   readonly name: string
   protected readonly inputSchema = ImageGeneratorInput
@@ -59,7 +63,11 @@ export interface AudioChunk {
 }
 
 /** Produces audio from prompt embeddings as a stream of PCM16 chunks (Geri). */
-export class AudioGeneratorTask extends UnitTask<AudioGeneratorInput, TaskStream<AudioChunk>, typeof GeneratorConfig.Type> {
+export class AudioGeneratorTask extends UnitTask<
+  AudioGeneratorInput,
+  TaskStream<AudioChunk>,
+  typeof GeneratorConfig.Type
+> {
   readonly operation = "generate-audio"
   readonly name: string
   protected readonly inputSchema = AudioGeneratorInput

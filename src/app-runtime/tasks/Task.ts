@@ -41,7 +41,14 @@ const canonicalJson = (value: unknown): string => {
 
 /** The last path segment of a model id, made safe for names: "org/My_Model" → "my-model". */
 export const modelShortName = (model: string): string =>
-  (model.split("/").filter((part) => part.length > 0).pop() ?? model).toLowerCase().replace(/[^a-z0-9.]+/g, "-")
+  (
+    model
+      .split("/")
+      .filter((part) => part.length > 0)
+      .pop() ?? model
+  )
+    .toLowerCase()
+    .replace(/[^a-z0-9.]+/g, "-")
 
 /**
  * The smallest deployable task. Two unit tasks of the same kind with the same canonical config

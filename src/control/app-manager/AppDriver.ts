@@ -269,8 +269,14 @@ export class AppDriver {
       }
     } catch (error) {
       if (!controller.signal.aborted) {
-        const status = typeof (error as { status?: unknown }).status === "number" ? (error as { status: number }).status : 500
-        this.post({ t: "dispatch-failed", did, message: error instanceof Error ? error.message : String(error), status })
+        const status =
+          typeof (error as { status?: unknown }).status === "number" ? (error as { status: number }).status : 500
+        this.post({
+          t: "dispatch-failed",
+          did,
+          message: error instanceof Error ? error.message : String(error),
+          status
+        })
       }
     } finally {
       this.dispatches.delete(did)

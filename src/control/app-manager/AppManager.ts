@@ -114,7 +114,13 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
         }
         const started = yield* Effect.tryPromise({
           try: () =>
-            AppDriver.start({ appId: name, code: compiled.code, loadTimeoutMs: config.appLoadTimeoutMs, dispatch, log }),
+            AppDriver.start({
+              appId: name,
+              code: compiled.code,
+              loadTimeoutMs: config.appLoadTimeoutMs,
+              dispatch,
+              log
+            }),
           catch: (error) => new InvalidApp({ message: error instanceof Error ? error.message : String(error) })
         })
         return {
@@ -129,7 +135,9 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
 
     /** Gives up on a prepared app that will not be deployed. */
     const discard = (prepared: PreparedApp) =>
-      Effect.promise(() => prepared.driver.close()).pipe(Effect.ensuring(Effect.sync(() => pending.delete(prepared.id))))
+      Effect.promise(() => prepared.driver.close()).pipe(
+        Effect.ensuring(Effect.sync(() => pending.delete(prepared.id)))
+      )
 
     /** Retires a replaced or unregistered version once its requests finish (or the grace runs out). */
     const retire = (entry: AppEntry) =>
@@ -137,7 +145,9 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
         if (entry.driver !== undefined) {
           const drained = yield* Effect.promise(() => entry.driver!.drain(config.unregisterGraceMs))
           if (!drained) {
-            yield* Effect.logWarning(`app ${entry.id}: requests still running after ${config.unregisterGraceMs} ms; stopping them`)
+            yield* Effect.logWarning(
+              `app ${entry.id}: requests still running after ${config.unregisterGraceMs} ms; stopping them`
+            )
           }
           yield* Effect.promise(() => entry.driver!.close())
         }
@@ -148,11 +158,13 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       Effect.gen(function* () {
         const user = `${prepared.id}#${randomUUID()}`
         yield* onProgress(`deploying ${prepared.tasks.length} unit task(s) for app ${prepared.id}`)
-        yield* resources.acquire(user, prepared.tasks, onProgress).pipe(
-          Effect.catchAll((error) =>
-            Effect.zipRight(discard(prepared), Effect.fail(new DeploymentFailed({ message: error.message })))
+        yield* resources
+          .acquire(user, prepared.tasks, onProgress)
+          .pipe(
+            Effect.catchAll((error) =>
+              Effect.zipRight(discard(prepared), Effect.fail(new DeploymentFailed({ message: error.message })))
+            )
           )
-        )
         const previous = apps.get(prepared.id)
         const entry: AppEntry = {
           id: prepared.id,
@@ -173,8 +185,12 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
         return summarize(entry)
       })
 
-    const register = (name: string, source: string, replace: boolean, onProgress: (message: string) => Effect.Effect<void>) =>
-      Effect.flatMap(prepare(name, source, replace), (prepared) => deploy(prepared, onProgress))
+    const register = (
+      name: string,
+      source: string,
+      replace: boolean,
+      onProgress: (message: string) => Effect.Effect<void>
+    ) => Effect.flatMap(prepare(name, source, replace), (prepared) => deploy(prepared, onProgress))
 
     const unregister = (id: string) =>
       Effect.gen(function* () {
@@ -197,7 +213,9 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       if (entry === undefined || entry.state === "unregistering") return new AppNotFound({ appId: id })
       if (entry.state !== "ready" || entry.driver === undefined) {
         return new AppNotReady(
-          entry.error === undefined ? { appId: id, state: entry.state } : { appId: id, state: entry.state, reason: entry.error }
+          entry.error === undefined
+            ? { appId: id, state: entry.state }
+            : { appId: id, state: entry.state, reason: entry.error }
         )
       }
       return entry.driver

@@ -75,7 +75,9 @@ export class Dispatcher extends Effect.Service<Dispatcher>()("cornserve/Dispatch
     const agent = yield* NodeAgent
 
     const release = (graph: TaskGraphWire) => {
-      const produced = graph.invocations.flatMap((invocation) => collectDataForwards(invocation.output).map(dataForwardId))
+      const produced = graph.invocations.flatMap((invocation) =>
+        collectDataForwards(invocation.output).map(dataForwardId)
+      )
       if (produced.length === 0) return
       void agent.sidecarClient().then((client) =>
         Promise.all(
@@ -110,7 +112,10 @@ export class Dispatcher extends Effect.Service<Dispatcher>()("cornserve/Dispatch
       let firstFailure: GraphFailed | undefined
       const fail = (error: unknown, taskId: string) => {
         if (firstFailure === undefined && !signal.aborted) {
-          firstFailure = error instanceof GraphFailed ? error : new GraphFailed(`task ${taskId}: ${(error as Error).message}`, statusOf(error))
+          firstFailure =
+            error instanceof GraphFailed
+              ? error
+              : new GraphFailed(`task ${taskId}: ${(error as Error).message}`, statusOf(error))
         }
         controller.abort()
         return firstFailure ?? new GraphFailed(`request ${requestId} was cancelled`, 499)
@@ -135,12 +140,21 @@ export class Dispatcher extends Effect.Service<Dispatcher>()("cornserve/Dispatch
               return result
             }
             const held = lease
-            return { output: result.output, stream: passThrough(result.stream, () => held.release("ok"), (error) => {
-              held.release("failed")
-              throw fail(error, invocation.taskId)
-            }) }
+            return {
+              output: result.output,
+              stream: passThrough(
+                result.stream,
+                () => held.release("ok"),
+                (error) => {
+                  held.release("failed")
+                  throw fail(error, invocation.taskId)
+                }
+              )
+            }
           } catch (error) {
-            const unavailable = (error instanceof ExecutorCallFailed && error.status === 503) || (error instanceof TypeError && !controller.signal.aborted)
+            const unavailable =
+              (error instanceof ExecutorCallFailed && error.status === 503) ||
+              (error instanceof TypeError && !controller.signal.aborted)
             lease.release(unavailable ? "unavailable" : "failed")
             if (!unavailable || !idempotent || attempt > 0) throw fail(error, invocation.taskId)
             lease = await managers[index]!.lease({ exclude: lease.executorId, signal: controller.signal })
@@ -155,10 +169,14 @@ export class Dispatcher extends Effect.Service<Dispatcher>()("cornserve/Dispatch
           ? { outputs: results.map((result) => result.output) }
           : {
               outputs: results.map((result) => result.output),
-              stream: passThrough(last.stream, () => signal.removeEventListener("abort", onCancel), (error) => {
-                signal.removeEventListener("abort", onCancel)
-                throw firstFailure ?? error
-              })
+              stream: passThrough(
+                last.stream,
+                () => signal.removeEventListener("abort", onCancel),
+                (error) => {
+                  signal.removeEventListener("abort", onCancel)
+                  throw firstFailure ?? error
+                }
+              )
             }
       } catch (error) {
         signal.removeEventListener("abort", onCancel)
@@ -173,7 +191,11 @@ export class Dispatcher extends Effect.Service<Dispatcher>()("cornserve/Dispatch
 }) {}
 
 /** The chunks of `source`, calling `onEnd` when it is done and `onError` (which rethrows) when it fails. */
-async function* passThrough<A>(source: AsyncIterable<A>, onEnd: () => void, onError: (error: unknown) => never): AsyncIterable<A> {
+async function* passThrough<A>(
+  source: AsyncIterable<A>,
+  onEnd: () => void,
+  onError: (error: unknown) => never
+): AsyncIterable<A> {
   try {
     for await (const chunk of source) yield chunk
   } catch (error) {

@@ -36,7 +36,12 @@ export interface CallResult {
 }
 
 const post = async (url: string, body: unknown, signal: AbortSignal): Promise<Response> => {
-  const response = await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body), signal })
+  const response = await fetch(url, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(body),
+    signal
+  })
   if (response.ok) return response
   const text = await response.text()
   let message = text
@@ -47,7 +52,6 @@ const post = async (url: string, body: unknown, signal: AbortSignal): Promise<Re
   }
   throw new ExecutorCallFailed(message, response.status)
 }
-
 
 /** The JSON of each `data:` event of a Server-Sent Events answer, until `data: [DONE]`. */
 async function* serverSentEvents(response: Response): AsyncIterable<unknown> {
@@ -71,7 +75,11 @@ const embed = async (url: string, invocation: TaskInvocationWire, context: CallC
   const produced = ids((invocation.output as { embeddings: unknown }).embeddings)
   const modality = (invocation.config as { modality: EmbeddingsRequest["items"][number]["modality"] }).modality
   const body: typeof EmbeddingsRequest.Encoded = {
-    items: input.urls.map((itemUrl, index) => ({ id: produced[index]!, modality, url: itemUrl })) as unknown as typeof EmbeddingsRequest.Encoded["items"],
+    items: input.urls.map((itemUrl, index) => ({
+      id: produced[index]!,
+      modality,
+      url: itemUrl
+    })) as unknown as (typeof EmbeddingsRequest.Encoded)["items"],
     receivers: context.receivers
   }
   await (await post(`${url}/embeddings`, body, context.signal)).arrayBuffer()
@@ -101,7 +109,11 @@ const chat = async (url: string, invocation: TaskInvocationWire, context: CallCo
   return { output: {}, stream: serverSentEvents(response) }
 }
 
-const promptEmbeddings = async (url: string, invocation: TaskInvocationWire, context: CallContext): Promise<CallResult> => {
+const promptEmbeddings = async (
+  url: string,
+  invocation: TaskInvocationWire,
+  context: CallContext
+): Promise<CallResult> => {
   const { cornserveEmbeddings: _, ...request } = invocation.input as Input
   const body = {
     model: (invocation.config as { model: string }).model,
@@ -124,27 +136,44 @@ const generatorBody = (input: Input, stream: boolean): typeof GenerateRequest.En
   stream
 })
 
-const generateImage = async (url: string, invocation: TaskInvocationWire, context: CallContext): Promise<CallResult> => {
-  const answer = (await (await post(`${url}/generate`, generatorBody(invocation.input as Input, false), context.signal)).json()) as { image: string }
+const generateImage = async (
+  url: string,
+  invocation: TaskInvocationWire,
+  context: CallContext
+): Promise<CallResult> => {
+  const answer = (await (
+    await post(`${url}/generate`, generatorBody(invocation.input as Input, false), context.signal)
+  ).json()) as { image: string }
   return { output: { image: answer.image } }
 }
 
 async function* audioChunks(response: Response): AsyncIterable<unknown> {
   for await (const line of responseLines(response)) {
     if (line.trim().length === 0) continue
-    const parsed = JSON.parse(line) as { audio?: string; sampleRate?: number; done?: boolean; error?: { message?: string } }
+    const parsed = JSON.parse(line) as {
+      audio?: string
+      sampleRate?: number
+      done?: boolean
+      error?: { message?: string }
+    }
     if (parsed.error !== undefined) throw new ExecutorCallFailed(parsed.error.message ?? "the stream failed", 500)
     if (parsed.done === true) return
     yield { audio: parsed.audio, sampleRate: parsed.sampleRate }
   }
 }
 
-const generateAudio = async (url: string, invocation: TaskInvocationWire, context: CallContext): Promise<CallResult> => {
+const generateAudio = async (
+  url: string,
+  invocation: TaskInvocationWire,
+  context: CallContext
+): Promise<CallResult> => {
   const response = await post(`${url}/generate`, generatorBody(invocation.input as Input, true), context.signal)
   return { output: {}, stream: audioChunks(response) }
 }
 
-export const executorCalls: Readonly<Record<string, (url: string, invocation: TaskInvocationWire, context: CallContext) => Promise<CallResult>>> = {
+export const executorCalls: Readonly<
+  Record<string, (url: string, invocation: TaskInvocationWire, context: CallContext) => Promise<CallResult>>
+> = {
   embed,
   chat,
   "hidden-states": promptEmbeddings,

@@ -24,7 +24,9 @@ export const RegisterRequest = Schema.Struct({
 
 export const ScaleRequest = Schema.Struct({
   taskId: Schema.String,
-  devices: Schema.Int.pipe(Schema.filter((n) => n !== 0 || "devices must be a non-zero whole number (+ adds, - removes)"))
+  devices: Schema.Int.pipe(
+    Schema.filter((n) => n !== 0 || "devices must be a non-zero whole number (+ adds, - removes)")
+  )
 })
 
 const sseEvent = (event: string, data: unknown) => `event: ${event}\ndata: ${JSON.stringify(data)}\n\n`
@@ -71,7 +73,8 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
             }
             if (inFlight === 0) idle()
           })
-          if (!drained) yield* Effect.logWarning(`${inFlight} request(s) still running after the grace period; closing them`)
+          if (!drained)
+            yield* Effect.logWarning(`${inFlight} request(s) still running after the grace period; closing them`)
         }
         nodeServer.closeAllConnections()
       })
@@ -81,7 +84,9 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       const request = yield* HttpServerRequest.HttpServerRequest
       const raw = NodeHttpServerRequest.toIncomingMessage(request)
       return yield* Effect.async<string, PayloadTooLarge | BadRequest>((resume) =>
-        readRequestBody(raw, config.maxBodyBytes, (body) => resume(typeof body === "string" ? Effect.succeed(body) : Effect.fail(body)))
+        readRequestBody(raw, config.maxBodyBytes, (body) =>
+          resume(typeof body === "string" ? Effect.succeed(body) : Effect.fail(body))
+        )
       )
     })
 
@@ -131,7 +136,8 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
         .deploy(prepared, (message) => events.offer(sseEvent("progress", { appId: prepared.id, message })))
         .pipe(
           Effect.matchEffect({
-            onSuccess: (app) => events.offer(sseEvent("final", { appId: app.id, message: `app ${app.id} is ready`, app })),
+            onSuccess: (app) =>
+              events.offer(sseEvent("final", { appId: app.id, message: `app ${app.id} is ready`, app })),
             onFailure: (error) => events.offer(sseEvent("error", { appId: prepared.id, ...errorBody(error) }))
           }),
           Effect.ensuring(events.offer(undefined)),
@@ -169,17 +175,28 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
     )
 
     const metrics = Effect.gen(function* () {
-      const sidecar = yield* Effect.tryPromise(() => agent.sidecarClient().then((client) => client.stats())).pipe(Effect.orElseSucceed(() => undefined))
-      return HttpServerResponse.text(renderMetrics({ apps: appManager.list(), inFlight, tasks: resources.tasks(), sidecar }), {
-        contentType: "text/plain; version=0.0.4"
-      })
+      const sidecar = yield* Effect.tryPromise(() => agent.sidecarClient().then((client) => client.stats())).pipe(
+        Effect.orElseSucceed(() => undefined)
+      )
+      return HttpServerResponse.text(
+        renderMetrics({ apps: appManager.list(), inFlight, tasks: resources.tasks(), sidecar }),
+        {
+          contentType: "text/plain; version=0.0.4"
+        }
+      )
     })
 
     const router = HttpRouter.empty.pipe(
       HttpRouter.post("/app/register", register),
       HttpRouter.post("/app/unregister/:id", unregister),
-      HttpRouter.get("/app/list", Effect.sync(() => HttpServerResponse.unsafeJson({ apps: appManager.list() }))),
-      HttpRouter.get("/tasks/list", Effect.sync(() => HttpServerResponse.unsafeJson({ tasks: resources.tasks(), devices: resources.devices() }))),
+      HttpRouter.get(
+        "/app/list",
+        Effect.sync(() => HttpServerResponse.unsafeJson({ apps: appManager.list() }))
+      ),
+      HttpRouter.get(
+        "/tasks/list",
+        Effect.sync(() => HttpServerResponse.unsafeJson({ tasks: resources.tasks(), devices: resources.devices() }))
+      ),
       HttpRouter.post("/task/scale", scale),
       HttpRouter.get("/health", health),
       HttpRouter.get("/metrics", metrics)
@@ -215,13 +232,17 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       })
       if (request.method === "POST") {
         const path = request.url!.split("?", 1)[0]!
-        if (path.startsWith(invokePrefix)) return invokeRoute(request, response, path.slice(invokePrefix.length), "native")
+        if (path.startsWith(invokePrefix))
+          return invokeRoute(request, response, path.slice(invokePrefix.length), "native")
         const chat = chatCompletionsPattern.exec(path)
         if (chat !== null) return invokeRoute(request, response, chat[1]!, "chat")
       }
       effectRoutes(request, response)
     })
     const address = nodeServer.address() as AddressInfo
-    return { url: `http://${address.family === "IPv6" ? `[${address.address}]` : address.address}:${address.port}`, port: address.port }
+    return {
+      url: `http://${address.family === "IPv6" ? `[${address.address}]` : address.address}:${address.port}`,
+      port: address.port
+    }
   })
 }) {}

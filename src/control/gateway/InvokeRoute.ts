@@ -45,7 +45,11 @@ const nativeFormat: ReplyFormat = {
 const chatStreamFormat: ReplyFormat = {
   value: writeJson,
   streamStart: (response, requestId) => {
-    response.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache", "x-request-id": requestId })
+    response.writeHead(200, {
+      "content-type": "text/event-stream",
+      "cache-control": "no-cache",
+      "x-request-id": requestId
+    })
     response.flushHeaders()
   },
   chunk: (response, json) => response.write(`data: ${json}\n\n`),
@@ -80,11 +84,19 @@ const chatCompletionFormat = (): ReplyFormat => {
           {
             index: 0,
             message: { role: "assistant", content: choices.map((choice) => choice.delta?.content ?? "").join("") },
-            finish_reason: choices.map((choice) => choice.finish_reason).filter((reason) => reason != null).at(-1) ?? "stop",
+            finish_reason:
+              choices
+                .map((choice) => choice.finish_reason)
+                .filter((reason) => reason != null)
+                .at(-1) ?? "stop",
             logprobs: null
           }
         ],
-        usage: chunks.map((chunk) => chunk.usage).filter((usage) => usage != null).at(-1) ?? null
+        usage:
+          chunks
+            .map((chunk) => chunk.usage)
+            .filter((usage) => usage != null)
+            .at(-1) ?? null
       }
       writeJson(response, JSON.stringify(completion))
     },
@@ -159,60 +171,62 @@ export interface InvokeRouteOptions {
  * body in, app driver, JSON or NDJSON out. Errors are the same tagged errors, mapped to statuses in
  * the same place as every other route's.
  */
-export const makeInvokeRoute = (options: InvokeRouteOptions) => (request: IncomingMessage, response: ServerResponse, encodedAppId: string, api: "native" | "chat") => {
-  if (options.draining()) return sendError(response, new ShuttingDown())
-  const appId = decodePathSegment(encodedAppId)
-  if (appId === undefined) {
-    request.resume()
-    return sendError(response, new BadRequest({ message: "the app id in the path is not valid percent-encoding" }))
-  }
-  const driver = options.lookup(appId)
-  if (!("invoke" in driver)) {
-    request.resume()
-    return sendError(response, driver)
-  }
-  readRequestBody(request, options.maxBodyBytes, (body) => {
-    if (typeof body !== "string") return sendError(response, body)
-    if (response.destroyed) return
-    const format = api === "native" ? nativeFormat : asksToStream(body) ? chatStreamFormat : chatCompletionFormat()
-    const requestId = randomUUID()
-    let settled = false
-    let streaming = false
-    const timer = setTimeout(() => {
-      if (settled) return
-      settled = true
-      driver.cancel(rid)
-      void driver.ensureResponsive(1_000)
-      sendError(response, new RequestTimeout({ timeoutMs: options.requestTimeoutMs }))
-    }, options.requestTimeoutMs)
-    const settle = () => {
-      settled = true
-      clearTimeout(timer)
+export const makeInvokeRoute =
+  (options: InvokeRouteOptions) =>
+  (request: IncomingMessage, response: ServerResponse, encodedAppId: string, api: "native" | "chat") => {
+    if (options.draining()) return sendError(response, new ShuttingDown())
+    const appId = decodePathSegment(encodedAppId)
+    if (appId === undefined) {
+      request.resume()
+      return sendError(response, new BadRequest({ message: "the app id in the path is not valid percent-encoding" }))
     }
-    const rid = driver.invoke(requestId, body, {
-      onValue: (json) => {
-        settle()
-        format.value(response, json)
-      },
-      onStreamStart: () => {
-        settle()
-        streaming = true
-        format.streamStart(response, requestId)
-      },
-      onChunk: (json) => format.chunk(response, json),
-      onEnd: () => format.end(response),
-      onFailed: (code, message, issues) => {
-        const error = invokeFailure(appId, code, message, issues)
-        if (!streaming) {
-          settle()
-          return sendError(response, error)
-        }
-        format.streamError(response, error)
+    const driver = options.lookup(appId)
+    if (!("invoke" in driver)) {
+      request.resume()
+      return sendError(response, driver)
+    }
+    readRequestBody(request, options.maxBodyBytes, (body) => {
+      if (typeof body !== "string") return sendError(response, body)
+      if (response.destroyed) return
+      const format = api === "native" ? nativeFormat : asksToStream(body) ? chatStreamFormat : chatCompletionFormat()
+      const requestId = randomUUID()
+      let settled = false
+      let streaming = false
+      const timer = setTimeout(() => {
+        if (settled) return
+        settled = true
+        driver.cancel(rid)
+        void driver.ensureResponsive(1_000)
+        sendError(response, new RequestTimeout({ timeoutMs: options.requestTimeoutMs }))
+      }, options.requestTimeoutMs)
+      const settle = () => {
+        settled = true
+        clearTimeout(timer)
       }
+      const rid = driver.invoke(requestId, body, {
+        onValue: (json) => {
+          settle()
+          format.value(response, json)
+        },
+        onStreamStart: () => {
+          settle()
+          streaming = true
+          format.streamStart(response, requestId)
+        },
+        onChunk: (json) => format.chunk(response, json),
+        onEnd: () => format.end(response),
+        onFailed: (code, message, issues) => {
+          const error = invokeFailure(appId, code, message, issues)
+          if (!streaming) {
+            settle()
+            return sendError(response, error)
+          }
+          format.streamError(response, error)
+        }
+      })
+      response.once("close", () => {
+        clearTimeout(timer)
+        if (!response.writableFinished) driver.cancel(rid)
+      })
     })
-    response.once("close", () => {
-      clearTimeout(timer)
-      if (!response.writableFinished) driver.cancel(rid)
-    })
-  })
-}
+  }

@@ -5,7 +5,12 @@ import type { TaskSummary } from "../resource-manager/ResourceManager.js"
 const escapeLabel = (value: string) => value.replaceAll("\\", "\\\\").replaceAll('"', '\\"').replaceAll("\n", "\\n")
 
 /** One metric in the Prometheus text format: its help, its type, and a sample per label set. */
-const metric = (name: string, type: "gauge" | "counter", help: string, samples: ReadonlyArray<readonly [Readonly<Record<string, string>>, number]>) =>
+const metric = (
+  name: string,
+  type: "gauge" | "counter",
+  help: string,
+  samples: ReadonlyArray<readonly [Readonly<Record<string, string>>, number]>
+) =>
   [
     `# HELP ${name} ${help}`,
     `# TYPE ${name} ${type}`,
@@ -23,25 +28,70 @@ export const renderMetrics = (state: {
   readonly sidecar: SidecarStats | undefined
 }): string => {
   const sections = [
-    metric("cornserve_apps", "gauge", "Registered apps by state.", [...new Set(state.apps.map((app) => app.state))].map((appState) => [{ state: appState }, state.apps.filter((app) => app.state === appState).length] as const)),
-    metric("cornserve_app_requests_in_flight", "gauge", "Requests being served, by app.", state.apps.map((app) => [{ app: app.id }, app.inFlight] as const)),
-    metric("cornserve_gateway_requests_in_flight", "gauge", "HTTP requests open at the gateway.", [[{}, state.inFlight]]),
-    metric("cornserve_task_executors", "gauge", "Executors of each deployed unit task, by health.", state.tasks.flatMap((task) => [
-      [{ task: task.id, name: task.name, healthy: "true" }, task.executors.filter((executor) => executor.healthy).length] as const,
-      [{ task: task.id, name: task.name, healthy: "false" }, task.executors.filter((executor) => !executor.healthy).length] as const
-    ])),
-    metric("cornserve_task_outstanding_requests", "gauge", "Requests each task's executors are working on.", state.tasks.map((task) => [{ task: task.id }, task.executors.reduce((sum, executor) => sum + executor.outstanding, 0)] as const))
+    metric(
+      "cornserve_apps",
+      "gauge",
+      "Registered apps by state.",
+      [...new Set(state.apps.map((app) => app.state))].map(
+        (appState) => [{ state: appState }, state.apps.filter((app) => app.state === appState).length] as const
+      )
+    ),
+    metric(
+      "cornserve_app_requests_in_flight",
+      "gauge",
+      "Requests being served, by app.",
+      state.apps.map((app) => [{ app: app.id }, app.inFlight] as const)
+    ),
+    metric("cornserve_gateway_requests_in_flight", "gauge", "HTTP requests open at the gateway.", [
+      [{}, state.inFlight]
+    ]),
+    metric(
+      "cornserve_task_executors",
+      "gauge",
+      "Executors of each deployed unit task, by health.",
+      state.tasks.flatMap((task) => [
+        [
+          { task: task.id, name: task.name, healthy: "true" },
+          task.executors.filter((executor) => executor.healthy).length
+        ] as const,
+        [
+          { task: task.id, name: task.name, healthy: "false" },
+          task.executors.filter((executor) => !executor.healthy).length
+        ] as const
+      ])
+    ),
+    metric(
+      "cornserve_task_outstanding_requests",
+      "gauge",
+      "Requests each task's executors are working on.",
+      state.tasks.map(
+        (task) => [{ task: task.id }, task.executors.reduce((sum, executor) => sum + executor.outstanding, 0)] as const
+      )
+    )
   ]
   const sidecar = state.sidecar
   if (sidecar !== undefined) {
     const node = { node: sidecar.nodeId }
     sections.push(
-      metric("cornserve_sidecar_arena_bytes", "gauge", "Size of the node's shared-memory arena.", [[node, sidecar.arenaBytes]]),
-      metric("cornserve_sidecar_bytes_in_use", "gauge", "Arena bytes held by tensors in transit.", [[node, sidecar.bytesInUse]]),
+      metric("cornserve_sidecar_arena_bytes", "gauge", "Size of the node's shared-memory arena.", [
+        [node, sidecar.arenaBytes]
+      ]),
+      metric("cornserve_sidecar_bytes_in_use", "gauge", "Arena bytes held by tensors in transit.", [
+        [node, sidecar.bytesInUse]
+      ]),
       metric("cornserve_sidecar_slots_in_use", "gauge", "Arena slots held.", [[node, sidecar.slotsInUse]]),
-      metric("cornserve_sidecar_transfers_active", "gauge", "Transfers the sidecar keeps a record of.", [[node, sidecar.transfersActive]]),
-      metric("cornserve_sidecar_allocation_waits_total", "counter", "Allocations that found the arena full and waited.", [[node, sidecar.allocationWaits]]),
-      metric("cornserve_sidecar_chunks_reclaimed_total", "counter", "Chunks nobody marked done, freed after the TTL.", [[node, sidecar.chunksReclaimed]])
+      metric("cornserve_sidecar_transfers_active", "gauge", "Transfers the sidecar keeps a record of.", [
+        [node, sidecar.transfersActive]
+      ]),
+      metric(
+        "cornserve_sidecar_allocation_waits_total",
+        "counter",
+        "Allocations that found the arena full and waited.",
+        [[node, sidecar.allocationWaits]]
+      ),
+      metric("cornserve_sidecar_chunks_reclaimed_total", "counter", "Chunks nobody marked done, freed after the TTL.", [
+        [node, sidecar.chunksReclaimed]
+      ])
     )
   }
   return `${sections.join("\n")}\n`

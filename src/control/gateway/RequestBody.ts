@@ -33,6 +33,8 @@ export const readRequestBody = (
     }
   }
   request.on("data", onData)
-  request.once("end", () => finish(chunks.length === 1 ? chunks[0]!.toString("utf8") : Buffer.concat(chunks).toString("utf8")))
+  request.once("end", () =>
+    finish(chunks.length === 1 ? chunks[0]!.toString("utf8") : Buffer.concat(chunks).toString("utf8"))
+  )
   request.once("error", (error) => finish(new BadRequest({ message: `reading the body failed: ${error.message}` })))
 }

@@ -58,27 +58,40 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         const kind = kinds.get(spec.kind)
         if (kind === undefined) return yield* new NoExecutorForKind({ kind: spec.kind, taskId: spec.id })
         const taskDevices = yield* allocate(spec.id, Math.max(1, kind.devicesPerExecutor(spec)))
-        yield* taskManagers.deploy(spec, kind, taskDevices).pipe(
-          Effect.mapError((error) => new DeploymentFailed({ message: `task ${spec.id} failed to start: ${error.message}` }))
-        )
+        yield* taskManagers
+          .deploy(spec, kind, taskDevices)
+          .pipe(
+            Effect.mapError(
+              (error) => new DeploymentFailed({ message: `task ${spec.id} failed to start: ${error.message}` })
+            )
+          )
       }).pipe(Effect.onError(() => Effect.sync(() => freeTaskDevices(spec.id))))
 
     const teardown = (taskId: string) =>
       taskManagers.teardown(taskId).pipe(Effect.ensuring(Effect.sync(() => freeTaskDevices(taskId))))
 
     /** `user` now uses `specs`; deploys those not yet deployed, all or none. */
-    const acquire = (user: string, specs: ReadonlyArray<UnitTaskSpec>, onProgress: (message: string) => Effect.Effect<void>) =>
+    const acquire = (
+      user: string,
+      specs: ReadonlyArray<UnitTaskSpec>,
+      onProgress: (message: string) => Effect.Effect<void>
+    ) =>
       lock.withPermits(1)(
         Effect.gen(function* () {
           const fresh = specs.filter((spec) => taskManagers.get(spec.id) === undefined)
           for (const spec of specs) {
-            if (!fresh.includes(spec)) yield* onProgress(`task ${spec.name} (${spec.id}) is already deployed; sharing it`)
+            if (!fresh.includes(spec))
+              yield* onProgress(`task ${spec.name} (${spec.id}) is already deployed; sharing it`)
           }
           // The new tasks start side by side; if one fails, every one that started is torn down.
-          yield* Effect.forEach(fresh, (spec) => Effect.zipRight(onProgress(`deploying task ${spec.name} (${spec.id})`), deployOne(spec)), {
-            concurrency: "unbounded",
-            discard: true
-          }).pipe(Effect.onError(() => Effect.forEach(fresh, (spec) => teardown(spec.id), { discard: true })))
+          yield* Effect.forEach(
+            fresh,
+            (spec) => Effect.zipRight(onProgress(`deploying task ${spec.name} (${spec.id})`), deployOne(spec)),
+            {
+              concurrency: "unbounded",
+              discard: true
+            }
+          ).pipe(Effect.onError(() => Effect.forEach(fresh, (spec) => teardown(spec.id), { discard: true })))
           for (const spec of specs) {
             const set = users.get(spec.id) ?? new Set<string>()
             set.add(user)
@@ -114,7 +127,9 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
           if (deltaDevices > 0) {
             const added = yield* allocate(taskId, Math.ceil(deltaDevices / perExecutor) * perExecutor)
             yield* taskManagers.grow(taskId, added).pipe(
-              Effect.mapError((error) => new DeploymentFailed({ message: `task ${taskId} could not grow: ${error.message}` })),
+              Effect.mapError(
+                (error) => new DeploymentFailed({ message: `task ${taskId} could not grow: ${error.message}` })
+              ),
               Effect.onError(() => Effect.sync(() => added.forEach((device) => allocated.delete(device.id))))
             )
           } else {

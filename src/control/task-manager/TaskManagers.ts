@@ -82,7 +82,15 @@ class ManagedTask implements TaskManager {
   }
 
   add(executor: Executor, scope: Scope.CloseableScope): ManagedExecutor {
-    const member: ManagedExecutor = { id: `${this.spec.id}-${this.nextExecutor++}`, executor, scope, outstanding: 0, healthy: true, draining: false, idle: [] }
+    const member: ManagedExecutor = {
+      id: `${this.spec.id}-${this.nextExecutor++}`,
+      executor,
+      scope,
+      outstanding: 0,
+      healthy: true,
+      draining: false,
+      idle: []
+    }
     this.members.push(member)
     this.wake()
     return member
@@ -98,20 +106,29 @@ class ManagedTask implements TaskManager {
   }
 
   private pick(exclude: ManagedExecutor | undefined): ManagedExecutor | undefined {
-    const candidates = this.members.filter((member) => member.healthy && !member.draining && member.executor.url() !== undefined)
+    const candidates = this.members.filter(
+      (member) => member.healthy && !member.draining && member.executor.url() !== undefined
+    )
     const preferred = candidates.filter((member) => member !== exclude)
     const pool = preferred.length > 0 ? preferred : candidates
-    return pool.reduce<ManagedExecutor | undefined>((best, member) => (best === undefined || member.outstanding < best.outstanding ? member : best), undefined)
+    return pool.reduce<ManagedExecutor | undefined>(
+      (best, member) => (best === undefined || member.outstanding < best.outstanding ? member : best),
+      undefined
+    )
   }
 
   /** A healthy executor, waiting a bounded time for one to come back if none is. */
-  private async choose(exclude: ManagedExecutor | undefined, signal: AbortSignal | undefined): Promise<ManagedExecutor> {
+  private async choose(
+    exclude: ManagedExecutor | undefined,
+    signal: AbortSignal | undefined
+  ): Promise<ManagedExecutor> {
     const deadline = Date.now() + 15_000
     for (;;) {
       const member = this.pick(exclude)
       if (member !== undefined) return member
       if (this.state === "tearing-down") throw new ExecutorUnavailable(`task ${this.spec.id} is being torn down`)
-      if (Date.now() > deadline || signal?.aborted) throw new ExecutorUnavailable(`task ${this.spec.id} has no healthy executor`)
+      if (Date.now() > deadline || signal?.aborted)
+        throw new ExecutorUnavailable(`task ${this.spec.id} has no healthy executor`)
       await new Promise<void>((resolve) => {
         const timer = setTimeout(resolve, 100)
         this.waiters.push(() => {
@@ -123,7 +140,10 @@ class ManagedTask implements TaskManager {
   }
 
   async lease(options: { readonly exclude?: string; readonly signal?: AbortSignal }): Promise<ExecutorLease> {
-    const member = await this.choose(this.members.find((candidate) => candidate.id === options.exclude), options.signal)
+    const member = await this.choose(
+      this.members.find((candidate) => candidate.id === options.exclude),
+      options.signal
+    )
     member.outstanding++
     let released = false
     return {
@@ -178,7 +198,9 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
     const startExecutor = (task: ManagedTask, devices: ReadonlyArray<Device>) =>
       Effect.gen(function* () {
         const scope = yield* Scope.fork(task.scope, ExecutionStrategy.sequential)
-        const executor = yield* Scope.extend(task.kind.start(task.spec, devices), scope).pipe(Effect.onError(() => Scope.close(scope, Exit.void)))
+        const executor = yield* Scope.extend(task.kind.start(task.spec, devices), scope).pipe(
+          Effect.onError(() => Scope.close(scope, Exit.void))
+        )
         const member = task.add(executor, scope)
         yield* Effect.promise(() => checkHealth(member, task)).pipe(
           Effect.zipRight(Effect.sleep(healthPeriodMs)),
@@ -190,7 +212,9 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
 
     const groupsOf = (task: ManagedTask, devices: ReadonlyArray<Device>) => {
       const perExecutor = Math.max(1, task.kind.devicesPerExecutor(task.spec))
-      return Array.from({ length: Math.floor(devices.length / perExecutor) }, (_, index) => devices.slice(index * perExecutor, (index + 1) * perExecutor))
+      return Array.from({ length: Math.floor(devices.length / perExecutor) }, (_, index) =>
+        devices.slice(index * perExecutor, (index + 1) * perExecutor)
+      )
     }
 
     /** Starts the task's executors on `devices` and waits until each is up. */
@@ -198,9 +222,9 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
       Effect.gen(function* () {
         const task = new ManagedTask(spec, kind, yield* Scope.make(), devices)
         tasks.set(spec.id, task)
-        yield* Effect.forEach(groupsOf(task, devices), (group) => startExecutor(task, group), { concurrency: "unbounded" }).pipe(
-          Effect.onError(() => teardown(spec.id))
-        )
+        yield* Effect.forEach(groupsOf(task, devices), (group) => startExecutor(task, group), {
+          concurrency: "unbounded"
+        }).pipe(Effect.onError(() => teardown(spec.id)))
         task.state = "ready"
         return task as TaskManager
       })
@@ -209,7 +233,9 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
     const grow = (taskId: string, devices: ReadonlyArray<Device>) =>
       Effect.gen(function* () {
         const task = tasks.get(taskId)!
-        yield* Effect.forEach(groupsOf(task, devices), (group) => startExecutor(task, group), { concurrency: "unbounded" })
+        yield* Effect.forEach(groupsOf(task, devices), (group) => startExecutor(task, group), {
+          concurrency: "unbounded"
+        })
         task.devices.push(...devices)
       })
 

@@ -61,13 +61,17 @@ export class BatchBuffer {
    * inputs, each with the same dtype and trailing dimensions. A batch larger than a slot travels
    * inline in the message instead.
    */
-  write(slot: number, items: ReadonlyArray<WorkItem>): { readonly inputs: Record<string, BatchInput>; readonly rows: ReadonlyArray<readonly [number, number]> } {
+  write(
+    slot: number,
+    items: ReadonlyArray<WorkItem>
+  ): { readonly inputs: Record<string, BatchInput>; readonly rows: ReadonlyArray<readonly [number, number]> } {
     const names = Object.keys(items[0]!.inputs).sort()
     const rows: Array<readonly [number, number]> = []
     let firstRow = 0
     for (const item of items) {
       const itemNames = Object.keys(item.inputs).sort()
-      if (itemNames.join() !== names.join()) throw new Error(`items of one batch must have the same inputs: [${names}] vs [${itemNames}]`)
+      if (itemNames.join() !== names.join())
+        throw new Error(`items of one batch must have the same inputs: [${names}] vs [${itemNames}]`)
       const count = item.inputs[names[0]!]!.shape[0] ?? 1
       rows.push([firstRow, firstRow + count])
       firstRow += count

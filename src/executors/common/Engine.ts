@@ -49,7 +49,10 @@ class Signal {
  * Splits `count` items into one contiguous shard per worker, the larger shards to the workers with
  * the least work outstanding, so that a one-item batch goes to an idle worker.
  */
-export const shardItems = (count: number, outstanding: ReadonlyArray<number>): Map<number, readonly [number, number]> => {
+export const shardItems = (
+  count: number,
+  outstanding: ReadonlyArray<number>
+): Map<number, readonly [number, number]> => {
   const order = outstanding.map((load, rank) => ({ load, rank })).sort((a, b) => a.load - b.load || a.rank - b.rank)
   const shards = new Map<number, readonly [number, number]>()
   const base = Math.floor(count / outstanding.length)
@@ -66,7 +69,11 @@ export const shardItems = (count: number, outstanding: ReadonlyArray<number>): M
 export const runEngine = (config: ExecutorConfig) =>
   Effect.gen(function* () {
     exitWithParent()
-    const buffer = yield* BatchBuffer.create(join("/dev/shm", `${batchBufferPrefix}${process.pid}`), 2, config.batchSlotBytes)
+    const buffer = yield* BatchBuffer.create(
+      join("/dev/shm", `${batchBufferPrefix}${process.pid}`),
+      2,
+      config.batchSlotBytes
+    )
     const { fromRouter, fromWorkers, sendRouter, sendWorker } = yield* bindEngineSockets(config)
 
     const scheduler = new Scheduler<WorkItem>({
@@ -101,7 +108,9 @@ export const runEngine = (config: ExecutorConfig) =>
           args: ["executor-worker", "--rank", String(rank)],
           env: { [configEnvName]: JSON.stringify(config) },
           onUnexpectedExit: (code, signalName) =>
-            becomeUnhealthy(`worker ${rank} (${device}) exited ${signalName === null ? `with code ${code}` : `on ${signalName}`}`)
+            becomeUnhealthy(
+              `worker ${rank} (${device}) exited ${signalName === null ? `with code ${code}` : `on ${signalName}`}`
+            )
         }),
       { discard: true }
     )
@@ -133,7 +142,10 @@ export const runEngine = (config: ExecutorConfig) =>
       const batch = nextBatch++
       let layout: ReturnType<BatchBuffer["write"]>
       try {
-        layout = buffer.write(slot, scheduled.map((item) => item.payload))
+        layout = buffer.write(
+          slot,
+          scheduled.map((item) => item.payload)
+        )
       } catch (error) {
         buffer.release(slot)
         for (const item of scheduled) failRequest(item.requestId, 400, (error as Error).message)
@@ -146,7 +158,14 @@ export const runEngine = (config: ExecutorConfig) =>
         rows: layout.rows[position]!
       }))
       const shards = shardItems(items.length, outstanding)
-      batches.set(batch, { slot, scheduled, items, results: new Array(items.length), pendingRanks: new Set(shards.keys()), shards })
+      batches.set(batch, {
+        slot,
+        scheduled,
+        items,
+        results: new Array(items.length),
+        pendingRanks: new Set(shards.keys()),
+        shards
+      })
       for (const [rank, shard] of shards) {
         outstanding[rank]! += shard[1] - shard[0]
         const message: ToWorker = { t: "batch", batch, inputs: layout.inputs, items, shard }
@@ -161,7 +180,13 @@ export const runEngine = (config: ExecutorConfig) =>
           if (requests.delete(message.id)) scheduler.remove(message.id)
         } else if (!healthy) {
           void sendRouter({ t: "failed", id: message.id, status: 503, message: "the executor is unhealthy" })
-        } else if (!scheduler.enqueue(message.id, message.items.map((item) => ({ key: item.key, payload: item })), Date.now())) {
+        } else if (
+          !scheduler.enqueue(
+            message.id,
+            message.items.map((item) => ({ key: item.key, payload: item })),
+            Date.now()
+          )
+        ) {
           void sendRouter({ t: "failed", id: message.id, status: 503, message: "the executor's queue is full" })
         } else {
           requests.set(message.id, { items: message.items, results: new Array(message.items.length) })

@@ -22,7 +22,10 @@ interface Pending {
   readonly onPartial: ((item: number, value: unknown) => void) | undefined
 }
 
-export type EngineState = { readonly _tag: "Starting" } | { readonly _tag: "Ready"; readonly workers: number } | { readonly _tag: "Unhealthy"; readonly reason: string }
+export type EngineState =
+  | { readonly _tag: "Starting" }
+  | { readonly _tag: "Ready"; readonly workers: number }
+  | { readonly _tag: "Unhealthy"; readonly reason: string }
 
 /**
  * The router's side of the engine: starts the engine process (which starts the workers), submits
@@ -77,16 +80,30 @@ export class EngineClient {
     if (this.current._tag === "Ready") return Promise.resolve()
     if (this.current._tag === "Unhealthy") return Promise.reject(new EngineFailure(503, this.current.reason))
     return new Promise((resolve, reject) =>
-      this.readyWaiters.push(() => (this.current._tag === "Ready" ? resolve() : reject(new EngineFailure(503, (this.current as { reason: string }).reason))))
+      this.readyWaiters.push(() =>
+        this.current._tag === "Ready"
+          ? resolve()
+          : reject(new EngineFailure(503, (this.current as { reason: string }).reason))
+      )
     )
   }
 
   /** Runs a request's items; `onPartial` gets streamed pieces of results as they come. */
-  submit(items: ReadonlyArray<WorkItem>, onPartial?: (item: number, value: unknown) => void): { readonly id: string; readonly results: Promise<ReadonlyArray<unknown>> } {
+  submit(
+    items: ReadonlyArray<WorkItem>,
+    onPartial?: (item: number, value: unknown) => void
+  ): { readonly id: string; readonly results: Promise<ReadonlyArray<unknown>> } {
     const id = randomUUID()
     const results = new Promise<ReadonlyArray<unknown>>((resolve, reject) => {
       if (this.current._tag !== "Ready") {
-        return reject(new EngineFailure(503, this.current._tag === "Unhealthy" ? `the executor is unhealthy: ${this.current.reason}` : "the executor is still loading its model"))
+        return reject(
+          new EngineFailure(
+            503,
+            this.current._tag === "Unhealthy"
+              ? `the executor is unhealthy: ${this.current.reason}`
+              : "the executor is still loading its model"
+          )
+        )
       }
       this.pending.set(id, { resolve, reject, onPartial })
       void this.send({ t: "request", id, items })
@@ -105,7 +122,8 @@ export class EngineClient {
   private becomeUnhealthy(reason: string) {
     if (this.current._tag === "Unhealthy") return
     this.current = { _tag: "Unhealthy", reason }
-    for (const pending of this.pending.values()) pending.reject(new EngineFailure(503, `the executor failed: ${reason}`))
+    for (const pending of this.pending.values())
+      pending.reject(new EngineFailure(503, `the executor failed: ${reason}`))
     this.pending.clear()
     for (const wake of this.readyWaiters.splice(0)) wake()
   }

@@ -20,14 +20,19 @@ export const runExecutor = (options: ExecutorOptions) =>
       try: () => resolveModel(options.model),
       catch: (error) => new Error(`model ${options.model}: ${asError(error).message}`)
     })
-    const config: ExecutorConfig = { ...options, modelDir, runDir: options.runDir ?? join(tmpdir(), `cornserve-executor-${process.pid}`) }
+    const config: ExecutorConfig = {
+      ...options,
+      modelDir,
+      runDir: options.runDir ?? join(tmpdir(), `cornserve-executor-${process.pid}`)
+    }
     const { runRouter } = yield* Effect.promise(() => import("./Router.js"))
     return yield* runRouter(config)
   }).pipe(Effect.scoped)
 
 const configFromEnvironment = (): ExecutorConfig => {
   const text = process.env[configEnvName]
-  if (text === undefined) throw new Error(`${configEnvName} is not set: this command is started by an executor, not by hand`)
+  if (text === undefined)
+    throw new Error(`${configEnvName} is not set: this command is started by an executor, not by hand`)
   return decodeConfig(text)
 }
 
@@ -38,7 +43,10 @@ const configFromEnvironment = (): ExecutorConfig => {
 export const runExecutorEngine = () =>
   Effect.gen(function* () {
     const config = configFromEnvironment()
-    const module = config.kind === "llm" ? new URL(`../${config.kind}/engine.js`, import.meta.url).href : new URL("./Engine.js", import.meta.url).href
+    const module =
+      config.kind === "llm"
+        ? new URL(`../${config.kind}/engine.js`, import.meta.url).href
+        : new URL("./Engine.js", import.meta.url).href
     const { runEngine } = (yield* Effect.promise(() => import(module))) as {
       readonly runEngine: (config: ExecutorConfig) => Effect.Effect<never, Error, import("effect").Scope.Scope>
     }

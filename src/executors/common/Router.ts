@@ -38,7 +38,10 @@ export interface RouterKind {
 
 /** `{ error: { code, message } }` with a status, as every Cornserve HTTP API answers errors. */
 export const errorJson = (status: number, code: string, message: string, headers: Record<string, string> = {}) =>
-  HttpServerResponse.unsafeJson({ error: { code, message } }, { status, headers: status === 503 ? { "retry-after": "1", ...headers } : headers })
+  HttpServerResponse.unsafeJson(
+    { error: { code, message } },
+    { status, headers: status === 503 ? { "retry-after": "1", ...headers } : headers }
+  )
 
 const loadKind = (kind: ExecutorConfig["kind"]): Promise<{ readonly routerKind: RouterKind }> =>
   import(new URL(`../${kind}/router.js`, import.meta.url).href)
@@ -52,7 +55,9 @@ export const runRouter = (config: ExecutorConfig) =>
     const { routerKind } = yield* Effect.promise(() => loadKind(config.kind))
     const engine = yield* EngineClient.start(config)
     const pool =
-      routerKind.preprocessModule === undefined ? undefined : yield* ThreadPool.make(routerKind.preprocessModule, config.preprocessThreads)
+      routerKind.preprocessModule === undefined
+        ? undefined
+        : yield* ThreadPool.make(routerKind.preprocessModule, config.preprocessThreads)
     const { info, routes } = yield* routerKind.make({ config, engine, pool })
 
     const health = Effect.sync(() => {
@@ -92,7 +97,9 @@ export const runRouter = (config: ExecutorConfig) =>
     yield* Effect.addFinalizer(() => Effect.sync(() => nodeServer.closeAllConnections()))
     yield* server.serve(app)
     const address = nodeServer.address() as AddressInfo
-    yield* Console.log(`executor: serving at http://${config.host}:${address.port} (${config.kind}, ${config.model}, ${config.devices.join(",")})`)
+    yield* Console.log(
+      `executor: serving at http://${config.host}:${address.port} (${config.kind}, ${config.model}, ${config.devices.join(",")})`
+    )
     yield* Effect.tryPromise({ try: () => engine.whenReady(), catch: (error) => error as Error }).pipe(
       Effect.tap(() => Console.log("executor: ready")),
       Effect.catchAll((error) => Console.error(`executor: not ready: ${error.message}`)),

@@ -70,7 +70,11 @@ export class Scheduler<T> {
     }
     if (key === undefined) return { _tag: "Idle" }
     const waited = now - oldest
-    if (items.length < this.limits.maxBatchSize && waited < this.limits.maxBatchDelayMs && !this.blockedByOtherKey(key, items.length)) {
+    if (
+      items.length < this.limits.maxBatchSize &&
+      waited < this.limits.maxBatchDelayMs &&
+      !this.blockedByOtherKey(key, items.length)
+    ) {
       return { _tag: "Wait", ms: this.limits.maxBatchDelayMs - waited }
     }
     for (const item of items) this.stateOf(item).states[item.index] = "running"

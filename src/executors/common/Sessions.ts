@@ -15,7 +15,9 @@ export const createSession = (path: string, device: string, threads: number): Pr
 }
 
 /** A tensor (over any memory, the batch buffer included) as ONNX Runtime's input. */
-export const toOrt = (tensor: Tensor): ort.Tensor => new ort.Tensor(tensor.dtype as ort.Tensor.Type, tensor.data as ort.Tensor.DataType, [...tensor.shape])
+export const toOrt = (tensor: Tensor): ort.Tensor =>
+  new ort.Tensor(tensor.dtype as ort.Tensor.Type, tensor.data as ort.Tensor.DataType, [...tensor.shape])
 
 /** ONNX Runtime's output as a tensor. */
-export const fromOrt = (tensor: ort.Tensor): Tensor => new Tensor(tensor.type as DType, tensor.dims, tensor.data as never)
+export const fromOrt = (tensor: ort.Tensor): Tensor =>
+  new Tensor(tensor.type as DType, tensor.dims, tensor.data as never)

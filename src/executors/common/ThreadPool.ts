@@ -20,13 +20,27 @@ export class ThreadPool {
   private constructor(private readonly threads: ReadonlyArray<Worker>) {
     this.jobs = threads.map(() => new Map())
     threads.forEach((thread, index) => {
-      thread.on("message", (message: { id: number; ok: boolean; value?: unknown; error?: { name: string; message: string; status?: number } }) => {
-        const job = this.jobs[index]!.get(message.id)
-        this.jobs[index]!.delete(message.id)
-        if (job === undefined) return
-        if (message.ok) job.resolve(message.value)
-        else job.reject(Object.assign(new Error(message.error!.message), { name: message.error!.name, status: message.error!.status }))
-      })
+      thread.on(
+        "message",
+        (message: {
+          id: number
+          ok: boolean
+          value?: unknown
+          error?: { name: string; message: string; status?: number }
+        }) => {
+          const job = this.jobs[index]!.get(message.id)
+          this.jobs[index]!.delete(message.id)
+          if (job === undefined) return
+          if (message.ok) job.resolve(message.value)
+          else
+            job.reject(
+              Object.assign(new Error(message.error!.message), {
+                name: message.error!.name,
+                status: message.error!.status
+              })
+            )
+        }
+      )
       thread.on("error", (error) => {
         for (const job of this.jobs[index]!.values()) job.reject(error)
         this.jobs[index]!.clear()
@@ -36,7 +50,9 @@ export class ThreadPool {
 
   static make(moduleUrl: string, size: number): Effect.Effect<ThreadPool, never, Scope.Scope> {
     return Effect.acquireRelease(
-      Effect.sync(() => new ThreadPool(Array.from({ length: size }, () => new Worker(workerEntry, { workerData: { moduleUrl } })))),
+      Effect.sync(
+        () => new ThreadPool(Array.from({ length: size }, () => new Worker(workerEntry, { workerData: { moduleUrl } })))
+      ),
       (pool) => Effect.promise(() => Promise.all(pool.threads.map((thread) => thread.terminate())))
     )
   }

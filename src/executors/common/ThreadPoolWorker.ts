@@ -1,11 +1,15 @@
 import { parentPort, workerData } from "node:worker_threads"
 
-const tasks = (await import((workerData as { moduleUrl: string }).moduleUrl)) as Record<string, (input: unknown) => Promise<unknown> | unknown>
+const tasks = (await import((workerData as { moduleUrl: string }).moduleUrl)) as Record<
+  string,
+  (input: unknown) => Promise<unknown> | unknown
+>
 
 /** Array buffers that belong to one typed array alone, which can be moved to the router thread. */
 const ownBuffers = (value: unknown, into: Set<ArrayBuffer>): Set<ArrayBuffer> => {
   if (ArrayBuffer.isView(value)) {
-    if (value.buffer instanceof ArrayBuffer && value.byteOffset === 0 && value.byteLength === value.buffer.byteLength) into.add(value.buffer)
+    if (value.buffer instanceof ArrayBuffer && value.byteOffset === 0 && value.byteLength === value.buffer.byteLength)
+      into.add(value.buffer)
   } else if (Array.isArray(value)) {
     for (const item of value) ownBuffers(item, into)
   } else if (typeof value === "object" && value !== null) {

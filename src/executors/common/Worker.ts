@@ -46,7 +46,12 @@ export const runWorker = async (config: ExecutorConfig, rank: number): Promise<v
       })
       await send({ t: "done", batch: message.batch, rank, results })
     } catch (error) {
-      await send({ t: "failed", batch: message.batch, rank, message: error instanceof Error ? error.message : String(error) })
+      await send({
+        t: "failed",
+        batch: message.batch,
+        rank,
+        message: error instanceof Error ? error.message : String(error)
+      })
     }
   }
   await model.close()

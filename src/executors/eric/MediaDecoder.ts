@@ -5,7 +5,6 @@ import { MediaError } from "./MediaSource.js"
 /** Larger images are refused (413) before they are decoded. */
 const maxInputPixels = 64 * 1024 * 1024
 
-
 const describeSharpError = (error: unknown, what: string): MediaError => {
   const message = error instanceof Error ? error.message : String(error)
   if (/pixel limit/i.test(message)) return new MediaError(413, `the ${what} has more than ${maxInputPixels} pixels`)
@@ -38,7 +37,12 @@ export const sampleFrameIndices = (total: number, count: number): ReadonlyArray<
  * Frames of a video given as an animated image (GIF or WebP): at most `maxFrames`, evenly sampled,
  * each resized to width × height. A still image is a one-frame video.
  */
-export const decodeVideoFrames = async (bytes: Buffer, width: number, height: number, maxFrames: number): Promise<ReadonlyArray<RgbImage>> => {
+export const decodeVideoFrames = async (
+  bytes: Buffer,
+  width: number,
+  height: number,
+  maxFrames: number
+): Promise<ReadonlyArray<RgbImage>> => {
   let pages: number
   try {
     pages = (await sharp(bytes, { limitInputPixels: maxInputPixels, animated: true }).metadata()).pages ?? 1

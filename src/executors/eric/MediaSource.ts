@@ -76,7 +76,8 @@ const decodeDataUrl = (url: string, maxBytes: number): Media => {
 }
 
 const readAllowedFile = async (url: string, options: MediaSourceOptions): Promise<Media> => {
-  if (options.allowedRoot === undefined) throw new MediaError(400, "file URLs are not accepted: no media root is configured")
+  if (options.allowedRoot === undefined)
+    throw new MediaError(400, "file URLs are not accepted: no media root is configured")
   const root = await realpath(options.allowedRoot)
   let path: string
   try {
@@ -89,7 +90,8 @@ const readAllowedFile = async (url: string, options: MediaSourceOptions): Promis
   }
   const info = await stat(path)
   if (!info.isFile()) throw new MediaError(400, `${url} is not a file`)
-  if (info.size > options.maxBytes) throw new MediaError(413, `the media is larger than the limit of ${options.maxBytes} bytes`)
+  if (info.size > options.maxBytes)
+    throw new MediaError(413, `the media is larger than the limit of ${options.maxBytes} bytes`)
   return { bytes: await readFile(path), mimeType: undefined }
 }
 
@@ -99,7 +101,11 @@ const guardedLookup: LookupFunction = (hostname, options, callback) => {
     if (error) return callback(error, "", 4)
     const refused = addresses.find((entry) => isPrivateAddress(entry.address))
     if (refused !== undefined) {
-      return callback(new MediaError(400, `${hostname} resolves to a private address (${refused.address}); refused`), "", 4)
+      return callback(
+        new MediaError(400, `${hostname} resolves to a private address (${refused.address}); refused`),
+        "",
+        4
+      )
     }
     if (options.all) return (callback as unknown as (e: null, a: Array<LookupAddress>) => void)(null, addresses)
     callback(null, addresses[0]!.address, addresses[0]!.family)
@@ -108,7 +114,11 @@ const guardedLookup: LookupFunction = (hostname, options, callback) => {
 
 const fetchHttp = (url: URL, options: MediaSourceOptions, redirectsLeft: number): Promise<Media> =>
   new Promise((resolve, reject) => {
-    if (!options.allowPrivateHosts && isIP(url.hostname.replace(/^\[|\]$/g, "")) !== 0 && isPrivateAddress(url.hostname.replace(/^\[|\]$/g, ""))) {
+    if (
+      !options.allowPrivateHosts &&
+      isIP(url.hostname.replace(/^\[|\]$/g, "")) !== 0 &&
+      isPrivateAddress(url.hostname.replace(/^\[|\]$/g, ""))
+    ) {
       return reject(new MediaError(400, `${url.hostname} is a private address; refused`))
     }
     const client = url.protocol === "https:" ? Https : Http
@@ -143,11 +153,15 @@ const fetchHttp = (url: URL, options: MediaSourceOptions, redirectsLeft: number)
             reject(new MediaError(413, `the media is larger than the limit of ${options.maxBytes} bytes`))
           } else chunks.push(chunk)
         })
-        response.once("end", () => resolve({ bytes: Buffer.concat(chunks), mimeType: response.headers["content-type"]?.split(";")[0] }))
+        response.once("end", () =>
+          resolve({ bytes: Buffer.concat(chunks), mimeType: response.headers["content-type"]?.split(";")[0] })
+        )
         response.once("error", (error) => reject(new MediaError(400, `fetching ${url.href} failed: ${error.message}`)))
       }
     )
-    request.once("timeout", () => request.destroy(new MediaError(400, `fetching ${url.href} took longer than ${options.timeoutMs} ms`)))
+    request.once("timeout", () =>
+      request.destroy(new MediaError(400, `fetching ${url.href} took longer than ${options.timeoutMs} ms`))
+    )
     request.once("error", (error) =>
       reject(error instanceof MediaError ? error : new MediaError(400, `fetching ${url.href} failed: ${error.message}`))
     )

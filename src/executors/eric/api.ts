@@ -8,7 +8,9 @@ import { Schema } from "effect"
  * answer (`return: "inline"`, for debugging and tests).
  */
 
-export const DataId = Schema.String.pipe(Schema.pattern(/^[A-Za-z0-9._:-]{1,128}$/, { message: () => "an id is 1-128 letters, digits or . _ : -" }))
+export const DataId = Schema.String.pipe(
+  Schema.pattern(/^[A-Za-z0-9._:-]{1,128}$/, { message: () => "an id is 1-128 letters, digits or . _ : -" })
+)
 
 export const EmbeddingItem = Schema.Struct({
   id: DataId,

@@ -18,9 +18,16 @@ const stackFrames = (frames: ReadonlyArray<Float32Array>, height: number, width:
   return { dtype: "float32", shape: [frames.length, 3, height, width], data }
 }
 
-export const image = async (input: { readonly bytes: Uint8Array; readonly config: ImageProcessorConfig }): Promise<Preprocessed> => {
+export const image = async (input: {
+  readonly bytes: Uint8Array
+  readonly config: ImageProcessorConfig
+}): Promise<Preprocessed> => {
   const { height, width } = input.config.size
-  const decoded = await decodeImage(Buffer.from(input.bytes.buffer, input.bytes.byteOffset, input.bytes.byteLength), width, height)
+  const decoded = await decodeImage(
+    Buffer.from(input.bytes.buffer, input.bytes.byteOffset, input.bytes.byteLength),
+    width,
+    height
+  )
   return { inputs: { pixel_values: stackFrames([await pixelValues(input.config, decoded)], height, width) } }
 }
 
@@ -30,7 +37,12 @@ export const video = async (input: {
   readonly maxFrames: number
 }): Promise<Preprocessed> => {
   const { height, width } = input.config.size
-  const frames = await decodeVideoFrames(Buffer.from(input.bytes.buffer, input.bytes.byteOffset, input.bytes.byteLength), width, height, input.maxFrames)
+  const frames = await decodeVideoFrames(
+    Buffer.from(input.bytes.buffer, input.bytes.byteOffset, input.bytes.byteLength),
+    width,
+    height,
+    input.maxFrames
+  )
   const values = await Promise.all(frames.map((frame) => pixelValues(input.config, frame)))
   return { inputs: { pixel_values: stackFrames(values, height, width) } }
 }
@@ -40,7 +52,11 @@ export const audio = (input: {
   readonly mimeType: string | undefined
   readonly config: AudioProcessorConfig
 }): Preprocessed => {
-  const samples = decodeAudio(Buffer.from(input.bytes.buffer, input.bytes.byteOffset, input.bytes.byteLength), input.mimeType, input.config.sampling_rate)
+  const samples = decodeAudio(
+    Buffer.from(input.bytes.buffer, input.bytes.byteOffset, input.bytes.byteLength),
+    input.mimeType,
+    input.config.sampling_rate
+  )
   const values = inputValues(input.config, samples, input.config.sampling_rate)
   return { inputs: { input_values: { dtype: "float32", shape: [1, values.length], data: values } } }
 }

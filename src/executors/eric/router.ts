@@ -4,7 +4,7 @@
  * reaches the engine, so requests batched with it are not affected.
  */
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
-import { Effect, } from "effect"
+import { Effect } from "effect"
 import { decodeAudioProcessorConfig } from "../../models/AudioProcessor.js"
 import { decodeImageProcessorConfig } from "../../models/ImageProcessor.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
@@ -24,20 +24,30 @@ export const routerKind: RouterKind = {
   make: ({ config, engine, pool: maybePool }) =>
     Effect.gen(function* () {
       const pool = maybePool!
-      const model = yield* Effect.tryPromise({ try: () => loadModelDirectory(config.modelDir), catch: (error) => error as Error })
-      const imageConfig = model.onnx.has("vision_encoder") ? decodeImageProcessorConfig(model.preprocessorConfig) : undefined
-      const audioConfig = model.onnx.has("audio_encoder") ? decodeAudioProcessorConfig(model.preprocessorConfig) : undefined
-      const modalities = [...(imageConfig ? ["image", "video"] : []), ...(audioConfig ? ["audio"] : [])]
-      const sidecarNode = config.sidecarSocket === undefined ? undefined : yield* Effect.tryPromise({
-        try: async () => {
-          const { SidecarClient } = await import("../../sidecar/SidecarClient.js")
-          const client = await SidecarClient.connect(config.sidecarSocket!)
-          const node = client.nodeId
-          await client.close()
-          return node
-        },
+      const model = yield* Effect.tryPromise({
+        try: () => loadModelDirectory(config.modelDir),
         catch: (error) => error as Error
       })
+      const imageConfig = model.onnx.has("vision_encoder")
+        ? decodeImageProcessorConfig(model.preprocessorConfig)
+        : undefined
+      const audioConfig = model.onnx.has("audio_encoder")
+        ? decodeAudioProcessorConfig(model.preprocessorConfig)
+        : undefined
+      const modalities = [...(imageConfig ? ["image", "video"] : []), ...(audioConfig ? ["audio"] : [])]
+      const sidecarNode =
+        config.sidecarSocket === undefined
+          ? undefined
+          : yield* Effect.tryPromise({
+              try: async () => {
+                const { SidecarClient } = await import("../../sidecar/SidecarClient.js")
+                const client = await SidecarClient.connect(config.sidecarSocket!)
+                const node = client.nodeId
+                await client.close()
+                return node
+              },
+              catch: (error) => error as Error
+            })
       const mediaOptions = {
         allowedRoot: config.mediaRoot,
         allowPrivateHosts: config.allowPrivateHosts,
@@ -62,13 +72,20 @@ export const routerKind: RouterKind = {
         const body = yield* HttpServerRequest.schemaBodyJson(EmbeddingsRequest)
         const unsupported = body.items.find((item) => !modalities.includes(item.modality))
         if (unsupported !== undefined) {
-          return errorJson(400, "UnsupportedModality", `model ${config.model} takes ${modalities.join(", ")}; item ${unsupported.id} is ${unsupported.modality}`)
+          return errorJson(
+            400,
+            "UnsupportedModality",
+            `model ${config.model} takes ${modalities.join(", ")}; item ${unsupported.id} is ${unsupported.modality}`
+          )
         }
         const inline = body.return === "inline"
         if (!inline && sidecarNode === undefined) {
           return errorJson(400, "NoSidecar", 'this executor has no sidecar; ask for return: "inline"')
         }
-        const preprocessed = yield* Effect.tryPromise({ try: () => Promise.all(body.items.map(preprocess)), catch: (error) => error as Error })
+        const preprocessed = yield* Effect.tryPromise({
+          try: () => Promise.all(body.items.map(preprocess)),
+          catch: (error) => error as Error
+        })
         const items: Array<WorkItem> = body.items.map((item, index) => ({
           key: item.modality === "audio" ? "audio" : "vision",
           inputs: preprocessed[index]!.inputs,
@@ -80,9 +97,10 @@ export const routerKind: RouterKind = {
           } satisfies EricItemMeta
         }))
         const submitted = engine.submit(items)
-        const results = yield* Effect.tryPromise({ try: () => submitted.results, catch: (error) => error as Error }).pipe(
-          Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id)))
-        )
+        const results = yield* Effect.tryPromise({
+          try: () => submitted.results,
+          catch: (error) => error as Error
+        }).pipe(Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id))))
         const answer: Array<EmbeddingResult> = body.items.map((item, index) => {
           const result = results[index] as EricItemResult
           return {
@@ -96,11 +114,15 @@ export const routerKind: RouterKind = {
         return HttpServerResponse.unsafeJson({ items: answer })
       }).pipe(
         Effect.catchAll((error) => {
-          if (error instanceof MediaError || (error instanceof Error && "status" in error && (error.status === 400 || error.status === 413))) {
+          if (
+            error instanceof MediaError ||
+            (error instanceof Error && "status" in error && (error.status === 400 || error.status === 413))
+          ) {
             const status = (error as { status: number }).status
             return Effect.succeed(errorJson(status, status === 413 ? "MediaTooLarge" : "BadMedia", error.message))
           }
-          if (error instanceof EngineFailure) return Effect.succeed(errorJson(error.status, "ExecutorFailed", error.message))
+          if (error instanceof EngineFailure)
+            return Effect.succeed(errorJson(error.status, "ExecutorFailed", error.message))
           if ("_tag" in error && (error._tag === "ParseError" || error._tag === "RequestError")) {
             return Effect.succeed(errorJson(400, "BadRequest", error.message))
           }

@@ -42,12 +42,24 @@ const pcmBase64 = (pcm: Int16Array) => Buffer.from(pcm.buffer, pcm.byteOffset, p
 export const routerKind: RouterKind = {
   make: ({ config, engine }) =>
     Effect.gen(function* () {
-      const model = yield* Effect.tryPromise({ try: () => loadModelDirectory(config.modelDir), catch: (error) => error as Error })
+      const model = yield* Effect.tryPromise({
+        try: () => loadModelDirectory(config.modelDir),
+        catch: (error) => error as Error
+      })
       const generator = model.config.generator
-      if (generator === undefined) return yield* Effect.fail(new Error(`${config.model} is not a generator (config.json has no generator section)`))
-      if (config.sidecarSocket === undefined) return yield* Effect.fail(new Error("Geri takes its prompt embeddings from a sidecar: give it --sidecar-socket"))
+      if (generator === undefined)
+        return yield* Effect.fail(
+          new Error(`${config.model} is not a generator (config.json has no generator section)`)
+        )
+      if (config.sidecarSocket === undefined)
+        return yield* Effect.fail(
+          new Error("Geri takes its prompt embeddings from a sidecar: give it --sidecar-socket")
+        )
       const sidecar = yield* Effect.acquireRelease(
-        Effect.tryPromise({ try: () => SidecarClient.connect(config.sidecarSocket!), catch: (error) => error as Error }),
+        Effect.tryPromise({
+          try: () => SidecarClient.connect(config.sidecarSocket!),
+          catch: (error) => error as Error
+        }),
         (client) => Effect.promise(() => client.close())
       )
 
@@ -61,7 +73,8 @@ export const routerKind: RouterKind = {
             try {
               payload = await sidecar.recv(id, chunk, { timeoutMs: config.embeddingWaitMs })
             } catch (error) {
-              if (chunk === 0) throw new EmbeddingMissing(`embedding ${id} did not arrive within ${config.embeddingWaitMs} ms`)
+              if (chunk === 0)
+                throw new EmbeddingMissing(`embedding ${id} did not arrive within ${config.embeddingWaitMs} ms`)
               throw error
             }
             if (payload === undefined) break
@@ -87,7 +100,10 @@ export const routerKind: RouterKind = {
       const generate = Effect.gen(function* () {
         const body = yield* HttpServerRequest.schemaBodyJson(GenerateRequest)
         const ids = typeof body.embeddings === "string" ? [body.embeddings] : body.embeddings
-        const embeddings = yield* Effect.tryPromise({ try: () => takeEmbeddings(ids, body.skipTokens), catch: (error) => error as Error })
+        const embeddings = yield* Effect.tryPromise({
+          try: () => takeEmbeddings(ids, body.skipTokens),
+          catch: (error) => error as Error
+        })
         const meta: GeriItemMeta =
           generator.modality === "image"
             ? { width: body.width ?? generator.width, height: body.height ?? generator.height, chunks: 0 }
@@ -100,7 +116,10 @@ export const routerKind: RouterKind = {
 
         if (generator.modality === "image") {
           const submitted = engine.submit([item])
-          const [result] = (yield* Effect.tryPromise({ try: () => submitted.results, catch: (error) => error as Error }).pipe(
+          const [result] = (yield* Effect.tryPromise({
+            try: () => submitted.results,
+            catch: (error) => error as Error
+          }).pipe(
             Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id)))
           )) as ReadonlyArray<GeriImageResult>
           return HttpServerResponse.unsafeJson({
@@ -114,7 +133,10 @@ export const routerKind: RouterKind = {
         const sampleRate = generator.sample_rate
         if (!body.stream) {
           const pieces: Array<Int16Array> = []
-          const submitted = engine.submit([item], (_, value) => pieces[(value as { chunk: number }).chunk] = (value as { pcm: Int16Array }).pcm)
+          const submitted = engine.submit(
+            [item],
+            (_, value) => (pieces[(value as { chunk: number }).chunk] = (value as { pcm: Int16Array }).pcm)
+          )
           yield* Effect.tryPromise({ try: () => submitted.results, catch: (error) => error as Error }).pipe(
             Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id)))
           )
@@ -132,7 +154,9 @@ export const routerKind: RouterKind = {
               void emit.end()
             },
             (error: Error) => {
-              void emit.single(Buffer.from(`${JSON.stringify({ error: { code: "ExecutorFailed", message: error.message } })}\n`))
+              void emit.single(
+                Buffer.from(`${JSON.stringify({ error: { code: "ExecutorFailed", message: error.message } })}\n`)
+              )
               void emit.end()
             }
           )
@@ -141,8 +165,10 @@ export const routerKind: RouterKind = {
         return HttpServerResponse.stream(lines, { contentType: "application/x-ndjson" })
       }).pipe(
         Effect.catchAll((error) => {
-          if (error instanceof EmbeddingMissing) return Effect.succeed(errorJson(404, "EmbeddingNotFound", error.message))
-          if (error instanceof EngineFailure) return Effect.succeed(errorJson(error.status, "ExecutorFailed", error.message))
+          if (error instanceof EmbeddingMissing)
+            return Effect.succeed(errorJson(404, "EmbeddingNotFound", error.message))
+          if (error instanceof EngineFailure)
+            return Effect.succeed(errorJson(error.status, "ExecutorFailed", error.message))
           if ("_tag" in error && (error._tag === "ParseError" || error._tag === "RequestError")) {
             return Effect.succeed(errorJson(400, "BadRequest", error.message))
           }

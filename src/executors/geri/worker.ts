@@ -25,7 +25,8 @@ export const load: LoadWorkerModel = async ({ config, device }) => {
   const model = await loadModelDirectory(config.modelDir)
   const generator = model.config.generator
   const path = model.onnx.get("generator")
-  if (generator === undefined || path === undefined) throw new Error(`${config.model} is not a generator: it needs config.generator and onnx/generator.onnx`)
+  if (generator === undefined || path === undefined)
+    throw new Error(`${config.model} is not a generator: it needs config.generator and onnx/generator.onnx`)
   const session = await createSession(path, device, config.threadsPerDevice)
 
   return {
@@ -56,13 +57,18 @@ export const load: LoadWorkerModel = async ({ config, device }) => {
             const meta = item.meta as GeriItemMeta
             const rgb = Buffer.alloc(plane * 3)
             for (let c = 0; c < 3; c++) {
-              for (let i = 0; i < plane; i++) rgb[i * 3 + c] = Math.round(Math.min(1, Math.max(0, pixels[(index * 3 + c) * plane + i]!)) * 255)
+              for (let i = 0; i < plane; i++)
+                rgb[i * 3 + c] = Math.round(Math.min(1, Math.max(0, pixels[(index * 3 + c) * plane + i]!)) * 255)
             }
             const png = await sharp(rgb, { raw: { width, height, channels: 3 } })
               .resize(meta.width, meta.height, { fit: "fill" })
               .png()
               .toBuffer()
-            return { png: new Uint8Array(png.buffer, png.byteOffset, png.length), width: meta.width, height: meta.height }
+            return {
+              png: new Uint8Array(png.buffer, png.byteOffset, png.length),
+              width: meta.width,
+              height: meta.height
+            }
           })
         )
       }
@@ -70,7 +76,9 @@ export const load: LoadWorkerModel = async ({ config, device }) => {
       const chunks = items.map((item) => (item.meta as GeriItemMeta).chunks)
       for (let chunk = 0; chunk < Math.max(...chunks); chunk++) {
         const index = new BigInt64Array(items.length).fill(BigInt(chunk))
-        const output = (await session.run({ ...feeds, chunk_index: new ort.Tensor("int64", index, [items.length]) }))[session.outputNames[0]!]!
+        const output = (await session.run({ ...feeds, chunk_index: new ort.Tensor("int64", index, [items.length]) }))[
+          session.outputNames[0]!
+        ]!
         const size = output.dims[1]!
         const pcm = output.data as Int16Array
         items.forEach((_, item) => {

@@ -41,7 +41,10 @@ export class Generation {
     stops: ReadonlyArray<string>
   ) {
     this.started = new Promise((resolve) => (this.markStarted = resolve))
-    this.done = new Promise((resolve, reject) => (this.settled = (result) => ("outcome" in result ? resolve(result.outcome) : reject(result.error))))
+    this.done = new Promise(
+      (resolve, reject) =>
+        (this.settled = (result) => ("outcome" in result ? resolve(result.outcome) : reject(result.error)))
+    )
     // A client that never subscribes still must not see an unhandled rejection.
     this.done.catch(() => undefined)
     const stream = new TextStream(tokenizer, stops)
@@ -63,7 +66,12 @@ export class Generation {
         const rest = stream.end()
         this.say(rest.text)
         const result = results[0] as GenerateResult
-        this.settle({ outcome: { finishReason: rest.stopped ? "stop" : result.finishReason, completionTokens: result.completionTokens } })
+        this.settle({
+          outcome: {
+            finishReason: rest.stopped ? "stop" : result.finishReason,
+            completionTokens: result.completionTokens
+          }
+        })
       },
       (error: Error) => this.settle({ error })
     )

@@ -8,7 +8,9 @@ const defaultContextLength = 2048
 export const contextLength = (model: ModelDirectory): number => {
   if (model.decoder?.maxPositions !== undefined) return model.decoder.maxPositions
   const fromTokenizer = model.tokenizer?.rawConfig.model_max_length
-  return typeof fromTokenizer === "number" && Number.isSafeInteger(fromTokenizer) && fromTokenizer > 0 ? fromTokenizer : defaultContextLength
+  return typeof fromTokenizer === "number" && Number.isSafeInteger(fromTokenizer) && fromTokenizer > 0
+    ? fromTokenizer
+    : defaultContextLength
 }
 
 /** KV cache positions per device: as configured, else a full batch at the full context length. */

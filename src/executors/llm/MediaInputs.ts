@@ -50,26 +50,45 @@ export const makeMediaInputs = (options: {
   const accepted = [...placeholders.values()]
   // The model embeds a modality itself when it has the encoder and says how many rows it gives.
   const imageConfig =
-    model.onnx.has("vision_encoder") && model.config.image_seq_length !== undefined ? decodeImageProcessorConfig(model.preprocessorConfig) : undefined
+    model.onnx.has("vision_encoder") && model.config.image_seq_length !== undefined
+      ? decodeImageProcessorConfig(model.preprocessorConfig)
+      : undefined
   const audioConfig =
-    model.onnx.has("audio_encoder") && model.config.audio_seq_length !== undefined ? decodeAudioProcessorConfig(model.preprocessorConfig) : undefined
+    model.onnx.has("audio_encoder") && model.config.audio_seq_length !== undefined
+      ? decodeAudioProcessorConfig(model.preprocessorConfig)
+      : undefined
   const encodable = accepted.filter((modality) => (modality === "image" ? imageConfig : audioConfig) !== undefined)
-  const mediaOptions = { allowedRoot: config.mediaRoot, allowPrivateHosts: config.allowPrivateHosts, maxBytes: config.maxMediaBytes, timeoutMs: 10_000 }
+  const mediaOptions = {
+    allowedRoot: config.mediaRoot,
+    allowPrivateHosts: config.allowPrivateHosts,
+    maxBytes: config.maxMediaBytes,
+    timeoutMs: 10_000
+  }
 
   const encode = async (part: MediaPart): Promise<ResolvedMedia> => {
     if (!encodable.includes(part.modality)) {
-      throw new PromptError(`model ${config.model} cannot take ${part.modality}${accepted.includes(part.modality) ? " without embeddings from an encoder (cornserve_embeddings)" : ""}`)
+      throw new PromptError(
+        `model ${config.model} cannot take ${part.modality}${accepted.includes(part.modality) ? " without embeddings from an encoder (cornserve_embeddings)" : ""}`
+      )
     }
     const media = await readMedia(part.url, mediaOptions)
     const bytes = new Uint8Array(media.bytes.buffer, media.bytes.byteOffset, media.bytes.byteLength)
     if (part.modality === "image") {
       const { inputs } = await pool.run<Preprocessed>("image", { bytes, config: imageConfig })
       const pixels = inputs.pixel_values!
-      return { modality: "image", rows: model.config.image_seq_length!, input: { kind: "pixel_values", data: pixels.data as Float32Array, shape: pixels.shape } }
+      return {
+        modality: "image",
+        rows: model.config.image_seq_length!,
+        input: { kind: "pixel_values", data: pixels.data as Float32Array, shape: pixels.shape }
+      }
     }
     const { inputs } = await pool.run<Preprocessed>("audio", { bytes, mimeType: media.mimeType, config: audioConfig })
     const values = inputs.input_values!
-    return { modality: "audio", rows: model.config.audio_seq_length!, input: { kind: "input_values", data: values.data as Float32Array, shape: values.shape } }
+    return {
+      modality: "audio",
+      rows: model.config.audio_seq_length!,
+      input: { kind: "input_values", data: values.data as Float32Array, shape: values.shape }
+    }
   }
 
   /** Every chunk of embedding `id`, in order, as [rows, hidden]; the chunks are then released. */
@@ -80,11 +99,17 @@ export const makeMediaInputs = (options: {
       try {
         payload = await client.recv(ref.id, chunk, { timeoutMs: config.embeddingWaitMs })
       } catch (error) {
-        if (chunk === 0) throw new EmbeddingMissing(`embedding ${ref.id} did not arrive within ${config.embeddingWaitMs} ms`)
+        if (chunk === 0)
+          throw new EmbeddingMissing(`embedding ${ref.id} did not arrive within ${config.embeddingWaitMs} ms`)
         throw error
       }
       if (payload === undefined) break
-      if (!(payload instanceof Tensor) || payload.dtype !== "float32" || payload.shape.length !== 2 || payload.shape[1] !== hidden) {
+      if (
+        !(payload instanceof Tensor) ||
+        payload.dtype !== "float32" ||
+        payload.shape.length !== 2 ||
+        payload.shape[1] !== hidden
+      ) {
         throw new PromptError(`embedding ${ref.id} chunk ${chunk} is not a float32 [rows, ${hidden}] tensor`)
       }
       parts.push((payload.data as Float32Array).slice())
@@ -107,12 +132,19 @@ export const makeMediaInputs = (options: {
     placeholders,
     resolve: async (parts, refs) => {
       for (const part of parts) {
-        if (!accepted.includes(part.modality)) throw new PromptError(`model ${config.model} cannot take ${part.modality}; it takes ${accepted.join(", ") || "text only"}`)
+        if (!accepted.includes(part.modality))
+          throw new PromptError(
+            `model ${config.model} cannot take ${part.modality}; it takes ${accepted.join(", ") || "text only"}`
+          )
       }
       if (refs === undefined) return Promise.all(parts.map(encode))
-      if (refs.length !== parts.length) throw new PromptError(`cornserve_embeddings names ${refs.length} embeddings for ${parts.length} media parts`)
+      if (refs.length !== parts.length)
+        throw new PromptError(`cornserve_embeddings names ${refs.length} embeddings for ${parts.length} media parts`)
       refs.forEach((ref, index) => {
-        if (ref.modality !== parts[index]!.modality) throw new PromptError(`cornserve_embeddings[${index}] is ${ref.modality}, but media part ${index} is ${parts[index]!.modality}`)
+        if (ref.modality !== parts[index]!.modality)
+          throw new PromptError(
+            `cornserve_embeddings[${index}] is ${ref.modality}, but media part ${index} is ${parts[index]!.modality}`
+          )
       })
       if (sidecar === undefined) throw new PromptError("this executor has no sidecar to take cornserve_embeddings from")
       return Promise.all(refs.map((ref) => receive(sidecar, ref)))

@@ -13,7 +13,8 @@ export interface MediaPart {
   readonly url: string
 }
 
-export const mediaParts = (messages: ReadonlyArray<ChatMessage>): ReadonlyArray<MediaPart> => chatMediaParts({ messages: messages as [ChatMessage, ...Array<ChatMessage>] })
+export const mediaParts = (messages: ReadonlyArray<ChatMessage>): ReadonlyArray<MediaPart> =>
+  chatMediaParts({ messages: messages as [ChatMessage, ...Array<ChatMessage>] })
 
 const partModality: Readonly<Record<Exclude<ChatContentPart["type"], "text">, MediaModality>> = {
   image_url: "image",
@@ -32,7 +33,9 @@ export const templateMessages = (messages: ReadonlyArray<ChatMessage>): Array<Te
     content:
       typeof message.content === "string"
         ? message.content
-        : message.content.map((part) => (part.type === "text" ? { type: "text", text: part.text } : { type: partModality[part.type] }))
+        : message.content.map((part) =>
+            part.type === "text" ? { type: "text", text: part.text } : { type: partModality[part.type] }
+          )
   }))
 
 export class PromptError extends Error {
@@ -57,13 +60,19 @@ export const expandPlaceholders = (
       continue
     }
     const item = media[starts.length]
-    if (item === undefined) throw new PromptError(`the prompt has more ${modality} placeholders than the messages have media parts`)
-    if (item.modality !== modality) throw new PromptError(`media item ${starts.length} is ${item.modality}, but its place in the prompt is a ${modality} placeholder`)
+    if (item === undefined)
+      throw new PromptError(`the prompt has more ${modality} placeholders than the messages have media parts`)
+    if (item.modality !== modality)
+      throw new PromptError(
+        `media item ${starts.length} is ${item.modality}, but its place in the prompt is a ${modality} placeholder`
+      )
     starts.push(expanded.length)
     for (let row = 0; row < item.rows; row++) expanded.push(id)
   }
   if (starts.length < media.length) {
-    throw new PromptError(`the chat template placed ${starts.length} media placeholders for ${media.length} media parts`)
+    throw new PromptError(
+      `the chat template placed ${starts.length} media placeholders for ${media.length} media parts`
+    )
   }
   return { inputIds: Int32Array.from(expanded), starts }
 }

@@ -36,7 +36,9 @@ export interface StepItem {
 }
 
 /** An embed item's answer; `error` is the caller's mistake. */
-export type EmbedOutput = { readonly embedding: Float32Array; readonly shape: readonly [number, number] } | { readonly error: string }
+export type EmbedOutput =
+  | { readonly embedding: Float32Array; readonly shape: readonly [number, number] }
+  | { readonly error: string }
 
 const float = (data: Float32Array, dims: ReadonlyArray<number>) => new ort.Tensor("float32", data, dims)
 const int64 = (data: BigInt64Array, dims: ReadonlyArray<number>) => new ort.Tensor("int64", data, dims)
@@ -64,11 +66,15 @@ export class Runner {
     this.hidden = spec.hiddenSize
     this.vocab = spec.vocabSize
     this.padId = model.config.pad_token_id ?? 0
-    this.pastNames = Array.from({ length: spec.layers }, (_, i) => [`past_key_values.${i}.key`, `past_key_values.${i}.value`]).flat()
+    this.pastNames = Array.from({ length: spec.layers }, (_, i) => [
+      `past_key_values.${i}.key`,
+      `past_key_values.${i}.value`
+    ]).flat()
   }
 
   static async open(model: ModelDirectory, device: string, threads: number): Promise<Runner> {
-    if (model.decoder === undefined) throw new Error(`${model.path} is not a decoder: its config.json has no vocab_size`)
+    if (model.decoder === undefined)
+      throw new Error(`${model.path} is not a decoder: its config.json has no vocab_size`)
     const session = (stem: string) => createSession(onnxPath(model, stem), device, threads)
     const [embed, decoder, vision, audio] = await Promise.all([
       session("embed_tokens"),
@@ -76,7 +82,10 @@ export class Runner {
       model.onnx.has("vision_encoder") ? session("vision_encoder") : undefined,
       model.onnx.has("audio_encoder") ? session("audio_encoder") : undefined
     ])
-    return new Runner(model, embed, decoder, { ...(vision === undefined ? {} : { vision }), ...(audio === undefined ? {} : { audio }) })
+    return new Runner(model, embed, decoder, {
+      ...(vision === undefined ? {} : { vision }),
+      ...(audio === undefined ? {} : { audio })
+    })
   }
 
   /** Requests whose cache this runner holds. */
@@ -90,7 +99,10 @@ export class Runner {
    * `emit(index, token)` reports each token as soon as it is sampled. Answers each embed item's
    * output at its index.
    */
-  async step(items: ReadonlyArray<StepItem>, emit: (index: number, partial: TokenPartial) => void): Promise<Array<EmbedOutput | undefined>> {
+  async step(
+    items: ReadonlyArray<StepItem>,
+    emit: (index: number, partial: TokenPartial) => void
+  ): Promise<Array<EmbedOutput | undefined>> {
     const outputs: Array<EmbedOutput | undefined> = items.map(() => undefined)
     const indexOf = new Map(items.map((item, index) => [item.id, index]))
     const take = (id: string, partial: TokenPartial) => emit(indexOf.get(id)!, partial)
@@ -98,7 +110,9 @@ export class Runner {
     for (const [index, item] of items.entries()) {
       if (item.op.op === "embed") outputs[index] = await this.embedPrompt(item.op.prompt, item.op.source)
     }
-    const joining = items.flatMap((item) => (item.op.op === "prefill" ? [{ id: item.id, prompt: item.op.prompt, sampling: item.op.sampling }] : []))
+    const joining = items.flatMap((item) =>
+      item.op.op === "prefill" ? [{ id: item.id, prompt: item.op.prompt, sampling: item.op.sampling }] : []
+    )
     if (joining.length > 0) await this.prefill(joining, take)
     const decoding = [
       ...items.filter((item) => item.op.op === "decode").map((item) => item.id),
@@ -111,7 +125,9 @@ export class Runner {
   async close(): Promise<void> {
     this.sequences.clear()
     this.batch = undefined
-    await Promise.all([this.embed, this.decoder, this.encoders.vision, this.encoders.audio].map((session) => session?.release()))
+    await Promise.all(
+      [this.embed, this.decoder, this.encoders.vision, this.encoders.audio].map((session) => session?.release())
+    )
   }
 
   private async prefill(
@@ -120,7 +136,10 @@ export class Runner {
   ): Promise<void> {
     const lengths = joining.map((request) => request.prompt.inputIds.length)
     const width = Math.max(...lengths)
-    const embeds = await this.promptEmbeds(joining.map((request) => request.prompt), width)
+    const embeds = await this.promptEmbeds(
+      joining.map((request) => request.prompt),
+      width
+    )
     const positions = new BigInt64Array(joining.length * width)
     lengths.forEach((length, row) => {
       for (let p = 0; p < length; p++) positions[row * width + width - length + p] = BigInt(p)
@@ -144,7 +163,12 @@ export class Runner {
         cache: { past, row }
       }
       this.sequences.set(request.id, sequence)
-      this.accept(request.id, sequence, sequence.sampler.next(logits, ((row + 1) * width - 1) * this.vocab, this.vocab), take)
+      this.accept(
+        request.id,
+        sequence,
+        sequence.sampler.next(logits, ((row + 1) * width - 1) * this.vocab, this.vocab),
+        take
+      )
     })
   }
 
@@ -162,7 +186,10 @@ export class Runner {
         ),
         [ids.length, past.width + 1]
       ),
-      position_ids: int64(BigInt64Array.from(sequences, (sequence) => BigInt(sequence.length)), [ids.length, 1]),
+      position_ids: int64(
+        BigInt64Array.from(sequences, (sequence) => BigInt(sequence.length)),
+        [ids.length, 1]
+      ),
       ...Object.fromEntries(this.pastNames.map((name, i) => [name, past.tensors[i]!]))
     })
     const next: Past = { tensors: this.presents(outputs), width: past.width + 1 }
@@ -179,11 +206,19 @@ export class Runner {
   /** The past for a decode of `ids`: the last batch's as it is when the batch is unchanged, else its rows gathered anew. */
   private batchPast(ids: ReadonlyArray<string>, sequences: ReadonlyArray<Sequence>): Past {
     const previous = this.batch
-    if (previous !== undefined && previous.order.length === ids.length && previous.order.every((id, i) => id === ids[i])) {
-      if (sequences.every((sequence, row) => sequence.cache.past === previous.past && sequence.cache.row === row)) return previous.past
+    if (
+      previous !== undefined &&
+      previous.order.length === ids.length &&
+      previous.order.every((id, i) => id === ids[i])
+    ) {
+      if (sequences.every((sequence, row) => sequence.cache.past === previous.past && sequence.cache.row === row))
+        return previous.past
     }
     const rows: Array<CachedRow> = sequences.map((sequence) => ({
-      past: { tensors: sequence.cache.past.tensors.map((tensor) => tensor.data as Float32Array), width: sequence.cache.past.width },
+      past: {
+        tensors: sequence.cache.past.tensors.map((tensor) => tensor.data as Float32Array),
+        width: sequence.cache.past.width
+      },
       row: sequence.cache.row,
       length: sequence.length
     }))
@@ -195,7 +230,11 @@ export class Runner {
   private accept(id: string, sequence: Sequence, token: number, take: (id: string, partial: TokenPartial) => void) {
     sequence.lastToken = token
     sequence.generated++
-    const finish = sequence.sampling.stopTokenIds.includes(token) ? "stop" : sequence.generated >= sequence.sampling.maxNewTokens ? "length" : undefined
+    const finish = sequence.sampling.stopTokenIds.includes(token)
+      ? "stop"
+      : sequence.generated >= sequence.sampling.maxNewTokens
+        ? "length"
+        : undefined
     if (finish !== undefined) this.sequences.delete(id)
     take(id, finish === undefined ? { token } : { token, finish })
   }
@@ -210,15 +249,21 @@ export class Runner {
    */
   private async promptEmbeds(prompts: ReadonlyArray<PromptInput>, width: number): Promise<Float32Array> {
     const ids = new BigInt64Array(prompts.length * width).fill(BigInt(this.padId))
-    prompts.forEach((prompt, row) => prompt.inputIds.forEach((id, p) => (ids[row * width + width - prompt.inputIds.length + p] = BigInt(id))))
+    prompts.forEach((prompt, row) =>
+      prompt.inputIds.forEach((id, p) => (ids[row * width + width - prompt.inputIds.length + p] = BigInt(id)))
+    )
     const embedded = (await this.embed.run({ input_ids: int64(ids, [prompts.length, width]) })).inputs_embeds!
     const embeds = new Float32Array(embedded.data as Float32Array)
-    const spans = prompts.flatMap((prompt, row) => prompt.media.map((span) => ({ span, at: row * width + width - prompt.inputIds.length + span.start })))
+    const spans = prompts.flatMap((prompt, row) =>
+      prompt.media.map((span) => ({ span, at: row * width + width - prompt.inputIds.length + span.start }))
+    )
     const rows = await this.mediaRows(spans.map(({ span }) => span.input))
     spans.forEach(({ span, at }, index) => {
       const features = rows[index]!
       if (features.length !== span.rows * this.hidden) {
-        throw new Error(`a media item gave ${features.length / this.hidden} rows of ${this.hidden} for ${span.rows} placeholders`)
+        throw new Error(
+          `a media item gave ${features.length / this.hidden} rows of ${this.hidden} for ${span.rows} placeholders`
+        )
       }
       embeds.set(features, at * this.hidden)
     })
@@ -236,9 +281,11 @@ export class Runner {
       const itemSize = items[0]!.input.data.length
       const stacked = new Float32Array(items.length * itemSize)
       items.forEach(({ input }, i) => stacked.set(input.data, i * itemSize))
-      const output = (await encoder.run({ [encoder.inputNames[0]!]: float(stacked, [items.length, ...items[0]!.input.shape.slice(1)]) }))[
-        encoder.outputNames[0]!
-      ]!
+      const output = (
+        await encoder.run({
+          [encoder.inputNames[0]!]: float(stacked, [items.length, ...items[0]!.input.shape.slice(1)])
+        })
+      )[encoder.outputNames[0]!]!
       const features = output.data as Float32Array
       const perItem = features.length / items.length
       items.forEach(({ index }, i) => (rows[index] = features.subarray(i * perItem, (i + 1) * perItem)))
@@ -255,18 +302,27 @@ export class Runner {
     const embeds = await this.promptEmbeds([prompt], length)
     if (source === "embed_tokens") return { embedding: embeds, shape: [length, this.hidden] }
     const output = hiddenStateOutputs.find((name) => this.decoder.outputNames.includes(name))
-    if (output === undefined) return { error: `this model's decoder gives no hidden states (no ${hiddenStateOutputs.join(" or ")} output); ask for source "embed_tokens"` }
+    if (output === undefined)
+      return {
+        error: `this model's decoder gives no hidden states (no ${hiddenStateOutputs.join(" or ")} output); ask for source "embed_tokens"`
+      }
     const emptyPast = float(new Float32Array(0), [1, this.heads, 0, this.headDim])
     const outputs = await this.decoder.run(
       {
         inputs_embeds: float(embeds, [1, length, this.hidden]),
         attention_mask: int64(new BigInt64Array(length).fill(1n), [1, length]),
-        position_ids: int64(BigInt64Array.from({ length }, (_, p) => BigInt(p)), [1, length]),
+        position_ids: int64(
+          BigInt64Array.from({ length }, (_, p) => BigInt(p)),
+          [1, length]
+        ),
         ...Object.fromEntries(this.pastNames.map((name) => [name, emptyPast]))
       },
       [output]
     )
     const states = outputs[output]!
-    return { embedding: new Float32Array(states.data as Float32Array), shape: [length, states.dims[states.dims.length - 1]!] }
+    return {
+      embedding: new Float32Array(states.data as Float32Array),
+      shape: [length, states.dims[states.dims.length - 1]!]
+    }
   }
 }

@@ -45,7 +45,10 @@ export class Sampler {
 }
 
 /** The most likely tokens, most likely first, until their weight reaches `mass`. */
-const nucleus = (weights: Float64Array, mass: number): { readonly tokens: ReadonlyArray<number>; readonly mass: number } => {
+const nucleus = (
+  weights: Float64Array,
+  mass: number
+): { readonly tokens: ReadonlyArray<number>; readonly mass: number } => {
   const order = Array.from({ length: weights.length }, (_, i) => i).filter((i) => weights[i]! > 0)
   order.sort((a, b) => weights[b]! - weights[a]! || a - b)
   const tokens: Array<number> = []

@@ -36,7 +36,8 @@ export class ContinuousScheduler {
   private readonly placements = new Map<string, { readonly lane: number; readonly tokens: number }>()
 
   constructor(private readonly limits: ContinuousLimits) {
-    if (limits.lanes < 1 || limits.maxRunning < 1 || limits.kvCacheTokens < 1) throw new Error("an LLM engine needs a lane, a batch and a cache")
+    if (limits.lanes < 1 || limits.maxRunning < 1 || limits.kvCacheTokens < 1)
+      throw new Error("an LLM engine needs a lane, a batch and a cache")
     this.lanes = Array.from({ length: limits.lanes }, () => ({ running: [], usedTokens: 0 }))
   }
 
@@ -44,7 +45,8 @@ export class ContinuousScheduler {
   enqueue(id: string, tokens: number): Admission {
     if (tokens > this.limits.kvCacheTokens) return { _tag: "TooLarge", kvCacheTokens: this.limits.kvCacheTokens }
     if (this.waiting.length + this.placements.size >= this.limits.maxQueuedRequests) return { _tag: "QueueFull" }
-    if (this.placements.has(id) || this.waiting.some((request) => request.id === id)) throw new Error(`request ${id} is already queued`)
+    if (this.placements.has(id) || this.waiting.some((request) => request.id === id))
+      throw new Error(`request ${id} is already queued`)
     this.waiting.push({ id, tokens })
     return { _tag: "Queued" }
   }
@@ -59,7 +61,9 @@ export class ContinuousScheduler {
     for (;;) {
       const head = this.waiting[0]
       if (head === undefined || !this.fits(lane, head.tokens)) break
-      const fewest = Math.min(...this.lanes.map((other, index) => (this.fits(index, head.tokens) ? other.running.length : Infinity)))
+      const fewest = Math.min(
+        ...this.lanes.map((other, index) => (this.fits(index, head.tokens) ? other.running.length : Infinity))
+      )
       if (this.lanes[lane]!.running.length > fewest) break
       this.waiting.shift()
       this.lanes[lane]!.running.push(head.id)
@@ -98,7 +102,12 @@ export class ContinuousScheduler {
     return { _tag: "Waiting" }
   }
 
-  get stats(): { readonly waiting: number; readonly running: number; readonly usedTokens: number; readonly totalTokens: number } {
+  get stats(): {
+    readonly waiting: number
+    readonly running: number
+    readonly usedTokens: number
+    readonly totalTokens: number
+  } {
     return {
       waiting: this.waiting.length,
       running: this.placements.size,

@@ -54,7 +54,9 @@ export class TextStream {
   /** Generation ended: whatever was held back. */
   end(): TextDelta {
     if (this.stopped) return { text: "", stopped: true }
-    this.text += this.decode(this.prefixOffset, this.ids.length).slice(this.decode(this.prefixOffset, this.readOffset).length)
+    this.text += this.decode(this.prefixOffset, this.ids.length).slice(
+      this.decode(this.prefixOffset, this.readOffset).length
+    )
     this.readOffset = this.ids.length
     return this.release(true)
   }

@@ -37,7 +37,9 @@ export const ChatCompletionRequest = Schema.Struct({
   temperature: Schema.optional(Schema.NullOr(Schema.Number.pipe(Schema.between(0, 2)))),
   top_p: Schema.optional(Schema.NullOr(Schema.Number.pipe(Schema.greaterThan(0), Schema.lessThanOrEqualTo(1)))),
   seed: Schema.optional(Schema.NullOr(Schema.Int)),
-  stop: Schema.optional(Schema.NullOr(Schema.Union(Schema.String, Schema.Array(Schema.String).pipe(Schema.maxItems(4))))),
+  stop: Schema.optional(
+    Schema.NullOr(Schema.Union(Schema.String, Schema.Array(Schema.String).pipe(Schema.maxItems(4))))
+  ),
   n: Schema.optional(Schema.NullOr(Schema.Literal(1))),
   /** vLLM's extension: keep generating past end-of-sequence until max_tokens. */
   ignore_eos: Schema.optional(Schema.Boolean),
@@ -76,7 +78,10 @@ export const ChatCompletionChunk = Schema.Struct({
   choices: Schema.Array(
     Schema.Struct({
       index: Schema.Literal(0),
-      delta: Schema.Struct({ role: Schema.optional(Schema.Literal("assistant")), content: Schema.optional(Schema.String) }),
+      delta: Schema.Struct({
+        role: Schema.optional(Schema.Literal("assistant")),
+        content: Schema.optional(Schema.String)
+      }),
       finish_reason: Schema.NullOr(FinishReason),
       logprobs: Schema.Null
     })

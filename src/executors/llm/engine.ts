@@ -16,7 +16,15 @@ import { configEnvName, type ExecutorConfig } from "../common/ExecutorConfig.js"
 import { type BatchItem, decode, type FromWorker, type ToEngine, type ToWorker } from "../common/wire.js"
 import type { LlmStats } from "./api.js"
 import { kvCacheTokens } from "./Limits.js"
-import type { EmbedMeta, EmbedResult, GenerateMeta, GenerateResult, LlmRequestMeta, StepOp, TokenPartial } from "./protocol.js"
+import type {
+  EmbedMeta,
+  EmbedResult,
+  GenerateMeta,
+  GenerateResult,
+  LlmRequestMeta,
+  StepOp,
+  TokenPartial
+} from "./protocol.js"
 import { ContinuousScheduler } from "./Scheduler.js"
 
 /** Wakes every lane that waits for work. */
@@ -53,7 +61,10 @@ export const runEngine = (config: ExecutorConfig) =>
       rmSync(bufferPath, { force: true })
       process.exit(0)
     })
-    const model = yield* Effect.tryPromise({ try: () => loadModelDirectory(config.modelDir), catch: (error) => error as Error })
+    const model = yield* Effect.tryPromise({
+      try: () => loadModelDirectory(config.modelDir),
+      catch: (error) => error as Error
+    })
     // The framework's workers map this buffer; the LLM's steps are small and travel in their messages.
     yield* BatchBuffer.create(bufferPath, 2, config.batchSlotBytes)
     const { fromRouter, fromWorkers, sendRouter, sendWorker } = yield* bindEngineSockets(config)
@@ -107,7 +118,10 @@ export const runEngine = (config: ExecutorConfig) =>
         startChild({
           args: ["executor-worker", "--rank", String(rank)],
           env: { [configEnvName]: JSON.stringify(config) },
-          onUnexpectedExit: (code, signal) => becomeUnhealthy(`worker ${rank} (${device}) exited ${signal === null ? `with code ${code}` : `on ${signal}`}`)
+          onUnexpectedExit: (code, signal) =>
+            becomeUnhealthy(
+              `worker ${rank} (${device}) exited ${signal === null ? `with code ${code}` : `on ${signal}`}`
+            )
         }),
       { discard: true }
     )
@@ -122,14 +136,16 @@ export const runEngine = (config: ExecutorConfig) =>
         case "stats":
           return void sendRouter({ t: "result", id, results: [stats()] })
         case "embed": {
-          if (requests.size >= config.maxQueuedRequests) return void sendRouter({ t: "failed", id, status: 503, message: "the executor's queue is full" })
+          if (requests.size >= config.maxQueuedRequests)
+            return void sendRouter({ t: "failed", id, status: 503, message: "the executor's queue is full" })
           requests.set(id, { op: "embed", meta })
           embedQueue.push(id)
           return wakeup.wakeAll()
         }
         case "generate": {
           const admission = scheduler.enqueue(id, meta.prompt.inputIds.length + meta.sampling.maxNewTokens)
-          if (admission._tag === "QueueFull") return void sendRouter({ t: "failed", id, status: 503, message: "the executor's queue is full" })
+          if (admission._tag === "QueueFull")
+            return void sendRouter({ t: "failed", id, status: 503, message: "the executor's queue is full" })
           if (admission._tag === "TooLarge") {
             const message = `the request needs ${meta.prompt.inputIds.length + meta.sampling.maxNewTokens} KV cache positions (prompt and max_tokens); a device has ${admission.kvCacheTokens}`
             return void sendRouter({ t: "failed", id, status: 400, message })
@@ -167,7 +183,8 @@ export const runEngine = (config: ExecutorConfig) =>
       for (const id of scheduler.running(lane)) items.push(item(id, { op: "decode" }))
       for (const id of scheduler.admit(lane)) {
         const request = requests.get(id)
-        if (request?.op === "generate") items.push(item(id, { op: "prefill", prompt: request.meta.prompt, sampling: request.meta.sampling }))
+        if (request?.op === "generate")
+          items.push(item(id, { op: "prefill", prompt: request.meta.prompt, sampling: request.meta.sampling }))
       }
       counts.largestBatch = Math.max(counts.largestBatch, scheduler.running(lane).length)
       return items
@@ -212,7 +229,8 @@ export const runEngine = (config: ExecutorConfig) =>
       if (request?.op !== "generate") return
       request.generated++
       void sendRouter({ t: "partial", id, item: 0, value: partial })
-      if (partial.finish !== undefined) finish(id, { finishReason: partial.finish, completionTokens: request.generated })
+      if (partial.finish !== undefined)
+        finish(id, { finishReason: partial.finish, completionTokens: request.generated })
     }
 
     const onStepDone = (step: RunningStep, results: ReadonlyArray<unknown>) => {
@@ -221,7 +239,8 @@ export const runEngine = (config: ExecutorConfig) =>
         if (request?.op !== "embed") return
         const result = results[index] as EmbedResult
         requests.delete(item.requestId)
-        if (result.error !== undefined) void sendRouter({ t: "failed", id: item.requestId, status: 400, message: result.error })
+        if (result.error !== undefined)
+          void sendRouter({ t: "failed", id: item.requestId, status: 400, message: result.error })
         else void sendRouter({ t: "result", id: item.requestId, results: [result] })
       })
       step.done()
@@ -231,7 +250,8 @@ export const runEngine = (config: ExecutorConfig) =>
       for await (const [frame] of fromRouter) {
         const message = decode<ToEngine>(frame!)
         if (message.t === "cancel") cancel(message.id)
-        else if (!healthy) void sendRouter({ t: "failed", id: message.id, status: 503, message: "the executor is unhealthy" })
+        else if (!healthy)
+          void sendRouter({ t: "failed", id: message.id, status: 503, message: "the executor is unhealthy" })
         else accept(message.id, message.items[0]!.meta as LlmRequestMeta)
       }
     }
@@ -257,7 +277,8 @@ export const runEngine = (config: ExecutorConfig) =>
           case "failed": {
             const step = steps.get(message.batch)
             if (step === undefined) break
-            for (const item of step.items) fail(item.requestId, 500, `worker ${message.rank} failed: ${message.message}`)
+            for (const item of step.items)
+              fail(item.requestId, 500, `worker ${message.rank} failed: ${message.message}`)
             step.done()
             break
           }

@@ -45,32 +45,54 @@ class RequestRefused extends Error {
 }
 
 const tokenIds = (value: unknown): Array<number> =>
-  typeof value === "number" ? [value] : Array.isArray(value) ? value.filter((id): id is number => typeof id === "number") : []
+  typeof value === "number"
+    ? [value]
+    : Array.isArray(value)
+      ? value.filter((id): id is number => typeof id === "number")
+      : []
 
-const sseLine = (data: unknown) => new TextEncoder().encode(`data: ${typeof data === "string" ? data : JSON.stringify(data)}\n\n`)
+const sseLine = (data: unknown) =>
+  new TextEncoder().encode(`data: ${typeof data === "string" ? data : JSON.stringify(data)}\n\n`)
 
 export const routerKind: RouterKind = {
   preprocessModule: new URL("../eric/preprocess.js", import.meta.url).href,
   make: ({ config, engine, pool }) =>
     Effect.gen(function* () {
-      const model = yield* Effect.tryPromise({ try: () => loadModelDirectory(config.modelDir), catch: (error) => error as Error })
+      const model = yield* Effect.tryPromise({
+        try: () => loadModelDirectory(config.modelDir),
+        catch: (error) => error as Error
+      })
       if (model.decoder === undefined || !model.onnx.has("decoder_model_merged") || !model.onnx.has("embed_tokens")) {
-        return yield* Effect.fail(new Error(`${config.model} is not a decoder model: it needs a text config with vocab_size, onnx/embed_tokens.onnx and onnx/decoder_model_merged.onnx`))
+        return yield* Effect.fail(
+          new Error(
+            `${config.model} is not a decoder model: it needs a text config with vocab_size, onnx/embed_tokens.onnx and onnx/decoder_model_merged.onnx`
+          )
+        )
       }
       const tokenizer = yield* Effect.try({ try: () => new ChatTokenizer(model), catch: (error) => error as Error })
       const sidecar =
         config.sidecarSocket === undefined
           ? undefined
           : yield* Effect.acquireRelease(
-              Effect.tryPromise({ try: () => SidecarClient.connect(config.sidecarSocket!), catch: (error) => error as Error }),
+              Effect.tryPromise({
+                try: () => SidecarClient.connect(config.sidecarSocket!),
+                catch: (error) => error as Error
+              }),
               (client) => Effect.promise(() => client.close())
             )
       const media = makeMediaInputs({ config, model, pool: pool!, sidecar })
       const maxModelLength = contextLength(model)
       const generationConfig = model.generationConfig ?? {}
-      const stopTokenIds = [...new Set([...tokenIds(model.config.eos_token_id), ...tokenIds(generationConfig.eos_token_id)])]
+      const stopTokenIds = [
+        ...new Set([...tokenIds(model.config.eos_token_id), ...tokenIds(generationConfig.eos_token_id)])
+      ]
       const defaults = {
-        temperature: typeof generationConfig.temperature === "number" ? generationConfig.temperature : generationConfig.do_sample === false ? 0 : 1,
+        temperature:
+          typeof generationConfig.temperature === "number"
+            ? generationConfig.temperature
+            : generationConfig.do_sample === false
+              ? 0
+              : 1,
         topP: typeof generationConfig.top_p === "number" ? generationConfig.top_p : 1,
         maxNewTokens: typeof generationConfig.max_new_tokens === "number" ? generationConfig.max_new_tokens : undefined
       }
@@ -79,7 +101,9 @@ export const routerKind: RouterKind = {
       const checkModel = (name: string | undefined) =>
         name === undefined || name === config.model
           ? Effect.void
-          : Effect.fail(new RequestRefused(404, "ModelNotFound", `this executor serves "${config.model}", not "${name}"`))
+          : Effect.fail(
+              new RequestRefused(404, "ModelNotFound", `this executor serves "${config.model}", not "${name}"`)
+            )
 
       /** The chat template over the messages; a template that refuses them (or none at all) is the request's problem. */
       const renderChat = (messages: ReadonlyArray<ChatMessage>, addGenerationPrompt: boolean): string => {
@@ -92,7 +116,9 @@ export const routerKind: RouterKind = {
 
       /** The prompt a chat request (or a plain text) runs: ids with expanded placeholders, media rows to splice. */
       const buildPrompt = async (
-        source: { readonly messages: ReadonlyArray<ChatMessage>; readonly addGenerationPrompt: boolean } | { readonly text: string },
+        source:
+          | { readonly messages: ReadonlyArray<ChatMessage>; readonly addGenerationPrompt: boolean }
+          | { readonly text: string },
         refs: ReadonlyArray<EmbeddingRef> | undefined
       ): Promise<PromptInput> => {
         const parts = "messages" in source ? mediaParts(source.messages) : []
@@ -100,12 +126,19 @@ export const routerKind: RouterKind = {
         const text = "messages" in source ? renderChat(source.messages, source.addGenerationPrompt) : source.text
         const { inputIds, starts } = expandPlaceholders(tokenizer.encode(text), media.placeholders, resolved)
         if (inputIds.length === 0) throw new RequestRefused(400, "EmptyPrompt", "the prompt has no tokens")
-        return { inputIds, media: resolved.map((item, index) => ({ start: starts[index]!, rows: item.rows, input: item.input })) }
+        return {
+          inputIds,
+          media: resolved.map((item, index) => ({ start: starts[index]!, rows: item.rows, input: item.input }))
+        }
       }
 
       const sampling = (body: ChatCompletionRequest, promptTokens: number): SamplingParams => {
         if (promptTokens >= maxModelLength) {
-          throw new RequestRefused(400, "ContextLengthExceeded", `this model's maximum context length is ${maxModelLength} tokens; the messages take ${promptTokens}`)
+          throw new RequestRefused(
+            400,
+            "ContextLengthExceeded",
+            `this model's maximum context length is ${maxModelLength} tokens; the messages take ${promptTokens}`
+          )
         }
         const asked = body.max_completion_tokens ?? body.max_tokens ?? undefined
         const maxNewTokens = asked ?? Math.min(defaults.maxNewTokens ?? Infinity, maxModelLength - promptTokens)
@@ -134,17 +167,23 @@ export const routerKind: RouterKind = {
       const refusal = (error: unknown) => {
         if (error instanceof RequestRefused) return errorJson(error.status, error.code, error.message)
         if (error instanceof PromptError) return errorJson(400, "BadPrompt", error.message)
-        if (error instanceof MediaError) return errorJson(error.status, error.status === 413 ? "MediaTooLarge" : "BadMedia", error.message)
+        if (error instanceof MediaError)
+          return errorJson(error.status, error.status === 413 ? "MediaTooLarge" : "BadMedia", error.message)
         if (error instanceof EmbeddingMissing) return errorJson(404, "EmbeddingNotFound", error.message)
-        if (error instanceof EngineFailure) return errorJson(error.status, error.status === 400 ? "BadRequest" : "ExecutorFailed", error.message)
+        if (error instanceof EngineFailure)
+          return errorJson(error.status, error.status === 400 ? "BadRequest" : "ExecutorFailed", error.message)
         const tagged = error as { readonly _tag?: string; readonly message?: string; readonly status?: number }
         if (ParseResult.isParseError(error)) {
-          const issues = ParseResult.ArrayFormatter.formatErrorSync(error).map((issue) => `${issue.path.length === 0 ? "body" : issue.path.join(".")}: ${issue.message}`)
+          const issues = ParseResult.ArrayFormatter.formatErrorSync(error).map(
+            (issue) => `${issue.path.length === 0 ? "body" : issue.path.join(".")}: ${issue.message}`
+          )
           return errorJson(400, "BadRequest", issues.join("; "))
         }
-        if (tagged._tag === "RequestError") return errorJson(400, "BadRequest", `the body is not JSON: ${tagged.message ?? ""}`)
+        if (tagged._tag === "RequestError")
+          return errorJson(400, "BadRequest", `the body is not JSON: ${tagged.message ?? ""}`)
         // Eric's preprocessing reports undecodable media with a status.
-        if (tagged.status === 400 || tagged.status === 413) return errorJson(tagged.status, "BadMedia", tagged.message ?? "bad media")
+        if (tagged.status === 400 || tagged.status === 413)
+          return errorJson(tagged.status, "BadMedia", tagged.message ?? "bad media")
         return errorJson(500, "InternalError", tagged.message ?? String(error))
       }
 
@@ -154,31 +193,52 @@ export const routerKind: RouterKind = {
       const chatCompletions = Effect.gen(function* () {
         const body = yield* HttpServerRequest.schemaBodyJson(ChatCompletionRequest)
         yield* checkModel(body.model)
-        const prompt = yield* attempt(() => buildPrompt({ messages: body.messages, addGenerationPrompt: true }, body.cornserve_embeddings))
-        const meta: GenerateMeta = { op: "generate", prompt, sampling: yield* check(() => sampling(body, prompt.inputIds.length)) }
-        const stops = body.stop === undefined || body.stop === null ? [] : typeof body.stop === "string" ? [body.stop] : body.stop
+        const prompt = yield* attempt(() =>
+          buildPrompt({ messages: body.messages, addGenerationPrompt: true }, body.cornserve_embeddings)
+        )
+        const meta: GenerateMeta = {
+          op: "generate",
+          prompt,
+          sampling: yield* check(() => sampling(body, prompt.inputIds.length))
+        }
+        const stops =
+          body.stop === undefined || body.stop === null ? [] : typeof body.stop === "string" ? [body.stop] : body.stop
         const generation = new Generation(engine, meta, tokenizer, stops)
         const id = `chatcmpl-${randomUUID()}`
         const now = Math.floor(Date.now() / 1000)
 
         if (body.stream !== true) {
-          const outcome = yield* attempt(() => generation.done).pipe(Effect.onInterrupt(() => Effect.sync(() => generation.cancel())))
+          const outcome = yield* attempt(() => generation.done).pipe(
+            Effect.onInterrupt(() => Effect.sync(() => generation.cancel()))
+          )
           const completion: ChatCompletion = {
             id,
             object: "chat.completion",
             created: now,
             model: config.model,
-            choices: [{ index: 0, message: { role: "assistant", content: generation.text }, finish_reason: outcome.finishReason, logprobs: null }],
+            choices: [
+              {
+                index: 0,
+                message: { role: "assistant", content: generation.text },
+                finish_reason: outcome.finishReason,
+                logprobs: null
+              }
+            ],
             usage: usageOf(prompt, outcome)
           }
           return HttpServerResponse.unsafeJson(completion)
         }
 
         // The answer starts with the first token, so that a request the engine refuses gets its status.
-        yield* Effect.promise(() => generation.started).pipe(Effect.onInterrupt(() => Effect.sync(() => generation.cancel())))
+        yield* Effect.promise(() => generation.started).pipe(
+          Effect.onInterrupt(() => Effect.sync(() => generation.cancel()))
+        )
         if (generation.failure !== undefined) return yield* Effect.fail(generation.failure)
         const includeUsage = body.stream_options?.include_usage === true
-        const chunk = (delta: ChatCompletionChunk["choices"][number]["delta"], finishReason: FinishReason | null): ChatCompletionChunk => ({
+        const chunk = (
+          delta: ChatCompletionChunk["choices"][number]["delta"],
+          finishReason: FinishReason | null
+        ): ChatCompletionChunk => ({
           id,
           object: "chat.completion.chunk",
           created: now,
@@ -192,7 +252,8 @@ export const routerKind: RouterKind = {
             text: (text) => void emit.single(sseLine(chunk({ content: text }, null))),
             end: (outcome) => {
               void emit.single(sseLine(chunk({}, outcome.finishReason)))
-              if (includeUsage) void emit.single(sseLine({ ...chunk({}, null), choices: [], usage: usageOf(prompt, outcome) }))
+              if (includeUsage)
+                void emit.single(sseLine({ ...chunk({}, null), choices: [], usage: usageOf(prompt, outcome) }))
               void emit.single(sseLine("[DONE]"))
               void emit.end()
             },
@@ -204,24 +265,37 @@ export const routerKind: RouterKind = {
           })
           return Effect.sync(() => generation.cancel())
         })
-        return HttpServerResponse.stream(events, { contentType: "text/event-stream", headers: { "cache-control": "no-cache" } })
+        return HttpServerResponse.stream(events, {
+          contentType: "text/event-stream",
+          headers: { "cache-control": "no-cache" }
+        })
       }).pipe(Effect.catchAll((error) => Effect.succeed(refusal(error))))
 
       const promptEmbeddings = Effect.gen(function* () {
         const body = yield* HttpServerRequest.schemaBodyJson(PromptEmbeddingsRequest)
         yield* checkModel(body.model)
-        if ((body.messages === undefined) === (body.prompt === undefined)) return yield* Effect.fail(new RequestRefused(400, "BadRequest", "give either messages or prompt"))
+        if ((body.messages === undefined) === (body.prompt === undefined))
+          return yield* Effect.fail(new RequestRefused(400, "BadRequest", "give either messages or prompt"))
         const inline = body.return === "inline"
-        if (!inline && sidecar === undefined) return yield* Effect.fail(new RequestRefused(400, "NoSidecar", 'this executor has no sidecar; ask for return: "inline"'))
+        if (!inline && sidecar === undefined)
+          return yield* Effect.fail(
+            new RequestRefused(400, "NoSidecar", 'this executor has no sidecar; ask for return: "inline"')
+          )
         const prompt = yield* attempt(() =>
           buildPrompt(
-            body.messages === undefined ? { text: body.prompt! } : { messages: body.messages, addGenerationPrompt: body.add_generation_prompt },
+            body.messages === undefined
+              ? { text: body.prompt! }
+              : { messages: body.messages, addGenerationPrompt: body.add_generation_prompt },
             body.cornserve_embeddings
           )
         )
         if (prompt.inputIds.length > maxModelLength) {
           return yield* Effect.fail(
-            new RequestRefused(400, "ContextLengthExceeded", `this model's maximum context length is ${maxModelLength} tokens; the prompt takes ${prompt.inputIds.length}`)
+            new RequestRefused(
+              400,
+              "ContextLengthExceeded",
+              `this model's maximum context length is ${maxModelLength} tokens; the prompt takes ${prompt.inputIds.length}`
+            )
           )
         }
         const meta: LlmRequestMeta = {
@@ -233,9 +307,9 @@ export const routerKind: RouterKind = {
           inline
         }
         const submitted = engine.submit([{ key: meta.op, inputs: {}, meta }])
-        const [result] = (yield* attempt(() => submitted.results).pipe(Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id))))) as [
-          EmbedResult
-        ]
+        const [result] = (yield* attempt(() => submitted.results).pipe(
+          Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id)))
+        )) as [EmbedResult]
         const answer: PromptEmbeddingsResponse = {
           id: body.id,
           source: body.source,
@@ -267,7 +341,10 @@ export const routerKind: RouterKind = {
         },
         routes: HttpRouter.empty.pipe(
           HttpRouter.post("/v1/chat/completions", chatCompletions),
-          HttpRouter.get("/v1/models", Effect.sync(() => HttpServerResponse.unsafeJson(models))),
+          HttpRouter.get(
+            "/v1/models",
+            Effect.sync(() => HttpServerResponse.unsafeJson(models))
+          ),
           HttpRouter.post("/v1/cornserve/prompt-embeddings", promptEmbeddings),
           HttpRouter.get("/v1/cornserve/stats", stats)
         )

@@ -87,6 +87,9 @@ export const transformerBlock = (
   g.scope(name, () => {
     const attention = selfAttention(g, layerNorm(g, x, w.norm1, "input_layernorm"), w.attention, context, "self_attn")
     const afterAttention = g.op("Add", [x, attention.output])
-    const output = g.op("Add", [afterAttention, mlp(g, layerNorm(g, afterAttention, w.norm2, "post_attention_layernorm"), w.mlp, "mlp")])
+    const output = g.op("Add", [
+      afterAttention,
+      mlp(g, layerNorm(g, afterAttention, w.norm2, "post_attention_layernorm"), w.mlp, "mlp")
+    ])
     return attention.present === undefined ? { output } : { output, present: attention.present }
   })

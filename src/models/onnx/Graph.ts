@@ -55,7 +55,8 @@ const attributeProto = (name: string, value: AttributeValue): onnxProto.onnx.IAt
   const { AttributeType } = onnx.AttributeProto
   if (typeof value === "string") return { name, type: AttributeType.STRING, s: new TextEncoder().encode(value) }
   if (typeof value === "number") {
-    if (!Number.isInteger(value)) throw new Error(`attribute ${name}: ${value} is not an integer; wrap floats with float()`)
+    if (!Number.isInteger(value))
+      throw new Error(`attribute ${name}: ${value} is not an integer; wrap floats with float()`)
     return { name, type: AttributeType.INT, i: value }
   }
   if ("float" in value) return { name, type: AttributeType.FLOAT, f: value.float }
@@ -119,10 +120,17 @@ export class Graph {
     const size = dims.reduce((a, b) => a * b, 1)
     if (data.length !== size) throw new Error(`weight ${fullName}: ${data.length} values for dims [${dims.join(", ")}]`)
     if (data.constructor.name !== expectedArray[dataType]) {
-      throw new Error(`weight ${fullName}: ${dataType} needs a ${expectedArray[dataType]}, got ${data.constructor.name}`)
+      throw new Error(
+        `weight ${fullName}: ${dataType} needs a ${expectedArray[dataType]}, got ${data.constructor.name}`
+      )
     }
     this.claim(fullName)
-    this.initializers.push({ name: fullName, dims: [...dims], dataType: elementTypes[dataType], rawData: rawBytes(data) })
+    this.initializers.push({
+      name: fullName,
+      dims: [...dims],
+      dataType: elementTypes[dataType],
+      rawData: rawBytes(data)
+    })
     return { name: fullName }
   }
 

@@ -3,7 +3,8 @@ import { float, type Graph, type Value } from "./Graph.js"
 
 /** Building blocks shared by every model graph; each names its weights inside `g.scope(name)`. */
 
-export const matrixWeight = (g: Graph, name: string, m: Matrix): Value => g.weight(name, "float32", [m.rows, m.cols], m.data)
+export const matrixWeight = (g: Graph, name: string, m: Matrix): Value =>
+  g.weight(name, "float32", [m.rows, m.cols], m.data)
 
 export const linear = (g: Graph, x: Value, w: LinearWeights, name: string): Value =>
   g.scope(name, () => {
@@ -16,7 +17,11 @@ export const layerNorm = (g: Graph, x: Value, w: LayerNormWeights, name: string)
   g.scope(name, () =>
     g.op(
       "LayerNormalization",
-      [x, g.weight("weight", "float32", [w.gamma.length], w.gamma), g.weight("bias", "float32", [w.beta.length], w.beta)],
+      [
+        x,
+        g.weight("weight", "float32", [w.gamma.length], w.gamma),
+        g.weight("bias", "float32", [w.beta.length], w.beta)
+      ],
       { axis: -1, epsilon: float(w.epsilon) }
     )
   )

@@ -75,7 +75,10 @@ export const decoderRecipe = (name: string, preset: DecoderPreset): ModelRecipe 
     const weights = randomDecoderWeights(preset)
     return new Map([
       ["config.json", jsonFile(config)],
-      ["generation_config.json", jsonFile({ eos_token_id: config.eos_token_id, pad_token_id: config.pad_token_id, do_sample: false })],
+      [
+        "generation_config.json",
+        jsonFile({ eos_token_id: config.eos_token_id, pad_token_id: config.pad_token_id, do_sample: false })
+      ],
       ["tokenizer.json", jsonFile(vocabulary.tokenizerJson)],
       ["tokenizer_config.json", jsonFile(tokenizerConfig(vocabulary, preset.maxPositions))],
       ["onnx/embed_tokens.onnx", embedTokensGraph(weights).toBytes()],

@@ -37,7 +37,9 @@ export const promptInputs = (g: Graph) => ({
 /** → [batch, 1, 3], the pooled RGB bits. */
 export const poolColorWords = (g: Graph, inputsEmbeds: Value, attentionMask: Value, w: ColorPromptWeights): Value =>
   g.scope("color_words", () => {
-    const scores = g.op("Transpose", [g.op("MatMul", [inputsEmbeds, matrixWeight(g, "score", w.score)])], { perm: [0, 2, 1] })
+    const scores = g.op("Transpose", [g.op("MatMul", [inputsEmbeds, matrixWeight(g, "score", w.score)])], {
+      perm: [0, 2, 1]
+    })
     const visible = g.op("Unsqueeze", [g.op("Cast", [attentionMask], { to: elementType("bool") }), g.int64s([1])])
     const attention = g.op("Softmax", [g.op("Where", [visible, scores, g.floatScalar(maskedScore)])], { axis: -1 })
     return g.op("MatMul", [attention, g.op("MatMul", [inputsEmbeds, matrixWeight(g, "bits", w.bits)])])

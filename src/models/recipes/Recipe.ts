@@ -11,6 +11,9 @@ export interface ModelRecipe {
 }
 
 /** Stamped into every built config.json as `cornserve`, to find stale builds in the cache. */
-export const recipeStamp = (recipe: Pick<ModelRecipe, "name" | "version">) => ({ recipe: recipe.name, version: recipe.version })
+export const recipeStamp = (recipe: Pick<ModelRecipe, "name" | "version">) => ({
+  recipe: recipe.name,
+  version: recipe.version
+})
 
 export const jsonFile = (value: unknown): Uint8Array => new TextEncoder().encode(`${JSON.stringify(value, null, 2)}\n`)

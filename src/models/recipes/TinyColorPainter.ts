@@ -43,7 +43,12 @@ export const painterWeights = (): PainterWeights => {
       vignette[y * size + x] = (vignetteStrength * ((x - centre) ** 2 + (y - centre) ** 2)) / (2 * centre ** 2)
     }
   }
-  return { prompt: colorPromptWeights(), color: { weight: color, bias: new Float32Array(3).fill(0.5) }, imageSize: size, vignette }
+  return {
+    prompt: colorPromptWeights(),
+    color: { weight: color, bias: new Float32Array(3).fill(0.5) },
+    imageSize: size,
+    vignette
+  }
 }
 
 const painterGraph = (w: PainterWeights): Graph => {

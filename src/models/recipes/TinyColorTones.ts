@@ -38,7 +38,8 @@ export interface TonesWeights {
 }
 
 /** The frequency the tones model plays for a colour, given its ±1 bits. */
-export const toneFrequency = (bits: ReadonlyArray<number>): number => 600 + 200 * bits[0]! + 100 * bits[1]! + 50 * bits[2]!
+export const toneFrequency = (bits: ReadonlyArray<number>): number =>
+  600 + 200 * bits[0]! + 100 * bits[1]! + 50 * bits[2]!
 
 export const tonesWeights = (): TonesWeights => ({
   prompt: colorPromptWeights(),
@@ -55,7 +56,10 @@ const tonesGraph = (w: TonesWeights): Graph => {
   const pooled = poolColorWords(g, inputsEmbeds, attentionMask, w.prompt)
   const hertz = g.op("Round", [g.op("Reshape", [linear(g, pooled, w.frequency, "frequency"), g.int64s([0, 1])])])
   const first = g.op("Mul", [g.op("Unsqueeze", [chunkIndex, g.int64s([1])]), g.int64Scalar(w.chunkSize)])
-  const sampleIndex = g.op("Add", [first, g.op("Range", [g.int64Scalar(0), g.int64Scalar(w.chunkSize), g.int64Scalar(1)])])
+  const sampleIndex = g.op("Add", [
+    first,
+    g.op("Range", [g.int64Scalar(0), g.int64Scalar(w.chunkSize), g.int64Scalar(1)])
+  ])
   const toDouble = { to: elementType("float64") }
   const cycles = g.op("Div", [
     g.op("Mul", [g.op("Cast", [hertz], toDouble), g.op("Cast", [sampleIndex], toDouble)]),

@@ -118,7 +118,11 @@ export const colorVisionWeights = (): ColorVisionWeights => {
       [2 * rgb, 1],
       [2 * rgb + 1, -1]
     ] as const) {
-      kernel.fill(patchVoteGain / pixelsPerPatch, (unit * 3 + rgb) * pixelsPerPatch, (unit * 3 + rgb + 1) * pixelsPerPatch)
+      kernel.fill(
+        patchVoteGain / pixelsPerPatch,
+        (unit * 3 + rgb) * pixelsPerPatch,
+        (unit * 3 + rgb + 1) * pixelsPerPatch
+      )
       patchBias[unit] = offset
     }
   }
@@ -231,8 +235,18 @@ const gatherLayer = (): TransformerBlockWeights => {
   const value = linearOf(hiddenSize, hiddenSize)
   const output = linearOf(hiddenSize, hiddenSize)
   const gathers = [
-    { head: 0, flag: channel.image, present: channel.imagePresent, values: [0, 1, 2].map((i) => [channel.imageBits + i, channel.pooledBits + i] as const) },
-    { head: 1, flag: channel.audio, present: channel.audioPresent, values: [[channel.pitch, channel.pooledPitch] as const] }
+    {
+      head: 0,
+      flag: channel.image,
+      present: channel.imagePresent,
+      values: [0, 1, 2].map((i) => [channel.imageBits + i, channel.pooledBits + i] as const)
+    },
+    {
+      head: 1,
+      flag: channel.audio,
+      present: channel.audioPresent,
+      values: [[channel.pitch, channel.pooledPitch] as const]
+    }
   ]
   for (const gather of gathers) {
     const base = gather.head * headDim
@@ -293,7 +307,10 @@ const randomLayer = (random: Random): TransformerBlockWeights => {
       output: { weight: mirroredWrites(hiddenSize) }
     },
     norm2: identityNorm(),
-    mlp: { up: { weight: randomMatrix(hiddenSize, intermediateSize) }, down: { weight: mirroredWrites(intermediateSize) } }
+    mlp: {
+      up: { weight: randomMatrix(hiddenSize, intermediateSize) },
+      down: { weight: mirroredWrites(intermediateSize) }
+    }
   }
 }
 
@@ -313,7 +330,8 @@ export const colorDecoderWeights = (vocabulary = chatVocabulary()): DecoderWeigh
   const vocab = vocabulary.vocabSize
   const embedTokens = matrix(vocab, hiddenSize)
   for (let id = 0; id < vocab; id++) setMirrored(embedTokens.data, channel.text, 1, id * hiddenSize)
-  for (const word of answerWords) setMirrored(embedTokens.data, channel.answer, 1, vocabulary.tokenId(word) * hiddenSize)
+  for (const word of answerWords)
+    setMirrored(embedTokens.data, channel.answer, 1, vocabulary.tokenId(word) * hiddenSize)
   for (const color of colors) {
     const bits = colorBits(color)
     for (const variant of colorWordVariants(color.name)) {
@@ -413,7 +431,15 @@ const build = () => {
   const decoder = colorDecoderWeights(vocabulary)
   return new Map([
     ["config.json", jsonFile(config)],
-    ["generation_config.json", jsonFile({ eos_token_id: config.eos_token_id, pad_token_id: config.pad_token_id, do_sample: false, max_new_tokens: 16 })],
+    [
+      "generation_config.json",
+      jsonFile({
+        eos_token_id: config.eos_token_id,
+        pad_token_id: config.pad_token_id,
+        do_sample: false,
+        max_new_tokens: 16
+      })
+    ],
     ["preprocessor_config.json", jsonFile(preprocessor)],
     ["tokenizer.json", jsonFile(vocabulary.tokenizerJson)],
     ["tokenizer_config.json", jsonFile(tokenizerConfig(vocabulary, maxPositions))],

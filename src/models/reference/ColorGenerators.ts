@@ -19,7 +19,10 @@ export interface PromptInputs {
 const poolColorWords = (w: ColorPromptWeights, inputs: PromptInputs): Array<Float64Array> => {
   const hidden = w.score.rows
   return Array.from({ length: inputs.batch }, (_, b) => {
-    const rows = Float64Array.from({ length: inputs.sequence * hidden }, (_, i) => inputs.inputsEmbeds[b * inputs.sequence * hidden + i]!)
+    const rows = Float64Array.from(
+      { length: inputs.sequence * hidden },
+      (_, i) => inputs.inputsEmbeds[b * inputs.sequence * hidden + i]!
+    )
     const scores = linear(rows, inputs.sequence, { weight: w.score })
     scores.forEach((_, s) => {
       if (inputs.attentionMask[b * inputs.sequence + s] !== 1) scores[s] = maskedScore
@@ -39,7 +42,8 @@ export const painterForward = (w: PainterWeights, inputs: PromptInputs): Float64
   poolColorWords(w.prompt, inputs).forEach((pooled, b) => {
     const rgb = linear(pooled, 1, w.color).map((value) => Math.min(1, Math.max(0, value)))
     for (let c = 0; c < 3; c++) {
-      for (let i = 0; i < plane; i++) out[(b * 3 + c) * plane + i] = rgb[c]! * (1 - w.vignette[i]!) + 0.5 * w.vignette[i]!
+      for (let i = 0; i < plane; i++)
+        out[(b * 3 + c) * plane + i] = rgb[c]! * (1 - w.vignette[i]!) + 0.5 * w.vignette[i]!
     }
   })
   return out

@@ -34,7 +34,9 @@ const attention = (
       for (let d = 0; d < headDim; d++) {
         const at = (h * total + t) * headDim + d
         const fromPast = t < past.length
-        key[at] = fromPast ? past.key[(h * past.length + t) * headDim + d]! : newKey[(t - past.length) * hidden + h * headDim + d]!
+        key[at] = fromPast
+          ? past.key[(h * past.length + t) * headDim + d]!
+          : newKey[(t - past.length) * hidden + h * headDim + d]!
         value[at] = fromPast
           ? past.value[(h * past.length + t) * headDim + d]!
           : newValue[(t - past.length) * hidden + h * headDim + d]!
@@ -48,12 +50,14 @@ const attention = (
     for (let s = 0; s < rows; s++) {
       for (let t = 0; t < total; t++) {
         let dot = 0
-        for (let d = 0; d < headDim; d++) dot += query[s * hidden + h * headDim + d]! * key[(h * total + t) * headDim + d]!
+        for (let d = 0; d < headDim; d++)
+          dot += query[s * hidden + h * headDim + d]! * key[(h * total + t) * headDim + d]!
         scores[t] = visible(past.length + s, t) ? dot * scale : maskedScore
       }
       softmaxInPlace(scores)
       for (let t = 0; t < total; t++) {
-        for (let d = 0; d < headDim; d++) merged[s * hidden + h * headDim + d]! += scores[t]! * value[(h * total + t) * headDim + d]!
+        for (let d = 0; d < headDim; d++)
+          merged[s * hidden + h * headDim + d]! += scores[t]! * value[(h * total + t) * headDim + d]!
       }
     }
   }
@@ -100,7 +104,8 @@ export const decoderForward = (w: DecoderWeights, inputs: DecoderInputs): Decode
     for (let s = 0; s < sequence; s++) {
       const position = inputs.positionIds[b * sequence + s]!
       for (let d = 0; d < hidden; d++) {
-        x[s * hidden + d] = inputs.inputsEmbeds[(b * sequence + s) * hidden + d]! + w.positions.data[position * hidden + d]!
+        x[s * hidden + d] =
+          inputs.inputsEmbeds[(b * sequence + s) * hidden + d]! + w.positions.data[position * hidden + d]!
       }
     }
     const visible: Visibility = (query, key) => key <= query && inputs.attentionMask[b * total + key] === 1
@@ -134,7 +139,11 @@ const concat = (parts: ReadonlyArray<Float64Array>): Float64Array => {
 }
 
 /** pixel_values [batch, channels, size, size] → image_features [batch, 1 + patches, hidden]. */
-export const visionTransformerForward = (w: VisionTransformerWeights, pixels: ArrayLike<number>, batch: number): Float64Array => {
+export const visionTransformerForward = (
+  w: VisionTransformerWeights,
+  pixels: ArrayLike<number>,
+  batch: number
+): Float64Array => {
   const { channels, hidden } = w.patch
   const imageLength = channels * w.imageSize * w.imageSize
   const rows = w.positions.rows

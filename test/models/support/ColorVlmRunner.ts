@@ -72,8 +72,12 @@ export class ColorVlmRunner {
 
   async answer(requests: ReadonlyArray<VlmRequest>, maxNewTokens: number): Promise<Array<VlmAnswer>> {
     const { config, decoder } = this.model
-    const { image_token_id: imageToken, image_seq_length: imageRows, audio_token_id: audioToken, audio_seq_length: audioRows } =
-      config
+    const {
+      image_token_id: imageToken,
+      image_seq_length: imageRows,
+      audio_token_id: audioToken,
+      audio_seq_length: audioRows
+    } = config
     const hidden = decoder!.hiddenSize
     const padId = config.pad_token_id ?? 0
 
@@ -93,8 +97,10 @@ export class ColorVlmRunner {
 
     const images = requests.flatMap((request) => request.images ?? [])
     const audio = requests.flatMap((request) => request.audio ?? [])
-    const imageFeatures = images.length === 0 ? new Float32Array(0) : await this.encode(this.sessions.vision, "pixel_values", images)
-    const audioFeatures = audio.length === 0 ? new Float32Array(0) : await this.encode(this.sessions.audio, "input_values", audio)
+    const imageFeatures =
+      images.length === 0 ? new Float32Array(0) : await this.encode(this.sessions.vision, "pixel_values", images)
+    const audioFeatures =
+      audio.length === 0 ? new Float32Array(0) : await this.encode(this.sessions.audio, "input_values", audio)
 
     const batch = requests.length
     const length = Math.max(...prompts.map((prompt) => prompt.length))
@@ -106,12 +112,20 @@ export class ColorVlmRunner {
     padded.forEach((id, position) => {
       const isPadding = position % length < length - prompts[Math.floor(position / length)]!.length
       if (isPadding) return
-      if (id === imageToken) embeds.set(imageFeatures.subarray(imageRow * hidden, ++imageRow * hidden), position * hidden)
-      if (id === audioToken) embeds.set(audioFeatures.subarray(audioRow * hidden, ++audioRow * hidden), position * hidden)
+      if (id === imageToken)
+        embeds.set(imageFeatures.subarray(imageRow * hidden, ++imageRow * hidden), position * hidden)
+      if (id === audioToken)
+        embeds.set(audioFeatures.subarray(audioRow * hidden, ++audioRow * hidden), position * hidden)
     })
 
-    const masks = prompts.map((prompt) => [...new Array<number>(length - prompt.length).fill(0), ...prompt.map(() => 1)])
-    const positions = prompts.flatMap((prompt) => [...new Array<number>(length - prompt.length).fill(0), ...prompt.map((_, i) => i)])
+    const masks = prompts.map((prompt) => [
+      ...new Array<number>(length - prompt.length).fill(0),
+      ...prompt.map(() => 1)
+    ])
+    const positions = prompts.flatMap((prompt) => [
+      ...new Array<number>(length - prompt.length).fill(0),
+      ...prompt.map((_, i) => i)
+    ])
     const spec = decoder!
     const emptyCache = floatTensor(new Float32Array(0), [batch, spec.keyValueHeads, 0, spec.headDim])
     let past: Record<string, ort.Tensor> = {}
@@ -134,7 +148,9 @@ export class ColorVlmRunner {
       })
       const [, sequence, vocab] = outputs.logits!.dims as [number, number, number]
       const logits = outputs.logits!.data as Float32Array
-      const next = requests.map((_, b) => (finished[b] ? padId : argmax(logits, ((b + 1) * sequence - 1) * vocab, vocab)))
+      const next = requests.map((_, b) =>
+        finished[b] ? padId : argmax(logits, ((b + 1) * sequence - 1) * vocab, vocab)
+      )
       next.forEach((id, b) => {
         if (finished[b]) return
         generated[b]!.push(id)
@@ -158,9 +174,16 @@ export class ColorVlmRunner {
     }))
   }
 
-  private async encode(encoder: ort.InferenceSession, input: string, items: ReadonlyArray<Float32Array>): Promise<Float32Array> {
+  private async encode(
+    encoder: ort.InferenceSession,
+    input: string,
+    items: ReadonlyArray<Float32Array>
+  ): Promise<Float32Array> {
     const itemLength = items[0]!.length
-    const dims = input === "pixel_values" ? [items.length, 3, Math.sqrt(itemLength / 3), Math.sqrt(itemLength / 3)] : [items.length, itemLength]
+    const dims =
+      input === "pixel_values"
+        ? [items.length, 3, Math.sqrt(itemLength / 3), Math.sqrt(itemLength / 3)]
+        : [items.length, itemLength]
     const outputs = await encoder.run({ [input]: floatTensor(concat(items), dims) })
     return outputs[encoder.outputNames[0]!]!.data as Float32Array
   }

@@ -9,7 +9,11 @@ import { expectClose, floatTensor, int64Tensor } from "./Ort.js"
  * second sequence left-padded by two) and checks logits and every present key and value against
  * the float64 reference.
  */
-export const expectDecoderMatchesReference = async (decoder: ort.InferenceSession, weights: DecoderWeights, random: Random) => {
+export const expectDecoderMatchesReference = async (
+  decoder: ort.InferenceSession,
+  weights: DecoderWeights,
+  random: Random
+) => {
   const hidden = weights.embedTokens.cols
   const heads = weights.layers[0]!.attention.heads
   const [batch, pastLength, sequence] = [2, 4, 3]
@@ -31,7 +35,15 @@ export const expectDecoderMatchesReference = async (decoder: ort.InferenceSessio
     feeds[`past_key_values.${i}.value`] = floatTensor(layer.value, cacheDims)
   })
   const outputs = await decoder.run(feeds)
-  const expected = decoderForward(weights, { batch, sequence, pastLength, inputsEmbeds, attentionMask, positionIds, past })
+  const expected = decoderForward(weights, {
+    batch,
+    sequence,
+    pastLength,
+    inputsEmbeds,
+    attentionMask,
+    positionIds,
+    past
+  })
   expectClose(outputs.logits, expected.logits, "logits")
   expected.present.forEach((layer, i) => {
     expectClose(outputs[`present.${i}.key`], layer.key, `present.${i}.key`)

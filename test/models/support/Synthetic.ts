@@ -16,10 +16,16 @@ export interface ColorImage {
  * An image whose dominant colour is `dominant`: each channel shaded within 0.25 of full or none,
  * with pixel noise (σ up to 0.15) and/or a rectangle of another colour covering under 40% of it.
  */
-export const colorImage = (random: Random, dominant: NamedColor, minority: NamedColor, style: ImageStyle): ColorImage => {
+export const colorImage = (
+  random: Random,
+  dominant: NamedColor,
+  minority: NamedColor,
+  style: ImageStyle
+): ColorImage => {
   const width = 40 + random.below(160)
   const height = 40 + random.below(160)
-  const shade = (rgb: ReadonlyArray<number>) => rgb.map((on) => (on === 1 ? 1 - 0.25 * random.uniform() : 0.25 * random.uniform()))
+  const shade = (rgb: ReadonlyArray<number>) =>
+    rgb.map((on) => (on === 1 ? 1 - 0.25 * random.uniform() : 0.25 * random.uniform()))
   const base = shade(dominant.rgb)
   const other = shade(minority.rgb)
   const noise = style === "noisy" || style === "noisy-patch" ? 0.05 + 0.1 * random.uniform() : 0
@@ -49,4 +55,7 @@ export const colorImage = (random: Random, dominant: NamedColor, minority: Named
 
 /** A sine tone of `hertz` at `sampleRate`, `seconds` long, amplitude in (0, 1]. */
 export const tone = (hertz: number, sampleRate: number, seconds: number, amplitude: number): Float32Array =>
-  Float32Array.from({ length: Math.round(sampleRate * seconds) }, (_, i) => amplitude * Math.sin((2 * Math.PI * hertz * i) / sampleRate))
+  Float32Array.from(
+    { length: Math.round(sampleRate * seconds) },
+    (_, i) => amplitude * Math.sin((2 * Math.PI * hertz * i) / sampleRate)
+  )

@@ -22,7 +22,10 @@ const testArenaPrefix = `${arenaFilePrefix}test-${process.pid}-`
 /** The sidecar runs from dist/: a test run after editing src/ without building would test old code. */
 const checkBuildIsFresh = () => {
   const sources = [
-    ...readdirSync(join(repoRoot, "src/sidecar")).map((file) => [`src/sidecar/${file}`, `dist/sidecar/${file.replace(/\.ts$/, ".js")}`]),
+    ...readdirSync(join(repoRoot, "src/sidecar")).map((file) => [
+      `src/sidecar/${file}`,
+      `dist/sidecar/${file.replace(/\.ts$/, ".js")}`
+    ]),
     ["src/cli/main.ts", "dist/cli/main.js"]
   ]
   for (const [source, built] of sources) {
@@ -33,7 +36,8 @@ const checkBuildIsFresh = () => {
         return 0
       }
     })()
-    if (statSync(join(repoRoot, source!)).mtimeMs > builtTime) throw new Error(`${built} is older than ${source}: run npm run build first`)
+    if (statSync(join(repoRoot, source!)).mtimeMs > builtTime)
+      throw new Error(`${built} is older than ${source}: run npm run build first`)
   }
 }
 
@@ -94,7 +98,10 @@ export interface ExecutorProcess {
 
 /** Starts an executor process that runs one scenario of support/executor.ts against a sidecar. */
 export const startExecutor = async (args: ReadonlyArray<string>): Promise<ExecutorProcess> => {
-  const child = spawn(process.execPath, [await executorScript(), ...args], { cwd: repoRoot, stdio: ["ignore", "pipe", "pipe"] })
+  const child = spawn(process.execPath, [await executorScript(), ...args], {
+    cwd: repoRoot,
+    stdio: ["ignore", "pipe", "pipe"]
+  })
   let output = ""
   const listeners = new Set<() => void>()
   child.stdout!.on("data", (chunk: Buffer) => {
@@ -116,7 +123,9 @@ export const startExecutor = async (args: ReadonlyArray<string>): Promise<Execut
         }
         listeners.add(check)
         check()
-        void exited.then((code) => reject(new Error(`the executor exited (${code}) before printing "${prefix}":\n${output}`)))
+        void exited.then((code) =>
+          reject(new Error(`the executor exited (${code}) before printing "${prefix}":\n${output}`))
+        )
       })
   }
 }
