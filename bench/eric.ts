@@ -10,7 +10,7 @@
 import { randomBytes } from "node:crypto"
 import * as ort from "onnxruntime-node"
 import sharp from "sharp"
-import { decodeImage } from "../src/executors/eric/MediaDecoder.js"
+import { decodeImage } from "../src/executors/common/media/MediaDecoder.js"
 import { decodeImageProcessorConfig, pixelValues } from "../src/models/ImageProcessor.js"
 import { loadModelDirectory, onnxPath } from "../src/models/ModelDirectory.js"
 import { resolveModel } from "../src/models/ModelStore.js"

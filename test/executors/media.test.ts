@@ -11,13 +11,13 @@ import {
   decodeImage,
   decodeVideoFrames,
   sampleFrameIndices
-} from "../../src/executors/eric/MediaDecoder.js"
+} from "../../src/executors/common/media/MediaDecoder.js"
 import {
   isPrivateAddress,
   MediaError,
   type MediaSourceOptions,
   readMedia
-} from "../../src/executors/eric/MediaSource.js"
+} from "../../src/executors/common/media/MediaSource.js"
 
 const solidPng = (r: number, g: number, b: number, size = 8) =>
   sharp({ create: { width: size, height: size, channels: 3, background: { r, g, b } } })

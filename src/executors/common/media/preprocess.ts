@@ -1,11 +1,12 @@
 /**
- * Eric's preprocessing, run in the router's thread pool: decoded media → the encoder's inputs, as
- * the model's preprocessor_config.json says. Each function answers stackable tensors: one row per
- * image, per video frame, or per audio clip.
+ * Media preprocessing, run in a router's thread pool (Eric's, and the LLM executor's for the
+ * model's own encoders): decoded media → the encoder's inputs, as the model's
+ * preprocessor_config.json says. Each function answers stackable tensors: one row per image, per
+ * video frame, or per audio clip.
  */
-import { type AudioProcessorConfig, inputValues } from "../../models/AudioProcessor.js"
-import { type ImageProcessorConfig, pixelValues } from "../../models/ImageProcessor.js"
-import type { WireTensor } from "../common/wire.js"
+import { type AudioProcessorConfig, inputValues } from "../../../models/AudioProcessor.js"
+import { type ImageProcessorConfig, pixelValues } from "../../../models/ImageProcessor.js"
+import type { WireTensor } from "../wire.js"
 import { decodeAudio, decodeImage, decodeVideoFrames } from "./MediaDecoder.js"
 
 export interface Preprocessed {

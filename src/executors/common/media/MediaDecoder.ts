@@ -1,5 +1,5 @@
 import sharp from "sharp"
-import type { RgbImage } from "../../models/ImageProcessor.js"
+import type { RgbImage } from "../../../models/ImageProcessor.js"
 import { MediaError } from "./MediaSource.js"
 
 /** Larger images are refused (413) before they are decoded. */
