@@ -12,7 +12,7 @@ import { ChatTokenizer } from "../../models/Tokenizer.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { EngineFailure } from "../common/EngineClient.js"
 import { errorJson, type RouterKind } from "../common/Router.js"
-import { MediaError } from "../common/media/MediaSource.js"
+import { MediaError } from "../common/media/errors.js"
 import {
   type ChatCompletion,
   type ChatCompletionChunk,

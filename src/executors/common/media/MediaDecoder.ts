@@ -1,14 +1,15 @@
 import sharp from "sharp"
 import type { RgbImage } from "../../../models/ImageProcessor.js"
-import { MediaError } from "./MediaSource.js"
+import { MediaError, MediaTooLarge } from "./errors.js"
 
 /** Larger images are refused (413) before they are decoded. */
 const maxInputPixels = 64 * 1024 * 1024
 
-const describeSharpError = (error: unknown, what: string): MediaError => {
+const describeSharpError = (error: unknown, what: string): MediaError | MediaTooLarge => {
   const message = error instanceof Error ? error.message : String(error)
-  if (/pixel limit/i.test(message)) return new MediaError(413, `the ${what} has more than ${maxInputPixels} pixels`)
-  return new MediaError(400, `the ${what} could not be decoded: ${message}`)
+  if (/pixel limit/i.test(message))
+    return new MediaTooLarge({ message: `the ${what} has more than ${maxInputPixels} pixels` })
+  return new MediaError({ message: `the ${what} could not be decoded: ${message}` })
 }
 
 /** Decodes an image (PNG, JPEG, WebP, GIF, …), drops alpha, and resizes it to exactly width × height. */
@@ -69,7 +70,7 @@ const resample = (samples: Float32Array, from: number, to: number): Float32Array
 
 const readWav = (bytes: Buffer): { readonly samples: Float32Array; readonly sampleRate: number } => {
   if (bytes.length < 12 || bytes.toString("ascii", 0, 4) !== "RIFF" || bytes.toString("ascii", 8, 12) !== "WAVE") {
-    throw new MediaError(400, "the audio is not a WAV file (RIFF/WAVE header missing)")
+    throw new MediaError({ message: "the audio is not a WAV file (RIFF/WAVE header missing)" })
   }
   let offset = 12
   let format: { code: number; channels: number; sampleRate: number; bits: number } | undefined
@@ -86,9 +87,9 @@ const readWav = (bytes: Buffer): { readonly samples: Float32Array; readonly samp
       }
       if (format.code === 0xfffe && size >= 26) format.code = bytes.readUInt16LE(body + 24)
     } else if (id === "data") {
-      if (format === undefined) throw new MediaError(400, "the WAV file has its data before its format")
+      if (format === undefined) throw new MediaError({ message: "the WAV file has its data before its format" })
       const { code, channels, sampleRate, bits } = format
-      if (channels < 1) throw new MediaError(400, "the WAV file has no channels")
+      if (channels < 1) throw new MediaError({ message: "the WAV file has no channels" })
       const width = bits / 8
       const end = Math.min(bytes.length, body + size)
       const frames = Math.floor((end - body) / (width * channels))
@@ -104,7 +105,8 @@ const readWav = (bytes: Buffer): { readonly samples: Float32Array; readonly samp
                 : code === 1 && bits === 8
                   ? (at: number) => (bytes.readUInt8(at) - 128) / 128
                   : undefined
-      if (read === undefined) throw new MediaError(400, `WAV sample format ${code} with ${bits} bits is not supported`)
+      if (read === undefined)
+        throw new MediaError({ message: `WAV sample format ${code} with ${bits} bits is not supported` })
       const samples = new Float32Array(frames)
       for (let frame = 0; frame < frames; frame++) {
         let sum = 0
@@ -115,7 +117,7 @@ const readWav = (bytes: Buffer): { readonly samples: Float32Array; readonly samp
     }
     offset = body + size + (size % 2)
   }
-  throw new MediaError(400, "the WAV file has no data chunk")
+  throw new MediaError({ message: "the WAV file has no data chunk" })
 }
 
 /**
