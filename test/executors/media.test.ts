@@ -14,6 +14,7 @@ import {
 } from "../../src/executors/common/media/MediaDecoder.js"
 import { MediaError, MediaTooLarge } from "../../src/executors/common/media/errors.js"
 import { isPrivateAddress, type MediaSourceOptions, readMedia } from "../../src/executors/common/media/MediaSource.js"
+import type { ResizeTarget } from "../../src/models/ImageProcessor.js"
 
 const solidPng = (r: number, g: number, b: number, size = 8) =>
   sharp({ create: { width: size, height: size, channels: 3, background: { r, g, b } } })
@@ -176,20 +177,23 @@ describe("readMedia", () => {
 })
 
 describe("decoding", () => {
+  const fourByFour: ResizeTarget = { width: 4, height: 4, kernel: "linear" }
+  const twoByTwo: ResizeTarget = { width: 2, height: 2, kernel: "linear" }
+
   it("decodes an image and resizes it to the size asked", async () => {
-    const image = await decodeImage(await solidPng(200, 10, 30, 16), 4, 3)
+    const image = await decodeImage(await solidPng(200, 10, 30, 16), { width: 4, height: 3, kernel: "linear" })
     expect([image.width, image.height, image.data.length]).toEqual([4, 3, 36])
     expect([...image.data.slice(0, 3)]).toEqual([200, 10, 30])
   })
 
   it("refuses corrupt image bytes (400)", async () => {
     await expectMediaError(
-      decodeImage(Buffer.from("definitely not an image"), 4, 4),
+      decodeImage(Buffer.from("definitely not an image"), fourByFour),
       MediaError,
       /could not be decoded/
     )
     const png = await solidPng(1, 2, 3)
-    await expectMediaError(decodeImage(png.subarray(0, png.length / 2), 4, 4), MediaError, /could not be decoded/)
+    await expectMediaError(decodeImage(png.subarray(0, png.length / 2), fourByFour), MediaError, /could not be decoded/)
   })
 
   it("samples at most maxFrames evenly spread frames of an animated image", async () => {
@@ -204,9 +208,9 @@ describe("decoding", () => {
     const gif = await sharp(frames, { join: { animated: true } })
       .gif()
       .toBuffer()
-    const decoded = await decodeVideoFrames(gif, 2, 2, 32)
+    const decoded = await decodeVideoFrames(gif, twoByTwo, 32)
     expect(decoded.map((frame) => [...frame.data.slice(0, 3)])).toEqual(colours.map((colour) => [...colour]))
-    expect(await decodeVideoFrames(gif, 2, 2, 2)).toHaveLength(2)
+    expect(await decodeVideoFrames(gif, twoByTwo, 2)).toHaveLength(2)
   })
 
   it("mixes WAV audio to mono and resamples it", () => {

@@ -1,5 +1,5 @@
 import sharp from "sharp"
-import type { RgbImage } from "../../../models/ImageProcessor.js"
+import { type ResizeTarget, type RgbImage, resizeRgb } from "../../../models/ImageProcessor.js"
 import { MediaError, MediaTooLarge } from "./errors.js"
 
 /** Larger images are refused (413) before they are decoded. */
@@ -12,16 +12,10 @@ const describeSharpError = (error: unknown, what: string): MediaError | MediaToo
   return new MediaError({ message: `the ${what} could not be decoded: ${message}` })
 }
 
-/** Decodes an image (PNG, JPEG, WebP, GIF, …), drops alpha, and resizes it to exactly width × height. */
-export const decodeImage = async (bytes: Buffer, width: number, height: number, page = 0): Promise<RgbImage> => {
+/** Decodes an image (PNG, JPEG, WebP, GIF, …), drops alpha, and resizes it once to the target. */
+export const decodeImage = async (bytes: Buffer, target: ResizeTarget, page = 0): Promise<RgbImage> => {
   try {
-    const { data, info } = await sharp(bytes, { limitInputPixels: maxInputPixels, page })
-      .removeAlpha()
-      .toColourspace("srgb")
-      .resize(width, height, { fit: "fill" })
-      .raw()
-      .toBuffer({ resolveWithObject: true })
-    return { width: info.width, height: info.height, data: new Uint8Array(data.buffer, data.byteOffset, data.length) }
+    return await resizeRgb(sharp(bytes, { limitInputPixels: maxInputPixels, page }), target)
   } catch (error) {
     throw describeSharpError(error, "image")
   }
@@ -36,12 +30,11 @@ export const sampleFrameIndices = (total: number, count: number): ReadonlyArray<
 
 /**
  * Frames of a video given as an animated image (GIF or WebP): at most `maxFrames`, evenly sampled,
- * each resized to width × height. A still image is a one-frame video.
+ * each resized to the target. A still image is a one-frame video.
  */
 export const decodeVideoFrames = async (
   bytes: Buffer,
-  width: number,
-  height: number,
+  target: ResizeTarget,
   maxFrames: number
 ): Promise<ReadonlyArray<RgbImage>> => {
   let pages: number
@@ -50,7 +43,7 @@ export const decodeVideoFrames = async (
   } catch (error) {
     throw describeSharpError(error, "video")
   }
-  return Promise.all(sampleFrameIndices(pages, maxFrames).map((page) => decodeImage(bytes, width, height, page)))
+  return Promise.all(sampleFrameIndices(pages, maxFrames).map((page) => decodeImage(bytes, target, page)))
 }
 
 const resample = (samples: Float32Array, from: number, to: number): Float32Array => {
