@@ -10,8 +10,8 @@
 import { randomBytes } from "node:crypto"
 import * as ort from "onnxruntime-node"
 import sharp from "sharp"
-import { decodeImage } from "../src/executors/eric/MediaDecoder.js"
-import { decodeImageProcessorConfig, pixelValues } from "../src/models/ImageProcessor.js"
+import { decodeImage } from "../src/executors/common/media/MediaDecoder.js"
+import { decodeImageProcessorConfig, normalizePixels, resizeTarget } from "../src/models/ImageProcessor.js"
 import { loadModelDirectory, onnxPath } from "../src/models/ModelDirectory.js"
 import { resolveModel } from "../src/models/ModelStore.js"
 import { SidecarClient } from "../src/sidecar/SidecarClient.js"
@@ -90,7 +90,7 @@ export default async function ericBench(): Promise<void> {
     )
   )
   const direct = async (session: ort.InferenceSession, index: number) => {
-    const values = await pixelValues(config, await decodeImage(images[index % images.length]!, width, height))
+    const values = normalizePixels(config, await decodeImage(images[index % images.length]!, resizeTarget(config)))
     await session.run({ pixel_values: new ort.Tensor("float32", values, [1, 3, height, width]) })
   }
 

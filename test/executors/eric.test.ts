@@ -6,10 +6,10 @@ import { pathToFileURL } from "node:url"
 import * as ort from "onnxruntime-node"
 import sharp from "sharp"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { decodeAudio, decodeImage, decodeVideoFrames } from "../../src/executors/eric/MediaDecoder.js"
+import { decodeAudio, decodeImage, decodeVideoFrames } from "../../src/executors/common/media/MediaDecoder.js"
 import { wavFile } from "../../src/executors/geri/router.js"
 import { decodeAudioProcessorConfig, inputValues } from "../../src/models/AudioProcessor.js"
-import { decodeImageProcessorConfig, pixelValues } from "../../src/models/ImageProcessor.js"
+import { decodeImageProcessorConfig, normalizePixels, resizeTarget } from "../../src/models/ImageProcessor.js"
 import { loadModelDirectory, onnxPath } from "../../src/models/ModelDirectory.js"
 import { buildModel } from "../../src/models/ModelStore.js"
 import { SidecarClient } from "../../src/sidecar/SidecarClient.js"
@@ -131,8 +131,10 @@ describe("Eric: the multimodal encoder executor", () => {
     expect(response.status).toBe(200)
     const [item] = ((await response.json()) as Answer).items
     const config = decodeImageProcessorConfig((await loadModelDirectory(vlmDir)).preprocessorConfig)
-    const { height, width } = config.size
-    const expected = await directVision([await pixelValues(config, await decodeImage(image, width, height))], height)
+    const expected = await directVision(
+      [normalizePixels(config, await decodeImage(image, resizeTarget(config)))],
+      config.size.height
+    )
     expect(item!.shape[0] * item!.shape[1]).toBe(expected.length)
     expectClose(item!.embedding!, expected)
   })
@@ -163,10 +165,12 @@ describe("Eric: the multimodal encoder executor", () => {
     expect(response.status).toBe(200)
     const [item] = ((await response.json()) as Answer).items
     const config = decodeImageProcessorConfig((await loadModelDirectory(vlmDir)).preprocessorConfig)
-    const { height, width } = config.size
-    const decoded = await decodeVideoFrames(gif, width, height, 32)
+    const decoded = await decodeVideoFrames(gif, resizeTarget(config), 32)
     expect(decoded).toHaveLength(3)
-    const expected = await directVision(await Promise.all(decoded.map((frame) => pixelValues(config, frame))), height)
+    const expected = await directVision(
+      decoded.map((frame) => normalizePixels(config, frame)),
+      config.size.height
+    )
     expectClose(item!.embedding!, expected)
   })
 

@@ -1,3 +1,4 @@
+import { readFileSync } from "node:fs"
 import { mkdtemp, rm } from "node:fs/promises"
 import http from "node:http"
 import { tmpdir } from "node:os"
@@ -6,6 +7,7 @@ import OpenAI from "openai"
 import * as ort from "onnxruntime-node"
 import sharp from "sharp"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { batchBufferPrefix } from "../../src/executors/common/BatchBuffer.js"
 import type { LlmStats } from "../../src/executors/llm/api.js"
 import { wavFile } from "../../src/executors/geri/router.js"
 import { loadModelDirectory, type ModelDirectory, onnxPath } from "../../src/models/ModelDirectory.js"
@@ -14,7 +16,7 @@ import { Random } from "../../src/models/Random.js"
 import { colors, type NamedColor } from "../../src/models/recipes/ColorChannels.js"
 import { ChatTokenizer } from "../../src/models/Tokenizer.js"
 import { colorImage, tone } from "../models/support/Synthetic.js"
-import { startExecutor } from "../support/executors.js"
+import { descendants, startExecutor } from "../support/executors.js"
 
 /**
  * The LLM executor as a user meets it: the real process group (router, engine, worker) serving
@@ -248,6 +250,16 @@ describe("the LLM executor, through the openai client", () => {
       expect(alone[i]!.startsWith(answer), alone[i]).toBe(true)
     )
     expect((await stats()).largestBatch).toBe(8)
+  })
+})
+
+describe("the LLM executor's processes", () => {
+  it("map no batch buffer: the steps carry what they need in their messages", () => {
+    const processes = descendants(executor.process.pid!)
+    expect(processes.map((entry) => entry.command).filter((command) => command.includes("executor-"))).toHaveLength(2)
+    for (const { pid, command } of processes) {
+      expect(readFileSync(`/proc/${pid}/maps`, "utf8"), command).not.toContain(batchBufferPrefix)
+    }
   })
 })
 

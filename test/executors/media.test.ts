@@ -11,13 +11,10 @@ import {
   decodeImage,
   decodeVideoFrames,
   sampleFrameIndices
-} from "../../src/executors/eric/MediaDecoder.js"
-import {
-  isPrivateAddress,
-  MediaError,
-  type MediaSourceOptions,
-  readMedia
-} from "../../src/executors/eric/MediaSource.js"
+} from "../../src/executors/common/media/MediaDecoder.js"
+import { MediaError, MediaTooLarge } from "../../src/executors/common/media/errors.js"
+import { isPrivateAddress, type MediaSourceOptions, readMedia } from "../../src/executors/common/media/MediaSource.js"
+import type { ResizeTarget } from "../../src/models/ImageProcessor.js"
 
 const solidPng = (r: number, g: number, b: number, size = 8) =>
   sharp({ create: { width: size, height: size, channels: 3, background: { r, g, b } } })
@@ -49,14 +46,18 @@ const wav16 = (samples: ReadonlyArray<ReadonlyArray<number>>, sampleRate: number
   return Buffer.concat([header, data])
 }
 
-const expectMediaError = async (promise: Promise<unknown>, status: number, message: RegExp) => {
+/** Refused media fails with MediaError (answered 400) or, over a limit, MediaTooLarge (413). */
+const expectMediaError = async (
+  promise: Promise<unknown>,
+  failure: typeof MediaError | typeof MediaTooLarge,
+  message: RegExp
+) => {
   const error = await promise.then(
     () => undefined,
-    (failure: unknown) => failure
+    (reason: unknown) => reason
   )
-  expect(error).toBeInstanceOf(MediaError)
-  expect((error as MediaError).status).toBe(status)
-  expect((error as MediaError).message).toMatch(message)
+  expect(error).toBeInstanceOf(failure)
+  expect((error as MediaError | MediaTooLarge).message).toMatch(message)
 }
 
 describe("readMedia", () => {
@@ -109,7 +110,7 @@ describe("readMedia", () => {
   it("refuses a data: URL over the size limit (413)", async () => {
     await expectMediaError(
       readMedia(`data:;base64,${Buffer.alloc(2048).toString("base64")}`, options()),
-      413,
+      MediaTooLarge,
       /larger than the limit/
     )
   })
@@ -118,40 +119,40 @@ describe("readMedia", () => {
     expect((await readMedia(pathToFileURL(join(root, "inside.bin")).href, options())).bytes.toString()).toBe("inside")
     await expectMediaError(
       readMedia(pathToFileURL(join(outside, "secret.bin")).href, options()),
-      400,
+      MediaError,
       /outside the allowed media root/
     )
     await expectMediaError(
       readMedia(pathToFileURL(join(root, "escape.bin")).href, options()),
-      400,
+      MediaError,
       /outside the allowed media root/
     )
     await expectMediaError(
       readMedia(pathToFileURL(join(root, "inside.bin")).href, options({ allowedRoot: undefined })),
-      400,
+      MediaError,
       /no media root/
     )
   })
 
   it("refuses http URLs to private addresses unless allowed", async () => {
-    await expectMediaError(readMedia(`${base}/small`, options()), 400, /private address/)
+    await expectMediaError(readMedia(`${base}/small`, options()), MediaError, /private address/)
     const port = new URL(base).port
-    await expectMediaError(readMedia(`http://localhost:${port}/small`, options()), 400, /private address/)
+    await expectMediaError(readMedia(`http://localhost:${port}/small`, options()), MediaError, /private address/)
     expect((await readMedia(`${base}/small`, options({ allowPrivateHosts: true }))).bytes.toString()).toBe("hello")
   })
 
   it("follows redirects, caps the size (413) and times out (400)", async () => {
     const allowed = options({ allowPrivateHosts: true, timeoutMs: 300 })
     expect((await readMedia(`${base}/redirect`, allowed)).bytes.toString()).toBe("hello")
-    await expectMediaError(readMedia(`${base}/big`, allowed), 413, /larger than the limit/)
-    await expectMediaError(readMedia(`${base}/chunked`, allowed), 413, /larger than the limit/)
-    await expectMediaError(readMedia(`${base}/slow`, allowed), 400, /took longer than 300 ms/)
-    await expectMediaError(readMedia(`${base}/missing`, allowed), 400, /HTTP 404/)
+    await expectMediaError(readMedia(`${base}/big`, allowed), MediaTooLarge, /larger than the limit/)
+    await expectMediaError(readMedia(`${base}/chunked`, allowed), MediaTooLarge, /larger than the limit/)
+    await expectMediaError(readMedia(`${base}/slow`, allowed), MediaError, /took longer than 300 ms/)
+    await expectMediaError(readMedia(`${base}/missing`, allowed), MediaError, /HTTP 404/)
   })
 
   it("refuses other schemes and things that are not URLs", async () => {
-    await expectMediaError(readMedia("ftp://example.com/a.png", options()), 400, /not accepted/)
-    await expectMediaError(readMedia("just text", options()), 400, /not a URL/)
+    await expectMediaError(readMedia("ftp://example.com/a.png", options()), MediaError, /not accepted/)
+    await expectMediaError(readMedia("just text", options()), MediaError, /not a URL/)
   })
 
   it("classifies addresses", () => {
@@ -176,16 +177,23 @@ describe("readMedia", () => {
 })
 
 describe("decoding", () => {
+  const fourByFour: ResizeTarget = { width: 4, height: 4, kernel: "linear" }
+  const twoByTwo: ResizeTarget = { width: 2, height: 2, kernel: "linear" }
+
   it("decodes an image and resizes it to the size asked", async () => {
-    const image = await decodeImage(await solidPng(200, 10, 30, 16), 4, 3)
+    const image = await decodeImage(await solidPng(200, 10, 30, 16), { width: 4, height: 3, kernel: "linear" })
     expect([image.width, image.height, image.data.length]).toEqual([4, 3, 36])
     expect([...image.data.slice(0, 3)]).toEqual([200, 10, 30])
   })
 
   it("refuses corrupt image bytes (400)", async () => {
-    await expectMediaError(decodeImage(Buffer.from("definitely not an image"), 4, 4), 400, /could not be decoded/)
+    await expectMediaError(
+      decodeImage(Buffer.from("definitely not an image"), fourByFour),
+      MediaError,
+      /could not be decoded/
+    )
     const png = await solidPng(1, 2, 3)
-    await expectMediaError(decodeImage(png.subarray(0, png.length / 2), 4, 4), 400, /could not be decoded/)
+    await expectMediaError(decodeImage(png.subarray(0, png.length / 2), fourByFour), MediaError, /could not be decoded/)
   })
 
   it("samples at most maxFrames evenly spread frames of an animated image", async () => {
@@ -200,9 +208,9 @@ describe("decoding", () => {
     const gif = await sharp(frames, { join: { animated: true } })
       .gif()
       .toBuffer()
-    const decoded = await decodeVideoFrames(gif, 2, 2, 32)
+    const decoded = await decodeVideoFrames(gif, twoByTwo, 32)
     expect(decoded.map((frame) => [...frame.data.slice(0, 3)])).toEqual(colours.map((colour) => [...colour]))
-    expect(await decodeVideoFrames(gif, 2, 2, 2)).toHaveLength(2)
+    expect(await decodeVideoFrames(gif, twoByTwo, 2)).toHaveLength(2)
   })
 
   it("mixes WAV audio to mono and resamples it", () => {

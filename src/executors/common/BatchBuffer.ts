@@ -9,6 +9,9 @@ const align = (offset: number) => Math.ceil(offset / alignment) * alignment
 /** Every batch buffer file's name starts with this. */
 export const batchBufferPrefix = "cornserve-batches-"
 
+/** The environment variable that gives a worker the path of its engine's batch buffer. */
+export const batchBufferEnvName = "CORNSERVE_BATCH_BUFFER"
+
 /**
  * Shared memory between an executor's engine and its workers: `slots` regions of `slotBytes`. The
  * engine stacks a batch's inputs into a free slot and tells the workers where they are; the

@@ -6,11 +6,12 @@
 import { join } from "node:path"
 import { Effect } from "effect"
 import { BatchBuffer, batchBufferPrefix } from "./BatchBuffer.js"
-import { exitWithParent, startChild } from "./ChildProcesses.js"
+import { exitWithParent } from "./ChildProcesses.js"
 import { bindEngineSockets } from "./EngineSockets.js"
-import { configEnvName, type ExecutorConfig } from "./ExecutorConfig.js"
+import type { ExecutorConfig } from "./ExecutorConfig.js"
 import { type ScheduledItem, Scheduler } from "./Scheduler.js"
-import { type BatchItem, decode, type FromWorker, type ToEngine, type ToWorker, type WorkItem } from "./wire.js"
+import { type BatchItem, decode, type ToEngine, type ToWorker, type WorkItem } from "./wire.js"
+import { startWorkerGroup } from "./WorkerGroup.js"
 
 interface OpenRequest {
   readonly items: ReadonlyArray<WorkItem>
@@ -74,7 +75,8 @@ export const runEngine = (config: ExecutorConfig) =>
       2,
       config.batchSlotBytes
     )
-    const { fromRouter, fromWorkers, sendRouter, sendWorker } = yield* bindEngineSockets(config)
+    const sockets = yield* bindEngineSockets(config)
+    const { fromRouter, sendRouter } = sockets
 
     const scheduler = new Scheduler<WorkItem>({
       maxBatchSize: config.maxBatchSize,
@@ -85,7 +87,6 @@ export const runEngine = (config: ExecutorConfig) =>
     const batches = new Map<number, RunningBatch>()
     const outstanding = config.devices.map(() => 0)
     const signal = new Signal()
-    let healthy = true
     let nextBatch = 0
 
     const failRequest = (id: string, status: number, message: string) => {
@@ -93,27 +94,6 @@ export const runEngine = (config: ExecutorConfig) =>
       scheduler.remove(id)
       void sendRouter({ t: "failed", id, status, message })
     }
-
-    const becomeUnhealthy = (reason: string) => {
-      if (!healthy) return
-      healthy = false
-      void sendRouter({ t: "unhealthy", reason })
-      for (const id of [...requests.keys()]) failRequest(id, 503, `the executor failed: ${reason}`)
-    }
-
-    yield* Effect.forEach(
-      config.devices,
-      (device, rank) =>
-        startChild({
-          args: ["executor-worker", "--rank", String(rank)],
-          env: { [configEnvName]: JSON.stringify(config) },
-          onUnexpectedExit: (code, signalName) =>
-            becomeUnhealthy(
-              `worker ${rank} (${device}) exited ${signalName === null ? `with code ${code}` : `on ${signalName}`}`
-            )
-        }),
-      { discard: true }
-    )
 
     const finishBatch = (id: number, failure?: string) => {
       const batch = batches.get(id)
@@ -136,6 +116,32 @@ export const runEngine = (config: ExecutorConfig) =>
       }
       signal.notify()
     }
+
+    const workers = yield* startWorkerGroup({
+      config,
+      sockets,
+      batchBuffer: buffer.path,
+      replies: {
+        partial: (batchId, itemIndex, value) => {
+          const item = batches.get(batchId)?.items[itemIndex]
+          if (item !== undefined && requests.has(item.requestId)) {
+            void sendRouter({ t: "partial", id: item.requestId, item: item.index, value })
+          }
+        },
+        done: (batchId, rank, results) => {
+          const batch = batches.get(batchId)
+          if (batch === undefined) return
+          const [from] = batch.shards.get(rank) ?? [0]
+          results.forEach((value, offset) => (batch.results[from + offset] = value))
+          batch.pendingRanks.delete(rank)
+          if (batch.pendingRanks.size === 0) finishBatch(batchId)
+        },
+        failed: (batchId, rank, message) => finishBatch(batchId, `worker ${rank} failed: ${message}`),
+        lost: (reason) => {
+          for (const id of [...requests.keys()]) failRequest(id, 503, `the executor failed: ${reason}`)
+        }
+      }
+    })
 
     const dispatch = async (scheduled: ReadonlyArray<ScheduledItem<WorkItem>>) => {
       const slot = await buffer.acquire()
@@ -169,7 +175,7 @@ export const runEngine = (config: ExecutorConfig) =>
       for (const [rank, shard] of shards) {
         outstanding[rank]! += shard[1] - shard[0]
         const message: ToWorker = { t: "batch", batch, inputs: layout.inputs, items, shard }
-        void sendWorker[rank]!(message).catch(() => undefined)
+        workers.send(rank, message)
       }
     }
 
@@ -178,7 +184,7 @@ export const runEngine = (config: ExecutorConfig) =>
         const message = decode<ToEngine>(frame!)
         if (message.t === "cancel") {
           if (requests.delete(message.id)) scheduler.remove(message.id)
-        } else if (!healthy) {
+        } else if (!workers.healthy) {
           void sendRouter({ t: "failed", id: message.id, status: 503, message: "the executor is unhealthy" })
         } else if (
           !scheduler.enqueue(
@@ -191,38 +197,6 @@ export const runEngine = (config: ExecutorConfig) =>
         } else {
           requests.set(message.id, { items: message.items, results: new Array(message.items.length) })
           signal.notify()
-        }
-      }
-    }
-
-    let ready = 0
-    const receiveFromWorkers = async () => {
-      for await (const [frame] of fromWorkers) {
-        const message = decode<FromWorker>(frame!)
-        switch (message.t) {
-          case "ready":
-            if (++ready === config.devices.length) void sendRouter({ t: "ready", workers: ready })
-            break
-          case "partial": {
-            const batch = batches.get(message.batch)
-            const item = batch?.items[message.item]
-            if (item !== undefined && requests.has(item.requestId)) {
-              void sendRouter({ t: "partial", id: item.requestId, item: item.index, value: message.value })
-            }
-            break
-          }
-          case "done": {
-            const batch = batches.get(message.batch)
-            if (batch === undefined) break
-            const [from] = batch.shards.get(message.rank) ?? [0]
-            message.results.forEach((value, offset) => (batch.results[from + offset] = value))
-            batch.pendingRanks.delete(message.rank)
-            if (batch.pendingRanks.size === 0) finishBatch(message.batch)
-            break
-          }
-          case "failed":
-            finishBatch(message.batch, `worker ${message.rank} failed: ${message.message}`)
-            break
         }
       }
     }
@@ -240,7 +214,6 @@ export const runEngine = (config: ExecutorConfig) =>
     }
 
     void receiveRequests()
-    void receiveFromWorkers()
     void schedule()
     return yield* Effect.never
   })

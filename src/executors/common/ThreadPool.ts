@@ -1,7 +1,19 @@
 import { Worker } from "node:worker_threads"
-import { Effect, type Scope } from "effect"
+import { Effect, Schema, type Scope } from "effect"
+import { MediaFailure } from "./media/errors.js"
 
 const workerEntry = new URL("./ThreadPoolWorker.js", import.meta.url)
+
+/**
+ * A thread's answer to a job. A media failure travels as its Schema, so the caller gets the same
+ * class the preprocessing threw; any other error arrives as a plain Error with its name and message.
+ */
+export type ThreadReply =
+  | { readonly id: number; readonly ok: true; readonly value: unknown }
+  | { readonly id: number; readonly ok: false; readonly mediaFailure: typeof MediaFailure.Encoded }
+  | { readonly id: number; readonly ok: false; readonly error: { readonly name: string; readonly message: string } }
+
+const decodeMediaFailure = Schema.decodeUnknownSync(MediaFailure)
 
 interface Job {
   readonly resolve: (value: unknown) => void
@@ -20,27 +32,14 @@ export class ThreadPool {
   private constructor(private readonly threads: ReadonlyArray<Worker>) {
     this.jobs = threads.map(() => new Map())
     threads.forEach((thread, index) => {
-      thread.on(
-        "message",
-        (message: {
-          id: number
-          ok: boolean
-          value?: unknown
-          error?: { name: string; message: string; status?: number }
-        }) => {
-          const job = this.jobs[index]!.get(message.id)
-          this.jobs[index]!.delete(message.id)
-          if (job === undefined) return
-          if (message.ok) job.resolve(message.value)
-          else
-            job.reject(
-              Object.assign(new Error(message.error!.message), {
-                name: message.error!.name,
-                status: message.error!.status
-              })
-            )
-        }
-      )
+      thread.on("message", (message: ThreadReply) => {
+        const job = this.jobs[index]!.get(message.id)
+        this.jobs[index]!.delete(message.id)
+        if (job === undefined) return
+        if (message.ok) job.resolve(message.value)
+        else if ("mediaFailure" in message) job.reject(decodeMediaFailure(message.mediaFailure))
+        else job.reject(Object.assign(new Error(message.error.message), { name: message.error.name }))
+      })
       thread.on("error", (error) => {
         for (const job of this.jobs[index]!.values()) job.reject(error)
         this.jobs[index]!.clear()

@@ -1,15 +1,14 @@
 /**
  * A worker of an executor (its own process, one per device): loads the kind's model on its device,
  * then runs its share of every batch the engine hands it, reading the inputs in place from the
- * batch buffer.
+ * engine's batch buffer (the batch engine's; the LLM's steps carry what they need in the message).
  */
-import { join } from "node:path"
 import * as zmq from "zeromq"
-import { BatchBuffer, batchBufferPrefix } from "./BatchBuffer.js"
+import { BatchBuffer, batchBufferEnvName } from "./BatchBuffer.js"
 import { exitWithParent } from "./ChildProcesses.js"
 import { type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
 import type { LoadWorkerModel } from "./WorkerModel.js"
-import { decode, type FromWorker, orderedSender, type ToWorker } from "./wire.js"
+import { type BatchMessage, decode, type FromWorker, orderedSender, type ToWorker } from "./wire.js"
 
 /** Each kind's worker module is `executors/<kind>/worker.ts`, loaded only in that kind's workers. */
 const loadKind = (kind: ExecutorConfig["kind"]): Promise<{ readonly load: LoadWorkerModel }> =>
@@ -21,7 +20,14 @@ export const runWorker = async (config: ExecutorConfig, rank: number): Promise<v
   if (device === undefined) throw new Error(`worker ${rank} has no device (devices: ${config.devices.join(", ")})`)
   const { load } = await loadKind(config.kind)
   const model = await load({ config, rank, device })
-  const buffer = BatchBuffer.open(join("/dev/shm", `${batchBufferPrefix}${process.ppid}`), 2, config.batchSlotBytes)
+  const bufferPath = process.env[batchBufferEnvName]
+  const buffer = bufferPath === undefined ? undefined : BatchBuffer.open(bufferPath, 2, config.batchSlotBytes)
+  const inputsOf = (message: BatchMessage, firstRow: number, lastRow: number) => {
+    const inputs = Object.entries(message.inputs)
+    if (inputs.length === 0) return {}
+    if (buffer === undefined) throw new Error(`batch ${message.batch} has inputs, but the engine has no batch buffer`)
+    return Object.fromEntries(inputs.map(([name, input]) => [name, buffer.read(input, firstRow, lastRow)]))
+  }
   const fromEngine = new zmq.Pull()
   const toEngine = new zmq.Push({ linger: 1_000 })
   fromEngine.connect(ipcPath(config, `worker-${rank}`))
@@ -35,12 +41,9 @@ export const runWorker = async (config: ExecutorConfig, rank: number): Promise<v
     const items = message.items.slice(from, to)
     const firstRow = items[0]!.rows[0]
     const lastRow = items[items.length - 1]!.rows[1]
-    const inputs = Object.fromEntries(
-      Object.entries(message.inputs).map(([name, input]) => [name, buffer.read(input, firstRow, lastRow)])
-    )
     try {
       const results = await model.run({
-        inputs,
+        inputs: inputsOf(message, firstRow, lastRow),
         items: items.map((item) => ({ ...item, rows: [item.rows[0] - firstRow, item.rows[1] - firstRow] as const })),
         emit: (item, value) => void send({ t: "partial", batch: message.batch, item: from + item, value })
       })

@@ -1,4 +1,5 @@
 import { Schema } from "effect"
+import { DataId } from "../common/DataId.js"
 
 /**
  * Eric's HTTP API, shared by the executor and the task dispatcher.
@@ -7,10 +8,6 @@ import { Schema } from "effect"
  * under the item's id to the receiving nodes (`return: "sidecar"`, the default), or put in the
  * answer (`return: "inline"`, for debugging and tests).
  */
-
-export const DataId = Schema.String.pipe(
-  Schema.pattern(/^[A-Za-z0-9._:-]{1,128}$/, { message: () => "an id is 1-128 letters, digits or . _ : -" })
-)
 
 export const EmbeddingItem = Schema.Struct({
   id: DataId,

@@ -12,15 +12,16 @@ import { EngineFailure } from "../common/EngineClient.js"
 import { errorJson, type RouterKind } from "../common/Router.js"
 import type { WorkItem } from "../common/wire.js"
 import { type EmbeddingResult, EmbeddingsRequest } from "./api.js"
-import { MediaError, readMedia } from "./MediaSource.js"
-import type { Preprocessed } from "./preprocess.js"
+import { MediaError } from "../common/media/errors.js"
+import { readMedia } from "../common/media/MediaSource.js"
+import type { Preprocessed } from "../common/media/preprocess.js"
 import type { EricItemMeta, EricItemResult } from "./worker.js"
 
 /** At most this many frames of a video are embedded, evenly sampled. */
 export const maxVideoFrames = 32
 
 export const routerKind: RouterKind = {
-  preprocessModule: new URL("./preprocess.js", import.meta.url).href,
+  preprocessModule: new URL("../common/media/preprocess.js", import.meta.url).href,
   make: ({ config, engine, pool: maybePool }) =>
     Effect.gen(function* () {
       const pool = maybePool!

@@ -1,5 +1,5 @@
 import { Schema } from "effect"
-import { DataId } from "../eric/api.js"
+import { DataId } from "../common/DataId.js"
 
 /**
  * Geri's HTTP API, shared by the executor and the task dispatcher.

@@ -3,6 +3,7 @@
  * preprocessed here for the model's own encoder (read, decoded and normalized in the router's
  * thread pool) or, when the request names sidecar embeddings, the rows an encoder executor sent.
  */
+import { Schema } from "effect"
 import { decodeAudioProcessorConfig } from "../../models/AudioProcessor.js"
 import { decodeImageProcessorConfig } from "../../models/ImageProcessor.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
@@ -10,15 +11,16 @@ import type { Payload, SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import type { ExecutorConfig } from "../common/ExecutorConfig.js"
 import type { ThreadPool } from "../common/ThreadPool.js"
-import { readMedia } from "../eric/MediaSource.js"
-import type { Preprocessed } from "../eric/preprocess.js"
+import { readMedia } from "../common/media/MediaSource.js"
+import type { Preprocessed } from "../common/media/preprocess.js"
 import type { EmbeddingRef, Modality } from "./api.js"
 import { type MediaPart, PromptError } from "./Prompt.js"
 import type { MediaInput } from "./protocol.js"
 
-export class EmbeddingMissing extends Error {
-  override readonly name = "EmbeddingMissing"
-}
+/** A sidecar embedding the request names did not arrive in time. */
+export class EmbeddingMissing extends Schema.TaggedError<EmbeddingMissing>()("EmbeddingMissing", {
+  message: Schema.String
+}) {}
 
 export interface ResolvedMedia {
   readonly modality: Modality
@@ -100,7 +102,9 @@ export const makeMediaInputs = (options: {
         payload = await client.recv(ref.id, chunk, { timeoutMs: config.embeddingWaitMs })
       } catch (error) {
         if (chunk === 0)
-          throw new EmbeddingMissing(`embedding ${ref.id} did not arrive within ${config.embeddingWaitMs} ms`)
+          throw new EmbeddingMissing({
+            message: `embedding ${ref.id} did not arrive within ${config.embeddingWaitMs} ms`
+          })
         throw error
       }
       if (payload === undefined) break

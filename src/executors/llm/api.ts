@@ -1,6 +1,6 @@
 import { Schema } from "effect"
 import { ChatMessage, CompletionUsage } from "../../app-runtime/schemas/OpenAI.js"
-import { DataId } from "../eric/api.js"
+import { DataId } from "../common/DataId.js"
 
 /**
  * The LLM executor's HTTP API, shared by the executor and the task dispatcher.

@@ -5,15 +5,13 @@
  * A request finishes when its worker says so (end of sequence or max tokens) or when the router
  * cancels it; either way it leaves the batch and its KV cache is freed.
  */
-import { rmSync } from "node:fs"
-import { join } from "node:path"
 import { Effect } from "effect"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
-import { BatchBuffer, batchBufferPrefix } from "../common/BatchBuffer.js"
-import { exitWithParent, startChild } from "../common/ChildProcesses.js"
+import { exitWithParent } from "../common/ChildProcesses.js"
 import { bindEngineSockets } from "../common/EngineSockets.js"
-import { configEnvName, type ExecutorConfig } from "../common/ExecutorConfig.js"
-import { type BatchItem, decode, type FromWorker, type ToEngine, type ToWorker } from "../common/wire.js"
+import type { ExecutorConfig } from "../common/ExecutorConfig.js"
+import { type BatchItem, decode, type ToEngine, type ToWorker } from "../common/wire.js"
+import { startWorkerGroup } from "../common/WorkerGroup.js"
 import type { LlmStats } from "./api.js"
 import { kvCacheTokens } from "./Limits.js"
 import type {
@@ -55,19 +53,13 @@ interface RunningStep {
 
 export const runEngine = (config: ExecutorConfig) =>
   Effect.gen(function* () {
-    const bufferPath = join("/dev/shm", `${batchBufferPrefix}${process.pid}`)
-    // Leaving this way skips the scope's finalizers: the buffer's file goes first.
-    exitWithParent(() => {
-      rmSync(bufferPath, { force: true })
-      process.exit(0)
-    })
+    exitWithParent()
     const model = yield* Effect.tryPromise({
       try: () => loadModelDirectory(config.modelDir),
       catch: (error) => error as Error
     })
-    // The framework's workers map this buffer; the LLM's steps are small and travel in their messages.
-    yield* BatchBuffer.create(bufferPath, 2, config.batchSlotBytes)
-    const { fromRouter, fromWorkers, sendRouter, sendWorker } = yield* bindEngineSockets(config)
+    const sockets = yield* bindEngineSockets(config)
+    const { fromRouter, sendRouter } = sockets
 
     const scheduler = new ContinuousScheduler({
       lanes: config.devices.length,
@@ -82,7 +74,6 @@ export const runEngine = (config: ExecutorConfig) =>
     const steps = new Map<number, RunningStep>()
     const wakeup = new Wakeup()
     const counts = { finished: 0, cancelled: 0, largestBatch: 0 }
-    let healthy = true
     let nextStep = 0
 
     const finish = (id: string, result: GenerateResult) => {
@@ -102,29 +93,6 @@ export const runEngine = (config: ExecutorConfig) =>
       void sendRouter({ t: "failed", id, status, message })
       wakeup.wakeAll()
     }
-
-    const becomeUnhealthy = (reason: string) => {
-      if (!healthy) return
-      healthy = false
-      void sendRouter({ t: "unhealthy", reason })
-      for (const id of [...requests.keys()]) fail(id, 503, `the executor failed: ${reason}`)
-      for (const step of steps.values()) step.done()
-      wakeup.wakeAll()
-    }
-
-    yield* Effect.forEach(
-      config.devices,
-      (device, rank) =>
-        startChild({
-          args: ["executor-worker", "--rank", String(rank)],
-          env: { [configEnvName]: JSON.stringify(config) },
-          onUnexpectedExit: (code, signal) =>
-            becomeUnhealthy(
-              `worker ${rank} (${device}) exited ${signal === null ? `with code ${code}` : `on ${signal}`}`
-            )
-        }),
-      { discard: true }
-    )
 
     const stats = (): LlmStats => {
       const { waiting, running, usedTokens, totalTokens } = scheduler.stats
@@ -202,7 +170,7 @@ export const runEngine = (config: ExecutorConfig) =>
           }
         })
         const message: ToWorker = { t: "batch", batch: step, inputs: {}, items, shard: [0, items.length] }
-        void sendWorker[lane]!(message).catch(() => undefined)
+        workers.send(lane, message)
       })
 
     /**
@@ -212,7 +180,7 @@ export const runEngine = (config: ExecutorConfig) =>
      */
     const runLane = async (lane: number) => {
       const outstanding: Array<Promise<void>> = []
-      while (healthy) {
+      while (workers.healthy) {
         if (outstanding.length >= stepsAhead) {
           await outstanding.shift()
           continue
@@ -246,48 +214,43 @@ export const runEngine = (config: ExecutorConfig) =>
       step.done()
     }
 
+    const workers = yield* startWorkerGroup({
+      config,
+      sockets,
+      replies: {
+        partial: (step, item, value) => {
+          const batchItem = steps.get(step)?.items[item]
+          if (batchItem !== undefined) onToken(batchItem.requestId, value as TokenPartial)
+        },
+        done: (step, _rank, results) => {
+          const running = steps.get(step)
+          if (running !== undefined) onStepDone(running, results)
+        },
+        failed: (step, rank, message) => {
+          const running = steps.get(step)
+          if (running === undefined) return
+          for (const item of running.items) fail(item.requestId, 500, `worker ${rank} failed: ${message}`)
+          running.done()
+        },
+        lost: (reason) => {
+          for (const id of [...requests.keys()]) fail(id, 503, `the executor failed: ${reason}`)
+          for (const step of steps.values()) step.done()
+          wakeup.wakeAll()
+        }
+      }
+    })
+
     const receiveRequests = async () => {
       for await (const [frame] of fromRouter) {
         const message = decode<ToEngine>(frame!)
         if (message.t === "cancel") cancel(message.id)
-        else if (!healthy)
+        else if (!workers.healthy)
           void sendRouter({ t: "failed", id: message.id, status: 503, message: "the executor is unhealthy" })
         else accept(message.id, message.items[0]!.meta as LlmRequestMeta)
       }
     }
 
-    let ready = 0
-    const receiveFromWorkers = async () => {
-      for await (const [frame] of fromWorkers) {
-        const message = decode<FromWorker>(frame!)
-        switch (message.t) {
-          case "ready":
-            if (++ready === config.devices.length) void sendRouter({ t: "ready", workers: ready })
-            break
-          case "partial": {
-            const item = steps.get(message.batch)?.items[message.item]
-            if (item !== undefined) onToken(item.requestId, message.value as TokenPartial)
-            break
-          }
-          case "done": {
-            const step = steps.get(message.batch)
-            if (step !== undefined) onStepDone(step, message.results)
-            break
-          }
-          case "failed": {
-            const step = steps.get(message.batch)
-            if (step === undefined) break
-            for (const item of step.items)
-              fail(item.requestId, 500, `worker ${message.rank} failed: ${message.message}`)
-            step.done()
-            break
-          }
-        }
-      }
-    }
-
     void receiveRequests()
-    void receiveFromWorkers()
     config.devices.forEach((_, lane) => void runLane(lane))
     return yield* Effect.never
   })

@@ -12,7 +12,7 @@ import { ChatTokenizer } from "../../models/Tokenizer.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { EngineFailure } from "../common/EngineClient.js"
 import { errorJson, type RouterKind } from "../common/Router.js"
-import { MediaError } from "../eric/MediaSource.js"
+import { MediaError } from "../common/media/errors.js"
 import {
   type ChatCompletion,
   type ChatCompletionChunk,
@@ -55,7 +55,7 @@ const sseLine = (data: unknown) =>
   new TextEncoder().encode(`data: ${typeof data === "string" ? data : JSON.stringify(data)}\n\n`)
 
 export const routerKind: RouterKind = {
-  preprocessModule: new URL("../eric/preprocess.js", import.meta.url).href,
+  preprocessModule: new URL("../common/media/preprocess.js", import.meta.url).href,
   make: ({ config, engine, pool }) =>
     Effect.gen(function* () {
       const model = yield* Effect.tryPromise({

@@ -1,11 +1,12 @@
 /**
- * Eric's preprocessing, run in the router's thread pool: decoded media → the encoder's inputs, as
- * the model's preprocessor_config.json says. Each function answers stackable tensors: one row per
- * image, per video frame, or per audio clip.
+ * Media preprocessing, run in a router's thread pool (Eric's, and the LLM executor's for the
+ * model's own encoders): decoded media → the encoder's inputs, as the model's
+ * preprocessor_config.json says. Each function answers stackable tensors: one row per image, per
+ * video frame, or per audio clip.
  */
-import { type AudioProcessorConfig, inputValues } from "../../models/AudioProcessor.js"
-import { type ImageProcessorConfig, pixelValues } from "../../models/ImageProcessor.js"
-import type { WireTensor } from "../common/wire.js"
+import { type AudioProcessorConfig, inputValues } from "../../../models/AudioProcessor.js"
+import { type ImageProcessorConfig, normalizePixels, resizeTarget } from "../../../models/ImageProcessor.js"
+import type { WireTensor } from "../wire.js"
 import { decodeAudio, decodeImage, decodeVideoFrames } from "./MediaDecoder.js"
 
 export interface Preprocessed {
@@ -18,17 +19,19 @@ const stackFrames = (frames: ReadonlyArray<Float32Array>, height: number, width:
   return { dtype: "float32", shape: [frames.length, 3, height, width], data }
 }
 
+const bufferOf = (bytes: Uint8Array) => Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+
 export const image = async (input: {
   readonly bytes: Uint8Array
   readonly config: ImageProcessorConfig
 }): Promise<Preprocessed> => {
   const { height, width } = input.config.size
-  const decoded = await decodeImage(
-    Buffer.from(input.bytes.buffer, input.bytes.byteOffset, input.bytes.byteLength),
-    width,
-    height
-  )
-  return { inputs: { pixel_values: stackFrames([await pixelValues(input.config, decoded)], height, width) } }
+  const decoded = await decodeImage(bufferOf(input.bytes), resizeTarget(input.config))
+  return {
+    inputs: {
+      pixel_values: { dtype: "float32", shape: [1, 3, height, width], data: normalizePixels(input.config, decoded) }
+    }
+  }
 }
 
 export const video = async (input: {
@@ -37,13 +40,8 @@ export const video = async (input: {
   readonly maxFrames: number
 }): Promise<Preprocessed> => {
   const { height, width } = input.config.size
-  const frames = await decodeVideoFrames(
-    Buffer.from(input.bytes.buffer, input.bytes.byteOffset, input.bytes.byteLength),
-    width,
-    height,
-    input.maxFrames
-  )
-  const values = await Promise.all(frames.map((frame) => pixelValues(input.config, frame)))
+  const frames = await decodeVideoFrames(bufferOf(input.bytes), resizeTarget(input.config), input.maxFrames)
+  const values = frames.map((frame) => normalizePixels(input.config, frame))
   return { inputs: { pixel_values: stackFrames(values, height, width) } }
 }
 
@@ -52,11 +50,7 @@ export const audio = (input: {
   readonly mimeType: string | undefined
   readonly config: AudioProcessorConfig
 }): Preprocessed => {
-  const samples = decodeAudio(
-    Buffer.from(input.bytes.buffer, input.bytes.byteOffset, input.bytes.byteLength),
-    input.mimeType,
-    input.config.sampling_rate
-  )
+  const samples = decodeAudio(bufferOf(input.bytes), input.mimeType, input.config.sampling_rate)
   const values = inputValues(input.config, samples, input.config.sampling_rate)
   return { inputs: { input_values: { dtype: "float32", shape: [1, values.length], data: values } } }
 }

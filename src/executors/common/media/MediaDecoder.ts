@@ -1,26 +1,21 @@
 import sharp from "sharp"
-import type { RgbImage } from "../../models/ImageProcessor.js"
-import { MediaError } from "./MediaSource.js"
+import { type ResizeTarget, type RgbImage, resizeRgb } from "../../../models/ImageProcessor.js"
+import { MediaError, MediaTooLarge } from "./errors.js"
 
 /** Larger images are refused (413) before they are decoded. */
 const maxInputPixels = 64 * 1024 * 1024
 
-const describeSharpError = (error: unknown, what: string): MediaError => {
+const describeSharpError = (error: unknown, what: string): MediaError | MediaTooLarge => {
   const message = error instanceof Error ? error.message : String(error)
-  if (/pixel limit/i.test(message)) return new MediaError(413, `the ${what} has more than ${maxInputPixels} pixels`)
-  return new MediaError(400, `the ${what} could not be decoded: ${message}`)
+  if (/pixel limit/i.test(message))
+    return new MediaTooLarge({ message: `the ${what} has more than ${maxInputPixels} pixels` })
+  return new MediaError({ message: `the ${what} could not be decoded: ${message}` })
 }
 
-/** Decodes an image (PNG, JPEG, WebP, GIF, …), drops alpha, and resizes it to exactly width × height. */
-export const decodeImage = async (bytes: Buffer, width: number, height: number, page = 0): Promise<RgbImage> => {
+/** Decodes an image (PNG, JPEG, WebP, GIF, …), drops alpha, and resizes it once to the target. */
+export const decodeImage = async (bytes: Buffer, target: ResizeTarget, page = 0): Promise<RgbImage> => {
   try {
-    const { data, info } = await sharp(bytes, { limitInputPixels: maxInputPixels, page })
-      .removeAlpha()
-      .toColourspace("srgb")
-      .resize(width, height, { fit: "fill" })
-      .raw()
-      .toBuffer({ resolveWithObject: true })
-    return { width: info.width, height: info.height, data: new Uint8Array(data.buffer, data.byteOffset, data.length) }
+    return await resizeRgb(sharp(bytes, { limitInputPixels: maxInputPixels, page }), target)
   } catch (error) {
     throw describeSharpError(error, "image")
   }
@@ -35,12 +30,11 @@ export const sampleFrameIndices = (total: number, count: number): ReadonlyArray<
 
 /**
  * Frames of a video given as an animated image (GIF or WebP): at most `maxFrames`, evenly sampled,
- * each resized to width × height. A still image is a one-frame video.
+ * each resized to the target. A still image is a one-frame video.
  */
 export const decodeVideoFrames = async (
   bytes: Buffer,
-  width: number,
-  height: number,
+  target: ResizeTarget,
   maxFrames: number
 ): Promise<ReadonlyArray<RgbImage>> => {
   let pages: number
@@ -49,7 +43,7 @@ export const decodeVideoFrames = async (
   } catch (error) {
     throw describeSharpError(error, "video")
   }
-  return Promise.all(sampleFrameIndices(pages, maxFrames).map((page) => decodeImage(bytes, width, height, page)))
+  return Promise.all(sampleFrameIndices(pages, maxFrames).map((page) => decodeImage(bytes, target, page)))
 }
 
 const resample = (samples: Float32Array, from: number, to: number): Float32Array => {
@@ -69,7 +63,7 @@ const resample = (samples: Float32Array, from: number, to: number): Float32Array
 
 const readWav = (bytes: Buffer): { readonly samples: Float32Array; readonly sampleRate: number } => {
   if (bytes.length < 12 || bytes.toString("ascii", 0, 4) !== "RIFF" || bytes.toString("ascii", 8, 12) !== "WAVE") {
-    throw new MediaError(400, "the audio is not a WAV file (RIFF/WAVE header missing)")
+    throw new MediaError({ message: "the audio is not a WAV file (RIFF/WAVE header missing)" })
   }
   let offset = 12
   let format: { code: number; channels: number; sampleRate: number; bits: number } | undefined
@@ -86,9 +80,9 @@ const readWav = (bytes: Buffer): { readonly samples: Float32Array; readonly samp
       }
       if (format.code === 0xfffe && size >= 26) format.code = bytes.readUInt16LE(body + 24)
     } else if (id === "data") {
-      if (format === undefined) throw new MediaError(400, "the WAV file has its data before its format")
+      if (format === undefined) throw new MediaError({ message: "the WAV file has its data before its format" })
       const { code, channels, sampleRate, bits } = format
-      if (channels < 1) throw new MediaError(400, "the WAV file has no channels")
+      if (channels < 1) throw new MediaError({ message: "the WAV file has no channels" })
       const width = bits / 8
       const end = Math.min(bytes.length, body + size)
       const frames = Math.floor((end - body) / (width * channels))
@@ -104,7 +98,8 @@ const readWav = (bytes: Buffer): { readonly samples: Float32Array; readonly samp
                 : code === 1 && bits === 8
                   ? (at: number) => (bytes.readUInt8(at) - 128) / 128
                   : undefined
-      if (read === undefined) throw new MediaError(400, `WAV sample format ${code} with ${bits} bits is not supported`)
+      if (read === undefined)
+        throw new MediaError({ message: `WAV sample format ${code} with ${bits} bits is not supported` })
       const samples = new Float32Array(frames)
       for (let frame = 0; frame < frames; frame++) {
         let sum = 0
@@ -115,7 +110,7 @@ const readWav = (bytes: Buffer): { readonly samples: Float32Array; readonly samp
     }
     offset = body + size + (size % 2)
   }
-  throw new MediaError(400, "the WAV file has no data chunk")
+  throw new MediaError({ message: "the WAV file has no data chunk" })
 }
 
 /**

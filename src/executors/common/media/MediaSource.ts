@@ -5,17 +5,7 @@ import * as Https from "node:https"
 import { BlockList, isIP, type LookupFunction } from "node:net"
 import { sep } from "node:path"
 import { fileURLToPath } from "node:url"
-
-/** Why a media URL could not be read; `status` is what the executor answers. */
-export class MediaError extends Error {
-  override readonly name = "MediaError"
-  constructor(
-    readonly status: 400 | 413,
-    message: string
-  ) {
-    super(message)
-  }
-}
+import { MediaError, MediaTooLarge } from "./errors.js"
 
 export interface MediaSourceOptions {
   /** Files may be read only below this directory; no file URL is accepted without one. */
@@ -62,36 +52,37 @@ export const isPrivateAddress = (address: string): boolean => {
 
 const decodeDataUrl = (url: string, maxBytes: number): Media => {
   const comma = url.indexOf(",")
-  if (comma < 0) throw new MediaError(400, "a data: URL needs a comma before its data")
+  if (comma < 0) throw new MediaError({ message: "a data: URL needs a comma before its data" })
   const header = url.slice("data:".length, comma)
   const data = url.slice(comma + 1)
   const base64 = header.endsWith(";base64")
   const mimeType = (base64 ? header.slice(0, -";base64".length) : header).split(";")[0] || undefined
   if ((base64 ? Math.floor((data.length * 3) / 4) : data.length) > maxBytes + 3) {
-    throw new MediaError(413, `the media is larger than the limit of ${maxBytes} bytes`)
+    throw new MediaTooLarge({ message: `the media is larger than the limit of ${maxBytes} bytes` })
   }
   const bytes = base64 ? Buffer.from(data, "base64") : Buffer.from(decodeURIComponent(data))
-  if (bytes.length > maxBytes) throw new MediaError(413, `the media is larger than the limit of ${maxBytes} bytes`)
+  if (bytes.length > maxBytes)
+    throw new MediaTooLarge({ message: `the media is larger than the limit of ${maxBytes} bytes` })
   return { bytes, mimeType }
 }
 
 const readAllowedFile = async (url: string, options: MediaSourceOptions): Promise<Media> => {
   if (options.allowedRoot === undefined)
-    throw new MediaError(400, "file URLs are not accepted: no media root is configured")
+    throw new MediaError({ message: "file URLs are not accepted: no media root is configured" })
   const root = await realpath(options.allowedRoot)
   let path: string
   try {
     path = await realpath(fileURLToPath(url))
   } catch {
-    throw new MediaError(400, `cannot read ${url}: no such file`)
+    throw new MediaError({ message: `cannot read ${url}: no such file` })
   }
   if (path !== root && !path.startsWith(root.endsWith(sep) ? root : `${root}${sep}`)) {
-    throw new MediaError(400, `${url} is outside the allowed media root`)
+    throw new MediaError({ message: `${url} is outside the allowed media root` })
   }
   const info = await stat(path)
-  if (!info.isFile()) throw new MediaError(400, `${url} is not a file`)
+  if (!info.isFile()) throw new MediaError({ message: `${url} is not a file` })
   if (info.size > options.maxBytes)
-    throw new MediaError(413, `the media is larger than the limit of ${options.maxBytes} bytes`)
+    throw new MediaTooLarge({ message: `the media is larger than the limit of ${options.maxBytes} bytes` })
   return { bytes: await readFile(path), mimeType: undefined }
 }
 
@@ -102,7 +93,7 @@ const guardedLookup: LookupFunction = (hostname, options, callback) => {
     const refused = addresses.find((entry) => isPrivateAddress(entry.address))
     if (refused !== undefined) {
       return callback(
-        new MediaError(400, `${hostname} resolves to a private address (${refused.address}); refused`),
+        new MediaError({ message: `${hostname} resolves to a private address (${refused.address}); refused` }),
         "",
         4
       )
@@ -119,7 +110,7 @@ const fetchHttp = (url: URL, options: MediaSourceOptions, redirectsLeft: number)
       isIP(url.hostname.replace(/^\[|\]$/g, "")) !== 0 &&
       isPrivateAddress(url.hostname.replace(/^\[|\]$/g, ""))
     ) {
-      return reject(new MediaError(400, `${url.hostname} is a private address; refused`))
+      return reject(new MediaError({ message: `${url.hostname} is a private address; refused` }))
     }
     const client = url.protocol === "https:" ? Https : Http
     const request = client.get(
@@ -133,16 +124,18 @@ const fetchHttp = (url: URL, options: MediaSourceOptions, redirectsLeft: number)
         const status = response.statusCode ?? 0
         if (status >= 300 && status < 400 && response.headers.location !== undefined) {
           response.resume()
-          if (redirectsLeft === 0) return reject(new MediaError(400, `${url.href} redirects too many times`))
+          if (redirectsLeft === 0) return reject(new MediaError({ message: `${url.href} redirects too many times` }))
           return resolve(fetchHttp(new URL(response.headers.location, url), options, redirectsLeft - 1))
         }
         if (status !== 200) {
           response.resume()
-          return reject(new MediaError(400, `fetching ${url.href} answered HTTP ${status}`))
+          return reject(new MediaError({ message: `fetching ${url.href} answered HTTP ${status}` }))
         }
         if (Number(response.headers["content-length"] ?? 0) > options.maxBytes) {
           response.destroy()
-          return reject(new MediaError(413, `the media is larger than the limit of ${options.maxBytes} bytes`))
+          return reject(
+            new MediaTooLarge({ message: `the media is larger than the limit of ${options.maxBytes} bytes` })
+          )
         }
         const chunks: Array<Buffer> = []
         let size = 0
@@ -150,20 +143,26 @@ const fetchHttp = (url: URL, options: MediaSourceOptions, redirectsLeft: number)
           size += chunk.length
           if (size > options.maxBytes) {
             response.destroy()
-            reject(new MediaError(413, `the media is larger than the limit of ${options.maxBytes} bytes`))
+            reject(new MediaTooLarge({ message: `the media is larger than the limit of ${options.maxBytes} bytes` }))
           } else chunks.push(chunk)
         })
         response.once("end", () =>
           resolve({ bytes: Buffer.concat(chunks), mimeType: response.headers["content-type"]?.split(";")[0] })
         )
-        response.once("error", (error) => reject(new MediaError(400, `fetching ${url.href} failed: ${error.message}`)))
+        response.once("error", (error) =>
+          reject(new MediaError({ message: `fetching ${url.href} failed: ${error.message}` }))
+        )
       }
     )
     request.once("timeout", () =>
-      request.destroy(new MediaError(400, `fetching ${url.href} took longer than ${options.timeoutMs} ms`))
+      request.destroy(new MediaError({ message: `fetching ${url.href} took longer than ${options.timeoutMs} ms` }))
     )
     request.once("error", (error) =>
-      reject(error instanceof MediaError ? error : new MediaError(400, `fetching ${url.href} failed: ${error.message}`))
+      reject(
+        error instanceof MediaError
+          ? error
+          : new MediaError({ message: `fetching ${url.href} failed: ${error.message}` })
+      )
     )
   })
 
@@ -175,10 +174,12 @@ export const readMedia = (url: string, options: MediaSourceOptions): Promise<Med
   try {
     parsed = new URL(url)
   } catch {
-    return Promise.reject(new MediaError(400, `"${url.slice(0, 80)}" is not a URL`))
+    return Promise.reject(new MediaError({ message: `"${url.slice(0, 80)}" is not a URL` }))
   }
   if (parsed.protocol !== "http:" && parsed.protocol !== "https:") {
-    return Promise.reject(new MediaError(400, `${parsed.protocol} URLs are not accepted: use data:, file: or http(s):`))
+    return Promise.reject(
+      new MediaError({ message: `${parsed.protocol} URLs are not accepted: use data:, file: or http(s):` })
+    )
   }
   return fetchHttp(parsed, options, 3)
 }
