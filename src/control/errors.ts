@@ -1,6 +1,9 @@
 import { Schema } from "effect"
+import type { BadRequest, RouteNotFound } from "../executors/common/errors.js"
 
-/** Errors the control plane answers with; each maps to one HTTP status in gateway/ErrorResponse.ts. */
+/** Errors the control plane answers with; each tag's HTTP status is in src/errors/HttpStatus.ts. */
+
+export { BadRequest, RouteNotFound } from "../executors/common/errors.js"
 
 export class AppNotFound extends Schema.TaggedError<AppNotFound>()("AppNotFound", { appId: Schema.String }) {
   override get message() {
@@ -39,8 +42,6 @@ export class ForbiddenImport extends Schema.TaggedError<ForbiddenImport>()("Forb
 }) {}
 
 export class InvalidApp extends Schema.TaggedError<InvalidApp>()("InvalidApp", { message: Schema.String }) {}
-
-export class BadRequest extends Schema.TaggedError<BadRequest>()("BadRequest", { message: Schema.String }) {}
 
 export class RequestSchemaMismatch extends Schema.TaggedError<RequestSchemaMismatch>()("RequestSchemaMismatch", {
   message: Schema.String,
@@ -108,10 +109,52 @@ export class DevicesExhausted extends Schema.TaggedError<DevicesExhausted>()("De
   message: Schema.String
 }) {}
 
+/** An executor failed on a task of the request (its own fault, not the request's). */
 export class DispatchFailed extends Schema.TaggedError<DispatchFailed>()("DispatchFailed", {
   message: Schema.String
 }) {}
 
+/** The app recorded a task graph the platform cannot run (its data wiring, an unknown operation). */
+export class InvalidTaskGraph extends Schema.TaggedError<InvalidTaskGraph>()("InvalidTaskGraph", {
+  message: Schema.String
+}) {}
+
+/** The request was cancelled (its client went away) while its task graph ran. */
+export class RequestCancelled extends Schema.TaggedError<RequestCancelled>()("RequestCancelled", {
+  requestId: Schema.String
+}) {
+  override get message() {
+    return `request ${this.requestId} was cancelled`
+  }
+}
+
 export class NotSupported extends Schema.TaggedError<NotSupported>()("NotSupported", { message: Schema.String }) {}
 
 export type RegistrationError = AppNameTaken | InvalidAppName | AppSyntaxError | ForbiddenImport | InvalidApp
+
+export type ControlPlaneError =
+  | AppNotFound
+  | AppNotReady
+  | AppNameTaken
+  | InvalidAppName
+  | AppSyntaxError
+  | ForbiddenImport
+  | InvalidApp
+  | BadRequest
+  | RouteNotFound
+  | RequestSchemaMismatch
+  | TaskInputRejected
+  | AppFailed
+  | TaskUnavailable
+  | RequestTimeout
+  | PayloadTooLarge
+  | Unauthorized
+  | ShuttingDown
+  | NoExecutorForKind
+  | DeploymentFailed
+  | TaskNotFound
+  | DevicesExhausted
+  | DispatchFailed
+  | InvalidTaskGraph
+  | RequestCancelled
+  | NotSupported

@@ -1,11 +1,14 @@
-import { afterEach, describe, expect, it } from "vitest"
+import { Effect, ManagedRuntime } from "effect"
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
 import { type ChatCompletionRequest, MLLMTask } from "../../src/app-runtime/index.js"
 import {
   setTaskDispatcher,
   type TaskGraphWire,
   type TaskInvocationWire
 } from "../../src/app-runtime/tasks/TaskGraph.js"
-import { wireDataForwards } from "../../src/control/dispatcher/Dispatcher.js"
+import { makeDispatch, wireDataForwards } from "../../src/control/dispatcher/Dispatcher.js"
+import { TaskManagers } from "../../src/control/task-manager/TaskManagers.js"
+import { answerJson, cpuDevices, refuse, StandInExecutor, standInKind } from "../support/standInExecutors.js"
 
 /** A forwarded datum as it appears in a wire graph. */
 const forward = (id: string) => ({ $dataForward: id, dataType: "Tensor" })
@@ -127,6 +130,175 @@ describe("wireDataForwards", () => {
         { id: expect.any(String), producer: 0, consumers: [2] },
         { id: expect.any(String), producer: 1, consumers: [2] }
       ])
+    })
+  })
+})
+
+describe("Dispatcher.dispatch, against stand-in executors", () => {
+  const runtime = ManagedRuntime.make(TaskManagers.Default)
+  const encoders: Array<StandInExecutor> = []
+  let llm: StandInExecutor
+  const released: Array<ReadonlyArray<string>> = []
+  let dispatch: ReturnType<typeof makeDispatch>
+
+  const chunk = (content: string) => ({
+    id: "chatcmpl-1",
+    object: "chat.completion.chunk",
+    created: 1,
+    model: "m",
+    choices: [{ index: 0, delta: { content }, finish_reason: null, logprobs: null }]
+  })
+
+  /** The LLM stand-in streams two chunks once the encoder has answered. */
+  const streamChat = (response: import("node:http").ServerResponse) => {
+    response.writeHead(200, { "content-type": "text/event-stream" })
+    response.end(`data: ${JSON.stringify(chunk("re"))}\n\ndata: ${JSON.stringify(chunk("d"))}\n\ndata: [DONE]\n\n`)
+  }
+
+  const embedded = (body: unknown) => ({
+    items: (body as { items: Array<{ id: string; modality: string }> }).items.map((item) => ({
+      id: item.id,
+      modality: item.modality,
+      dtype: "float32",
+      shape: [4, 8]
+    }))
+  })
+
+  const requestSignal = () => new AbortController().signal
+
+  beforeAll(async () => {
+    encoders.push(await StandInExecutor.start(), await StandInExecutor.start())
+    llm = await StandInExecutor.start()
+    const managers = await runtime.runPromise(TaskManagers)
+    await runtime.runPromise(
+      Effect.all([
+        managers.deploy(
+          { id: "encoder-a", kind: "encoder", name: "encoder", config: {} },
+          standInKind("encoder", encoders),
+          cpuDevices(2)
+        ),
+        managers.deploy({ id: "llm-b", kind: "llm", name: "llm", config: {} }, standInKind("llm", [llm]), cpuDevices(1))
+      ])
+    )
+    dispatch = makeDispatch({
+      task: managers.get,
+      nodeId: "node-test",
+      release: (ids) => void released.push(ids)
+    })
+  })
+
+  afterEach(() => {
+    for (const standIn of [...encoders, llm]) {
+      standIn.received.length = 0
+      standIn.health = 200
+    }
+    released.length = 0
+  })
+
+  afterAll(async () => {
+    await runtime.dispose()
+    await Promise.all([...encoders, llm].map((standIn) => standIn.close()))
+  })
+
+  const graph = graphOf(encoderCall("encoder-a", ["img1"]), llmCall("llm-b", ["img1"]))
+
+  it("sends every invocation at once and streams the last one's chunks", async () => {
+    let llmArrived: () => void = () => undefined
+    const llmSeen = new Promise<void>((resolve) => (llmArrived = resolve))
+    for (const encoder of encoders) {
+      // The encoder answers only once the LLM's request has arrived: the calls run side by side.
+      encoder.handle = (request, response) => void llmSeen.then(() => answerJson(response, embedded(request.body)))
+    }
+    llm.handle = (_, response) => {
+      llmArrived()
+      streamChat(response)
+    }
+
+    const outcome = await dispatch(graph, "request-1", requestSignal())
+
+    const text: Array<string> = []
+    for await (const piece of outcome.stream!) text.push((piece as ReturnType<typeof chunk>).choices[0]!.delta.content)
+    expect(text.join("")).toBe("red")
+    const embedRequest = encoders.flatMap((encoder) => encoder.received)[0]!
+    expect(embedRequest.body).toEqual({
+      items: [{ id: "img1", modality: "image", url: "https://example.com/img1.png" }],
+      receivers: ["node-test"],
+      return: "sidecar"
+    })
+    expect(llm.received[0]!.body).toMatchObject({
+      model: "m",
+      stream: true,
+      cornserve_embeddings: [{ id: "img1", modality: "image" }]
+    })
+  })
+
+  it("cancels the other invocations when one fails, with the input's fault as TaskInputRejected", async () => {
+    for (const encoder of encoders)
+      encoder.handle = (_, response) => refuse(response, 400, "MediaError", "not an image")
+    llm.handle = () => undefined
+
+    await expect(dispatch(graph, "request-2", requestSignal())).rejects.toMatchObject({
+      _tag: "TaskInputRejected",
+      message: "task encoder-a: not an image"
+    })
+    await expect(llm.received[0]!.abandoned).resolves.toBe(true)
+    expect(released).toEqual([["img1"]])
+  })
+
+  it("fails with DispatchFailed, not an input error, when an executor fails on its own", async () => {
+    for (const encoder of encoders)
+      encoder.handle = (_, response) => refuse(response, 500, "ExecutorFailed", "worker 0 failed")
+    llm.handle = () => undefined
+
+    await expect(dispatch(graph, "request-3", requestSignal())).rejects.toMatchObject({
+      _tag: "DispatchFailed",
+      message: "task encoder-a: ExecutorFailed: worker 0 failed"
+    })
+  })
+
+  it("tries an encoder call once more on another executor when the first is unavailable", async () => {
+    const [busy, free] = encoders as [StandInExecutor, StandInExecutor]
+    // Whichever executor gets the call first is full; the other one answers.
+    let first = true
+    const answerOnce = (standIn: StandInExecutor) => {
+      standIn.handle = (request, response) => {
+        if (first) {
+          first = false
+          return refuse(response, 503, "EngineUnavailable", "the executor's queue is full")
+        }
+        answerJson(response, embedded(request.body))
+      }
+    }
+    answerOnce(busy)
+    answerOnce(free)
+    llm.handle = (_, response) => streamChat(response)
+
+    const outcome = await dispatch(graph, "request-4", requestSignal())
+    for await (const _ of outcome.stream!) {
+      // drained
+    }
+
+    expect(busy.received).toHaveLength(1)
+    expect(free.received).toHaveLength(1)
+  })
+
+  it("releases the graph's forwarded data when the request is cancelled", async () => {
+    for (const encoder of encoders) encoder.handle = () => undefined
+    llm.handle = () => undefined
+    const request = new AbortController()
+
+    const outcome = dispatch(graph, "request-5", request.signal)
+    await new Promise((resolve) => setTimeout(resolve, 100))
+    request.abort()
+
+    await expect(outcome).rejects.toMatchObject({ _tag: "RequestCancelled" })
+    expect(released).toEqual([["img1"]])
+    await expect(llm.received[0]!.abandoned).resolves.toBe(true)
+  })
+
+  it("refuses a graph whose task is not deployed as TaskUnavailable", async () => {
+    await expect(dispatch(graphOf(llmCall("llm-missing", [])), "request-6", requestSignal())).rejects.toMatchObject({
+      _tag: "TaskUnavailable"
     })
   })
 })

@@ -1,16 +1,46 @@
-import { mkdtemp, rm } from "node:fs/promises"
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as ort from "onnxruntime-node"
 import sharp from "sharp"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { loadModelDirectory, onnxPath } from "../../src/models/ModelDirectory.js"
+import { Graph } from "../../src/models/onnx/Graph.js"
 import { buildModel } from "../../src/models/ModelStore.js"
 import { ChatTokenizer } from "../../src/models/Tokenizer.js"
 import { SidecarClient } from "../../src/sidecar/SidecarClient.js"
 import { Tensor } from "../../src/sidecar/Tensor.js"
 import { peakFrequency } from "../models/support/Spectrum.js"
 import { startExecutor, startSidecar } from "../support/executors.js"
+
+const hidden = 64
+
+/**
+ * A model directory holding one image generator: `paint` builds the graph's output from the
+ * prompt inputs and, when the generator takes one, its noise input ([batch, 3, 8, 8]).
+ */
+const writeGenerator = async (
+  dir: string,
+  paint: (
+    g: Graph,
+    inputs: { readonly embeds: { name: string }; readonly noise: { name: string } | undefined }
+  ) => {
+    name: string
+  },
+  withNoise: boolean
+) => {
+  const g = new Graph("generator")
+  const embeds = g.input("inputs_embeds", "float32", ["batch_size", "sequence_length", hidden])
+  g.input("attention_mask", "int64", ["batch_size", "sequence_length"])
+  const noise = withNoise ? g.input("noise", "float32", ["batch_size", 3, 8, 8]) : undefined
+  g.output(paint(g, { embeds, noise }), "images", "float32", ["batch_size", "channels", "height", "width"])
+  await mkdir(join(dir, "onnx"), { recursive: true })
+  await writeFile(join(dir, "onnx", "generator.onnx"), g.toBytes())
+  await writeFile(
+    join(dir, "config.json"),
+    JSON.stringify({ model_type: "test_painter", generator: { modality: "image", height: 8, width: 8 } })
+  )
+}
 
 describe("Geri: the generator executor", () => {
   let root: string
@@ -148,13 +178,91 @@ describe("Geri: the generator executor", () => {
     const response = await generate(painter.url, { embeddings: "never-sent" })
     expect(response.status).toBe(404)
     expect(((await response.json()) as { error: { code: string; message: string } }).error).toEqual({
-      code: "EmbeddingNotFound",
+      code: "EmbeddingMissing",
       message: "embedding never-sent did not arrive within 500 ms"
     })
+  })
+
+  it("regroups a tone into chunks of the asked size", async () => {
+    const response = await generate(tones.url, {
+      embeddings: await sendPrompt("play me something green"),
+      chunks: 4,
+      chunkSize: 1000
+    })
+    const lines = (await response.text())
+      .trim()
+      .split("\n")
+      .map((line) => JSON.parse(line) as { chunk?: number; audio?: string })
+    expect(lines.at(-1)).toEqual({ done: true, chunks: 4, sampleRate: 16_000 })
+    expect(lines.slice(0, -1).map((line) => [line.chunk, Buffer.from(line.audio!, "base64").length / 2])).toEqual([
+      [0, 1000],
+      [1, 1000],
+      [2, 1000],
+      [3, 1000]
+    ])
   })
 
   it("refuses a malformed request (400)", async () => {
     const response = await generate(painter.url, { embeddings: [], width: -3 })
     expect(response.status).toBe(400)
+  })
+
+  describe("with generators of its own", () => {
+    let noisy: Awaited<ReturnType<typeof startExecutor>>
+    let broken: Awaited<ReturnType<typeof startExecutor>>
+
+    /** A prompt's embeddings in the sidecar: four rows of arbitrary values. */
+    const sendRows = async () => {
+      const id = `rows-${next++}`
+      const rows = Float32Array.from({ length: 4 * hidden }, (_, i) => Math.sin(i))
+      await client.send(id, new Tensor("float32", [4, hidden], rows), { to: [sidecar.nodeId] })
+      return id
+    }
+
+    const paint = async (seed?: number) => {
+      const response = await generate(noisy.url, {
+        embeddings: await sendRows(),
+        ...(seed === undefined ? {} : { seed })
+      })
+      expect(response.status).toBe(200)
+      return ((await response.json()) as { image: string }).image
+    }
+
+    beforeAll(async () => {
+      const noisyDir = join(root, "noisy-painter")
+      // Pixels are the noise itself, squeezed into [0, 1].
+      await writeGenerator(noisyDir, (g, { noise }) => g.op("Sigmoid", [noise!]), true)
+      const brokenDir = join(root, "broken-painter")
+      // 4 rows of 64 values never make 5 × 7 × 11: the run fails inside ONNX Runtime, every time.
+      await writeGenerator(brokenDir, (g, { embeds }) => g.op("Reshape", [embeds, g.int64s([5, 7, 11])]), false)
+      const common = ["--kind", "geri", "--devices", "cpu:0", "--sidecar-socket", sidecar.socket]
+      ;[noisy, broken] = await Promise.all([
+        startExecutor([...common, "--model", noisyDir], env),
+        startExecutor([...common, "--model", brokenDir], env)
+      ])
+    })
+
+    afterAll(async () => {
+      await Promise.all([noisy?.stop(), broken?.stop()])
+    })
+
+    it("paints the same image for the same seed and another for another seed", async () => {
+      const first = await paint(7)
+      expect(await paint(7)).toBe(first)
+      expect(await paint(8)).not.toBe(first)
+    })
+
+    it("draws fresh noise for each request without a seed", async () => {
+      expect(await paint()).not.toBe(await paint())
+    })
+
+    it("answers 500 when the model fails while running, naming the failure", async () => {
+      const response = await generate(broken.url, { embeddings: await sendRows() })
+      expect(response.status).toBe(500)
+      const { error } = (await response.json()) as { error: { code: string; message: string } }
+      expect(error.code).toBe("ExecutorFailed")
+      expect(error.message).toContain("worker 0 failed")
+      expect((await fetch(`${broken.url}/health`)).status).toBe(200)
+    })
   })
 })

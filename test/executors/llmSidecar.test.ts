@@ -140,7 +140,7 @@ describe("the LLM executor with embeddings from Eric through the sidecar", () =>
       messages,
       cornserve_embeddings: [{ id: "never-sent", modality: "image" }]
     })
-    expect(missing).toMatchObject({ status: 404, body: { error: { code: "EmbeddingNotFound" } } })
+    expect(missing).toMatchObject({ status: 404, body: { error: { code: "EmbeddingMissing" } } })
     const mismatched = await post(`${llm.url}/v1/chat/completions`, {
       model,
       messages,

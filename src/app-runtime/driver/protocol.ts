@@ -1,4 +1,4 @@
-import type { TaskGraphWire } from "../tasks/TaskGraph.js"
+import type { DispatchFailureCode, TaskGraphWire } from "../tasks/TaskGraph.js"
 
 /** A unit task an app needs deployed, as the control plane sees it. */
 export interface UnitTaskSpec {
@@ -13,8 +13,14 @@ export type InvokeFailureCode =
   | "RequestSchemaMismatch"
   | "TaskInputRejected"
   | "TaskUnavailable"
+  | "DispatchFailed"
   | "AppError"
   | "ResponseSchemaMismatch"
+
+export interface DispatchFailure {
+  readonly code: DispatchFailureCode
+  readonly message: string
+}
 
 export interface SchemaIssue {
   readonly path: ReadonlyArray<PropertyKey>
@@ -34,7 +40,7 @@ export type ToWorker =
     }
   | { readonly t: "dispatch-chunk"; readonly did: number; readonly chunk: unknown }
   | { readonly t: "dispatch-end"; readonly did: number }
-  | { readonly t: "dispatch-failed"; readonly did: number; readonly message: string; readonly status: number }
+  | { readonly t: "dispatch-failed"; readonly did: number; readonly failure: DispatchFailure }
 
 /** Messages from an app's worker thread to the platform. */
 export type FromWorker =

@@ -7,7 +7,7 @@ import { parentPort, workerData } from "node:worker_threads"
 import { ParseResult, Schema } from "effect"
 import { type App, appDefinitionProblems, appUnitTasks, isApp } from "../App.js"
 import { type DispatchResult, setTaskDispatcher, TaskExecutionError, TaskInputError } from "../tasks/TaskGraph.js"
-import type { FromWorker, InvokeFailureCode, SchemaIssue, ToWorker } from "./protocol.js"
+import type { DispatchFailure, FromWorker, InvokeFailureCode, SchemaIssue, ToWorker } from "./protocol.js"
 
 interface WorkerInput {
   readonly code: string
@@ -144,7 +144,7 @@ function serveApp(app: App) {
           () => {
             if (dispatches.delete(did)) {
               post({ t: "dispatch-cancel", did })
-              pending.fail("the request was cancelled", 499)
+              pending.fail({ code: "RequestCancelled", message: "the request was cancelled" })
             }
           },
           { once: true }
@@ -176,7 +176,7 @@ function serveApp(app: App) {
         dispatches.delete(message.did)
         return
       case "dispatch-failed":
-        dispatches.get(message.did)?.fail(message.message, message.status)
+        dispatches.get(message.did)?.fail(message.failure)
         dispatches.delete(message.did)
         return
     }
@@ -190,12 +190,20 @@ function serveApp(app: App) {
   })
 }
 
-/** A task input the request made wrong is the client's fault; a task without capacity is retryable. */
+/** What the client is told when `serve` throws: a task input the request made wrong, capacity, or the app's failure. */
 const failureCode = (error: unknown): InvokeFailureCode => {
   if (error instanceof TaskInputError) return "TaskInputRejected"
-  if (error instanceof TaskExecutionError && error.status >= 400 && error.status < 500) return "TaskInputRejected"
-  if (error instanceof TaskExecutionError && error.status === 503) return "TaskUnavailable"
+  if (error instanceof TaskExecutionError) return dispatchFailureCodes[error.code]
   return "AppError"
+}
+
+/** An unhandled dispatch failure is the client's answer, except where the app's own graph is at fault. */
+const dispatchFailureCodes: { readonly [Code in DispatchFailure["code"]]: InvokeFailureCode } = {
+  TaskInputRejected: "TaskInputRejected",
+  TaskUnavailable: "TaskUnavailable",
+  DispatchFailed: "DispatchFailed",
+  InvalidTaskGraph: "AppError",
+  RequestCancelled: "AppError"
 }
 
 const isAsyncIterable = (value: unknown): value is AsyncIterable<unknown> =>
@@ -227,8 +235,8 @@ class PendingDispatch {
     this.notify()
   }
 
-  fail(message: string, status = 500) {
-    this.failure = new TaskExecutionError(message, status)
+  fail(failure: DispatchFailure) {
+    this.failure = new TaskExecutionError(failure)
     this.reject(this.failure)
     this.notify()
   }

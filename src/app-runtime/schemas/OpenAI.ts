@@ -28,20 +28,29 @@ export const ChatMessage = Schema.Struct({
 })
 export type ChatMessage = typeof ChatMessage.Type
 
-const Probability = Schema.Number.pipe(Schema.between(0, 1))
+/** An optional field that OpenAI's API also accepts as null. */
+const optionalNullable = <S extends Schema.Schema.Any>(schema: S) => Schema.optional(Schema.NullOr(schema))
 
-/** An OpenAI chat-completions request (the subset Cornserve's LLM executor honours). */
+const TokenCount = Schema.Int.pipe(Schema.positive())
+
+/**
+ * An OpenAI chat-completions request: every request OpenAI's API accepts for the fields Cornserve
+ * honours (unknown fields are dropped). `model` may be left out: an app serves the model its tasks
+ * name, and an executor the one it loaded; when given, the executor checks it.
+ */
 export const ChatCompletionRequest = Schema.Struct({
   messages: Schema.NonEmptyArray(ChatMessage),
   model: Schema.optional(Schema.String),
-  max_tokens: Schema.optional(Schema.Int.pipe(Schema.positive())),
-  max_completion_tokens: Schema.optional(Schema.Int.pipe(Schema.positive())),
-  temperature: Schema.optional(Schema.Number.pipe(Schema.between(0, 2))),
-  top_p: Schema.optional(Probability),
-  seed: Schema.optional(Schema.Int),
-  stop: Schema.optional(Schema.Union(Schema.String, Schema.Array(Schema.String))),
-  stream: Schema.optional(Schema.Boolean),
-  stream_options: Schema.optional(Schema.Struct({ include_usage: Schema.optional(Schema.Boolean) }))
+  max_tokens: optionalNullable(TokenCount),
+  max_completion_tokens: optionalNullable(TokenCount),
+  temperature: optionalNullable(Schema.Number.pipe(Schema.between(0, 2))),
+  top_p: optionalNullable(Schema.Number.pipe(Schema.between(0, 1))),
+  seed: optionalNullable(Schema.Int),
+  stop: optionalNullable(Schema.Union(Schema.String, Schema.Array(Schema.String).pipe(Schema.maxItems(4)))),
+  /** One choice per request is all Cornserve generates. */
+  n: optionalNullable(Schema.Literal(1)),
+  stream: optionalNullable(Schema.Boolean),
+  stream_options: optionalNullable(Schema.Struct({ include_usage: Schema.optional(Schema.Boolean) }))
 })
 export type ChatCompletionRequest = typeof ChatCompletionRequest.Type
 
@@ -50,6 +59,10 @@ export const CompletionUsage = Schema.Struct({
   completion_tokens: Schema.Int,
   total_tokens: Schema.Int
 })
+export type CompletionUsage = typeof CompletionUsage.Type
+
+export const FinishReason = Schema.Literal("stop", "length")
+export type FinishReason = typeof FinishReason.Type
 
 /** One chunk of a streamed chat completion. */
 export const ChatCompletionChunk = Schema.Struct({
@@ -64,12 +77,32 @@ export const ChatCompletionChunk = Schema.Struct({
         role: Schema.optional(Schema.Literal("assistant")),
         content: Schema.optional(Schema.String)
       }),
-      finish_reason: Schema.NullOr(Schema.String)
+      finish_reason: Schema.NullOr(FinishReason),
+      logprobs: Schema.optional(Schema.Null)
     })
   ),
+  /** With stream_options.include_usage: null on every chunk but the last, which has no choices. */
   usage: Schema.optional(Schema.NullOr(CompletionUsage))
 })
 export type ChatCompletionChunk = typeof ChatCompletionChunk.Type
+
+/** A whole chat completion, for a request that did not ask to stream. */
+export const ChatCompletion = Schema.Struct({
+  id: Schema.String,
+  object: Schema.Literal("chat.completion"),
+  created: Schema.Int,
+  model: Schema.String,
+  choices: Schema.Tuple(
+    Schema.Struct({
+      index: Schema.Literal(0),
+      message: Schema.Struct({ role: Schema.Literal("assistant"), content: Schema.String }),
+      finish_reason: FinishReason,
+      logprobs: Schema.Null
+    })
+  ),
+  usage: Schema.optional(CompletionUsage)
+})
+export type ChatCompletion = typeof ChatCompletion.Type
 
 export type MediaModality = "image" | "video" | "audio"
 

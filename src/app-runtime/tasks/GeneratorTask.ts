@@ -10,13 +10,17 @@ export const GeneratorConfig = Schema.Struct({
 export type GeneratorConfig = typeof GeneratorConfig.Encoded
 
 const Embeddings = Schema.instanceOf(DataForward)
-const Dimension = Schema.Int.pipe(Schema.between(1, 4096))
+/** What Geri paints: 8 to 4096 pixels a side. */
+const Dimension = Schema.Int.pipe(Schema.between(8, 4096))
 
 export const ImageGeneratorInput = Schema.Struct({
   embeddings: Embeddings,
   height: Dimension,
   width: Dimension,
-  steps: Schema.optional(Schema.Int.pipe(Schema.positive())),
+  /**
+   * The noise a generator that starts from noise draws: the same seed paints the same image.
+   * Left out, each call draws its own; a generator without noise ignores it.
+   */
   seed: Schema.optional(Schema.Int),
   /** Leading prompt positions the generator ignores (a fixed system prompt, say). */
   skipTokens: Schema.optional(Schema.Int.pipe(Schema.nonNegative()))
@@ -50,8 +54,10 @@ export class ImageGeneratorTask extends UnitTask<
 
 export const AudioGeneratorInput = Schema.Struct({
   embeddings: Embeddings,
-  /** PCM16 samples per streamed chunk. */
-  chunkSize: Schema.optional(Schema.Int.pipe(Schema.positive())),
+  /** PCM16 samples per streamed chunk (the model's own chunk size when left out). */
+  chunkSize: Schema.optional(Schema.Int.pipe(Schema.between(1, 1_048_576))),
+  /** How many chunks to stream (the model's default length when left out). */
+  chunks: Schema.optional(Schema.Int.pipe(Schema.between(1, 10_000))),
   skipTokens: Schema.optional(Schema.Int.pipe(Schema.nonNegative()))
 })
 export type AudioGeneratorInput = typeof AudioGeneratorInput.Type

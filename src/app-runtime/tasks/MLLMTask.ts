@@ -31,7 +31,9 @@ export class MLLMTask extends CompositeTask<ChatCompletionRequest, TaskStream<Ch
     super()
     const decoded = Schema.decodeUnknownEither(MLLMConfig)(config, { errors: "all", onExcessProperty: "error" })
     if (decoded._tag === "Left") {
-      throw new TaskConfigError(`invalid MLLM task config: ${ParseResult.TreeFormatter.formatErrorSync(decoded.left)}`)
+      throw new TaskConfigError({
+        message: `invalid MLLM task config: ${ParseResult.TreeFormatter.formatErrorSync(decoded.left)}`
+      })
     }
     this.config = { ...decoded.right, modalities: [...new Set(decoded.right.modalities)].sort() }
     const { model, encoderFission, encoderModel } = this.config
@@ -52,7 +54,7 @@ export class MLLMTask extends CompositeTask<ChatCompletionRequest, TaskStream<Ch
     for (const part of media) {
       if (!this.config.modalities.includes(part.modality)) {
         const accepted = this.config.modalities.length > 0 ? this.config.modalities.join(", ") : "text only"
-        throw new TaskInputError(`this model takes ${accepted}; the request has ${part.modality}`)
+        throw new TaskInputError({ message: `this model takes ${accepted}; the request has ${part.modality}` })
       }
     }
     if (!this.config.encoderFission) return this.llm.compose(request)

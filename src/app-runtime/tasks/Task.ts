@@ -3,9 +3,10 @@ import { ParseResult, Schema } from "effect"
 import { reviveDataForwards } from "./DataForward.js"
 import { composeUnit, invokeGraph, type RecordableUnitTask } from "./TaskGraph.js"
 
-export class TaskConfigError extends Error {
-  override readonly name = "TaskConfigError"
-}
+/** A task was declared with a config its kind does not take: the app's fault, found when it loads. */
+export class TaskConfigError extends Schema.TaggedError<TaskConfigError>()("TaskConfigError", {
+  message: Schema.String
+}) {}
 
 /**
  * A task an app can invoke. `compose` builds the task's graph synchronously out of unit-task calls;
@@ -68,9 +69,9 @@ export abstract class UnitTask<I, O, C> extends Task<I, O> implements Recordable
     super()
     const decoded = Schema.decodeUnknownEither(configSchema)(config, { errors: "all", onExcessProperty: "error" })
     if (decoded._tag === "Left") {
-      throw new TaskConfigError(
-        `invalid ${kind} task config: ${ParseResult.TreeFormatter.formatErrorSync(decoded.left)}`
-      )
+      throw new TaskConfigError({
+        message: `invalid ${kind} task config: ${ParseResult.TreeFormatter.formatErrorSync(decoded.left)}`
+      })
     }
     this.config = Schema.encodeSync(configSchema)(decoded.right) as C
     const digest = createHash("sha256")

@@ -54,20 +54,26 @@ export const setTaskDispatcher = (next: TaskDispatcher | undefined): void => {
   dispatcher = next
 }
 
-export class TaskInputError extends Error {
-  override readonly name = "TaskInputError"
-}
+/** A task was given an input it does not take: the request's fault. */
+export class TaskInputError extends Schema.TaggedError<TaskInputError>()("TaskInputError", {
+  message: Schema.String
+}) {}
 
-/** A dispatched graph failed; `status` says whose fault (4xx: the request's input, 503: capacity). */
-export class TaskExecutionError extends Error {
-  override readonly name = "TaskExecutionError"
-  constructor(
-    message: string,
-    readonly status: number
-  ) {
-    super(message)
-  }
-}
+/** Why the platform could not run a dispatched task graph: the tag of the control plane's error. */
+export const DispatchFailureCode = Schema.Literal(
+  "TaskInputRejected",
+  "TaskUnavailable",
+  "DispatchFailed",
+  "InvalidTaskGraph",
+  "RequestCancelled"
+)
+export type DispatchFailureCode = typeof DispatchFailureCode.Type
+
+/** A dispatched graph failed; `code` says why (the request's input, capacity, an executor's failure). */
+export class TaskExecutionError extends Schema.TaggedError<TaskExecutionError>()("TaskExecutionError", {
+  code: DispatchFailureCode,
+  message: Schema.String
+}) {}
 
 const runPhase = <A>(next: Phase, f: () => A): A => {
   phase = next
@@ -146,9 +152,9 @@ export const composeUnit = <I, O>(
   if (phase.mode === "record") {
     const decoded = Schema.decodeUnknownEither(inputSchema)(input, { errors: "all" })
     if (decoded._tag === "Left") {
-      throw new TaskInputError(
-        `invalid input for task ${task.id}: ${ParseResult.TreeFormatter.formatErrorSync(decoded.left)}`
-      )
+      throw new TaskInputError({
+        message: `invalid input for task ${task.id}: ${ParseResult.TreeFormatter.formatErrorSync(decoded.left)}`
+      })
     }
     const output = makeRecordOutput(decoded.right)
     phase.invocations.push({ task, input: decoded.right, output })

@@ -7,6 +7,7 @@ import type {
   ToWorker,
   UnitTaskSpec
 } from "../../app-runtime/driver/protocol.js"
+import { dispatchFailureOf } from "../dispatcher/Dispatcher.js"
 
 const workerEntry = new URL("../../app-runtime/driver/worker.js", import.meta.url)
 
@@ -269,14 +270,7 @@ export class AppDriver {
       }
     } catch (error) {
       if (!controller.signal.aborted) {
-        const status =
-          typeof (error as { status?: unknown }).status === "number" ? (error as { status: number }).status : 500
-        this.post({
-          t: "dispatch-failed",
-          did,
-          message: error instanceof Error ? error.message : String(error),
-          status
-        })
+        this.post({ t: "dispatch-failed", did, failure: dispatchFailureOf(error) })
       }
     } finally {
       this.dispatches.delete(did)

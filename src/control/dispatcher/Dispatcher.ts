@@ -1,11 +1,18 @@
 import { Effect } from "effect"
+import type { DispatchFailure } from "../../app-runtime/driver/protocol.js"
 import { collectDataForwards, dataForwardId } from "../../app-runtime/tasks/DataForward.js"
 import type { TaskGraphWire, TaskInvocationWire } from "../../app-runtime/tasks/TaskGraph.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
 import type { DispatchOutcome } from "../app-manager/AppDriver.js"
-import { ExecutorUnavailable } from "../task-manager/TaskManagers.js"
-import { ExecutorCallFailed, executorCalls, idempotentOperations } from "./ExecutorCalls.js"
-import { TaskManagers } from "../task-manager/TaskManagers.js"
+import { DispatchFailed, InvalidTaskGraph, RequestCancelled, TaskInputRejected, TaskUnavailable } from "../errors.js"
+import { type TaskManager, TaskManagers } from "../task-manager/TaskManagers.js"
+import {
+  type CallResult,
+  type ExecutorCallError,
+  executorCalls,
+  idempotentOperations,
+  producedModalities
+} from "./ExecutorCalls.js"
 
 /** For each forwarded datum: which invocation produces it and which consume it. */
 export interface DataWiring {
@@ -42,24 +49,36 @@ export const wireDataForwards = (graph: TaskGraphWire): ReadonlyArray<DataWiring
   return [...wiring].map(([id, entry]) => ({ id, ...entry }))
 }
 
-/** Why a graph failed, with the status the app's client should see (4xx: its input; 503: capacity). */
-export class GraphFailed extends Error {
-  override readonly name = "GraphFailed"
-  constructor(
-    message: string,
-    readonly status: number
-  ) {
-    super(message)
-  }
-}
-
-const statusOf = (error: unknown): number => {
-  if (error instanceof ExecutorCallFailed || error instanceof ExecutorUnavailable) return error.status
-  return 502
-}
-
 /** How long a cancelled graph's leftovers are looked for in the sidecar before they are left to its TTL. */
 const releaseWaitMs = 3_000
+
+export type DispatchError = ExecutorCallError | InvalidTaskGraph | RequestCancelled
+
+const dispatchErrorTags = new Set<string>([
+  "TaskInputRejected",
+  "TaskUnavailable",
+  "DispatchFailed",
+  "InvalidTaskGraph",
+  "RequestCancelled"
+] satisfies ReadonlyArray<DispatchError["_tag"]>)
+
+const isDispatchError = (error: unknown): error is DispatchError =>
+  typeof (error as { readonly _tag?: unknown } | null)?._tag === "string" &&
+  dispatchErrorTags.has((error as { readonly _tag: string })._tag)
+
+/** A dispatch's failure as the app's worker learns it; anything unexpected is the platform's failure. */
+export const dispatchFailureOf = (error: unknown): DispatchFailure =>
+  isDispatchError(error)
+    ? { code: error._tag, message: error.message }
+    : { code: "DispatchFailed", message: error instanceof Error ? error.message : String(error) }
+
+/** What the dispatcher needs of the platform: the deployed tasks, this node, and the sidecar's cleanup. */
+export interface DispatchEnvironment {
+  readonly task: (taskId: string) => TaskManager | undefined
+  readonly nodeId: string
+  /** Takes whatever arrived of these forwarded data out of the sidecar (a cancelled graph's leftovers). */
+  readonly release: (dataIds: ReadonlyArray<string>) => void
+}
 
 /**
  * Executes an app's recorded task graph: every task must be deployed and ready and every
@@ -67,124 +86,136 @@ const releaseWaitMs = 3_000
  * executor of its task at once (data dependencies are kept by the consumers waiting on the
  * sidecar). A streaming last invocation's chunks pass through as they come. When one invocation
  * fails, the others are cancelled; when the request is cancelled, so is every invocation, and the
- * data the graph forwarded is released from the sidecar.
+ * data the graph forwarded is released from the sidecar. An encoder or generator call that finds
+ * its executor unavailable is tried once more on another executor of its task.
  */
+export const makeDispatch =
+  (environment: DispatchEnvironment) =>
+  async (graph: TaskGraphWire, requestId: string, signal: AbortSignal): Promise<DispatchOutcome> => {
+    const managers = graph.invocations.map((invocation) => {
+      const task = environment.task(invocation.taskId)
+      if (task === undefined) throw new TaskUnavailable({ message: `task ${invocation.taskId} is not deployed` })
+      if (task.state !== "ready") throw new TaskUnavailable({ message: `task ${invocation.taskId} is ${task.state}` })
+      return task
+    })
+    const wiring = wireDataForwards(graph)
+    if (typeof wiring === "string") throw new InvalidTaskGraph({ message: wiring })
+    const release = () =>
+      environment.release(
+        graph.invocations.flatMap((invocation) => collectDataForwards(invocation.output).map(dataForwardId))
+      )
+    const modalities = producedModalities(graph.invocations)
+    const controller = new AbortController()
+    let firstFailure: DispatchError | undefined
+    const fail = (error: unknown, taskId: string): DispatchError => {
+      if (firstFailure === undefined && !signal.aborted) {
+        firstFailure = isDispatchError(error)
+          ? withTask(error, taskId)
+          : new DispatchFailed({ message: `task ${taskId}: ${error instanceof Error ? error.message : String(error)}` })
+      }
+      controller.abort()
+      return firstFailure ?? new RequestCancelled({ requestId })
+    }
+    const onCancel = () => {
+      controller.abort()
+      release()
+    }
+    signal.addEventListener("abort", onCancel, { once: true })
+    const callContext = { receivers: [environment.nodeId], modalities, signal: controller.signal }
+
+    const run = async (invocation: TaskInvocationWire, index: number): Promise<CallResult> => {
+      const call = executorCalls[invocation.operation]
+      if (call === undefined)
+        throw new InvalidTaskGraph({ message: `no executor call for operation ${invocation.operation}` })
+      const idempotent = idempotentOperations.has(invocation.operation)
+      let lease = await managers[index]!.lease({ signal: controller.signal })
+      for (let attempt = 0; ; attempt++) {
+        try {
+          const result = await call(lease.url, invocation, callContext)
+          if (result.stream === undefined) {
+            lease.release("ok")
+            return result
+          }
+          const held = lease
+          return {
+            output: result.output,
+            stream: passThrough(
+              result.stream,
+              () => held.release("ok"),
+              (error) => {
+                held.release("failed")
+                throw fail(error, invocation.taskId)
+              }
+            )
+          }
+        } catch (error) {
+          const unavailable = error instanceof TaskUnavailable && !controller.signal.aborted
+          lease.release(unavailable ? "unavailable" : "failed")
+          if (!unavailable || !idempotent || attempt > 0) throw fail(error, invocation.taskId)
+          lease = await managers[index]!.lease({ exclude: lease.executorId, signal: controller.signal })
+        }
+      }
+    }
+
+    try {
+      const results = await Promise.all(graph.invocations.map((invocation, index) => run(invocation, index)))
+      const last = results[results.length - 1]!
+      return last.stream === undefined
+        ? { outputs: results.map((result) => result.output) }
+        : {
+            outputs: results.map((result) => result.output),
+            stream: passThrough(
+              last.stream,
+              () => signal.removeEventListener("abort", onCancel),
+              (error) => {
+                signal.removeEventListener("abort", onCancel)
+                throw firstFailure ?? error
+              }
+            )
+          }
+    } catch (error) {
+      signal.removeEventListener("abort", onCancel)
+      if (!signal.aborted) release()
+      throw firstFailure ?? fail(error, "?")
+    }
+  }
+
+/** The error with the task it happened in named in its message, for the client to see which failed. */
+const withTask = (error: DispatchError, taskId: string): DispatchError => {
+  switch (error._tag) {
+    case "TaskInputRejected":
+      return new TaskInputRejected({ message: `task ${taskId}: ${error.message}` })
+    case "TaskUnavailable":
+      return new TaskUnavailable({ message: `task ${taskId}: ${error.message}` })
+    case "DispatchFailed":
+      return new DispatchFailed({ message: `task ${taskId}: ${error.message}` })
+    case "InvalidTaskGraph":
+    case "RequestCancelled":
+      return error
+  }
+}
+
 export class Dispatcher extends Effect.Service<Dispatcher>()("cornserve/Dispatcher", {
   effect: Effect.gen(function* () {
     const taskManagers = yield* TaskManagers
     const agent = yield* NodeAgent
-
-    const release = (graph: TaskGraphWire) => {
-      const produced = graph.invocations.flatMap((invocation) =>
-        collectDataForwards(invocation.output).map(dataForwardId)
-      )
-      if (produced.length === 0) return
-      void agent.sidecarClient().then((client) =>
-        Promise.all(
-          produced.map((id) =>
-            client.recv(id, 0, { timeoutMs: releaseWaitMs }).then(
-              () => client.markDone(id),
-              () => undefined
+    const dispatch = makeDispatch({
+      task: taskManagers.get,
+      nodeId: agent.nodeId,
+      release: (dataIds) => {
+        if (dataIds.length === 0) return
+        void agent.sidecarClient().then((client) =>
+          Promise.all(
+            dataIds.map((id) =>
+              client.recv(id, 0, { timeoutMs: releaseWaitMs }).then(
+                () => client.markDone(id),
+                () => undefined
+              )
             )
           )
         )
-      )
-    }
-
-    const dispatch = async (graph: TaskGraphWire, requestId: string, signal: AbortSignal): Promise<DispatchOutcome> => {
-      const managers = graph.invocations.map((invocation) => {
-        const task = taskManagers.get(invocation.taskId)
-        if (task === undefined) throw new GraphFailed(`task ${invocation.taskId} is not deployed`, 503)
-        if (task.state !== "ready") throw new GraphFailed(`task ${invocation.taskId} is ${task.state}`, 503)
-        return task
-      })
-      const wiring = wireDataForwards(graph)
-      if (typeof wiring === "string") throw new GraphFailed(wiring, 500)
-      const modalities = new Map<string, string>()
-      graph.invocations.forEach((invocation) => {
-        if (invocation.operation !== "embed") return
-        for (const produced of collectDataForwards(invocation.output)) {
-          modalities.set(dataForwardId(produced), (invocation.config as { modality: string }).modality)
-        }
-      })
-
-      const controller = new AbortController()
-      let firstFailure: GraphFailed | undefined
-      const fail = (error: unknown, taskId: string) => {
-        if (firstFailure === undefined && !signal.aborted) {
-          firstFailure =
-            error instanceof GraphFailed
-              ? error
-              : new GraphFailed(`task ${taskId}: ${(error as Error).message}`, statusOf(error))
-        }
-        controller.abort()
-        return firstFailure ?? new GraphFailed(`request ${requestId} was cancelled`, 499)
       }
-      const onCancel = () => {
-        controller.abort()
-        release(graph)
-      }
-      signal.addEventListener("abort", onCancel, { once: true })
-      const context = { receivers: [agent.nodeId], modalities, signal: controller.signal }
-
-      const run = async (invocation: TaskInvocationWire, index: number) => {
-        const call = executorCalls[invocation.operation]
-        if (call === undefined) throw new GraphFailed(`no executor call for operation ${invocation.operation}`, 500)
-        const idempotent = idempotentOperations.has(invocation.operation)
-        let lease = await managers[index]!.lease({ signal: controller.signal })
-        for (let attempt = 0; ; attempt++) {
-          try {
-            const result = await call(lease.url, invocation, context)
-            if (result.stream === undefined) {
-              lease.release("ok")
-              return result
-            }
-            const held = lease
-            return {
-              output: result.output,
-              stream: passThrough(
-                result.stream,
-                () => held.release("ok"),
-                (error) => {
-                  held.release("failed")
-                  throw fail(error, invocation.taskId)
-                }
-              )
-            }
-          } catch (error) {
-            const unavailable =
-              (error instanceof ExecutorCallFailed && error.status === 503) ||
-              (error instanceof TypeError && !controller.signal.aborted)
-            lease.release(unavailable ? "unavailable" : "failed")
-            if (!unavailable || !idempotent || attempt > 0) throw fail(error, invocation.taskId)
-            lease = await managers[index]!.lease({ exclude: lease.executorId, signal: controller.signal })
-          }
-        }
-      }
-
-      try {
-        const results = await Promise.all(graph.invocations.map((invocation, index) => run(invocation, index)))
-        const last = results[results.length - 1]!
-        return last.stream === undefined
-          ? { outputs: results.map((result) => result.output) }
-          : {
-              outputs: results.map((result) => result.output),
-              stream: passThrough(
-                last.stream,
-                () => signal.removeEventListener("abort", onCancel),
-                (error) => {
-                  signal.removeEventListener("abort", onCancel)
-                  throw firstFailure ?? error
-                }
-              )
-            }
-      } catch (error) {
-        signal.removeEventListener("abort", onCancel)
-        if (!signal.aborted) release(graph)
-        throw firstFailure ?? fail(error, "?")
-      }
-    }
-
+    })
     return { dispatch }
   }),
   dependencies: [TaskManagers.Default, NodeAgent.Default]

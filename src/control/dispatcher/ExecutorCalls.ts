@@ -1,31 +1,33 @@
 /**
  * How each unit-task operation becomes a request to its executor's HTTP API (the executors' own
- * api.ts schemas) and how the answer becomes the invocation's output. Forwarded data never passes
- * through here: only its ids, which name what the executors send and take through the sidecar.
+ * api.ts schemas encode it and decode the answer) and how the answer becomes the invocation's
+ * output. Forwarded data never passes through here: only its ids, which name what the executors
+ * send and take through the sidecar.
  */
-import { dataForwardId, type EncodedDataForward } from "../../app-runtime/tasks/DataForward.js"
+import { Array as Arr, Either, ParseResult, Schema } from "effect"
+import { EncoderConfig, EncoderInput } from "../../app-runtime/tasks/EncoderTask.js"
+import { AudioGeneratorInput, ImageGeneratorInput } from "../../app-runtime/tasks/GeneratorTask.js"
+import { LLMConfig } from "../../app-runtime/tasks/LLMTask.js"
 import type { TaskInvocationWire } from "../../app-runtime/tasks/TaskGraph.js"
-import type { EmbeddingsRequest } from "../../executors/eric/api.js"
-import type { GenerateRequest } from "../../executors/geri/api.js"
-import type { ChatCompletionRequest, PromptEmbeddingsRequest } from "../../executors/llm/api.js"
+import { ChatCompletionRequest as OpenAIChatRequest } from "../../app-runtime/schemas/OpenAI.js"
+import { ErrorBody, type ExecutorErrorTag } from "../../executors/common/errors.js"
+import { EmbeddingsRequest, EmbeddingsResponse } from "../../executors/eric/api.js"
+import { AudioChunkLine, AudioDoneLine, GenerateRequest, ImageAnswer } from "../../executors/geri/api.js"
+import {
+  ChatCompletionChunk,
+  ChatCompletionRequest,
+  type Modality,
+  PromptEmbeddingsRequest,
+  PromptEmbeddingsResponse
+} from "../../executors/llm/api.js"
+import { DispatchFailed, InvalidTaskGraph, TaskInputRejected, TaskUnavailable } from "../errors.js"
 import { responseLines } from "../ResponseLines.js"
-
-/** An executor's answer that is not success; 503 means it could not take the request (retry elsewhere). */
-export class ExecutorCallFailed extends Error {
-  override readonly name = "ExecutorCallFailed"
-  constructor(
-    message: string,
-    readonly status: number
-  ) {
-    super(message)
-  }
-}
 
 export interface CallContext {
   /** The node whose executors consume forwarded data (one node for now). */
   readonly receivers: ReadonlyArray<string>
   /** The modality of each forwarded datum an encoder produces, by id. */
-  readonly modalities: ReadonlyMap<string, string>
+  readonly modalities: ReadonlyMap<string, Modality>
   readonly signal: AbortSignal
 }
 
@@ -35,78 +37,195 @@ export interface CallResult {
   readonly stream?: AsyncIterable<unknown>
 }
 
-const post = async (url: string, body: unknown, signal: AbortSignal): Promise<Response> => {
-  const response = await fetch(url, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify(body),
-    signal
-  })
-  if (response.ok) return response
-  const text = await response.text()
-  let message = text
-  try {
-    message = (JSON.parse(text) as { error?: { message?: string } }).error?.message ?? text
-  } catch {
-    // not JSON: the text is the message
-  }
-  throw new ExecutorCallFailed(message, response.status)
+/** What an executor's refusal means for the request that caused it. */
+type Blame = "input" | "capacity" | "executor"
+
+/**
+ * Whose fault each executor error is. The request's input is the client's to fix; capacity is
+ * retried on another executor; anything else (the platform's wiring included, such as a data id
+ * that never arrived or a model the dispatcher named wrong) fails the request as the executor's.
+ */
+const blameOf: { readonly [Tag in ExecutorErrorTag]: Blame } = {
+  BadRequest: "input",
+  UnsupportedModality: "input",
+  ContextLengthExceeded: "input",
+  EmptyPrompt: "input",
+  PromptError: "input",
+  MediaError: "input",
+  MediaTooLarge: "input",
+  EngineRejected: "input",
+  EngineUnavailable: "capacity",
+  RouteNotFound: "executor",
+  ModelNotFound: "executor",
+  NoSidecar: "executor",
+  EmbeddingMissing: "executor",
+  ExecutorFailed: "executor",
+  InternalError: "executor"
 }
 
-/** The JSON of each `data:` event of a Server-Sent Events answer, until `data: [DONE]`. */
-async function* serverSentEvents(response: Response): AsyncIterable<unknown> {
+const isExecutorErrorTag = (code: string): code is ExecutorErrorTag => Object.hasOwn(blameOf, code)
+
+export type ExecutorCallError = TaskInputRejected | TaskUnavailable | DispatchFailed
+
+/** An executor's error answer as the control plane's error; a code it does not know is the executor's fault. */
+export const executorCallError = (code: string, message: string): ExecutorCallError => {
+  switch (isExecutorErrorTag(code) ? blameOf[code] : "executor") {
+    case "input":
+      return new TaskInputRejected({ message })
+    case "capacity":
+      return new TaskUnavailable({ message })
+    case "executor":
+      return new DispatchFailed({ message: `${code}: ${message}` })
+  }
+}
+
+const decodeErrorBody = Schema.decodeUnknownEither(Schema.parseJson(ErrorBody))
+
+/** A failed answer's error: its body's code when it has one, else what its status says. */
+const failedAnswer = async (response: Response): Promise<ExecutorCallError> => {
+  const text = await response.text()
+  const body = decodeErrorBody(text)
+  if (Either.isRight(body)) return executorCallError(body.right.error.code, body.right.error.message)
+  const message = `the executor answered HTTP ${response.status}: ${text.slice(0, 200)}`
+  return response.status === 503 ? new TaskUnavailable({ message }) : new DispatchFailed({ message })
+}
+
+/** An answer that does not match its executor's API is the executor's fault. */
+const decodeAnswer =
+  <A, I>(schema: Schema.Schema<A, I>) =>
+  (value: unknown): A =>
+    Either.getOrThrowWith(
+      Schema.decodeUnknownEither(schema)(value),
+      (error) =>
+        new DispatchFailed({
+          message: `the executor's answer does not match its API: ${ParseResult.TreeFormatter.formatErrorSync(error)}`
+        })
+    )
+
+/** An invocation's recorded input, output or config, read with the schema its task wrote it with. */
+const decodeInvocation =
+  <A, I>(schema: Schema.Schema<A, I>) =>
+  (value: unknown): A =>
+    Either.getOrThrowWith(
+      Schema.decodeUnknownEither(schema)(value),
+      (error) =>
+        new InvalidTaskGraph({
+          message: `a task invocation does not match its task: ${ParseResult.TreeFormatter.formatErrorSync(error)}`
+        })
+    )
+
+const post = async <A, I>(
+  url: string,
+  schema: Schema.Schema<A, I>,
+  body: A,
+  signal: AbortSignal
+): Promise<Response> => {
+  let response: Response
+  try {
+    response = await fetch(url, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(Schema.encodeSync(schema)(body)),
+      signal
+    })
+  } catch (error) {
+    if (signal.aborted) throw error
+    throw new TaskUnavailable({ message: `the executor at ${url} did not answer: ${(error as Error).message}` })
+  }
+  if (response.ok) return response
+  throw await failedAnswer(response)
+}
+
+/** A forwarded datum as an invocation records it: the id the sidecar knows it by. */
+const ForwardedId = Schema.transform(Schema.Struct({ $dataForward: Schema.String }), Schema.String, {
+  strict: true,
+  decode: (forward) => forward.$dataForward,
+  encode: (id) => ({ $dataForward: id })
+})
+
+const decodeEncoderCall = decodeInvocation(
+  Schema.Struct({
+    config: EncoderConfig,
+    input: EncoderInput,
+    output: Schema.Struct({ embeddings: Schema.NonEmptyArray(ForwardedId) })
+  })
+)
+
+/** The modality of each datum the graph's encoder calls produce, by id. */
+export const producedModalities = (invocations: ReadonlyArray<TaskInvocationWire>): ReadonlyMap<string, Modality> =>
+  new Map(
+    invocations
+      .filter((invocation) => invocation.operation === "embed")
+      .flatMap((invocation) => {
+        const { config, output } = decodeEncoderCall(invocation)
+        return output.embeddings.map((id) => [id, config.modality] as const)
+      })
+  )
+
+const embed = async (url: string, invocation: TaskInvocationWire, context: CallContext): Promise<CallResult> => {
+  const { config, input, output } = decodeEncoderCall(invocation)
+  if (input.urls.length !== output.embeddings.length) {
+    throw new InvalidTaskGraph({
+      message: `task ${invocation.taskId} embeds ${input.urls.length} media into ${output.embeddings.length} embeddings`
+    })
+  }
+  const body: EmbeddingsRequest = {
+    items: Arr.zipWith(output.embeddings, input.urls, (id, itemUrl) => ({
+      id,
+      modality: config.modality,
+      url: itemUrl
+    })),
+    receivers: context.receivers,
+    return: "sidecar"
+  }
+  decodeAnswer(EmbeddingsResponse)(
+    await (await post(`${url}/embeddings`, EmbeddingsRequest, body, context.signal)).json()
+  )
+  return { output: invocation.output }
+}
+
+const ChatInput = Schema.extend(
+  OpenAIChatRequest,
+  Schema.Struct({ cornserveEmbeddings: Schema.optional(Schema.Array(ForwardedId)) })
+)
+
+const decodeChatCall = decodeInvocation(Schema.Struct({ config: LLMConfig, input: ChatInput }))
+const decodeHiddenStatesCall = decodeInvocation(
+  Schema.Struct({ config: LLMConfig, input: ChatInput, output: Schema.Struct({ embeddings: ForwardedId }) })
+)
+
+const embeddingRefs = (ids: ReadonlyArray<string> | undefined, context: CallContext) =>
+  ids === undefined
+    ? {}
+    : { cornserve_embeddings: ids.map((id) => ({ id, modality: context.modalities.get(id) ?? "image" })) }
+
+const decodeChunk = decodeAnswer(Schema.parseJson(ChatCompletionChunk))
+const decodeStreamError = Schema.decodeUnknownEither(Schema.parseJson(ErrorBody))
+
+/** The chunks of a Server-Sent Events answer, until `data: [DONE]`; an error event fails the stream. */
+async function* chatChunks(response: Response): AsyncIterable<ChatCompletionChunk> {
   for await (const line of responseLines(response)) {
     if (!line.startsWith("data:")) continue
     const data = line.slice("data:".length).trim()
     if (data === "[DONE]") return
-    const parsed = JSON.parse(data) as { error?: { message?: string } }
-    if (parsed.error !== undefined) throw new ExecutorCallFailed(parsed.error.message ?? "the stream failed", 500)
-    yield parsed
+    const failure = decodeStreamError(data)
+    if (Either.isRight(failure)) throw executorCallError(failure.right.error.code, failure.right.error.message)
+    yield decodeChunk(data)
   }
 }
-
-const ids = (value: unknown): ReadonlyArray<string> =>
-  Array.isArray(value) ? value.map((item) => dataForwardId(item as EncodedDataForward)) : []
-
-type Input = Record<string, unknown>
-
-const embed = async (url: string, invocation: TaskInvocationWire, context: CallContext): Promise<CallResult> => {
-  const input = invocation.input as { urls: ReadonlyArray<string> }
-  const produced = ids((invocation.output as { embeddings: unknown }).embeddings)
-  const modality = (invocation.config as { modality: EmbeddingsRequest["items"][number]["modality"] }).modality
-  const body: typeof EmbeddingsRequest.Encoded = {
-    items: input.urls.map((itemUrl, index) => ({
-      id: produced[index]!,
-      modality,
-      url: itemUrl
-    })) as unknown as (typeof EmbeddingsRequest.Encoded)["items"],
-    receivers: context.receivers
-  }
-  await (await post(`${url}/embeddings`, body, context.signal)).arrayBuffer()
-  return { output: invocation.output }
-}
-
-const embeddingRefs = (input: Input, context: CallContext) =>
-  input.cornserveEmbeddings === undefined
-    ? {}
-    : {
-        cornserve_embeddings: ids(input.cornserveEmbeddings).map((id) => ({
-          id,
-          modality: (context.modalities.get(id) ?? "image") as "image" | "audio" | "video"
-        }))
-      }
 
 const chat = async (url: string, invocation: TaskInvocationWire, context: CallContext): Promise<CallResult> => {
-  const { cornserveEmbeddings: _, stream: __, stream_options: options, ...request } = invocation.input as Input
-  const body = {
+  const { config, input } = decodeChatCall(invocation)
+  const { cornserveEmbeddings, ...request } = input
+  const body: ChatCompletionRequest = {
     ...request,
-    ...embeddingRefs(invocation.input as Input, context),
-    model: (invocation.config as { model: string }).model,
+    ...embeddingRefs(cornserveEmbeddings, context),
+    model: config.model,
     stream: true,
-    stream_options: { include_usage: (options as { include_usage?: boolean } | undefined)?.include_usage ?? false }
-  } as unknown as typeof ChatCompletionRequest.Encoded
-  const response = await post(`${url}/v1/chat/completions`, body, context.signal)
-  return { output: {}, stream: serverSentEvents(response) }
+    stream_options: { include_usage: request.stream_options?.include_usage ?? false }
+  }
+  const response = await post(`${url}/v1/chat/completions`, ChatCompletionRequest, body, context.signal)
+  return { output: {}, stream: chatChunks(response) }
 }
 
 const promptEmbeddings = async (
@@ -114,50 +233,50 @@ const promptEmbeddings = async (
   invocation: TaskInvocationWire,
   context: CallContext
 ): Promise<CallResult> => {
-  const { cornserveEmbeddings: _, ...request } = invocation.input as Input
-  const body = {
-    model: (invocation.config as { model: string }).model,
-    messages: request.messages,
-    ...embeddingRefs(invocation.input as Input, context),
-    id: ids([(invocation.output as { embeddings: unknown }).embeddings])[0]!,
-    receivers: context.receivers
-  } as typeof PromptEmbeddingsRequest.Encoded
-  await (await post(`${url}/v1/cornserve/prompt-embeddings`, body, context.signal)).arrayBuffer()
+  const { config, input, output } = decodeHiddenStatesCall(invocation)
+  const body: PromptEmbeddingsRequest = {
+    model: config.model,
+    messages: input.messages,
+    add_generation_prompt: false,
+    ...embeddingRefs(input.cornserveEmbeddings, context),
+    id: output.embeddings,
+    receivers: context.receivers,
+    source: "embed_tokens",
+    return: "sidecar"
+  }
+  const response = await post(`${url}/v1/cornserve/prompt-embeddings`, PromptEmbeddingsRequest, body, context.signal)
+  decodeAnswer(PromptEmbeddingsResponse)(await response.json())
   return { output: invocation.output }
 }
 
-const generatorBody = (input: Input, stream: boolean): typeof GenerateRequest.Encoded => ({
-  embeddings: ids([input.embeddings])[0]!,
-  ...(input.skipTokens === undefined ? {} : { skipTokens: input.skipTokens as number }),
-  ...(input.height === undefined ? {} : { height: input.height as number }),
-  ...(input.width === undefined ? {} : { width: input.width as number }),
-  ...(input.seed === undefined ? {} : { seed: input.seed as number }),
-  ...(input.chunks === undefined ? {} : { chunks: input.chunks as number }),
-  stream
-})
+const decodeImageInput = decodeInvocation(
+  Schema.Struct({ input: Schema.Struct({ ...ImageGeneratorInput.fields, embeddings: ForwardedId }) })
+)
 
 const generateImage = async (
   url: string,
   invocation: TaskInvocationWire,
   context: CallContext
 ): Promise<CallResult> => {
-  const answer = (await (
-    await post(`${url}/generate`, generatorBody(invocation.input as Input, false), context.signal)
-  ).json()) as { image: string }
+  const { input } = decodeImageInput(invocation)
+  const body: GenerateRequest = { ...input, skipTokens: input.skipTokens ?? 0, stream: false }
+  const response = await post(`${url}/generate`, GenerateRequest, body, context.signal)
+  const answer = decodeAnswer(ImageAnswer)(await response.json())
   return { output: { image: answer.image } }
 }
+
+const decodeAudioInput = decodeInvocation(
+  Schema.Struct({ input: Schema.Struct({ ...AudioGeneratorInput.fields, embeddings: ForwardedId }) })
+)
+
+const decodeAudioLine = decodeAnswer(Schema.parseJson(Schema.Union(AudioChunkLine, AudioDoneLine, ErrorBody)))
 
 async function* audioChunks(response: Response): AsyncIterable<unknown> {
   for await (const line of responseLines(response)) {
     if (line.trim().length === 0) continue
-    const parsed = JSON.parse(line) as {
-      audio?: string
-      sampleRate?: number
-      done?: boolean
-      error?: { message?: string }
-    }
-    if (parsed.error !== undefined) throw new ExecutorCallFailed(parsed.error.message ?? "the stream failed", 500)
-    if (parsed.done === true) return
+    const parsed = decodeAudioLine(line)
+    if ("error" in parsed) throw executorCallError(parsed.error.code, parsed.error.message)
+    if ("done" in parsed) return
     yield { audio: parsed.audio, sampleRate: parsed.sampleRate }
   }
 }
@@ -167,7 +286,9 @@ const generateAudio = async (
   invocation: TaskInvocationWire,
   context: CallContext
 ): Promise<CallResult> => {
-  const response = await post(`${url}/generate`, generatorBody(invocation.input as Input, true), context.signal)
+  const { input } = decodeAudioInput(invocation)
+  const body: GenerateRequest = { ...input, skipTokens: input.skipTokens ?? 0, stream: true }
+  const response = await post(`${url}/generate`, GenerateRequest, body, context.signal)
   return { output: {}, stream: audioChunks(response) }
 }
 

@@ -1,68 +1,8 @@
 import { HttpServerResponse } from "@effect/platform"
-import type * as Errors from "../errors.js"
+import { errorHeaders, httpStatusOf } from "../../errors/HttpStatus.js"
+import type { ControlPlaneError } from "../errors.js"
 
-export type GatewayError =
-  | Errors.AppNotFound
-  | Errors.AppNotReady
-  | Errors.AppNameTaken
-  | Errors.InvalidAppName
-  | Errors.AppSyntaxError
-  | Errors.ForbiddenImport
-  | Errors.InvalidApp
-  | Errors.BadRequest
-  | Errors.RequestSchemaMismatch
-  | Errors.TaskInputRejected
-  | Errors.AppFailed
-  | Errors.TaskUnavailable
-  | Errors.RequestTimeout
-  | Errors.PayloadTooLarge
-  | Errors.Unauthorized
-  | Errors.ShuttingDown
-  | Errors.NoExecutorForKind
-  | Errors.DeploymentFailed
-  | Errors.TaskNotFound
-  | Errors.DevicesExhausted
-  | Errors.DispatchFailed
-  | Errors.NotSupported
-
-/** The one place where control-plane errors become HTTP statuses. */
-export const statusOf = (error: GatewayError): number => {
-  switch (error._tag) {
-    case "AppNotFound":
-    case "TaskNotFound":
-      return 404
-    case "AppNameTaken":
-      return 409
-    case "InvalidAppName":
-    case "AppSyntaxError":
-    case "ForbiddenImport":
-    case "InvalidApp":
-    case "BadRequest":
-    case "TaskInputRejected":
-    case "NoExecutorForKind":
-      return 400
-    case "Unauthorized":
-      return 401
-    case "PayloadTooLarge":
-      return 413
-    case "RequestSchemaMismatch":
-      return 422
-    case "AppFailed":
-    case "DeploymentFailed":
-      return 500
-    case "NotSupported":
-      return 501
-    case "DispatchFailed":
-      return 502
-    case "AppNotReady":
-    case "TaskUnavailable":
-    case "ShuttingDown":
-    case "DevicesExhausted":
-      return 503
-    case "RequestTimeout":
-      return 504
-  }
-}
+export type GatewayError = ControlPlaneError
 
 /** `{ error: { code, message, ...details } }` as JSON. */
 export const errorBody = (error: GatewayError): Record<string, unknown> => {
@@ -76,10 +16,16 @@ export const errorBody = (error: GatewayError): Record<string, unknown> => {
   return { error: { code: error._tag, message: error.message, ...details } }
 }
 
-export const errorResponse = (error: GatewayError): HttpServerResponse.HttpServerResponse => {
-  const status = statusOf(error)
-  const headers: Record<string, string> = {}
-  if (status === 503) headers["retry-after"] = "1"
-  if (status === 413) headers.connection = "close"
-  return HttpServerResponse.unsafeJson(errorBody(error), { status, headers })
+/** An error's status and headers, from the one table of statuses. */
+export const errorHead = (
+  error: GatewayError
+): { readonly status: number; readonly headers: Record<string, string> } => {
+  const answer = httpStatusOf(error)
+  const headers = errorHeaders(answer)
+  // The body of a refused upload is not read: the connection cannot carry another request.
+  if (error._tag === "PayloadTooLarge") headers.connection = "close"
+  return { status: answer.status, headers }
 }
+
+export const errorResponse = (error: GatewayError): HttpServerResponse.HttpServerResponse =>
+  HttpServerResponse.unsafeJson(errorBody(error), errorHead(error))

@@ -7,7 +7,7 @@ import * as NodeHttpServerRequest from "@effect/platform-node/NodeHttpServerRequ
 import { ServeError } from "@effect/platform/HttpServerError"
 import { Effect, Queue, Schema, Stream } from "effect"
 import { AppManager } from "../app-manager/AppManager.js"
-import { BadRequest, type PayloadTooLarge, ShuttingDown, Unauthorized } from "../errors.js"
+import { BadRequest, type PayloadTooLarge, RouteNotFound, ShuttingDown, Unauthorized } from "../errors.js"
 import { ResourceManager } from "../resource-manager/ResourceManager.js"
 import { ServeConfig } from "../ServeConfig.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
@@ -208,10 +208,7 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
         RouteNotFound: () =>
           Effect.gen(function* () {
             const request = yield* HttpServerRequest.HttpServerRequest
-            return HttpServerResponse.unsafeJson(
-              { error: { code: "RouteNotFound", message: `no route for ${request.method} ${request.url}` } },
-              { status: 404 }
-            )
+            return errorResponse(new RouteNotFound({ message: `no route for ${request.method} ${request.url}` }))
           })
       }),
       Effect.catchAll((error) => Effect.succeed(errorResponse(error)))

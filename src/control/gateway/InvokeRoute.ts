@@ -1,17 +1,20 @@
 import { randomUUID } from "node:crypto"
 import type { IncomingMessage, ServerResponse } from "node:http"
+import { Either, ParseResult, Schema } from "effect"
 import type { SchemaIssue } from "../../app-runtime/driver/protocol.js"
+import { ChatCompletion, ChatCompletionChunk } from "../../app-runtime/schemas/OpenAI.js"
 import type { AppDriver, ReplyHandlers } from "../app-manager/AppDriver.js"
 import {
   AppFailed,
   BadRequest,
+  DispatchFailed,
   RequestSchemaMismatch,
   RequestTimeout,
   ShuttingDown,
   TaskInputRejected,
   TaskUnavailable
 } from "../errors.js"
-import { errorBody, type GatewayError, statusOf } from "./ErrorResponse.js"
+import { errorBody, errorHead, type GatewayError } from "./ErrorResponse.js"
 import { readRequestBody } from "./RequestBody.js"
 
 export const invokePrefix = "/app/invoke/"
@@ -57,48 +60,51 @@ const chatStreamFormat: ReplyFormat = {
   streamError: (response, error) => response.end(`data: ${JSON.stringify(errorBody(error))}\n\n`)
 }
 
-interface Chunk {
-  id?: string
-  created?: number
-  model?: string
-  choices?: Array<{ delta?: { content?: string }; finish_reason?: string | null }>
-  usage?: unknown
-}
+const decodeChunk = Schema.decodeUnknownEither(Schema.parseJson(ChatCompletionChunk))
+const encodeCompletion = Schema.encodeSync(Schema.parseJson(ChatCompletion))
 
-/** Chunks gathered into one `chat.completion` object, for a request that did not ask to stream. */
-const chatCompletionFormat = (): ReplyFormat => {
-  const chunks: Array<Chunk> = []
+/**
+ * Chunks gathered into one `chat.completion` object, for a request that did not ask to stream. A
+ * chunk that is not a chat-completion chunk fails the request: the app broke the chat contract.
+ */
+const chatCompletionFormat = (appId: string): ReplyFormat => {
+  const chunks: Array<ChatCompletionChunk> = []
+  let broken: string | undefined
   return {
     value: writeJson,
     streamStart: () => undefined,
-    chunk: (_, json) => void chunks.push(JSON.parse(json) as Chunk),
+    chunk: (_, json) => {
+      const chunk = decodeChunk(json)
+      if (Either.isRight(chunk)) chunks.push(chunk.right)
+      else broken ??= ParseResult.TreeFormatter.formatErrorSync(chunk.left)
+    },
     end: (response) => {
-      const first = chunks[0] ?? {}
-      const choices = chunks.flatMap((chunk) => chunk.choices ?? [])
-      const completion = {
-        id: first.id ?? "chatcmpl-cornserve",
+      if (broken !== undefined) {
+        return sendError(
+          response,
+          new AppFailed({ appId, message: `the app streamed something other than chat-completion chunks: ${broken}` })
+        )
+      }
+      const first = chunks[0]
+      const choices = chunks.flatMap((chunk) => chunk.choices)
+      const usage = chunks.map((chunk) => chunk.usage).findLast((value) => value != null)
+      const completion: ChatCompletion = {
+        id: first?.id ?? "chatcmpl-cornserve",
         object: "chat.completion",
-        created: first.created ?? Math.floor(Date.now() / 1000),
-        model: first.model ?? "",
+        created: first?.created ?? Math.floor(Date.now() / 1000),
+        model: first?.model ?? "",
         choices: [
           {
             index: 0,
-            message: { role: "assistant", content: choices.map((choice) => choice.delta?.content ?? "").join("") },
+            message: { role: "assistant", content: choices.map((choice) => choice.delta.content ?? "").join("") },
             finish_reason:
-              choices
-                .map((choice) => choice.finish_reason)
-                .filter((reason) => reason != null)
-                .at(-1) ?? "stop",
+              choices.map((choice) => choice.finish_reason).findLast((reason) => reason !== null) ?? "stop",
             logprobs: null
           }
         ],
-        usage:
-          chunks
-            .map((chunk) => chunk.usage)
-            .filter((usage) => usage != null)
-            .at(-1) ?? null
+        ...(usage === undefined ? {} : { usage })
       }
-      writeJson(response, JSON.stringify(completion))
+      writeJson(response, encodeCompletion(completion))
     },
     streamError: (response, error) => sendError(response, error)
   }
@@ -131,6 +137,8 @@ const invokeFailure = (
       return new TaskInputRejected({ message })
     case "TaskUnavailable":
       return new TaskUnavailable({ message })
+    case "DispatchFailed":
+      return new DispatchFailed({ message })
     case "AppError":
     case "ResponseSchemaMismatch":
     case "WorkerStopped":
@@ -139,15 +147,11 @@ const invokeFailure = (
 }
 
 const sendError = (response: ServerResponse, error: GatewayError) => {
-  const status = statusOf(error)
+  const { status, headers } = errorHead(error)
   const body = JSON.stringify(errorBody(error))
-  const headers: Record<string, string | number> = {
-    "content-type": "application/json",
-    "content-length": Buffer.byteLength(body)
-  }
-  if (status === 503) headers["retry-after"] = "1"
-  if (status === 413) headers.connection = "close"
-  response.writeHead(status, headers).end(body)
+  response
+    .writeHead(status, { ...headers, "content-type": "application/json", "content-length": Buffer.byteLength(body) })
+    .end(body)
 }
 
 /** A percent-encoded path segment, decoded; `undefined` when its encoding is malformed. */
@@ -188,7 +192,8 @@ export const makeInvokeRoute =
     readRequestBody(request, options.maxBodyBytes, (body) => {
       if (typeof body !== "string") return sendError(response, body)
       if (response.destroyed) return
-      const format = api === "native" ? nativeFormat : asksToStream(body) ? chatStreamFormat : chatCompletionFormat()
+      const format =
+        api === "native" ? nativeFormat : asksToStream(body) ? chatStreamFormat : chatCompletionFormat(appId)
       const requestId = randomUUID()
       let settled = false
       let streaming = false

@@ -2,6 +2,7 @@ import { Effect, ExecutionStrategy, Exit, Scope } from "effect"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
 import type { Executor, ExecutorKind } from "../../executors/ExecutorKinds.js"
 import type { Device } from "../../node/Devices.js"
+import { TaskUnavailable } from "../errors.js"
 
 export type TaskState = "deploying" | "ready" | "tearing-down"
 
@@ -20,12 +21,6 @@ interface ManagedExecutor {
   idle: Array<() => void>
 }
 
-/** No executor of a task could take a request. */
-export class ExecutorUnavailable extends Error {
-  override readonly name = "ExecutorUnavailable"
-  readonly status = 503
-}
-
 export interface ExecutorSummary {
   readonly id: string
   readonly url: string | null
@@ -42,7 +37,8 @@ export interface TaskManager {
   executors(): ReadonlyArray<ExecutorSummary>
   /**
    * The healthy executor with the least outstanding work (waiting a bounded time for one), counted
-   * as busy until the lease is released; `exclude` names one to avoid, for a retry.
+   * as busy until the lease is released; `exclude` names one to avoid, for a retry. Fails with
+   * TaskUnavailable when none comes back in time.
    */
   lease(options: { readonly exclude?: string; readonly signal?: AbortSignal }): Promise<ExecutorLease>
 }
@@ -126,9 +122,10 @@ class ManagedTask implements TaskManager {
     for (;;) {
       const member = this.pick(exclude)
       if (member !== undefined) return member
-      if (this.state === "tearing-down") throw new ExecutorUnavailable(`task ${this.spec.id} is being torn down`)
+      if (this.state === "tearing-down")
+        throw new TaskUnavailable({ message: `task ${this.spec.id} is being torn down` })
       if (Date.now() > deadline || signal?.aborted)
-        throw new ExecutorUnavailable(`task ${this.spec.id} has no healthy executor`)
+        throw new TaskUnavailable({ message: `task ${this.spec.id} has no healthy executor` })
       await new Promise<void>((resolve) => {
         const timer = setTimeout(resolve, 100)
         this.waiters.push(() => {

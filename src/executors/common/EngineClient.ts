@@ -2,18 +2,22 @@ import { randomUUID } from "node:crypto"
 import { Effect, type Scope } from "effect"
 import * as zmq from "zeromq"
 import { startChild } from "./ChildProcesses.js"
+import { EngineRejected, EngineUnavailable, ExecutorFailed } from "./errors.js"
 import { configEnvName, type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
 import { decode, type FromEngine, orderedSender, type ToEngine, type WorkItem } from "./wire.js"
 
-/** A request the engine refused or could not finish; `status` is what the router answers. */
-export class EngineFailure extends Error {
-  override readonly name = "EngineFailure"
-  constructor(
-    readonly status: number,
-    message: string
-  ) {
-    super(message)
-  }
+/** Why the engine refused or could not finish a request. */
+export type EngineFailure = EngineUnavailable | EngineRejected | ExecutorFailed
+
+/**
+ * The engine's `failed` message as a tagged error. The engine reports a status-like number (503:
+ * it cannot take the request now, 400: the request does not fit, 500: a worker failed running
+ * it); it is read here, once, and goes no further.
+ */
+const engineFailure = (status: number, message: string): EngineFailure => {
+  if (status === 503) return new EngineUnavailable({ message })
+  if (status >= 400 && status < 500) return new EngineRejected({ message })
+  return new ExecutorFailed({ message })
 }
 
 interface Pending {
@@ -78,12 +82,13 @@ export class EngineClient {
   /** Resolves once every worker has loaded its model; rejects if the executor fails first. */
   whenReady(): Promise<void> {
     if (this.current._tag === "Ready") return Promise.resolve()
-    if (this.current._tag === "Unhealthy") return Promise.reject(new EngineFailure(503, this.current.reason))
+    if (this.current._tag === "Unhealthy")
+      return Promise.reject(new EngineUnavailable({ message: this.current.reason }))
     return new Promise((resolve, reject) =>
       this.readyWaiters.push(() =>
         this.current._tag === "Ready"
           ? resolve()
-          : reject(new EngineFailure(503, (this.current as { reason: string }).reason))
+          : reject(new EngineUnavailable({ message: (this.current as { reason: string }).reason }))
       )
     )
   }
@@ -97,12 +102,12 @@ export class EngineClient {
     const results = new Promise<ReadonlyArray<unknown>>((resolve, reject) => {
       if (this.current._tag !== "Ready") {
         return reject(
-          new EngineFailure(
-            503,
-            this.current._tag === "Unhealthy"
-              ? `the executor is unhealthy: ${this.current.reason}`
-              : "the executor is still loading its model"
-          )
+          new EngineUnavailable({
+            message:
+              this.current._tag === "Unhealthy"
+                ? `the executor is unhealthy: ${this.current.reason}`
+                : "the executor is still loading its model"
+          })
         )
       }
       this.pending.set(id, { resolve, reject, onPartial })
@@ -123,7 +128,7 @@ export class EngineClient {
     if (this.current._tag === "Unhealthy") return
     this.current = { _tag: "Unhealthy", reason }
     for (const pending of this.pending.values())
-      pending.reject(new EngineFailure(503, `the executor failed: ${reason}`))
+      pending.reject(new EngineUnavailable({ message: `the executor failed: ${reason}` }))
     this.pending.clear()
     for (const wake of this.readyWaiters.splice(0)) wake()
   }
@@ -148,7 +153,7 @@ export class EngineClient {
             this.pending.delete(message.id)
             break
           case "failed":
-            this.pending.get(message.id)?.reject(new EngineFailure(message.status, message.message))
+            this.pending.get(message.id)?.reject(engineFailure(message.status, message.message))
             this.pending.delete(message.id)
             break
         }

@@ -9,7 +9,9 @@ import type { AddressInfo } from "node:net"
 import { HttpRouter, HttpServerResponse } from "@effect/platform"
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
 import { Console, Effect, type Scope } from "effect"
+import { errorHeaders, httpStatusOf } from "../../errors/HttpStatus.js"
 import { EngineClient } from "./EngineClient.js"
+import { type AnsweredError, answeredErrorOf, type ErrorBody, RouteNotFound } from "./errors.js"
 import type { ExecutorConfig } from "./ExecutorConfig.js"
 import { ThreadPool } from "./ThreadPool.js"
 
@@ -28,7 +30,7 @@ export interface RouterKind {
   readonly make: (context: RouterContext) => Effect.Effect<
     {
       readonly info: Readonly<Record<string, unknown>>
-      /** Handlers answer their own errors (see `errorJson`). */
+      /** Handlers answer their own errors (see `errorAnswer`). */
       readonly routes: HttpRouter.HttpRouter<never, never>
     },
     Error,
@@ -36,12 +38,27 @@ export interface RouterKind {
   >
 }
 
-/** `{ error: { code, message } }` with a status, as every Cornserve HTTP API answers errors. */
-export const errorJson = (status: number, code: string, message: string, headers: Record<string, string> = {}) =>
-  HttpServerResponse.unsafeJson(
-    { error: { code, message } },
-    { status, headers: status === 503 ? { "retry-after": "1", ...headers } : headers }
-  )
+/** `{ error: { code, message } }`, as every Cornserve HTTP API answers errors (and ends a failed stream). */
+export const errorBody = (error: AnsweredError): ErrorBody => ({ error: { code: error._tag, message: error.message } })
+
+/**
+ * Any failure of a request as its answer: the status from the one table of statuses. A failure
+ * that is the executor's own (a 5xx) is logged, since its caller can do nothing about it.
+ */
+export const errorAnswer = (failure: unknown): Effect.Effect<HttpServerResponse.HttpServerResponse> =>
+  Effect.map(answeredFailure(failure), (error) => {
+    const answer = httpStatusOf(error)
+    return HttpServerResponse.unsafeJson(errorBody(error), { status: answer.status, headers: errorHeaders(answer) })
+  })
+
+/** A failure as the error it is answered with, logged (with its stack) when it is the executor's own. */
+export const answeredFailure = (failure: unknown): Effect.Effect<AnsweredError> => {
+  const error = answeredErrorOf(failure)
+  const answer = httpStatusOf(error)
+  if (answer.status < 500 || answer.retryAfterSeconds !== undefined) return Effect.succeed(error)
+  const detail = failure instanceof Error && failure.stack !== undefined ? failure.stack : error.message
+  return Effect.as(Console.error(`executor: ${error._tag}: ${detail}`), error)
+}
 
 const loadKind = (kind: ExecutorConfig["kind"]): Promise<{ readonly routerKind: RouterKind }> =>
   import(new URL(`../${kind}/router.js`, import.meta.url).href)
@@ -66,7 +83,7 @@ export const runRouter = (config: ExecutorConfig) =>
         ? HttpServerResponse.unsafeJson({ status: "ready", workers: state.workers, inFlight: engine.inFlight })
         : HttpServerResponse.unsafeJson(
             state._tag === "Starting" ? { status: "starting" } : { status: "unhealthy", reason: state.reason },
-            { status: 503, headers: { "retry-after": "1" } }
+            { status: 503, headers: errorHeaders(httpStatusOf({ _tag: "EngineUnavailable" })) }
           )
     })
     const app = routes.pipe(
@@ -89,7 +106,7 @@ export const runRouter = (config: ExecutorConfig) =>
           })
         )
       ),
-      Effect.catchTag("RouteNotFound", () => Effect.succeed(errorJson(404, "RouteNotFound", "no such route")))
+      Effect.catchTag("RouteNotFound", () => errorAnswer(new RouteNotFound({ message: "no such route" })))
     )
     const nodeServer = Http.createServer({ keepAliveTimeout: 65_000 })
     const server = yield* NodeHttpServer.make(() => nodeServer, { port: config.port, host: config.host })

@@ -1,18 +1,17 @@
 /**
  * Eric's router: `POST /embeddings`. Media are fetched here and decoded in the thread pool; an item
- * whose media is unreadable or corrupt fails its own request (400, or 413 when too large) before it
- * reaches the engine, so requests batched with it are not affected.
+ * whose media is unreadable or corrupt fails its own request (MediaError, or MediaTooLarge) before
+ * it reaches the engine, so requests batched with it are not affected.
  */
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
 import { Effect } from "effect"
 import { decodeAudioProcessorConfig } from "../../models/AudioProcessor.js"
 import { decodeImageProcessorConfig } from "../../models/ImageProcessor.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
-import { EngineFailure } from "../common/EngineClient.js"
-import { errorJson, type RouterKind } from "../common/Router.js"
+import { NoSidecar, UnsupportedModality } from "../common/errors.js"
+import { errorAnswer, type RouterKind } from "../common/Router.js"
 import type { WorkItem } from "../common/wire.js"
 import { type EmbeddingResult, EmbeddingsRequest } from "./api.js"
-import { MediaError } from "../common/media/errors.js"
 import { readMedia } from "../common/media/MediaSource.js"
 import type { Preprocessed } from "../common/media/preprocess.js"
 import type { EricItemMeta, EricItemResult } from "./worker.js"
@@ -73,19 +72,15 @@ export const routerKind: RouterKind = {
         const body = yield* HttpServerRequest.schemaBodyJson(EmbeddingsRequest)
         const unsupported = body.items.find((item) => !modalities.includes(item.modality))
         if (unsupported !== undefined) {
-          return errorJson(
-            400,
-            "UnsupportedModality",
-            `model ${config.model} takes ${modalities.join(", ")}; item ${unsupported.id} is ${unsupported.modality}`
-          )
+          return yield* new UnsupportedModality({
+            message: `model ${config.model} takes ${modalities.join(", ")}; item ${unsupported.id} is ${unsupported.modality}`
+          })
         }
         const inline = body.return === "inline"
-        if (!inline && sidecarNode === undefined) {
-          return errorJson(400, "NoSidecar", 'this executor has no sidecar; ask for return: "inline"')
-        }
+        if (!inline && sidecarNode === undefined) return yield* new NoSidecar()
         const preprocessed = yield* Effect.tryPromise({
           try: () => Promise.all(body.items.map(preprocess)),
-          catch: (error) => error as Error
+          catch: (error) => error
         })
         const items: Array<WorkItem> = body.items.map((item, index) => ({
           key: item.modality === "audio" ? "audio" : "vision",
@@ -100,7 +95,7 @@ export const routerKind: RouterKind = {
         const submitted = engine.submit(items)
         const results = yield* Effect.tryPromise({
           try: () => submitted.results,
-          catch: (error) => error as Error
+          catch: (error) => error
         }).pipe(Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id))))
         const answer: Array<EmbeddingResult> = body.items.map((item, index) => {
           const result = results[index] as EricItemResult
@@ -113,23 +108,7 @@ export const routerKind: RouterKind = {
           }
         })
         return HttpServerResponse.unsafeJson({ items: answer })
-      }).pipe(
-        Effect.catchAll((error) => {
-          if (
-            error instanceof MediaError ||
-            (error instanceof Error && "status" in error && (error.status === 400 || error.status === 413))
-          ) {
-            const status = (error as { status: number }).status
-            return Effect.succeed(errorJson(status, status === 413 ? "MediaTooLarge" : "BadMedia", error.message))
-          }
-          if (error instanceof EngineFailure)
-            return Effect.succeed(errorJson(error.status, "ExecutorFailed", error.message))
-          if ("_tag" in error && (error._tag === "ParseError" || error._tag === "RequestError")) {
-            return Effect.succeed(errorJson(400, "BadRequest", error.message))
-          }
-          return Effect.succeed(errorJson(500, "InternalError", error.message))
-        })
-      )
+      }).pipe(Effect.catchAll(errorAnswer))
 
       return {
         info: { modalities, maxVideoFrames, sidecarNode: sidecarNode ?? null },

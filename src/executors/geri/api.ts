@@ -7,7 +7,8 @@ import { DataId } from "../common/DataId.js"
  * `POST /generate` takes prompt embeddings from the sidecar (every chunk of each id named, in
  * order, concatenated) and generates: an image model answers `{ image: <PNG, base64>, ... }`; an
  * audio model streams NDJSON lines `{ chunk, audio: <PCM16 LE, base64>, sampleRate }` ending with
- * `{ done: true, ... }`, or with `stream: false` answers one WAV file.
+ * `{ done: true, ... }`, or with `stream: false` answers one WAV file. A failure after the stream
+ * started ends it with one `{ error: { code, message } }` line.
  */
 export const GenerateRequest = Schema.Struct({
   embeddings: Schema.Union(DataId, Schema.NonEmptyArray(DataId)),
@@ -16,9 +17,15 @@ export const GenerateRequest = Schema.Struct({
   /** Image size; the model's own when left out. */
   height: Schema.optional(Schema.Int.pipe(Schema.between(8, 4096))),
   width: Schema.optional(Schema.Int.pipe(Schema.between(8, 4096))),
+  /**
+   * The noise a generator with a `noise` input starts from: the same seed gives the same output.
+   * Left out, every request draws its own. A generator without that input is deterministic.
+   */
   seed: Schema.optional(Schema.Int),
-  /** Audio: how many chunks to generate (the model's default when left out). */
+  /** Audio: how many chunks to stream (the model's default number of its own chunks when left out). */
   chunks: Schema.optional(Schema.Int.pipe(Schema.between(1, 10_000))),
+  /** Audio: samples per streamed chunk (the model's own chunk size when left out). */
+  chunkSize: Schema.optional(Schema.Int.pipe(Schema.between(1, 1_048_576))),
   stream: Schema.optionalWith(Schema.Boolean, { default: () => true })
 })
 export type GenerateRequest = typeof GenerateRequest.Type
@@ -29,6 +36,9 @@ export const ImageAnswer = Schema.Struct({
   height: Schema.Int,
   mimeType: Schema.Literal("image/png")
 })
+export type ImageAnswer = typeof ImageAnswer.Type
 
 export const AudioChunkLine = Schema.Struct({ chunk: Schema.Int, audio: Schema.String, sampleRate: Schema.Int })
+export type AudioChunkLine = typeof AudioChunkLine.Type
 export const AudioDoneLine = Schema.Struct({ done: Schema.Literal(true), chunks: Schema.Int, sampleRate: Schema.Int })
+export type AudioDoneLine = typeof AudioDoneLine.Type

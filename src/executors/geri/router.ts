@@ -3,20 +3,17 @@
  * embeddings in the sidecar, takes them out, and hands one work item to the engine; requests with
  * equal generation parameters are batched together.
  */
+import { randomInt } from "node:crypto"
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
 import { Effect, Stream } from "effect"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { type Payload, SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
-import { EngineFailure } from "../common/EngineClient.js"
-import { errorJson, type RouterKind } from "../common/Router.js"
+import { BadRequest, EmbeddingMissing } from "../common/errors.js"
+import { answeredFailure, errorAnswer, errorBody, type RouterKind } from "../common/Router.js"
 import type { WorkItem } from "../common/wire.js"
-import { GenerateRequest } from "./api.js"
-import type { GeriImageResult, GeriItemMeta } from "./worker.js"
-
-class EmbeddingMissing extends Error {
-  override readonly name = "EmbeddingMissing"
-}
+import { type AudioChunkLine, type AudioDoneLine, GenerateRequest, type ImageAnswer } from "./api.js"
+import type { GeriAudioPiece, GeriImageResult, GeriItemMeta } from "./worker.js"
 
 /** A WAV file of mono PCM16 samples. */
 export const wavFile = (pcm: ReadonlyArray<Int16Array>, sampleRate: number): Buffer => {
@@ -38,6 +35,38 @@ export const wavFile = (pcm: ReadonlyArray<Int16Array>, sampleRate: number): Buf
 }
 
 const pcmBase64 = (pcm: Int16Array) => Buffer.from(pcm.buffer, pcm.byteOffset, pcm.byteLength).toString("base64")
+
+/**
+ * The model's chunks of samples, regrouped into `total` samples in chunks of `size`: each full
+ * chunk goes to `emit` as soon as the samples for it have come.
+ */
+export class Rechunker {
+  private readonly pending: Int16Array
+  private filled = 0
+  private sent = 0
+
+  constructor(
+    private readonly size: number,
+    private readonly total: number,
+    private readonly emit: (chunk: number, pcm: Int16Array) => void
+  ) {
+    this.pending = new Int16Array(size)
+  }
+
+  push(pcm: Int16Array) {
+    let at = 0
+    while (at < pcm.length && this.sent * this.size < this.total) {
+      const take = Math.min(pcm.length - at, this.size - this.filled)
+      this.pending.set(pcm.subarray(at, at + take), this.filled)
+      this.filled += take
+      at += take
+      if (this.filled === this.size) {
+        this.emit(this.sent++, this.pending.slice())
+        this.filled = 0
+      }
+    }
+  }
+}
 
 export const routerKind: RouterKind = {
   make: ({ config, engine }) =>
@@ -74,12 +103,14 @@ export const routerKind: RouterKind = {
               payload = await sidecar.recv(id, chunk, { timeoutMs: config.embeddingWaitMs })
             } catch (error) {
               if (chunk === 0)
-                throw new EmbeddingMissing(`embedding ${id} did not arrive within ${config.embeddingWaitMs} ms`)
+                throw new EmbeddingMissing({
+                  message: `embedding ${id} did not arrive within ${config.embeddingWaitMs} ms`
+                })
               throw error
             }
             if (payload === undefined) break
             if (!(payload instanceof Tensor) || payload.dtype !== "float32" || payload.shape.length !== 2) {
-              throw new Error(`embedding ${id} chunk ${chunk} is not a float32 [rows, hidden] tensor`)
+              throw new BadRequest({ message: `embedding ${id} chunk ${chunk} is not a float32 [rows, hidden] tensor` })
             }
             hidden = payload.shape[1]!
             rows.push((payload.data as Float32Array).slice())
@@ -93,8 +124,17 @@ export const routerKind: RouterKind = {
           at += part.length
         }
         const count = hidden === 0 ? 0 : joined.length / hidden
-        if (count <= skip) throw new Error(`the embeddings have ${count} rows, not more than skipTokens (${skip})`)
+        if (count <= skip)
+          throw new BadRequest({ message: `the embeddings have ${count} rows, not more than skipTokens (${skip})` })
         return new Tensor("float32", [count - skip, hidden], joined.subarray(skip * hidden))
+      }
+
+      /** The engine's results for one item, cancelled with the request. */
+      const run = (item: WorkItem, onPiece?: (piece: GeriAudioPiece) => void) => {
+        const submitted = engine.submit([item], onPiece && ((_, value) => onPiece(value as GeriAudioPiece)))
+        return Effect.tryPromise({ try: () => submitted.results, catch: (error) => error }).pipe(
+          Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id)))
+        )
       }
 
       const generate = Effect.gen(function* () {
@@ -102,79 +142,65 @@ export const routerKind: RouterKind = {
         const ids = typeof body.embeddings === "string" ? [body.embeddings] : body.embeddings
         const embeddings = yield* Effect.tryPromise({
           try: () => takeEmbeddings(ids, body.skipTokens),
-          catch: (error) => error as Error
+          catch: (error) => error
         })
-        const meta: GeriItemMeta =
-          generator.modality === "image"
-            ? { width: body.width ?? generator.width, height: body.height ?? generator.height, chunks: 0 }
-            : { width: 0, height: 0, chunks: body.chunks ?? generator.default_num_chunks }
-        const item: WorkItem = {
-          key: `${meta.width}x${meta.height}:${meta.chunks}`,
-          inputs: { inputs_embeds: { dtype: "float32", shape: embeddings.shape, data: embeddings.data } },
-          meta
-        }
+        const seed = body.seed ?? randomInt(2 ** 31)
+        const inputs = { inputs_embeds: { dtype: "float32", shape: embeddings.shape, data: embeddings.data } } as const
 
         if (generator.modality === "image") {
-          const submitted = engine.submit([item])
-          const [result] = (yield* Effect.tryPromise({
-            try: () => submitted.results,
-            catch: (error) => error as Error
-          }).pipe(
-            Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id)))
-          )) as ReadonlyArray<GeriImageResult>
-          return HttpServerResponse.unsafeJson({
-            image: Buffer.from(result!.png).toString("base64"),
-            width: result!.width,
-            height: result!.height,
+          const meta: GeriItemMeta = {
+            width: body.width ?? generator.width,
+            height: body.height ?? generator.height,
+            chunks: 0,
+            seed
+          }
+          const [result] = (yield* run({ key: `${meta.width}x${meta.height}`, inputs, meta })) as [GeriImageResult]
+          const answer: ImageAnswer = {
+            image: Buffer.from(result.png).toString("base64"),
+            width: result.width,
+            height: result.height,
             mimeType: "image/png"
-          })
+          }
+          return HttpServerResponse.unsafeJson(answer)
         }
 
         const sampleRate = generator.sample_rate
+        const chunkSize = body.chunkSize ?? generator.chunk_size
+        const chunks = body.chunks ?? generator.default_num_chunks
+        const total = chunks * chunkSize
+        const meta: GeriItemMeta = { width: 0, height: 0, chunks: Math.ceil(total / generator.chunk_size), seed }
+        const item: WorkItem = { key: `audio:${meta.chunks}`, inputs, meta }
+
         if (!body.stream) {
           const pieces: Array<Int16Array> = []
-          const submitted = engine.submit(
-            [item],
-            (_, value) => (pieces[(value as { chunk: number }).chunk] = (value as { pcm: Int16Array }).pcm)
-          )
-          yield* Effect.tryPromise({ try: () => submitted.results, catch: (error) => error as Error }).pipe(
-            Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id)))
-          )
+          const rechunker = new Rechunker(chunkSize, total, (_, pcm) => pieces.push(pcm))
+          yield* run(item, (piece) => rechunker.push(piece.pcm))
           return HttpServerResponse.uint8Array(wavFile(pieces, sampleRate), { contentType: "audio/wav" })
         }
 
+        const ndjson = (line: AudioChunkLine | AudioDoneLine | ReturnType<typeof errorBody>) =>
+          Buffer.from(`${JSON.stringify(line)}\n`)
         const lines = Stream.async<Uint8Array>((emit) => {
-          const submitted = engine.submit([item], (_, value) => {
-            const { chunk, pcm } = value as { chunk: number; pcm: Int16Array }
-            void emit.single(Buffer.from(`${JSON.stringify({ chunk, audio: pcmBase64(pcm), sampleRate })}\n`))
-          })
+          const rechunker = new Rechunker(
+            chunkSize,
+            total,
+            (chunk, pcm) => void emit.single(ndjson({ chunk, audio: pcmBase64(pcm), sampleRate }))
+          )
+          const submitted = engine.submit([item], (_, value) => rechunker.push((value as GeriAudioPiece).pcm))
           submitted.results.then(
             () => {
-              void emit.single(Buffer.from(`${JSON.stringify({ done: true, chunks: meta.chunks, sampleRate })}\n`))
+              void emit.single(ndjson({ done: true, chunks, sampleRate }))
               void emit.end()
             },
-            (error: Error) => {
-              void emit.single(
-                Buffer.from(`${JSON.stringify({ error: { code: "ExecutorFailed", message: error.message } })}\n`)
-              )
+            (failure: unknown) => {
+              void emit.single(ndjson(errorBody(Effect.runSync(answeredFailure(failure)))))
               void emit.end()
             }
           )
           return Effect.sync(() => engine.cancel(submitted.id))
         })
         return HttpServerResponse.stream(lines, { contentType: "application/x-ndjson" })
-      }).pipe(
-        Effect.catchAll((error) => {
-          if (error instanceof EmbeddingMissing)
-            return Effect.succeed(errorJson(404, "EmbeddingNotFound", error.message))
-          if (error instanceof EngineFailure)
-            return Effect.succeed(errorJson(error.status, "ExecutorFailed", error.message))
-          if ("_tag" in error && (error._tag === "ParseError" || error._tag === "RequestError")) {
-            return Effect.succeed(errorJson(400, "BadRequest", error.message))
-          }
-          return Effect.succeed(errorJson(400, "BadRequest", error.message))
-        })
-      )
+      }).pipe(Effect.catchAll(errorAnswer))
 
       return {
         info: { modality: generator.modality, generator, sidecarNode: sidecar.nodeId },

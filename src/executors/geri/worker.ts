@@ -1,18 +1,29 @@
 /**
  * Geri's worker: onnx/generator.onnx on one device. Prompt embeddings of different lengths arrive
- * stacked row after row; the worker pads them into one batch with an attention mask. An image model
- * answers PNGs; an audio model streams PCM16 chunk after chunk.
+ * stacked row after row; the worker pads them into one batch with an attention mask. A generator
+ * with a `noise` input (a diffusion model's starting latents) gets standard normal noise drawn from
+ * each request's seed. An image model answers PNGs; an audio model streams PCM16 chunk after chunk.
  */
 import * as ort from "onnxruntime-node"
 import sharp from "sharp"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
+import { Random } from "../../models/Random.js"
 import { createSession } from "../common/Sessions.js"
 import type { LoadWorkerModel } from "../common/WorkerModel.js"
 
 export interface GeriItemMeta {
   readonly width: number
   readonly height: number
+  /** Audio: how many of the model's chunks to generate. */
   readonly chunks: number
+  /** Draws the item's noise, for a generator that takes some. */
+  readonly seed: number
+}
+
+/** One of the model's audio chunks, as the worker streams it. */
+export interface GeriAudioPiece {
+  readonly chunk: number
+  readonly pcm: Int16Array
 }
 
 export interface GeriImageResult {
@@ -28,6 +39,7 @@ export const load: LoadWorkerModel = async ({ config, device }) => {
   if (generator === undefined || path === undefined)
     throw new Error(`${config.model} is not a generator: it needs config.generator and onnx/generator.onnx`)
   const session = await createSession(path, device, config.threadsPerDevice)
+  const noiseShape = noiseShapeOf(session)
 
   return {
     async run({ inputs, items, emit }) {
@@ -45,6 +57,14 @@ export const load: LoadWorkerModel = async ({ config, device }) => {
       const feeds: Record<string, ort.Tensor> = {
         inputs_embeds: new ort.Tensor("float32", padded, [items.length, longest, hidden]),
         attention_mask: new ort.Tensor("int64", mask, [items.length, longest])
+      }
+      if (noiseShape !== undefined) {
+        const size = noiseShape.reduce((product, dim) => product * dim, 1)
+        const noise = new Float32Array(items.length * size)
+        items.forEach((item, index) =>
+          noise.set(new Random((item.meta as GeriItemMeta).seed).normals(size, 1), index * size)
+        )
+        feeds.noise = new ort.Tensor("float32", noise, [items.length, ...noiseShape])
       }
 
       if (generator.modality === "image") {
@@ -82,7 +102,8 @@ export const load: LoadWorkerModel = async ({ config, device }) => {
         const size = output.dims[1]!
         const pcm = output.data as Int16Array
         items.forEach((_, item) => {
-          if (chunk < chunks[item]!) emit(item, { chunk, pcm: pcm.slice(item * size, (item + 1) * size) })
+          if (chunk < chunks[item]!)
+            emit(item, { chunk, pcm: pcm.slice(item * size, (item + 1) * size) } satisfies GeriAudioPiece)
         })
       }
       return chunks.map((count) => ({ chunks: count }))
@@ -91,4 +112,16 @@ export const load: LoadWorkerModel = async ({ config, device }) => {
       await session.release()
     }
   }
+}
+
+/** The per-item shape of the generator's `noise` input (after the batch dimension), if it has one. */
+const noiseShapeOf = (session: ort.InferenceSession): ReadonlyArray<number> | undefined => {
+  const input = session.inputMetadata.find((metadata) => metadata.name === "noise")
+  if (input === undefined) return undefined
+  if (!input.isTensor || input.type !== "float32")
+    throw new Error("the generator's noise input must be a float32 tensor")
+  const [, ...shape] = input.shape
+  if (!shape.every((dim): dim is number => typeof dim === "number"))
+    throw new Error("the generator's noise input must have fixed sizes after its batch dimension")
+  return shape
 }

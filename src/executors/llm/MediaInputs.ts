@@ -3,7 +3,6 @@
  * preprocessed here for the model's own encoder (read, decoded and normalized in the router's
  * thread pool) or, when the request names sidecar embeddings, the rows an encoder executor sent.
  */
-import { Schema } from "effect"
 import { decodeAudioProcessorConfig } from "../../models/AudioProcessor.js"
 import { decodeImageProcessorConfig } from "../../models/ImageProcessor.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
@@ -12,15 +11,11 @@ import { Tensor } from "../../sidecar/Tensor.js"
 import type { ExecutorConfig } from "../common/ExecutorConfig.js"
 import type { ThreadPool } from "../common/ThreadPool.js"
 import { readMedia } from "../common/media/MediaSource.js"
+import { EmbeddingMissing } from "../common/errors.js"
 import type { Preprocessed } from "../common/media/preprocess.js"
 import type { EmbeddingRef, Modality } from "./api.js"
 import { type MediaPart, PromptError } from "./Prompt.js"
 import type { MediaInput } from "./protocol.js"
-
-/** A sidecar embedding the request names did not arrive in time. */
-export class EmbeddingMissing extends Schema.TaggedError<EmbeddingMissing>()("EmbeddingMissing", {
-  message: Schema.String
-}) {}
 
 export interface ResolvedMedia {
   readonly modality: Modality

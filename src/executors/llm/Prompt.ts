@@ -3,6 +3,7 @@
  * parts become the model's placeholder tokens), tokenized, and each placeholder expanded to as many
  * positions as its media item has embedding rows.
  */
+import { Schema } from "effect"
 import { chatMediaParts, type MediaModality } from "../../app-runtime/schemas/OpenAI.js"
 import type { ChatMessage as TemplateMessage } from "../../models/Tokenizer.js"
 import type { ChatContentPart, ChatMessage, Modality } from "./api.js"
@@ -38,8 +39,12 @@ export const templateMessages = (messages: ReadonlyArray<ChatMessage>): Array<Te
           )
   }))
 
-export class PromptError extends Error {
-  override readonly name = "PromptError"
+/** The messages cannot become a prompt for this model: the request's fault. */
+export class PromptError extends Schema.TaggedError<PromptError>()("PromptError", { message: Schema.String }) {
+  /** Raised throughout prompt building with its message alone. */
+  constructor(message: string) {
+    super({ message })
+  }
 }
 
 /**

@@ -1,5 +1,6 @@
 import { Schema } from "effect"
-import { ChatMessage, CompletionUsage } from "../../app-runtime/schemas/OpenAI.js"
+import * as OpenAI from "../../app-runtime/schemas/OpenAI.js"
+import { ChatMessage } from "../../app-runtime/schemas/OpenAI.js"
 import { DataId } from "../common/DataId.js"
 
 /**
@@ -25,71 +26,23 @@ export type Modality = typeof Modality.Type
 export const EmbeddingRef = Schema.Struct({ id: DataId, modality: Modality })
 export type EmbeddingRef = typeof EmbeddingRef.Type
 
-const TokenCount = Schema.Int.pipe(Schema.positive())
-
-export const ChatCompletionRequest = Schema.Struct({
-  model: Schema.String,
-  messages: Schema.NonEmptyArray(ChatMessage),
-  stream: Schema.optional(Schema.NullOr(Schema.Boolean)),
-  stream_options: Schema.optional(Schema.NullOr(Schema.Struct({ include_usage: Schema.optional(Schema.Boolean) }))),
-  max_tokens: Schema.optional(Schema.NullOr(TokenCount)),
-  max_completion_tokens: Schema.optional(Schema.NullOr(TokenCount)),
-  temperature: Schema.optional(Schema.NullOr(Schema.Number.pipe(Schema.between(0, 2)))),
-  top_p: Schema.optional(Schema.NullOr(Schema.Number.pipe(Schema.greaterThan(0), Schema.lessThanOrEqualTo(1)))),
-  seed: Schema.optional(Schema.NullOr(Schema.Int)),
-  stop: Schema.optional(
-    Schema.NullOr(Schema.Union(Schema.String, Schema.Array(Schema.String).pipe(Schema.maxItems(4))))
-  ),
-  n: Schema.optional(Schema.NullOr(Schema.Literal(1))),
-  /** vLLM's extension: keep generating past end-of-sequence until max_tokens. */
-  ignore_eos: Schema.optional(Schema.Boolean),
-  cornserve_embeddings: Schema.optional(Schema.Array(EmbeddingRef))
-})
+/** OpenAI's request (the one schema the SDK and the gateway use), with the executor's extensions. */
+export const ChatCompletionRequest = Schema.extend(
+  OpenAI.ChatCompletionRequest,
+  Schema.Struct({
+    /** vLLM's extension: keep generating past end-of-sequence until max_tokens. */
+    ignore_eos: Schema.optional(Schema.Boolean),
+    cornserve_embeddings: Schema.optional(Schema.Array(EmbeddingRef))
+  })
+)
 export type ChatCompletionRequest = typeof ChatCompletionRequest.Type
 
-export const FinishReason = Schema.Literal("stop", "length")
-export type FinishReason = typeof FinishReason.Type
-
-export const Usage = CompletionUsage
-export type Usage = typeof Usage.Type
-
-export const ChatCompletion = Schema.Struct({
-  id: Schema.String,
-  object: Schema.Literal("chat.completion"),
-  created: Schema.Int,
-  model: Schema.String,
-  choices: Schema.Tuple(
-    Schema.Struct({
-      index: Schema.Literal(0),
-      message: Schema.Struct({ role: Schema.Literal("assistant"), content: Schema.String }),
-      finish_reason: FinishReason,
-      logprobs: Schema.Null
-    })
-  ),
-  usage: Usage
-})
-export type ChatCompletion = typeof ChatCompletion.Type
-
-export const ChatCompletionChunk = Schema.Struct({
-  id: Schema.String,
-  object: Schema.Literal("chat.completion.chunk"),
-  created: Schema.Int,
-  model: Schema.String,
-  choices: Schema.Array(
-    Schema.Struct({
-      index: Schema.Literal(0),
-      delta: Schema.Struct({
-        role: Schema.optional(Schema.Literal("assistant")),
-        content: Schema.optional(Schema.String)
-      }),
-      finish_reason: Schema.NullOr(FinishReason),
-      logprobs: Schema.Null
-    })
-  ),
-  /** With stream_options.include_usage: null on every chunk but the last, which has no choices. */
-  usage: Schema.optional(Schema.NullOr(Usage))
-})
-export type ChatCompletionChunk = typeof ChatCompletionChunk.Type
+export {
+  ChatCompletion,
+  ChatCompletionChunk,
+  CompletionUsage as Usage,
+  FinishReason
+} from "../../app-runtime/schemas/OpenAI.js"
 
 export const ModelList = Schema.Struct({
   object: Schema.Literal("list"),

@@ -6,13 +6,12 @@
  */
 import { randomInt, randomUUID } from "node:crypto"
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
-import { Effect, ParseResult, Stream } from "effect"
+import { Effect, Stream } from "effect"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { ChatTokenizer } from "../../models/Tokenizer.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
-import { EngineFailure } from "../common/EngineClient.js"
-import { errorJson, type RouterKind } from "../common/Router.js"
-import { MediaError } from "../common/media/errors.js"
+import { BadRequest, ContextLengthExceeded, EmptyPrompt, ModelNotFound, NoSidecar } from "../common/errors.js"
+import { answeredFailure, errorAnswer, errorBody, type RouterKind } from "../common/Router.js"
 import {
   type ChatCompletion,
   type ChatCompletionChunk,
@@ -28,21 +27,9 @@ import {
 } from "./api.js"
 import { Generation, type Outcome } from "./Generation.js"
 import { contextLength, kvCacheTokens } from "./Limits.js"
-import { EmbeddingMissing, makeMediaInputs } from "./MediaInputs.js"
+import { makeMediaInputs } from "./MediaInputs.js"
 import { expandPlaceholders, mediaParts, PromptError, templateMessages } from "./Prompt.js"
 import type { EmbedResult, GenerateMeta, LlmRequestMeta, PromptInput, SamplingParams } from "./protocol.js"
-
-/** A request the router refuses: its status and error code. */
-class RequestRefused extends Error {
-  override readonly name = "RequestRefused"
-  constructor(
-    readonly status: number,
-    readonly code: string,
-    message: string
-  ) {
-    super(message)
-  }
-}
 
 const tokenIds = (value: unknown): Array<number> =>
   typeof value === "number"
@@ -101,9 +88,7 @@ export const routerKind: RouterKind = {
       const checkModel = (name: string | undefined) =>
         name === undefined || name === config.model
           ? Effect.void
-          : Effect.fail(
-              new RequestRefused(404, "ModelNotFound", `this executor serves "${config.model}", not "${name}"`)
-            )
+          : Effect.fail(new ModelNotFound({ message: `this executor serves "${config.model}", not "${name}"` }))
 
       /** The chat template over the messages; a template that refuses them (or none at all) is the request's problem. */
       const renderChat = (messages: ReadonlyArray<ChatMessage>, addGenerationPrompt: boolean): string => {
@@ -125,7 +110,7 @@ export const routerKind: RouterKind = {
         const resolved = await media.resolve(parts, refs)
         const text = "messages" in source ? renderChat(source.messages, source.addGenerationPrompt) : source.text
         const { inputIds, starts } = expandPlaceholders(tokenizer.encode(text), media.placeholders, resolved)
-        if (inputIds.length === 0) throw new RequestRefused(400, "EmptyPrompt", "the prompt has no tokens")
+        if (inputIds.length === 0) throw new EmptyPrompt()
         return {
           inputIds,
           media: resolved.map((item, index) => ({ start: starts[index]!, rows: item.rows, input: item.input }))
@@ -134,20 +119,16 @@ export const routerKind: RouterKind = {
 
       const sampling = (body: ChatCompletionRequest, promptTokens: number): SamplingParams => {
         if (promptTokens >= maxModelLength) {
-          throw new RequestRefused(
-            400,
-            "ContextLengthExceeded",
-            `this model's maximum context length is ${maxModelLength} tokens; the messages take ${promptTokens}`
-          )
+          throw new ContextLengthExceeded({
+            message: `this model's maximum context length is ${maxModelLength} tokens; the messages take ${promptTokens}`
+          })
         }
         const asked = body.max_completion_tokens ?? body.max_tokens ?? undefined
         const maxNewTokens = asked ?? Math.min(defaults.maxNewTokens ?? Infinity, maxModelLength - promptTokens)
         if (promptTokens + maxNewTokens > maxModelLength) {
-          throw new RequestRefused(
-            400,
-            "ContextLengthExceeded",
-            `this model's maximum context length is ${maxModelLength} tokens; ${promptTokens + maxNewTokens} were asked for (${promptTokens} in the messages, ${maxNewTokens} in the completion)`
-          )
+          throw new ContextLengthExceeded({
+            message: `this model's maximum context length is ${maxModelLength} tokens; ${promptTokens + maxNewTokens} were asked for (${promptTokens} in the messages, ${maxNewTokens} in the completion)`
+          })
         }
         return {
           temperature: body.temperature ?? defaults.temperature,
@@ -163,29 +144,6 @@ export const routerKind: RouterKind = {
         completion_tokens: outcome.completionTokens,
         total_tokens: prompt.inputIds.length + outcome.completionTokens
       })
-
-      const refusal = (error: unknown) => {
-        if (error instanceof RequestRefused) return errorJson(error.status, error.code, error.message)
-        if (error instanceof PromptError) return errorJson(400, "BadPrompt", error.message)
-        if (error instanceof MediaError)
-          return errorJson(error.status, error.status === 413 ? "MediaTooLarge" : "BadMedia", error.message)
-        if (error instanceof EmbeddingMissing) return errorJson(404, "EmbeddingNotFound", error.message)
-        if (error instanceof EngineFailure)
-          return errorJson(error.status, error.status === 400 ? "BadRequest" : "ExecutorFailed", error.message)
-        const tagged = error as { readonly _tag?: string; readonly message?: string; readonly status?: number }
-        if (ParseResult.isParseError(error)) {
-          const issues = ParseResult.ArrayFormatter.formatErrorSync(error).map(
-            (issue) => `${issue.path.length === 0 ? "body" : issue.path.join(".")}: ${issue.message}`
-          )
-          return errorJson(400, "BadRequest", issues.join("; "))
-        }
-        if (tagged._tag === "RequestError")
-          return errorJson(400, "BadRequest", `the body is not JSON: ${tagged.message ?? ""}`)
-        // Eric's preprocessing reports undecodable media with a status.
-        if (tagged.status === 400 || tagged.status === 413)
-          return errorJson(tagged.status, "BadMedia", tagged.message ?? "bad media")
-        return errorJson(500, "InternalError", tagged.message ?? String(error))
-      }
 
       const attempt = <A>(run: () => Promise<A>) => Effect.tryPromise({ try: run, catch: (error) => error })
       const check = <A>(run: () => A) => Effect.try({ try: run, catch: (error) => error })
@@ -257,8 +215,8 @@ export const routerKind: RouterKind = {
               void emit.single(sseLine("[DONE]"))
               void emit.end()
             },
-            error: (error) => {
-              void emit.single(sseLine({ error: { code: "ExecutorFailed", message: error.message } }))
+            error: (failure) => {
+              void emit.single(sseLine(errorBody(Effect.runSync(answeredFailure(failure)))))
               void emit.single(sseLine("[DONE]"))
               void emit.end()
             }
@@ -269,18 +227,15 @@ export const routerKind: RouterKind = {
           contentType: "text/event-stream",
           headers: { "cache-control": "no-cache" }
         })
-      }).pipe(Effect.catchAll((error) => Effect.succeed(refusal(error))))
+      }).pipe(Effect.catchAll(errorAnswer))
 
       const promptEmbeddings = Effect.gen(function* () {
         const body = yield* HttpServerRequest.schemaBodyJson(PromptEmbeddingsRequest)
         yield* checkModel(body.model)
         if ((body.messages === undefined) === (body.prompt === undefined))
-          return yield* Effect.fail(new RequestRefused(400, "BadRequest", "give either messages or prompt"))
+          return yield* new BadRequest({ message: "give either messages or prompt" })
         const inline = body.return === "inline"
-        if (!inline && sidecar === undefined)
-          return yield* Effect.fail(
-            new RequestRefused(400, "NoSidecar", 'this executor has no sidecar; ask for return: "inline"')
-          )
+        if (!inline && sidecar === undefined) return yield* new NoSidecar()
         const prompt = yield* attempt(() =>
           buildPrompt(
             body.messages === undefined
@@ -290,13 +245,9 @@ export const routerKind: RouterKind = {
           )
         )
         if (prompt.inputIds.length > maxModelLength) {
-          return yield* Effect.fail(
-            new RequestRefused(
-              400,
-              "ContextLengthExceeded",
-              `this model's maximum context length is ${maxModelLength} tokens; the prompt takes ${prompt.inputIds.length}`
-            )
-          )
+          return yield* new ContextLengthExceeded({
+            message: `this model's maximum context length is ${maxModelLength} tokens; the prompt takes ${prompt.inputIds.length}`
+          })
         }
         const meta: LlmRequestMeta = {
           op: "embed",
@@ -318,13 +269,13 @@ export const routerKind: RouterKind = {
           ...(result.embedding === undefined ? {} : { embedding: Array.from(result.embedding) })
         }
         return HttpServerResponse.unsafeJson(answer)
-      }).pipe(Effect.catchAll((error) => Effect.succeed(refusal(error))))
+      }).pipe(Effect.catchAll(errorAnswer))
 
       const stats = Effect.gen(function* () {
         const submitted = engine.submit([{ key: "stats", inputs: {}, meta: { op: "stats" } satisfies LlmRequestMeta }])
         const [result] = (yield* attempt(() => submitted.results)) as [LlmStats]
         return HttpServerResponse.unsafeJson(result)
-      }).pipe(Effect.catchAll((error) => Effect.succeed(refusal(error))))
+      }).pipe(Effect.catchAll(errorAnswer))
 
       const models: ModelList = {
         object: "list",

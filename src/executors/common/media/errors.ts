@@ -6,20 +6,10 @@ import { Schema } from "effect"
  */
 
 /** Unreadable, refused (a private address, a file outside the media root) or undecodable. */
-export class MediaError extends Schema.TaggedError<MediaError>()("MediaError", { message: Schema.String }) {
-  /** The routers answer with it until one table maps error tags to statuses. */
-  get status(): number {
-    return 400
-  }
-}
+export class MediaError extends Schema.TaggedError<MediaError>()("MediaError", { message: Schema.String }) {}
 
 /** Over the executor's byte limit, or an image over its pixel limit. */
-export class MediaTooLarge extends Schema.TaggedError<MediaTooLarge>()("MediaTooLarge", { message: Schema.String }) {
-  /** The routers answer with it until one table maps error tags to statuses. */
-  get status(): number {
-    return 413
-  }
-}
+export class MediaTooLarge extends Schema.TaggedError<MediaTooLarge>()("MediaTooLarge", { message: Schema.String }) {}
 
 /** What preprocessing media can fail with, as it crosses from a thread to the router. */
 export const MediaFailure = Schema.Union(MediaError, MediaTooLarge)

@@ -1,0 +1,71 @@
+import type { ControlPlaneError } from "../control/errors.js"
+import type { ExecutorErrorTag } from "../executors/common/errors.js"
+
+/** How an error is answered over HTTP: its status, and how many seconds a client should wait before retrying. */
+export interface HttpStatus {
+  readonly status: number
+  readonly retryAfterSeconds?: number
+}
+
+export type ErrorTag = ControlPlaneError["_tag"] | ExecutorErrorTag
+
+const badRequest: HttpStatus = { status: 400 }
+const notFound: HttpStatus = { status: 404 }
+const bug: HttpStatus = { status: 500 }
+const retryShortly: HttpStatus = { status: 503, retryAfterSeconds: 1 }
+
+/**
+ * The one table from error tag to HTTP answer, for the gateway and every executor's router. Every
+ * tag must be listed: a new error does not compile until it has its status here.
+ */
+export const httpStatuses: { readonly [Tag in ErrorTag]: HttpStatus } = {
+  // The client's request
+  BadRequest: badRequest,
+  InvalidAppName: badRequest,
+  AppSyntaxError: badRequest,
+  ForbiddenImport: badRequest,
+  InvalidApp: badRequest,
+  TaskInputRejected: badRequest,
+  NoExecutorForKind: badRequest,
+  UnsupportedModality: badRequest,
+  NoSidecar: badRequest,
+  ContextLengthExceeded: badRequest,
+  EmptyPrompt: badRequest,
+  PromptError: badRequest,
+  MediaError: badRequest,
+  EngineRejected: badRequest,
+  Unauthorized: { status: 401 },
+  AppNotFound: notFound,
+  TaskNotFound: notFound,
+  RouteNotFound: notFound,
+  ModelNotFound: notFound,
+  // The request names forwarded data that is not there: for the executor's caller, an unknown id.
+  EmbeddingMissing: notFound,
+  AppNameTaken: { status: 409 },
+  PayloadTooLarge: { status: 413 },
+  MediaTooLarge: { status: 413 },
+  RequestSchemaMismatch: { status: 422 },
+  // The client went away; nobody reads the answer, but it must not look like a failure.
+  RequestCancelled: { status: 499 },
+  // A fault on the platform's side: an app's, an executor's or the platform's own bug
+  AppFailed: bug,
+  InvalidTaskGraph: bug,
+  DeploymentFailed: bug,
+  ExecutorFailed: bug,
+  InternalError: bug,
+  NotSupported: { status: 501 },
+  DispatchFailed: { status: 502 },
+  // Capacity: the same request may succeed shortly
+  AppNotReady: retryShortly,
+  TaskUnavailable: retryShortly,
+  ShuttingDown: retryShortly,
+  DevicesExhausted: retryShortly,
+  EngineUnavailable: retryShortly,
+  RequestTimeout: { status: 504 }
+}
+
+export const httpStatusOf = (error: { readonly _tag: ErrorTag }): HttpStatus => httpStatuses[error._tag]
+
+/** The headers an error's answer carries besides its content type. */
+export const errorHeaders = (answer: HttpStatus): Record<string, string> =>
+  answer.retryAfterSeconds === undefined ? {} : { "retry-after": String(answer.retryAfterSeconds) }

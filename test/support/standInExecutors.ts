@@ -1,0 +1,80 @@
+import * as Http from "node:http"
+import type { AddressInfo } from "node:net"
+import { Effect } from "effect"
+import type { Executor, ExecutorKind } from "../../src/executors/ExecutorKinds.js"
+import { parseDevices } from "../../src/node/Devices.js"
+
+/** One request a stand-in executor received: its path, its JSON body, and whether its client hung up early. */
+export interface ReceivedRequest {
+  readonly path: string
+  readonly body: unknown
+  readonly abandoned: Promise<boolean>
+}
+
+export type StandInHandler = (request: ReceivedRequest, response: Http.ServerResponse) => void
+
+/**
+ * A small HTTP server on 127.0.0.1 that speaks an executor's API as the test tells it: `/health`
+ * answers with `health` (200 unless changed), every POST goes to `handle`.
+ */
+export class StandInExecutor {
+  readonly received: Array<ReceivedRequest> = []
+  health = 200
+  handle: StandInHandler = (_, response) => response.writeHead(500).end()
+
+  private constructor(
+    private readonly server: Http.Server,
+    readonly url: string
+  ) {}
+
+  static async start(): Promise<StandInExecutor> {
+    const server = Http.createServer()
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve))
+    const standIn = new StandInExecutor(server, `http://127.0.0.1:${(server.address() as AddressInfo).port}`)
+    server.on("request", (request, response) => standIn.serve(request, response))
+    return standIn
+  }
+
+  private serve(request: Http.IncomingMessage, response: Http.ServerResponse) {
+    if (request.url === "/health") return response.writeHead(this.health).end("{}")
+    const chunks: Array<Buffer> = []
+    request.on("data", (chunk: Buffer) => chunks.push(chunk))
+    request.once("end", () => {
+      const abandoned = new Promise<boolean>((resolve) =>
+        response.once("close", () => resolve(!response.writableFinished))
+      )
+      const received = { path: request.url ?? "", body: JSON.parse(Buffer.concat(chunks).toString()), abandoned }
+      this.received.push(received)
+      this.handle(received, response)
+    })
+  }
+
+  close(): Promise<void> {
+    this.server.closeAllConnections()
+    return new Promise((resolve) => this.server.close(() => resolve()))
+  }
+}
+
+/** Answers `{ error: { code, message } }` with a status, as a real executor refuses. */
+export const refuse = (response: Http.ServerResponse, status: number, code: string, message = code) =>
+  response.writeHead(status, { "content-type": "application/json" }).end(JSON.stringify({ error: { code, message } }))
+
+export const answerJson = (response: Http.ServerResponse, body: unknown) =>
+  response.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify(body))
+
+/** An executor kind whose executors are the given stand-ins, one per device, in order. */
+export const standInKind = (kind: string, standIns: ReadonlyArray<StandInExecutor>): ExecutorKind => {
+  let next = 0
+  return {
+    kind,
+    devicesPerExecutor: () => 1,
+    start: (_, devices) =>
+      Effect.sync((): Executor => {
+        const standIn = standIns[next++]!
+        return { devices, url: () => standIn.url, restart: () => undefined }
+      })
+  }
+}
+
+export const cpuDevices = (count: number) =>
+  parseDevices(Array.from({ length: count }, (_, index) => `cpu:${index}`).join(","))
