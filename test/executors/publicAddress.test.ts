@@ -1,6 +1,6 @@
 import { networkInterfaces } from "node:os"
 import { describe, expect, it } from "vitest"
-import { isPublicAddress, nonPublicReason } from "../../src/executors/common/PublicAddress.js"
+import { isPublicAddress, nonPublicReason } from "../../src/executors/common/media/PublicAddress.js"
 
 /** The host part of a URL as the WHATWG parser (and so the media fetcher) normalizes it. */
 const hostOf = (url: string) => new URL(url).hostname

@@ -2,10 +2,11 @@ import { lookup as dnsLookup, type LookupAddress } from "node:dns"
 import { realpath, readFile, stat } from "node:fs/promises"
 import * as Http from "node:http"
 import * as Https from "node:https"
-import { BlockList, isIP, type LookupFunction } from "node:net"
+import { isIP, type LookupFunction } from "node:net"
 import { sep } from "node:path"
 import { fileURLToPath } from "node:url"
 import { MediaError, MediaTooLarge } from "./errors.js"
+import { nonPublicReason } from "./PublicAddress.js"
 
 export interface MediaSourceOptions {
   /** Files may be read only below this directory; no file URL is accepted without one. */
@@ -19,35 +20,6 @@ export interface MediaSourceOptions {
 export interface Media {
   readonly bytes: Buffer
   readonly mimeType: string | undefined
-}
-
-const privateRanges = new BlockList()
-for (const [network, prefix] of [
-  ["0.0.0.0", 8],
-  ["10.0.0.0", 8],
-  ["100.64.0.0", 10],
-  ["127.0.0.0", 8],
-  ["169.254.0.0", 16],
-  ["172.16.0.0", 12],
-  ["192.168.0.0", 16],
-  ["224.0.0.0", 3]
-] as const) {
-  privateRanges.addSubnet(network, prefix, "ipv4")
-}
-for (const [network, prefix] of [
-  ["::", 127],
-  ["fc00::", 7],
-  ["fe80::", 10],
-  ["ff00::", 8]
-] as const) {
-  privateRanges.addSubnet(network, prefix, "ipv6")
-}
-
-/** Loopback, private, link-local, multicast or unspecified (IPv4-mapped IPv6 included). */
-export const isPrivateAddress = (address: string): boolean => {
-  const mapped = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(address)
-  if (mapped !== null) return privateRanges.check(mapped[1]!, "ipv4")
-  return privateRanges.check(address, isIP(address) === 6 ? "ipv6" : "ipv4")
 }
 
 const decodeDataUrl = (url: string, maxBytes: number): Media => {
@@ -90,13 +62,9 @@ const readAllowedFile = async (url: string, options: MediaSourceOptions): Promis
 const guardedLookup: LookupFunction = (hostname, options, callback) => {
   dnsLookup(hostname, { ...options, all: true }, (error, addresses: Array<LookupAddress>) => {
     if (error) return callback(error, "", 4)
-    const refused = addresses.find((entry) => isPrivateAddress(entry.address))
-    if (refused !== undefined) {
-      return callback(
-        new MediaError({ message: `${hostname} resolves to a private address (${refused.address}); refused` }),
-        "",
-        4
-      )
+    const refusal = addresses.map((entry) => nonPublicReason(entry.address)).find((reason) => reason !== undefined)
+    if (refusal !== undefined) {
+      return callback(new MediaError({ message: `${hostname} is refused: ${refusal}` }), "", 4)
     }
     if (options.all) return (callback as unknown as (e: null, a: Array<LookupAddress>) => void)(null, addresses)
     callback(null, addresses[0]!.address, addresses[0]!.family)
@@ -105,13 +73,9 @@ const guardedLookup: LookupFunction = (hostname, options, callback) => {
 
 const fetchHttp = (url: URL, options: MediaSourceOptions, redirectsLeft: number): Promise<Media> =>
   new Promise((resolve, reject) => {
-    if (
-      !options.allowPrivateHosts &&
-      isIP(url.hostname.replace(/^\[|\]$/g, "")) !== 0 &&
-      isPrivateAddress(url.hostname.replace(/^\[|\]$/g, ""))
-    ) {
-      return reject(new MediaError({ message: `${url.hostname} is a private address; refused` }))
-    }
+    const literal = url.hostname.replace(/^\[|\]$/g, "")
+    const refusal = !options.allowPrivateHosts && isIP(literal) !== 0 ? nonPublicReason(literal) : undefined
+    if (refusal !== undefined) return reject(new MediaError({ message: `${url.href} is refused: ${refusal}` }))
     const client = url.protocol === "https:" ? Https : Http
     const request = client.get(
       url,
