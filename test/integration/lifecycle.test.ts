@@ -1,6 +1,143 @@
+import { mkdtemp, rm } from "node:fs/promises"
+import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { invoke, removeStateDir, repoRoot, runCli, type RunningPlatform, startPlatform } from "../support/platform.js"
+import { descendants } from "../support/executors.js"
+import {
+  eventually,
+  invoke,
+  removeStateDir,
+  repoRoot,
+  runCli,
+  type RunningPlatform,
+  startPlatform
+} from "../support/platform.js"
+
+const nodeId = `lifecycle-${process.pid}`
+const arenaBytes = 64 * 1024 * 1024
+
+/** A one-pixel red PNG. */
+const redPixel =
+  "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+const chatRequest = JSON.stringify({
+  messages: [
+    {
+      role: "user",
+      content: [
+        { type: "text", text: "What colour is this?" },
+        { type: "image_url", image_url: { url: redPixel } }
+      ]
+    }
+  ],
+  max_tokens: 8
+})
+
+describe("cornserve serve: the node's sidecar is restarted, and the control plane follows it", () => {
+  let platform: RunningPlatform
+  let env: Record<string, string>
+  let modelDir: string
+
+  /** The sidecar processes the platform runs. */
+  const sidecars = () =>
+    descendants(platform.process.pid!).filter((entry) => entry.command.includes(" internal sidecar "))
+
+  /** The sidecar's section of /metrics, or undefined when it has none. */
+  const sidecarMetrics = async () => {
+    const text = await (await fetch(`${platform.url}/metrics`)).text()
+    const sample = (name: string) => {
+      const match = new RegExp(`^${name}\\{node="${nodeId}"\\} (\\d+)$`, "m").exec(text)
+      return match === null ? undefined : Number(match[1])
+    }
+    const arena = sample("cornserve_sidecar_arena_bytes")
+    if (arena === undefined) return undefined
+    return {
+      arenaBytes: arena,
+      bytesInUse: sample("cornserve_sidecar_bytes_in_use"),
+      transfersActive: sample("cornserve_sidecar_transfers_active")
+    }
+  }
+
+  const colourOfRedPixel = async () => {
+    const result = await runCli(
+      ["app", "invoke", "color_chat", "--aggregate", "choices.0.delta.content", "--data", chatRequest],
+      env
+    )
+    return result.code === 0 ? result.stdout.trim() : undefined
+  }
+
+  beforeAll(async () => {
+    modelDir = await mkdtemp(join(tmpdir(), "cornserve-models-"))
+    platform = await startPlatform({
+      args: [
+        "--devices",
+        "cpu:0,cpu:1,cpu:2",
+        "--node-id",
+        nodeId,
+        "--sidecar-arena-bytes",
+        String(arenaBytes),
+        "--request-timeout",
+        "60"
+      ],
+      env: { CORNSERVE_MODEL_DIR: modelDir }
+    })
+    env = { CORNSERVE_GATEWAY_URL: platform.url }
+    const registered = await runCli(["app", "register", join(repoRoot, "examples", "color_chat.ts")], env)
+    expect(registered.code, registered.stderr).toBe(0)
+  })
+
+  afterAll(async () => {
+    const code = await platform?.stop()
+    expect(code).toBe(0)
+    await removeStateDir(platform.stateDir)
+    await rm(modelDir, { recursive: true, force: true })
+  })
+
+  it("runs one sidecar; once it is killed, a new one runs and /metrics shows its arena", async () => {
+    const before = sidecars()
+    expect(before).toHaveLength(1)
+    expect(await sidecarMetrics()).toMatchObject({ arenaBytes })
+    const killed = before[0]!.pid
+
+    process.kill(killed, "SIGKILL")
+
+    await eventually(async () => {
+      const now = sidecars()
+      return now.length === 1 && now[0]!.pid !== killed ? now[0]! : undefined
+    })
+    expect(await eventually(sidecarMetrics)).toMatchObject({ arenaBytes })
+  })
+
+  it("serves requests through the new sidecar", async () => {
+    expect(await eventually(colourOfRedPixel, 60_000)).toBe("red")
+  })
+
+  it("releases from the new sidecar the data a cancelled request left there", async () => {
+    expect(await sidecarMetrics()).toMatchObject({ bytesInUse: 0 })
+    // With the LLM executor stopped, the image's embeddings wait in the arena for a reader that
+    // never comes: only the release of the cancelled request frees them before the sidecar's TTL.
+    const router = descendants(platform.process.pid!).find(
+      (entry) => entry.command.includes(" internal executor ") && entry.command.includes("--kind llm")
+    )
+    expect(router).toBeDefined()
+    const llm = [router!, ...descendants(router!.pid)]
+    for (const { pid } of llm) process.kill(pid, "SIGSTOP")
+    try {
+      const controller = new AbortController()
+      const pending = fetch(`${platform.url}/app/invoke/color_chat`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: chatRequest,
+        signal: controller.signal
+      }).catch(() => undefined)
+      await eventually(async () => (((await sidecarMetrics())?.bytesInUse ?? 0) > 0 ? true : undefined))
+      controller.abort()
+      await pending
+      expect(await eventually(async () => ((await sidecarMetrics())?.bytesInUse === 0 ? true : undefined))).toBe(true)
+    } finally {
+      for (const { pid } of llm) process.kill(pid, "SIGCONT")
+    }
+  })
+})
 
 describe("cornserve serve: an app's worker that dies is restarted", () => {
   let platform: RunningPlatform
