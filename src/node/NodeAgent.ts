@@ -62,6 +62,7 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
     const executors = new Set<SupervisedProcess<string>>()
     let executorCount = 0
     let sidecarRuns = 0
+    let sidecarArena: string | undefined
 
     const sidecar = yield* SupervisedProcess.start<SidecarReady>({
       name: `sidecar of node ${config.nodeId}`,
@@ -82,7 +83,10 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
       startTimeoutMs: 30_000,
       log,
       onState: (state) => {
+        // A sidecar that was killed could not remove its arena file; nothing else would.
+        if (state._tag === "Crashed" && sidecarArena !== undefined) rmSync(sidecarArena, { force: true })
         if (state._tag !== "Ready") return
+        sidecarArena = state.ready.arenaPath
         if (sidecarRuns++ > 0) for (const executor of executors) executor.restart("the node's sidecar restarted")
       }
     })

@@ -1,7 +1,9 @@
+import { existsSync } from "node:fs"
 import { mkdtemp, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { arenaFilePrefix } from "../../src/sidecar/Arena.js"
 import { descendants } from "../support/executors.js"
 import {
   eventually,
@@ -15,6 +17,7 @@ import {
 
 const nodeId = `lifecycle-${process.pid}`
 const arenaBytes = 64 * 1024 * 1024
+const arenaFileOf = (sidecarPid: number) => join("/dev/shm", `${arenaFilePrefix}${nodeId}-${sidecarPid}`)
 
 /** A one-pixel red PNG. */
 const redPixel =
@@ -92,19 +95,22 @@ describe("cornserve serve: the node's sidecar is restarted, and the control plan
     await rm(modelDir, { recursive: true, force: true })
   })
 
-  it("runs one sidecar; once it is killed, a new one runs and /metrics shows its arena", async () => {
+  it("runs one sidecar; once it is killed, a new one runs, /metrics shows its arena and the old arena is removed", async () => {
     const before = sidecars()
     expect(before).toHaveLength(1)
     expect(await sidecarMetrics()).toMatchObject({ arenaBytes })
     const killed = before[0]!.pid
+    expect(existsSync(arenaFileOf(killed))).toBe(true)
 
     process.kill(killed, "SIGKILL")
 
-    await eventually(async () => {
+    const restarted = await eventually(async () => {
       const now = sidecars()
       return now.length === 1 && now[0]!.pid !== killed ? now[0]! : undefined
     })
     expect(await eventually(sidecarMetrics)).toMatchObject({ arenaBytes })
+    expect(existsSync(arenaFileOf(killed))).toBe(false)
+    expect(existsSync(arenaFileOf(restarted.pid))).toBe(true)
   })
 
   it("serves requests through the new sidecar", async () => {
