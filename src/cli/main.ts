@@ -1,9 +1,10 @@
 import { homedir } from "node:os"
 import { join } from "node:path"
-import { Args, Command, Options, ValidationError } from "@effect/cli"
+import { Args, Command, HelpDoc, Options, ValidationError } from "@effect/cli"
 import * as NodeContext from "@effect/platform-node/NodeContext"
 import * as NodeRuntime from "@effect/platform-node/NodeRuntime"
 import { Config, Console, Effect, Option } from "effect"
+import { parseDevices } from "../node/Devices.js"
 import { CliFailure, type GatewayTarget, invokeApp, listApps, listTasks, registerApp, unregisterApp } from "./client.js"
 
 const version = "0.1.0"
@@ -54,7 +55,15 @@ const serveCommand = Command.make(
     ),
     devices: Options.text("devices").pipe(
       Options.withDescription('Devices for task executors: "auto" or a list such as cpu:0,cpu:1.'),
-      Options.withDefault("auto")
+      Options.withDefault("auto"),
+      // Checked with the other flags, so that a wrong list is a usage error before anything starts.
+      Options.mapTryCatch(
+        (spec) => {
+          parseDevices(spec)
+          return spec
+        },
+        (error) => HelpDoc.p((error as Error).message)
+      )
     ),
     nodeId: Options.text("node-id").pipe(
       Options.withDescription("This node's name (its sidecar's too)."),
@@ -384,8 +393,12 @@ const cli = Command.run(cornserve, { name: "cornserve", version })
 export const main = (argv: ReadonlyArray<string>) =>
   cli(argv).pipe(
     Effect.catchAll((error) => {
+      // A wrong command line (already explained by the parser) exits 2, as usage errors do.
+      if (ValidationError.isValidationError(error)) {
+        process.exitCode = 2
+        return Effect.void
+      }
       process.exitCode = 1
-      if (ValidationError.isValidationError(error)) return Effect.void
       return Console.error(
         `cornserve: ${error instanceof CliFailure ? error.message : ((error as Error).message ?? String(error))}`
       )

@@ -4,34 +4,26 @@ import { fileURLToPath } from "node:url"
 import type { ServeError } from "@effect/platform/HttpServerError"
 import { Console, Effect, Layer } from "effect"
 import { AppManager, type AppSummary } from "../control/app-manager/AppManager.js"
-import { AppStore } from "../control/app-manager/AppStore.js"
-import { Dispatcher } from "../control/dispatcher/Dispatcher.js"
 import { NotSupported } from "../control/errors.js"
 import { Gateway } from "../control/gateway/Gateway.js"
 import { ResourceManager } from "../control/resource-manager/ResourceManager.js"
 import { ServeConfig, type ServeOptions } from "../control/ServeConfig.js"
-import { TaskManagers } from "../control/task-manager/TaskManagers.js"
-import { ExecutorKinds } from "../executors/ExecutorKinds.js"
 import { NodeAgent } from "../node/NodeAgent.js"
 
 export const examplesDir = fileURLToPath(new URL("../../examples/", import.meta.url))
 const binPath = fileURLToPath(new URL("../../bin/cornserve", import.meta.url))
 
-/** The control plane of one node: the only place that knows every layer. */
-export const platformLayer = (options: ServeOptions) => {
-  const config = Layer.succeed(ServeConfig, options)
-  const tasks = Layer.mergeAll(TaskManagers.Default, ExecutorKinds.DefaultWithoutDependencies)
-  const resources = ResourceManager.DefaultWithoutDependencies.pipe(Layer.provideMerge(tasks))
-  const dispatcher = Dispatcher.DefaultWithoutDependencies
-  const apps = AppManager.DefaultWithoutDependencies.pipe(Layer.provide(AppStore.Default))
-  return Gateway.Default.pipe(
-    Layer.provideMerge(apps),
-    Layer.provideMerge(dispatcher),
-    Layer.provideMerge(resources),
-    Layer.provideMerge(NodeAgent.Default),
-    Layer.provide(config)
+/**
+ * The control plane of one node. Each service's layer brings the layers of the services it
+ * declares as dependencies, so the root names only what the gateway uses. A layer reached by
+ * several paths (the node agent: under the gateway, the dispatcher and the executor kinds) is one
+ * value, which Effect builds once per platform. What is left to give is the configuration.
+ */
+export const platformLayer = (options: ServeOptions) =>
+  Gateway.Default.pipe(
+    Layer.provideMerge(Layer.mergeAll(AppManager.Default, ResourceManager.Default, NodeAgent.Default)),
+    Layer.provide(Layer.succeed(ServeConfig, options))
   )
-}
 
 const shellQuote = (text: string) => `'${text.replaceAll("'", `'\\''`)}'`
 

@@ -23,7 +23,8 @@ export const parseDevices = (spec: string): ReadonlyArray<Device> => {
     .filter((entry) => entry.length > 0)
     .map((entry): Device => {
       const match = devicePattern.exec(entry)
-      if (match === null) throw new Error(`"${entry}" is not a device: write cpu:N or cuda:N`)
+      if (match === null)
+        throw new Error(`--devices: "${entry}" is not a device: write auto, or a list of cpu:N and cuda:N`)
       return { id: entry, type: match[1] as Device["type"], index: Number(match[2]) }
     })
   const ids = new Set(devices.map((device) => device.id))

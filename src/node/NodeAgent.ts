@@ -1,7 +1,7 @@
 import { mkdtempSync, readdirSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { Effect, Runtime, type Scope } from "effect"
+import { Effect, Runtime, type Scope, ScopedRef } from "effect"
 import { ServeConfig } from "../control/ServeConfig.js"
 import { SidecarClient } from "../sidecar/SidecarClient.js"
 import type { SidecarReady } from "../sidecar/SidecarProcess.js"
@@ -62,6 +62,7 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
     const executors = new Set<SupervisedProcess<string>>()
     let executorCount = 0
     let sidecarRuns = 0
+    let sidecarArena: string | undefined
 
     const sidecar = yield* SupervisedProcess.start<SidecarReady>({
       name: `sidecar of node ${config.nodeId}`,
@@ -82,18 +83,35 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
       startTimeoutMs: 30_000,
       log,
       onState: (state) => {
+        // A sidecar that was killed could not remove its arena file; nothing else would.
+        if (state._tag === "Crashed" && sidecarArena !== undefined) rmSync(sidecarArena, { force: true })
         if (state._tag !== "Ready") return
+        sidecarArena = state.ready.arenaPath
         if (sidecarRuns++ > 0) for (const executor of executors) executor.restart("the node's sidecar restarted")
       }
     })
 
-    /** The control plane's own connection to the sidecar: stats, and releasing what a cancelled request left. */
-    let client: SidecarClient | undefined
-    const sidecarClient = async (): Promise<SidecarClient> => {
-      client ??= await SidecarClient.connect(socketPath)
-      return client
-    }
-    yield* Effect.addFinalizer(() => Effect.promise(async () => client?.close().catch(() => undefined)))
+    const connect = Effect.acquireRelease(
+      Effect.tryPromise(() => SidecarClient.connect(socketPath)),
+      (client) => Effect.promise(() => client.close())
+    )
+    const connection = yield* ScopedRef.fromAcquire(connect)
+    const reconnecting = yield* Effect.makeSemaphore(1)
+    /**
+     * The control plane's own connection to the sidecar: stats, and releasing what a cancelled
+     * request left. A connection to a sidecar that has since gone is replaced by one to the sidecar
+     * now running. While none runs, the closed connection is answered: its calls fail as
+     * unavailable, which every caller expects of a sidecar.
+     */
+    const sidecarConnection = reconnecting.withPermits(1)(
+      Effect.gen(function* () {
+        const current = yield* ScopedRef.get(connection)
+        if (current.connected) return current
+        yield* ScopedRef.set(connection, connect).pipe(Effect.ignore)
+        return yield* ScopedRef.get(connection)
+      })
+    )
+    const sidecarClient = (): Promise<SidecarClient> => Runtime.runPromise(runtime)(sidecarConnection)
 
     const startExecutor = (launch: ExecutorLaunch): Effect.Effect<SupervisedProcess<string>, Error, Scope.Scope> =>
       Effect.gen(function* () {

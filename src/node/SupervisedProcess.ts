@@ -1,6 +1,7 @@
 import { type ChildProcess, spawn } from "node:child_process"
 import { fileURLToPath } from "node:url"
-import { Effect, type Scope } from "effect"
+import { Clock, Deferred, Duration, Effect, Exit, Schedule, type Scope } from "effect"
+import { restartPolicy } from "./RestartPolicy.js"
 
 const binPath = fileURLToPath(new URL("../../bin/cornserve", import.meta.url))
 
@@ -22,78 +23,52 @@ export interface SupervisedOptions<R> {
   readonly log: (message: string) => void
 }
 
-const backoffMs = (attempt: number) => Math.min(8_000, 250 * 2 ** attempt)
-/** A process that stayed up this long is healthy again: its next crash restarts it at once. */
-const stableAfterMs = 30_000
+/** How one run of the process ended: how long it was up, and why it stopped. */
+interface RunEnded {
+  readonly uptime: Duration.Duration
+  readonly reason: string
+}
+
+/** How long a process asked to stop may take before it is killed. */
+const stopGrace = Duration.seconds(5)
 
 /**
  * A child process of the node agent (a sidecar, an executor): started from the same binary, ready
- * when it says so, restarted with exponential backoff when it exits unexpectedly, stopped when the
- * scope closes. Its stdin is a pipe from this process, so it stops itself if the agent dies.
+ * when it says so, restarted by `restartPolicy` when it exits unexpectedly, stopped when the scope
+ * closes. Its stdin is a pipe from this process, so it stops itself if the agent dies.
  */
 export class SupervisedProcess<R> {
   private child: ChildProcess | undefined
   private current: ProcessState<R> = { _tag: "Starting" }
-  private stopping = false
-  private attempt = 0
-  private readyAt = 0
-  private restartTimer: NodeJS.Timeout | undefined
-  private output = ""
 
   private constructor(private readonly options: SupervisedOptions<R>) {}
 
+  /** Starts the process and its supervision; succeeds once it is ready, fails when its first start does. */
   static start<R>(options: SupervisedOptions<R>): Effect.Effect<SupervisedProcess<R>, Error, Scope.Scope> {
-    return Effect.acquireRelease(
-      Effect.tryPromise({
-        try: async () => {
-          const supervised = new SupervisedProcess(options)
-          await supervised.spawnUntilReady().catch(async (error: unknown) => {
-            await supervised.stop()
-            throw error
-          })
-          return supervised
-        },
-        catch: (error) => (error instanceof Error ? error : new Error(String(error)))
-      }),
-      (supervised) => Effect.promise(() => supervised.stop())
-    )
+    return Effect.gen(function* () {
+      const supervised = new SupervisedProcess(options)
+      const firstStart = yield* Deferred.make<void, Error>()
+      yield* Effect.addFinalizer(() => Effect.sync(() => supervised.setState({ _tag: "Stopped" })))
+      yield* Effect.forkScoped(supervised.supervise(firstStart))
+      yield* Deferred.await(firstStart)
+      return supervised
+    })
   }
 
   get state(): ProcessState<R> {
     return this.current
   }
 
+  /** The process id of the current run. */
   get pid(): number | undefined {
     return this.child?.pid
   }
 
-  /** Everything the current run printed. */
-  get log(): string {
-    return this.output
-  }
-
   /** Kills the process (it is unhealthy) and lets the supervisor start it again. */
   restart(reason: string): void {
-    if (this.stopping || this.child === undefined || this.current._tag !== "Ready") return
+    if (this.child === undefined || this.current._tag !== "Ready") return
     this.options.log(`${this.options.name}: restarting it: ${reason}`)
     this.child.kill("SIGKILL")
-  }
-
-  async stop(): Promise<void> {
-    this.stopping = true
-    if (this.restartTimer !== undefined) clearTimeout(this.restartTimer)
-    const child = this.child
-    if (child !== undefined && child.exitCode === null && child.signalCode === null) {
-      await new Promise<void>((resolve) => {
-        const timer = setTimeout(() => child.kill("SIGKILL"), 5_000)
-        child.once("exit", () => {
-          clearTimeout(timer)
-          resolve()
-        })
-        child.kill("SIGTERM")
-      })
-    }
-    this.setState({ _tag: "Stopped" })
   }
 
   private setState(state: ProcessState<R>) {
@@ -101,55 +76,104 @@ export class SupervisedProcess<R> {
     this.options.onState?.(state)
   }
 
-  private spawnUntilReady(): Promise<R> {
-    this.output = ""
-    this.setState({ _tag: "Starting" })
+  /**
+   * Runs the process again each time it ends, after the wait the restart policy picks. A start
+   * that fails before the process was ever ready fails `firstStart` and ends the supervision:
+   * the process cannot run as configured. Later failed starts are crashes like any other.
+   */
+  private supervise(firstStart: Deferred.Deferred<void, Error>): Effect.Effect<void> {
+    const restarts = Schedule.mapInput(restartPolicy, (ended: RunEnded) => ended.uptime).pipe(
+      Schedule.intersect(Schedule.identity<RunEnded>()),
+      Schedule.tapOutput(([delay, ended]) =>
+        Effect.sync(() => {
+          const restartInMs = Duration.toMillis(delay)
+          this.options.log(`${ended.reason}; restarting it in ${restartInMs} ms`)
+          this.setState({ _tag: "Crashed", reason: ended.reason, restartInMs })
+        })
+      )
+    )
+    const runOnce = this.run(Deferred.succeed(firstStart, undefined)).pipe(
+      Effect.catchAll((error) =>
+        Effect.if(Deferred.isDone(firstStart), {
+          onTrue: () => Effect.succeed<RunEnded>({ uptime: Duration.zero, reason: error.message.split("\n")[0]! }),
+          onFalse: () => Effect.zipRight(Deferred.fail(firstStart, error), Effect.fail(error))
+        })
+      )
+    )
+    // A failed first start was handed to the caller through `firstStart`.
+    return Effect.repeat(runOnce, restarts).pipe(Effect.ignore)
+  }
+
+  /** Starts the process, waits until it is ready (then runs `onReady`), and returns once it exits. */
+  private run(onReady: Effect.Effect<unknown>): Effect.Effect<RunEnded, Error> {
+    const { name, startTimeoutMs } = this.options
+    return Effect.gen(this, function* () {
+      const ready = yield* Deferred.make<R>()
+      const exited = yield* Deferred.make<string>()
+      let output = ""
+      const tail = () => output.slice(-2_000)
+      this.setState({ _tag: "Starting" })
+      yield* Effect.acquireRelease(
+        Effect.sync(() => this.spawnChild(ready, exited, (chunk) => (output = (output + chunk).slice(-64_000)))),
+        (child) => stopChild(child, exited)
+      )
+      const parsed = yield* Deferred.await(ready).pipe(
+        Effect.raceFirst(
+          Effect.flatMap(Deferred.await(exited), (reason) =>
+            Effect.fail(new Error(`${reason} before it was ready:\n${tail()}`))
+          )
+        ),
+        Effect.timeoutFail({
+          duration: Duration.millis(startTimeoutMs),
+          onTimeout: () => new Error(`${name} was not ready within ${startTimeoutMs} ms:\n${tail()}`)
+        })
+      )
+      const readyAt = yield* Clock.currentTimeMillis
+      this.setState({ _tag: "Ready", ready: parsed })
+      yield* onReady
+      const reason = yield* Deferred.await(exited)
+      const uptime = Duration.millis((yield* Clock.currentTimeMillis) - readyAt)
+      return { uptime, reason }
+    }).pipe(Effect.scoped)
+  }
+
+  private spawnChild(
+    ready: Deferred.Deferred<R>,
+    exited: Deferred.Deferred<string>,
+    append: (chunk: string) => string
+  ) {
     const child = spawn(process.execPath, [binPath, ...this.options.args], {
       stdio: ["pipe", "pipe", "pipe"],
       env: { ...process.env, ...this.options.env }
     })
     this.child = child
-    return new Promise<R>((resolve, reject) => {
-      let ready = false
-      const timer = setTimeout(() => {
-        child.kill("SIGKILL")
-        reject(
-          new Error(
-            `${this.options.name} was not ready within ${this.options.startTimeoutMs} ms:\n${this.output.slice(-2_000)}`
-          )
-        )
-      }, this.options.startTimeoutMs)
-      const onData = (chunk: Buffer) => {
-        this.output = (this.output + chunk.toString()).slice(-64_000)
-        if (ready) return
-        const parsed = this.options.parseReady(this.output)
-        if (parsed === undefined) return
-        ready = true
-        clearTimeout(timer)
-        this.readyAt = Date.now()
-        this.setState({ _tag: "Ready", ready: parsed })
-        resolve(parsed)
-      }
-      child.stdout!.on("data", onData)
-      child.stderr!.on("data", onData)
-      child.once("exit", (code, signal) => {
-        clearTimeout(timer)
-        const reason = `${this.options.name} exited ${signal === null ? `with code ${code}` : `on ${signal}`}`
-        if (!ready) reject(new Error(`${reason} before it was ready:\n${this.output.slice(-2_000)}`))
-        if (this.stopping || this.child !== child) return
-        if (ready) this.scheduleRestart(reason)
-      })
+    let isReady = false
+    const onData = (chunk: Buffer) => {
+      const output = append(chunk.toString())
+      if (isReady) return
+      const parsed = this.options.parseReady(output)
+      if (parsed === undefined) return
+      isReady = true
+      Deferred.unsafeDone(ready, Exit.succeed(parsed))
+    }
+    child.stdout!.on("data", onData)
+    child.stderr!.on("data", onData)
+    child.once("exit", (code, signal) => {
+      const how = signal === null ? `with code ${code}` : `on ${signal}`
+      Deferred.unsafeDone(exited, Exit.succeed(`${this.options.name} exited ${how}`))
     })
-  }
-
-  private scheduleRestart(reason: string) {
-    if (Date.now() - this.readyAt > stableAfterMs) this.attempt = 0
-    const delay = backoffMs(this.attempt++)
-    this.options.log(`${reason}; restarting it in ${delay} ms`)
-    this.setState({ _tag: "Crashed", reason, restartInMs: delay })
-    this.restartTimer = setTimeout(() => {
-      if (this.stopping) return
-      this.spawnUntilReady().catch((error: Error) => this.scheduleRestart(error.message.split("\n")[0]!))
-    }, delay)
+    return child
   }
 }
+
+/** Asks the child to stop (SIGTERM) and kills it if it has not within the grace period. */
+const stopChild = (child: ChildProcess, exited: Deferred.Deferred<string>) =>
+  Effect.gen(function* () {
+    if (yield* Deferred.isDone(exited)) return
+    child.kill("SIGTERM")
+    const stopped = yield* Deferred.await(exited).pipe(Effect.timeout(stopGrace), Effect.option)
+    if (stopped._tag === "None") {
+      child.kill("SIGKILL")
+      yield* Deferred.await(exited)
+    }
+  })

@@ -119,6 +119,11 @@ export class SidecarClient {
     }
   }
 
+  /** Whether the connection is still open: false once the client closed it or its sidecar went away. */
+  get connected(): boolean {
+    return !this.socket.destroyed
+  }
+
   /** The node this client's sidecar serves. */
   get nodeId(): string {
     return this.node

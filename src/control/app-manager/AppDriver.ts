@@ -1,4 +1,5 @@
 import { Worker } from "node:worker_threads"
+import { Duration, Effect, Fiber, Schedule } from "effect"
 import type { TaskGraphWire } from "../../app-runtime/tasks/TaskGraph.js"
 import type {
   FromWorker,
@@ -7,6 +8,7 @@ import type {
   ToWorker,
   UnitTaskSpec
 } from "../../app-runtime/driver/protocol.js"
+import { restartPolicy } from "../../node/RestartPolicy.js"
 import { dispatchFailureOf } from "../dispatcher/Dispatcher.js"
 
 const workerEntry = new URL("../../app-runtime/driver/worker.js", import.meta.url)
@@ -40,8 +42,9 @@ export class AppLoadError extends Error {
 
 /**
  * The platform's side of one app's worker thread. Requests are tagged with a number and their
- * replies routed back to their handlers. A worker that dies is started again; the requests it held
- * fail, the app stays registered.
+ * replies routed back to their handlers. A worker that dies is started again after the wait
+ * `restartPolicy` picks (requests that arrive meanwhile wait for it); the requests it held fail, the
+ * app stays registered.
  */
 export class AppDriver {
   private worker!: Worker
@@ -53,6 +56,18 @@ export class AppDriver {
   private closing = false
   private idleWaiters: Array<() => void> = []
   private restarting: Promise<void> | undefined
+  private restartFiber: Fiber.RuntimeFiber<void> | undefined
+  private loadedAt = 0
+  /** Remembers the crashes in a row, so that each restart waits longer than the one before. */
+  private readonly restarts = Effect.runSync(
+    Schedule.driver(
+      restartPolicy.pipe(
+        Schedule.tapOutput((delay) =>
+          Effect.sync(() => this.log(`app ${this.appId}: restarting its worker in ${Duration.toMillis(delay)} ms`))
+        )
+      )
+    )
+  )
 
   private constructor(
     readonly appId: string,
@@ -136,6 +151,7 @@ export class AppDriver {
 
   async close(): Promise<void> {
     this.closing = true
+    if (this.restartFiber !== undefined) await Effect.runPromise(Fiber.interrupt(this.restartFiber))
     for (const controller of this.dispatches.values()) controller.abort()
     this.failAll("the app was unloaded")
     await this.worker.terminate()
@@ -157,6 +173,7 @@ export class AppDriver {
       worker.on("message", (message: FromWorker) => {
         if (message.t === "loaded") {
           loaded = true
+          this.loadedAt = Date.now()
           clearTimeout(timer)
           resolve({ tasks: message.tasks, example: message.example, description: message.description })
         } else if (message.t === "load-failed") {
@@ -190,15 +207,27 @@ export class AppDriver {
     this.failAll(`the app's worker stopped (exit code ${exitCode}); it is being restarted`)
     for (const controller of this.dispatches.values()) controller.abort()
     this.dispatches.clear()
-    this.log(`app ${this.appId}: worker exited with code ${exitCode}; restarting`)
-    this.restarting = this.spawn().then(
-      () => {
-        this.restarting = undefined
-      },
-      (error: unknown) => {
-        this.restarting = undefined
-        this.log(`app ${this.appId}: restart failed: ${String(error)}`)
-      }
+    this.log(`app ${this.appId}: worker exited with code ${exitCode}`)
+    const restartFiber = Effect.runFork(this.respawnAfter(Duration.millis(Date.now() - this.loadedAt)))
+    this.restartFiber = restartFiber
+    this.restarting = Effect.runPromise(Fiber.await(restartFiber)).then(() => {
+      this.restarting = undefined
+      this.restartFiber = undefined
+    })
+  }
+
+  /** Waits as long as the restart policy says, then starts the worker again, until one loads. */
+  private respawnAfter(uptime: Duration.Duration): Effect.Effect<void> {
+    const respawn = Effect.tryPromise({ try: () => this.spawn(), catch: (error) => error as AppLoadError })
+    return this.restarts.next(uptime).pipe(
+      // The policy never runs out: it says how long to wait, not whether to restart.
+      Effect.orDie,
+      Effect.zipRight(respawn),
+      Effect.asVoid,
+      Effect.catchAll((error) => {
+        this.log(`app ${this.appId}: its worker did not start again: ${error.message}`)
+        return this.respawnAfter(Duration.zero)
+      })
     )
   }
 

@@ -265,5 +265,5 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       inFlight: () => [...apps.values()].reduce((sum, entry) => sum + (entry.driver?.inFlight ?? 0), 0)
     }
   }),
-  dependencies: [AppStore.Default]
+  dependencies: [AppStore.Default, ResourceManager.Default, Dispatcher.Default]
 }) {}

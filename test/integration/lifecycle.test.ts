@@ -1,0 +1,179 @@
+import { existsSync } from "node:fs"
+import { mkdtemp, rm } from "node:fs/promises"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { arenaFilePrefix } from "../../src/sidecar/Arena.js"
+import { descendants } from "../support/executors.js"
+import {
+  eventually,
+  invoke,
+  removeStateDir,
+  repoRoot,
+  runCli,
+  type RunningPlatform,
+  startPlatform
+} from "../support/platform.js"
+
+const nodeId = `lifecycle-${process.pid}`
+const arenaBytes = 64 * 1024 * 1024
+const arenaFileOf = (sidecarPid: number) => join("/dev/shm", `${arenaFilePrefix}${nodeId}-${sidecarPid}`)
+
+/** A one-pixel red PNG. */
+const redPixel =
+  "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+const chatRequest = JSON.stringify({
+  messages: [
+    {
+      role: "user",
+      content: [
+        { type: "text", text: "What colour is this?" },
+        { type: "image_url", image_url: { url: redPixel } }
+      ]
+    }
+  ],
+  max_tokens: 8
+})
+
+describe("cornserve serve: the node's sidecar is restarted, and the control plane follows it", () => {
+  let platform: RunningPlatform
+  let env: Record<string, string>
+  let modelDir: string
+
+  /** The sidecar processes the platform runs. */
+  const sidecars = () =>
+    descendants(platform.process.pid!).filter((entry) => entry.command.includes(" internal sidecar "))
+
+  /** The sidecar's section of /metrics, or undefined when it has none. */
+  const sidecarMetrics = async () => {
+    const text = await (await fetch(`${platform.url}/metrics`)).text()
+    const sample = (name: string) => {
+      const match = new RegExp(`^${name}\\{node="${nodeId}"\\} (\\d+)$`, "m").exec(text)
+      return match === null ? undefined : Number(match[1])
+    }
+    const arena = sample("cornserve_sidecar_arena_bytes")
+    if (arena === undefined) return undefined
+    return {
+      arenaBytes: arena,
+      bytesInUse: sample("cornserve_sidecar_bytes_in_use"),
+      transfersActive: sample("cornserve_sidecar_transfers_active")
+    }
+  }
+
+  const colourOfRedPixel = async () => {
+    const result = await runCli(
+      ["app", "invoke", "color_chat", "--aggregate", "choices.0.delta.content", "--data", chatRequest],
+      env
+    )
+    return result.code === 0 ? result.stdout.trim() : undefined
+  }
+
+  beforeAll(async () => {
+    modelDir = await mkdtemp(join(tmpdir(), "cornserve-models-"))
+    platform = await startPlatform({
+      args: [
+        "--devices",
+        "cpu:0,cpu:1,cpu:2",
+        "--node-id",
+        nodeId,
+        "--sidecar-arena-bytes",
+        String(arenaBytes),
+        "--request-timeout",
+        "60"
+      ],
+      env: { CORNSERVE_MODEL_DIR: modelDir }
+    })
+    env = { CORNSERVE_GATEWAY_URL: platform.url }
+    const registered = await runCli(["app", "register", join(repoRoot, "examples", "color_chat.ts")], env)
+    expect(registered.code, registered.stderr).toBe(0)
+  })
+
+  afterAll(async () => {
+    const code = await platform?.stop()
+    expect(code).toBe(0)
+    await removeStateDir(platform.stateDir)
+    await rm(modelDir, { recursive: true, force: true })
+  })
+
+  it("runs one sidecar; once it is killed, a new one runs, /metrics shows its arena and the old arena is removed", async () => {
+    const before = sidecars()
+    expect(before).toHaveLength(1)
+    expect(await sidecarMetrics()).toMatchObject({ arenaBytes })
+    const killed = before[0]!.pid
+    expect(existsSync(arenaFileOf(killed))).toBe(true)
+
+    process.kill(killed, "SIGKILL")
+
+    const restarted = await eventually(async () => {
+      const now = sidecars()
+      return now.length === 1 && now[0]!.pid !== killed ? now[0]! : undefined
+    })
+    expect(await eventually(sidecarMetrics)).toMatchObject({ arenaBytes })
+    expect(existsSync(arenaFileOf(killed))).toBe(false)
+    expect(existsSync(arenaFileOf(restarted.pid))).toBe(true)
+  })
+
+  it("serves requests through the new sidecar", async () => {
+    expect(await eventually(colourOfRedPixel, 60_000)).toBe("red")
+  })
+
+  it("releases from the new sidecar the data a cancelled request left there", async () => {
+    expect(await sidecarMetrics()).toMatchObject({ bytesInUse: 0 })
+    // With the LLM executor stopped, the image's embeddings wait in the arena for a reader that
+    // never comes: only the release of the cancelled request frees them before the sidecar's TTL.
+    const router = descendants(platform.process.pid!).find(
+      (entry) => entry.command.includes(" internal executor ") && entry.command.includes("--kind llm")
+    )
+    expect(router).toBeDefined()
+    const llm = [router!, ...descendants(router!.pid)]
+    for (const { pid } of llm) process.kill(pid, "SIGSTOP")
+    try {
+      const controller = new AbortController()
+      const pending = fetch(`${platform.url}/app/invoke/color_chat`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: chatRequest,
+        signal: controller.signal
+      }).catch(() => undefined)
+      await eventually(async () => (((await sidecarMetrics())?.bytesInUse ?? 0) > 0 ? true : undefined))
+      controller.abort()
+      await pending
+      expect(await eventually(async () => ((await sidecarMetrics())?.bytesInUse === 0 ? true : undefined))).toBe(true)
+    } finally {
+      for (const { pid } of llm) process.kill(pid, "SIGCONT")
+    }
+  })
+})
+
+describe("cornserve serve: an app's worker that dies is restarted", () => {
+  let platform: RunningPlatform
+
+  beforeAll(async () => {
+    platform = await startPlatform({ args: ["--devices", "cpu:0"] })
+    const registered = await runCli(["app", "register", join(repoRoot, "test", "fixtures", "apps", "crashing.ts")], {
+      CORNSERVE_GATEWAY_URL: platform.url
+    })
+    expect(registered.code, registered.stderr).toBe(0)
+  })
+
+  afterAll(async () => {
+    const code = await platform?.stop()
+    expect(code).toBe(0)
+    await removeStateDir(platform.stateDir)
+  })
+
+  it("waits longer before each restart of a worker that dies at once, and the app then answers", async () => {
+    for (let crash = 0; crash < 4; crash++) {
+      const response = await invoke(platform.url, "crashing", JSON.stringify({ crash: true }))
+      expect(response.ok).toBe(false)
+      const { error } = (await response.json()) as { error: { message: string } }
+      expect(error.message).toContain("the app's worker stopped (exit code 3)")
+    }
+    const answer = await invoke(platform.url, "crashing", JSON.stringify({ crash: false }))
+    expect(await answer.json()).toEqual({ ok: true })
+    const waits = [...platform.output().matchAll(/app crashing: restarting its worker in (\d+) ms/g)].map((match) =>
+      Number(match[1])
+    )
+    expect(waits).toEqual([250, 500, 1_000, 2_000])
+  })
+})
