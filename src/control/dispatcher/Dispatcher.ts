@@ -204,16 +204,20 @@ export class Dispatcher extends Effect.Service<Dispatcher>()("cornserve/Dispatch
       nodeId: agent.nodeId,
       release: (dataIds) => {
         if (dataIds.length === 0) return
-        void agent.sidecarClient().then((client) =>
-          Promise.all(
-            dataIds.map((id) =>
-              client.recv(id, 0, { timeoutMs: releaseWaitMs }).then(
-                () => client.markDone(id),
-                () => undefined
+        // Best effort: data of a sidecar that went away went with it, and its successor's TTL reclaims the rest.
+        void agent
+          .sidecarClient()
+          .then((client) =>
+            Promise.all(
+              dataIds.map((id) =>
+                client.recv(id, 0, { timeoutMs: releaseWaitMs }).then(
+                  () => client.markDone(id),
+                  () => undefined
+                )
               )
             )
           )
-        )
+          .catch(() => undefined)
       }
     })
     return { dispatch }
