@@ -17,7 +17,8 @@ const request = (target: GatewayTarget, method: string, path: string, body?: unk
       fetch(new URL(path, target.url.endsWith("/") ? target.url : `${target.url}/`), {
         method,
         headers: {
-          ...(body === undefined ? {} : { "content-type": "application/json" }),
+          // Admin routes take only JSON, so that a cross-site form cannot reach them.
+          ...(method === "POST" ? { "content-type": "application/json" } : {}),
           ...(target.token === undefined ? {} : { authorization: `Bearer ${target.token}` })
         },
         ...(body === undefined ? {} : { body: typeof body === "string" ? body : JSON.stringify(body) })

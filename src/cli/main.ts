@@ -4,10 +4,15 @@ import { Args, Command, HelpDoc, Options, ValidationError } from "@effect/cli"
 import * as NodeContext from "@effect/platform-node/NodeContext"
 import * as NodeRuntime from "@effect/platform-node/NodeRuntime"
 import { Config, Console, Effect, Option } from "effect"
+import { defaultMaxJsonDepth } from "../control/gateway/JsonBody.js"
 import { parseDevices } from "../node/Devices.js"
 import { CliFailure, type GatewayTarget, invokeApp, listApps, listTasks, registerApp, unregisterApp } from "./client.js"
 
 const version = "0.1.0"
+
+/** Whether the gateway bound to `host` can be reached only from this machine. */
+const isLoopbackHost = (host: string) =>
+  host === "localhost" || host === "::1" || host === "[::1]" || /^127\.\d+\.\d+\.\d+$/.test(host)
 
 const gatewayOption = Options.text("gateway").pipe(
   Options.withDescription("The gateway's URL (or CORNSERVE_GATEWAY_URL)."),
@@ -89,30 +94,73 @@ const serveCommand = Command.make(
     maxBodyBytes: Options.integer("max-body-bytes").pipe(
       Options.withDescription("The largest request body accepted (413 beyond)."),
       Options.withDefault(32 * 1024 * 1024)
+    ),
+    maxJsonDepth: Options.integer("max-json-depth").pipe(
+      Options.withDescription("How deeply a JSON request body may nest arrays and objects (400 beyond)."),
+      Options.withDefault(defaultMaxJsonDepth)
+    ),
+    allowedHosts: Options.text("allowed-host").pipe(
+      Options.withDescription(
+        "A host name clients reach the gateway by, for the admin routes' DNS-rebinding check (repeatable; " +
+          "IP addresses, localhost and --host are always allowed)."
+      ),
+      Options.repeated
+    ),
+    appMemory: Options.integer("app-memory-mib").pipe(
+      Options.withDescription(
+        "Memory each app's process may use, in MiB (its JavaScript heap gets three quarters); past it the process " +
+          "is restarted and its requests fail."
+      ),
+      Options.withDefault(1024)
+    ),
+    appStall: seconds(
+      "app-stall-timeout",
+      10,
+      "Seconds an app's process may keep its event loop busy before it is restarted (its requests fail)."
+    ),
+    insecureNoAuth: Options.boolean("insecure-no-auth").pipe(
+      Options.withDescription(
+        "Listen on a non-loopback --host without CORNSERVE_ADMIN_TOKEN: anyone who reaches the port may register code."
+      )
     )
   },
   (options) =>
-    // Loaded on demand: the client commands start faster without the whole control plane.
-    Effect.flatMap(
-      Effect.promise(() => import("./serve.js")),
-      ({ serve }) =>
-        serve({
-          role: options.role,
-          host: options.host,
-          port: options.port,
-          stateDir: options.stateDir,
-          devices: options.devices,
-          nodeId: options.nodeId,
-          sidecarArenaBytes: options.sidecarArenaBytes,
-          examples: options.examples,
-          adminToken: process.env.CORNSERVE_ADMIN_TOKEN || undefined,
-          maxBodyBytes: options.maxBodyBytes,
-          requestTimeoutMs: Math.round(options.requestTimeout * 1000),
-          appLoadTimeoutMs: 30_000,
-          shutdownGraceMs: Math.round(options.shutdownGrace * 1000),
-          unregisterGraceMs: Math.round(options.shutdownGrace * 1000)
-        })
-    )
+    Effect.gen(function* () {
+      const adminToken = process.env.CORNSERVE_ADMIN_TOKEN || undefined
+      if (!isLoopbackHost(options.host) && adminToken === undefined && !options.insecureNoAuth) {
+        yield* Console.error(
+          `--host ${options.host} is reachable from other machines, and without CORNSERVE_ADMIN_TOKEN anyone who ` +
+            "reaches it may register and run code: set the token, or pass --insecure-no-auth to accept that"
+        )
+        process.exitCode = 2
+        return
+      }
+      // Loaded on demand: the client commands start faster without the whole control plane.
+      const { serve } = yield* Effect.promise(() => import("./serve.js"))
+      return yield* serve({
+        role: options.role,
+        host: options.host,
+        port: options.port,
+        stateDir: options.stateDir,
+        devices: options.devices,
+        nodeId: options.nodeId,
+        sidecarArenaBytes: options.sidecarArenaBytes,
+        examples: options.examples,
+        adminToken,
+        allowedHosts: options.allowedHosts,
+        maxBodyBytes: options.maxBodyBytes,
+        maxJsonDepth: options.maxJsonDepth,
+        requestTimeoutMs: Math.round(options.requestTimeout * 1000),
+        appLoadTimeoutMs: 30_000,
+        appLimits: {
+          heapMiB: Math.max(16, Math.floor(options.appMemory * 0.75)),
+          rssMiB: options.appMemory,
+          stallMs: Math.round(options.appStall * 1000)
+        },
+        shutdownGraceMs: Math.round(options.shutdownGrace * 1000),
+        unregisterGraceMs: Math.round(options.shutdownGrace * 1000)
+      })
+    })
 ).pipe(Command.withDescription("Run the platform on this machine: gateway, control plane and executors."))
 
 const register = Command.make(

@@ -13,9 +13,15 @@ export interface ServeOptions {
   readonly nodeId: string
   readonly sidecarArenaBytes: number
   readonly adminToken: string | undefined
+  /** Host names besides the bound one and IP literals under which admin requests are taken (DNS rebinding). */
+  readonly allowedHosts: ReadonlyArray<string>
   readonly maxBodyBytes: number
+  /** How deeply a JSON request body may nest arrays and objects. */
+  readonly maxJsonDepth: number
   readonly requestTimeoutMs: number
   readonly appLoadTimeoutMs: number
+  /** Each app's process: its heap and resident memory caps, and how long its event loop may stay busy. */
+  readonly appLimits: { readonly heapMiB: number; readonly rssMiB: number; readonly stallMs: number }
   readonly shutdownGraceMs: number
   readonly unregisterGraceMs: number
 }

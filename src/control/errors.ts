@@ -80,6 +80,9 @@ export class PayloadTooLarge extends Schema.TaggedError<PayloadTooLarge>()("Payl
 
 export class Unauthorized extends Schema.TaggedError<Unauthorized>()("Unauthorized", { message: Schema.String }) {}
 
+/** An admin request that arrives the way a cross-site page or a rebound DNS name would send it. */
+export class Forbidden extends Schema.TaggedError<Forbidden>()("Forbidden", { message: Schema.String }) {}
+
 export class ShuttingDown extends Schema.TaggedError<ShuttingDown>()("ShuttingDown", {}) {
   override get message() {
     return "the platform is shutting down"
@@ -149,6 +152,7 @@ export type ControlPlaneError =
   | RequestTimeout
   | PayloadTooLarge
   | Unauthorized
+  | Forbidden
   | ShuttingDown
   | NoExecutorForKind
   | DeploymentFailed

@@ -35,6 +35,7 @@ export const httpStatuses: { readonly [Tag in ErrorTag]: HttpStatus } = {
   MediaError: badRequest,
   EngineRejected: badRequest,
   Unauthorized: { status: 401 },
+  Forbidden: { status: 403 },
   AppNotFound: notFound,
   TaskNotFound: notFound,
   RouteNotFound: notFound,

@@ -65,3 +65,11 @@ export type FromWorker =
     }
   | { readonly t: "dispatch"; readonly did: number; readonly requestId: string; readonly graph: TaskGraphWire }
   | { readonly t: "dispatch-cancel"; readonly did: number }
+
+/** The first message an app's process gets: the app's compiled code, to load. */
+export interface LoadApp {
+  readonly t: "load"
+  readonly code: string
+}
+
+export type ToAppProcess = ToWorker | LoadApp

@@ -1,27 +1,76 @@
 /**
- * The app driver's worker thread: evaluates one app's module, validates its export, and runs its
- * `serve` for each request the platform hands over. The app never shares a heap with the platform.
+ * The process one app runs in (started by the platform's AppProcess, under Node's permission model):
+ * evaluates the app's module, validates its export, and runs its `serve` for each request the
+ * platform hands over through the IPC channel. The app never shares a heap, a process or a secret
+ * with the platform.
  */
 import { AsyncLocalStorage } from "node:async_hooks"
-import { parentPort, workerData } from "node:worker_threads"
+import { constants } from "node:os"
 import { ParseResult, Schema } from "effect"
 import { type App, appDefinitionProblems, appUnitTasks, isApp } from "../App.js"
 import { type DispatchResult, setTaskDispatcher, TaskExecutionError, TaskInputError } from "../tasks/TaskGraph.js"
-import type { DispatchFailure, FromWorker, InvokeFailureCode, SchemaIssue, ToWorker } from "./protocol.js"
+import type { DispatchFailure, FromWorker, InvokeFailureCode, SchemaIssue, ToAppProcess } from "./protocol.js"
 
-interface WorkerInput {
-  readonly code: string
+const send = process.send!.bind(process)
+const post = (message: FromWorker) => {
+  send(message)
 }
 
-const port = parentPort!
-const post = (message: FromWorker) => port.postMessage(message)
+// The platform going away, however it goes, takes the app with it.
+process.on("disconnect", () => process.exit(0))
+
+/**
+ * The permission model leaves signals alone, so an app could still kill the platform (or any process
+ * of the same user) by pid. Every way to signal another process goes through `process._kill`; it
+ * now signals this process only, and nothing the app runs later can put the original back.
+ */
+const confineSignals = () => {
+  const internals = process as unknown as {
+    _kill: (pid: number, signal: number) => number
+    _debugProcess: (pid: number) => void
+  }
+  const kill = internals._kill.bind(process)
+  const refuse = { writable: false, configurable: false, enumerable: false }
+  Object.defineProperty(process, "_kill", {
+    ...refuse,
+    value: (pid: number, signal: number) => (pid === process.pid ? kill(pid, signal) : -constants.errno.EPERM)
+  })
+  Object.defineProperty(process, "_debugProcess", {
+    ...refuse,
+    value: () => {
+      throw Object.assign(new Error("an app may not debug other processes"), { code: "ERR_ACCESS_DENIED" })
+    }
+  })
+}
+
 const requestContext = new AsyncLocalStorage<{ readonly requestId: string; readonly signal: AbortSignal }>()
 
-const errorMessage = (error: unknown): string =>
-  error instanceof Error ? `${error.name === "Error" ? "" : `${error.name}: `}${error.message}` : String(error)
+/** Schema issues reported for one request; a request with more has more than a client needs to see. */
+const maxIssues = 20
+
+/** Longest message the platform takes from an app's failure: an error never echoes a large value back. */
+const maxMessageLength = 2_000
+
+const shortened = (text: string) =>
+  text.length <= maxMessageLength
+    ? text
+    : `${text.slice(0, maxMessageLength)}… (${text.length - maxMessageLength} more characters)`
+
+/** What a thrown value says about itself; total, whatever the app threw (a Proxy, a throwing toString). */
+const errorMessage = (error: unknown): string => {
+  try {
+    if (error instanceof Error) return shortened(`${error.name === "Error" ? "" : `${error.name}: `}${error.message}`)
+    return shortened(String(error))
+  } catch {
+    return "the app threw a value that cannot be described"
+  }
+}
 
 const loadApp = async (): Promise<App | string> => {
-  const { code } = workerData as WorkerInput
+  const code = await new Promise<string>((resolve) =>
+    process.once("message", (message: ToAppProcess) => resolve(message.t === "load" ? message.code : ""))
+  )
+  confineSignals()
   let module: Record<string, unknown>
   try {
     module = await import(`data:text/javascript;base64,${Buffer.from(code).toString("base64")}`)
@@ -74,10 +123,10 @@ function serveApp(app: App) {
     }
     const decoded = decodeRequest(parsed, { errors: "all" })
     if (decoded._tag === "Left") {
-      const issues = ParseResult.ArrayFormatter.formatErrorSync(decoded.left).map(({ path, message }) => ({
-        path,
-        message
-      }))
+      // Each message is cut short: schema messages quote the offending value, which may be huge.
+      const issues = ParseResult.ArrayFormatter.formatErrorSync(decoded.left)
+        .slice(0, maxIssues)
+        .map(({ path, message }) => ({ path, message: message.length <= 200 ? message : `${message.slice(0, 200)}…` }))
       const summary = issues.map(
         (issue) => `${issue.path.length > 0 ? issue.path.join(".") : "(body)"}: ${issue.message}`
       )
@@ -124,7 +173,13 @@ function serveApp(app: App) {
       }
     } catch (error) {
       if (signal.aborted) return
-      fail(rid, failureCode(error), errorMessage(error))
+      let code: InvokeFailureCode = "AppError"
+      try {
+        code = failureCode(error)
+      } catch {
+        // An exotic thrown value (a Proxy whose traps throw) is the app's fault, like any other.
+      }
+      fail(rid, code, errorMessage(error))
     } finally {
       running.delete(rid)
     }
@@ -153,7 +208,7 @@ function serveApp(app: App) {
       })
   )
 
-  port.on("message", (message: ToWorker) => {
+  process.on("message", (message: ToAppProcess) => {
     switch (message.t) {
       case "invoke":
         void invoke(message.rid, message.requestId, message.body)

@@ -1,4 +1,3 @@
-import { Worker } from "node:worker_threads"
 import { Duration, Effect, Fiber, Schedule } from "effect"
 import type { TaskGraphWire } from "../../app-runtime/tasks/TaskGraph.js"
 import type {
@@ -8,10 +7,9 @@ import type {
   ToWorker,
   UnitTaskSpec
 } from "../../app-runtime/driver/protocol.js"
+import { AppProcess, type AppProcessLimits } from "./AppProcess.js"
 import { restartPolicy } from "../../node/RestartPolicy.js"
 import { dispatchFailureOf } from "../dispatcher/Dispatcher.js"
-
-const workerEntry = new URL("../../app-runtime/driver/worker.js", import.meta.url)
 
 /** How a reply to one request unfolds; exactly one of value / stream-start+end / failed happens. */
 export interface ReplyHandlers {
@@ -40,14 +38,23 @@ export class AppLoadError extends Error {
   override readonly name = "AppLoadError"
 }
 
+/** What an app's process may use: its memory, and how long its event loop may stay busy. */
+export interface AppLimits extends AppProcessLimits {
+  /** An app whose event loop does not answer a ping for this long (a request spinning) is restarted. */
+  readonly stallMs: number
+}
+
+/** How often the watchdog pings an app that has requests in flight. */
+const watchdogPeriodMs = 1_000
+
 /**
- * The platform's side of one app's worker thread. Requests are tagged with a number and their
+ * The platform's side of one app's process. Requests are tagged with a number and their
  * replies routed back to their handlers. A worker that dies is started again after the wait
  * `restartPolicy` picks (requests that arrive meanwhile wait for it); the requests it held fail, the
  * app stays registered.
  */
 export class AppDriver {
-  private worker!: Worker
+  private worker!: AppProcess
   private readonly replies = new Map<number, ReplyHandlers>()
   private readonly dispatches = new Map<number, AbortController>()
   private nextRid = 0
@@ -69,23 +76,48 @@ export class AppDriver {
     )
   )
 
+  /** Asks the app's process for a sign of life, whether or not any client is still waiting on it. */
+  private readonly watchdog: NodeJS.Timeout
+  private watchdogPinging = false
+
   private constructor(
     readonly appId: string,
     private readonly code: string,
     private readonly loadTimeoutMs: number,
+    private readonly limits: AppLimits,
     private readonly dispatch: GraphDispatcher,
     private readonly log: (message: string) => void
-  ) {}
+  ) {
+    this.watchdog = setInterval(() => {
+      if (this.watchdogPinging || this.replies.size === 0) return
+      this.watchdogPinging = true
+      void this.ensureResponsive(limits.stallMs).finally(() => {
+        this.watchdogPinging = false
+      })
+    }, watchdogPeriodMs)
+    this.watchdog.unref()
+  }
 
   static async start(options: {
     readonly appId: string
     readonly code: string
     readonly loadTimeoutMs: number
+    readonly limits: AppLimits
     readonly dispatch: GraphDispatcher
     readonly log: (message: string) => void
   }): Promise<{ readonly driver: AppDriver; readonly loaded: LoadedApp }> {
-    const driver = new AppDriver(options.appId, options.code, options.loadTimeoutMs, options.dispatch, options.log)
-    const loaded = await driver.spawn()
+    const driver = new AppDriver(
+      options.appId,
+      options.code,
+      options.loadTimeoutMs,
+      options.limits,
+      options.dispatch,
+      options.log
+    )
+    const loaded = await driver.spawn().catch((error: unknown) => {
+      clearInterval(driver.watchdog)
+      throw error
+    })
     return { driver, loaded }
   }
 
@@ -151,6 +183,7 @@ export class AppDriver {
 
   async close(): Promise<void> {
     this.closing = true
+    clearInterval(this.watchdog)
     if (this.restartFiber !== undefined) await Effect.runPromise(Fiber.interrupt(this.restartFiber))
     for (const controller of this.dispatches.values()) controller.abort()
     this.failAll("the app was unloaded")
@@ -162,7 +195,7 @@ export class AppDriver {
   }
 
   private spawn(): Promise<LoadedApp> {
-    const worker = new Worker(workerEntry, { workerData: { code: this.code }, stdout: false, stderr: false })
+    const worker = new AppProcess(this.code, this.limits)
     this.worker = worker
     return new Promise<LoadedApp>((resolve, reject) => {
       let loaded = false

@@ -118,6 +118,7 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
               appId: name,
               code: compiled.code,
               loadTimeoutMs: config.appLoadTimeoutMs,
+              limits: config.appLimits,
               dispatch,
               log
             }),

@@ -7,11 +7,13 @@ import * as NodeHttpServerRequest from "@effect/platform-node/NodeHttpServerRequ
 import { ServeError } from "@effect/platform/HttpServerError"
 import { Effect, Queue, Schema, Stream } from "effect"
 import { AppManager } from "../app-manager/AppManager.js"
-import { BadRequest, type PayloadTooLarge, RouteNotFound, ShuttingDown, Unauthorized } from "../errors.js"
+import { BadRequest, Forbidden, type PayloadTooLarge, RouteNotFound, ShuttingDown, Unauthorized } from "../errors.js"
 import { ResourceManager } from "../resource-manager/ResourceManager.js"
 import { ServeConfig } from "../ServeConfig.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
+import { adminRequestRefusal } from "./AdminGuard.js"
 import { errorBody, errorResponse } from "./ErrorResponse.js"
+import { parseJsonBody, shortened } from "./JsonBody.js"
 import { renderMetrics } from "./Metrics.js"
 import { chatCompletionsPattern, invokePrefix, makeInvokeRoute } from "./InvokeRoute.js"
 import { readRequestBody } from "./RequestBody.js"
@@ -93,29 +95,31 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
     const readJson = <A, I>(schema: Schema.Schema<A, I, never>) =>
       Effect.gen(function* () {
         const text = yield* readBody
-        let parsed: unknown
-        try {
-          parsed = JSON.parse(text)
-        } catch (error) {
-          return yield* new BadRequest({ message: `the request body is not JSON: ${(error as Error).message}` })
-        }
-        return yield* Schema.decodeUnknown(schema)(parsed, { errors: "all" }).pipe(
-          Effect.mapError((error) => new BadRequest({ message: `malformed request: ${error.message}` }))
+        const parsed = parseJsonBody(text, config.maxJsonDepth)
+        if (!parsed.ok) return yield* new BadRequest({ message: parsed.message })
+        return yield* Schema.decodeUnknown(schema)(parsed.value, { errors: "all" }).pipe(
+          Effect.mapError(
+            (error) => new BadRequest({ message: `malformed request: ${shortened(error.message, 1000)}` })
+          )
         )
       })
 
     const tokenBytes = config.adminToken === undefined ? undefined : Buffer.from(config.adminToken)
+    const guardOptions = { boundHost: config.host, allowedHosts: config.allowedHosts }
     const requireAdmin = Effect.gen(function* () {
-      if (tokenBytes === undefined) return
       const request = yield* HttpServerRequest.HttpServerRequest
-      const header = request.headers.authorization
-      if (header === undefined || !header.startsWith("Bearer ")) {
-        return yield* new Unauthorized({ message: "this route needs an admin token: Authorization: Bearer <token>" })
+      if (tokenBytes !== undefined) {
+        const header = request.headers.authorization
+        if (header === undefined || !header.startsWith("Bearer ")) {
+          return yield* new Unauthorized({ message: "this route needs an admin token: Authorization: Bearer <token>" })
+        }
+        const given = Buffer.from(header.slice("Bearer ".length).trim())
+        if (given.length !== tokenBytes.length || !timingSafeEqual(given, tokenBytes)) {
+          return yield* new Unauthorized({ message: "the admin token is wrong" })
+        }
       }
-      const given = Buffer.from(header.slice("Bearer ".length).trim())
-      if (given.length !== tokenBytes.length || !timingSafeEqual(given, tokenBytes)) {
-        return yield* new Unauthorized({ message: "the admin token is wrong" })
-      }
+      const refusal = adminRequestRefusal(request.headers, guardOptions)
+      if (refusal !== undefined) return yield* new Forbidden({ message: refusal })
     })
 
     const param = (name: string) => Effect.map(HttpRouter.params, (params) => params[name] ?? "")
@@ -219,6 +223,7 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       lookup: appManager.lookup,
       draining: () => draining,
       maxBodyBytes: config.maxBodyBytes,
+      maxJsonDepth: config.maxJsonDepth,
       requestTimeoutMs: config.requestTimeoutMs
     })
     nodeServer.on("request", (request, response) => {

@@ -15,6 +15,7 @@ import {
   TaskUnavailable
 } from "../errors.js"
 import { errorBody, errorHead, type GatewayError } from "./ErrorResponse.js"
+import { jsonDepthWithin, tooDeepMessage } from "./JsonBody.js"
 import { readRequestBody } from "./RequestBody.js"
 
 export const invokePrefix = "/app/invoke/"
@@ -167,6 +168,7 @@ export interface InvokeRouteOptions {
   readonly lookup: (appId: string) => AppDriver | GatewayError
   readonly draining: () => boolean
   readonly maxBodyBytes: number
+  readonly maxJsonDepth: number
   readonly requestTimeoutMs: number
 }
 
@@ -192,6 +194,9 @@ export const makeInvokeRoute =
     readRequestBody(request, options.maxBodyBytes, (body) => {
       if (typeof body !== "string") return sendError(response, body)
       if (response.destroyed) return
+      if (jsonDepthWithin(body, options.maxJsonDepth) === undefined) {
+        return sendError(response, new BadRequest({ message: tooDeepMessage(options.maxJsonDepth) }))
+      }
       const format =
         api === "native" ? nativeFormat : asksToStream(body) ? chatStreamFormat : chatCompletionFormat(appId)
       const requestId = randomUUID()

@@ -27,15 +27,16 @@ export const jsonDepthWithin = (text: string, limit: number): number | undefined
   return deepest
 }
 
+export const tooDeepMessage = (maxDepth: number) =>
+  `the request body nests arrays and objects deeper than the limit of ${maxDepth}`
+
 export type JsonBodyResult =
   | { readonly ok: true; readonly value: unknown }
   | { readonly ok: false; readonly message: string }
 
 /** Parses a request body, refusing one nested deeper than `maxDepth`; the message never echoes the body. */
 export const parseJsonBody = (text: string, maxDepth: number): JsonBodyResult => {
-  if (jsonDepthWithin(text, maxDepth) === undefined) {
-    return { ok: false, message: `the request body nests arrays and objects deeper than the limit of ${maxDepth}` }
-  }
+  if (jsonDepthWithin(text, maxDepth) === undefined) return { ok: false, message: tooDeepMessage(maxDepth) }
   try {
     return { ok: true, value: JSON.parse(text) }
   } catch (error) {
