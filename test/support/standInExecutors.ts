@@ -1,6 +1,7 @@
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
 import { Effect } from "effect"
+import { healthWatchPeriodMs } from "../../src/executors/common/Health.js"
 import type { Executor, ExecutorKind } from "../../src/executors/ExecutorKinds.js"
 import { parseDevices } from "../../src/node/Devices.js"
 
@@ -14,8 +15,8 @@ export interface ReceivedRequest {
 export type StandInHandler = (request: ReceivedRequest, response: Http.ServerResponse) => void
 
 /**
- * A small HTTP server on 127.0.0.1 that speaks an executor's API as the test tells it: `/health`
- * answers with `health` (200 unless changed), every POST goes to `handle`.
+ * A small HTTP server on 127.0.0.1 that speaks an executor's API as the test tells it: `/health` and
+ * `/health/watch` report `health` (200, ready, unless changed), every POST goes to `handle`.
  */
 export class StandInExecutor {
   readonly received: Array<ReceivedRequest> = []
@@ -37,6 +38,7 @@ export class StandInExecutor {
 
   private serve(request: Http.IncomingMessage, response: Http.ServerResponse) {
     if (request.url === "/health") return response.writeHead(this.health).end("{}")
+    if (request.url === "/health/watch") return this.watchHealth(response)
     const chunks: Array<Buffer> = []
     request.on("data", (chunk: Buffer) => chunks.push(chunk))
     request.once("end", () => {
@@ -47,6 +49,15 @@ export class StandInExecutor {
       this.received.push(received)
       this.handle(received, response)
     })
+  }
+
+  /** Reports `health` as a real executor's router does: a line now, then one every watch period. */
+  private watchHealth(response: Http.ServerResponse) {
+    const report = () => response.write(`${JSON.stringify({ status: this.health === 200 ? "ready" : "starting" })}\n`)
+    response.writeHead(200, { "content-type": "application/x-ndjson" })
+    report()
+    const timer = setInterval(report, healthWatchPeriodMs)
+    response.once("close", () => clearInterval(timer))
   }
 
   close(): Promise<void> {

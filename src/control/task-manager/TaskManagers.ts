@@ -1,13 +1,14 @@
+import * as Http from "node:http"
 import { Effect, ExecutionStrategy, Exit, Scope } from "effect"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
 import type { Executor, ExecutorKind } from "../../executors/ExecutorKinds.js"
+import { type HealthReport, healthWatchPeriodMs } from "../../executors/common/Health.js"
 import type { Device } from "../../node/Devices.js"
 import { TaskUnavailable } from "../errors.js"
 
 export type TaskState = "deploying" | "ready" | "tearing-down"
 
-/** How often each executor's /health is asked: an unhealthy executor leaves rotation within a second. */
-const healthPeriodMs = 250
+/** How long an executor's health watch may stay silent: an unhealthy executor leaves rotation within a second. */
 const healthTimeoutMs = 750
 
 interface ManagedExecutor {
@@ -164,18 +165,66 @@ class ManagedTask implements TaskManager {
   }
 }
 
-const checkHealth = async (member: ManagedExecutor, task: ManagedTask) => {
-  const url = member.executor.url()
-  if (url === undefined) return task.setHealth(member, false)
-  try {
-    const response = await fetch(`${url}/health`, { signal: AbortSignal.timeout(healthTimeoutMs) })
-    const body = (await response.json().catch(() => ({}))) as { status?: string; reason?: string }
-    task.setHealth(member, response.status === 200)
-    if (body.status === "unhealthy") member.executor.restart(body.reason ?? "its health check failed")
-  } catch {
-    task.setHealth(member, false)
-  }
-}
+/**
+ * Follows one executor's `/health/watch` stream until it ends: each line sets the executor's health;
+ * silence for longer than `healthTimeoutMs` (a stuck executor) takes it out of rotation until a line
+ * comes again; the stream ending (the executor gone or restarting) takes it out until a new watch
+ * sees it ready. An executor that reports itself unhealthy is restarted.
+ */
+const watchHealth = (member: ManagedExecutor, task: ManagedTask) =>
+  Effect.async<void>((resume) => {
+    const url = member.executor.url()
+    if (url === undefined) {
+      task.setHealth(member, false)
+      resume(Effect.void)
+      return
+    }
+    let silence: NodeJS.Timeout | undefined
+    const listen = () => {
+      clearTimeout(silence)
+      silence = setTimeout(() => task.setHealth(member, false), healthTimeoutMs)
+    }
+    let ended = false
+    const end = () => {
+      if (ended) return
+      ended = true
+      clearTimeout(silence)
+      task.setHealth(member, false)
+      request.destroy()
+      resume(Effect.void)
+    }
+    const request = Http.get(`${url}/health/watch`, { agent: false }, (response) => {
+      if (response.statusCode !== 200) return end()
+      response.setEncoding("utf8")
+      let pending = ""
+      listen()
+      response.on("data", (text: string) => {
+        pending += text
+        for (let newline = pending.indexOf("\n"); newline >= 0; newline = pending.indexOf("\n")) {
+          const line = pending.slice(0, newline)
+          pending = pending.slice(newline + 1)
+          let report: Partial<HealthReport> & { readonly reason?: string }
+          try {
+            report = JSON.parse(line) as typeof report
+          } catch {
+            continue
+          }
+          listen()
+          task.setHealth(member, report.status === "ready")
+          if (report.status === "unhealthy") member.executor.restart(report.reason ?? "it reported itself unhealthy")
+        }
+      })
+      response.once("end", end)
+      response.once("error", end)
+    })
+    request.once("error", end)
+    request.once("close", end)
+    return Effect.sync(() => {
+      ended = true
+      clearTimeout(silence)
+      request.destroy()
+    })
+  })
 
 /** The task managers of every deployed unit task, by task id. */
 export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/TaskManagers", {
@@ -199,8 +248,8 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
           Effect.onError(() => Scope.close(scope, Exit.void))
         )
         const member = task.add(executor, scope)
-        yield* Effect.promise(() => checkHealth(member, task)).pipe(
-          Effect.zipRight(Effect.sleep(healthPeriodMs)),
+        yield* watchHealth(member, task).pipe(
+          Effect.zipRight(Effect.sleep(healthWatchPeriodMs)),
           Effect.forever,
           Effect.forkIn(scope)
         )

@@ -8,9 +8,10 @@ import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
 import { HttpRouter, HttpServerResponse } from "@effect/platform"
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
-import { Console, Effect, type Scope } from "effect"
+import { Console, Effect, Schedule, type Scope, Stream } from "effect"
 import { errorHeaders, httpStatusOf } from "../../errors/HttpStatus.js"
 import { EngineClient } from "./EngineClient.js"
+import { type HealthReport, healthWatchPeriodMs } from "./Health.js"
 import { type AnsweredError, answeredErrorOf, type ErrorBody, RouteNotFound } from "./errors.js"
 import type { ExecutorConfig } from "./ExecutorConfig.js"
 import { ThreadPool } from "./ThreadPool.js"
@@ -77,17 +78,32 @@ export const runRouter = (config: ExecutorConfig) =>
         : yield* ThreadPool.make(routerKind.preprocessModule, config.preprocessThreads)
     const { info, routes } = yield* routerKind.make({ config, engine, pool })
 
-    const health = Effect.sync(() => {
+    const healthReport = (): HealthReport => {
       const state = engine.state
-      return state._tag === "Ready"
-        ? HttpServerResponse.unsafeJson({ status: "ready", workers: state.workers, inFlight: engine.inFlight })
-        : HttpServerResponse.unsafeJson(
-            state._tag === "Starting" ? { status: "starting" } : { status: "unhealthy", reason: state.reason },
-            { status: 503, headers: errorHeaders(httpStatusOf({ _tag: "EngineUnavailable" })) }
-          )
+      if (state._tag === "Ready") return { status: "ready", workers: state.workers, inFlight: engine.inFlight }
+      return state._tag === "Starting" ? { status: "starting" } : { status: "unhealthy", reason: state.reason }
+    }
+    const health = Effect.sync(() => {
+      const report = healthReport()
+      return report.status === "ready"
+        ? HttpServerResponse.unsafeJson(report)
+        : HttpServerResponse.unsafeJson(report, {
+            status: 503,
+            headers: errorHeaders(httpStatusOf({ _tag: "EngineUnavailable" }))
+          })
     })
+    const healthWatch = Effect.sync(() =>
+      HttpServerResponse.stream(
+        Stream.repeatEffectWithSchedule(
+          Effect.sync(() => `${JSON.stringify(healthReport())}\n`),
+          Schedule.spaced(healthWatchPeriodMs)
+        ).pipe(Stream.encodeText),
+        { contentType: "application/x-ndjson" }
+      )
+    )
     const app = routes.pipe(
       HttpRouter.get("/health", health),
+      HttpRouter.get("/health/watch", healthWatch),
       HttpRouter.get(
         "/info",
         Effect.sync(() =>
