@@ -6,6 +6,7 @@ import * as NodeRuntime from "@effect/platform-node/NodeRuntime"
 import { Config, Console, Effect, Option } from "effect"
 import { defaultMaxJsonDepth } from "../control/gateway/JsonBody.js"
 import { parseDevices } from "../node/Devices.js"
+import { defaultMaxMediaItems, defaultMediaLimits } from "../executors/common/media/MediaLimits.js"
 import { CliFailure, type GatewayTarget, invokeApp, listApps, listTasks, registerApp, unregisterApp } from "./client.js"
 
 const version = "0.1.0"
@@ -324,6 +325,22 @@ const executorCommand = Command.make(
       Options.withDescription("The largest media item accepted (413 beyond)."),
       Options.withDefault(32 * 1024 * 1024)
     ),
+    maxMediaItems: Options.integer("max-media-items").pipe(
+      Options.withDescription("Media items in one request, counted before any is read (400 beyond)."),
+      Options.withDefault(defaultMaxMediaItems)
+    ),
+    maxImagePixels: Options.integer("max-image-pixels").pipe(
+      Options.withDescription("Pixels of an image, or of all the frames of an animated image together (413 beyond)."),
+      Options.withDefault(defaultMediaLimits.maxImagePixels)
+    ),
+    maxAnimationFrames: Options.integer("max-animation-frames").pipe(
+      Options.withDescription("Frames of an animated image taken as a video, before sampling (413 beyond)."),
+      Options.withDefault(defaultMediaLimits.maxAnimationFrames)
+    ),
+    maxAudioSeconds: Options.float("max-audio-seconds").pipe(
+      Options.withDescription("Length of an audio clip, read from its header before decoding (413 beyond)."),
+      Options.withDefault(defaultMediaLimits.maxAudioSeconds)
+    ),
     batchSlotBytes: Options.integer("batch-slot-bytes").pipe(
       Options.withDescription("Shared memory for one batch between engine and workers."),
       Options.withDefault(64 * 1024 * 1024)
@@ -366,6 +383,10 @@ const executorCommand = Command.make(
           preprocessThreads: options.preprocessThreads,
           allowPrivateHosts: options.allowPrivateHosts,
           maxMediaBytes: options.maxMediaBytes,
+          maxMediaItems: options.maxMediaItems,
+          maxImagePixels: options.maxImagePixels,
+          maxAnimationFrames: options.maxAnimationFrames,
+          maxAudioSeconds: options.maxAudioSeconds,
           embeddingWaitMs: options.embeddingWaitMs,
           ...Option.match(options.kvCacheTokens, {
             onNone: () => ({}),

@@ -253,6 +253,29 @@ describe("Eric: the multimodal encoder executor", () => {
     expect(response.status).toBe(413)
   })
 
+  it("refuses more media items than its limit (400) before decoding any of them", async () => {
+    const corrupt = dataUrl("image/png", Buffer.from("not a png, not at all"))
+    const response = await embed({
+      items: Array.from({ length: 50 }, (_, index) => ({ id: `many-${index}`, modality: "image", url: corrupt })),
+      return: "inline"
+    })
+    expect(response.status).toBe(400)
+    const { error } = (await response.json()) as { error: { code: string; message: string } }
+    expect(error.code).toBe("MediaError")
+    expect(error.message).toBe("the request has 50 media items; this executor takes at most 16 in one request")
+  })
+
+  it("refuses a WAV file at 0 Hz (400)", async () => {
+    const response = await embed({
+      items: [{ id: "zero-hertz", modality: "audio", url: dataUrl("audio/wav", wavFile([new Int16Array(1600)], 0)) }],
+      return: "inline"
+    })
+    expect(response.status).toBe(400)
+    expect(((await response.json()) as { error: { message: string } }).error.message).toContain(
+      "sample rate of 0 Hz is outside 8000–192000 Hz"
+    )
+  })
+
   it("refuses a modality the model lacks (400)", async () => {
     const imagesOnly = join(root, "models", "images-only")
     await cp(vlmDir, imagesOnly, { recursive: true })

@@ -304,6 +304,49 @@ describe("the LLM executor's answers to bad input", () => {
     expect(((await response.json()) as { error: { message: string } }).error.message).toMatch(/cannot take video/)
   })
 
+  it("400 for more media parts than its limit, or more image rows than the context holds, before decoding any", async () => {
+    const corruptImages = (count: number) => ({
+      model,
+      messages: [
+        {
+          role: "user",
+          content: [
+            ...Array.from({ length: count }, () => ({
+              type: "image_url",
+              image_url: { url: `data:image/png;base64,${Buffer.from("not a png").toString("base64")}` }
+            })),
+            { type: "text", text: "What colours?" }
+          ]
+        }
+      ]
+    })
+    const many = await post("/v1/chat/completions", corruptImages(50))
+    expect(many.status).toBe(400)
+    expect(((await many.json()) as { error: { message: string } }).error.message).toBe(
+      "the request has 50 media items; this executor takes at most 16 in one request"
+    )
+    const context = vlm.decoder!.maxPositions!
+    const fitting = Math.floor((context - 1) / vlm.config.image_seq_length!)
+    const tooLong = await post("/v1/chat/completions", corruptImages(fitting + 1))
+    expect(tooLong.status).toBe(400)
+    expect(((await tooLong.json()) as { error: { code: string; message: string } }).error).toEqual({
+      code: "ContextLengthExceeded",
+      message: `this model's maximum context length is ${context} tokens; the ${fitting + 1} media parts alone take ${(fitting + 1) * vlm.config.image_seq_length!}`
+    })
+  })
+
+  it("400 for a WAV file at 0 Hz", async () => {
+    const zeroHertz = wavFile([new Int16Array(1600)], 0).toString("base64")
+    const response = await post("/v1/chat/completions", {
+      model,
+      messages: [{ role: "user", content: [{ type: "input_audio", input_audio: { data: zeroHertz, format: "wav" } }] }]
+    })
+    expect(response.status).toBe(400)
+    expect(((await response.json()) as { error: { message: string } }).error.message).toContain(
+      "sample rate of 0 Hz is outside 8000–192000 Hz"
+    )
+  })
+
   it("400 for a prompt over the context length, or a completion that would run past it", async () => {
     const context = vlm.decoder!.maxPositions!
     await expect(

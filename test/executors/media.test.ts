@@ -13,6 +13,7 @@ import {
   sampleFrameIndices
 } from "../../src/executors/common/media/MediaDecoder.js"
 import { MediaError, MediaTooLarge } from "../../src/executors/common/media/errors.js"
+import { defaultMediaLimits, type MediaLimits } from "../../src/executors/common/media/MediaLimits.js"
 import { type MediaSourceOptions, readMedia } from "../../src/executors/common/media/MediaSource.js"
 import type { ResizeTarget } from "../../src/models/ImageProcessor.js"
 
@@ -174,10 +175,10 @@ describe("readMedia", () => {
   })
 })
 
-describe("decoding", () => {
-  const fourByFour: ResizeTarget = { width: 4, height: 4, kernel: "linear" }
-  const twoByTwo: ResizeTarget = { width: 2, height: 2, kernel: "linear" }
+const fourByFour: ResizeTarget = { width: 4, height: 4, kernel: "linear" }
+const twoByTwo: ResizeTarget = { width: 2, height: 2, kernel: "linear" }
 
+describe("decoding", () => {
   it("decodes an image and resizes it to the size asked", async () => {
     const image = await decodeImage(await solidPng(200, 10, 30, 16), { width: 4, height: 3, kernel: "linear" })
     expect([image.width, image.height, image.data.length]).toEqual([4, 3, 36])
@@ -225,5 +226,74 @@ describe("decoding", () => {
 
   it("refuses audio that is not WAV (400)", () => {
     expect(() => decodeAudio(Buffer.from("not a wav file at all"), "audio/wav", 16_000)).toThrow(/not a WAV file/)
+  })
+})
+
+describe("decoding bounds", () => {
+  const limits = (overrides: Partial<MediaLimits>): MediaLimits => ({ ...defaultMediaLimits, ...overrides })
+  const silence = (sampleRate: number, frames: number) => wav16([new Array<number>(frames).fill(0)], sampleRate)
+
+  it("refuses a WAV sample rate outside 8–192 kHz (400), naming the rate and the bounds", () => {
+    for (const rate of [0, 1, 500_000]) {
+      const decode = () => decodeAudio(silence(rate, 1600), "audio/wav", 16_000)
+      expect(decode).toThrow(MediaError)
+      expect(decode).toThrow(`sample rate of ${rate} Hz is outside 8000–192000 Hz`)
+    }
+    expect(decodeAudio(silence(8_000, 800), "audio/wav", 16_000)).toHaveLength(1600)
+  })
+
+  it("refuses WAV and PCM16 audio longer than the limit (413)", () => {
+    const short = limits({ maxAudioSeconds: 1 })
+    const decode = () => decodeAudio(silence(8_000, 16_000), "audio/wav", 16_000, short)
+    expect(decode).toThrow(MediaTooLarge)
+    expect(decode).toThrow("the audio lasts 2.0 s, longer than the limit of 1 s")
+    expect(decodeAudio(silence(8_000, 8_000), "audio/wav", 16_000, short)).toHaveLength(16_000)
+    const pcm = Buffer.alloc(2 * 16_000 * 3)
+    expect(() => decodeAudio(pcm, "audio/pcm16", 16_000, short)).toThrow("the audio lasts 3.0 s")
+    // Ten minutes by default, read from the header: a 601-second 8-bit WAV of 4.8 MB is refused.
+    const long = Buffer.concat([silence(8_000, 0), Buffer.alloc(8_000 * 601, 128)])
+    long.writeUInt16LE(8, 34)
+    long.writeUInt32LE(8_000 * 601, 40)
+    expect(() => decodeAudio(long, "audio/wav", 16_000)).toThrow(
+      "the audio lasts 601.0 s, longer than the limit of 600 s"
+    )
+  })
+
+  it("decodes only the samples a WAV holds, whatever length its header declares", () => {
+    const lying = silence(16_000, 160)
+    lying.writeUInt32LE(0xffff_fff0, 40)
+    expect(decodeAudio(lying, "audio/wav", 16_000)).toHaveLength(160)
+  })
+
+  it("refuses an image over the pixel limit, and an animation over it in all its frames together (413)", async () => {
+    const png = await solidPng(1, 2, 3, 8)
+    await expectMediaError(
+      decodeImage(png, fourByFour, limits({ maxImagePixels: 63 })),
+      MediaTooLarge,
+      /more than 63 pixels/
+    )
+    const frames = await Promise.all([solidPng(255, 0, 0), solidPng(0, 255, 0), solidPng(0, 0, 255)])
+    const gif = await sharp(frames, { join: { animated: true } })
+      .gif()
+      .toBuffer()
+    // Each 8×8 frame is under the limit; the three together are not.
+    await expectMediaError(
+      decodeVideoFrames(gif, twoByTwo, 32, limits({ maxImagePixels: 100 })),
+      MediaTooLarge,
+      /video \(all its frames together\) has more than 100 pixels/
+    )
+  })
+
+  it("refuses an animation with more frames than the limit (413) before decoding any", async () => {
+    const frames = await Promise.all([solidPng(255, 0, 0), solidPng(0, 255, 0), solidPng(0, 0, 255)])
+    const gif = await sharp(frames, { join: { animated: true } })
+      .gif()
+      .toBuffer()
+    await expectMediaError(
+      decodeVideoFrames(gif, twoByTwo, 2, limits({ maxAnimationFrames: 2 })),
+      MediaTooLarge,
+      /the video has 3 frames, more than the limit of 2/
+    )
+    expect(await decodeVideoFrames(gif, twoByTwo, 2, limits({ maxAnimationFrames: 3 }))).toHaveLength(2)
   })
 })

@@ -1,4 +1,5 @@
 import { Schema } from "effect"
+import { MediaLimits } from "./media/MediaLimits.js"
 
 /**
  * What an executor's three roles (router, engine, workers) are told. The router gets it on its
@@ -28,6 +29,9 @@ export const ExecutorConfig = Schema.Struct({
   mediaRoot: Schema.optional(Schema.String),
   allowPrivateHosts: Schema.Boolean,
   maxMediaBytes: Schema.Int.pipe(Schema.positive()),
+  /** Media items one request may carry (Eric's items, the media parts of an LLM request's messages). */
+  maxMediaItems: Schema.Int.pipe(Schema.positive()),
+  ...MediaLimits.fields,
   /** How long Geri waits for an embedding to arrive through the sidecar. */
   embeddingWaitMs: Schema.Int.pipe(Schema.positive()),
   /** LLM: KV cache positions per device (default: maxBatchSize requests at the model's context length). */

@@ -12,6 +12,7 @@ import { NoSidecar, UnsupportedModality } from "../common/errors.js"
 import { errorAnswer, type RouterKind } from "../common/Router.js"
 import type { WorkItem } from "../common/wire.js"
 import { type EmbeddingResult, EmbeddingsRequest } from "./api.js"
+import { checkMediaItemCount, type MediaLimits } from "../common/media/MediaLimits.js"
 import { readMedia } from "../common/media/MediaSource.js"
 import type { Preprocessed } from "../common/media/preprocess.js"
 import type { EricItemMeta, EricItemResult } from "./worker.js"
@@ -54,22 +55,38 @@ export const routerKind: RouterKind = {
         maxBytes: config.maxMediaBytes,
         timeoutMs: 10_000
       }
+      const limits: MediaLimits = {
+        maxImagePixels: config.maxImagePixels,
+        maxAnimationFrames: config.maxAnimationFrames,
+        maxAudioSeconds: config.maxAudioSeconds
+      }
 
       const preprocess = (item: EmbeddingsRequest["items"][number]): Promise<Preprocessed> =>
         readMedia(item.url, mediaOptions).then((media) => {
           const bytes = new Uint8Array(media.bytes.buffer, media.bytes.byteOffset, media.bytes.byteLength)
           switch (item.modality) {
             case "image":
-              return pool.run<Preprocessed>("image", { bytes, config: imageConfig })
+              return pool.run<Preprocessed>("image", { bytes, config: imageConfig, limits })
             case "video":
-              return pool.run<Preprocessed>("video", { bytes, config: imageConfig, maxFrames: maxVideoFrames })
+              return pool.run<Preprocessed>("video", {
+                bytes,
+                config: imageConfig,
+                maxFrames: maxVideoFrames,
+                limits
+              })
             case "audio":
-              return pool.run<Preprocessed>("audio", { bytes, mimeType: media.mimeType, config: audioConfig })
+              return pool.run<Preprocessed>("audio", {
+                bytes,
+                mimeType: media.mimeType,
+                config: audioConfig,
+                limits
+              })
           }
         })
 
       const embeddings = Effect.gen(function* () {
         const body = yield* HttpServerRequest.schemaBodyJson(EmbeddingsRequest)
+        yield* checkMediaItemCount(body.items.length, config.maxMediaItems)
         const unsupported = body.items.find((item) => !modalities.includes(item.modality))
         if (unsupported !== undefined) {
           return yield* new UnsupportedModality({

@@ -11,6 +11,7 @@ import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { ChatTokenizer } from "../../models/Tokenizer.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { BadRequest, ContextLengthExceeded, EmptyPrompt, ModelNotFound, NoSidecar } from "../common/errors.js"
+import { checkMediaItemCount } from "../common/media/MediaLimits.js"
 import { answeredFailure, errorAnswer, errorBody, type RouterKind } from "../common/Router.js"
 import {
   type ChatCompletion,
@@ -28,7 +29,7 @@ import {
 import { Generation, type Outcome } from "./Generation.js"
 import { contextLength, kvCacheTokens } from "./Limits.js"
 import { makeMediaInputs } from "./MediaInputs.js"
-import { expandPlaceholders, mediaParts, PromptError, templateMessages } from "./Prompt.js"
+import { expandPlaceholders, type MediaPart, mediaParts, PromptError, templateMessages } from "./Prompt.js"
 import type { EmbedResult, GenerateMeta, LlmRequestMeta, PromptInput, SamplingParams } from "./protocol.js"
 
 const tokenIds = (value: unknown): Array<number> =>
@@ -145,12 +146,42 @@ export const routerKind: RouterKind = {
         total_tokens: prompt.inputIds.length + outcome.completionTokens
       })
 
+      /** Prompt rows a media part takes when the model embeds it itself: known from its config, before decoding. */
+      const encodedRows: Readonly<Record<MediaPart["modality"], number | undefined>> = {
+        image: model.config.image_seq_length,
+        audio: model.config.audio_seq_length,
+        video: undefined
+      }
+
+      /**
+       * Refuses, before any media is read or decoded, a request with too many media parts, or whose
+       * media alone take more than `maxPromptTokens` positions. Rows of sidecar embeddings are known
+       * only once they arrive, so those are counted after.
+       */
+      const checkMedia = (
+        parts: ReadonlyArray<MediaPart>,
+        refs: ReadonlyArray<EmbeddingRef> | undefined,
+        maxPromptTokens: number
+      ) =>
+        Effect.gen(function* () {
+          yield* checkMediaItemCount(parts.length, config.maxMediaItems)
+          if (refs !== undefined) return
+          const rows = parts.reduce((sum, part) => sum + (encodedRows[part.modality] ?? 0), 0)
+          if (rows > maxPromptTokens) {
+            return yield* new ContextLengthExceeded({
+              message: `this model's maximum context length is ${maxModelLength} tokens; the ${parts.length} media parts alone take ${rows}`
+            })
+          }
+        })
+
       const attempt = <A>(run: () => Promise<A>) => Effect.tryPromise({ try: run, catch: (error) => error })
       const check = <A>(run: () => A) => Effect.try({ try: run, catch: (error) => error })
 
       const chatCompletions = Effect.gen(function* () {
         const body = yield* HttpServerRequest.schemaBodyJson(ChatCompletionRequest)
         yield* checkModel(body.model)
+        // A prompt must leave at least one position for the completion.
+        yield* checkMedia(mediaParts(body.messages), body.cornserve_embeddings, maxModelLength - 1)
         const prompt = yield* attempt(() =>
           buildPrompt({ messages: body.messages, addGenerationPrompt: true }, body.cornserve_embeddings)
         )
@@ -232,6 +263,11 @@ export const routerKind: RouterKind = {
       const promptEmbeddings = Effect.gen(function* () {
         const body = yield* HttpServerRequest.schemaBodyJson(PromptEmbeddingsRequest)
         yield* checkModel(body.model)
+        yield* checkMedia(
+          body.messages === undefined ? [] : mediaParts(body.messages),
+          body.cornserve_embeddings,
+          maxModelLength
+        )
         if ((body.messages === undefined) === (body.prompt === undefined))
           return yield* new BadRequest({ message: "give either messages or prompt" })
         const inline = body.return === "inline"

@@ -1,23 +1,26 @@
 import sharp from "sharp"
 import { type ResizeTarget, type RgbImage, resizeRgb } from "../../../models/ImageProcessor.js"
 import { MediaError, MediaTooLarge } from "./errors.js"
+import { defaultMediaLimits, type MediaLimits } from "./MediaLimits.js"
 
-/** Larger images are refused (413) before they are decoded. */
-const maxInputPixels = 64 * 1024 * 1024
-
-const describeSharpError = (error: unknown, what: string): MediaError | MediaTooLarge => {
+const describeSharpError = (error: unknown, what: string, maxPixels: number): MediaError | MediaTooLarge => {
   const message = error instanceof Error ? error.message : String(error)
   if (/pixel limit/i.test(message))
-    return new MediaTooLarge({ message: `the ${what} has more than ${maxInputPixels} pixels` })
+    return new MediaTooLarge({ message: `the ${what} has more than ${maxPixels} pixels` })
   return new MediaError({ message: `the ${what} could not be decoded: ${message}` })
 }
 
 /** Decodes an image (PNG, JPEG, WebP, GIF, …), drops alpha, and resizes it once to the target. */
-export const decodeImage = async (bytes: Buffer, target: ResizeTarget, page = 0): Promise<RgbImage> => {
+export const decodeImage = async (
+  bytes: Buffer,
+  target: ResizeTarget,
+  limits: MediaLimits = defaultMediaLimits,
+  page = 0
+): Promise<RgbImage> => {
   try {
-    return await resizeRgb(sharp(bytes, { limitInputPixels: maxInputPixels, page }), target)
+    return await resizeRgb(sharp(bytes, { limitInputPixels: limits.maxImagePixels, page }), target)
   } catch (error) {
-    throw describeSharpError(error, "image")
+    throw describeSharpError(error, "image", limits.maxImagePixels)
   }
 }
 
@@ -30,20 +33,29 @@ export const sampleFrameIndices = (total: number, count: number): ReadonlyArray<
 
 /**
  * Frames of a video given as an animated image (GIF or WebP): at most `maxFrames`, evenly sampled,
- * each resized to the target. A still image is a one-frame video.
+ * each resized to the target. A still image is a one-frame video. The header is read first: an
+ * animation with too many frames, or too many pixels in all its frames together, is refused before
+ * any frame is decoded (reaching a frame decodes the frames before it).
  */
 export const decodeVideoFrames = async (
   bytes: Buffer,
   target: ResizeTarget,
-  maxFrames: number
+  maxFrames: number,
+  limits: MediaLimits = defaultMediaLimits
 ): Promise<ReadonlyArray<RgbImage>> => {
   let pages: number
   try {
-    pages = (await sharp(bytes, { limitInputPixels: maxInputPixels, animated: true }).metadata()).pages ?? 1
+    // Animated, sharp sees all the frames as one tall image, so its pixel limit counts them all.
+    pages = (await sharp(bytes, { limitInputPixels: limits.maxImagePixels, animated: true }).metadata()).pages ?? 1
   } catch (error) {
-    throw describeSharpError(error, "video")
+    throw describeSharpError(error, "video (all its frames together)", limits.maxImagePixels)
   }
-  return Promise.all(sampleFrameIndices(pages, maxFrames).map((page) => decodeImage(bytes, target, page)))
+  if (pages > limits.maxAnimationFrames) {
+    throw new MediaTooLarge({
+      message: `the video has ${pages} frames, more than the limit of ${limits.maxAnimationFrames}`
+    })
+  }
+  return Promise.all(sampleFrameIndices(pages, maxFrames).map((page) => decodeImage(bytes, target, limits, page)))
 }
 
 const resample = (samples: Float32Array, from: number, to: number): Float32Array => {
@@ -61,7 +73,36 @@ const resample = (samples: Float32Array, from: number, to: number): Float32Array
   return out
 }
 
-const readWav = (bytes: Buffer): { readonly samples: Float32Array; readonly sampleRate: number } => {
+/** The sample rates a WAV file may declare: those recorders and codecs use, from telephony to studio. */
+export const wavSampleRates = { min: 8_000, max: 192_000 } as const
+
+/** Refuses audio longer than the limit, from its length alone, before any sample is decoded or resampled. */
+const checkDuration = (frames: number, sampleRate: number, limits: MediaLimits) => {
+  const seconds = frames / sampleRate
+  if (seconds > limits.maxAudioSeconds) {
+    throw new MediaTooLarge({
+      message: `the audio lasts ${seconds.toFixed(1)} s, longer than the limit of ${limits.maxAudioSeconds} s`
+    })
+  }
+}
+
+const sampleReader = (bytes: Buffer, code: number, bits: number): ((at: number) => number) | undefined =>
+  code === 3 && bits === 32
+    ? (at) => bytes.readFloatLE(at)
+    : code === 1 && bits === 16
+      ? (at) => bytes.readInt16LE(at) / 32768
+      : code === 1 && bits === 24
+        ? (at) => bytes.readIntLE(at, 3) / 8388608
+        : code === 1 && bits === 32
+          ? (at) => bytes.readInt32LE(at) / 2147483648
+          : code === 1 && bits === 8
+            ? (at) => (bytes.readUInt8(at) - 128) / 128
+            : undefined
+
+const readWav = (
+  bytes: Buffer,
+  limits: MediaLimits
+): { readonly samples: Float32Array; readonly sampleRate: number } => {
   if (bytes.length < 12 || bytes.toString("ascii", 0, 4) !== "RIFF" || bytes.toString("ascii", 8, 12) !== "WAVE") {
     throw new MediaError({ message: "the audio is not a WAV file (RIFF/WAVE header missing)" })
   }
@@ -83,23 +124,19 @@ const readWav = (bytes: Buffer): { readonly samples: Float32Array; readonly samp
       if (format === undefined) throw new MediaError({ message: "the WAV file has its data before its format" })
       const { code, channels, sampleRate, bits } = format
       if (channels < 1) throw new MediaError({ message: "the WAV file has no channels" })
-      const width = bits / 8
-      const end = Math.min(bytes.length, body + size)
-      const frames = Math.floor((end - body) / (width * channels))
-      const read =
-        code === 3 && bits === 32
-          ? (at: number) => bytes.readFloatLE(at)
-          : code === 1 && bits === 16
-            ? (at: number) => bytes.readInt16LE(at) / 32768
-            : code === 1 && bits === 24
-              ? (at: number) => bytes.readIntLE(at, 3) / 8388608
-              : code === 1 && bits === 32
-                ? (at: number) => bytes.readInt32LE(at) / 2147483648
-                : code === 1 && bits === 8
-                  ? (at: number) => (bytes.readUInt8(at) - 128) / 128
-                  : undefined
+      if (sampleRate < wavSampleRates.min || sampleRate > wavSampleRates.max) {
+        throw new MediaError({
+          message: `the WAV file's sample rate of ${sampleRate} Hz is outside ${wavSampleRates.min}–${wavSampleRates.max} Hz`
+        })
+      }
+      const read = sampleReader(bytes, code, bits)
       if (read === undefined)
         throw new MediaError({ message: `WAV sample format ${code} with ${bits} bits is not supported` })
+      const width = bits / 8
+      // A data chunk may declare more than the file holds (a truncated or streamed recording): what is there counts.
+      const end = Math.min(bytes.length, body + size)
+      const frames = Math.floor((end - body) / (width * channels))
+      checkDuration(frames, sampleRate, limits)
       const samples = new Float32Array(frames)
       for (let frame = 0; frame < frames; frame++) {
         let sum = 0
@@ -117,12 +154,19 @@ const readWav = (bytes: Buffer): { readonly samples: Float32Array; readonly samp
  * Mono float samples at `sampleRate` from a WAV file (8/16/24/32-bit PCM or 32-bit float, any
  * channel count, mixed down) or from raw PCM16 (`audio/pcm16`, taken to be at `sampleRate`).
  */
-export const decodeAudio = (bytes: Buffer, mimeType: string | undefined, sampleRate: number): Float32Array => {
+export const decodeAudio = (
+  bytes: Buffer,
+  mimeType: string | undefined,
+  sampleRate: number,
+  limits: MediaLimits = defaultMediaLimits
+): Float32Array => {
   if (mimeType === "audio/pcm16" || mimeType === "audio/l16") {
-    const samples = new Float32Array(Math.floor(bytes.length / 2))
+    const frames = Math.floor(bytes.length / 2)
+    checkDuration(frames, sampleRate, limits)
+    const samples = new Float32Array(frames)
     for (let index = 0; index < samples.length; index++) samples[index] = bytes.readInt16LE(index * 2) / 32768
     return samples
   }
-  const wav = readWav(bytes)
+  const wav = readWav(bytes, limits)
   return resample(wav.samples, wav.sampleRate, sampleRate)
 }

@@ -2,12 +2,13 @@
  * Media preprocessing, run in a router's thread pool (Eric's, and the LLM executor's for the
  * model's own encoders): decoded media → the encoder's inputs, as the model's
  * preprocessor_config.json says. Each function answers stackable tensors: one row per image, per
- * video frame, or per audio clip.
+ * video frame, or per audio clip. Without `limits`, the defaults bound the decoding.
  */
 import { type AudioProcessorConfig, inputValues } from "../../../models/AudioProcessor.js"
 import { type ImageProcessorConfig, normalizePixels, resizeTarget } from "../../../models/ImageProcessor.js"
 import type { WireTensor } from "../wire.js"
 import { decodeAudio, decodeImage, decodeVideoFrames } from "./MediaDecoder.js"
+import type { MediaLimits } from "./MediaLimits.js"
 
 export interface Preprocessed {
   readonly inputs: Readonly<Record<string, WireTensor>>
@@ -24,9 +25,10 @@ const bufferOf = (bytes: Uint8Array) => Buffer.from(bytes.buffer, bytes.byteOffs
 export const image = async (input: {
   readonly bytes: Uint8Array
   readonly config: ImageProcessorConfig
+  readonly limits?: MediaLimits
 }): Promise<Preprocessed> => {
   const { height, width } = input.config.size
-  const decoded = await decodeImage(bufferOf(input.bytes), resizeTarget(input.config))
+  const decoded = await decodeImage(bufferOf(input.bytes), resizeTarget(input.config), input.limits)
   return {
     inputs: {
       pixel_values: { dtype: "float32", shape: [1, 3, height, width], data: normalizePixels(input.config, decoded) }
@@ -38,9 +40,15 @@ export const video = async (input: {
   readonly bytes: Uint8Array
   readonly config: ImageProcessorConfig
   readonly maxFrames: number
+  readonly limits?: MediaLimits
 }): Promise<Preprocessed> => {
   const { height, width } = input.config.size
-  const frames = await decodeVideoFrames(bufferOf(input.bytes), resizeTarget(input.config), input.maxFrames)
+  const frames = await decodeVideoFrames(
+    bufferOf(input.bytes),
+    resizeTarget(input.config),
+    input.maxFrames,
+    input.limits
+  )
   const values = frames.map((frame) => normalizePixels(input.config, frame))
   return { inputs: { pixel_values: stackFrames(values, height, width) } }
 }
@@ -49,8 +57,9 @@ export const audio = (input: {
   readonly bytes: Uint8Array
   readonly mimeType: string | undefined
   readonly config: AudioProcessorConfig
+  readonly limits?: MediaLimits
 }): Preprocessed => {
-  const samples = decodeAudio(bufferOf(input.bytes), input.mimeType, input.config.sampling_rate)
+  const samples = decodeAudio(bufferOf(input.bytes), input.mimeType, input.config.sampling_rate, input.limits)
   const values = inputValues(input.config, samples, input.config.sampling_rate)
   return { inputs: { input_values: { dtype: "float32", shape: [1, values.length], data: values } } }
 }
