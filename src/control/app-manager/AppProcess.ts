@@ -1,13 +1,13 @@
 import { type ChildProcess, fork } from "node:child_process"
 import { EventEmitter } from "node:events"
-import { existsSync, readFileSync } from "node:fs"
+import { existsSync, readFileSync, realpathSync } from "node:fs"
 import { dirname, join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { createRequire } from "node:module"
 import { constants } from "node:os"
 import type { FromWorker, ToAppProcess, ToWorker } from "../../app-runtime/driver/protocol.js"
 
-const hostEntry = fileURLToPath(new URL("../../app-runtime/driver/worker.js", import.meta.url))
+const hostEntry = realpathSync(fileURLToPath(new URL("../../app-runtime/driver/worker.js", import.meta.url)))
 const appRuntimeDir = fileURLToPath(new URL("../../app-runtime/", import.meta.url))
 
 export interface AppProcessLimits {
@@ -27,7 +27,8 @@ const readablePaths = (() => {
   return (): ReadonlyArray<string> => {
     if (cached === undefined) {
       const effectDir = dirname(createRequire(import.meta.url).resolve("effect/package.json"))
-      cached = [appRuntimeDir, ...packageClosure(effectDir)].map((dir) => (dir.endsWith("/") ? dir : `${dir}/`))
+      // Real paths: the permission model checks the files the loader opens, after links are resolved.
+      cached = [appRuntimeDir, ...packageClosure(effectDir)].map((dir) => `${realpathSync(dir)}/`)
     }
     return cached
   }

@@ -12,7 +12,7 @@ import { NoSidecar, UnsupportedModality } from "../common/errors.js"
 import { errorAnswer, type RouterKind } from "../common/Router.js"
 import type { WorkItem } from "../common/wire.js"
 import { type EmbeddingResult, EmbeddingsRequest } from "./api.js"
-import { checkMediaItemCount, type MediaLimits } from "../common/media/MediaLimits.js"
+import { checkMediaItemCount, mediaLimitsOf } from "../common/media/MediaLimits.js"
 import { readMedia } from "../common/media/MediaSource.js"
 import type { Preprocessed } from "../common/media/preprocess.js"
 import type { EricItemMeta, EricItemResult } from "./worker.js"
@@ -55,11 +55,7 @@ export const routerKind: RouterKind = {
         maxBytes: config.maxMediaBytes,
         timeoutMs: 10_000
       }
-      const limits: MediaLimits = {
-        maxImagePixels: config.maxImagePixels,
-        maxAnimationFrames: config.maxAnimationFrames,
-        maxAudioSeconds: config.maxAudioSeconds
-      }
+      const limits = mediaLimitsOf(config)
 
       const preprocess = (item: EmbeddingsRequest["items"][number]): Promise<Preprocessed> =>
         readMedia(item.url, mediaOptions).then((media) => {

@@ -12,6 +12,7 @@ import type { ExecutorConfig } from "../common/ExecutorConfig.js"
 import type { ThreadPool } from "../common/ThreadPool.js"
 import { readMedia } from "../common/media/MediaSource.js"
 import { EmbeddingMissing } from "../common/errors.js"
+import { mediaLimitsOf } from "../common/media/MediaLimits.js"
 import type { Preprocessed } from "../common/media/preprocess.js"
 import type { EmbeddingRef, Modality } from "./api.js"
 import { type MediaPart, PromptError } from "./Prompt.js"
@@ -61,6 +62,7 @@ export const makeMediaInputs = (options: {
     maxBytes: config.maxMediaBytes,
     timeoutMs: 10_000
   }
+  const limits = mediaLimitsOf(config)
 
   const encode = async (part: MediaPart): Promise<ResolvedMedia> => {
     if (!encodable.includes(part.modality)) {
@@ -71,7 +73,7 @@ export const makeMediaInputs = (options: {
     const media = await readMedia(part.url, mediaOptions)
     const bytes = new Uint8Array(media.bytes.buffer, media.bytes.byteOffset, media.bytes.byteLength)
     if (part.modality === "image") {
-      const { inputs } = await pool.run<Preprocessed>("image", { bytes, config: imageConfig })
+      const { inputs } = await pool.run<Preprocessed>("image", { bytes, config: imageConfig, limits })
       const pixels = inputs.pixel_values!
       return {
         modality: "image",
@@ -79,7 +81,12 @@ export const makeMediaInputs = (options: {
         input: { kind: "pixel_values", data: pixels.data as Float32Array, shape: pixels.shape }
       }
     }
-    const { inputs } = await pool.run<Preprocessed>("audio", { bytes, mimeType: media.mimeType, config: audioConfig })
+    const { inputs } = await pool.run<Preprocessed>("audio", {
+      bytes,
+      mimeType: media.mimeType,
+      config: audioConfig,
+      limits
+    })
     const values = inputs.input_values!
     return {
       modality: "audio",

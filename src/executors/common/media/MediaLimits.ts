@@ -16,6 +16,13 @@ export const MediaLimits = Schema.Struct({
 })
 export type MediaLimits = typeof MediaLimits.Type
 
+/** The limits an executor was started with. */
+export const mediaLimitsOf = (config: MediaLimits): MediaLimits => ({
+  maxImagePixels: config.maxImagePixels,
+  maxAnimationFrames: config.maxAnimationFrames,
+  maxAudioSeconds: config.maxAudioSeconds
+})
+
 export const defaultMediaLimits: MediaLimits = {
   maxImagePixels: 64 * 1024 * 1024,
   maxAnimationFrames: 1024,

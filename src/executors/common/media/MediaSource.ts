@@ -64,7 +64,7 @@ const guardedLookup: LookupFunction = (hostname, options, callback) => {
     if (error) return callback(error, "", 4)
     const refusal = addresses.map((entry) => nonPublicReason(entry.address)).find((reason) => reason !== undefined)
     if (refusal !== undefined) {
-      return callback(new MediaError({ message: `${hostname} is refused: ${refusal}` }), "", 4)
+      return callback(new MediaError({ message: `refusing ${hostname}, a private address: ${refusal}` }), "", 4)
     }
     if (options.all) return (callback as unknown as (e: null, a: Array<LookupAddress>) => void)(null, addresses)
     callback(null, addresses[0]!.address, addresses[0]!.family)
@@ -75,7 +75,8 @@ const fetchHttp = (url: URL, options: MediaSourceOptions, redirectsLeft: number)
   new Promise((resolve, reject) => {
     const literal = url.hostname.replace(/^\[|\]$/g, "")
     const refusal = !options.allowPrivateHosts && isIP(literal) !== 0 ? nonPublicReason(literal) : undefined
-    if (refusal !== undefined) return reject(new MediaError({ message: `${url.href} is refused: ${refusal}` }))
+    if (refusal !== undefined)
+      return reject(new MediaError({ message: `refusing ${url.href}, a private address: ${refusal}` }))
     const client = url.protocol === "https:" ? Https : Http
     const request = client.get(
       url,
