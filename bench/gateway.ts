@@ -7,7 +7,7 @@
  * Prints a table, then (as the last line) one JSON object with the figures.
  *
  * Env: BENCH_SECONDS (measured seconds per phase, default 5), BENCH_WARMUP_SECONDS (default 1),
- * BENCH_RATES (comma-separated requests/s, default 250,500,1000,2000).
+ * BENCH_RATES (comma-separated requests/s, default 100,500,1000,2000).
  */
 import { type ChildProcess, spawn } from "node:child_process"
 import { once } from "node:events"
@@ -22,8 +22,9 @@ import { bundleScript } from "../test/support/bundle.js"
 
 const SECONDS = envNumber("BENCH_SECONDS", 5)
 const WARMUP_SECONDS = envNumber("BENCH_WARMUP_SECONDS", 1)
-const RATES = envRates("BENCH_RATES", [250, 500, 1000, 2000])
-const TARGET = { rate: 1000, p50AddedMs: 0.5, p99AddedMs: 2 } as const
+const RATES = envRates("BENCH_RATES", [100, 500, 1000, 2000])
+/** What the gateway may add to the bare server's latency, at every rate. */
+const TARGET = { p50AddedMs: 0.5, p99AddedMs: 1 } as const
 
 const APP = "hello"
 const INVOKE_PATH = `/app/invoke/${APP}`
@@ -324,24 +325,15 @@ function printTable(results: ReadonlyArray<RateResult>): void {
 }
 
 function report(results: ReadonlyArray<RateResult>) {
-  const atTarget = results.find((r) => r.rate === TARGET.rate)
+  const meets = (r: RateResult) =>
+    r.p50AddedMs <= TARGET.p50AddedMs && r.p99AddedMs <= TARGET.p99AddedMs && r.cornserve.errors === 0
   return {
     bench: "gateway",
     seconds: SECONDS,
     rates: results,
     target: TARGET,
-    at1000:
-      atTarget === undefined
-        ? null
-        : {
-            p50AddedMs: atTarget.p50AddedMs,
-            p99AddedMs: atTarget.p99AddedMs,
-            throughputRatio: atTarget.throughputRatio,
-            meetsTarget:
-              atTarget.p50AddedMs <= TARGET.p50AddedMs &&
-              atTarget.p99AddedMs <= TARGET.p99AddedMs &&
-              atTarget.cornserve.errors === 0
-          }
+    ratesMeetingTarget: results.filter(meets).map((r) => r.rate),
+    meetsTarget: results.every(meets)
   }
 }
 
