@@ -95,6 +95,12 @@ const serveCommand = Command.make(
       Options.withDescription("The largest request body accepted (413 beyond)."),
       Options.withDefault(32 * 1024 * 1024)
     ),
+    maxResponseBytes: Options.integer("max-response-bytes").pipe(
+      Options.withDescription(
+        "The largest answer an app may send, or line it may stream (its request fails with AppFailed beyond)."
+      ),
+      Options.withDefault(64 * 1024 * 1024)
+    ),
     maxJsonDepth: Options.integer("max-json-depth").pipe(
       Options.withDescription("How deeply a JSON request body may nest arrays and objects (400 beyond)."),
       Options.withDefault(defaultMaxJsonDepth)
@@ -155,7 +161,8 @@ const serveCommand = Command.make(
         appLimits: {
           heapMiB: Math.max(16, Math.floor(options.appMemory * 0.75)),
           rssMiB: options.appMemory,
-          stallMs: Math.round(options.appStall * 1000)
+          stallMs: Math.round(options.appStall * 1000),
+          maxResponseBytes: options.maxResponseBytes
         },
         shutdownGraceMs: Math.round(options.shutdownGrace * 1000),
         unregisterGraceMs: Math.round(options.shutdownGrace * 1000)

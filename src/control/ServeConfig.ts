@@ -20,8 +20,16 @@ export interface ServeOptions {
   readonly maxJsonDepth: number
   readonly requestTimeoutMs: number
   readonly appLoadTimeoutMs: number
-  /** Each app's process: its heap and resident memory caps, and how long its event loop may stay busy. */
-  readonly appLimits: { readonly heapMiB: number; readonly rssMiB: number; readonly stallMs: number }
+  /**
+   * Each app's process: its heap and resident memory caps, how long its event loop may stay busy,
+   * and the largest answer (or streamed line) it may send.
+   */
+  readonly appLimits: {
+    readonly heapMiB: number
+    readonly rssMiB: number
+    readonly stallMs: number
+    readonly maxResponseBytes: number
+  }
   readonly shutdownGraceMs: number
   readonly unregisterGraceMs: number
 }

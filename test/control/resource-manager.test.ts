@@ -21,7 +21,7 @@ const options = (stateDir: string, devices: string): ServeOptions => ({
   adminToken: undefined,
   maxBodyBytes: 1 << 20,
   maxJsonDepth: 64,
-  appLimits: { heapMiB: 768, rssMiB: 1024, stallMs: 10_000 },
+  appLimits: { heapMiB: 768, rssMiB: 1024, stallMs: 10_000, maxResponseBytes: 1 << 20 },
   allowedHosts: [],
   requestTimeoutMs: 1_000,
   appLoadTimeoutMs: 10_000,

@@ -224,7 +224,8 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       draining: () => draining,
       maxBodyBytes: config.maxBodyBytes,
       maxJsonDepth: config.maxJsonDepth,
-      requestTimeoutMs: config.requestTimeoutMs
+      requestTimeoutMs: config.requestTimeoutMs,
+      maxResponseBytes: config.appLimits.maxResponseBytes
     })
     nodeServer.on("request", (request, response) => {
       inFlight++
