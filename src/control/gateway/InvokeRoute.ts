@@ -16,7 +16,7 @@ import {
 } from "../errors.js"
 import { errorBody, errorHead, type GatewayError } from "./ErrorResponse.js"
 import { jsonDepthWithin, shortened, tooDeepMessage } from "./JsonBody.js"
-import { readRequestBody } from "./RequestBody.js"
+import { type RequestBodyLimits, readRequestBody } from "./RequestBody.js"
 
 export const invokePrefix = "/app/invoke/"
 /** `POST /app/:id/v1/chat/completions`: the OpenAI surface of apps that take chat requests. */
@@ -182,7 +182,7 @@ const decodePathSegment = (segment: string): string | undefined => {
 export interface InvokeRouteOptions {
   readonly lookup: (appId: string) => AppDriver | GatewayError
   readonly draining: () => boolean
-  readonly maxBodyBytes: number
+  readonly bodyLimits: RequestBodyLimits
   readonly maxJsonDepth: number
   readonly requestTimeoutMs: number
   readonly maxResponseBytes: number
@@ -207,7 +207,7 @@ export const makeInvokeRoute =
       request.resume()
       return sendError(response, driver)
     }
-    readRequestBody(request, options.maxBodyBytes, (body) => {
+    readRequestBody(request, options.bodyLimits, (body) => {
       if (typeof body !== "string") return sendError(response, body)
       if (response.destroyed) return
       if (jsonDepthWithin(body, options.maxJsonDepth) === undefined) {
