@@ -96,6 +96,27 @@ const serveCommand = Command.make(
       Options.withDescription("The largest request body accepted (413 beyond)."),
       Options.withDefault(32 * 1024 * 1024)
     ),
+    maxResponseBytes: Options.integer("max-response-bytes").pipe(
+      Options.withDescription(
+        "The largest answer an app may send, or line it may stream (its request fails with AppFailed beyond)."
+      ),
+      Options.withDefault(64 * 1024 * 1024)
+    ),
+    headersTimeout: seconds(
+      "headers-timeout",
+      30,
+      "Seconds a client may take to send a request's headers (408 after)."
+    ),
+    receiveTimeout: seconds(
+      "receive-timeout",
+      300,
+      "Seconds a client may take to send a whole request, headers and body (408 after)."
+    ),
+    bodyIdleTimeout: seconds(
+      "body-idle-timeout",
+      10,
+      "Seconds a request body may send nothing before it is refused (408, connection closed)."
+    ),
     maxJsonDepth: Options.integer("max-json-depth").pipe(
       Options.withDescription("How deeply a JSON request body may nest arrays and objects (400 beyond)."),
       Options.withDefault(defaultMaxJsonDepth)
@@ -150,13 +171,17 @@ const serveCommand = Command.make(
         adminToken,
         allowedHosts: options.allowedHosts,
         maxBodyBytes: options.maxBodyBytes,
+        headersTimeoutMs: Math.round(options.headersTimeout * 1000),
+        receiveTimeoutMs: Math.round(options.receiveTimeout * 1000),
+        bodyIdleTimeoutMs: Math.round(options.bodyIdleTimeout * 1000),
         maxJsonDepth: options.maxJsonDepth,
         requestTimeoutMs: Math.round(options.requestTimeout * 1000),
         appLoadTimeoutMs: 30_000,
         appLimits: {
           heapMiB: Math.max(16, Math.floor(options.appMemory * 0.75)),
           rssMiB: options.appMemory,
-          stallMs: Math.round(options.appStall * 1000)
+          stallMs: Math.round(options.appStall * 1000),
+          maxResponseBytes: options.maxResponseBytes
         },
         shutdownGraceMs: Math.round(options.shutdownGrace * 1000),
         unregisterGraceMs: Math.round(options.shutdownGrace * 1000)

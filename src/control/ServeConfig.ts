@@ -16,12 +16,25 @@ export interface ServeOptions {
   /** Host names besides the bound one and IP literals under which admin requests are taken (DNS rebinding). */
   readonly allowedHosts: ReadonlyArray<string>
   readonly maxBodyBytes: number
+  /** How long a client may take to send its headers, and its whole request; 408 and closed after. */
+  readonly headersTimeoutMs: number
+  readonly receiveTimeoutMs: number
+  /** How long a request body may send nothing before it is refused (408, connection closed). */
+  readonly bodyIdleTimeoutMs: number
   /** How deeply a JSON request body may nest arrays and objects. */
   readonly maxJsonDepth: number
   readonly requestTimeoutMs: number
   readonly appLoadTimeoutMs: number
-  /** Each app's process: its heap and resident memory caps, and how long its event loop may stay busy. */
-  readonly appLimits: { readonly heapMiB: number; readonly rssMiB: number; readonly stallMs: number }
+  /**
+   * Each app's process: its heap and resident memory caps, how long its event loop may stay busy,
+   * and the largest answer (or streamed line) it may send.
+   */
+  readonly appLimits: {
+    readonly heapMiB: number
+    readonly rssMiB: number
+    readonly stallMs: number
+    readonly maxResponseBytes: number
+  }
   readonly shutdownGraceMs: number
   readonly unregisterGraceMs: number
 }

@@ -1,13 +1,17 @@
 import { Schema } from "effect"
 import type { BadRequest, RouteNotFound } from "../executors/common/errors.js"
+import { shortened } from "./gateway/JsonBody.js"
 
 /** Errors the control plane answers with; each tag's HTTP status is in src/errors/HttpStatus.ts. */
+
+/** How much of a client's value a message quotes: enough to recognise it, never a large value back. */
+export const echoedChars = 100
 
 export { BadRequest, RouteNotFound } from "../executors/common/errors.js"
 
 export class AppNotFound extends Schema.TaggedError<AppNotFound>()("AppNotFound", { appId: Schema.String }) {
   override get message() {
-    return `no app named "${this.appId}" is registered`
+    return `no app named "${shortened(this.appId, echoedChars)}" is registered`
   }
 }
 
@@ -28,7 +32,7 @@ export class AppNameTaken extends Schema.TaggedError<AppNameTaken>()("AppNameTak
 
 export class InvalidAppName extends Schema.TaggedError<InvalidAppName>()("InvalidAppName", { name: Schema.String }) {
   override get message() {
-    return `"${this.name}" is not a valid app name: use 1 to 63 letters, digits, "-" or "_", starting with a letter or digit`
+    return `"${shortened(this.name, echoedChars)}" is not a valid app name: use 1 to 63 letters, digits, "-" or "_", starting with a letter or digit`
   }
 }
 
@@ -78,6 +82,14 @@ export class PayloadTooLarge extends Schema.TaggedError<PayloadTooLarge>()("Payl
   }
 }
 
+export class RequestBodyTimeout extends Schema.TaggedError<RequestBodyTimeout>()("RequestBodyTimeout", {
+  idleTimeoutMs: Schema.Number
+}) {
+  override get message() {
+    return `the request body sent nothing for ${this.idleTimeoutMs / 1000} s; the connection is closed`
+  }
+}
+
 export class Unauthorized extends Schema.TaggedError<Unauthorized>()("Unauthorized", { message: Schema.String }) {}
 
 /** An admin request that arrives the way a cross-site page or a rebound DNS name would send it. */
@@ -104,7 +116,7 @@ export class DeploymentFailed extends Schema.TaggedError<DeploymentFailed>()("De
 
 export class TaskNotFound extends Schema.TaggedError<TaskNotFound>()("TaskNotFound", { taskId: Schema.String }) {
   override get message() {
-    return `no task "${this.taskId}" is deployed`
+    return `no task "${shortened(this.taskId, echoedChars)}" is deployed`
   }
 }
 
@@ -151,6 +163,7 @@ export type ControlPlaneError =
   | TaskUnavailable
   | RequestTimeout
   | PayloadTooLarge
+  | RequestBodyTimeout
   | Unauthorized
   | Forbidden
   | ShuttingDown

@@ -42,6 +42,8 @@ export const httpStatuses: { readonly [Tag in ErrorTag]: HttpStatus } = {
   ModelNotFound: notFound,
   // The request names forwarded data that is not there: for the executor's caller, an unknown id.
   EmbeddingMissing: notFound,
+  // The body stalled: the connection is closed, as node:http does for stalled headers.
+  RequestBodyTimeout: { status: 408 },
   AppNameTaken: { status: 409 },
   PayloadTooLarge: { status: 413 },
   MediaTooLarge: { status: 413 },

@@ -1,6 +1,7 @@
 import { spawn } from "node:child_process"
 import { readFile } from "node:fs/promises"
 import { request as httpRequest } from "node:http"
+import { connect } from "node:net"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import {
@@ -98,6 +99,98 @@ describe("cornserve serve against cross-site requests, DNS rebinding and oversiz
     const response = await invoke(platform.url, "hello", JSON.stringify({ name: huge }))
     expect(response.status).toBe(422)
     expect((await response.text()).length).toBeLessThan(5_000)
+  })
+})
+
+/** Writes `text` on a raw connection, then waits for the gateway to close it; resolves with what it answered. */
+const holdOpen = (url: string, text: string) =>
+  new Promise<string>((resolve, reject) => {
+    const target = new URL(url)
+    const socket = connect(Number(target.port), target.hostname, () => socket.write(text))
+    let answer = ""
+    socket.on("data", (chunk: Buffer) => {
+      answer += chunk.toString()
+    })
+    socket.once("error", reject)
+    socket.once("close", () => resolve(answer))
+  })
+
+describe("cornserve serve bounds slow clients and large answers", () => {
+  let platform: RunningPlatform
+
+  beforeAll(async () => {
+    platform = await startPlatform({
+      args: [
+        "--devices",
+        "cpu:0",
+        "--body-idle-timeout",
+        "1",
+        "--headers-timeout",
+        "2",
+        "--max-response-bytes",
+        String(1024 * 1024)
+      ]
+    })
+    for (const name of ["hello", "bulky"]) {
+      const source = await readFile(
+        join(repoRoot, ...(name === "hello" ? ["examples"] : ["test", "fixtures", "apps"]), `${name}.ts`),
+        "utf8"
+      )
+      expect((await registerRaw(platform.url, { name, source })).text).toContain("event: final")
+    }
+  })
+
+  afterAll(async () => {
+    await platform.stop()
+    await removeStateDir(platform.stateDir)
+  })
+
+  const stillServing = async () =>
+    expect((await invoke(platform.url, "hello", JSON.stringify({ name: "Ada" }))).status).toBe(200)
+
+  it("answers 408 and closes the connection when a request body stalls", async () => {
+    const host = new URL(platform.url).host
+    const answer = await holdOpen(
+      platform.url,
+      `POST /app/invoke/hello HTTP/1.1\r\nHost: ${host}\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{"na`
+    )
+    expect(answer).toMatch(/^HTTP\/1\.1 408 /)
+    expect(answer).toContain("RequestBodyTimeout")
+    await stillServing()
+  })
+
+  it("closes a connection that never finishes its headers", async () => {
+    const host = new URL(platform.url).host
+    const answer = await holdOpen(platform.url, `POST /app/invoke/hello HTTP/1.1\r\nHost: ${host}\r\n`)
+    expect(answer).toMatch(/^HTTP\/1\.1 408 /)
+    await stillServing()
+  })
+
+  it("fails an answer over --max-response-bytes with AppFailed naming the limit, streamed or not", async () => {
+    const small = await invoke(platform.url, "bulky", JSON.stringify({ bytes: 1000, stream: false }))
+    expect(small.status).toBe(200)
+    const large = await invoke(platform.url, "bulky", JSON.stringify({ bytes: 2 * 1024 * 1024, stream: false }))
+    expect(large.status).toBe(500)
+    const error = ((await large.json()) as { error: { code: string; message: string } }).error
+    expect(error.code).toBe("AppFailed")
+    expect(error.message).toContain(String(1024 * 1024))
+
+    const streamed = await invoke(platform.url, "bulky", JSON.stringify({ bytes: 2 * 1024 * 1024, stream: true }))
+    const lines = (await streamed.text()).trim().split("\n")
+    expect(JSON.parse(lines[0]!)).toEqual({ data: "first" })
+    const failure = (JSON.parse(lines[1]!) as { error: { code: string; message: string } }).error
+    expect(failure.code).toBe("AppFailed")
+    expect(failure.message).toContain(String(1024 * 1024))
+    await stillServing()
+  })
+
+  it("quotes only a short prefix of a long app id or path it does not know", async () => {
+    const longId = "a".repeat(10_000)
+    for (const path of [`/app/invoke/${longId}`, `/app/${longId}/v1/chat/completions`, `/${longId}`]) {
+      const response = await fetch(`${platform.url}${path}`, { method: "POST", body: "{}" })
+      expect(response.status, path.slice(0, 20)).toBe(404)
+      expect((await response.text()).length).toBeLessThan(1_000)
+    }
   })
 })
 

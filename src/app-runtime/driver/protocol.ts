@@ -16,6 +16,7 @@ export type InvokeFailureCode =
   | "DispatchFailed"
   | "AppError"
   | "ResponseSchemaMismatch"
+  | "ResponseTooLarge"
 
 export interface DispatchFailure {
   readonly code: DispatchFailureCode
@@ -39,6 +40,8 @@ export type ToWorker =
       readonly streams: boolean
     }
   | { readonly t: "dispatch-chunk"; readonly did: number; readonly chunk: unknown }
+  /** Room for this many more characters of a request's streamed lines (they left for the client). */
+  | { readonly t: "credit"; readonly rid: number; readonly chars: number }
   | { readonly t: "dispatch-end"; readonly did: number }
   | { readonly t: "dispatch-failed"; readonly did: number; readonly failure: DispatchFailure }
 
@@ -65,11 +68,23 @@ export type FromWorker =
     }
   | { readonly t: "dispatch"; readonly did: number; readonly requestId: string; readonly graph: TaskGraphWire }
   | { readonly t: "dispatch-cancel"; readonly did: number }
+  /** Room for this many more chunks of a dispatch's stream (the app's code took them). */
+  | { readonly t: "dispatch-credit"; readonly did: number; readonly chunks: number }
 
-/** The first message an app's process gets: the app's compiled code, to load. */
+/** The first message an app's process gets: the app's compiled code, to load, and its answers' bound. */
 export interface LoadApp {
   readonly t: "load"
   readonly code: string
+  /** The largest answer (or streamed line) the app may send, in bytes of JSON. */
+  readonly maxResponseBytes: number
 }
+
+/** The message an app's answer (or streamed line) larger than the limit fails with. */
+export const responseTooLargeMessage = (maxResponseBytes: number) =>
+  `the app's answer is larger than the limit of ${maxResponseBytes} bytes`
+
+/** Whether `json` takes more than `limitBytes` bytes as UTF-8, without encoding it when its length decides. */
+export const jsonExceeds = (json: string, limitBytes: number): boolean =>
+  json.length > limitBytes || (json.length * 3 > limitBytes && Buffer.byteLength(json) > limitBytes)
 
 export type ToAppProcess = ToWorker | LoadApp

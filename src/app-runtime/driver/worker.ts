@@ -9,7 +9,17 @@ import { constants } from "node:os"
 import { ParseResult, Schema } from "effect"
 import { type App, appDefinitionProblems, appUnitTasks, isApp } from "../App.js"
 import { type DispatchResult, setTaskDispatcher, TaskExecutionError, TaskInputError } from "../tasks/TaskGraph.js"
-import type { DispatchFailure, FromWorker, InvokeFailureCode, SchemaIssue, ToAppProcess } from "./protocol.js"
+import {
+  type DispatchFailure,
+  type FromWorker,
+  type InvokeFailureCode,
+  jsonExceeds,
+  type LoadApp,
+  responseTooLargeMessage,
+  type SchemaIssue,
+  type ToAppProcess
+} from "./protocol.js"
+import { answerWindowChars, dispatchWindowChunks, ReceiveLedger, SendWindow } from "./StreamWindow.js"
 
 const send = process.send!.bind(process)
 const post = (message: FromWorker) => {
@@ -66,10 +76,13 @@ const errorMessage = (error: unknown): string => {
   }
 }
 
-const loadApp = async (): Promise<App | string> => {
-  const code = await new Promise<string>((resolve) =>
-    process.once("message", (message: ToAppProcess) => resolve(message.t === "load" ? message.code : ""))
+const loadMessage = await new Promise<LoadApp>((resolve) =>
+  process.once("message", (message: ToAppProcess) =>
+    resolve(message.t === "load" ? message : { t: "load", code: "", maxResponseBytes: 0 })
   )
+)
+
+const loadApp = async (code: string): Promise<App | string> => {
   confineSignals()
   let module: Record<string, unknown>
   try {
@@ -88,27 +101,43 @@ const loadApp = async (): Promise<App | string> => {
   return candidate
 }
 
-const app = await loadApp()
+const app = await loadApp(loadMessage.code)
 if (typeof app === "string") {
   post({ t: "load-failed", message: app })
 } else {
-  serveApp(app)
+  serveApp(app, loadMessage.maxResponseBytes)
 }
 
-function serveApp(app: App) {
+function serveApp(app: App, maxResponseBytes: number) {
   const decodeRequest = Schema.decodeUnknownEither(app.request)
   const encodeResponse = app.response === undefined ? undefined : Schema.encodeEither(app.response)
   const running = new Map<number, AbortController>()
+  const answerWindows = new Map<number, SendWindow>()
   const dispatches = new Map<number, PendingDispatch>()
   let nextDispatchId = 0
 
-  const toJson = (value: unknown): string | { readonly failure: string } => {
+  /** An answer (or streamed line) as JSON, or why it cannot be sent: `what` names it in the message. */
+  const toJson = (
+    value: unknown,
+    what: string
+  ): string | { readonly code: InvokeFailureCode; readonly message: string } => {
     if (encodeResponse !== undefined) {
       const encoded = encodeResponse(value)
-      if (encoded._tag === "Left") return { failure: ParseResult.TreeFormatter.formatErrorSync(encoded.left) }
+      if (encoded._tag === "Left") {
+        const problem = shortened(ParseResult.TreeFormatter.formatErrorSync(encoded.left))
+        return {
+          code: "ResponseSchemaMismatch",
+          message: `${what} does not match the app's response schema: ${problem}`
+        }
+      }
       value = encoded.right
     }
-    return JSON.stringify(value) ?? "null"
+    const json = JSON.stringify(value) ?? "null"
+    // Checked here, before the answer crosses to the platform, whose heap it would otherwise fill.
+    if (jsonExceeds(json, maxResponseBytes)) {
+      return { code: "ResponseTooLarge", message: responseTooLargeMessage(maxResponseBytes) }
+    }
+    return json
   }
 
   const fail = (rid: number, code: InvokeFailureCode, message: string, issues?: ReadonlyArray<SchemaIssue>) =>
@@ -146,29 +175,23 @@ function serveApp(app: App) {
       )
       if (signal.aborted) return
       if (isAsyncIterable(result)) {
+        const window = new SendWindow(answerWindowChars)
+        answerWindows.set(rid, window)
         post({ t: "stream-start", rid })
         for await (const chunk of result) {
           if (signal.aborted) return
-          const json = toJson(chunk)
-          if (typeof json !== "string") {
-            return fail(
-              rid,
-              "ResponseSchemaMismatch",
-              `a streamed line does not match the app's response schema: ${json.failure}`
-            )
-          }
+          const json = toJson(chunk, "a streamed line")
+          if (typeof json !== "string") return fail(rid, json.code, json.message)
+          // The client reads slower than the app writes: pause the app's loop until its lines leave.
+          if (!window.open) await window.opened(signal)
+          if (signal.aborted) return
           post({ t: "chunk", rid, json })
+          window.sent(json.length)
         }
         if (!signal.aborted) post({ t: "end", rid })
       } else {
-        const json = toJson(result)
-        if (typeof json !== "string") {
-          return fail(
-            rid,
-            "ResponseSchemaMismatch",
-            `serve's answer does not match the app's response schema: ${json.failure}`
-          )
-        }
+        const json = toJson(result, "serve's answer")
+        if (typeof json !== "string") return fail(rid, json.code, json.message)
         post({ t: "value", rid, json })
       }
     } catch (error) {
@@ -182,6 +205,7 @@ function serveApp(app: App) {
       fail(rid, code, errorMessage(error))
     } finally {
       running.delete(rid)
+      answerWindows.delete(rid)
     }
   }
 
@@ -192,7 +216,7 @@ function serveApp(app: App) {
         if (context === undefined) return reject(new Error("tasks can be invoked only while serving a request"))
         if (context.signal.aborted) return reject(new Error("the request was cancelled"))
         const did = nextDispatchId++
-        const pending = new PendingDispatch(resolve, reject)
+        const pending = new PendingDispatch(resolve, reject, (chunks) => post({ t: "dispatch-credit", did, chunks }))
         dispatches.set(did, pending)
         context.signal.addEventListener(
           "abort",
@@ -218,6 +242,9 @@ function serveApp(app: App) {
         return
       case "ping":
         post({ t: "pong", nonce: message.nonce })
+        return
+      case "credit":
+        answerWindows.get(message.rid)?.acknowledged(message.chars)
         return
       case "dispatched":
         dispatches.get(message.did)?.resolveOutputs(message.outputs, message.streams)
@@ -264,16 +291,22 @@ const dispatchFailureCodes: { readonly [Code in DispatchFailure["code"]]: Invoke
 const isAsyncIterable = (value: unknown): value is AsyncIterable<unknown> =>
   typeof value === "object" && value !== null && Symbol.asyncIterator in value
 
-/** A dispatched graph waiting for its outputs, and then for the chunks of its streaming output. */
+/**
+ * A dispatched graph waiting for its outputs, and then for the chunks of its streaming output. The
+ * chunks the app's code takes are acknowledged, so that the platform reads the executor's stream
+ * only as fast as the app consumes it.
+ */
 class PendingDispatch {
   private readonly chunks: Array<unknown> = []
+  private readonly ledger = new ReceiveLedger(dispatchWindowChunks)
   private done = false
   private failure: Error | undefined
   private wake: (() => void) | undefined
 
   constructor(
     private readonly resolve: (result: DispatchResult) => void,
-    private readonly reject: (error: Error) => void
+    private readonly reject: (error: Error) => void,
+    private readonly acknowledge: (chunks: number) => void
   ) {}
 
   resolveOutputs(outputs: ReadonlyArray<unknown>, streams: boolean) {
@@ -281,6 +314,7 @@ class PendingDispatch {
   }
 
   push(chunk: unknown) {
+    this.ledger.received(1)
     this.chunks.push(chunk)
     this.notify()
   }
@@ -305,7 +339,10 @@ class PendingDispatch {
   private async *stream(): AsyncIterable<unknown> {
     while (true) {
       if (this.chunks.length > 0) {
-        yield this.chunks.shift()
+        const chunk = this.chunks.shift()
+        const acknowledged = this.ledger.consumed(1)
+        if (acknowledged > 0) this.acknowledge(acknowledged)
+        yield chunk
       } else if (this.failure !== undefined) {
         throw this.failure
       } else if (this.done) {

@@ -1,17 +1,29 @@
 import { Duration, Effect, Fiber, Schedule } from "effect"
 import type { TaskGraphWire } from "../../app-runtime/tasks/TaskGraph.js"
-import type {
-  FromWorker,
-  InvokeFailureCode,
-  SchemaIssue,
-  ToWorker,
-  UnitTaskSpec
+import {
+  type FromWorker,
+  type InvokeFailureCode,
+  jsonExceeds,
+  responseTooLargeMessage,
+  type SchemaIssue,
+  type ToWorker,
+  type UnitTaskSpec
 } from "../../app-runtime/driver/protocol.js"
+import {
+  answerWindowChars,
+  dispatchWindowChunks,
+  ReceiveLedger,
+  SendWindow
+} from "../../app-runtime/driver/StreamWindow.js"
 import { AppProcess, type AppProcessLimits } from "./AppProcess.js"
 import { restartPolicy } from "../../node/RestartPolicy.js"
 import { dispatchFailureOf } from "../dispatcher/Dispatcher.js"
 
-/** How a reply to one request unfolds; exactly one of value / stream-start+end / failed happens. */
+/**
+ * How a reply to one request unfolds; exactly one of value / stream-start+end / failed happens.
+ * Each chunk handed to `onChunk` must be reported back with `AppDriver.delivered` once it has left
+ * (the app pauses when too many characters are undelivered).
+ */
 export interface ReplyHandlers {
   onValue(json: string): void
   onStreamStart(): void
@@ -56,7 +68,10 @@ const watchdogPeriodMs = 1_000
 export class AppDriver {
   private worker!: AppProcess
   private readonly replies = new Map<number, ReplyHandlers>()
+  /** What arrived and left of each streaming request's lines, to give the app room as they leave. */
+  private readonly answerLedgers = new Map<number, ReceiveLedger>()
   private readonly dispatches = new Map<number, AbortController>()
+  private readonly dispatchWindows = new Map<number, SendWindow>()
   private nextRid = 0
   private nextNonce = 0
   private readonly pongs = new Map<number, () => void>()
@@ -139,8 +154,15 @@ export class AppDriver {
     return rid
   }
 
+  /** `chars` characters of a request's streamed lines left the gateway: the app may send as many more. */
+  delivered(rid: number, chars: number): void {
+    const acknowledged = this.answerLedgers.get(rid)?.consumed(chars) ?? 0
+    if (acknowledged > 0) this.post({ t: "credit", rid, chars: acknowledged })
+  }
+
   /** The client went away or the request timed out: stop waiting for it and tell the app. */
   cancel(rid: number): void {
+    this.answerLedgers.delete(rid)
     if (this.replies.delete(rid)) {
       this.post({ t: "cancel", rid })
       this.notifyIfIdle()
@@ -240,6 +262,7 @@ export class AppDriver {
     this.failAll(`the app's worker stopped (exit code ${exitCode}); it is being restarted`)
     for (const controller of this.dispatches.values()) controller.abort()
     this.dispatches.clear()
+    this.dispatchWindows.clear()
     this.log(`app ${this.appId}: worker exited with code ${exitCode}`)
     const restartFiber = Effect.runFork(this.respawnAfter(Duration.millis(Date.now() - this.loadedAt)))
     this.restartFiber = restartFiber
@@ -267,6 +290,7 @@ export class AppDriver {
   private failAll(message: string) {
     const handlers = [...this.replies.values()]
     this.replies.clear()
+    this.answerLedgers.clear()
     for (const handler of handlers) handler.onFailed("WorkerStopped", message)
     this.notifyIfIdle()
   }
@@ -281,6 +305,7 @@ export class AppDriver {
   private settle(rid: number): ReplyHandlers | undefined {
     const handlers = this.replies.get(rid)
     this.replies.delete(rid)
+    this.answerLedgers.delete(rid)
     this.notifyIfIdle()
     return handlers
   }
@@ -288,14 +313,27 @@ export class AppDriver {
   private onMessage(message: FromWorker) {
     switch (message.t) {
       case "value":
+        if (this.oversized(message.rid, message.json)) return
         this.settle(message.rid)?.onValue(message.json)
         return
       case "stream-start":
+        if (!this.replies.has(message.rid)) return
+        this.answerLedgers.set(message.rid, new ReceiveLedger(answerWindowChars))
         this.replies.get(message.rid)?.onStreamStart()
         return
-      case "chunk":
+      case "chunk": {
+        const ledger = this.answerLedgers.get(message.rid)
+        if (ledger === undefined) return
+        if (!ledger.received(message.json.length)) {
+          // Only an app that replaced the SDK's sending code gets here; it would fill the platform's heap.
+          this.log(`app ${this.appId}: its process streamed past its window; restarting it`)
+          void this.worker.terminate()
+          return
+        }
+        if (this.oversized(message.rid, message.json)) return
         this.replies.get(message.rid)?.onChunk(message.json)
         return
+      }
       case "end":
         this.settle(message.rid)?.onEnd()
         return
@@ -313,7 +351,21 @@ export class AppDriver {
         this.dispatches.get(message.did)?.abort()
         this.dispatches.delete(message.did)
         return
+      case "dispatch-credit":
+        this.dispatchWindows.get(message.did)?.acknowledged(message.chunks)
+        return
     }
+  }
+
+  /**
+   * Fails a request whose answer or line is over the limit. The app's process checks before it sends;
+   * this catches an app that replaced that check, before the answer goes any further.
+   */
+  private oversized(rid: number, json: string): boolean {
+    if (!jsonExceeds(json, this.limits.maxResponseBytes)) return false
+    this.settle(rid)?.onFailed("ResponseTooLarge", responseTooLargeMessage(this.limits.maxResponseBytes))
+    this.post({ t: "cancel", rid })
+    return true
   }
 
   private async runDispatch(did: number, requestId: string, graph: TaskGraphWire) {
@@ -324,9 +376,15 @@ export class AppDriver {
       if (controller.signal.aborted) return
       this.post({ t: "dispatched", did, outputs: outcome.outputs, streams: outcome.stream !== undefined })
       if (outcome.stream !== undefined) {
+        const window = new SendWindow(dispatchWindowChunks)
+        this.dispatchWindows.set(did, window)
         for await (const chunk of outcome.stream) {
           if (controller.signal.aborted) return
+          // Not pulling the next chunk leaves the executor's response body unread: its TCP stream pauses.
+          if (!window.open) await window.opened(controller.signal)
+          if (controller.signal.aborted) return
           this.post({ t: "dispatch-chunk", did, chunk })
+          window.sent(1)
         }
         this.post({ t: "dispatch-end", did })
       }
@@ -336,6 +394,7 @@ export class AppDriver {
       }
     } finally {
       this.dispatches.delete(did)
+      this.dispatchWindows.delete(did)
     }
   }
 }

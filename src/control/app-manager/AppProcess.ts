@@ -15,6 +15,8 @@ export interface AppProcessLimits {
   readonly heapMiB: number
   /** The whole process's resident memory, off-heap buffers included; past it the process is killed. */
   readonly rssMiB: number
+  /** The largest answer (or streamed line) the app may send, in bytes of JSON; checked before it is sent. */
+  readonly maxResponseBytes: number
 }
 
 /**
@@ -130,7 +132,7 @@ export class AppProcess extends EventEmitter<{
       }
     }, memoryCheckPeriodMs)
     this.memoryCheck.unref()
-    this.post({ t: "load", code })
+    this.post({ t: "load", code, maxResponseBytes: limits.maxResponseBytes })
   }
 
   get pid(): number | undefined {

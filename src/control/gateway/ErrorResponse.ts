@@ -1,6 +1,7 @@
 import { HttpServerResponse } from "@effect/platform"
 import { errorHeaders, httpStatusOf } from "../../errors/HttpStatus.js"
-import type { ControlPlaneError } from "../errors.js"
+import { type ControlPlaneError, echoedChars } from "../errors.js"
+import { shortened } from "./JsonBody.js"
 
 export type GatewayError = ControlPlaneError
 
@@ -10,9 +11,9 @@ export const errorBody = (error: GatewayError): Record<string, unknown> => {
   if (error._tag === "ForbiddenImport") details.module = error.module
   if (error._tag === "RequestSchemaMismatch") details.issues = error.issues
   if (error._tag === "AppNotFound" || error._tag === "AppNameTaken" || error._tag === "AppNotReady") {
-    details.appId = error.appId
+    details.appId = shortened(error.appId, echoedChars)
   }
-  if (error._tag === "TaskNotFound") details.taskId = error.taskId
+  if (error._tag === "TaskNotFound") details.taskId = shortened(error.taskId, echoedChars)
   return { error: { code: error._tag, message: error.message, ...details } }
 }
 
@@ -23,7 +24,7 @@ export const errorHead = (
   const answer = httpStatusOf(error)
   const headers = errorHeaders(answer)
   // The body of a refused upload is not read: the connection cannot carry another request.
-  if (error._tag === "PayloadTooLarge") headers.connection = "close"
+  if (error._tag === "PayloadTooLarge" || error._tag === "RequestBodyTimeout") headers.connection = "close"
   return { status: answer.status, headers }
 }
 

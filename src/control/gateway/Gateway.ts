@@ -7,7 +7,16 @@ import * as NodeHttpServerRequest from "@effect/platform-node/NodeHttpServerRequ
 import { ServeError } from "@effect/platform/HttpServerError"
 import { Effect, Queue, Schema, Stream } from "effect"
 import { AppManager } from "../app-manager/AppManager.js"
-import { BadRequest, Forbidden, type PayloadTooLarge, RouteNotFound, ShuttingDown, Unauthorized } from "../errors.js"
+import {
+  BadRequest,
+  echoedChars,
+  Forbidden,
+  type PayloadTooLarge,
+  type RequestBodyTimeout,
+  RouteNotFound,
+  ShuttingDown,
+  Unauthorized
+} from "../errors.js"
 import { ResourceManager } from "../resource-manager/ResourceManager.js"
 import { ServeConfig } from "../ServeConfig.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
@@ -48,7 +57,16 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
     let inFlight = 0
     let idle: (() => void) | undefined
 
-    const nodeServer = Http.createServer({ keepAliveTimeout: 65_000 })
+    const bodyLimits = { limitBytes: config.maxBodyBytes, idleTimeoutMs: config.bodyIdleTimeoutMs }
+    const nodeServer = Http.createServer({
+      keepAliveTimeout: 65_000,
+      // node:http answers 408 and closes a connection whose headers, or whole request, come too slowly.
+      // It refuses a headers timeout longer than the request's; the request's then bounds both.
+      headersTimeout: Math.min(config.headersTimeoutMs, config.receiveTimeoutMs),
+      requestTimeout: config.receiveTimeoutMs,
+      // How often those timeouts are checked (30 s by default, which would stretch a 10 s timeout to 40).
+      connectionsCheckingInterval: 1_000
+    })
     yield* Effect.acquireRelease(
       Effect.async<void, ServeError>((resume) => {
         nodeServer.once("error", (cause) => resume(Effect.fail(new ServeError({ cause }))))
@@ -85,8 +103,8 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
     const readBody = Effect.gen(function* () {
       const request = yield* HttpServerRequest.HttpServerRequest
       const raw = NodeHttpServerRequest.toIncomingMessage(request)
-      return yield* Effect.async<string, PayloadTooLarge | BadRequest>((resume) =>
-        readRequestBody(raw, config.maxBodyBytes, (body) =>
+      return yield* Effect.async<string, PayloadTooLarge | RequestBodyTimeout | BadRequest>((resume) =>
+        readRequestBody(raw, bodyLimits, (body) =>
           resume(typeof body === "string" ? Effect.succeed(body) : Effect.fail(body))
         )
       )
@@ -212,7 +230,11 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
         RouteNotFound: () =>
           Effect.gen(function* () {
             const request = yield* HttpServerRequest.HttpServerRequest
-            return errorResponse(new RouteNotFound({ message: `no route for ${request.method} ${request.url}` }))
+            return errorResponse(
+              new RouteNotFound({
+                message: `no route for ${request.method} ${shortened(request.url, echoedChars)}`
+              })
+            )
           })
       }),
       Effect.catchAll((error) => Effect.succeed(errorResponse(error)))
@@ -222,9 +244,10 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
     const invokeRoute = makeInvokeRoute({
       lookup: appManager.lookup,
       draining: () => draining,
-      maxBodyBytes: config.maxBodyBytes,
+      bodyLimits,
       maxJsonDepth: config.maxJsonDepth,
-      requestTimeoutMs: config.requestTimeoutMs
+      requestTimeoutMs: config.requestTimeoutMs,
+      maxResponseBytes: config.appLimits.maxResponseBytes
     })
     nodeServer.on("request", (request, response) => {
       inFlight++

@@ -1,7 +1,7 @@
 import { randomUUID } from "node:crypto"
 import type { IncomingMessage, ServerResponse } from "node:http"
 import { Either, ParseResult, Schema } from "effect"
-import type { SchemaIssue } from "../../app-runtime/driver/protocol.js"
+import { responseTooLargeMessage, type SchemaIssue } from "../../app-runtime/driver/protocol.js"
 import { ChatCompletion, ChatCompletionChunk } from "../../app-runtime/schemas/OpenAI.js"
 import type { AppDriver, ReplyHandlers } from "../app-manager/AppDriver.js"
 import {
@@ -15,18 +15,21 @@ import {
   TaskUnavailable
 } from "../errors.js"
 import { errorBody, errorHead, type GatewayError } from "./ErrorResponse.js"
-import { jsonDepthWithin, tooDeepMessage } from "./JsonBody.js"
-import { readRequestBody } from "./RequestBody.js"
+import { jsonDepthWithin, shortened, tooDeepMessage } from "./JsonBody.js"
+import { type RequestBodyLimits, readRequestBody } from "./RequestBody.js"
 
 export const invokePrefix = "/app/invoke/"
 /** `POST /app/:id/v1/chat/completions`: the OpenAI surface of apps that take chat requests. */
 export const chatCompletionsPattern = /^\/app\/([^/]+)\/v1\/chat\/completions$/
 
-/** How a request's reply is written: the native JSON/NDJSON, or OpenAI's chat completions. */
+/**
+ * How a request's reply is written: the native JSON/NDJSON, or OpenAI's chat completions. `chunk`
+ * says, as `write()` does, whether the chunk left at once (false: it waits for the response's `drain`).
+ */
 interface ReplyFormat {
   value(response: ServerResponse, json: string): void
   streamStart(response: ServerResponse, requestId: string): void
-  chunk(response: ServerResponse, json: string): void
+  chunk(response: ServerResponse, json: string): boolean
   end(response: ServerResponse): void
   streamError(response: ServerResponse, error: GatewayError): void
 }
@@ -68,24 +71,35 @@ const encodeCompletion = Schema.encodeSync(Schema.parseJson(ChatCompletion))
  * Chunks gathered into one `chat.completion` object, for a request that did not ask to stream. A
  * chunk that is not a chat-completion chunk fails the request: the app broke the chat contract.
  */
-const chatCompletionFormat = (appId: string): ReplyFormat => {
+const chatCompletionFormat = (appId: string, maxResponseBytes: number): ReplyFormat => {
   const chunks: Array<ChatCompletionChunk> = []
-  let broken: string | undefined
+  let gatheredChars = 0
+  let failure: AppFailed | undefined
   return {
     value: writeJson,
     streamStart: () => undefined,
     chunk: (_, json) => {
+      if (failure !== undefined) return true
+      // A completion is one answer: it is bounded like one, however many chunks it arrives in.
+      gatheredChars += json.length
+      if (gatheredChars > maxResponseBytes) {
+        failure = new AppFailed({ appId, message: responseTooLargeMessage(maxResponseBytes) })
+        chunks.length = 0
+        return true
+      }
       const chunk = decodeChunk(json)
       if (Either.isRight(chunk)) chunks.push(chunk.right)
-      else broken ??= ParseResult.TreeFormatter.formatErrorSync(chunk.left)
+      else {
+        const problem = shortened(ParseResult.TreeFormatter.formatErrorSync(chunk.left))
+        failure = new AppFailed({
+          appId,
+          message: `the app streamed something other than chat-completion chunks: ${problem}`
+        })
+      }
+      return true
     },
     end: (response) => {
-      if (broken !== undefined) {
-        return sendError(
-          response,
-          new AppFailed({ appId, message: `the app streamed something other than chat-completion chunks: ${broken}` })
-        )
-      }
+      if (failure !== undefined) return sendError(response, failure)
       const first = chunks[0]
       const choices = chunks.flatMap((chunk) => chunk.choices)
       const usage = chunks.map((chunk) => chunk.usage).findLast((value) => value != null)
@@ -142,6 +156,7 @@ const invokeFailure = (
       return new DispatchFailed({ message })
     case "AppError":
     case "ResponseSchemaMismatch":
+    case "ResponseTooLarge":
     case "WorkerStopped":
       return new AppFailed({ appId, message })
   }
@@ -167,9 +182,10 @@ const decodePathSegment = (segment: string): string | undefined => {
 export interface InvokeRouteOptions {
   readonly lookup: (appId: string) => AppDriver | GatewayError
   readonly draining: () => boolean
-  readonly maxBodyBytes: number
+  readonly bodyLimits: RequestBodyLimits
   readonly maxJsonDepth: number
   readonly requestTimeoutMs: number
+  readonly maxResponseBytes: number
 }
 
 /**
@@ -191,17 +207,28 @@ export const makeInvokeRoute =
       request.resume()
       return sendError(response, driver)
     }
-    readRequestBody(request, options.maxBodyBytes, (body) => {
+    readRequestBody(request, options.bodyLimits, (body) => {
       if (typeof body !== "string") return sendError(response, body)
       if (response.destroyed) return
       if (jsonDepthWithin(body, options.maxJsonDepth) === undefined) {
         return sendError(response, new BadRequest({ message: tooDeepMessage(options.maxJsonDepth) }))
       }
       const format =
-        api === "native" ? nativeFormat : asksToStream(body) ? chatStreamFormat : chatCompletionFormat(appId)
+        api === "native"
+          ? nativeFormat
+          : asksToStream(body)
+            ? chatStreamFormat
+            : chatCompletionFormat(appId, options.maxResponseBytes)
       const requestId = randomUUID()
       let settled = false
       let streaming = false
+      /** Characters of lines written while the response's buffer is full: the app hears of them on `drain`. */
+      let awaitingDrain = 0
+      const onDrain = () => {
+        const chars = awaitingDrain
+        awaitingDrain = 0
+        driver.delivered(rid, chars)
+      }
       const timer = setTimeout(() => {
         if (settled) return
         settled = true
@@ -223,7 +250,11 @@ export const makeInvokeRoute =
           streaming = true
           format.streamStart(response, requestId)
         },
-        onChunk: (json) => format.chunk(response, json),
+        onChunk: (json) => {
+          if (format.chunk(response, json)) return driver.delivered(rid, json.length)
+          if (awaitingDrain === 0) response.once("drain", onDrain)
+          awaitingDrain += json.length
+        },
         onEnd: () => format.end(response),
         onFailed: (code, message, issues) => {
           const error = invokeFailure(appId, code, message, issues)

@@ -1,15 +1,25 @@
 import type { IncomingMessage } from "node:http"
-import { BadRequest, PayloadTooLarge } from "../errors.js"
+import { BadRequest, PayloadTooLarge, RequestBodyTimeout } from "../errors.js"
+
+export interface RequestBodyLimits {
+  readonly limitBytes: number
+  /** How long the body may send nothing before the request is refused. */
+  readonly idleTimeoutMs: number
+}
+
+export type RequestBodyResult = string | PayloadTooLarge | RequestBodyTimeout | BadRequest
 
 /**
  * Reads a request body of at most `limitBytes`. A body declared or found larger is refused at
- * once; the rest of it is drained, not read, so that the 413 still reaches the client.
+ * once; the rest of it is drained, not read, so that the 413 still reaches the client. A body that
+ * stalls for `idleTimeoutMs` is refused too, so that a slow client does not hold the connection.
  */
 export const readRequestBody = (
   request: IncomingMessage,
-  limitBytes: number,
-  done: (result: string | PayloadTooLarge | BadRequest) => void
+  limits: RequestBodyLimits,
+  done: (result: RequestBodyResult) => void
 ): void => {
+  const { limitBytes, idleTimeoutMs } = limits
   if (Number(request.headers["content-length"] ?? 0) > limitBytes) {
     request.resume()
     done(new PayloadTooLarge({ limitBytes }))
@@ -18,13 +28,16 @@ export const readRequestBody = (
   const chunks: Array<Buffer> = []
   let size = 0
   let finished = false
-  const finish = (result: string | PayloadTooLarge | BadRequest) => {
+  const idle = setTimeout(() => finish(new RequestBodyTimeout({ idleTimeoutMs })), idleTimeoutMs)
+  const finish = (result: RequestBodyResult) => {
     if (finished) return
     finished = true
+    clearTimeout(idle)
     request.off("data", onData)
     done(result)
   }
   const onData = (chunk: Buffer) => {
+    idle.refresh()
     size += chunk.length
     if (size <= limitBytes) chunks.push(chunk)
     else {
@@ -36,5 +49,7 @@ export const readRequestBody = (
   request.once("end", () =>
     finish(chunks.length === 1 ? chunks[0]!.toString("utf8") : Buffer.concat(chunks).toString("utf8"))
   )
+  // A client that goes away mid-body gets no answer; its timer must not outlive it.
+  request.once("close", () => clearTimeout(idle))
   request.once("error", (error) => finish(new BadRequest({ message: `reading the body failed: ${error.message}` })))
 }
