@@ -28,7 +28,7 @@ export interface SchemaIssue {
   readonly message: string
 }
 
-/** Messages from the platform to an app's worker thread. */
+/** Messages from the platform to an app's process. */
 export type ToWorker =
   | { readonly t: "invoke"; readonly rid: number; readonly requestId: string; readonly body: string }
   | { readonly t: "cancel"; readonly rid: number }
@@ -45,7 +45,7 @@ export type ToWorker =
   | { readonly t: "dispatch-end"; readonly did: number }
   | { readonly t: "dispatch-failed"; readonly did: number; readonly failure: DispatchFailure }
 
-/** Messages from an app's worker thread to the platform. */
+/** Messages from an app's process to the platform. */
 export type FromWorker =
   | {
       readonly t: "loaded"

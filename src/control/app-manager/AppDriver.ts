@@ -1,4 +1,4 @@
-import { Duration, Effect, Fiber, Schedule } from "effect"
+import { Duration, Effect, Fiber, Schedule, Schema } from "effect"
 import type { TaskGraphWire } from "../../app-runtime/tasks/TaskGraph.js"
 import {
   type FromWorker,
@@ -46,9 +46,8 @@ export interface LoadedApp {
   readonly description: string | undefined
 }
 
-export class AppLoadError extends Error {
-  override readonly name = "AppLoadError"
-}
+/** Why an app's process could not load it: the registration's error, or a restart's. */
+export class AppLoadError extends Schema.TaggedError<AppLoadError>()("AppLoadError", { message: Schema.String }) {}
 
 /** What an app's process may use: its memory, and how long its event loop may stay busy. */
 export interface AppLimits extends AppProcessLimits {
@@ -222,7 +221,7 @@ export class AppDriver {
     return new Promise<LoadedApp>((resolve, reject) => {
       let loaded = false
       const timer = setTimeout(() => {
-        reject(new AppLoadError(`the app did not finish loading within ${this.loadTimeoutMs} ms`))
+        reject(new AppLoadError({ message: `the app did not finish loading within ${this.loadTimeoutMs} ms` }))
         void worker.terminate()
       }, this.loadTimeoutMs)
       worker.on("message", (message: FromWorker) => {
@@ -233,7 +232,7 @@ export class AppDriver {
           resolve({ tasks: message.tasks, example: message.example, description: message.description })
         } else if (message.t === "load-failed") {
           clearTimeout(timer)
-          reject(new AppLoadError(message.message))
+          reject(new AppLoadError({ message: message.message }))
           void worker.terminate()
         } else {
           this.onMessage(message)
@@ -242,7 +241,7 @@ export class AppDriver {
       worker.on("error", (error) => {
         if (!loaded) {
           clearTimeout(timer)
-          reject(new AppLoadError(`the app failed while loading: ${error.message}`))
+          reject(new AppLoadError({ message: `the app failed while loading: ${error.message}` }))
         } else {
           this.log(`app ${this.appId}: its worker failed: ${error.stack ?? error.message}`)
         }
@@ -250,7 +249,7 @@ export class AppDriver {
       worker.on("exit", (code) => {
         clearTimeout(timer)
         if (!loaded) {
-          reject(new AppLoadError(`the app's worker exited with code ${code} while loading`))
+          reject(new AppLoadError({ message: `the app's process exited with code ${code} while loading` }))
           return
         }
         if (!this.closing && this.worker === worker) this.restart(code)
@@ -263,7 +262,7 @@ export class AppDriver {
     for (const controller of this.dispatches.values()) controller.abort()
     this.dispatches.clear()
     this.dispatchWindows.clear()
-    this.log(`app ${this.appId}: worker exited with code ${exitCode}`)
+    this.log(`app ${this.appId}: its process exited with code ${exitCode}`)
     const restartFiber = Effect.runFork(this.respawnAfter(Duration.millis(Date.now() - this.loadedAt)))
     this.restartFiber = restartFiber
     this.restarting = Effect.runPromise(Fiber.await(restartFiber)).then(() => {

@@ -69,7 +69,7 @@ const summarize = (entry: AppEntry): AppSummary => ({
 })
 
 /**
- * Registered apps: compiles and loads each in its own worker thread, deploys its unit tasks through
+ * Registered apps: compiles and loads each in a sandboxed process of its own, deploys its unit tasks through
  * the resource manager, keeps it in the state directory, and hands requests to its driver.
  */
 export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManager", {

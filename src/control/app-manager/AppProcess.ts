@@ -105,7 +105,7 @@ export class AppProcess extends EventEmitter<{
         "--no-warnings=ExperimentalWarning"
       ],
       env: { NODE_ENV: process.env.NODE_ENV ?? "production" },
-      serialization: "advanced",
+      serialization: "json",
       stdio: ["ignore", "inherit", "inherit", "ipc"]
     })
     this.child.on("message", (message: FromWorker) => this.emit("message", message))
