@@ -1,32 +1,13 @@
-import { mkdtempSync, readdirSync, rmSync } from "node:fs"
+import { mkdtempSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { Effect, Runtime, type Scope, ScopedRef } from "effect"
 import { ServeConfig } from "../control/ServeConfig.js"
 import { SidecarClient } from "../sidecar/SidecarClient.js"
 import type { SidecarReady } from "../sidecar/SidecarProcess.js"
+import { removeAbandonedFiles, runDirPrefix } from "./AbandonedFiles.js"
 import { type Device, parseDevices } from "./Devices.js"
 import { type ProcessState, SupervisedProcess } from "./SupervisedProcess.js"
-
-const runDirPrefix = "cornserve-node-"
-
-const isRunning = (pid: number) => {
-  try {
-    process.kill(pid, 0)
-    return true
-  } catch (error) {
-    return (error as NodeJS.ErrnoException).code === "EPERM"
-  }
-}
-
-/** Directories of node agents that were killed before they could remove them (their pid is gone). */
-const removeAbandonedRunDirs = () => {
-  for (const name of readdirSync(tmpdir())) {
-    const pid = Number(/^cornserve-node-(\d+)-/.exec(name)?.[1])
-    if (Number.isSafeInteger(pid) && pid > 0 && !isRunning(pid))
-      rmSync(join(tmpdir(), name), { recursive: true, force: true })
-  }
-}
 
 const sidecarReadyPattern = /cornserve sidecar: ready (\{.*\})/
 const executorReadyPattern = /executor: serving at (http:\/\/\S+)[\s\S]*executor: ready/
@@ -53,7 +34,7 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
     const devices = parseDevices(config.devices)
     const runDir = yield* Effect.acquireRelease(
       Effect.sync(() => {
-        removeAbandonedRunDirs()
+        removeAbandonedFiles()
         return mkdtempSync(join(tmpdir(), `${runDirPrefix}${process.pid}-`))
       }),
       (dir) => Effect.sync(() => rmSync(dir, { recursive: true, force: true }))
