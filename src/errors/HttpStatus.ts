@@ -64,6 +64,7 @@ export const httpStatuses: { readonly [Tag in ErrorTag]: HttpStatus } = {
   ShuttingDown: retryShortly,
   DevicesExhausted: retryShortly,
   EngineUnavailable: retryShortly,
+  SidecarUnavailable: retryShortly,
   RequestTimeout: { status: 504 }
 }
 

@@ -1,32 +1,13 @@
-import { mkdtempSync, readdirSync, rmSync } from "node:fs"
+import { mkdtempSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { Effect, Runtime, type Scope, ScopedRef } from "effect"
+import { Effect, Runtime, type Scope } from "effect"
 import { ServeConfig } from "../control/ServeConfig.js"
 import { SidecarClient } from "../sidecar/SidecarClient.js"
 import type { SidecarReady } from "../sidecar/SidecarProcess.js"
+import { removeAbandonedFiles, runDirPrefix } from "./AbandonedFiles.js"
 import { type Device, parseDevices } from "./Devices.js"
 import { type ProcessState, SupervisedProcess } from "./SupervisedProcess.js"
-
-const runDirPrefix = "cornserve-node-"
-
-const isRunning = (pid: number) => {
-  try {
-    process.kill(pid, 0)
-    return true
-  } catch (error) {
-    return (error as NodeJS.ErrnoException).code === "EPERM"
-  }
-}
-
-/** Directories of node agents that were killed before they could remove them (their pid is gone). */
-const removeAbandonedRunDirs = () => {
-  for (const name of readdirSync(tmpdir())) {
-    const pid = Number(/^cornserve-node-(\d+)-/.exec(name)?.[1])
-    if (Number.isSafeInteger(pid) && pid > 0 && !isRunning(pid))
-      rmSync(join(tmpdir(), name), { recursive: true, force: true })
-  }
-}
 
 const sidecarReadyPattern = /cornserve sidecar: ready (\{.*\})/
 const executorReadyPattern = /executor: serving at (http:\/\/\S+)[\s\S]*executor: ready/
@@ -42,8 +23,8 @@ export interface ExecutorLaunch {
 /**
  * What runs on one node: its device inventory, its sidecar, and the executor processes the task
  * managers ask for. Every process is a supervised child: restarted with backoff when it crashes,
- * stopped when the agent's scope closes. When the sidecar restarts, the executors restart too,
- * since their connections to it are gone.
+ * stopped when the agent's scope closes. When the sidecar restarts, the executors' connections go
+ * over to the new one; the data the old one held is lost, which `onSidecarLost` tells.
  */
 export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent", {
   scoped: Effect.gen(function* () {
@@ -53,16 +34,16 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
     const devices = parseDevices(config.devices)
     const runDir = yield* Effect.acquireRelease(
       Effect.sync(() => {
-        removeAbandonedRunDirs()
+        removeAbandonedFiles()
         return mkdtempSync(join(tmpdir(), `${runDirPrefix}${process.pid}-`))
       }),
       (dir) => Effect.sync(() => rmSync(dir, { recursive: true, force: true }))
     )
     const socketPath = join(runDir, "sidecar.sock")
-    const executors = new Set<SupervisedProcess<string>>()
     let executorCount = 0
-    let sidecarRuns = 0
     let sidecarArena: string | undefined
+    const sidecarLossListeners = new Set<() => void>()
+    const sidecarWaiters = new Set<() => void>()
 
     const sidecar = yield* SupervisedProcess.start<SidecarReady>({
       name: `sidecar of node ${config.nodeId}`,
@@ -83,64 +64,73 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
       startTimeoutMs: 30_000,
       log,
       onState: (state) => {
-        // A sidecar that was killed could not remove its arena file; nothing else would.
-        if (state._tag === "Crashed" && sidecarArena !== undefined) rmSync(sidecarArena, { force: true })
+        if (state._tag === "Crashed") {
+          // A sidecar that was killed could not remove its arena file; nothing else would.
+          if (sidecarArena !== undefined) rmSync(sidecarArena, { force: true })
+          for (const listener of sidecarLossListeners) listener()
+        }
         if (state._tag !== "Ready") return
         sidecarArena = state.ready.arenaPath
-        if (sidecarRuns++ > 0) for (const executor of executors) executor.restart("the node's sidecar restarted")
+        for (const wake of sidecarWaiters) wake()
       }
     })
 
-    const connect = Effect.acquireRelease(
-      Effect.tryPromise(() => SidecarClient.connect(socketPath)),
-      (client) => Effect.promise(() => client.close())
-    )
-    const connection = yield* ScopedRef.fromAcquire(connect)
-    const reconnecting = yield* Effect.makeSemaphore(1)
     /**
      * The control plane's own connection to the sidecar: stats, and releasing what a cancelled
-     * request left. A connection to a sidecar that has since gone is replaced by one to the sidecar
-     * now running. While none runs, the closed connection is answered: its calls fail as
-     * unavailable, which every caller expects of a sidecar.
+     * request left. Like the executors' connections, it goes over to a sidecar that replaces the
+     * one it had; while none runs, its calls fail at once as unavailable, which every caller
+     * expects of a sidecar.
      */
-    const sidecarConnection = reconnecting.withPermits(1)(
-      Effect.gen(function* () {
-        const current = yield* ScopedRef.get(connection)
-        if (current.connected) return current
-        yield* ScopedRef.set(connection, connect).pipe(Effect.ignore)
-        return yield* ScopedRef.get(connection)
-      })
+    const client = yield* Effect.acquireRelease(
+      Effect.tryPromise(() => SidecarClient.connect(socketPath, { reconnectWaitMs: 0 })),
+      (connected) => Effect.promise(() => connected.close())
     )
-    const sidecarClient = (): Promise<SidecarClient> => Runtime.runPromise(runtime)(sidecarConnection)
+    const sidecarClient = (): Promise<SidecarClient> => Promise.resolve(client)
+
+    /** Whether the sidecar runs, or is running again within `timeoutMs`. */
+    const sidecarRunning = (timeoutMs: number): Promise<boolean> => {
+      if (sidecar.state._tag === "Ready") return Promise.resolve(true)
+      return new Promise((resolve) => {
+        const settle = (running: boolean) => {
+          clearTimeout(timer)
+          sidecarWaiters.delete(wake)
+          resolve(running)
+        }
+        const wake = () => settle(true)
+        const timer = setTimeout(() => settle(false), timeoutMs)
+        sidecarWaiters.add(wake)
+      })
+    }
+
+    /** Calls `listener` each time the sidecar goes away, with whatever it held; returns the unsubscription. */
+    const onSidecarLost = (listener: () => void): (() => void) => {
+      sidecarLossListeners.add(listener)
+      return () => sidecarLossListeners.delete(listener)
+    }
 
     const startExecutor = (launch: ExecutorLaunch): Effect.Effect<SupervisedProcess<string>, Error, Scope.Scope> =>
-      Effect.gen(function* () {
-        const executor = yield* SupervisedProcess.start<string>({
-          name: `${launch.kind} executor (${launch.model} on ${launch.devices.map((device) => device.id).join(",")})`,
-          args: [
-            "internal",
-            "executor",
-            "--kind",
-            launch.kind,
-            "--model",
-            launch.model,
-            "--devices",
-            launch.devices.map((device) => device.id).join(","),
-            "--sidecar-socket",
-            socketPath,
-            // Inside the agent's own directory: gone with it even when the executor is killed.
-            "--run-dir",
-            join(runDir, `executor-${executorCount++}`),
-            ...(launch.args ?? [])
-          ],
-          parseReady: (output) => executorReadyPattern.exec(output)?.[1],
-          startTimeoutMs: 120_000,
-          log,
-          ...(launch.onState === undefined ? {} : { onState: launch.onState })
-        })
-        executors.add(executor)
-        yield* Effect.addFinalizer(() => Effect.sync(() => executors.delete(executor)))
-        return executor
+      SupervisedProcess.start<string>({
+        name: `${launch.kind} executor (${launch.model} on ${launch.devices.map((device) => device.id).join(",")})`,
+        args: [
+          "internal",
+          "executor",
+          "--kind",
+          launch.kind,
+          "--model",
+          launch.model,
+          "--devices",
+          launch.devices.map((device) => device.id).join(","),
+          "--sidecar-socket",
+          socketPath,
+          // Inside the agent's own directory: gone with it even when the executor is killed.
+          "--run-dir",
+          join(runDir, `executor-${executorCount++}`),
+          ...(launch.args ?? [])
+        ],
+        parseReady: (output) => executorReadyPattern.exec(output)?.[1],
+        startTimeoutMs: 120_000,
+        log,
+        ...(launch.onState === undefined ? {} : { onState: launch.onState })
       })
 
     return {
@@ -149,6 +139,8 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
       socketPath,
       sidecar,
       sidecarClient,
+      sidecarRunning,
+      onSidecarLost,
       startExecutor
     }
   })

@@ -1,6 +1,7 @@
 import { type ChildProcess, spawn } from "node:child_process"
 import { fileURLToPath } from "node:url"
 import { Clock, Deferred, Duration, Effect, Exit, Schedule, type Scope } from "effect"
+import { lifelineEnv } from "./Lifeline.js"
 import { restartPolicy } from "./RestartPolicy.js"
 
 const binPath = fileURLToPath(new URL("../../bin/cornserve", import.meta.url))
@@ -144,7 +145,7 @@ export class SupervisedProcess<R> {
   ) {
     const child = spawn(process.execPath, [binPath, ...this.options.args], {
       stdio: ["pipe", "pipe", "pipe"],
-      env: { ...process.env, ...this.options.env }
+      env: lifelineEnv({ ...process.env, ...this.options.env })
     })
     this.child = child
     let isReady = false

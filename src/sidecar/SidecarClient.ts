@@ -34,6 +34,8 @@ export interface SidecarClientOptions {
   readonly recvTimeoutMs?: number
   /** How long any request waits for an answer beyond the waits above (default 30 s). */
   readonly answerTimeoutMs?: number
+  /** How long a request waits for the node's sidecar to be back once it went away (default 5 s). */
+  readonly reconnectWaitMs?: number
 }
 
 export interface SendOptions {
@@ -49,6 +51,8 @@ export interface SendOptions {
 }
 
 interface PendingAnswer {
+  /** The connection the request went out on. */
+  readonly socket: net.Socket
   readonly resolve: (reply: ClientReply) => void
   readonly reject: (error: unknown) => void
   readonly timer: NodeJS.Timeout
@@ -60,27 +64,57 @@ interface OpenStream {
   numChunks: number
 }
 
+/** How often a client whose sidecar went away tries to connect to the one that replaces it. */
+const reconnectIntervalMs = 100
+
+/**
+ * A client outlives its sidecar: when the sidecar goes away (killed, restarted by the node agent),
+ * what was asked of it fails as SidecarUnavailable, and the next request connects to the sidecar
+ * that replaces it at the same socket, waiting up to `reconnectWaitMs` for it to be there.
+ */
 export class SidecarClient {
   private readonly pending = new Map<number, PendingAnswer>()
   /** Slots handed out by `allocate` and not sent yet: offset → bytes. */
   private readonly allocations = new Map<number, number>()
   private readonly streams = new Map<string, OpenStream>()
   private nextRid = 0
-  private closedReason: string | undefined
+  private socket: net.Socket | undefined
+  /** Counts the connections made, so that a request can tell whether its connection was replaced. */
+  private connections = 0
+  private reconnecting: Promise<void> | undefined
+  private closedByClient = false
   private arena: Arena | undefined
   private node = ""
   private readonly allocTimeoutMs: number
   private readonly recvTimeoutMs: number
   private readonly answerTimeoutMs: number
+  private readonly reconnectWaitMs: number
 
   private constructor(
     readonly socketPath: string,
-    private readonly socket: net.Socket,
     options: SidecarClientOptions
   ) {
     this.allocTimeoutMs = options.allocTimeoutMs ?? 30_000
     this.recvTimeoutMs = options.recvTimeoutMs ?? 60_000
     this.answerTimeoutMs = options.answerTimeoutMs ?? 30_000
+    this.reconnectWaitMs = options.reconnectWaitMs ?? 5_000
+  }
+
+  /** Connects to the node's sidecar and maps its arena. */
+  static async connect(socketPath: string, options: SidecarClientOptions = {}): Promise<SidecarClient> {
+    const client = new SidecarClient(socketPath, options)
+    await client.open()
+    return client
+  }
+
+  /** Opens a connection to whichever sidecar listens at the socket now, and maps its arena. */
+  private async open(): Promise<void> {
+    const socket = net.connect(this.socketPath)
+    await new Promise<void>((resolve, reject) => {
+      socket.once("connect", resolve)
+      socket.once("error", (error) => reject(this.unavailable(error.message)))
+    })
+    let closedReason: string | undefined
     const reader = new FrameReader()
     socket.on("data", (data: Buffer) => {
       try {
@@ -89,39 +123,61 @@ export class SidecarClient {
         socket.destroy(error as Error)
       }
     })
-    socket.on("error", (error) => (this.closedReason ??= error.message))
+    socket.on("error", (error) => (closedReason ??= error.message))
     socket.once("close", () => {
-      const error = this.unavailable(this.closedReason ?? "the connection closed")
-      for (const answer of this.pending.values()) {
+      const error = this.unavailable(
+        this.closedByClient ? "the client closed" : (closedReason ?? "the connection closed")
+      )
+      for (const [rid, answer] of this.pending) {
+        if (answer.socket !== socket) continue
+        this.pending.delete(rid)
         clearTimeout(answer.timer)
         answer.reject(error)
       }
-      this.pending.clear()
     })
-  }
-
-  /** Connects to the node's sidecar and maps its arena. */
-  static async connect(socketPath: string, options: SidecarClientOptions = {}): Promise<SidecarClient> {
-    const socket = net.connect(socketPath)
-    await new Promise<void>((resolve, reject) => {
-      socket.once("connect", resolve)
-      socket.once("error", (error) => reject(new SidecarUnavailable({ socketPath, reason: error.message })))
-    })
-    const client = new SidecarClient(socketPath, socket, options)
+    this.socket = socket
+    this.connections++
     try {
-      const info = await client.request({ _tag: "Hello", pid: process.pid }, "ArenaInfo", client.answerTimeoutMs)
-      client.node = info.nodeId
-      client.arena = Arena.open(info.arenaPath, info.segmentBytes)
-      return client
+      const info = await this.request({ _tag: "Hello", pid: process.pid }, "ArenaInfo", this.answerTimeoutMs)
+      this.node = info.nodeId
+      this.arena = Arena.open(info.arenaPath, info.segmentBytes)
     } catch (error) {
       socket.destroy()
       throw error
     }
   }
 
-  /** Whether the connection is still open: false once the client closed it or its sidecar went away. */
-  get connected(): boolean {
-    return !this.socket.destroyed
+  /**
+   * Connects to the sidecar that replaced the one that went away, trying until `reconnectWaitMs`
+   * has passed. What this client allocated or streamed belonged to the old sidecar and went with it.
+   */
+  private reconnect(): Promise<void> {
+    this.reconnecting ??= (async () => {
+      const deadline = Date.now() + this.reconnectWaitMs
+      for (;;) {
+        try {
+          await this.open()
+          this.allocations.clear()
+          this.streams.clear()
+          return
+        } catch (error) {
+          if (Date.now() + reconnectIntervalMs > deadline)
+            throw this.unavailable(`no sidecar is back within ${this.reconnectWaitMs} ms: ${(error as Error).message}`)
+          await new Promise((resolve) => setTimeout(resolve, reconnectIntervalMs))
+        }
+      }
+    })().finally(() => (this.reconnecting = undefined))
+    return this.reconnecting
+  }
+
+  /** Resolves once a connection is open and its sidecar's arena mapped, reconnecting if need be. */
+  private async connected(): Promise<void> {
+    if (this.reconnecting !== undefined || this.socket?.destroyed !== false) await this.reconnect()
+  }
+
+  /** Whether the connection a request was made on (`connection`, from `connections`) has gone since. */
+  private lost(connection: number): boolean {
+    return !this.closedByClient && (connection !== this.connections || this.socket?.destroyed === true)
   }
 
   /** The node this client's sidecar serves. */
@@ -149,9 +205,20 @@ export class SidecarClient {
       timeoutMs,
       offset: null
     })
-    if (options.stream === true) this.trackStream(id, chunk, options.to)
-    const offset = bytes === undefined || bytes.length === 0 ? null : await this.place(bytes, timeoutMs)
-    await this.request({ ...message, offset }, "Ok", timeoutMs + this.answerTimeoutMs)
+    const sendOnce = async () => {
+      if (options.stream === true) this.trackStream(id, chunk, options.to)
+      const offset = bytes === undefined || bytes.length === 0 ? null : await this.place(bytes, timeoutMs)
+      await this.request({ ...message, offset }, "Ok", timeoutMs + this.answerTimeoutMs)
+    }
+    const connection = this.connections
+    try {
+      await sendOnce()
+    } catch (error) {
+      // The sidecar went away before it answered, and everything it held with it: the chunk
+      // cannot arrive twice, so it is sent again, to the sidecar that replaces it.
+      if (!(error instanceof SidecarUnavailable) || !this.lost(connection)) throw error
+      await sendOnce()
+    }
   }
 
   /**
@@ -240,17 +307,19 @@ export class SidecarClient {
 
   /** Disconnects; the sidecar frees what this client allocated and did not send. */
   async close(): Promise<void> {
-    if (this.socket.destroyed) return
-    this.closedReason ??= "the client closed"
-    const closed = new Promise((resolve) => this.socket.once("close", resolve))
-    this.socket.end()
+    this.closedByClient = true
+    const socket = this.socket
+    if (socket === undefined || socket.destroyed) return
+    const closed = new Promise((resolve) => socket.once("close", resolve))
+    socket.end()
     await closed
   }
 
   /** The slot for bytes to send: their own when they came from `allocate`, else a new one they are copied into. */
   private async place(bytes: Uint8Array, timeoutMs: number): Promise<number> {
-    const arena = this.mapped()
-    const own = arena.offsetOf(bytes)
+    // What was allocated in the arena of a sidecar that went away is no place to send from.
+    await this.connected()
+    const own = this.mapped().offsetOf(bytes)
     if (own !== undefined && this.allocations.get(own) === bytes.length) {
       this.allocations.delete(own)
       return own
@@ -260,7 +329,8 @@ export class SidecarClient {
       "Allocated",
       timeoutMs + this.answerTimeoutMs
     )
-    arena.view(offset, bytes.length).set(bytes)
+    // The arena of the sidecar that answered: another, if the connection was replaced meanwhile.
+    this.mapped().view(offset, bytes.length).set(bytes)
     return offset
   }
 
@@ -288,12 +358,16 @@ export class SidecarClient {
     this.streams.set(id, stream)
   }
 
-  private request<T extends ClientReply["_tag"]>(
+  private async request<T extends ClientReply["_tag"]>(
     request: ClientRequest,
     expected: T | ReadonlyArray<T>,
     deadlineMs: number
   ): Promise<Extract<ClientReply, { _tag: T }>> {
-    if (this.socket.destroyed) return Promise.reject(this.unavailable(this.closedReason ?? "the connection closed"))
+    if (this.closedByClient) throw this.unavailable("the client closed")
+    // Hello goes out on the connection being opened; any other request waits until one is open
+    // and its arena mapped, since an answer may name a place in that arena.
+    if (request._tag !== "Hello") await this.connected()
+    const socket = this.socket!
     const rid = this.nextRid++
     const frame = encodeFrame({ rid, request })
     return new Promise<ClientReply>((resolve, reject) => {
@@ -301,8 +375,8 @@ export class SidecarClient {
         this.pending.delete(rid)
         reject(this.unavailable(`no answer to ${request._tag} within ${deadlineMs} ms`))
       }, deadlineMs)
-      this.pending.set(rid, { resolve, reject, timer })
-      this.socket.write(frame)
+      this.pending.set(rid, { socket, resolve, reject, timer })
+      socket.write(frame)
     }).then((reply) => {
       const tags: ReadonlyArray<string> = typeof expected === "string" ? [expected] : expected
       if (!tags.includes(reply._tag))

@@ -1,8 +1,9 @@
 import { join } from "node:path"
 import { Console, Duration, Effect, ParseResult, Schedule, Schema } from "effect"
+import { exitWithParent } from "../node/Lifeline.js"
 import { Arena, arenaFilePrefix } from "./Arena.js"
 import { parsePeers, PeerTransport } from "./PeerTransport.js"
-import { makeSidecarLog, type SidecarLog } from "./SidecarLog.js"
+import { makeSidecarLog } from "./SidecarLog.js"
 import { formatReadyLine } from "./SidecarProcess.js"
 import { SidecarServer } from "./SidecarServer.js"
 import { SizeClassAllocator } from "./SizeClassAllocator.js"
@@ -34,8 +35,6 @@ export type SidecarOptions = typeof SidecarOptions.Type
 
 /** How often unconsumed chunks are looked for, at most. */
 const maxSweepIntervalMs = 1000
-/** How often the sidecar checks that the process that started it is still there. */
-const parentCheckInterval = Duration.seconds(1)
 
 export class InvalidSidecarOptions extends Schema.TaggedError<InvalidSidecarOptions>()("InvalidSidecarOptions", {
   reason: Schema.String
@@ -58,7 +57,7 @@ const decodeOptions = (input: SidecarOptions) =>
     )
   )
 
-/** Runs until SIGTERM/SIGINT (which interrupt it) or until the parent process is gone. */
+/** Runs until SIGTERM/SIGINT (which interrupt it), which it also sends itself once its parent is gone. */
 export const runSidecar = Effect.fn("Sidecar.run")(function* (input: SidecarOptions) {
   const options = yield* decodeOptions(input)
   yield* serve(options).pipe(Effect.scoped, Effect.annotateLogs("sidecar", options.nodeId))
@@ -66,6 +65,7 @@ export const runSidecar = Effect.fn("Sidecar.run")(function* (input: SidecarOpti
 
 const serve = (options: SidecarOptions) =>
   Effect.gen(function* () {
+    exitWithParent()
     const peers = yield* Effect.try({
       try: () => parsePeers(options.peers),
       catch: (error) => invalid((error as Error).message)
@@ -111,16 +111,5 @@ const serve = (options: SidecarOptions) =>
         arenaBytes: arena.byteLength
       })
     )
-    yield* untilOrphaned(log)
+    return yield* Effect.never
   })
-
-/** Returns once the parent process has exited (the sidecar is then re-parented). */
-const untilOrphaned = (log: SidecarLog) => {
-  const parent = process.ppid
-  return Effect.sync(() => process.ppid).pipe(
-    Effect.repeat({ schedule: Schedule.spaced(parentCheckInterval), until: (ppid) => ppid !== parent }),
-    Effect.tap(() =>
-      Effect.sync(() => log.warn(`the process that started this sidecar (pid ${parent}) is gone; stopping`))
-    )
-  )
-}

@@ -1,4 +1,5 @@
 import { type ChildProcess, spawn } from "node:child_process"
+import { lifelineEnv } from "../node/Lifeline.js"
 
 /**
  * Starting a sidecar as a child process (`cornserve internal sidecar`), the way the node agent
@@ -69,7 +70,9 @@ const sidecarArgs = (options: StartSidecarOptions): Array<string> => {
 /** Spawns a sidecar and resolves once it is ready; rejects with its output if it fails to start. */
 export const startSidecar = async (options: StartSidecarOptions): Promise<RunningSidecar> => {
   const child = spawn(process.execPath, [options.binPath, ...sidecarArgs(options)], {
-    stdio: ["ignore", "pipe", "pipe"]
+    // Its stdin is its lifeline: the sidecar stops with the process that started it.
+    stdio: ["pipe", "pipe", "pipe"],
+    env: lifelineEnv(process.env)
   })
   let output = ""
   const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)))

@@ -183,7 +183,9 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
     dispatch = makeDispatch({
       task: managers.get,
       nodeId: "node-test",
-      release: (ids) => void released.push(ids)
+      release: (ids) => void released.push(ids),
+      sidecarRunning: async () => true,
+      onSidecarLost: () => () => undefined
     })
   })
 

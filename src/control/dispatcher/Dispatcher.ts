@@ -78,7 +78,14 @@ export interface DispatchEnvironment {
   readonly nodeId: string
   /** Takes whatever arrived of these forwarded data out of the sidecar (a cancelled graph's leftovers). */
   readonly release: (dataIds: ReadonlyArray<string>) => void
+  /** Whether the node's sidecar runs, or is running again within `timeoutMs` (it is being restarted). */
+  readonly sidecarRunning: (timeoutMs: number) => Promise<boolean>
+  /** Calls `listener` each time the sidecar goes away; returns the unsubscription. */
+  readonly onSidecarLost: (listener: () => void) => () => void
 }
+
+/** How long a graph that forwards data waits for a sidecar being restarted before it is refused. */
+const sidecarWaitMs = 3_000
 
 /**
  * Executes an app's recorded task graph: every task must be deployed and ready and every
@@ -100,6 +107,9 @@ export const makeDispatch =
     })
     const wiring = wireDataForwards(graph)
     if (typeof wiring === "string") throw new InvalidTaskGraph({ message: wiring })
+    const forwardsData = wiring.length > 0
+    if (forwardsData && !(await environment.sidecarRunning(sidecarWaitMs)))
+      throw new TaskUnavailable({ message: `the node's sidecar is not running again after ${sidecarWaitMs} ms` })
     const release = () =>
       environment.release(
         graph.invocations.flatMap((invocation) => collectDataForwards(invocation.output).map(dataForwardId))
@@ -121,6 +131,17 @@ export const makeDispatch =
       release()
     }
     signal.addEventListener("abort", onCancel, { once: true })
+    // Until every invocation has answered, the graph's forwarded data may sit in the sidecar: a
+    // sidecar that goes away takes them with it, and the request can only be tried again.
+    const stopWatchingSidecar = forwardsData
+      ? environment.onSidecarLost(() => {
+          if (firstFailure === undefined && !signal.aborted)
+            firstFailure = new TaskUnavailable({
+              message: "the node's sidecar went away with the data this request forwarded"
+            })
+          controller.abort()
+        })
+      : () => undefined
     const callContext = { receivers: [environment.nodeId], modalities, signal: controller.signal }
 
     const run = async (invocation: TaskInvocationWire, index: number): Promise<CallResult> => {
@@ -158,7 +179,9 @@ export const makeDispatch =
     }
 
     try {
-      const results = await Promise.all(graph.invocations.map((invocation, index) => run(invocation, index)))
+      const results = await Promise.all(graph.invocations.map((invocation, index) => run(invocation, index))).finally(
+        stopWatchingSidecar
+      )
       const last = results[results.length - 1]!
       return last.stream === undefined
         ? { outputs: results.map((result) => result.output) }
@@ -218,7 +241,9 @@ export class Dispatcher extends Effect.Service<Dispatcher>()("cornserve/Dispatch
             )
           )
           .catch(() => undefined)
-      }
+      },
+      sidecarRunning: agent.sidecarRunning,
+      onSidecarLost: agent.onSidecarLost
     })
     return { dispatch }
   }),

@@ -55,6 +55,7 @@ const blameOf: { readonly [Tag in ExecutorErrorTag]: Blame } = {
   MediaTooLarge: "input",
   EngineRejected: "input",
   EngineUnavailable: "capacity",
+  SidecarUnavailable: "capacity",
   RouteNotFound: "executor",
   ModelNotFound: "executor",
   NoSidecar: "executor",

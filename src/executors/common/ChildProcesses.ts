@@ -1,6 +1,9 @@
 import { type ChildProcess, spawn } from "node:child_process"
 import { fileURLToPath } from "node:url"
 import { Effect } from "effect"
+import { lifelineEnv } from "../../node/Lifeline.js"
+
+export { exitWithParent } from "../../node/Lifeline.js"
 
 const binPath = fileURLToPath(new URL("../../../bin/cornserve", import.meta.url))
 
@@ -24,7 +27,7 @@ export const startChild = (options: ChildOptions): Effect.Effect<ChildProcess, n
     Effect.sync(() => {
       const child = spawn(process.execPath, [binPath, "internal", ...options.args], {
         stdio: ["pipe", "inherit", "inherit"],
-        env: { ...process.env, ...options.env }
+        env: lifelineEnv({ ...process.env, ...options.env })
       })
       let stopping = false
       child.once("exit", (code, signal) => {
@@ -44,10 +47,3 @@ export const startChild = (options: ChildOptions): Effect.Effect<ChildProcess, n
         child.kill("SIGTERM")
       })
   ).pipe(Effect.map(({ child }) => child))
-
-/** In a child started by `startChild`: exit when the parent goes away (its pipe on stdin closes). */
-export const exitWithParent = (onParentGone: () => void = () => process.exit(0)): void => {
-  process.stdin.on("data", () => undefined)
-  process.stdin.once("end", onParentGone)
-  process.stdin.once("close", onParentGone)
-}

@@ -7,6 +7,7 @@
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { Effect } from "effect"
+import { exitWithParent } from "./ChildProcesses.js"
 import { configEnvName, decodeConfig, type ExecutorConfig } from "./ExecutorConfig.js"
 
 export type ExecutorOptions = Omit<ExecutorConfig, "modelDir" | "runDir"> & { readonly runDir?: string }
@@ -15,6 +16,7 @@ const asError = (error: unknown) => (error instanceof Error ? error : new Error(
 
 export const runExecutor = (options: ExecutorOptions) =>
   Effect.gen(function* () {
+    exitWithParent()
     const { resolveModel } = yield* Effect.promise(() => import("../../models/ModelStore.js"))
     const modelDir = yield* Effect.tryPromise({
       try: () => resolveModel(options.model),

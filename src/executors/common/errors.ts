@@ -1,7 +1,9 @@
 import { ParseResult, Schema } from "effect"
+import { SidecarUnavailable } from "../../sidecar/errors.js"
 import { MediaError, MediaTooLarge } from "./media/errors.js"
 
-export { MediaError, MediaTooLarge }
+/** The node's sidecar went away while the request needed it (it is restarted): retry shortly. */
+export { MediaError, MediaTooLarge, SidecarUnavailable }
 
 /**
  * Errors an executor answers with, as `{ error: { code, message } }` where the code is the tag;
@@ -78,6 +80,7 @@ export type ExecutorError =
   | MediaError
   | MediaTooLarge
   | EngineUnavailable
+  | SidecarUnavailable
   | EngineRejected
   | ExecutorFailed
   | InternalError
@@ -124,6 +127,7 @@ const executorErrorTags = new Set<string>([
   "MediaError",
   "MediaTooLarge",
   "EngineUnavailable",
+  "SidecarUnavailable",
   "EngineRejected",
   "ExecutorFailed",
   "InternalError",

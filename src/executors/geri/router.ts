@@ -7,6 +7,7 @@ import { randomInt } from "node:crypto"
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
 import { Effect, Stream } from "effect"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
+import { RecvTimeout } from "../../sidecar/errors.js"
 import { type Payload, SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import { BadRequest, EmbeddingMissing } from "../common/errors.js"
@@ -102,7 +103,7 @@ export const routerKind: RouterKind = {
             try {
               payload = await sidecar.recv(id, chunk, { timeoutMs: config.embeddingWaitMs })
             } catch (error) {
-              if (chunk === 0)
+              if (chunk === 0 && error instanceof RecvTimeout)
                 throw new EmbeddingMissing({
                   message: `embedding ${id} did not arrive within ${config.embeddingWaitMs} ms`
                 })

@@ -6,6 +6,7 @@
 import { decodeAudioProcessorConfig } from "../../models/AudioProcessor.js"
 import { decodeImageProcessorConfig } from "../../models/ImageProcessor.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
+import { RecvTimeout } from "../../sidecar/errors.js"
 import type { Payload, SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import type { ExecutorConfig } from "../common/ExecutorConfig.js"
@@ -103,7 +104,7 @@ export const makeMediaInputs = (options: {
       try {
         payload = await client.recv(ref.id, chunk, { timeoutMs: config.embeddingWaitMs })
       } catch (error) {
-        if (chunk === 0)
+        if (chunk === 0 && error instanceof RecvTimeout)
           throw new EmbeddingMissing({
             message: `embedding ${ref.id} did not arrive within ${config.embeddingWaitMs} ms`
           })

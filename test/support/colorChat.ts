@@ -1,0 +1,89 @@
+import { mkdtemp, rm } from "node:fs/promises"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { expect } from "vitest"
+import { invoke, removeStateDir, repoRoot, runCli, type RunningPlatform, startPlatform } from "./platform.js"
+
+/** A one-pixel red PNG in a chat request for color_chat. */
+const redPixel =
+  "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+export const chatRequest = JSON.stringify({
+  messages: [
+    {
+      role: "user",
+      content: [
+        { type: "text", text: "What colour is this?" },
+        { type: "image_url", image_url: { url: redPixel } }
+      ]
+    }
+  ],
+  max_tokens: 8
+})
+
+export interface ColorChatPlatform {
+  readonly platform: RunningPlatform
+  /** Stops the platform (unless it is gone already) and removes its directories. */
+  readonly dispose: () => Promise<void>
+}
+
+/** `cornserve serve` on three CPU devices with color_chat registered and ready. */
+export const startColorChat = async (nodeId: string): Promise<ColorChatPlatform> => {
+  const modelDir = await mkdtemp(join(tmpdir(), "cornserve-models-"))
+  const platform = await startPlatform({
+    args: ["--devices", "cpu:0,cpu:1,cpu:2", "--node-id", nodeId, "--sidecar-arena-bytes", String(64 * 1024 * 1024)],
+    env: { CORNSERVE_MODEL_DIR: modelDir }
+  })
+  const registered = await runCli(["app", "register", join(repoRoot, "examples", "color_chat.ts")], {
+    CORNSERVE_GATEWAY_URL: platform.url
+  })
+  expect(registered.code, registered.stderr).toBe(0)
+  return {
+    platform,
+    dispose: async () => {
+      await platform.stop()
+      await removeStateDir(platform.stateDir)
+      await rm(modelDir, { recursive: true, force: true })
+    }
+  }
+}
+
+export interface Answer {
+  readonly startedAt: number
+  readonly endedAt: number
+  /** 0 when no HTTP answer came. */
+  readonly status: number
+  readonly retryAfter: string | null
+  readonly body: string
+}
+
+/** `clients` concurrent clients, each invoking color_chat in a loop until `stop` is called. */
+export const colorChatLoad = (url: string, clients: number) => {
+  const answers: Array<Answer> = []
+  let stopped = false
+  const client = async () => {
+    while (!stopped) {
+      const startedAt = Date.now()
+      try {
+        const response = await invoke(url, "color_chat", chatRequest)
+        const body = await response.text()
+        answers.push({
+          startedAt,
+          endedAt: Date.now(),
+          status: response.status,
+          retryAfter: response.headers.get("retry-after"),
+          body
+        })
+      } catch (error) {
+        answers.push({ startedAt, endedAt: Date.now(), status: 0, retryAfter: null, body: String(error) })
+      }
+    }
+  }
+  const running = Array.from({ length: clients }, client)
+  return {
+    answers,
+    stop: async () => {
+      stopped = true
+      await Promise.all(running)
+    }
+  }
+}
