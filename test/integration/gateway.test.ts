@@ -1,15 +1,16 @@
-import { readdirSync, readFileSync } from "node:fs"
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import {
   appState,
+  childPids,
   eventually,
   invoke,
   registerRaw,
   removeStateDir,
   repoRoot,
+  isAlive,
   runCli,
   type RunningPlatform,
   startPlatform
@@ -17,27 +18,6 @@ import {
 
 const token = "test-admin-token"
 
-/** The processes whose parent is `pid` (the platform's children: esbuild's helper, executors). */
-const childPids = (pid: number): Array<number> =>
-  readdirSync("/proc")
-    .filter((entry) => /^\d+$/.test(entry))
-    .filter((entry) => {
-      try {
-        return Number(readFileSync(`/proc/${entry}/stat`, "utf8").split(") ")[1]!.split(" ")[1]) === pid
-      } catch {
-        return false
-      }
-    })
-    .map(Number)
-
-/** Running, as opposed to gone or exited and waiting to be reaped (a zombie). */
-const isAlive = (pid: number) => {
-  try {
-    return readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ")[0] !== "Z"
-  } catch {
-    return false
-  }
-}
 const fixture = (name: string) => join(repoRoot, "test", "fixtures", "apps", `${name}.ts`)
 const example = (name: string) => join(repoRoot, "examples", `${name}.ts`)
 

@@ -3,6 +3,7 @@ import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import {
   appState,
+  childPids,
   eventually,
   invoke,
   registerRaw,
@@ -20,19 +21,6 @@ const act = async (url: string, action: string, path?: string) => {
   const response = await invoke(url, "hostile", JSON.stringify({ action, ...(path === undefined ? {} : { path }) }))
   return { status: response.status, body: (await response.json()) as { outcome?: string; error?: { code: string } } }
 }
-
-/** The processes whose parent is `pid`. */
-const childPids = (pid: number): Array<number> =>
-  readdirSync("/proc")
-    .filter((entry) => /^\d+$/.test(entry))
-    .filter((entry) => {
-      try {
-        return Number(readFileSync(`/proc/${entry}/stat`, "utf8").split(") ")[1]!.split(" ")[1]) === pid
-      } catch {
-        return false
-      }
-    })
-    .map(Number)
 
 describe("apps run isolated from the platform and from each other", () => {
   let platform: RunningPlatform

@@ -4,6 +4,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { arenaFilePrefix } from "../../src/sidecar/Arena.js"
+import { chatRequest } from "../support/colorChat.js"
 import { descendants } from "../support/executors.js"
 import {
   eventually,
@@ -18,22 +19,6 @@ import {
 const nodeId = `lifecycle-${process.pid}`
 const arenaBytes = 64 * 1024 * 1024
 const arenaFileOf = (sidecarPid: number) => join("/dev/shm", `${arenaFilePrefix}${nodeId}-${sidecarPid}`)
-
-/** A one-pixel red PNG. */
-const redPixel =
-  "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
-const chatRequest = JSON.stringify({
-  messages: [
-    {
-      role: "user",
-      content: [
-        { type: "text", text: "What colour is this?" },
-        { type: "image_url", image_url: { url: redPixel } }
-      ]
-    }
-  ],
-  max_tokens: 8
-})
 
 describe("cornserve serve: the node's sidecar is restarted, and the control plane follows it", () => {
   let platform: RunningPlatform

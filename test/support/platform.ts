@@ -1,4 +1,5 @@
 import { type ChildProcess, execFile, spawn } from "node:child_process"
+import { readdirSync, readFileSync } from "node:fs"
 import { mkdtemp, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -126,3 +127,25 @@ export const registerRaw = async (url: string, body: unknown, token?: string) =>
 
 export const invoke = (url: string, appId: string, body: string) =>
   fetch(`${url}/app/invoke/${appId}`, { method: "POST", headers: { "content-type": "application/json" }, body })
+
+/** The processes whose parent is `pid` (the platform's children: esbuild's helper, executors). */
+export const childPids = (pid: number): Array<number> =>
+  readdirSync("/proc")
+    .filter((entry) => /^\d+$/.test(entry))
+    .filter((entry) => {
+      try {
+        return Number(readFileSync(`/proc/${entry}/stat`, "utf8").split(") ")[1]!.split(" ")[1]) === pid
+      } catch {
+        return false
+      }
+    })
+    .map(Number)
+
+/** Running, as opposed to gone or exited and waiting to be reaped (a zombie). */
+export const isAlive = (pid: number) => {
+  try {
+    return readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ")[0] !== "Z"
+  } catch {
+    return false
+  }
+}

@@ -13,7 +13,7 @@ import { errorAnswer, type RouterKind } from "../common/Router.js"
 import type { WorkItem } from "../common/wire.js"
 import { type EmbeddingResult, EmbeddingsRequest } from "./api.js"
 import { checkMediaItemCount, mediaLimitsOf } from "../common/media/MediaLimits.js"
-import { readMedia } from "../common/media/MediaSource.js"
+import { mediaSourceOptionsOf, readMedia } from "../common/media/MediaSource.js"
 import type { Preprocessed } from "../common/media/preprocess.js"
 import type { EricItemMeta, EricItemResult } from "./worker.js"
 
@@ -49,12 +49,7 @@ export const routerKind: RouterKind = {
               },
               catch: (error) => error as Error
             })
-      const mediaOptions = {
-        allowedRoot: config.mediaRoot,
-        allowPrivateHosts: config.allowPrivateHosts,
-        maxBytes: config.maxMediaBytes,
-        timeoutMs: 10_000
-      }
+      const mediaOptions = mediaSourceOptionsOf(config)
       const limits = mediaLimitsOf(config)
 
       const preprocess = (item: EmbeddingsRequest["items"][number]): Promise<Preprocessed> =>

@@ -11,7 +11,7 @@ import type { Payload, SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import type { ExecutorConfig } from "../common/ExecutorConfig.js"
 import type { ThreadPool } from "../common/ThreadPool.js"
-import { readMedia } from "../common/media/MediaSource.js"
+import { mediaSourceOptionsOf, readMedia } from "../common/media/MediaSource.js"
 import { EmbeddingMissing } from "../common/errors.js"
 import { mediaLimitsOf } from "../common/media/MediaLimits.js"
 import type { Preprocessed } from "../common/media/preprocess.js"
@@ -57,12 +57,7 @@ export const makeMediaInputs = (options: {
       ? decodeAudioProcessorConfig(model.preprocessorConfig)
       : undefined
   const encodable = accepted.filter((modality) => (modality === "image" ? imageConfig : audioConfig) !== undefined)
-  const mediaOptions = {
-    allowedRoot: config.mediaRoot,
-    allowPrivateHosts: config.allowPrivateHosts,
-    maxBytes: config.maxMediaBytes,
-    timeoutMs: 10_000
-  }
+  const mediaOptions = mediaSourceOptionsOf(config)
   const limits = mediaLimitsOf(config)
 
   const encode = async (part: MediaPart): Promise<ResolvedMedia> => {

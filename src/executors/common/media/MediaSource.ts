@@ -17,6 +17,21 @@ export interface MediaSourceOptions {
   readonly timeoutMs: number
 }
 
+/** How long an http(s) media fetch may take. */
+const fetchTimeoutMs = 10_000
+
+/** The media source options of an executor, from its flags. */
+export const mediaSourceOptionsOf = (config: {
+  readonly mediaRoot?: string | undefined
+  readonly allowPrivateHosts: boolean
+  readonly maxMediaBytes: number
+}): MediaSourceOptions => ({
+  allowedRoot: config.mediaRoot,
+  allowPrivateHosts: config.allowPrivateHosts,
+  maxBytes: config.maxMediaBytes,
+  timeoutMs: fetchTimeoutMs
+})
+
 export interface Media {
   readonly bytes: Buffer
   readonly mimeType: string | undefined
