@@ -7,7 +7,11 @@
  * Prints a table, then (as the last line) one JSON object with the figures.
  *
  * Env: BENCH_SECONDS (measured seconds per phase, default 5), BENCH_WARMUP_SECONDS (default 1),
- * BENCH_RATES (comma-separated requests/s, default 100,500,1000,2000).
+ * BENCH_RATES (comma-separated requests/s, default 100,500,1000,2000), BENCH_ROUNDS (default 3).
+ *
+ * At each rate the two servers are measured in alternating rounds; a figure is the median over the
+ * rounds, and the added latency the median of each round's difference, so that one noisy phase on a
+ * shared machine neither makes nor breaks the comparison.
  */
 import { type ChildProcess, spawn } from "node:child_process"
 import { once } from "node:events"
@@ -23,6 +27,7 @@ import { bundleScript } from "../test/support/bundle.js"
 const SECONDS = envNumber("BENCH_SECONDS", 5)
 const WARMUP_SECONDS = envNumber("BENCH_WARMUP_SECONDS", 1)
 const RATES = envRates("BENCH_RATES", [100, 500, 1000, 2000])
+const ROUNDS = envNumber("BENCH_ROUNDS", 3)
 /** What the gateway may add to the bare server's latency, at every rate. */
 const TARGET = { p50AddedMs: 0.5, p99AddedMs: 1 } as const
 
@@ -272,13 +277,31 @@ async function measure(target: Target, rate: number): Promise<Stats> {
   return stats
 }
 
-function compare(rate: number, bare: Stats, cornserve: Stats): RateResult {
+function median(values: ReadonlyArray<number>): number {
+  const sorted = [...values].sort((a, b) => a - b)
+  const middle = Math.floor(sorted.length / 2)
+  return sorted.length % 2 === 1 ? sorted[middle]! : (sorted[middle - 1]! + sorted[middle]!) / 2
+}
+
+/** Each field's median over the rounds (errors: their sum). */
+function medianStats(rounds: ReadonlyArray<Stats>): Stats {
+  return {
+    rps: round(median(rounds.map((s) => s.rps)), 1),
+    p50Ms: round(median(rounds.map((s) => s.p50Ms)), 3),
+    p99Ms: round(median(rounds.map((s) => s.p99Ms)), 3),
+    errors: rounds.reduce((sum, s) => sum + s.errors, 0)
+  }
+}
+
+function compare(rate: number, rounds: ReadonlyArray<{ readonly bare: Stats; readonly cornserve: Stats }>): RateResult {
+  const bare = medianStats(rounds.map((r) => r.bare))
+  const cornserve = medianStats(rounds.map((r) => r.cornserve))
   return {
     rate,
     bare,
     cornserve,
-    p50AddedMs: round(cornserve.p50Ms - bare.p50Ms, 3),
-    p99AddedMs: round(cornserve.p99Ms - bare.p99Ms, 3),
+    p50AddedMs: round(median(rounds.map((r) => r.cornserve.p50Ms - r.bare.p50Ms)), 3),
+    p99AddedMs: round(median(rounds.map((r) => r.cornserve.p99Ms - r.bare.p99Ms)), 3),
     throughputRatio: round(cornserve.rps / bare.rps, 3)
   }
 }
@@ -319,7 +342,9 @@ function printTable(results: ReadonlyArray<RateResult>): void {
   )
   const widths = header.map((title, column) => Math.max(title.length, ...rows.map((row) => row[column]!.length)))
   const line = (cells: ReadonlyArray<string>) => cells.map((cell, column) => cell.padStart(widths[column]!)).join("  ")
-  console.log(`gateway bench: open loop, ${SECONDS} s per phase after ${WARMUP_SECONDS} s warm-up, cs = cornserve`)
+  console.log(
+    `gateway bench: open loop, ${ROUNDS} rounds of ${SECONDS} s per phase after ${WARMUP_SECONDS} s warm-up, medians, cs = cornserve`
+  )
   console.log(line(header))
   for (const row of rows) console.log(line(row))
 }
@@ -330,6 +355,7 @@ function report(results: ReadonlyArray<RateResult>) {
   return {
     bench: "gateway",
     seconds: SECONDS,
+    rounds: ROUNDS,
     rates: results,
     target: TARGET,
     ratesMeetingTarget: results.filter(meets).map((r) => r.rate),
@@ -381,9 +407,12 @@ export default async function gatewayBench(): Promise<void> {
 
     const results: Array<RateResult> = []
     for (const rate of RATES) {
-      const bareStats = await measure(targets.bare, rate)
-      const cornserveStats = await measure(targets.cornserve, rate)
-      results.push(compare(rate, bareStats, cornserveStats))
+      const rounds: Array<{ bare: Stats; cornserve: Stats }> = []
+      for (let index = 0; index < ROUNDS; index++) {
+        const bareStats = await measure(targets.bare, rate)
+        rounds.push({ bare: bareStats, cornserve: await measure(targets.cornserve, rate) })
+      }
+      results.push(compare(rate, rounds))
     }
 
     printTable(results)
