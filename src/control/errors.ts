@@ -1,6 +1,6 @@
 import { Schema } from "effect"
 import type { BadRequest, RouteNotFound } from "../executors/common/errors.js"
-import { shortened } from "./gateway/JsonBody.js"
+import { shortened } from "../app-runtime/Shortened.js"
 
 /** Errors the control plane answers with; each tag's HTTP status is in src/errors/HttpStatus.ts. */
 

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest"
-import { jsonDepthWithin, parseJsonBody, shortened } from "../../src/control/gateway/JsonBody.js"
+import { shortened } from "../../src/app-runtime/Shortened.js"
+import { jsonDepthWithin, parseJsonBody } from "../../src/control/gateway/JsonBody.js"
 
 const nested = (depth: number) => `${"[".repeat(depth)}1${"]".repeat(depth)}`
 

@@ -1,10 +1,8 @@
 import { existsSync } from "node:fs"
-import { mkdtemp, rm } from "node:fs/promises"
-import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { arenaFilePrefix } from "../../src/sidecar/Arena.js"
-import { chatRequest } from "../support/colorChat.js"
+import { type ColorChatPlatform, chatRequest, colorChatArenaBytes, startColorChat } from "../support/colorChat.js"
 import { descendants } from "../support/executors.js"
 import {
   eventually,
@@ -17,13 +15,13 @@ import {
 } from "../support/platform.js"
 
 const nodeId = `lifecycle-${process.pid}`
-const arenaBytes = 64 * 1024 * 1024
+const arenaBytes = colorChatArenaBytes
 const arenaFileOf = (sidecarPid: number) => join("/dev/shm", `${arenaFilePrefix}${nodeId}-${sidecarPid}`)
 
 describe("cornserve serve: the node's sidecar is restarted, and the control plane follows it", () => {
+  let running: ColorChatPlatform
   let platform: RunningPlatform
   let env: Record<string, string>
-  let modelDir: string
 
   /** The sidecar processes the platform runs. */
   const sidecars = () =>
@@ -54,30 +52,13 @@ describe("cornserve serve: the node's sidecar is restarted, and the control plan
   }
 
   beforeAll(async () => {
-    modelDir = await mkdtemp(join(tmpdir(), "cornserve-models-"))
-    platform = await startPlatform({
-      args: [
-        "--devices",
-        "cpu:0,cpu:1,cpu:2",
-        "--node-id",
-        nodeId,
-        "--sidecar-arena-bytes",
-        String(arenaBytes),
-        "--request-timeout",
-        "60"
-      ],
-      env: { CORNSERVE_MODEL_DIR: modelDir }
-    })
+    running = await startColorChat(nodeId, ["--request-timeout", "60"])
+    platform = running.platform
     env = { CORNSERVE_GATEWAY_URL: platform.url }
-    const registered = await runCli(["app", "register", join(repoRoot, "examples", "color_chat.ts")], env)
-    expect(registered.code, registered.stderr).toBe(0)
   })
 
   afterAll(async () => {
-    const code = await platform?.stop()
-    expect(code).toBe(0)
-    await removeStateDir(platform.stateDir)
-    await rm(modelDir, { recursive: true, force: true })
+    expect(await running?.dispose()).toBe(0)
   })
 
   it("runs one sidecar; once it is killed, a new one runs, /metrics shows its arena and the old arena is removed", async () => {

@@ -22,15 +22,26 @@ export const chatRequest = JSON.stringify({
 
 export interface ColorChatPlatform {
   readonly platform: RunningPlatform
-  /** Stops the platform (unless it is gone already) and removes its directories. */
-  readonly dispose: () => Promise<void>
+  /** Stops the platform (unless it is gone already), removes its directories, and gives its exit code. */
+  readonly dispose: () => Promise<number | null>
 }
 
-/** `cornserve serve` on three CPU devices with color_chat registered and ready. */
-export const startColorChat = async (nodeId: string): Promise<ColorChatPlatform> => {
+/** The sidecar arena of a platform `startColorChat` starts. */
+export const colorChatArenaBytes = 64 * 1024 * 1024
+
+/** `cornserve serve` on three CPU devices (and any further `args`) with color_chat registered and ready. */
+export const startColorChat = async (nodeId: string, args: ReadonlyArray<string> = []): Promise<ColorChatPlatform> => {
   const modelDir = await mkdtemp(join(tmpdir(), "cornserve-models-"))
   const platform = await startPlatform({
-    args: ["--devices", "cpu:0,cpu:1,cpu:2", "--node-id", nodeId, "--sidecar-arena-bytes", String(64 * 1024 * 1024)],
+    args: [
+      "--devices",
+      "cpu:0,cpu:1,cpu:2",
+      "--node-id",
+      nodeId,
+      "--sidecar-arena-bytes",
+      String(colorChatArenaBytes),
+      ...args
+    ],
     env: { CORNSERVE_MODEL_DIR: modelDir }
   })
   const registered = await runCli(["app", "register", join(repoRoot, "examples", "color_chat.ts")], {
@@ -40,9 +51,10 @@ export const startColorChat = async (nodeId: string): Promise<ColorChatPlatform>
   return {
     platform,
     dispose: async () => {
-      await platform.stop()
+      const code = await platform.stop()
       await removeStateDir(platform.stateDir)
       await rm(modelDir, { recursive: true, force: true })
+      return code
     }
   }
 }

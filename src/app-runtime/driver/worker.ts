@@ -8,6 +8,7 @@ import { AsyncLocalStorage } from "node:async_hooks"
 import { constants } from "node:os"
 import { ParseResult, Schema } from "effect"
 import { type App, appDefinitionProblems, appUnitTasks, isApp } from "../App.js"
+import { shortened } from "../Shortened.js"
 import { type DispatchResult, setTaskDispatcher, TaskExecutionError, TaskInputError } from "../tasks/TaskGraph.js"
 import {
   type DispatchFailure,
@@ -61,16 +62,12 @@ const maxIssues = 20
 /** Longest message the platform takes from an app's failure: an error never echoes a large value back. */
 const maxMessageLength = 2_000
 
-const shortened = (text: string) =>
-  text.length <= maxMessageLength
-    ? text
-    : `${text.slice(0, maxMessageLength)}… (${text.length - maxMessageLength} more characters)`
-
 /** What a thrown value says about itself; total, whatever the app threw (a Proxy, a throwing toString). */
 const errorMessage = (error: unknown): string => {
   try {
-    if (error instanceof Error) return shortened(`${error.name === "Error" ? "" : `${error.name}: `}${error.message}`)
-    return shortened(String(error))
+    if (error instanceof Error)
+      return shortened(`${error.name === "Error" ? "" : `${error.name}: `}${error.message}`, maxMessageLength)
+    return shortened(String(error), maxMessageLength)
   } catch {
     return "the app threw a value that cannot be described"
   }
@@ -124,7 +121,7 @@ function serveApp(app: App, maxResponseBytes: number) {
     if (encodeResponse !== undefined) {
       const encoded = encodeResponse(value)
       if (encoded._tag === "Left") {
-        const problem = shortened(ParseResult.TreeFormatter.formatErrorSync(encoded.left))
+        const problem = shortened(ParseResult.TreeFormatter.formatErrorSync(encoded.left), maxMessageLength)
         return {
           code: "ResponseSchemaMismatch",
           message: `${what} does not match the app's response schema: ${problem}`
@@ -155,7 +152,7 @@ function serveApp(app: App, maxResponseBytes: number) {
       // Each message is cut short: schema messages quote the offending value, which may be huge.
       const issues = ParseResult.ArrayFormatter.formatErrorSync(decoded.left)
         .slice(0, maxIssues)
-        .map(({ path, message }) => ({ path, message: message.length <= 200 ? message : `${message.slice(0, 200)}…` }))
+        .map(({ path, message }) => ({ path, message: shortened(message) }))
       const summary = issues.map(
         (issue) => `${issue.path.length > 0 ? issue.path.join(".") : "(body)"}: ${issue.message}`
       )

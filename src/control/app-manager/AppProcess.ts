@@ -24,17 +24,15 @@ export interface AppProcessLimits {
  * app import (`effect` and what `effect` depends on). Nothing else: not the state directory, not the
  * platform's configuration, not the rest of the file system.
  */
-const readablePaths = (() => {
-  let cached: ReadonlyArray<string> | undefined
-  return (): ReadonlyArray<string> => {
-    if (cached === undefined) {
-      const effectDir = dirname(createRequire(import.meta.url).resolve("effect/package.json"))
-      // Real paths: the permission model checks the files the loader opens, after links are resolved.
-      cached = [appRuntimeDir, ...packageClosure(effectDir)].map((dir) => `${realpathSync(dir)}/`)
-    }
-    return cached
-  }
-})()
+let readable: ReadonlyArray<string> | undefined
+const readablePaths = (): ReadonlyArray<string> => {
+  // Real paths: the permission model checks the files the loader opens, after links are resolved.
+  readable ??= [
+    appRuntimeDir,
+    ...packageClosure(dirname(createRequire(import.meta.url).resolve("effect/package.json")))
+  ].map((dir) => `${realpathSync(dir)}/`)
+  return readable
+}
 
 /** A package's directory and those of everything it depends on, found where Node would find them. */
 const packageClosure = (packageDir: string): ReadonlyArray<string> => {

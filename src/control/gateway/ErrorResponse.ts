@@ -1,7 +1,7 @@
 import { HttpServerResponse } from "@effect/platform"
 import { errorHeaders, httpStatusOf } from "../../errors/HttpStatus.js"
 import { type ControlPlaneError, echoedChars } from "../errors.js"
-import { shortened } from "./JsonBody.js"
+import { shortened } from "../../app-runtime/Shortened.js"
 
 export type GatewayError = ControlPlaneError
 

@@ -15,7 +15,8 @@ import {
   TaskUnavailable
 } from "../errors.js"
 import { errorBody, errorHead, type GatewayError } from "./ErrorResponse.js"
-import { jsonDepthWithin, shortened, tooDeepMessage } from "./JsonBody.js"
+import { shortened } from "../../app-runtime/Shortened.js"
+import { jsonDepthWithin, tooDeepMessage } from "./JsonBody.js"
 import { type RequestBodyLimits, readRequestBody } from "./RequestBody.js"
 
 export const invokePrefix = "/app/invoke/"

@@ -1,3 +1,5 @@
+import { shortened } from "../../app-runtime/Shortened.js"
+
 /**
  * Request bodies as JSON, parsed within bounds: a body nested deeper than the limit is refused before
  * it is parsed, so that no later recursive walk (schema validation, error formatting, cloning between
@@ -43,7 +45,3 @@ export const parseJsonBody = (text: string, maxDepth: number): JsonBodyResult =>
     return { ok: false, message: `the request body is not JSON: ${shortened((error as Error).message)}` }
   }
 }
-
-/** At most `limit` characters of a message, so that an error never echoes a large value back. */
-export const shortened = (text: string, limit = 200): string =>
-  text.length <= limit ? text : `${text.slice(0, limit)}… (${text.length - limit} more characters)`
