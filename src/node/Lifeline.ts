@@ -13,9 +13,11 @@ const parentCheckIntervalMs = 500
 
 /**
  * How long a child whose parent is gone may take to stop cleanly (removing its shared-memory files,
- * stopping its own children) before it exits anyway: a whole tree must be gone within 2 s.
+ * stopping its own children) before it exits anyway. The graces add up down a tree (router, engine,
+ * worker each wait for their parent to be gone), and a whole tree must be gone within 2 s even on a
+ * loaded machine; what a cut-short cleanup leaves, the next start removes.
  */
-const stopGraceMs = 1_000
+const stopGraceMs = 400
 
 /** The environment of a child spawned with `stdio[0]: "pipe"`, which makes that pipe its lifeline. */
 export const lifelineEnv = (env: Readonly<Record<string, string | undefined>>) => ({

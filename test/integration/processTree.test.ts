@@ -4,16 +4,7 @@ import { join } from "node:path"
 import { afterAll, describe, expect, it } from "vitest"
 import { type ColorChatPlatform, colorChatLoad, startColorChat } from "../support/colorChat.js"
 import { descendants } from "../support/executors.js"
-import { eventually } from "../support/platform.js"
-
-const isAlive = (pid: number) => {
-  try {
-    process.kill(pid, 0)
-    return true
-  } catch {
-    return false
-  }
-}
+import { eventually, isAlive } from "../support/platform.js"
 
 /** The shared-memory files whose names end with one of these pids. */
 const sharedMemoryFilesOf = (pids: ReadonlySet<number>) =>
