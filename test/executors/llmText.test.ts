@@ -80,19 +80,19 @@ describe("Sampler", () => {
   const logits = Float32Array.from([0.5, 2, -1, 1.9, 0, 3, 2.9])
 
   it("is greedy at temperature 0", () => {
-    expect(new Sampler(0, 1, 1).next(logits, 2, 5)).toBe(3)
+    expect(new Sampler({ temperature: 0, topP: 1, seed: 1 }).next(logits, 2, 5)).toBe(3)
     expect(argmax(logits, 0, 7)).toBe(5)
   })
 
   it("draws by softmax(logits / temperature), the same draws for the same seed", () => {
-    const sampler = new Sampler(1, 1, 7)
+    const sampler = new Sampler({ temperature: 1, topP: 1, seed: 7 })
     const counts = [0, 0]
     const pair = Float32Array.from([0, Math.log(3)])
     for (let i = 0; i < 4000; i++) counts[sampler.next(pair, 0, 2)]!++
     expect(counts[1]! / 4000).toBeGreaterThan(0.72)
     expect(counts[1]! / 4000).toBeLessThan(0.78)
     const sequence = (seed: number) => {
-      const s = new Sampler(0.8, 0.9, seed)
+      const s = new Sampler({ temperature: 0.8, topP: 0.9, seed })
       return Array.from({ length: 50 }, () => s.next(logits, 0, 7))
     }
     expect(sequence(42)).toEqual(sequence(42))
@@ -100,7 +100,7 @@ describe("Sampler", () => {
   })
 
   it("keeps to the nucleus: the fewest most likely tokens that reach top_p", () => {
-    const sampler = new Sampler(1, 0.5, 3)
+    const sampler = new Sampler({ temperature: 1, topP: 0.5, seed: 3 })
     // Tokens 5 (e^3) and 6 (e^2.9) hold ~70% together; 5 alone ~37%, so the nucleus is {5, 6}.
     const seen = new Set(Array.from({ length: 500 }, () => sampler.next(logits, 0, 7)))
     expect([...seen].sort()).toEqual([5, 6])

@@ -155,7 +155,7 @@ export class Runner {
     const logits = outputs.logits!.data as Float32Array
     joining.forEach((request, row) => {
       const sequence: Sequence = {
-        sampler: new Sampler(request.sampling.temperature, request.sampling.topP, request.sampling.seed),
+        sampler: new Sampler(request.sampling, request.prompt.inputIds),
         sampling: request.sampling,
         length: lengths[row]!,
         lastToken: 0,

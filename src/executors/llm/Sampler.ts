@@ -1,4 +1,5 @@
 import { Random } from "../../models/Random.js"
+import type { SamplingParams } from "./protocol.js"
 
 /**
  * Picks a request's next token from its logits: the most likely one at temperature 0, otherwise a
@@ -8,17 +9,26 @@ import { Random } from "../../models/Random.js"
  */
 export class Sampler {
   private readonly random: Random
+  private readonly temperature: number
+  private readonly topP: number
+  /** The prompt's ids and every token drawn so far, in order. */
+  private readonly history: Array<number>
 
-  constructor(
-    private readonly temperature: number,
-    private readonly topP: number,
-    seed: number
-  ) {
-    this.random = new Random(seed)
+  constructor(sampling: Pick<SamplingParams, "temperature" | "topP" | "seed">, promptIds: ArrayLike<number> = []) {
+    this.temperature = sampling.temperature
+    this.topP = sampling.topP
+    this.random = new Random(sampling.seed)
+    this.history = Array.from(promptIds)
   }
 
-  /** The token for `logits[from, from + vocab)`. */
+  /** The token for `logits[from, from + vocab)`; it joins the history the next draw sees. */
   next(logits: Float32Array, from: number, vocab: number): number {
+    const token = this.draw(logits, from, vocab)
+    this.history.push(token)
+    return token
+  }
+
+  private draw(logits: Float32Array, from: number, vocab: number): number {
     if (this.temperature === 0) return argmax(logits, from, vocab)
     const max = logits[from + argmax(logits, from, vocab)]!
     const weights = new Float64Array(vocab)
