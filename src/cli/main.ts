@@ -5,6 +5,7 @@ import * as NodeContext from "@effect/platform-node/NodeContext"
 import * as NodeRuntime from "@effect/platform-node/NodeRuntime"
 import { Config, Console, Effect, Option } from "effect"
 import { defaultMaxJsonDepth } from "../control/gateway/JsonBody.js"
+import { dtypes } from "../models/Dtype.js"
 import { parseDevices } from "../node/Devices.js"
 import { defaultMaxMediaItems, defaultMediaLimits } from "../executors/common/media/MediaLimits.js"
 import { CliFailure, type GatewayTarget, invokeApp, listApps, listTasks, registerApp, unregisterApp } from "./client.js"
@@ -303,6 +304,12 @@ const executorCommand = Command.make(
       Options.withDescription("Which executor: the encoder (eric), the generator (geri) or the LLM.")
     ),
     model: Options.text("model").pipe(Options.withDescription("A built-in model name or a model directory.")),
+    dtype: Options.choice("dtype", dtypes).pipe(
+      Options.withDescription(
+        "LLM: which ONNX export to run (model_q4.onnx is q4); default fp32, or the closest there is."
+      ),
+      Options.optional
+    ),
     devices: Options.text("devices").pipe(
       Options.withDescription("Its devices, one worker each: cpu:0,cpu:1 or cuda:0."),
       Options.withDefault("cpu:0")
@@ -418,6 +425,7 @@ const executorCommand = Command.make(
             onSome: (kvCacheTokens) => ({ kvCacheTokens })
           }),
           ...Option.match(options.runDir, { onNone: () => ({}), onSome: (runDir) => ({ runDir }) }),
+          ...Option.match(options.dtype, { onNone: () => ({}), onSome: (dtype) => ({ dtype }) }),
           ...Option.match(options.sidecarSocket, {
             onNone: () => ({}),
             onSome: (sidecarSocket) => ({ sidecarSocket })

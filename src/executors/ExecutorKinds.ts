@@ -28,6 +28,11 @@ const batchArgs = (task: UnitTaskSpec) => {
   return size === undefined ? [] : ["--max-batch-size", String(size)]
 }
 
+const dtypeArgs = (task: UnitTaskSpec) => {
+  const dtype = (task.config as { readonly dtype?: string }).dtype
+  return dtype === undefined ? [] : ["--dtype", dtype]
+}
+
 /**
  * The executor kinds this platform runs, by unit-task kind: the encoder on Eric, the LLM on the
  * LLM executor, image and audio generators on Geri. Each executor is a supervised process group
@@ -54,7 +59,7 @@ export class ExecutorKinds extends Effect.Service<ExecutorKinds>()("cornserve/Ex
     const kinds = new Map<string, ExecutorKind>(
       [
         onAgent("eric", batchArgs)("encoder"),
-        onAgent("llm", () => [])("llm"),
+        onAgent("llm", dtypeArgs)("llm"),
         onAgent("geri", batchArgs)("image-generator"),
         onAgent("geri", batchArgs)("audio-generator")
       ].map((kind) => [kind.kind, kind])

@@ -3,7 +3,9 @@
  * `onnx/<stem><suffix>.onnx` (transformers.js's naming: `model_q4.onnx` is `model` at `q4`).
  */
 
-export const dtypeSuffixes = {
+import type { ModelDtype } from "../app-runtime/schemas/ModelDtype.js"
+
+export const dtypeSuffixes: Readonly<Record<ModelDtype, string>> = {
   fp32: "",
   fp16: "_fp16",
   q8: "_quantized",
@@ -12,9 +14,9 @@ export const dtypeSuffixes = {
   q4: "_q4",
   q4f16: "_q4f16",
   bnb4: "_bnb4"
-} as const
+}
 
-export type Dtype = keyof typeof dtypeSuffixes
+export type Dtype = ModelDtype
 
 export const dtypes = Object.keys(dtypeSuffixes) as ReadonlyArray<Dtype>
 

@@ -2,7 +2,7 @@ import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { dirname, join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import type { PromptInput, SamplingParams, StepOp, TokenPartial } from "../../src/executors/llm/protocol.js"
+import type { SamplingParams } from "../../src/executors/llm/protocol.js"
 import { Runner } from "../../src/executors/llm/Runner.js"
 import { decodeImageProcessorConfig, pixelValues } from "../../src/models/ImageProcessor.js"
 import { loadModelDirectory, type ModelDirectory } from "../../src/models/ModelDirectory.js"
@@ -16,53 +16,12 @@ import { ChatTokenizer } from "../../src/models/Tokenizer.js"
 import { matrix } from "../../src/models/Weights.js"
 import { ColorVlmRunner } from "../models/support/ColorVlmRunner.js"
 import { colorImage } from "../models/support/Synthetic.js"
+import { drive, type Scripted } from "../support/driveRunner.js"
 
 /**
  * The LLM worker's model side, in process: continuous batching must not change what a request
  * generates, whoever it shares steps with and whenever it joins or they leave.
  */
-
-interface Scripted {
-  readonly id: string
-  readonly prompt: PromptInput
-  readonly sampling: SamplingParams
-  /** The step at which it joins. */
-  readonly joinAt: number
-  /** The step at which it is cancelled, if it is. */
-  readonly cancelAt?: number
-}
-
-/** Drives a runner the way the engine does; answers each request's tokens. */
-const drive = async (runner: Runner, requests: ReadonlyArray<Scripted>): Promise<Map<string, Array<number>>> => {
-  const tokens = new Map(requests.map((request) => [request.id, [] as Array<number>]))
-  const running = new Set<string>()
-  const finished = new Set<string>()
-  for (let step = 0; finished.size < requests.length; step++) {
-    const items: Array<{ id: string; op: StepOp }> = []
-    for (const request of requests) {
-      if (request.cancelAt === step && !finished.has(request.id)) {
-        items.push({ id: request.id, op: { op: "free" } })
-        running.delete(request.id)
-        finished.add(request.id)
-      }
-    }
-    for (const id of running) items.push({ id, op: { op: "decode" } })
-    for (const request of requests.filter((r) => r.joinAt === step)) {
-      items.push({ id: request.id, op: { op: "prefill", prompt: request.prompt, sampling: request.sampling } })
-      running.add(request.id)
-    }
-    if (items.length === 0) continue
-    await runner.step(items, (index, partial: TokenPartial) => {
-      const id = items[index]!.id
-      tokens.get(id)!.push(partial.token)
-      if (partial.finish !== undefined) {
-        running.delete(id)
-        finished.add(id)
-      }
-    })
-  }
-  return tokens
-}
 
 const greedy = (maxNewTokens: number, stopTokenIds: ReadonlyArray<number> = []): SamplingParams => ({
   temperature: 0,

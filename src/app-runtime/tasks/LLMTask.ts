@@ -1,4 +1,5 @@
 import { Schema } from "effect"
+import { ModelDtype } from "../schemas/ModelDtype.js"
 import { type ChatCompletionChunk, ChatCompletionRequest } from "../schemas/OpenAI.js"
 import { DataForward } from "./DataForward.js"
 import { modelShortName, UnitTask } from "./Task.js"
@@ -6,6 +7,8 @@ import { TaskStream } from "./TaskStream.js"
 
 export const LLMConfig = Schema.Struct({
   model: Schema.NonEmptyTrimmedString,
+  /** Which of the model's ONNX exports runs; by default fp32, or the closest there is. */
+  dtype: Schema.optional(ModelDtype),
   /** Media arrives as embeddings from encoder tasks through the sidecar, not encoded in-process. */
   receiveEmbeddings: Schema.optionalWith(Schema.Boolean, { default: () => false })
 })

@@ -2,6 +2,7 @@ import { ParseResult, Schema } from "effect"
 import { type ChatCompletionChunk, type ChatCompletionRequest, chatMediaParts } from "../schemas/OpenAI.js"
 import type { DataForward } from "./DataForward.js"
 import { EncoderTask, Modality } from "./EncoderTask.js"
+import { ModelDtype } from "../schemas/ModelDtype.js"
 import { LLMTask } from "./LLMTask.js"
 import { CompositeTask, TaskConfigError } from "./Task.js"
 import { TaskInputError } from "./TaskGraph.js"
@@ -9,6 +10,8 @@ import type { TaskStream } from "./TaskStream.js"
 
 export const MLLMConfig = Schema.Struct({
   model: Schema.NonEmptyTrimmedString,
+  /** The LLM's dtype (see LLMTask). */
+  dtype: Schema.optional(ModelDtype),
   modalities: Schema.Array(Modality),
   /** Run each encoder as its own task (Eric) and forward embeddings; false: encode inside the LLM. */
   encoderFission: Schema.optionalWith(Schema.Boolean, { default: () => true }),
@@ -36,7 +39,7 @@ export class MLLMTask extends CompositeTask<ChatCompletionRequest, TaskStream<Ch
       })
     }
     this.config = { ...decoded.right, modalities: [...new Set(decoded.right.modalities)].sort() }
-    const { model, encoderFission, encoderModel } = this.config
+    const { model, dtype, encoderFission, encoderModel } = this.config
     this.encoders = new Map(
       encoderFission
         ? this.config.modalities.map((modality) => [
@@ -45,7 +48,9 @@ export class MLLMTask extends CompositeTask<ChatCompletionRequest, TaskStream<Ch
           ])
         : []
     )
-    this.llm = this.use(new LLMTask({ model, receiveEmbeddings: encoderFission }))
+    this.llm = this.use(
+      new LLMTask({ model, receiveEmbeddings: encoderFission, ...(dtype === undefined ? {} : { dtype }) })
+    )
     this.name = `mllm-${this.llm.name.slice("llm-".length)}`
   }
 

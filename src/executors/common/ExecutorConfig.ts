@@ -1,4 +1,5 @@
 import { Schema } from "effect"
+import { dtypes } from "../../models/Dtype.js"
 import { MediaLimits } from "./media/MediaLimits.js"
 
 /**
@@ -12,6 +13,8 @@ export const ExecutorConfig = Schema.Struct({
   model: Schema.String,
   /** The model's directory on this node. */
   modelDir: Schema.String,
+  /** Which of the model's ONNX exports to run; by default fp32, or the closest there is. */
+  dtype: Schema.optional(Schema.Literal(...dtypes)),
   devices: Schema.Array(Schema.String),
   threadsPerDevice: Schema.Int.pipe(Schema.positive()),
   host: Schema.String,

@@ -7,9 +7,12 @@
  * only moves (`gatherRows`) when the batch changes.
  */
 
+/** A cache tensor's data: float32, or float16 as its bit patterns. */
+export type CacheArray = Float32Array | Uint16Array
+
 /** One past: its tensors' data, in the decoder's input order, and its width. */
 export interface PastData {
-  readonly tensors: ReadonlyArray<Float32Array>
+  readonly tensors: ReadonlyArray<CacheArray>
   readonly width: number
 }
 
@@ -27,7 +30,11 @@ export interface CachedRow {
 export const gatherRows = (rows: ReadonlyArray<CachedRow>, heads: number, headDim: number): PastData => {
   const width = Math.max(0, ...rows.map((row) => row.length))
   const count = rows[0]?.past.tensors.length ?? 0
-  const tensors = Array.from({ length: count }, () => new Float32Array(rows.length * heads * width * headDim))
+  const like = rows[0]?.past.tensors[0]
+  const size = rows.length * heads * width * headDim
+  const tensors: Array<CacheArray> = Array.from({ length: count }, () =>
+    like instanceof Uint16Array ? new Uint16Array(size) : new Float32Array(size)
+  )
   rows.forEach((source, target) => {
     const from = source.past.width - source.length
     const to = width - source.length

@@ -1,13 +1,18 @@
 /**
- * The model side of the LLM executor, on one device: the model's sessions (embed_tokens, the
- * decoder with its KV cache, and the encoders it has) and the caches of the requests it runs. The
- * engine drives it one step at a time; a step prefills the requests that join (their first token),
- * then decodes one token for every request in the batch.
+ * The model side of the LLM executor, on one device: the model's sessions (the decoder with its KV
+ * cache; in the split layout also embed_tokens and the encoders it has) and the caches of the
+ * requests it runs. The engine drives it one step at a time; a step prefills the requests that join
+ * (their first token), then decodes one token for every request in the batch. How the decoder is
+ * called (input_ids or inputs_embeds, position_ids or not, the cache's names and precision) is read
+ * from its graph.
  */
 import * as ort from "onnxruntime-node"
-import { type ModelDirectory, onnxPath } from "../../models/ModelDirectory.js"
+import { type DecoderFiles, type DecoderInterface, decoderFiles, decoderInterface } from "../../models/DecoderLayout.js"
+import type { Dtype } from "../../models/Dtype.js"
+import { floatsOf, halvesOf } from "../../models/Float16.js"
+import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { createSession } from "../common/Sessions.js"
-import { type CachedRow, gatherRows, type PastData, rightAlignedMask } from "./PastCache.js"
+import { type CacheArray, type CachedRow, gatherRows, type PastData, rightAlignedMask } from "./PastCache.js"
 import type { MediaInput, PromptInput, SamplingParams, StepOp, TokenPartial } from "./protocol.js"
 import { Sampler } from "./Sampler.js"
 
@@ -42,12 +47,25 @@ export type EmbedOutput =
 
 const float = (data: Float32Array, dims: ReadonlyArray<number>) => new ort.Tensor("float32", data, dims)
 const int64 = (data: BigInt64Array, dims: ReadonlyArray<number>) => new ort.Tensor("int64", data, dims)
+/** A cache tensor of either precision. */
+const cacheTensor = (data: CacheArray, dims: ReadonlyArray<number>) =>
+  data instanceof Uint16Array ? new ort.Tensor("float16", data, dims) : new ort.Tensor("float32", data, dims)
+
+/** Float32 values as a tensor of `type`. */
+const floatsAs = (type: "float32" | "float16", data: Float32Array, dims: ReadonlyArray<number>) =>
+  type === "float16" ? new ort.Tensor("float16", halvesOf(data), dims) : float(data, dims)
+
+/** A float tensor's data as float32 (a copy for float16). */
+const float32Data = (tensor: ort.Tensor): Float32Array =>
+  tensor.type === "float16" ? floatsOf(tensor.data as Uint16Array) : (tensor.data as Float32Array)
+
+const metadataOf = (values: ReadonlyArray<ort.InferenceSession.ValueMetadata>) =>
+  values.flatMap((value) => (value.isTensor ? [{ name: value.name, type: value.type, shape: value.shape }] : []))
 
 export class Runner {
   private readonly sequences = new Map<string, Sequence>()
   /** The batch the last decode step ran, in row order, and its output past. */
   private batch: { readonly order: ReadonlyArray<string>; readonly past: Past } | undefined
-  private readonly pastNames: ReadonlyArray<string>
   private readonly heads: number
   private readonly headDim: number
   private readonly hidden: number
@@ -56,33 +74,42 @@ export class Runner {
 
   private constructor(
     private readonly model: ModelDirectory,
-    private readonly embed: ort.InferenceSession,
+    /** The files it runs: layout and dtype. */
+    readonly files: DecoderFiles,
+    private readonly io: DecoderInterface,
+    private readonly embed: ort.InferenceSession | undefined,
     private readonly decoder: ort.InferenceSession,
     private readonly encoders: { readonly vision?: ort.InferenceSession; readonly audio?: ort.InferenceSession }
   ) {
     const spec = model.decoder!
-    this.heads = spec.keyValueHeads
-    this.headDim = spec.headDim
+    this.heads = io.kvHeads
+    this.headDim = io.headDim
     this.hidden = spec.hiddenSize
     this.vocab = spec.vocabSize
     this.padId = model.config.pad_token_id ?? 0
-    this.pastNames = Array.from({ length: spec.layers }, (_, i) => [
-      `past_key_values.${i}.key`,
-      `past_key_values.${i}.value`
-    ]).flat()
   }
 
-  static async open(model: ModelDirectory, device: string, threads: number): Promise<Runner> {
-    if (model.decoder === undefined)
-      throw new Error(`${model.path} is not a decoder: its config.json has no vocab_size`)
-    const session = (stem: string) => createSession(onnxPath(model, stem), device, threads)
+  /** Opens the model's decoder files at `dtype` (by default fp32, or the closest there is). */
+  static async open(model: ModelDirectory, device: string, threads: number, dtype?: Dtype): Promise<Runner> {
+    const spec = model.decoder
+    if (spec === undefined) throw new Error(`${model.path} is not a decoder: its config.json has no vocab_size`)
+    const files = decoderFiles(model, dtype)
+    const session = (path: string | undefined) =>
+      path === undefined ? Promise.resolve(undefined) : createSession(path, device, threads)
     const [embed, decoder, vision, audio] = await Promise.all([
-      session("embed_tokens"),
-      session("decoder_model_merged"),
-      model.onnx.has("vision_encoder") ? session("vision_encoder") : undefined,
-      model.onnx.has("audio_encoder") ? session("audio_encoder") : undefined
+      session(files.embedTokens),
+      session(files.decoder),
+      session(files.vision),
+      session(files.audio)
     ])
-    return new Runner(model, embed, decoder, {
+    const io = decoderInterface(
+      metadataOf(decoder!.inputMetadata),
+      metadataOf(decoder!.outputMetadata),
+      { layers: spec.layers, kvHeads: spec.keyValueHeads, headDim: spec.headDim },
+      files.decoder.slice(model.path.length + 1),
+      model.path
+    )
+    return new Runner(model, files, io, embed, decoder!, {
       ...(vision === undefined ? {} : { vision }),
       ...(audio === undefined ? {} : { audio })
     })
@@ -136,23 +163,22 @@ export class Runner {
   ): Promise<void> {
     const lengths = joining.map((request) => request.prompt.inputIds.length)
     const width = Math.max(...lengths)
-    const embeds = await this.promptEmbeds(
-      joining.map((request) => request.prompt),
-      width
-    )
     const positions = new BigInt64Array(joining.length * width)
     lengths.forEach((length, row) => {
       for (let p = 0; p < length; p++) positions[row * width + width - length + p] = BigInt(p)
     })
-    const emptyPast = float(new Float32Array(0), [joining.length, this.heads, 0, this.headDim])
-    const outputs = await this.decoder.run({
-      inputs_embeds: float(embeds, [joining.length, width, this.hidden]),
-      attention_mask: int64(rightAlignedMask(lengths, width), [joining.length, width]),
-      position_ids: int64(positions, [joining.length, width]),
-      ...Object.fromEntries(this.pastNames.map((name) => [name, emptyPast]))
-    })
+    const outputs = await this.runDecoder(
+      await this.promptTokens(
+        joining.map((request) => request.prompt),
+        width
+      ),
+      rightAlignedMask(lengths, width),
+      positions,
+      [joining.length, width],
+      this.emptyPast(joining.length)
+    )
     const past: Past = { tensors: this.presents(outputs), width }
-    const logits = outputs.logits!.data as Float32Array
+    const logits = this.lastLogits(outputs.logits!, joining.length)
     joining.forEach((request, row) => {
       const sequence: Sequence = {
         sampler: new Sampler(request.sampling, request.prompt.inputIds),
@@ -163,12 +189,7 @@ export class Runner {
         cache: { past, row }
       }
       this.sequences.set(request.id, sequence)
-      this.accept(
-        request.id,
-        sequence,
-        sequence.sampler.next(logits, ((row + 1) * width - 1) * this.vocab, this.vocab),
-        take
-      )
+      this.accept(request.id, sequence, sequence.sampler.next(logits, row * this.vocab, this.vocab), take)
     })
   }
 
@@ -176,25 +197,23 @@ export class Runner {
     const sequences = ids.map((id) => this.sequences.get(id)!)
     const past = this.batchPast(ids, sequences)
     const lastTokens = BigInt64Array.from(sequences, (sequence) => BigInt(sequence.lastToken))
-    const embeds = (await this.embed.run({ input_ids: int64(lastTokens, [ids.length, 1]) })).inputs_embeds!
-    const outputs = await this.decoder.run({
-      inputs_embeds: embeds,
-      attention_mask: int64(
-        rightAlignedMask(
-          sequences.map((sequence) => sequence.length + 1),
-          past.width + 1
-        ),
-        [ids.length, past.width + 1]
+    const tokens =
+      this.embed === undefined
+        ? int64(lastTokens, [ids.length, 1])
+        : (await this.embed.run({ input_ids: int64(lastTokens, [ids.length, 1]) })).inputs_embeds!
+    const outputs = await this.runDecoder(
+      tokens,
+      rightAlignedMask(
+        sequences.map((sequence) => sequence.length + 1),
+        past.width + 1
       ),
-      position_ids: int64(
-        BigInt64Array.from(sequences, (sequence) => BigInt(sequence.length)),
-        [ids.length, 1]
-      ),
-      ...Object.fromEntries(this.pastNames.map((name, i) => [name, past.tensors[i]!]))
-    })
+      BigInt64Array.from(sequences, (sequence) => BigInt(sequence.length)),
+      [ids.length, 1],
+      past.tensors
+    )
     const next: Past = { tensors: this.presents(outputs), width: past.width + 1 }
     this.batch = { order: ids, past: next }
-    const logits = outputs.logits!.data as Float32Array
+    const logits = this.lastLogits(outputs.logits!, ids.length)
     ids.forEach((id, row) => {
       const sequence = sequences[row]!
       sequence.length++
@@ -216,7 +235,7 @@ export class Runner {
     }
     const rows: Array<CachedRow> = sequences.map((sequence) => ({
       past: {
-        tensors: sequence.cache.past.tensors.map((tensor) => tensor.data as Float32Array),
+        tensors: sequence.cache.past.tensors.map((tensor) => tensor.data as CacheArray),
         width: sequence.cache.past.width
       },
       row: sequence.cache.row,
@@ -224,7 +243,7 @@ export class Runner {
     }))
     const gathered: PastData = gatherRows(rows, this.heads, this.headDim)
     const dims = [ids.length, this.heads, gathered.width, this.headDim]
-    return { tensors: gathered.tensors.map((data) => float(data, dims)), width: gathered.width }
+    return { tensors: gathered.tensors.map((data) => cacheTensor(data, dims)), width: gathered.width }
   }
 
   private accept(id: string, sequence: Sequence, token: number, take: (id: string, partial: TokenPartial) => void) {
@@ -240,7 +259,72 @@ export class Runner {
   }
 
   private presents(outputs: ort.InferenceSession.ReturnType): ReadonlyArray<ort.Tensor> {
-    return this.pastNames.map((name) => outputs[name.replace("past_key_values", "present")]!)
+    return this.io.cache.map((names) => outputs[names.output]!)
+  }
+
+  /** A past of no positions for `batch` requests. */
+  private emptyPast(batch: number): ReadonlyArray<ort.Tensor> {
+    const dims = [batch, this.heads, 0, this.headDim]
+    const empty = cacheTensor(this.io.cacheType === "float16" ? new Uint16Array(0) : new Float32Array(0), dims)
+    return this.io.cache.map(() => empty)
+  }
+
+  /** One decoder run with the inputs its graph takes. `shape` is [batch, new positions]. */
+  private runDecoder(
+    tokens: ort.Tensor,
+    mask: BigInt64Array,
+    positions: BigInt64Array,
+    shape: readonly [number, number],
+    past: ReadonlyArray<ort.Tensor>
+  ): Promise<ort.InferenceSession.ReturnType> {
+    const [batch, length] = shape
+    const feeds: Record<string, ort.Tensor> = {
+      [this.io.tokens]: tokens,
+      attention_mask: int64(mask, [batch, mask.length / batch])
+    }
+    if (this.io.positionIds) feeds.position_ids = int64(positions, [batch, length])
+    if (this.io.useCacheBranch)
+      feeds.use_cache_branch = new ort.Tensor("bool", Uint8Array.of(past[0]!.dims[2]! > 0 ? 1 : 0), [1])
+    if (this.io.numLogitsToKeep) feeds.num_logits_to_keep = new ort.Tensor("int64", BigInt64Array.of(1n), [])
+    this.io.cache.forEach((names, i) => (feeds[names.input] = past[i]!))
+    return this.decoder.run(feeds)
+  }
+
+  /** Each row's logits at its last position, [batch × vocab] as float32. */
+  private lastLogits(logits: ort.Tensor, batch: number): Float32Array {
+    const width = logits.dims[1]!
+    const out = new Float32Array(batch * this.vocab)
+    const data = logits.data as Float32Array | Uint16Array
+    for (let row = 0; row < batch; row++) {
+      const from = ((row + 1) * width - 1) * this.vocab
+      out.set(
+        data instanceof Uint16Array ? floatsOf(data, from, from + this.vocab) : data.subarray(from, from + this.vocab),
+        row * this.vocab
+      )
+    }
+    return out
+  }
+
+  /** The decoder's token input for prompts left-padded to `width`: their ids, or (split layout) their embeddings. */
+  private async promptTokens(prompts: ReadonlyArray<PromptInput>, width: number): Promise<ort.Tensor> {
+    if (this.embed === undefined) {
+      const withMedia = prompts.find((prompt) => prompt.media.length > 0)
+      if (withMedia !== undefined) {
+        throw new Error(
+          `${this.model.path} is a text-only export (onnx/model.onnx takes input_ids), so it cannot take media`
+        )
+      }
+      return int64(this.paddedIds(prompts, width), [prompts.length, width])
+    }
+    return floatsAs(this.io.embedsType, await this.promptEmbeds(prompts, width), [prompts.length, width, this.hidden])
+  }
+
+  private paddedIds(prompts: ReadonlyArray<PromptInput>, width: number): BigInt64Array {
+    const ids = new BigInt64Array(prompts.length * width).fill(BigInt(this.padId))
+    prompts.forEach((prompt, row) =>
+      prompt.inputIds.forEach((id, p) => (ids[row * width + width - prompt.inputIds.length + p] = BigInt(id)))
+    )
+    return ids
   }
 
   /**
@@ -248,12 +332,10 @@ export class Runner {
    * ids, with each media span's rows (encoded here, or given) written over its placeholders.
    */
   private async promptEmbeds(prompts: ReadonlyArray<PromptInput>, width: number): Promise<Float32Array> {
-    const ids = new BigInt64Array(prompts.length * width).fill(BigInt(this.padId))
-    prompts.forEach((prompt, row) =>
-      prompt.inputIds.forEach((id, p) => (ids[row * width + width - prompt.inputIds.length + p] = BigInt(id)))
-    )
-    const embedded = (await this.embed.run({ input_ids: int64(ids, [prompts.length, width]) })).inputs_embeds!
-    const embeds = new Float32Array(embedded.data as Float32Array)
+    const embed = this.embed!
+    const ids = this.paddedIds(prompts, width)
+    const embedded = (await embed.run({ input_ids: int64(ids, [prompts.length, width]) })).inputs_embeds!
+    const embeds = new Float32Array(float32Data(embedded))
     const spans = prompts.flatMap((prompt, row) =>
       prompt.media.map((span) => ({ span, at: row * width + width - prompt.inputIds.length + span.start }))
     )
@@ -286,7 +368,7 @@ export class Runner {
           [encoder.inputNames[0]!]: float(stacked, [items.length, ...items[0]!.input.shape.slice(1)])
         })
       )[encoder.outputNames[0]!]!
-      const features = output.data as Float32Array
+      const features = float32Data(output)
       const perItem = features.length / items.length
       items.forEach(({ index }, i) => (rows[index] = features.subarray(i * perItem, (i + 1) * perItem)))
     }
@@ -299,6 +381,11 @@ export class Runner {
   /** A prompt's embeddings: inputs_embeds as the decoder would take them, or its final hidden states. */
   private async embedPrompt(prompt: PromptInput, source: "embed_tokens" | "hidden_states"): Promise<EmbedOutput> {
     const length = prompt.inputIds.length
+    if (this.embed === undefined) {
+      return {
+        error: `this model is a text-only export (onnx/model.onnx) with no embed_tokens or hidden-state output: it gives no prompt embeddings`
+      }
+    }
     const embeds = await this.promptEmbeds([prompt], length)
     if (source === "embed_tokens") return { embedding: embeds, shape: [length, this.hidden] }
     const output = hiddenStateOutputs.find((name) => this.decoder.outputNames.includes(name))
@@ -306,22 +393,21 @@ export class Runner {
       return {
         error: `this model's decoder gives no hidden states (no ${hiddenStateOutputs.join(" or ")} output); ask for source "embed_tokens"`
       }
-    const emptyPast = float(new Float32Array(0), [1, this.heads, 0, this.headDim])
-    const outputs = await this.decoder.run(
-      {
-        inputs_embeds: float(embeds, [1, length, this.hidden]),
-        attention_mask: int64(new BigInt64Array(length).fill(1n), [1, length]),
-        position_ids: int64(
-          BigInt64Array.from({ length }, (_, p) => BigInt(p)),
-          [1, length]
-        ),
-        ...Object.fromEntries(this.pastNames.map((name) => [name, emptyPast]))
-      },
-      [output]
-    )
+    const feeds: Record<string, ort.Tensor> = {
+      inputs_embeds: floatsAs(this.io.embedsType, embeds, [1, length, this.hidden]),
+      attention_mask: int64(new BigInt64Array(length).fill(1n), [1, length])
+    }
+    if (this.io.positionIds)
+      feeds.position_ids = int64(
+        BigInt64Array.from({ length }, (_, p) => BigInt(p)),
+        [1, length]
+      )
+    const empty = this.emptyPast(1)
+    this.io.cache.forEach((names, i) => (feeds[names.input] = empty[i]!))
+    const outputs = await this.decoder.run(feeds, [output])
     const states = outputs[output]!
     return {
-      embedding: new Float32Array(states.data as Float32Array),
+      embedding: new Float32Array(float32Data(states)),
       shape: [length, states.dims[states.dims.length - 1]!]
     }
   }

@@ -5,8 +5,10 @@
  * engine sees only token ids and tensors.
  */
 import { randomInt, randomUUID } from "node:crypto"
+import { relative } from "node:path"
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
 import { Effect, Stream } from "effect"
+import { decoderFiles } from "../../models/DecoderLayout.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { ChatTokenizer } from "../../models/Tokenizer.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
@@ -50,13 +52,18 @@ export const routerKind: RouterKind = {
         try: () => loadModelDirectory(config.modelDir),
         catch: (error) => error as Error
       })
-      if (model.decoder === undefined || !model.onnx.has("decoder_model_merged") || !model.onnx.has("embed_tokens")) {
+      if (model.decoder === undefined) {
         return yield* Effect.fail(
-          new Error(
-            `${config.model} is not a decoder model: it needs a text config with vocab_size, onnx/embed_tokens.onnx and onnx/decoder_model_merged.onnx`
-          )
+          new Error(`${config.model} is not a decoder model: its config.json (or text_config) has no vocab_size`)
         )
       }
+      const files = yield* Effect.try({
+        try: () => decoderFiles(model, config.dtype),
+        catch: (error) => error as Error
+      })
+      yield* Effect.logInfo(
+        `${config.model}: ${files.layout} layout at ${files.dtype}${config.dtype === undefined ? " (default)" : ""}, running ${relative(model.path, files.decoder)}`
+      )
       const tokenizer = yield* Effect.try({ try: () => new ChatTokenizer(model), catch: (error) => error as Error })
       const sidecar =
         config.sidecarSocket === undefined

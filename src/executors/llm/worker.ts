@@ -11,7 +11,12 @@ import type { EmbedResult, StepOp } from "./protocol.js"
 import { Runner } from "./Runner.js"
 
 export const load: LoadWorkerModel = async ({ config, device }) => {
-  const runner = await Runner.open(await loadModelDirectory(config.modelDir), device, config.threadsPerDevice)
+  const runner = await Runner.open(
+    await loadModelDirectory(config.modelDir),
+    device,
+    config.threadsPerDevice,
+    config.dtype
+  )
   const sidecar = config.sidecarSocket === undefined ? undefined : await SidecarClient.connect(config.sidecarSocket)
 
   return {

@@ -8,12 +8,21 @@ const { onnx } = onnxProto
  * scope only, so the same sequence of calls always yields byte-identical files.
  */
 
-export type DataType = "float32" | "float64" | "int64" | "int32" | "int16" | "bool"
+export type DataType = "float32" | "float16" | "float64" | "int64" | "int32" | "int16" | "int8" | "uint8" | "bool"
 
 /** A dimension: a fixed size, or a symbolic name such as "batch_size". */
 export type Dim = number | string
 
-export type TensorData = Float32Array | Float64Array | BigInt64Array | Int32Array | Int16Array | Uint8Array
+/** Tensor contents; float16 values are their IEEE half bit patterns in a Uint16Array. */
+export type TensorData =
+  | Float32Array
+  | Float64Array
+  | BigInt64Array
+  | Int32Array
+  | Int16Array
+  | Int8Array
+  | Uint8Array
+  | Uint16Array
 
 /** A tensor flowing through the graph under construction. */
 export interface Value {
@@ -31,10 +40,13 @@ const irVersion = 8
 
 const elementTypes: Record<DataType, number> = {
   float32: onnx.TensorProto.DataType.FLOAT,
+  float16: onnx.TensorProto.DataType.FLOAT16,
   float64: onnx.TensorProto.DataType.DOUBLE,
   int64: onnx.TensorProto.DataType.INT64,
   int32: onnx.TensorProto.DataType.INT32,
   int16: onnx.TensorProto.DataType.INT16,
+  int8: onnx.TensorProto.DataType.INT8,
+  uint8: onnx.TensorProto.DataType.UINT8,
   bool: onnx.TensorProto.DataType.BOOL
 }
 
@@ -70,11 +82,24 @@ const rawBytes = (data: TensorData): Uint8Array => {
 
 const expectedArray: Record<DataType, string> = {
   float32: "Float32Array",
+  float16: "Uint16Array",
   float64: "Float64Array",
   int64: "BigInt64Array",
   int32: "Int32Array",
   int16: "Int16Array",
+  int8: "Int8Array",
+  uint8: "Uint8Array",
   bool: "Uint8Array"
+}
+
+/** The domain of ONNX Runtime's contrib operators (MatMulNBits, MatMulBnb4, ...). */
+export const microsoftDomain = "com.microsoft"
+
+/** Where initializers of at least `minBytes` go instead of the model file (ONNX external data). */
+export interface ExternalDataOptions {
+  /** The data file's name, beside the model file ("model.onnx_data"). */
+  readonly location: string
+  readonly minBytes: number
 }
 
 export class Graph {
@@ -83,6 +108,7 @@ export class Graph {
   private readonly inputs: Array<onnxProto.onnx.IValueInfoProto> = []
   private readonly outputs: Array<onnxProto.onnx.IValueInfoProto> = []
   private readonly usedNames = new Set<string>()
+  private readonly domains = new Set<string>()
   private scopePath: ReadonlyArray<string> = []
   private counter = 0
 
@@ -152,8 +178,13 @@ export class Graph {
   }
 
   /** Adds a node with one output. An `undefined` input is an omitted optional input. */
-  op(opType: string, inputs: ReadonlyArray<Value | undefined>, attributes: Record<string, AttributeValue> = {}): Value {
-    const [output] = this.opWithOutputs(opType, inputs, 1, attributes)
+  op(
+    opType: string,
+    inputs: ReadonlyArray<Value | undefined>,
+    attributes: Record<string, AttributeValue> = {},
+    domain = ""
+  ): Value {
+    const [output] = this.opWithOutputs(opType, inputs, 1, attributes, domain)
     return output!
   }
 
@@ -161,8 +192,10 @@ export class Graph {
     opType: string,
     inputs: ReadonlyArray<Value | undefined>,
     outputCount: number,
-    attributes: Record<string, AttributeValue> = {}
+    attributes: Record<string, AttributeValue> = {},
+    domain = ""
   ): ReadonlyArray<Value> {
+    if (domain !== "") this.domains.add(domain)
     const nodeName = this.scoped(`${opType}_${this.counter++}`)
     const outputs = Array.from({ length: outputCount }, (_, index) => {
       const name = outputCount === 1 ? nodeName : `${nodeName}:${index}`
@@ -174,6 +207,7 @@ export class Graph {
       name: nodeName,
       input: inputs.map((input) => input?.name ?? ""),
       output: outputs.map((output) => output.name),
+      ...(domain === "" ? {} : { domain }),
       attribute: Object.entries(attributes).map(([name, value]) => attributeProto(name, value))
     })
     return outputs
@@ -181,21 +215,66 @@ export class Graph {
 
   /** The serialized ModelProto. */
   toBytes(docString = ""): Uint8Array {
+    return this.toFiles({ docString }).model
+  }
+
+  /**
+   * The serialized ModelProto and, with `externalData`, the external data file that holds its
+   * large initializers (what exporters write for models over protobuf's 2 GB limit).
+   */
+  toFiles(options: { readonly docString?: string; readonly externalData?: ExternalDataOptions } = {}): {
+    readonly model: Uint8Array
+    readonly data?: Uint8Array
+  } {
+    const external = options.externalData
+    const chunks: Array<Uint8Array> = []
+    let offset = 0
+    const initializers =
+      external === undefined
+        ? this.initializers
+        : this.initializers.map((tensor) => {
+            const raw = tensor.rawData as Uint8Array
+            if (raw.byteLength < external.minBytes) return tensor
+            chunks.push(raw)
+            const entry = {
+              ...tensor,
+              rawData: null,
+              dataLocation: onnx.TensorProto.DataLocation.EXTERNAL,
+              externalData: [
+                { key: "location", value: external.location },
+                { key: "offset", value: String(offset) },
+                { key: "length", value: String(raw.byteLength) }
+              ]
+            }
+            offset += raw.byteLength
+            return entry
+          })
     const model = onnx.ModelProto.create({
       irVersion,
-      opsetImport: [{ domain: "", version: opsetVersion }],
+      opsetImport: [
+        { domain: "", version: opsetVersion },
+        ...[...this.domains].sort().map((domain) => ({ domain, version: 1 }))
+      ],
       producerName: "cornserve",
       producerVersion: "1",
-      docString,
+      docString: options.docString ?? "",
       graph: {
         name: this.name,
         node: this.nodes,
-        initializer: this.initializers,
+        initializer: initializers,
         input: this.inputs,
         output: this.outputs
       }
     })
-    return onnx.ModelProto.encode(model).finish()
+    const bytes = onnx.ModelProto.encode(model).finish()
+    if (external === undefined) return { model: bytes }
+    const data = new Uint8Array(offset)
+    let at = 0
+    for (const chunk of chunks) {
+      data.set(chunk, at)
+      at += chunk.byteLength
+    }
+    return { model: bytes, data }
   }
 
   private scoped(name: string): string {

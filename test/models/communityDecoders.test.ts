@@ -1,0 +1,220 @@
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises"
+import { tmpdir } from "node:os"
+import { dirname, join } from "node:path"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import type { SamplingParams } from "../../src/executors/llm/protocol.js"
+import { Runner } from "../../src/executors/llm/Runner.js"
+import type { LlamaConfig } from "../../src/models/architectures/Llama.js"
+import { decoderFiles, decoderInterface, type GraphValue } from "../../src/models/DecoderLayout.js"
+import { type Dtype, dtypes } from "../../src/models/Dtype.js"
+import { loadModelDirectory } from "../../src/models/ModelDirectory.js"
+import { Random } from "../../src/models/Random.js"
+import { type RandomLlamaOptions, randomLlamaFiles } from "../../src/models/recipes/RandomLlama.js"
+import { drive } from "../support/driveRunner.js"
+import { transformersGreedy } from "./support/TransformersJs.js"
+
+/**
+ * Text LLMs in the layouts and precisions the community exports them in, run by the LLM
+ * executor's Runner and by transformers.js: the same greedy tokens, whether a request runs alone
+ * or batched with others that join later.
+ */
+
+/** GQA (4 query heads on 2 KV heads) with a head_dim that is not hidden / heads. */
+const config: LlamaConfig = {
+  hiddenSize: 64,
+  intermediateSize: 96,
+  layers: 2,
+  heads: 4,
+  kvHeads: 2,
+  headDim: 24,
+  vocabSize: 512,
+  maxPositions: 128,
+  ropeTheta: 10000,
+  rmsNormEps: 1e-5
+}
+
+const maxNewTokens = 10
+const random = new Random(3)
+const prompts = [7, 19, 3].map((length) => Array.from({ length }, () => random.below(config.vocabSize)))
+
+const greedy: SamplingParams = { temperature: 0, topP: 1, seed: 0, maxNewTokens, stopTokenIds: [] }
+
+let root: string
+
+const writeModel = async (name: string, options: Omit<RandomLlamaOptions, "config">): Promise<string> => {
+  const dir = join(root, name)
+  for (const [file, bytes] of randomLlamaFiles({ config, ...options })) {
+    await mkdir(dirname(join(dir, file)), { recursive: true })
+    await writeFile(join(dir, file), bytes)
+  }
+  return dir
+}
+
+/** Our tokens for each prompt: alone, and batched (the third joins two steps after the first two). */
+const runnerTokens = async (dir: string, dtype?: Dtype) => {
+  const runner = await Runner.open(await loadModelDirectory(dir), "cpu:0", 1, dtype)
+  try {
+    const alone: Array<Array<number>> = []
+    for (const prompt of prompts) {
+      const tokens = await drive(runner, [
+        { id: "alone", prompt: { inputIds: Int32Array.from(prompt), media: [] }, sampling: greedy, joinAt: 0 }
+      ])
+      alone.push(tokens.get("alone")!)
+    }
+    const batched = await drive(
+      runner,
+      prompts.map((prompt, i) => ({
+        id: `r${i}`,
+        prompt: { inputIds: Int32Array.from(prompt), media: [] },
+        sampling: greedy,
+        joinAt: i === 2 ? 2 : 0
+      }))
+    )
+    return { alone, batched: prompts.map((_, i) => batched.get(`r${i}`)!), files: runner.files }
+  } finally {
+    await runner.close()
+  }
+}
+
+let decoderOnly: string
+
+beforeAll(async () => {
+  root = await mkdtemp(join(tmpdir(), "cornserve-community-"))
+  decoderOnly = await writeModel("decoder-only", { layout: "decoder-only", dtypes })
+})
+
+afterAll(async () => {
+  await rm(root, { recursive: true, force: true })
+})
+
+describe("the decoder-only layout (onnx/model*.onnx)", () => {
+  it.each(dtypes)("%s: the same greedy tokens as transformers.js, alone and batched", async (dtype) => {
+    const expected = await transformersGreedy(decoderOnly, dtype, prompts, maxNewTokens)
+    const ours = await runnerTokens(decoderOnly, dtype)
+    expect(ours.files.layout).toBe("decoder-only")
+    expect(
+      ours.files.decoder.endsWith(
+        dtype === "fp32" ? "onnx/model.onnx" : `_${dtype === "q8" ? "quantized" : dtype}.onnx`
+      )
+    ).toBe(true)
+    expect(ours.alone).toEqual(expected)
+    expect(ours.batched).toEqual(expected)
+    // Not a degenerate model: different prompts continue differently.
+    expect(new Set(expected.map((tokens) => tokens.join(","))).size).toBe(prompts.length)
+  })
+
+  it("a graph without position_ids derives them from the mask, as transformers.js expects", async () => {
+    const dir = await writeModel("no-position-ids", { layout: "decoder-only", dtypes: ["fp32"], positionIds: false })
+    const ours = await runnerTokens(dir)
+    expect(ours.alone).toEqual(await transformersGreedy(dir, "fp32", prompts, maxNewTokens))
+    expect(ours.batched).toEqual(ours.alone)
+  })
+
+  it("weights in an external data file (model.onnx_data) load", async () => {
+    const dir = await writeModel("external-data", {
+      layout: "decoder-only",
+      dtypes: ["fp32"],
+      externalDataMinBytes: 4096,
+      extraConfig: { "transformers.js_config": { use_external_data_format: { "model.onnx": 1 } } }
+    })
+    const ours = await runnerTokens(dir)
+    expect(ours.alone).toEqual(await transformersGreedy(dir, "fp32", prompts, maxNewTokens))
+  })
+
+  it("a cache named past.N.key / present.N.key runs as past_key_values.N.key does", async () => {
+    const dir = await writeModel("past-naming", { layout: "decoder-only", dtypes: ["fp32"], pastPrefix: "past" })
+    const reference = await runnerTokens(decoderOnly, "fp32")
+    const ours = await runnerTokens(dir)
+    expect(ours.alone).toEqual(reference.alone)
+    expect(ours.batched).toEqual(reference.alone)
+  })
+})
+
+describe("the split layout (embed_tokens + decoder_model_merged)", () => {
+  it.each(["fp32", "fp16"] as const)(
+    "%s: the same model as the decoder-only export of the same weights",
+    async (dtype) => {
+      const dir = await writeModel(`split-${dtype}`, { layout: "split", dtypes: [dtype] })
+      const ours = await runnerTokens(dir)
+      expect(ours.files).toMatchObject({ layout: "split", dtype })
+      expect(ours.alone).toEqual(await transformersGreedy(decoderOnly, dtype, prompts, maxNewTokens))
+      expect(ours.batched).toEqual(ours.alone)
+    }
+  )
+})
+
+describe("choosing the files", () => {
+  it("fp32 by default, else the dtype that loses the least precision; a missing dtype lists those there", async () => {
+    const all = await loadModelDirectory(decoderOnly)
+    expect(decoderFiles(all).dtype).toBe("fp32")
+    expect(decoderFiles(all, "q4").decoder).toBe(join(decoderOnly, "onnx", "model_q4.onnx"))
+    const dir = await writeModel("quantized-only", { layout: "decoder-only", dtypes: ["q4", "fp16", "bnb4"] })
+    const some = await loadModelDirectory(dir)
+    expect(decoderFiles(some).dtype).toBe("fp16")
+    expect(() => decoderFiles(some, "q8")).toThrow(
+      /has no q8 export \(model_quantized\.onnx\); the dtypes it has: fp16, q4, bnb4/
+    )
+  })
+
+  it("a directory with no decoder names the layouts it supports", async () => {
+    const dir = await writeModel("encoder-only", { layout: "decoder-only", dtypes: ["fp32"] })
+    const model = await loadModelDirectory(dir)
+    const renamed = { ...model, onnx: new Map([["vision_encoder", join(dir, "onnx", "model.onnx")]]) }
+    expect(() => decoderFiles(renamed)).toThrow(/not an LLM in a supported layout: it needs the decoder-only layout/)
+    const half = { ...model, onnx: new Map([["embed_tokens", join(dir, "onnx", "model.onnx")]]) }
+    expect(() => decoderFiles(half)).toThrow(/split layout but has no onnx\/decoder_model_merged\.onnx/)
+  })
+})
+
+describe("reading a decoder's graph", () => {
+  const cache = (layer: number, kind: string, name = `past_key_values.${layer}.${kind}`): GraphValue => ({
+    name,
+    type: "float32",
+    shape: ["batch_size", 2, "past_sequence_length", 24]
+  })
+  const inputs: ReadonlyArray<GraphValue> = [
+    { name: "input_ids", type: "int64", shape: ["batch_size", "sequence_length"] },
+    { name: "attention_mask", type: "int64", shape: ["batch_size", "total_sequence_length"] },
+    cache(0, "key"),
+    cache(0, "value")
+  ]
+  const outputs: ReadonlyArray<GraphValue> = [
+    { name: "logits", type: "float32", shape: ["batch_size", "sequence_length", 512] },
+    { name: "present.0.key", type: "float32", shape: [] },
+    { name: "present.0.value", type: "float32", shape: [] }
+  ]
+  const expected = { layers: 1, kvHeads: 2, headDim: 24 }
+  const read = (i: ReadonlyArray<GraphValue>, o: ReadonlyArray<GraphValue> = outputs, e = expected) =>
+    decoderInterface(i, o, e, "onnx/model.onnx", "/models/m")
+
+  it("reads what it takes", () => {
+    expect(read(inputs)).toMatchObject({
+      tokens: "input_ids",
+      positionIds: false,
+      cacheType: "float32",
+      cache: [
+        { input: "past_key_values.0.key", output: "present.0.key" },
+        { input: "past_key_values.0.value", output: "present.0.value" }
+      ]
+    })
+  })
+
+  it("refuses what it cannot fill, naming the file and the input", () => {
+    expect(() => read([...inputs, { name: "token_type_ids", type: "int64", shape: [] }])).toThrow(
+      /onnx\/model\.onnx: its input token_type_ids is not one the platform knows how to fill/
+    )
+    expect(() => read(inputs.filter((value) => value.name !== "attention_mask"))).toThrow(/no attention_mask input/)
+    expect(() => read(inputs.filter((value) => value.name !== "input_ids"))).toThrow(
+      /takes neither input_ids nor inputs_embeds/
+    )
+    expect(() => read(inputs, outputs.slice(1))).toThrow(/no logits output/)
+    expect(() => read(inputs, outputs.slice(0, 2))).toThrow(/no output present\.0\.value/)
+    expect(() => read(inputs, outputs, { ...expected, layers: 2 })).toThrow(
+      /takes 2 cache inputs, but config\.json describes 2 layers/
+    )
+    expect(() => read(inputs, outputs, { ...expected, kvHeads: 3 })).toThrow(/config\.json gives 3 key-value heads/)
+    expect(() => read([inputs[0]!, inputs[1]!, { ...cache(0, "key"), type: "int8" }, cache(0, "value")])).toThrow(
+      /past_key_values\.0\.key is int8, not float32 or float16/
+    )
+  })
+})
