@@ -4,6 +4,7 @@ import { homedir } from "node:os"
 import { basename, dirname, join, resolve } from "node:path"
 import { benchDecoder125m } from "./recipes/BenchDecoder125m.js"
 import { benchVitB16 } from "./recipes/BenchVitB16.js"
+import { benchSmolLm2 } from "./recipes/RandomLlama.js"
 import type { ModelRecipe } from "./recipes/Recipe.js"
 import { tinyColorPainter } from "./recipes/TinyColorPainter.js"
 import { tinyColorTones } from "./recipes/TinyColorTones.js"
@@ -25,7 +26,7 @@ export class UnknownModel extends Schema.TaggedError<UnknownModel>()("UnknownMod
 
 const builtinRecipes = [tinyColorVlm, tinyColorPainter, tinyColorTones]
 /** Random-weight presets at realistic sizes; hundreds of MB each, so built only when named. */
-const benchRecipes = [benchVitB16, benchDecoder125m]
+const benchRecipes = [benchVitB16, benchDecoder125m, benchSmolLm2]
 const recipes = new Map<string, ModelRecipe>(
   [...builtinRecipes, ...benchRecipes].map((recipe) => [recipe.name, recipe])
 )
