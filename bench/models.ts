@@ -14,7 +14,7 @@
  * Greedy tokens through the API are checked against transformers.js's. Prints a table, then (as
  * the last line) one JSON object.
  *
- * Env: BENCH_TOKENS (tokens per request, default 32), BENCH_ROUNDS (default 3), BENCH_THREADS
+ * Env: BENCH_TOKENS (tokens per request, default 64), BENCH_ROUNDS (default 3), BENCH_THREADS
  * (ONNX Runtime threads, default 2).
  */
 import { AutoModelForCausalLM, env, Tensor } from "@huggingface/transformers"
@@ -24,7 +24,7 @@ import { resolveModel } from "../src/models/ModelStore.js"
 import { ChatTokenizer } from "../src/models/Tokenizer.js"
 import { startExecutor } from "../test/support/executors.js"
 
-const tokens = Number(process.env.BENCH_TOKENS ?? 32)
+const tokens = Number(process.env.BENCH_TOKENS ?? 64)
 const rounds = Number(process.env.BENCH_ROUNDS ?? 3)
 const threads = Number(process.env.BENCH_THREADS ?? 2)
 const concurrency = 8

@@ -3,7 +3,7 @@ import { join } from "node:path"
 import { Args, Command, HelpDoc, Options, ValidationError } from "@effect/cli"
 import * as NodeContext from "@effect/platform-node/NodeContext"
 import * as NodeRuntime from "@effect/platform-node/NodeRuntime"
-import { Config, Console, Effect, Option } from "effect"
+import { Cause, Config, Console, Effect, Exit, Option } from "effect"
 import { defaultMaxJsonDepth } from "../control/gateway/JsonBody.js"
 import { dtypes } from "../models/Dtype.js"
 import { parseDevices } from "../node/Devices.js"
@@ -494,17 +494,27 @@ const cli = Command.run(cornserve, { name: "cornserve", version })
 
 export const main = (argv: ReadonlyArray<string>) =>
   cli(argv).pipe(
-    Effect.catchAll((error) => {
+    Effect.catchAllCause((cause) => {
+      // Ctrl-C: the command stopped as asked.
+      if (Cause.isInterruptedOnly(cause)) return Effect.void
+      const error = Cause.squash(cause)
       // A wrong command line (already explained by the parser) exits 2, as usage errors do.
       if (ValidationError.isValidationError(error)) {
         process.exitCode = 2
         return Effect.void
       }
       process.exitCode = 1
+      // A failure or a defect alike: whoever started this process (the node agent, a user) needs its reason.
       return Console.error(
-        `cornserve: ${error instanceof CliFailure ? error.message : ((error as Error).message ?? String(error))}`
+        `cornserve: ${error instanceof CliFailure ? error.message : ((error as Error)?.message ?? String(error))}`
       )
     }),
     Effect.provide(NodeContext.layer),
-    NodeRuntime.runMain({ disableErrorReporting: true })
+    NodeRuntime.runMain({
+      disableErrorReporting: true,
+      // A failed command exits at once with its code: open handles (a parent watched through
+      // stdin, a half-started child) must not keep a failed process alive.
+      teardown: (exit, onExit) =>
+        onExit(Exit.isFailure(exit) && !Cause.isInterruptedOnly(exit.cause) ? 1 : Number(process.exitCode ?? 0))
+    })
   )

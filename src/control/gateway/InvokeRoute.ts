@@ -126,13 +126,23 @@ const chatCompletionFormat = (appId: string, maxResponseBytes: number): ReplyFor
   }
 }
 
-/** Whether a chat request body asks to stream (false when it is not JSON: the app will say so). */
-const asksToStream = (body: string): boolean => {
+/**
+ * Whether a chat request body asks to stream (false when it is not JSON: the app will say so), and
+ * the body the app gets: a request for one completion asks the stream behind it for usage, so that
+ * the answer carries usage as OpenAI's does.
+ */
+const chatRequest = (body: string): { readonly stream: boolean; readonly body: string } => {
+  let value: unknown
   try {
-    return (JSON.parse(body) as { stream?: unknown }).stream === true
+    value = JSON.parse(body)
   } catch {
-    return false
+    return { stream: false, body }
   }
+  if (typeof value !== "object" || value === null || Array.isArray(value)) return { stream: false, body }
+  const fields = value as { readonly stream?: unknown; readonly stream_options?: unknown }
+  if (fields.stream === true) return { stream: true, body }
+  if (fields.stream_options != null) return { stream: false, body }
+  return { stream: false, body: JSON.stringify({ ...fields, stream_options: { include_usage: true } }) }
 }
 
 const invokeFailure = (
@@ -214,10 +224,11 @@ export const makeInvokeRoute =
       if (jsonDepthWithin(body, options.maxJsonDepth) === undefined) {
         return sendError(response, new BadRequest({ message: tooDeepMessage(options.maxJsonDepth) }))
       }
+      const chat = api === "chat" ? chatRequest(body) : undefined
       const format =
-        api === "native"
+        chat === undefined
           ? nativeFormat
-          : asksToStream(body)
+          : chat.stream
             ? chatStreamFormat
             : chatCompletionFormat(appId, options.maxResponseBytes)
       const requestId = randomUUID()
@@ -241,7 +252,7 @@ export const makeInvokeRoute =
         settled = true
         clearTimeout(timer)
       }
-      const rid = driver.invoke(requestId, body, {
+      const rid = driver.invoke(requestId, chat?.body ?? body, {
         onValue: (json) => {
           settle()
           format.value(response, json)
