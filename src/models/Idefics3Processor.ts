@@ -404,21 +404,27 @@ const splitPlanes = (image: Planes, tile: number): Idefics3ImageFrames => {
   return { frames, frameCount: rows * cols + 1, tile, rows, cols }
 }
 
-const decodePixels = async (image: Uint8Array | RgbImage): Promise<Pixels> =>
+export interface Idefics3ImageOptions {
+  /** Overrides the config's do_image_splitting, as transformers.js's call option does. */
+  readonly doImageSplitting?: boolean
+  /** sharp's limit on the pixels of an encoded image, checked from its header before decoding. */
+  readonly limitInputPixels?: number
+}
+
+const decodePixels = async (image: Uint8Array | RgbImage, options: Idefics3ImageOptions): Promise<Pixels> =>
   image instanceof Uint8Array
-    ? readPixels(sharp(image))
+    ? readPixels(
+        sharp(image, options.limitInputPixels === undefined ? {} : { limitInputPixels: options.limitInputPixels })
+      )
     : { data: image.data, width: image.width, height: image.height, channels: 3 }
 
-/**
- * One image (encoded bytes that sharp reads, or 8-bit RGB) → its frames. `doImageSplitting`
- * overrides the config's do_image_splitting, as transformers.js's call option does.
- */
+/** One image (encoded bytes that sharp reads, or 8-bit RGB) → its frames. */
 export const idefics3ImageFrames = async (
   config: Idefics3ImageProcessorConfig,
   image: Uint8Array | RgbImage,
-  options: { readonly doImageSplitting?: boolean } = {}
+  options: Idefics3ImageOptions = {}
 ): Promise<Idefics3ImageFrames> => {
-  let pixels = await decodePixels(image)
+  let pixels = await decodePixels(image, options)
   if (config.do_convert_rgb) pixels = convertChannels(pixels, 3)
   else if (pixels.channels !== 3) {
     throw new InvalidProcessorConfig({
@@ -494,7 +500,7 @@ export const stackIdefics3Frames = (
 export const idefics3PixelInputs = async (
   config: Idefics3ImageProcessorConfig,
   prompts: ReadonlyArray<ReadonlyArray<Uint8Array | RgbImage>>,
-  options: { readonly doImageSplitting?: boolean } = {}
+  options: Idefics3ImageOptions = {}
 ): Promise<Idefics3PixelInputs> =>
   stackIdefics3Frames(
     await Promise.all(

@@ -146,6 +146,16 @@ describe("Idefics3 image processor, against transformers.js", () => {
     }
   })
 
+  it("refuses an encoded image over the pixel limit before decoding it", async () => {
+    const { dir } = await modelDirectory()
+    const processor = await loadIdefics3Processor(dir)
+    const bytes = await png(testImage(50, 40, 18))
+    await expect(idefics3PixelInputs(processor.image, [[bytes]], { limitInputPixels: 1999 })).rejects.toThrow(
+      /pixel limit/
+    )
+    expect((await idefics3PixelInputs(processor.image, [[bytes]], { limitInputPixels: 2000 })).frames).toBe(17)
+  })
+
   it("follows the resample kernel and an unresized image", async () => {
     for (const overrides of [{ resample: 2 }, { resample: 3 }, { resample: 0 }, { do_resize: false }]) {
       const { dir } = await modelDirectory({ preprocessorOverrides: overrides })
