@@ -43,7 +43,10 @@ export class ImagePlaceholderMismatch extends Schema.TaggedError<ImagePlaceholde
 }
 
 const Count = Schema.Int.pipe(Schema.positive())
-const LongestEdge = Schema.Struct({ longest_edge: Count })
+/** Only longest_edge: a size given another way (height and width, shortest_edge) would be resized differently. */
+const LongestEdge = Schema.Struct({ longest_edge: Count }).annotations({
+  parseOptions: { onExcessProperty: "error" }
+})
 const PerChannel = Schema.Union(Schema.Number, Schema.Tuple(Schema.Number, Schema.Number, Schema.Number))
 /** Steps of the generic image processor that Idefics3 does not use; a config that turns one on is refused. */
 const NotImplemented = Schema.Literal(false).annotations({ message: () => "is not supported by this processor" })

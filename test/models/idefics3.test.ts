@@ -341,6 +341,9 @@ describe("Idefics3 processor configs", () => {
     expect(unsupported.message).toBe("preprocessor_config.json: do_center_crop is not supported by this processor")
 
     expect(refusal({ ...valid, image_std: undefined }).field).toBe("image_std")
+    expect(refusal({ ...valid, max_image_size: { longest_edge: 512, shortest_edge: 256 } }).message).toBe(
+      'preprocessor_config.json: max_image_size.shortest_edge is unexpected, expected: "longest_edge"'
+    )
   })
 
   it("refuses an image_seq_len that config.json's vision geometry contradicts", () => {
