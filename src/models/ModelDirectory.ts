@@ -99,6 +99,8 @@ export interface ModelDirectory {
   readonly decoder: DecoderSpec | undefined
   readonly generationConfig: Readonly<Record<string, unknown>> | undefined
   readonly preprocessorConfig: Readonly<Record<string, unknown>> | undefined
+  /** processor_config.json: what a multimodal processor adds (Idefics3's image_seq_len). */
+  readonly processorConfig: Readonly<Record<string, unknown>> | undefined
   readonly tokenizer:
     | {
         readonly json: Readonly<Record<string, unknown>>
@@ -201,6 +203,7 @@ export const loadModelDirectory = async (dir: string): Promise<ModelDirectory> =
     decoder: decoderSpec(rawConfig, path),
     generationConfig: await readJsonObject(path, "generation_config.json", false),
     preprocessorConfig: await readJsonObject(path, "preprocessor_config.json", false),
+    processorConfig: await readJsonObject(path, "processor_config.json", false),
     tokenizer:
       tokenizerJson === undefined
         ? undefined

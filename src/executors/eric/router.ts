@@ -6,8 +6,8 @@
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
 import { Effect } from "effect"
 import { decodeAudioProcessorConfig } from "../../models/AudioProcessor.js"
-import { decodeImageProcessorConfig } from "../../models/ImageProcessor.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
+import { visionProcessorOf } from "../../models/VisionProcessor.js"
 import { NoSidecar, UnsupportedModality } from "../common/errors.js"
 import { errorAnswer, type RouterKind } from "../common/Router.js"
 import type { WorkItem } from "../common/wire.js"
@@ -29,13 +29,19 @@ export const routerKind: RouterKind = {
         try: () => loadModelDirectory(config.modelDir),
         catch: (error) => error as Error
       })
-      const imageConfig = model.onnx.has("vision_encoder")
-        ? decodeImageProcessorConfig(model.preprocessorConfig)
-        : undefined
+      const vision = yield* Effect.try({
+        try: () => (model.onnx.has("vision_encoder") ? visionProcessorOf(model) : undefined),
+        catch: (error) => error as Error
+      })
+      const imageConfig = vision?.kind === "fixed" ? vision.config : undefined
       const audioConfig = model.onnx.has("audio_encoder")
         ? decodeAudioProcessorConfig(model.preprocessorConfig)
         : undefined
-      const modalities = [...(imageConfig ? ["image", "video"] : []), ...(audioConfig ? ["audio"] : [])]
+      // Idefics3 embeds images only: a video would be its frames as images, which its prompt does not spell.
+      const modalities = [
+        ...(vision === undefined ? [] : vision.kind === "fixed" ? ["image", "video"] : ["image"]),
+        ...(audioConfig ? ["audio"] : [])
+      ]
       const sidecarNode =
         config.sidecarSocket === undefined
           ? undefined
@@ -57,7 +63,9 @@ export const routerKind: RouterKind = {
           const bytes = new Uint8Array(media.bytes.buffer, media.bytes.byteOffset, media.bytes.byteLength)
           switch (item.modality) {
             case "image":
-              return pool.run<Preprocessed>("image", { bytes, config: imageConfig, limits })
+              return vision?.kind === "idefics3"
+                ? pool.run<Preprocessed>("idefics3Image", { bytes, config: vision.processor.image, limits })
+                : pool.run<Preprocessed>("image", { bytes, config: imageConfig, limits })
             case "video":
               return pool.run<Preprocessed>("video", {
                 bytes,
@@ -97,7 +105,8 @@ export const routerKind: RouterKind = {
             id: item.id,
             modality: item.modality,
             receivers: item.receivers ?? body.receivers ?? (sidecarNode === undefined ? [] : [sidecarNode]),
-            inline
+            inline,
+            ...(preprocessed[index]!.grid === undefined ? {} : { grid: preprocessed[index]!.grid })
           } satisfies EricItemMeta
         }))
         const submitted = engine.submit(items)

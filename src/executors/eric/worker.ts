@@ -2,8 +2,13 @@
  * Eric's worker: the model's encoders (onnx/vision_encoder.onnx for images and video frames,
  * onnx/audio_encoder.onnx for audio) on one device. Each item's features go to the sidecar under
  * the item's id, or back in the answer when the request asked for them inline.
+ *
+ * An Idefics3 (SmolVLM) encoder takes all frames of the batch as one image sequence
+ * (pixel_values [1, frames, 3, tile, tile] with pixel_attention_mask) and gives each frame's
+ * features; an item's transfer then starts with its tile grid (int32 [rows, cols]), which the LLM
+ * needs to spell the image out in its prompt, followed by the features.
  */
-import type * as ort from "onnxruntime-node"
+import * as ort from "onnxruntime-node"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
@@ -16,6 +21,8 @@ export interface EricItemMeta {
   readonly modality: "image" | "video" | "audio"
   readonly receivers: ReadonlyArray<string>
   readonly inline: boolean
+  /** Idefics3 images: the tile grid. */
+  readonly grid?: { readonly rows: number; readonly cols: number }
 }
 
 export interface EricItemResult {
@@ -24,6 +31,20 @@ export interface EricItemResult {
 }
 
 const encoderFiles = { vision: "vision_encoder", audio: "audio_encoder" } as const
+
+/** Frames [n, 3, h, w] as one Idefics3 image sequence: pixel_values [1, n, 3, h, w], every pixel real. */
+export const frameSequence = (shape: ReadonlyArray<number>, pixels: ort.Tensor): Record<string, ort.Tensor> => {
+  const [frames, channels, height, width] = shape as [number, number, number, number]
+  return {
+    pixel_values: pixels.reshape([1, frames, channels, height, width]),
+    pixel_attention_mask: new ort.Tensor("bool", new Uint8Array(frames * height * width).fill(1), [
+      1,
+      frames,
+      height,
+      width
+    ])
+  }
+}
 
 export const load: LoadWorkerModel = async ({ config, device }) => {
   const model = await loadModelDirectory(config.modelDir)
@@ -41,7 +62,11 @@ export const load: LoadWorkerModel = async ({ config, device }) => {
       const session = sessions.get(encoder)
       if (session === undefined) throw new Error(`the model has no ${encoderFiles[encoder]}.onnx`)
       const input = inputs[encoder === "audio" ? "input_values" : "pixel_values"]!
-      const outputs = await session.run({ [session.inputNames[0]!]: toOrt(input) })
+      const outputs = await session.run(
+        session.inputNames.includes("pixel_attention_mask")
+          ? frameSequence(input.shape, toOrt(input))
+          : { [session.inputNames[0]!]: toOrt(input) }
+      )
       const features = fromOrt(outputs[session.outputNames[0]!]!)
       const [, positions, hidden] = features.shape as [number, number, number]
       const rowElements = positions * hidden
@@ -53,7 +78,17 @@ export const load: LoadWorkerModel = async ({ config, device }) => {
           const data = (features.data as Float32Array).subarray(from * rowElements, to * rowElements)
           if (meta.inline) return { shape, embedding: data.slice() }
           if (sidecar === undefined) throw new Error("this executor has no sidecar to send embeddings through")
-          await sidecar.send(meta.id, new Tensor("float32", shape, data), { to: meta.receivers })
+          if (meta.grid === undefined) {
+            await sidecar.send(meta.id, new Tensor("float32", shape, data), { to: meta.receivers })
+            return { shape }
+          }
+          const grid = new Tensor("int32", [2], Int32Array.of(meta.grid.rows, meta.grid.cols))
+          await sidecar.send(meta.id, grid, { to: meta.receivers, chunk: 0, numChunks: 2 })
+          await sidecar.send(meta.id, new Tensor("float32", shape, data), {
+            to: meta.receivers,
+            chunk: 1,
+            numChunks: 2
+          })
           return { shape }
         })
       )

@@ -4,8 +4,9 @@
  * thread pool) or, when the request names sidecar embeddings, the rows an encoder executor sent.
  */
 import { decodeAudioProcessorConfig } from "../../models/AudioProcessor.js"
-import { decodeImageProcessorConfig } from "../../models/ImageProcessor.js"
+import { expandIdefics3Prompt } from "../../models/Idefics3Processor.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
+import { visionProcessorOf } from "../../models/VisionProcessor.js"
 import { RecvTimeout } from "../../sidecar/errors.js"
 import type { Payload, SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
@@ -14,15 +15,17 @@ import type { ThreadPool } from "../common/ThreadPool.js"
 import { mediaSourceOptionsOf, readMedia } from "../common/media/MediaSource.js"
 import { EmbeddingMissing } from "../common/errors.js"
 import { mediaLimitsOf } from "../common/media/MediaLimits.js"
-import type { Preprocessed } from "../common/media/preprocess.js"
+import type { Preprocessed, TileGrid } from "../common/media/preprocess.js"
 import type { EmbeddingRef, Modality } from "./api.js"
-import { type MediaPart, PromptError } from "./Prompt.js"
-import type { MediaInput } from "./protocol.js"
+import { expandPlaceholders, type MediaPart, PromptError, scatterPlaceholders } from "./Prompt.js"
+import type { MediaInput, MediaSpan } from "./protocol.js"
 
 export interface ResolvedMedia {
   readonly modality: Modality
   readonly rows: number
   readonly input: MediaInput
+  /** Idefics3 images: the tile grid the prompt spells out. */
+  readonly grid?: TileGrid
 }
 
 export interface MediaInputs {
@@ -33,6 +36,13 @@ export interface MediaInputs {
   /** Placeholder token id → modality. */
   readonly placeholders: ReadonlyMap<number, Modality>
   resolve(parts: ReadonlyArray<MediaPart>, refs: ReadonlyArray<EmbeddingRef> | undefined): Promise<Array<ResolvedMedia>>
+  /** The rendered prompt with each media item spelled out as the model's processor does (Idefics3), else as it is. */
+  promptText(text: string, media: ReadonlyArray<ResolvedMedia>): string
+  /** The tokenized prompt's ids and where each media item's rows go. */
+  layout(
+    ids: ReadonlyArray<number>,
+    media: ReadonlyArray<ResolvedMedia>
+  ): { readonly inputIds: Int32Array; readonly spans: ReadonlyArray<MediaSpan> }
 }
 
 export const makeMediaInputs = (options: {
@@ -47,16 +57,18 @@ export const makeMediaInputs = (options: {
   if (model.config.image_token_id !== undefined) placeholders.set(model.config.image_token_id, "image")
   if (model.config.audio_token_id !== undefined) placeholders.set(model.config.audio_token_id, "audio")
   const accepted = [...placeholders.values()]
-  // The model embeds a modality itself when it has the encoder and says how many rows it gives.
+  // The model embeds a modality itself when it has the encoder and knows how many rows it gives.
+  const vision = model.onnx.has("vision_encoder") ? visionProcessorOf(model) : undefined
   const imageConfig =
-    model.onnx.has("vision_encoder") && model.config.image_seq_length !== undefined
-      ? decodeImageProcessorConfig(model.preprocessorConfig)
-      : undefined
+    vision?.kind === "fixed" && model.config.image_seq_length !== undefined ? vision.config : undefined
+  const idefics3 = vision?.kind === "idefics3" ? vision.processor : undefined
   const audioConfig =
     model.onnx.has("audio_encoder") && model.config.audio_seq_length !== undefined
       ? decodeAudioProcessorConfig(model.preprocessorConfig)
       : undefined
-  const encodable = accepted.filter((modality) => (modality === "image" ? imageConfig : audioConfig) !== undefined)
+  const encodable = accepted.filter(
+    (modality) => (modality === "image" ? (imageConfig ?? idefics3) : audioConfig) !== undefined
+  )
   const mediaOptions = mediaSourceOptionsOf(config)
   const limits = mediaLimitsOf(config)
 
@@ -68,6 +80,16 @@ export const makeMediaInputs = (options: {
     }
     const media = await readMedia(part.url, mediaOptions)
     const bytes = new Uint8Array(media.bytes.buffer, media.bytes.byteOffset, media.bytes.byteLength)
+    if (part.modality === "image" && idefics3 !== undefined) {
+      const { inputs, grid } = await pool.run<Preprocessed>("idefics3Image", { bytes, config: idefics3.image, limits })
+      const pixels = inputs.pixel_values!
+      return {
+        modality: "image",
+        rows: pixels.shape[0]! * idefics3.imageSeqLen,
+        input: { kind: "pixel_values", data: pixels.data as Float32Array, shape: pixels.shape },
+        grid: grid!
+      }
+    }
     if (part.modality === "image") {
       const { inputs } = await pool.run<Preprocessed>("image", { bytes, config: imageConfig, limits })
       const pixels = inputs.pixel_values!
@@ -91,9 +113,13 @@ export const makeMediaInputs = (options: {
     }
   }
 
-  /** Every chunk of embedding `id`, in order, as [rows, hidden]; the chunks are then released. */
+  /**
+   * Every chunk of embedding `id`, in order, as [rows, hidden]; the chunks are then released. An
+   * Idefics3 image's transfer starts with its tile grid, int32 [rows, cols].
+   */
   const receive = async (client: SidecarClient, ref: EmbeddingRef): Promise<ResolvedMedia> => {
     const parts: Array<Float32Array> = []
+    let grid: TileGrid | undefined
     for (let chunk = 0; ; chunk++) {
       let payload: Payload | undefined
       try {
@@ -106,6 +132,11 @@ export const makeMediaInputs = (options: {
         throw error
       }
       if (payload === undefined) break
+      if (chunk === 0 && payload instanceof Tensor && payload.dtype === "int32" && payload.shape.join() === "2") {
+        grid = { rows: payload.data[0] as number, cols: payload.data[1] as number }
+        await client.markDone(ref.id, chunk)
+        continue
+      }
       if (
         !(payload instanceof Tensor) ||
         payload.dtype !== "float32" ||
@@ -125,13 +156,57 @@ export const makeMediaInputs = (options: {
     }
     const rows = data.length / hidden
     if (rows === 0) throw new PromptError(`embedding ${ref.id} is empty`)
-    return { modality: ref.modality, rows, input: { kind: "embedding", data, shape: [rows, hidden] } }
+    if (idefics3 !== undefined && ref.modality === "image" && grid === undefined) {
+      throw new PromptError(`embedding ${ref.id} has no tile grid: it is not an Idefics3 image encoding`)
+    }
+    return {
+      modality: ref.modality,
+      rows,
+      input: { kind: "embedding", data, shape: [rows, hidden] },
+      ...(grid === undefined ? {} : { grid })
+    }
+  }
+
+  const promptText = (text: string, media: ReadonlyArray<ResolvedMedia>): string => {
+    if (idefics3 === undefined) return text
+    const images = media.filter((item) => item.modality === "image")
+    try {
+      return expandIdefics3Prompt(
+        text,
+        images.map((item) => item.grid!),
+        idefics3.imageSeqLen
+      )
+    } catch (error) {
+      throw new PromptError((error as Error).message)
+    }
+  }
+
+  const layout = (ids: ReadonlyArray<number>, media: ReadonlyArray<ResolvedMedia>) => {
+    if (idefics3 === undefined) {
+      const { inputIds, starts } = expandPlaceholders(ids, placeholders, media)
+      return {
+        inputIds,
+        spans: media.map((item, index) => ({ start: starts[index]!, rows: item.rows, input: item.input }))
+      }
+    }
+    const positions = scatterPlaceholders(ids, model.config.image_token_id!, media)
+    return {
+      inputIds: Int32Array.from(ids),
+      spans: media.map((item, index) => ({
+        start: positions[index]![0]!,
+        rows: item.rows,
+        input: item.input,
+        positions: positions[index]!
+      }))
+    }
   }
 
   return {
     accepted,
     encodable,
     placeholders,
+    promptText,
+    layout,
     resolve: async (parts, refs) => {
       for (const part of parts) {
         if (!accepted.includes(part.modality))

@@ -48,6 +48,34 @@ export class PromptError extends Schema.TaggedError<PromptError>()("PromptError"
 }
 
 /**
+ * For prompts that already hold one placeholder token per embedding row (Idefics3 spells each
+ * image out: its tiles' tokens between position tokens): the i-th media item takes the next
+ * `media[i].rows` placeholder positions, in order. Answers each item's positions.
+ */
+export const scatterPlaceholders = (
+  ids: ReadonlyArray<number>,
+  placeholder: number,
+  media: ReadonlyArray<{ readonly rows: number }>
+): ReadonlyArray<Int32Array> => {
+  const positions: Array<number> = []
+  ids.forEach((id, position) => {
+    if (id === placeholder) positions.push(position)
+  })
+  const needed = media.reduce((sum, item) => sum + item.rows, 0)
+  if (positions.length !== needed) {
+    throw new PromptError(
+      `the prompt has ${positions.length} image tokens, but its ${media.length} media items have ${needed} embedding rows`
+    )
+  }
+  let next = 0
+  return media.map((item) => {
+    const taken = Int32Array.from(positions.slice(next, next + item.rows))
+    next += item.rows
+    return taken
+  })
+}
+
+/**
  * Expands each placeholder token of `ids` (by `placeholders`, token id → modality) into `rows[i]`
  * copies for the i-th media item; answers the expanded ids and where each item's rows start.
  */

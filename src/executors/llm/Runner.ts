@@ -337,17 +337,23 @@ export class Runner {
     const embedded = (await embed.run({ input_ids: int64(ids, [prompts.length, width]) })).inputs_embeds!
     const embeds = new Float32Array(float32Data(embedded))
     const spans = prompts.flatMap((prompt, row) =>
-      prompt.media.map((span) => ({ span, at: row * width + width - prompt.inputIds.length + span.start }))
+      prompt.media.map((span) => ({ span, base: row * width + width - prompt.inputIds.length }))
     )
     const rows = await this.mediaRows(spans.map(({ span }) => span.input))
-    spans.forEach(({ span, at }, index) => {
+    spans.forEach(({ span, base }, index) => {
       const features = rows[index]!
       if (features.length !== span.rows * this.hidden) {
         throw new Error(
           `a media item gave ${features.length / this.hidden} rows of ${this.hidden} for ${span.rows} placeholders`
         )
       }
-      embeds.set(features, at * this.hidden)
+      if (span.positions === undefined) {
+        embeds.set(features, (base + span.start) * this.hidden)
+        return
+      }
+      span.positions.forEach((position, i) =>
+        embeds.set(features.subarray(i * this.hidden, (i + 1) * this.hidden), (base + position) * this.hidden)
+      )
     })
     return embeds
   }
@@ -360,6 +366,37 @@ export class Runner {
       if (items.length === 0) continue
       const encoder = kind === "pixel_values" ? this.encoders.vision : this.encoders.audio
       if (encoder === undefined) throw new Error(`${this.model.path} has no encoder for ${kind}`)
+      if (encoder.inputNames.includes("pixel_attention_mask")) {
+        // Idefics3: every item's frames as one sequence; each frame gives its own features.
+        const frames = items.map(({ input }) => input.shape[0]!)
+        const [, channels, height, width] = items[0]!.input.shape as [number, number, number, number]
+        const total = frames.reduce((sum, count) => sum + count, 0)
+        const stacked = new Float32Array(total * channels * height * width)
+        let at = 0
+        for (const { input } of items) {
+          stacked.set(input.data, at)
+          at += input.data.length
+        }
+        const output = (
+          await encoder.run({
+            pixel_values: float(stacked, [1, total, channels, height, width]),
+            pixel_attention_mask: new ort.Tensor("bool", new Uint8Array(total * height * width).fill(1), [
+              1,
+              total,
+              height,
+              width
+            ])
+          })
+        )[encoder.outputNames[0]!]!
+        const features = float32Data(output)
+        const perFrame = features.length / total
+        let frame = 0
+        items.forEach(({ index }, i) => {
+          rows[index] = features.subarray(frame * perFrame, (frame + frames[i]!) * perFrame)
+          frame += frames[i]!
+        })
+        continue
+      }
       const itemSize = items[0]!.input.data.length
       const stacked = new Float32Array(items.length * itemSize)
       items.forEach(({ input }, i) => stacked.set(input.data, i * itemSize))

@@ -10,15 +10,21 @@ import type { EmbeddingSource, FinishReason } from "./api.js"
 
 /** An image or audio clip for the model's own encoder, or an embedding from the sidecar. */
 export type MediaInput =
+  /** [1, 3, h, w] for a fixed-size processor; [frames, 3, tile, tile] for Idefics3, whose encoder takes them as one sequence. */
   | { readonly kind: "pixel_values"; readonly data: Float32Array; readonly shape: ReadonlyArray<number> }
   | { readonly kind: "input_values"; readonly data: Float32Array; readonly shape: ReadonlyArray<number> }
   | { readonly kind: "embedding"; readonly data: Float32Array; readonly shape: readonly [number, number] }
 
-/** One media item's rows in the prompt: positions [start, start + rows) of inputs_embeds. */
+/**
+ * One media item's rows in the prompt: positions [start, start + rows) of inputs_embeds, or, for
+ * an item the prompt spells out in pieces (Idefics3's tiles between their position tokens), the
+ * positions listed in `positions` (ascending, `rows` of them, the first being `start`).
+ */
 export interface MediaSpan {
   readonly start: number
   readonly rows: number
   readonly input: MediaInput
+  readonly positions?: Int32Array
 }
 
 /** A prompt as the model sees it: token ids with each media placeholder expanded to its rows. */

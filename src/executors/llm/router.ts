@@ -31,7 +31,7 @@ import {
 import { Generation, type Outcome } from "./Generation.js"
 import { contextLength, kvCacheTokens } from "./Limits.js"
 import { makeMediaInputs } from "./MediaInputs.js"
-import { expandPlaceholders, type MediaPart, mediaParts, PromptError, templateMessages } from "./Prompt.js"
+import { type MediaPart, mediaParts, PromptError, templateMessages } from "./Prompt.js"
 import type { EmbedResult, GenerateMeta, LlmRequestMeta, PromptInput, SamplingParams } from "./protocol.js"
 
 const tokenIds = (value: unknown): Array<number> =>
@@ -116,13 +116,13 @@ export const routerKind: RouterKind = {
       ): Promise<PromptInput> => {
         const parts = "messages" in source ? mediaParts(source.messages) : []
         const resolved = await media.resolve(parts, refs)
-        const text = "messages" in source ? renderChat(source.messages, source.addGenerationPrompt) : source.text
-        const { inputIds, starts } = expandPlaceholders(tokenizer.encode(text), media.placeholders, resolved)
+        const text = media.promptText(
+          "messages" in source ? renderChat(source.messages, source.addGenerationPrompt) : source.text,
+          resolved
+        )
+        const { inputIds, spans } = media.layout(tokenizer.encode(text), resolved)
         if (inputIds.length === 0) throw new EmptyPrompt()
-        return {
-          inputIds,
-          media: resolved.map((item, index) => ({ start: starts[index]!, rows: item.rows, input: item.input }))
-        }
+        return { inputIds, media: spans }
       }
 
       const sampling = (body: ChatCompletionRequest, promptTokens: number): SamplingParams => {

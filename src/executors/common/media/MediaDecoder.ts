@@ -3,7 +3,7 @@ import { type ResizeTarget, type RgbImage, resizeRgb } from "../../../models/Ima
 import { MediaError, MediaTooLarge } from "./errors.js"
 import { defaultMediaLimits, type MediaLimits } from "./MediaLimits.js"
 
-const describeSharpError = (error: unknown, what: string, maxPixels: number): MediaError | MediaTooLarge => {
+export const describeSharpError = (error: unknown, what: string, maxPixels: number): MediaError | MediaTooLarge => {
   const message = error instanceof Error ? error.message : String(error)
   if (/pixel limit/i.test(message))
     return new MediaTooLarge({ message: `the ${what} has more than ${maxPixels} pixels` })

@@ -5,13 +5,22 @@
  * video frame, or per audio clip. Without `limits`, the defaults bound the decoding.
  */
 import { type AudioProcessorConfig, inputValues } from "../../../models/AudioProcessor.js"
+import { type Idefics3ImageProcessorConfig, idefics3ImageFrames } from "../../../models/Idefics3Processor.js"
 import { type ImageProcessorConfig, normalizePixels, resizeTarget } from "../../../models/ImageProcessor.js"
 import type { WireTensor } from "../wire.js"
-import { decodeAudio, decodeImage, decodeVideoFrames } from "./MediaDecoder.js"
-import type { MediaLimits } from "./MediaLimits.js"
+import { decodeAudio, decodeImage, decodeVideoFrames, describeSharpError } from "./MediaDecoder.js"
+import { defaultMediaLimits, type MediaLimits } from "./MediaLimits.js"
+
+/** An image split into rows × cols tiles plus a global image (0 × 0: one frame, not split). */
+export interface TileGrid {
+  readonly rows: number
+  readonly cols: number
+}
 
 export interface Preprocessed {
   readonly inputs: Readonly<Record<string, WireTensor>>
+  /** Idefics3 images: how the frames tile the image, which the prompt spells out. */
+  readonly grid?: TileGrid
 }
 
 const stackFrames = (frames: ReadonlyArray<Float32Array>, height: number, width: number): WireTensor => {
@@ -33,6 +42,32 @@ export const image = async (input: {
     inputs: {
       pixel_values: { dtype: "float32", shape: [1, 3, height, width], data: normalizePixels(input.config, decoded) }
     }
+  }
+}
+
+/** An image as Idefics3 (SmolVLM) takes it: pixel_values [frames, 3, tile, tile], its tiles then the global image. */
+export const idefics3Image = async (input: {
+  readonly bytes: Uint8Array
+  readonly config: Idefics3ImageProcessorConfig
+  readonly limits?: MediaLimits
+}): Promise<Preprocessed> => {
+  const maxPixels = (input.limits ?? defaultMediaLimits).maxImagePixels
+  let frames: Awaited<ReturnType<typeof idefics3ImageFrames>>
+  try {
+    frames = await idefics3ImageFrames(input.config, input.bytes, { limitInputPixels: maxPixels })
+  } catch (error) {
+    if ((error as { readonly _tag?: string })._tag === "InvalidProcessorConfig") throw error
+    throw describeSharpError(error, "image", maxPixels)
+  }
+  return {
+    inputs: {
+      pixel_values: {
+        dtype: "float32",
+        shape: [frames.frameCount, 3, frames.tile, frames.tile],
+        data: frames.frames
+      }
+    },
+    grid: { rows: frames.rows, cols: frames.cols }
   }
 }
 

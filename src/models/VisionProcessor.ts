@@ -1,0 +1,53 @@
+import { type Idefics3Processor, idefics3Processor } from "./Idefics3Processor.js"
+import { decodeImageProcessorConfig, type ImageProcessorConfig } from "./ImageProcessor.js"
+import { InvalidModelDirectory, type ModelDirectory } from "./ModelDirectory.js"
+
+/**
+ * How a model's images become its vision encoder's input, chosen from its preprocessor_config.json:
+ * a fixed-size processor (size: { height, width }: one frame per image, a fixed number of feature
+ * rows), or Idefics3's (SmolVLM; size: { longest_edge }: tiles plus a global image, a grid the
+ * prompt spells out).
+ */
+export type VisionProcessor =
+  | { readonly kind: "fixed"; readonly config: ImageProcessorConfig }
+  | { readonly kind: "idefics3"; readonly processor: Idefics3Processor }
+
+const idefics3Types = new Set(["Idefics3ImageProcessor", "SmolVLMImageProcessor"])
+
+export const supportedImageProcessors =
+  "a fixed-size image processor (size: { height, width }) or Idefics3ImageProcessor / SmolVLMImageProcessor (size: { longest_edge })"
+
+/** The model's image processor; a preprocessor config none of them follows is refused, naming the file and why. */
+export const visionProcessorOf = (model: ModelDirectory): VisionProcessor => {
+  const config = model.preprocessorConfig
+  if (config === undefined) {
+    throw new InvalidModelDirectory({
+      path: model.path,
+      reason: `it has a vision encoder but no preprocessor_config.json; supported: ${supportedImageProcessors}`
+    })
+  }
+  const declared = config.image_processor_type
+  const size = config.size as Record<string, unknown> | undefined
+  const idefics3 =
+    (typeof declared === "string" && idefics3Types.has(declared)) ||
+    (declared === undefined && model.config.model_type === "idefics3") ||
+    (declared === undefined && size !== undefined && "longest_edge" in size)
+  try {
+    if (idefics3) {
+      return {
+        kind: "idefics3",
+        processor: idefics3Processor({
+          preprocessorConfig: config,
+          processorConfig: model.processorConfig,
+          modelConfig: model.rawConfig
+        })
+      }
+    }
+    return { kind: "fixed", config: decodeImageProcessorConfig(config) }
+  } catch (error) {
+    throw new InvalidModelDirectory({
+      path: model.path,
+      reason: `${(error as Error).message}${typeof declared === "string" ? ` (image_processor_type ${declared})` : ""}; supported: ${supportedImageProcessors}`
+    })
+  }
+}
