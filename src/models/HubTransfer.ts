@@ -169,6 +169,9 @@ const fetchRest = async (client: HubClient, transfer: FileTransfer, part: string
     await rm(part, { force: true })
     offset = 0
   }
+  // Open before the request: a body that breaks off discards what it buffered but was not yet read.
+  const handle = await open(part, "a")
+  let written = offset
   const controller = new AbortController()
   let idle: NodeJS.Timeout | undefined
   const stillAlive = () => {
@@ -187,23 +190,23 @@ const fetchRest = async (client: HubClient, transfer: FileTransfer, part: string
       await response.body?.cancel()
       return digestFromHeaders(hubHeaders)
     }
-    if (response.status === 416) {
+    if (response.status === 416 || response.status === 429 || response.status >= 500) {
       await response.body?.cancel()
-      await rm(part, { force: true })
-      throw new Transient(`the hub refused to resume ${transfer.file} at byte ${offset}`)
-    }
-    if (response.status >= 500 || response.status === 429) {
-      await response.body?.cancel()
-      throw new Transient(`the hub answered ${response.status}`)
+      if (response.status === 416) {
+        await handle.truncate(0)
+        written = 0
+      }
+      throw new Transient(`the hub answered ${response.status} to ${transfer.file}`)
     }
     if (!response.ok) {
       await response.body?.cancel()
       throw failure(client, response, transfer.file)
     }
     // 200 to a range request: the server sends the whole file, so the part starts over.
-    const append = response.status === 206
-    const handle = await open(part, append ? "a" : "w")
-    let written = append ? offset : 0
+    if (response.status !== 206 && offset > 0) {
+      await handle.truncate(0)
+      written = 0
+    }
     transfer.onBytes(written)
     try {
       if (response.body !== null) {
@@ -216,8 +219,6 @@ const fetchRest = async (client: HubClient, transfer: FileTransfer, part: string
       }
     } catch (error) {
       throw new Transient(`the transfer of ${transfer.file} broke off: ${reasonOf(controller.signal.reason ?? error)}`)
-    } finally {
-      await handle.close()
     }
     if (transfer.size !== undefined && written < transfer.size) {
       throw new Transient(`the transfer of ${transfer.file} ended after ${written} of ${transfer.size} bytes`)
@@ -230,6 +231,8 @@ const fetchRest = async (client: HubClient, transfer: FileTransfer, part: string
     throw error
   } finally {
     clearTimeout(idle)
+    await handle.close()
+    if (written === 0) await rm(part, { force: true })
   }
 }
 
