@@ -325,7 +325,7 @@ const download = async (
     const sibling = bySibling.get(file)!
     const size = siblingSize(sibling)
     const checked = await downloadFile(client, {
-      url: `${client.endpoint}/${ref.repo}/resolve/${encodeURIComponent(ref.revision)}/${file}`,
+      url: `${client.endpoint}/${ref.repo}/resolve/${encodeURIComponent(ref.revision)}/${file.split("/").map(encodeURIComponent).join("/")}`,
       target: join(dir, file),
       file,
       size,
