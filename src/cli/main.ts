@@ -141,6 +141,11 @@ const serveCommand = Command.make(
       10,
       "Seconds an app's process may keep its event loop busy before it is restarted (its requests fail)."
     ),
+    offline: Options.boolean("offline").pipe(
+      Options.withDescription(
+        "Use only models already on this machine; never download from the hub (also HF_HUB_OFFLINE=1)."
+      )
+    ),
     insecureNoAuth: Options.boolean("insecure-no-auth").pipe(
       Options.withDescription(
         "Listen on a non-loopback --host without CORNSERVE_ADMIN_TOKEN: anyone who reaches the port may register code."
@@ -158,6 +163,8 @@ const serveCommand = Command.make(
         process.exitCode = 2
         return
       }
+      // In the environment, so that the executors this process starts refuse to download too.
+      if (options.offline) process.env.HF_HUB_OFFLINE = "1"
       // Loaded on demand: the client commands start faster without the whole control plane.
       const { serve } = yield* Effect.promise(() => import("./serve.js"))
       return yield* serve({
@@ -452,8 +459,37 @@ const executorWorkerCommand = Command.make(
     )
 ).pipe(Command.withDescription("An executor's worker on one device (started by its engine)."))
 
+const pullCommand = Command.make(
+  "pull",
+  {
+    id: Args.text({ name: "ID" }).pipe(Args.withDescription("A hub model id: org/name or org/name@revision.")),
+    dtype: Options.choice("dtype", dtypes).pipe(
+      Options.withDescription("The ONNX precision to fetch (default: fp32, or the least lossy one the model has)."),
+      Options.optional
+    ),
+    offline: Options.boolean("offline").pipe(
+      Options.withDescription("Only look on this machine; never download (also HF_HUB_OFFLINE=1).")
+    ),
+    dir: Options.directory("dir").pipe(
+      Options.withDescription("Where models go (default: CORNSERVE_MODEL_DIR or ~/.cache/cornserve/models)."),
+      Options.optional
+    )
+  },
+  ({ id, dtype, offline, dir }) =>
+    Effect.flatMap(
+      Effect.promise(() => import("./models.js")),
+      ({ pullModel }) =>
+        pullModel(id, { dtype: Option.getOrUndefined(dtype), offline, dir: Option.getOrUndefined(dir) })
+    )
+).pipe(
+  Command.withDescription(
+    "Download a model from the hub (HF_ENDPOINT, HF_TOKEN) into the model cache, resuming a broken download; " +
+      "prints its directory."
+  )
+)
+
 const models = Command.make("models").pipe(
-  Command.withDescription("Build the built-in models."),
+  Command.withDescription("Build the built-in models; download models from the hub."),
   Command.withSubcommands([
     Command.make(
       "build",
@@ -476,7 +512,8 @@ const models = Command.make("models").pipe(
       Command.withDescription(
         "Build models into the model cache (or --dir); the same recipe always gives the same bytes."
       )
-    )
+    ),
+    pullCommand
   ])
 )
 

@@ -19,6 +19,8 @@ export interface Executor {
 export interface ExecutorKind {
   readonly kind: string
   devicesPerExecutor(task: UnitTaskSpec): number
+  /** Makes what the task needs present on the node before its executors start (its model), telling how it goes. */
+  prepare?(task: UnitTaskSpec, onProgress: (message: string) => Effect.Effect<void>): Effect.Effect<void, Error>
   start(task: UnitTaskSpec, devices: ReadonlyArray<Device>): Effect.Effect<Executor, Error, Scope.Scope>
 }
 
@@ -46,6 +48,7 @@ export class ExecutorKinds extends Effect.Service<ExecutorKinds>()("cornserve/Ex
       (kind: string): ExecutorKind => ({
         kind,
         devicesPerExecutor: () => 1,
+        prepare: (task, onProgress) => agent.prepareModel(modelOf(task), onProgress),
         start: (task, devices) =>
           Effect.map(
             agent.startExecutor({ kind: executor, model: modelOf(task), devices, args: extraArgs(task) }),

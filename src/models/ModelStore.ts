@@ -1,7 +1,9 @@
-import { Schema } from "effect"
 import { mkdir, mkdtemp, readFile, rename, rm, stat, writeFile } from "node:fs/promises"
 import { homedir } from "node:os"
 import { basename, dirname, join, resolve } from "node:path"
+import type { Dtype } from "./Dtype.js"
+import { type ModelDownloadEvent, parseHubId, resolveHubModel } from "./Hub.js"
+import { UnknownModel } from "./ModelErrors.js"
 import { benchDecoder125m } from "./recipes/BenchDecoder125m.js"
 import { benchVitB16 } from "./recipes/BenchVitB16.js"
 import { benchSmolLm2 } from "./recipes/RandomLlama.js"
@@ -12,17 +14,11 @@ import { tinyColorVlm } from "./recipes/TinyColorVlm.js"
 
 /**
  * The model cache: built-in recipes are built into it on first use (or by `cornserve models
- * build`), and a model id is either a recipe name or the path of a local model directory.
+ * build`), hub models are downloaded into it, and a model id is a recipe name, the path of a local
+ * model directory, or a hub id (`org/name`).
  */
 
-export class UnknownModel extends Schema.TaggedError<UnknownModel>()("UnknownModel", {
-  id: Schema.String,
-  reason: Schema.String
-}) {
-  override get message() {
-    return `model "${this.id}": ${this.reason}`
-  }
-}
+export { UnknownModel } from "./ModelErrors.js"
 
 const builtinRecipes = [tinyColorVlm, tinyColorPainter, tinyColorTones]
 /** Random-weight presets at realistic sizes; hundreds of MB each, so built only when named. */
@@ -102,11 +98,23 @@ export const buildModel = async (name: string, dir: string = modelCacheDir()): P
   return target
 }
 
+export interface ResolveOptions {
+  /** For hub models: the ONNX precision to use (by default fp32, or the least lossy one there). */
+  readonly dtype?: Dtype | undefined
+  /** For hub models: never download (also HF_HUB_OFFLINE=1). */
+  readonly offline?: boolean | undefined
+  /** For hub models: ask the hub for newer files even when the model is here. */
+  readonly refresh?: boolean | undefined
+  /** For hub models: what a download is doing. */
+  readonly onProgress?: ((event: ModelDownloadEvent) => void) | undefined
+}
+
 /**
  * The directory of model `id`: a recipe name resolves into the cache, built there on first use
- * (or when the cached build is from an older recipe); anything else is a local model directory.
+ * (or when the cached build is from an older recipe); an existing directory is used as it is; a
+ * hub id (`org/name`, `org/name@revision`) is looked up on this machine and downloaded when absent.
  */
-export const resolveModel = async (id: string): Promise<string> => {
+export const resolveModel = async (id: string, options: ResolveOptions = {}): Promise<string> => {
   const recipe = recipes.get(id)
   if (recipe !== undefined) {
     const target = resolve(modelCacheDir(), id)
@@ -115,10 +123,21 @@ export const resolveModel = async (id: string): Promise<string> => {
   }
   const path = resolve(id)
   const info = await stat(path).catch(() => undefined)
+  const hubRef = parseHubId(id)
+  if (hubRef !== undefined && (info === undefined || !info.isDirectory())) {
+    return resolveHubModel(id, hubRef, modelCacheDir(), {
+      dtype: options.dtype,
+      offline: options.offline,
+      refresh: options.refresh,
+      onEvent: options.onProgress
+    })
+  }
   if (info === undefined || !info.isDirectory()) {
     throw new UnknownModel({
       id,
-      reason: `not a built-in model (${builtinModelNames.join(", ")}) and no directory exists at ${path}`
+      reason:
+        `not a built-in model (${builtinModelNames.join(", ")}), not a hub id (org/name) ` +
+        `and no directory exists at ${path}`
     })
   }
   const hasConfig = await stat(join(path, "config.json")).then(

@@ -3,6 +3,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { Effect, Runtime, type Scope } from "effect"
 import { ServeConfig } from "../control/ServeConfig.js"
+import type { ModelDownloadEvent } from "../models/Hub.js"
 import { SidecarClient } from "../sidecar/SidecarClient.js"
 import type { SidecarReady } from "../sidecar/SidecarProcess.js"
 import { removeAbandonedFiles, runDirPrefix } from "./AbandonedFiles.js"
@@ -108,6 +109,45 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
       return () => sidecarLossListeners.delete(listener)
     }
 
+    /**
+     * Resolves `model` on this node before an executor starts with it: a hub model absent here is
+     * downloaded now, with its progress told (a file's share at most once a second), so that the
+     * executor's own start, which has a deadline, finds it on disk.
+     */
+    const prepareModel = (model: string, onProgress: (message: string) => Effect.Effect<void>) =>
+      Effect.gen(function* () {
+        const { benchModelNames, builtinModelNames, resolveModel } = yield* Effect.promise(
+          () => import("../models/ModelStore.js")
+        )
+        // A recipe is built by the executor itself: building takes the CPU, and this process serves the gateway.
+        if (builtinModelNames.includes(model) || benchModelNames.includes(model)) return
+        const tell = (message: string) => Runtime.runFork(runtime)(onProgress(`model ${model}: ${message}`))
+        let lastTold = 0
+        const onDownload = (event: ModelDownloadEvent) => {
+          if (event._tag === "Waiting") tell(`waiting for process ${event.pid}, which is downloading it`)
+          if (event._tag === "Fetching") {
+            const megabytes = (event.bytes / 1e6).toFixed(1)
+            tell(`downloading ${event.files} file(s), ${megabytes} MB, dtype ${event.dtype}, into ${event.dir}`)
+            Runtime.runFork(runtime)(Effect.logInfo(`downloading model ${model} into ${event.dir}`))
+          }
+          if (
+            event._tag === "Progress" &&
+            event.bytes > 0 &&
+            event.total !== undefined &&
+            Date.now() - lastTold >= 1_000
+          ) {
+            lastTold = Date.now()
+            const share = event.overallTotal > 0 ? Math.floor((event.overallBytes / event.overallTotal) * 100) : 100
+            tell(`${event.file} ${Math.floor((event.bytes / event.total) * 100)}% (all files ${share}%)`)
+          }
+          if (event._tag === "Verified") tell(`${event.file} is in place (${event.check} checked)`)
+        }
+        return yield* Effect.tryPromise({
+          try: () => resolveModel(model, { onProgress: onDownload }),
+          catch: (error) => (error instanceof Error ? error : new Error(String(error)))
+        })
+      })
+
     const startExecutor = (launch: ExecutorLaunch): Effect.Effect<SupervisedProcess<string>, Error, Scope.Scope> =>
       SupervisedProcess.start<string>({
         name: `${launch.kind} executor (${launch.model} on ${launch.devices.map((device) => device.id).join(",")})`,
@@ -141,6 +181,7 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
       sidecarClient,
       sidecarRunning,
       onSidecarLost,
+      prepareModel,
       startExecutor
     }
   })

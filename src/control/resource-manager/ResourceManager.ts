@@ -53,10 +53,19 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
       for (const [device, owner] of allocated) if (owner === taskId) allocated.delete(device)
     }
 
-    const deployOne = (spec: UnitTaskSpec) =>
+    const deployOne = (spec: UnitTaskSpec, onProgress: (message: string) => Effect.Effect<void>) =>
       Effect.gen(function* () {
         const kind = kinds.get(spec.kind)
         if (kind === undefined) return yield* new NoExecutorForKind({ kind: spec.kind, taskId: spec.id })
+        if (kind.prepare !== undefined) {
+          yield* kind
+            .prepare(spec, onProgress)
+            .pipe(
+              Effect.mapError(
+                (error) => new DeploymentFailed({ message: `task ${spec.id} failed to start: ${error.message}` })
+              )
+            )
+        }
         const taskDevices = yield* allocate(spec.id, Math.max(1, kind.devicesPerExecutor(spec)))
         yield* taskManagers
           .deploy(spec, kind, taskDevices)
@@ -86,7 +95,8 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
           // The new tasks start side by side; if one fails, every one that started is torn down.
           yield* Effect.forEach(
             fresh,
-            (spec) => Effect.zipRight(onProgress(`deploying task ${spec.name} (${spec.id})`), deployOne(spec)),
+            (spec) =>
+              Effect.zipRight(onProgress(`deploying task ${spec.name} (${spec.id})`), deployOne(spec, onProgress)),
             {
               concurrency: "unbounded",
               discard: true
