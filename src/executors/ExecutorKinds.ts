@@ -1,3 +1,4 @@
+import type { Dtype } from "../models/Dtype.js"
 import { Effect, type Scope } from "effect"
 import type { UnitTaskSpec } from "../app-runtime/driver/protocol.js"
 import type { Device } from "../node/Devices.js"
@@ -48,7 +49,8 @@ export class ExecutorKinds extends Effect.Service<ExecutorKinds>()("cornserve/Ex
       (kind: string): ExecutorKind => ({
         kind,
         devicesPerExecutor: () => 1,
-        prepare: (task, onProgress) => agent.prepareModel(modelOf(task), onProgress),
+        prepare: (task, onProgress) =>
+          agent.prepareModel(modelOf(task), (task.config as { readonly dtype?: Dtype }).dtype, onProgress),
         start: (task, devices) =>
           Effect.map(
             agent.startExecutor({ kind: executor, model: modelOf(task), devices, args: extraArgs(task) }),

@@ -4,6 +4,7 @@ import { join } from "node:path"
 import { Effect, Runtime, type Scope } from "effect"
 import { ServeConfig } from "../control/ServeConfig.js"
 import type { ModelDownloadEvent } from "../models/Hub.js"
+import type { Dtype } from "../models/Dtype.js"
 import { SidecarClient } from "../sidecar/SidecarClient.js"
 import type { SidecarReady } from "../sidecar/SidecarProcess.js"
 import { removeAbandonedFiles, runDirPrefix } from "./AbandonedFiles.js"
@@ -114,7 +115,11 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
      * downloaded now, with its progress told (a file's share at most once a second), so that the
      * executor's own start, which has a deadline, finds it on disk.
      */
-    const prepareModel = (model: string, onProgress: (message: string) => Effect.Effect<void>) =>
+    const prepareModel = (
+      model: string,
+      dtype: Dtype | undefined,
+      onProgress: (message: string) => Effect.Effect<void>
+    ) =>
       Effect.gen(function* () {
         const { benchModelNames, builtinModelNames, resolveModel } = yield* Effect.promise(
           () => import("../models/ModelStore.js")
@@ -143,7 +148,7 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
           if (event._tag === "Verified") tell(`${event.file} is in place (${event.check} checked)`)
         }
         return yield* Effect.tryPromise({
-          try: () => resolveModel(model, { onProgress: onDownload }),
+          try: () => resolveModel(model, { dtype, onProgress: onDownload }),
           catch: (error) => (error instanceof Error ? error : new Error(String(error)))
         })
       })

@@ -19,7 +19,7 @@ export const runExecutor = (options: ExecutorOptions) =>
     exitWithParent()
     const { resolveModel } = yield* Effect.promise(() => import("../../models/ModelStore.js"))
     const modelDir = yield* Effect.tryPromise({
-      try: () => resolveModel(options.model),
+      try: () => resolveModel(options.model, { dtype: options.dtype }),
       catch: (error) => new Error(`model ${options.model}: ${asError(error).message}`)
     })
     const config: ExecutorConfig = {
