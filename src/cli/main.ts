@@ -72,9 +72,24 @@ const serveCommand = Command.make(
         (error) => HelpDoc.p((error as Error).message)
       )
     ),
-    nodeId: Options.text("node-id").pipe(
-      Options.withDescription("This node's name (its sidecar's too)."),
+    nodeId: Options.text("node-name").pipe(
+      Options.withAlias("node-id"),
+      Options.withDescription("This node's name among the platform's nodes (its sidecar's too)."),
       Options.withDefault("local")
+    ),
+    clusterPort: Options.integer("cluster-port").pipe(
+      Options.withDescription("control-plane: the port data-plane nodes join on (bound to --host)."),
+      Options.withDefault(8001)
+    ),
+    join: Options.text("join").pipe(
+      Options.withDescription("data-plane: the control plane's cluster URL, e.g. http://HOST:8001."),
+      Options.optional
+    ),
+    advertiseHost: Options.text("advertise-host").pipe(
+      Options.withDescription(
+        "data-plane: the address other nodes and the control plane reach this node's executors and sidecar at (default: --host)."
+      ),
+      Options.optional
     ),
     sidecarArenaBytes: Options.integer("sidecar-arena-bytes").pipe(
       Options.withDescription("Shared memory for tensors moving between the node's executors."),
@@ -154,6 +169,22 @@ const serveCommand = Command.make(
   },
   (options) =>
     Effect.gen(function* () {
+      const usage = (message: string) =>
+        Effect.zipRight(
+          Console.error(`cornserve serve: ${message}`),
+          Effect.sync(() => {
+            process.exitCode = 2
+          })
+        )
+      if (Option.isSome(options.join) && options.role !== "data-plane") {
+        return yield* usage(`--join is for --role data-plane (this node's role is ${options.role})`)
+      }
+      if (options.role === "data-plane" && Option.isNone(options.join)) {
+        return yield* usage("--role data-plane needs --join http://CONTROL-PLANE-HOST:CLUSTER-PORT")
+      }
+      if (Option.isSome(options.advertiseHost) && options.role !== "data-plane") {
+        return yield* usage("--advertise-host is for --role data-plane")
+      }
       const adminToken = process.env.CORNSERVE_ADMIN_TOKEN || undefined
       if (!isLoopbackHost(options.host) && adminToken === undefined && !options.insecureNoAuth) {
         yield* Console.error(
@@ -174,6 +205,9 @@ const serveCommand = Command.make(
         stateDir: options.stateDir,
         devices: options.devices,
         nodeId: options.nodeId,
+        clusterPort: options.clusterPort,
+        join: Option.getOrUndefined(options.join),
+        advertiseHost: Option.getOrElse(options.advertiseHost, () => options.host),
         sidecarArenaBytes: options.sidecarArenaBytes,
         examples: options.examples,
         adminToken,

@@ -11,6 +11,12 @@ export interface ServeOptions {
   readonly devices: string
   /** This node's name among the platform's nodes (and its sidecar's). */
   readonly nodeId: string
+  /** control-plane: the port data-plane nodes join on. */
+  readonly clusterPort: number
+  /** data-plane: the control plane's cluster URL. */
+  readonly join: string | undefined
+  /** data-plane: where other nodes reach this node's executors and sidecar. */
+  readonly advertiseHost: string
   readonly sidecarArenaBytes: number
   readonly adminToken: string | undefined
   /** Host names besides the bound one and IP literals under which admin requests are taken (DNS rebinding). */
