@@ -158,6 +158,21 @@ export const listTasks = (target: GatewayTarget) =>
     )
   })
 
+export const listNodes = (target: GatewayTarget) =>
+  Effect.gen(function* () {
+    const response = yield* Effect.flatMap(request(target, "GET", "nodes/list"), expectOk)
+    const { nodes } = JSON.parse(yield* readText(response)) as {
+      nodes: Array<{ name: string; role: string; address: string; state: string; devices: Array<string> }>
+    }
+    if (nodes.length === 0) return yield* write("no nodes: the control plane has no devices and no node has joined\n")
+    yield* write(
+      table(
+        ["NODE", "ROLE", "ADDRESS", "STATE", "DEVICES"],
+        nodes.map((node) => [node.name, node.role, node.address, node.state, node.devices.join(", ")])
+      )
+    )
+  })
+
 /** `--data`: literal JSON, `@file`, or `-` for standard input. */
 const readData = (data: string) =>
   Effect.gen(function* () {

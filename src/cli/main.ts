@@ -8,7 +8,16 @@ import { defaultMaxJsonDepth } from "../control/gateway/JsonBody.js"
 import { dtypes } from "../models/Dtype.js"
 import { parseDevices } from "../node/Devices.js"
 import { defaultMaxMediaItems, defaultMediaLimits } from "../executors/common/media/MediaLimits.js"
-import { CliFailure, type GatewayTarget, invokeApp, listApps, listTasks, registerApp, unregisterApp } from "./client.js"
+import {
+  CliFailure,
+  type GatewayTarget,
+  invokeApp,
+  listApps,
+  listNodes,
+  listTasks,
+  registerApp,
+  unregisterApp
+} from "./client.js"
 
 const version = "0.1.0"
 
@@ -61,8 +70,9 @@ const serveCommand = Command.make(
       Options.withDefault(defaultStateDir)
     ),
     devices: Options.text("devices").pipe(
-      Options.withDescription('Devices for task executors: "auto" or a list such as cpu:0,cpu:1.'),
-      Options.withDefault("auto"),
+      Options.withDescription(
+        'Devices for task executors: "auto" (the default, but none on a control-plane node) or a list such as cpu:0,cpu:1.'
+      ),
       // Checked with the other flags, so that a wrong list is a usage error before anything starts.
       Options.mapTryCatch(
         (spec) => {
@@ -70,7 +80,8 @@ const serveCommand = Command.make(
           return spec
         },
         (error) => HelpDoc.p((error as Error).message)
-      )
+      ),
+      Options.optional
     ),
     nodeId: Options.text("node-name").pipe(
       Options.withAlias("node-id"),
@@ -185,6 +196,12 @@ const serveCommand = Command.make(
       if (Option.isSome(options.advertiseHost) && options.role !== "data-plane") {
         return yield* usage("--advertise-host is for --role data-plane")
       }
+      const clusterToken = process.env.CORNSERVE_CLUSTER_TOKEN || undefined
+      if (options.role !== "all" && clusterToken === undefined) {
+        return yield* usage(
+          `--role ${options.role} needs CORNSERVE_CLUSTER_TOKEN: the shared secret nodes join the control plane with`
+        )
+      }
       const adminToken = process.env.CORNSERVE_ADMIN_TOKEN || undefined
       if (!isLoopbackHost(options.host) && adminToken === undefined && !options.insecureNoAuth) {
         yield* Console.error(
@@ -203,8 +220,9 @@ const serveCommand = Command.make(
         host: options.host,
         port: options.port,
         stateDir: options.stateDir,
-        devices: options.devices,
+        devices: Option.getOrElse(options.devices, () => (options.role === "control-plane" ? "" : "auto")),
         nodeId: options.nodeId,
+        clusterToken,
         clusterPort: options.clusterPort,
         join: Option.getOrUndefined(options.join),
         advertiseHost: Option.getOrElse(options.advertiseHost, () => options.host),
@@ -283,6 +301,15 @@ const tasks = Command.make("tasks").pipe(
   Command.withSubcommands([
     Command.make("list", { gateway: gatewayOption }, ({ gateway }) => listTasks(target(gateway))).pipe(
       Command.withDescription("List deployed unit tasks, the apps that use them and their devices.")
+    )
+  ])
+)
+
+const nodes = Command.make("nodes").pipe(
+  Command.withDescription("Inspect the platform's nodes."),
+  Command.withSubcommands([
+    Command.make("list", { gateway: gatewayOption }, ({ gateway }) => listNodes(target(gateway))).pipe(
+      Command.withDescription("List the nodes: name, role, address, state (ready, lost) and devices.")
     )
   ])
 )
@@ -558,7 +585,7 @@ const internal = Command.make("internal").pipe(
 
 const cornserve = Command.make("cornserve").pipe(
   Command.withDescription("Serve multimodal ML apps: register an app written in TypeScript, then call it over HTTP."),
-  Command.withSubcommands([serveCommand, app, tasks, models, internal])
+  Command.withSubcommands([serveCommand, app, tasks, nodes, models, internal])
 )
 
 const cli = Command.run(cornserve, { name: "cornserve", version })

@@ -4,10 +4,12 @@ import { fileURLToPath } from "node:url"
 import type { ServeError } from "@effect/platform/HttpServerError"
 import { Console, Effect, Layer } from "effect"
 import { AppManager, type AppSummary } from "../control/app-manager/AppManager.js"
-import { NotSupported } from "../control/errors.js"
+import type { NotSupported } from "../control/errors.js"
 import { Gateway } from "../control/gateway/Gateway.js"
 import { ResourceManager } from "../control/resource-manager/ResourceManager.js"
 import { ServeConfig, type ServeOptions } from "../control/ServeConfig.js"
+import { ClusterServer, NodeRegistry } from "../control/cluster/NodeRegistry.js"
+import { runDataPlane } from "../node/ClusterMember.js"
 import { NodeAgent } from "../node/NodeAgent.js"
 
 export const examplesDir = fileURLToPath(new URL("../../examples/", import.meta.url))
@@ -20,10 +22,16 @@ const binPath = fileURLToPath(new URL("../../bin/cornserve", import.meta.url))
  * value, which Effect builds once per platform. What is left to give is the configuration.
  */
 export const platformLayer = (options: ServeOptions) =>
-  Gateway.Default.pipe(
-    Layer.provideMerge(Layer.mergeAll(AppManager.Default, ResourceManager.Default, NodeAgent.Default)),
+  Layer.merge(Gateway.Default, ClusterServer).pipe(
+    Layer.provideMerge(
+      Layer.mergeAll(AppManager.Default, ResourceManager.Default, NodeAgent.Default, NodeRegistry.Default)
+    ),
     Layer.provide(Layer.succeed(ServeConfig, options))
   )
+
+/** A data-plane node: its agent (sidecar, devices, executors) and its membership of the cluster. */
+const dataPlaneLayer = (options: ServeOptions) =>
+  NodeAgent.Default.pipe(Layer.provideMerge(Layer.succeed(ServeConfig, options)))
 
 const shellQuote = (text: string) => `'${text.replaceAll("'", `'\\''`)}'`
 
@@ -53,13 +61,16 @@ const registerExamples = Effect.gen(function* () {
 export const serve = (
   options: ServeOptions & { readonly examples: boolean }
 ): Effect.Effect<never, NotSupported | ServeError | Error> =>
-  options.role !== "all"
-    ? Effect.fail(
-        new NotSupported({
-          message: `--role ${options.role} is not supported yet: this release runs the whole platform on one machine (--role all)`
-        })
-      )
-    : runPlatform(options)
+  options.role === "data-plane" ? runDataPlaneNode(options) : runPlatform(options)
+
+const runDataPlaneNode = (options: ServeOptions) =>
+  runDataPlane.pipe(
+    Effect.catchAll((error) =>
+      Effect.fail(new Error((error as { readonly message?: string }).message ?? String(error)))
+    ),
+    Effect.provide(dataPlaneLayer(options)),
+    Effect.scoped
+  )
 
 const runPlatform = (options: ServeOptions & { readonly examples: boolean }) =>
   Effect.gen(function* () {

@@ -11,6 +11,8 @@ export interface ServeOptions {
   readonly devices: string
   /** This node's name among the platform's nodes (and its sidecar's). */
   readonly nodeId: string
+  /** CORNSERVE_CLUSTER_TOKEN: the secret nodes join with (required by both multi-node roles). */
+  readonly clusterToken: string | undefined
   /** control-plane: the port data-plane nodes join on. */
   readonly clusterPort: number
   /** data-plane: the control plane's cluster URL. */

@@ -17,6 +17,7 @@ const options = (stateDir: string, devices: string): ServeOptions => ({
   stateDir,
   devices,
   nodeId: "local",
+  clusterToken: undefined,
   clusterPort: 0,
   join: undefined,
   advertiseHost: "127.0.0.1",

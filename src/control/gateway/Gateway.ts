@@ -17,6 +17,7 @@ import {
   ShuttingDown,
   Unauthorized
 } from "../errors.js"
+import { NodeRegistry } from "../cluster/NodeRegistry.js"
 import { ResourceManager } from "../resource-manager/ResourceManager.js"
 import { ServeConfig } from "../ServeConfig.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
@@ -54,6 +55,7 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
     const appManager = yield* AppManager
     const resources = yield* ResourceManager
     const agent = yield* NodeAgent
+    const registry = yield* NodeRegistry
     let draining = false
     let inFlight = 0
     let idle: (() => void) | undefined
@@ -219,6 +221,10 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       HttpRouter.get(
         "/tasks/list",
         Effect.sync(() => HttpServerResponse.unsafeJson({ tasks: resources.tasks(), devices: resources.devices() }))
+      ),
+      HttpRouter.get(
+        "/nodes/list",
+        Effect.sync(() => HttpServerResponse.unsafeJson({ nodes: registry.list() }))
       ),
       HttpRouter.post("/task/scale", scale),
       HttpRouter.get("/health", health),

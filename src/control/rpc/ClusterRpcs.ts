@@ -1,0 +1,52 @@
+import { Rpc, RpcGroup } from "@effect/rpc"
+import { Schema } from "effect"
+
+/**
+ * What a data-plane node and the control plane tell each other (served by the control plane on
+ * its cluster port, msgpack over HTTP). Control messages only: tensors go sidecar to sidecar.
+ */
+
+export const NodeDevice = Schema.Struct({ id: Schema.String, type: Schema.Literal("cpu", "cuda"), index: Schema.Int })
+export type NodeDevice = typeof NodeDevice.Type
+
+/** A node as it introduces itself when it joins. */
+export const NodeInfo = Schema.Struct({
+  name: Schema.NonEmptyTrimmedString,
+  /** Changes each time the node's process starts: a second process under a taken name is told apart from a rejoin. */
+  instance: Schema.String,
+  devices: Schema.Array(NodeDevice),
+  /** Where the control plane and other nodes reach this node's executors and its sidecar's peer port. */
+  advertiseHost: Schema.String,
+  sidecarPeerPort: Schema.optional(Schema.Int)
+})
+export type NodeInfo = typeof NodeInfo.Type
+
+/** The token the node was started with is not the cluster's (CORNSERVE_CLUSTER_TOKEN). */
+export class ClusterTokenRefused extends Schema.TaggedError<ClusterTokenRefused>()("ClusterTokenRefused", {
+  message: Schema.String
+}) {}
+
+/** Another running node already has this name. */
+export class NodeNameTaken extends Schema.TaggedError<NodeNameTaken>()("NodeNameTaken", { message: Schema.String }) {}
+
+/** The node is not (or no longer) a member: it must join again. */
+export class NotJoined extends Schema.TaggedError<NotJoined>()("NotJoined", { message: Schema.String }) {}
+
+export const JoinAnswer = Schema.Struct({
+  /** How often the control plane expects a heartbeat, and after how long without one the node is lost. */
+  heartbeatMs: Schema.Int,
+  lostAfterMs: Schema.Int
+})
+
+export class ClusterRpcs extends RpcGroup.make(
+  Rpc.make("Join", {
+    payload: { token: Schema.String, node: NodeInfo },
+    success: JoinAnswer,
+    error: Schema.Union(ClusterTokenRefused, NodeNameTaken)
+  }),
+  Rpc.make("Heartbeat", {
+    payload: { token: Schema.String, name: Schema.String, instance: Schema.String },
+    success: Schema.Void,
+    error: Schema.Union(ClusterTokenRefused, NotJoined)
+  })
+) {}

@@ -1,0 +1,170 @@
+import { type ChildProcess, spawn } from "node:child_process"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { binPath, eventually, repoRoot, type RunningPlatform, runCli, startPlatform } from "../support/platform.js"
+
+/**
+ * The real binary as a control plane and data-plane nodes on this machine: nodes join with the
+ * cluster token, are listed with their devices, are lost when they stop beating and ready again
+ * when they come back; wrong tokens, taken names and a control plane that is not there are told.
+ */
+
+const token = "cluster-test-token"
+
+interface DataPlane {
+  readonly process: ChildProcess
+  output(): string
+  /** Resolves with the exit code. */
+  readonly exited: Promise<number | null>
+}
+
+const startDataPlane = (join: string, name: string, env: Record<string, string> = {}): DataPlane => {
+  const child = spawn(
+    process.execPath,
+    [
+      binPath,
+      "serve",
+      "--role",
+      "data-plane",
+      "--join",
+      join,
+      "--node-name",
+      name,
+      "--port",
+      "0",
+      "--devices",
+      "cpu:0,cpu:1"
+    ],
+    {
+      cwd: repoRoot,
+      env: { ...process.env, CORNSERVE_CLUSTER_TOKEN: token, ...env },
+      stdio: ["ignore", "pipe", "pipe"]
+    }
+  )
+  let output = ""
+  child.stdout!.on("data", (chunk: Buffer) => (output += chunk.toString()))
+  child.stderr!.on("data", (chunk: Buffer) => (output += chunk.toString()))
+  return {
+    process: child,
+    output: () => output,
+    exited: new Promise((resolve) => child.once("exit", (code) => resolve(code)))
+  }
+}
+
+const stopAll = async (nodes: ReadonlyArray<DataPlane>) => {
+  for (const node of nodes) if (node.process.exitCode === null) node.process.kill("SIGTERM")
+  await Promise.all(nodes.map((node) => node.exited))
+}
+
+interface NodeRow {
+  readonly name: string
+  readonly role: string
+  readonly state: string
+  readonly devices: ReadonlyArray<string>
+}
+
+describe("cluster: a control plane and data-plane nodes", () => {
+  let controlPlane: RunningPlatform
+  let join: string
+  const started: Array<DataPlane> = []
+
+  const nodesList = async (): Promise<ReadonlyArray<NodeRow>> =>
+    ((await (await fetch(`${controlPlane.url}/nodes/list`)).json()) as { nodes: Array<NodeRow> }).nodes
+  const stateOf = async (name: string) => (await nodesList()).find((node) => node.name === name)?.state
+  const dataPlane = (name: string, env: Record<string, string> = {}) => {
+    const node = startDataPlane(join, name, env)
+    started.push(node)
+    return node
+  }
+
+  beforeAll(async () => {
+    controlPlane = await startPlatform({
+      args: ["--role", "control-plane", "--cluster-port", "0"],
+      env: { CORNSERVE_CLUSTER_TOKEN: token }
+    })
+    const port = await eventually(async () => /cluster port open on \S+:(\d+)/.exec(controlPlane.output())?.[1])
+    join = `http://127.0.0.1:${port}`
+  })
+
+  afterAll(async () => {
+    await stopAll(started)
+    await controlPlane?.stop()
+  })
+
+  it("nodes join and are listed with their devices, over HTTP and by the CLI", async () => {
+    dataPlane("node-a")
+    dataPlane("node-b")
+    const nodes = await eventually(async () => {
+      const listed = await nodesList()
+      return listed.filter((node) => node.state === "ready").length === 2 ? listed : undefined
+    })
+    expect(nodes).toEqual([
+      expect.objectContaining({ name: "node-a", role: "data-plane", state: "ready", devices: ["cpu:0", "cpu:1"] }),
+      expect.objectContaining({ name: "node-b", role: "data-plane", state: "ready", devices: ["cpu:0", "cpu:1"] })
+    ])
+    const cli = await runCli(["nodes", "list"], { CORNSERVE_GATEWAY_URL: controlPlane.url })
+    expect(cli.code).toBe(0)
+    expect(cli.stdout).toMatch(/node-a\s+data-plane\s+127\.0\.0\.1\s+ready\s+cpu:0, cpu:1/)
+    expect(controlPlane.output()).toMatch(/node node-a joined from 127\.0\.0\.1 with 2 device\(s\)/)
+  })
+
+  it("a node with the wrong token is refused, and both sides say so", async () => {
+    const intruder = dataPlane("node-x", { CORNSERVE_CLUSTER_TOKEN: "wrong" })
+    expect(await intruder.exited).toBe(1)
+    expect(intruder.output()).toMatch(/refused this node: its CORNSERVE_CLUSTER_TOKEN is not the cluster's/)
+    expect(controlPlane.output()).toMatch(/refused node node-x \(127\.0\.0\.1\): its cluster token is not/)
+    expect(await stateOf("node-x")).toBeUndefined()
+  })
+
+  it("a second node under a running node's name is refused", async () => {
+    const twin = dataPlane("node-a")
+    expect(await twin.exited).toBe(1)
+    expect(twin.output()).toMatch(/already has the name node-a: give this one another --node-name/)
+    expect(await stateOf("node-a")).toBe("ready")
+  })
+
+  it("a node killed is lost within 5 s; started again under its name, it is ready again", async () => {
+    const node = dataPlane("node-c")
+    await eventually(async () => ((await stateOf("node-c")) === "ready" ? true : undefined))
+    node.process.kill("SIGKILL")
+    const killedAt = Date.now()
+    await eventually(async () => ((await stateOf("node-c")) === "lost" ? true : undefined), 10_000)
+    expect(Date.now() - killedAt).toBeLessThan(5_000)
+    const cli = await runCli(["nodes", "list"], { CORNSERVE_GATEWAY_URL: controlPlane.url })
+    expect(cli.stdout).toMatch(/node-c\s+data-plane\s+127\.0\.0\.1\s+lost/)
+    dataPlane("node-c")
+    await eventually(async () => ((await stateOf("node-c")) === "ready" ? true : undefined))
+    expect(controlPlane.output()).toMatch(/node node-c rejoined/)
+  })
+
+  it("a node pointed where no control plane listens keeps trying, and says so", async () => {
+    const lonely = startDataPlane("http://127.0.0.1:9", "node-lonely")
+    started.push(lonely)
+    await eventually(async () => ((lonely.output().match(/is not reachable/g) ?? []).length >= 2 ? true : undefined))
+    expect(lonely.output()).toMatch(/the control plane at http:\/\/127\.0\.0\.1:9 is not reachable .*retrying/)
+    expect(lonely.process.exitCode).toBeNull()
+  })
+
+  it("usage errors: --join without --role data-plane, a data plane without --join or without the token", async () => {
+    const joinAlone = await runCli(["serve", "--join", join])
+    expect(joinAlone.code).toBe(2)
+    expect(joinAlone.stderr).toMatch(/--join is for --role data-plane/)
+    const noJoin = await runCli(["serve", "--role", "data-plane"], { CORNSERVE_CLUSTER_TOKEN: token })
+    expect(noJoin.code).toBe(2)
+    expect(noJoin.stderr).toMatch(/--role data-plane needs --join/)
+    const noToken = await runCli(["serve", "--role", "control-plane"], { CORNSERVE_CLUSTER_TOKEN: "" })
+    expect(noToken.code).toBe(2)
+    expect(noToken.stderr).toMatch(/needs CORNSERVE_CLUSTER_TOKEN/)
+  })
+
+  it("nodes join a restarted control plane again without being restarted", async () => {
+    const port = new URL(join).port
+    await controlPlane.stop()
+    controlPlane = await startPlatform({
+      args: ["--role", "control-plane", "--cluster-port", port],
+      env: { CORNSERVE_CLUSTER_TOKEN: token },
+      stateDir: controlPlane.stateDir
+    })
+    await eventually(async () => ((await stateOf("node-b")) === "ready" ? true : undefined), 20_000)
+    expect(started.find((node) => node.output().includes("node-b"))!.output()).toMatch(/joining again/)
+  })
+})
