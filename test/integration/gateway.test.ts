@@ -342,8 +342,4 @@ describe("cornserve serve: restarts and shutdown", () => {
       await removeStateDir(platform.stateDir)
     }
   })
-
-  it("answers roles other than all with a clear 'not supported yet'", async () => {
-    await expect(startPlatform({ args: ["--role", "control-plane"] })).rejects.toThrow(/not supported yet/)
-  })
 })
