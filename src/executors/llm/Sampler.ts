@@ -74,13 +74,20 @@ export class Sampler {
     }
     const kept = this.topP < 1 ? nucleus(weights, this.topP * total) : undefined
     let draw = this.random.uniform() * (kept?.mass ?? total)
-    const order = kept?.indices ?? Array.from({ length: count }, (_, i) => i)
-    for (const index of order) {
-      draw -= weights[index]!
-      if (draw < 0) return tokens === undefined ? index : tokens[index]!
+    const token = (index: number) => (tokens === undefined ? index : tokens[index]!)
+    if (kept !== undefined) {
+      for (const index of kept.indices) {
+        draw -= weights[index]!
+        if (draw < 0) return token(index)
+      }
+      return token(kept.indices[kept.indices.length - 1]!)
     }
-    const last = order[order.length - 1]!
-    return tokens === undefined ? last : tokens[last]!
+    for (let index = 0; index < count; index++) {
+      draw -= weights[index]!
+      if (draw < 0) return token(index)
+    }
+    // Rounding left the draw past the last weight: the most likely token.
+    return tokens === undefined ? argmax(scores, 0, count) : tokens[0]!
   }
 }
 
