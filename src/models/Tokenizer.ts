@@ -1,10 +1,19 @@
+import { readFileSync } from "node:fs"
+import { join } from "node:path"
 import { Template } from "@huggingface/jinja"
 import { Tokenizer } from "@huggingface/tokenizers"
-import { InvalidModelDirectory, type ModelDirectory } from "./ModelDirectory.js"
+import { Either, Schema } from "effect"
+import { decodeConfig, InvalidModelDirectory, type ModelDirectory } from "./ModelDirectory.js"
 
 /**
- * A model directory's tokenizer (tokenizer.json) and chat template (tokenizer_config.json),
- * rendered the way transformers' apply_chat_template renders it.
+ * A model directory's tokenizer (tokenizer.json with tokenizer_config.json) and chat template,
+ * read and applied as transformers.js reads and applies them: the same tokenizer implementation,
+ * the same Jinja implementation, the same variables given to the template, and a rendered chat
+ * tokenized without the tokenizer's own special tokens (the template writes them).
+ *
+ * The template comes from the first of, as transformers saves it: chat_template.jinja,
+ * chat_template.json (`{"chat_template": ...}`), tokenizer_config.json's `chat_template`. The last
+ * two may hold named templates (`[{ name, template }]`); "default" is used unless a name is given.
  */
 
 export interface ChatMessage {
@@ -12,30 +21,77 @@ export interface ChatMessage {
   readonly content: string | ReadonlyArray<{ readonly type: string; readonly text?: string }>
 }
 
-const tokenText = (token: string | { readonly content: string } | null | undefined) =>
-  typeof token === "string" ? token : token?.content
+/** A chat template that cannot be used for these messages (it raised, or there is none to use). */
+export class ChatTemplateError extends Schema.TaggedError<ChatTemplateError>()("ChatTemplateError", {
+  /** Where the template comes from, e.g. `chat_template.jinja` or `tokenizer_config.json ("tool_use")`. */
+  template: Schema.String,
+  reason: Schema.String
+}) {
+  override get message() {
+    return `chat template ${this.template}: ${this.reason}`
+  }
+}
+
+const ChatTemplateValue = Schema.Union(
+  Schema.String,
+  Schema.Array(Schema.Struct({ name: Schema.String, template: Schema.String }))
+)
+const ChatTemplateJson = Schema.Struct({ chat_template: ChatTemplateValue })
+
+/** Where a model's chat templates come from, and the templates by name (one, unnamed, is "default"). */
+interface TemplateSource {
+  readonly file: string
+  readonly named: boolean
+  readonly templates: ReadonlyMap<string, string>
+}
+
+/** The special tokens transformers.js hands to a chat template, from tokenizer_config.json. */
+const specialTokenAttributes = [
+  "bos_token",
+  "eos_token",
+  "unk_token",
+  "sep_token",
+  "pad_token",
+  "cls_token",
+  "mask_token"
+] as const
 
 export class ChatTokenizer {
   private readonly tokenizer: Tokenizer
-  private readonly template: Template | undefined
-  private readonly templateTokens: Record<string, string | undefined>
+  private readonly source: TemplateSource | undefined
+  private readonly compiled = new Map<string, Template>()
+  private readonly specialTokens: Readonly<Record<string, string>>
 
   constructor(model: ModelDirectory) {
     if (model.tokenizer === undefined) {
       throw new InvalidModelDirectory({ path: model.path, reason: "it has no tokenizer.json" })
     }
-    const { json, rawConfig, config } = model.tokenizer
-    this.tokenizer = new Tokenizer(json, rawConfig)
-    const chatTemplate = config.chat_template
-    const source =
-      typeof chatTemplate === "string" ? chatTemplate : chatTemplate?.find((t) => t.name === "default")?.template
-    this.template = source === undefined ? undefined : new Template(source)
-    this.templateTokens = { bos_token: tokenText(config.bos_token), eos_token: tokenText(config.eos_token) }
+    const { json, rawConfig } = model.tokenizer
+    try {
+      this.tokenizer = new Tokenizer(json, rawConfig)
+    } catch (error) {
+      throw new InvalidModelDirectory({
+        path: model.path,
+        reason: `tokenizer.json cannot be loaded: ${(error as Error).message}`
+      })
+    }
+    this.specialTokens = specialTokens(model.path, rawConfig)
+    this.source = templateSource(model)
+    if (this.source?.templates.has("default") === true) {
+      try {
+        this.compile("default")
+      } catch (error) {
+        throw new InvalidModelDirectory({ path: model.path, reason: (error as ChatTemplateError).message })
+      }
+    }
   }
 
-  /** Token ids of `text`; special tokens written in the text (e.g. "<|im_start|>") are recognized. */
-  encode(text: string): Array<number> {
-    return this.tokenizer.encode(text, { add_special_tokens: false }).ids
+  /**
+   * Token ids of `text`. Added tokens written in the text (e.g. "<|im_start|>") are recognized;
+   * the tokenizer's own special tokens (a Llama BOS) are added only when asked.
+   */
+  encode(text: string, options: { readonly addSpecialTokens?: boolean } = {}): Array<number> {
+    return this.tokenizer.encode(text, { add_special_tokens: options.addSpecialTokens ?? false }).ids
   }
 
   decode(ids: ReadonlyArray<number>, options: { readonly skipSpecialTokens?: boolean } = {}): string {
@@ -48,15 +104,129 @@ export class ChatTokenizer {
     return this.tokenizer.token_to_id(token)
   }
 
+  /** The names of the model's chat templates ("default" alone for an unnamed one). */
+  get chatTemplateNames(): ReadonlyArray<string> {
+    return [...(this.source?.templates.keys() ?? [])]
+  }
+
+  /**
+   * The chat template (the default one, or the one named) rendered over the messages, with the
+   * variables transformers.js gives it; throws a ChatTemplateError naming the template when it
+   * cannot be rendered.
+   */
   applyChatTemplate(
     messages: ReadonlyArray<ChatMessage>,
-    options: { readonly addGenerationPrompt?: boolean } = {}
+    options: { readonly addGenerationPrompt?: boolean; readonly template?: string } = {}
   ): string {
-    if (this.template === undefined) throw new Error("this model's tokenizer_config.json has no chat_template")
-    return this.template.render({
-      messages,
-      add_generation_prompt: options.addGenerationPrompt ?? true,
-      ...this.templateTokens
-    })
+    const name = options.template ?? "default"
+    const template = this.compile(name)
+    try {
+      return template.render({
+        messages,
+        add_generation_prompt: options.addGenerationPrompt ?? true,
+        tools: null,
+        documents: null,
+        ...this.specialTokens
+      })
+    } catch (error) {
+      throw new ChatTemplateError({ template: this.describe(name), reason: (error as Error).message })
+    }
   }
+
+  /** The ids the model runs for a chat: the rendered template, its special tokens as written. */
+  encodeChat(
+    messages: ReadonlyArray<ChatMessage>,
+    options: { readonly addGenerationPrompt?: boolean; readonly template?: string } = {}
+  ): Array<number> {
+    return this.encode(this.applyChatTemplate(messages, options))
+  }
+
+  private describe(name: string): string {
+    if (this.source === undefined) return `"${name}"`
+    return this.source.named || name !== "default" ? `${this.source.file} ("${name}")` : this.source.file
+  }
+
+  private compile(name: string): Template {
+    const cached = this.compiled.get(name)
+    if (cached !== undefined) return cached
+    const source = this.source?.templates.get(name)
+    if (source === undefined) {
+      throw new ChatTemplateError({
+        template: this.describe(name),
+        reason:
+          this.source === undefined
+            ? "this model has none (no chat_template.jinja, chat_template.json, nor chat_template in tokenizer_config.json)"
+            : `there is no template of that name in ${this.source.file} (it has ${this.chatTemplateNames.join(", ")})`
+      })
+    }
+    let template: Template
+    try {
+      template = new Template(source)
+    } catch (error) {
+      throw new ChatTemplateError({
+        template: this.describe(name),
+        reason: `it does not parse: ${(error as Error).message}`
+      })
+    }
+    this.compiled.set(name, template)
+    return template
+  }
+}
+
+/** The special tokens tokenizer_config.json names, as strings (an added-token object gives its content). */
+const specialTokens = (path: string, config: Readonly<Record<string, unknown>>): Record<string, string> => {
+  const tokens: Record<string, string> = {}
+  for (const key of specialTokenAttributes) {
+    const value = config[key]
+    if (!value) continue
+    if (typeof value === "string") {
+      tokens[key] = value
+    } else if (typeof value === "object" && typeof (value as { content?: unknown }).content === "string") {
+      tokens[key] = (value as { content: string }).content
+    } else {
+      throw new InvalidModelDirectory({
+        path,
+        reason: `tokenizer_config.json: ${key} must be a string or an added token with a content`
+      })
+    }
+  }
+  return tokens
+}
+
+const readOptional = (dir: string, file: string): string | undefined => {
+  try {
+    return readFileSync(join(dir, file), "utf8")
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return undefined
+    throw new InvalidModelDirectory({ path: dir, reason: `cannot read ${file}: ${(error as Error).message}` })
+  }
+}
+
+const fromValue = (file: string, value: typeof ChatTemplateValue.Type): TemplateSource =>
+  typeof value === "string"
+    ? { file, named: false, templates: new Map([["default", value]]) }
+    : { file, named: true, templates: new Map(value.map(({ name, template }) => [name, template])) }
+
+const templateSource = (model: ModelDirectory): TemplateSource | undefined => {
+  const jinja = readOptional(model.path, "chat_template.jinja")
+  if (jinja !== undefined) return fromValue("chat_template.jinja", jinja)
+  const json = readOptional(model.path, "chat_template.json")
+  if (json !== undefined) {
+    let value: unknown
+    try {
+      value = JSON.parse(json)
+    } catch (error) {
+      throw new InvalidModelDirectory({
+        path: model.path,
+        reason: `chat_template.json is not valid JSON: ${(error as Error).message}`
+      })
+    }
+    const decoded = Either.getOrThrowWith(
+      decodeConfig(ChatTemplateJson, value),
+      (reason) => new InvalidModelDirectory({ path: model.path, reason: `chat_template.json: ${reason}` })
+    )
+    return fromValue("chat_template.json", decoded.chat_template)
+  }
+  const fromConfig = model.tokenizer?.config.chat_template
+  return fromConfig === undefined ? undefined : fromValue("tokenizer_config.json", fromConfig)
 }

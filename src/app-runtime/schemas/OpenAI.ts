@@ -45,6 +45,10 @@ export const ChatCompletionRequest = Schema.Struct({
   max_completion_tokens: optionalNullable(TokenCount),
   temperature: optionalNullable(Schema.Number.pipe(Schema.between(0, 2))),
   top_p: optionalNullable(Schema.Number.pipe(Schema.between(0, 1))),
+  /** vLLM's extension: sample among the k most likely tokens (0 or -1: all). */
+  top_k: optionalNullable(Schema.Int.pipe(Schema.greaterThanOrEqualTo(-1))),
+  /** vLLM's extension: penalize tokens already in the prompt or the completion (1: none). */
+  repetition_penalty: optionalNullable(Schema.Number.pipe(Schema.positive())),
   seed: optionalNullable(Schema.Int),
   stop: optionalNullable(Schema.Union(Schema.String, Schema.Array(Schema.String).pipe(Schema.maxItems(4)))),
   /** One choice per request is all Cornserve generates. */

@@ -2,73 +2,149 @@ import { Random } from "../../models/Random.js"
 import type { SamplingParams } from "./protocol.js"
 
 /**
- * Picks a request's next token from its logits: the most likely one at temperature 0, otherwise a
- * draw from softmax(logits / temperature) restricted to the smallest set of most likely tokens
- * whose probability reaches top_p. Each request has its own seeded generator, so a seed gives the
+ * Picks a request's next token from its logits, with transformers.js's steps in its order: the
+ * repetition penalty over every token seen so far (prompt and generated, greedy or not), then
+ * the temperature, then the top_k most likely tokens, then (as transformers does next) the
+ * smallest set of those whose probability reaches top_p; a draw from the softmax of what is
+ * left. Temperature 0 is greedy. Each request has its own seeded generator, so a seed gives the
  * same tokens whatever the request is batched with.
  */
+export type SamplerParams = Pick<SamplingParams, "temperature" | "topP" | "seed" | "topK" | "repetitionPenalty">
+
 export class Sampler {
   private readonly random: Random
   private readonly temperature: number
   private readonly topP: number
+  private readonly topK: number
+  private readonly repetitionPenalty: number
   /** The prompt's ids and every token drawn so far, in order. */
   private readonly history: Array<number>
+  /** The distinct tokens of the history, which the repetition penalty applies to. */
+  private readonly seen: Set<number>
 
-  constructor(sampling: Pick<SamplingParams, "temperature" | "topP" | "seed">, promptIds: ArrayLike<number> = []) {
+  constructor(sampling: SamplerParams, promptIds: ArrayLike<number> = []) {
     this.temperature = sampling.temperature
     this.topP = sampling.topP
+    this.topK = sampling.topK ?? 0
+    this.repetitionPenalty = sampling.repetitionPenalty ?? 1
     this.random = new Random(sampling.seed)
     this.history = Array.from(promptIds)
+    this.seen = new Set(this.history)
   }
 
   /** The token for `logits[from, from + vocab)`; it joins the history the next draw sees. */
   next(logits: Float32Array, from: number, vocab: number): number {
-    const token = this.draw(logits, from, vocab)
+    const token = this.draw(this.scores(logits, from, vocab))
     this.history.push(token)
+    this.seen.add(token)
     return token
   }
 
-  private draw(logits: Float32Array, from: number, vocab: number): number {
-    if (this.temperature === 0) return argmax(logits, from, vocab)
-    const max = logits[from + argmax(logits, from, vocab)]!
-    const weights = new Float64Array(vocab)
+  /**
+   * The row's logits after the repetition penalty and the temperature, in float32 as
+   * transformers.js computes them. The row is copied before any change: rows of a batch share
+   * one buffer.
+   */
+  scores(logits: Float32Array, from: number, vocab: number): Float32Array {
+    const penalize = this.repetitionPenalty !== 1
+    const scale = this.temperature !== 0 && this.temperature !== 1
+    if (!penalize && !scale) return logits.subarray(from, from + vocab)
+    const row = logits.slice(from, from + vocab)
+    if (penalize) {
+      for (const token of this.seen) {
+        if (token < 0 || token >= vocab) continue
+        if (row[token]! < 0) row[token]! *= this.repetitionPenalty
+        else row[token]! /= this.repetitionPenalty
+      }
+    }
+    if (scale) for (let i = 0; i < vocab; i++) row[i]! /= this.temperature
+    return row
+  }
+
+  private draw(scores: Float32Array): number {
+    if (this.temperature === 0) return argmax(scores, 0, scores.length)
+    const tokens = this.topK > 0 && this.topK < scores.length ? topK(scores, this.topK) : undefined
+    const max = tokens === undefined ? scores[argmax(scores, 0, scores.length)]! : scores[tokens[0]!]!
+    const count = tokens?.length ?? scores.length
+    const weights = new Float64Array(count)
     let total = 0
-    for (let i = 0; i < vocab; i++) {
-      weights[i] = Math.exp((logits[from + i]! - max) / this.temperature)
+    for (let i = 0; i < count; i++) {
+      weights[i] = Math.exp(scores[tokens === undefined ? i : tokens[i]!]! - max)
       total += weights[i]!
     }
-    const candidates = this.topP < 1 ? nucleus(weights, this.topP * total) : undefined
-    let draw = this.random.uniform() * (candidates?.mass ?? total)
-    if (candidates !== undefined) {
-      for (const token of candidates.tokens) {
-        draw -= weights[token]!
-        if (draw < 0) return token
+    const kept = this.topP < 1 ? nucleus(weights, this.topP * total) : undefined
+    let draw = this.random.uniform() * (kept?.mass ?? total)
+    const token = (index: number) => (tokens === undefined ? index : tokens[index]!)
+    if (kept !== undefined) {
+      for (const index of kept.indices) {
+        draw -= weights[index]!
+        if (draw < 0) return token(index)
       }
-      return candidates.tokens[candidates.tokens.length - 1]!
+      return token(kept.indices[kept.indices.length - 1]!)
     }
-    for (let token = 0; token < vocab; token++) {
-      draw -= weights[token]!
-      if (draw < 0) return token
+    for (let index = 0; index < count; index++) {
+      draw -= weights[index]!
+      if (draw < 0) return token(index)
     }
-    return argmax(logits, from, vocab)
+    // Rounding left the draw past the last weight: the most likely token.
+    return tokens === undefined ? argmax(scores, 0, count) : tokens[0]!
   }
 }
 
-/** The most likely tokens, most likely first, until their weight reaches `mass`. */
+/**
+ * The k highest scores' tokens, highest first; equal scores keep the lower token first (as the
+ * TopK operator transformers.js samples with does).
+ */
+export const topK = (scores: Float32Array, k: number): Array<number> => {
+  // A min-heap of the best k so far, worst at the root: lower score, or equal score and later token.
+  const heap: Array<number> = []
+  const worse = (a: number, b: number) => scores[a]! < scores[b]! || (scores[a] === scores[b] && a > b)
+  const siftDown = (start: number) => {
+    let i = start
+    for (;;) {
+      const left = 2 * i + 1
+      const right = left + 1
+      let worst = i
+      if (left < heap.length && worse(heap[left]!, heap[worst]!)) worst = left
+      if (right < heap.length && worse(heap[right]!, heap[worst]!)) worst = right
+      if (worst === i) return
+      ;[heap[i], heap[worst]] = [heap[worst]!, heap[i]!]
+      i = worst
+    }
+  }
+  for (let token = 0; token < scores.length; token++) {
+    if (heap.length < k) {
+      heap.push(token)
+      let i = heap.length - 1
+      while (i > 0) {
+        const parent = (i - 1) >> 1
+        if (!worse(heap[i]!, heap[parent]!)) break
+        ;[heap[i], heap[parent]] = [heap[parent]!, heap[i]!]
+        i = parent
+      }
+    } else if (worse(heap[0]!, token)) {
+      heap[0] = token
+      siftDown(0)
+    }
+  }
+  return heap.sort((a, b) => (worse(a, b) ? 1 : worse(b, a) ? -1 : 0))
+}
+
+/** Indices of the largest weights, largest first, until their weight reaches `mass`. */
 const nucleus = (
   weights: Float64Array,
   mass: number
-): { readonly tokens: ReadonlyArray<number>; readonly mass: number } => {
+): { readonly indices: ReadonlyArray<number>; readonly mass: number } => {
   const order = Array.from({ length: weights.length }, (_, i) => i).filter((i) => weights[i]! > 0)
   order.sort((a, b) => weights[b]! - weights[a]! || a - b)
-  const tokens: Array<number> = []
+  const indices: Array<number> = []
   let sum = 0
-  for (const token of order) {
-    tokens.push(token)
-    sum += weights[token]!
+  for (const index of order) {
+    indices.push(index)
+    sum += weights[index]!
     if (sum >= mass) break
   }
-  return { tokens, mass: sum }
+  return { indices, mass: sum }
 }
 
 export const argmax = (values: Float32Array, from: number, length: number): number => {

@@ -37,6 +37,13 @@ export interface SamplingParams {
   /** 0 is greedy. */
   readonly temperature: number
   readonly topP: number
+  /** Sample among the k most likely tokens only; absent or 0 keeps them all. */
+  readonly topK?: number
+  /**
+   * Logits of tokens already in the sequence (prompt or generated) are divided by it when
+   * positive, multiplied when negative; absent or 1 leaves them.
+   */
+  readonly repetitionPenalty?: number
   readonly seed: number
   readonly maxNewTokens: number
   /** Tokens that end the sequence (empty with ignore_eos). */

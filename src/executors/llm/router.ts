@@ -9,8 +9,9 @@ import { relative } from "node:path"
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
 import { Effect, Stream } from "effect"
 import { decoderFiles } from "../../models/DecoderLayout.js"
+import { GenerationConfig } from "../../models/GenerationConfig.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
-import { ChatTokenizer } from "../../models/Tokenizer.js"
+import { ChatTemplateError, ChatTokenizer } from "../../models/Tokenizer.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { BadRequest, ContextLengthExceeded, EmptyPrompt, ModelNotFound, NoSidecar } from "../common/errors.js"
 import { checkMediaItemCount } from "../common/media/MediaLimits.js"
@@ -33,13 +34,6 @@ import { contextLength, kvCacheTokens } from "./Limits.js"
 import { makeMediaInputs } from "./MediaInputs.js"
 import { type MediaPart, mediaParts, PromptError, templateMessages } from "./Prompt.js"
 import type { EmbedResult, GenerateMeta, LlmRequestMeta, PromptInput, SamplingParams } from "./protocol.js"
-
-const tokenIds = (value: unknown): Array<number> =>
-  typeof value === "number"
-    ? [value]
-    : Array.isArray(value)
-      ? value.filter((id): id is number => typeof id === "number")
-      : []
 
 const sseLine = (data: unknown) =>
   new TextEncoder().encode(`data: ${typeof data === "string" ? data : JSON.stringify(data)}\n\n`)
@@ -77,20 +71,9 @@ export const routerKind: RouterKind = {
             )
       const media = makeMediaInputs({ config, model, pool: pool!, sidecar })
       const maxModelLength = contextLength(model)
-      const generationConfig = model.generationConfig ?? {}
-      const stopTokenIds = [
-        ...new Set([...tokenIds(model.config.eos_token_id), ...tokenIds(generationConfig.eos_token_id)])
-      ]
-      const defaults = {
-        temperature:
-          typeof generationConfig.temperature === "number"
-            ? generationConfig.temperature
-            : generationConfig.do_sample === false
-              ? 0
-              : 1,
-        topP: typeof generationConfig.top_p === "number" ? generationConfig.top_p : 1,
-        maxNewTokens: typeof generationConfig.max_new_tokens === "number" ? generationConfig.max_new_tokens : undefined
-      }
+      const generation = yield* Effect.try({ try: () => GenerationConfig.of(model), catch: (error) => error as Error })
+      const stopTokenIds = generation.eosTokenIds
+      const defaults = generation.sampling
       const created = Math.floor(Date.now() / 1000)
 
       const checkModel = (name: string | undefined) =>
@@ -103,7 +86,10 @@ export const routerKind: RouterKind = {
         try {
           return tokenizer.applyChatTemplate(templateMessages(messages), { addGenerationPrompt })
         } catch (error) {
-          throw new PromptError(`the model's chat template cannot render these messages: ${(error as Error).message}`)
+          if (!(error instanceof ChatTemplateError)) throw error
+          throw new PromptError(
+            `the model's chat template (${error.template}) cannot render these messages: ${error.reason}`
+          )
         }
       }
 
@@ -132,7 +118,8 @@ export const routerKind: RouterKind = {
           })
         }
         const asked = body.max_completion_tokens ?? body.max_tokens ?? undefined
-        const maxNewTokens = asked ?? Math.min(defaults.maxNewTokens ?? Infinity, maxModelLength - promptTokens)
+        const maxNewTokens =
+          asked ?? Math.min(generation.maxNewTokens(promptTokens) ?? Infinity, maxModelLength - promptTokens)
         if (promptTokens + maxNewTokens > maxModelLength) {
           throw new ContextLengthExceeded({
             message: `this model's maximum context length is ${maxModelLength} tokens; ${promptTokens + maxNewTokens} were asked for (${promptTokens} in the messages, ${maxNewTokens} in the completion)`
@@ -141,6 +128,8 @@ export const routerKind: RouterKind = {
         return {
           temperature: body.temperature ?? defaults.temperature,
           topP: body.top_p ?? defaults.topP,
+          topK: body.top_k === undefined || body.top_k === null ? defaults.topK : Math.max(body.top_k, 0),
+          repetitionPenalty: body.repetition_penalty ?? defaults.repetitionPenalty,
           seed: body.seed ?? randomInt(2 ** 31),
           maxNewTokens,
           stopTokenIds: body.ignore_eos === true ? [] : stopTokenIds
