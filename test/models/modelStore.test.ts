@@ -49,7 +49,7 @@ describe("buildModel", () => {
       "cornserve/tiny-color-painter",
       "cornserve/tiny-color-tones"
     ])
-    expect(benchModelNames).toEqual(["bench/vit-b16", "bench/decoder-125m"])
+    expect(benchModelNames).toEqual(["bench/vit-b16", "bench/decoder-125m", "bench/smollm2-135m"])
   })
 
   it("writes byte-identical files on every build, replacing an earlier build in place", async () => {
