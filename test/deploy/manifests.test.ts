@@ -107,6 +107,17 @@ const parseHelp = (help: string): ReadonlyArray<FlagSpec> =>
       }
     })
 
+let helpFlags: Promise<ReadonlyArray<FlagSpec>> | undefined
+
+/** `cornserve serve --help`'s options, read once for the file. */
+const serveFlagSpecs = (): Promise<ReadonlyArray<FlagSpec>> => {
+  helpFlags ??= runCli(["serve", "--help"]).then((help) => {
+    expect(help.code).toBe(0)
+    return parseHelp(help.stdout)
+  })
+  return helpFlags
+}
+
 type ServeFlags = ReadonlyMap<string, ReadonlyArray<string>>
 
 /** Reads a container's args as `cornserve serve` would, keyed by each option's first name. */
@@ -201,9 +212,7 @@ describe("deploy/kubernetes", () => {
   }
 
   beforeAll(async () => {
-    const help = await runCli(["serve", "--help"])
-    expect(help.code).toBe(0)
-    specs = parseHelp(help.stdout)
+    specs = await serveFlagSpecs()
     expect(specs.map((spec) => spec.names[0])).toContain("--role")
   })
 
@@ -381,5 +390,58 @@ describe("Dockerfile", () => {
       .flatMap((line) => line.trim().split(/\s+/).slice(1, -1))
     expect(sources.length).toBeGreaterThan(0)
     for (const source of sources) expect(ignored, source).not.toContain(source)
+  })
+})
+
+/** The README's "Running a cluster" section, its shell lines with continuations joined. */
+const clusterSection = (): ReadonlyArray<string> => {
+  const readme = readFileSync(join(repoRoot, "README.md"), "utf8")
+  const start = readme.indexOf("## Running a cluster")
+  expect(start, 'the README has a "Running a cluster" section').toBeGreaterThanOrEqual(0)
+  const end = readme.indexOf("\n## ", start + 1)
+  return readme
+    .slice(start, end < 0 ? undefined : end)
+    .replace(/\\\n\s*/g, "")
+    .split("\n")
+}
+
+describe('README: "Running a cluster"', () => {
+  let specs: ReadonlyArray<FlagSpec> = []
+  beforeAll(async () => {
+    specs = await serveFlagSpecs()
+  })
+
+  it("starts a control plane and two data-plane nodes that join its cluster port under their own names and ports", () => {
+    const nodes = clusterSection()
+      .filter((line) => line.startsWith("node bin/cornserve serve "))
+      .map((line) => parseServeArgs(line.replace(/\s*&$/, "").split(/\s+/).slice(2), specs))
+    expect(nodes.map((flags) => single(flags, "--role"))).toEqual(["control-plane", "data-plane", "data-plane"])
+    const [controlPlane, ...dataPlanes] = nodes
+    const clusterPort = single(controlPlane!, "--cluster-port") ?? "8001"
+    for (const flags of dataPlanes) {
+      expect(new URL(single(flags, "--join")!).port).toBe(clusterPort)
+    }
+    expect(new Set(dataPlanes.map((flags) => single(flags, "--node-name"))).size).toBe(dataPlanes.length)
+    const ports = nodes.map((flags) => single(flags, "--port") ?? "8000")
+    expect(new Set([...ports, clusterPort]).size).toBe(ports.length + 1)
+  })
+
+  it("creates the Secret, with every key the manifests require", () => {
+    const create = clusterSection().find((line) => line.startsWith("kubectl create secret generic "))
+    expect(create).toBeDefined()
+    const [name] = create!.slice("kubectl create secret generic ".length).split(/\s+/)
+    const keys = [...create!.matchAll(/--from-literal=([\w-]+)=/g)].map((match) => match[1])
+    const required = manifests
+      .flatMap(({ object }) =>
+        object instanceof Deployment || object instanceof DaemonSet ? object.spec!.template.spec!.containers : []
+      )
+      .flatMap((container) => container.env ?? [])
+      .flatMap((variable) => (variable.valueFrom?.secretKeyRef === undefined ? [] : [variable.valueFrom.secretKeyRef]))
+      .filter((reference) => reference.optional !== true)
+    expect(required.length).toBeGreaterThan(0)
+    for (const reference of required) {
+      expect(reference.name).toBe(name)
+      expect(keys).toContain(reference.key)
+    }
   })
 })
