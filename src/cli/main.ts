@@ -203,7 +203,13 @@ const serveCommand = Command.make(
         )
       }
       const adminToken = process.env.CORNSERVE_ADMIN_TOKEN || undefined
-      if (!isLoopbackHost(options.host) && adminToken === undefined && !options.insecureNoAuth) {
+      // A data-plane node serves no admin route: only the gateway takes code to run.
+      if (
+        options.role !== "data-plane" &&
+        !isLoopbackHost(options.host) &&
+        adminToken === undefined &&
+        !options.insecureNoAuth
+      ) {
         yield* Console.error(
           `--host ${options.host} is reachable from other machines, and without CORNSERVE_ADMIN_TOKEN anyone who ` +
             "reaches it may register and run code: set the token, or pass --insecure-no-auth to accept that"
