@@ -22,6 +22,10 @@ import { type DType, Tensor, tensorByteLength } from "./Tensor.js"
  * the node's arena, which the client maps at connect time: a sent tensor is copied once into a
  * slot (or written there in the first place, see `allocate`), and a received one is a view of its
  * slot, valid until it is marked done.
+ *
+ * A send that copies asks the sidecar for a spare slot of the same size class with it, so that the
+ * next chunk of that size is copied in at once rather than after a round trip for a slot. A spare
+ * not used within `spareIdleMs` goes back to the arena.
  */
 
 /** What can be sent: a tensor or bytes (through the arena), or a small string or number (inline). */
@@ -36,6 +40,8 @@ export interface SidecarClientOptions {
   readonly answerTimeoutMs?: number
   /** How long a request waits for the node's sidecar to be back once it went away (default 5 s). */
   readonly reconnectWaitMs?: number
+  /** How long a spare slot waits for the next send of its size before it is given back (default 1 s; 0: no spares). */
+  readonly spareIdleMs?: number
 }
 
 export interface SendOptions {
@@ -64,6 +70,13 @@ interface OpenStream {
   numChunks: number
 }
 
+/** A slot the sidecar handed out with a send, for the next chunk of its size class. */
+interface Spare {
+  readonly offset: number
+  /** Gives it back once it has waited spareIdleMs. */
+  readonly timer: NodeJS.Timeout
+}
+
 /** How often a client whose sidecar went away tries to connect to the one that replaces it. */
 const reconnectIntervalMs = 100
 
@@ -77,6 +90,11 @@ export class SidecarClient {
   /** Slots handed out by `allocate` and not sent yet: offset → bytes. */
   private readonly allocations = new Map<number, number>()
   private readonly streams = new Map<string, OpenStream>()
+  /** Spare slots by slot size. */
+  private readonly spares = new Map<number, Spare>()
+  /** Slot sizes for which a send in flight asked for a spare. */
+  private readonly sparesAsked = new Set<number>()
+  private minSlotBytes = 1
   private nextRid = 0
   private socket: net.Socket | undefined
   /** Counts the connections made, so that a request can tell whether its connection was replaced. */
@@ -89,6 +107,7 @@ export class SidecarClient {
   private readonly recvTimeoutMs: number
   private readonly answerTimeoutMs: number
   private readonly reconnectWaitMs: number
+  private readonly spareIdleMs: number
 
   private constructor(
     readonly socketPath: string,
@@ -98,6 +117,7 @@ export class SidecarClient {
     this.recvTimeoutMs = options.recvTimeoutMs ?? 60_000
     this.answerTimeoutMs = options.answerTimeoutMs ?? 30_000
     this.reconnectWaitMs = options.reconnectWaitMs ?? 5_000
+    this.spareIdleMs = options.spareIdleMs ?? 1_000
   }
 
   /** Connects to the node's sidecar and maps its arena. */
@@ -140,6 +160,7 @@ export class SidecarClient {
     try {
       const info = await this.request({ _tag: "Hello", pid: process.pid }, "ArenaInfo", this.answerTimeoutMs)
       this.node = info.nodeId
+      this.minSlotBytes = info.minSlotBytes
       this.arena = Arena.open(info.arenaPath, info.segmentBytes)
     } catch (error) {
       socket.destroy()
@@ -156,6 +177,7 @@ export class SidecarClient {
       const deadline = Date.now() + this.reconnectWaitMs
       for (;;) {
         try {
+          this.dropSpares()
           await this.open()
           this.allocations.clear()
           this.streams.clear()
@@ -203,12 +225,25 @@ export class SidecarClient {
       to: options.to,
       meta,
       timeoutMs,
-      offset: null
+      offset: null,
+      spare: false
     })
     const sendOnce = async () => {
       if (options.stream === true) this.trackStream(id, chunk, options.to)
-      const offset = bytes === undefined || bytes.length === 0 ? null : await this.place(bytes, timeoutMs)
-      await this.request({ ...message, offset }, "Ok", timeoutMs + this.answerTimeoutMs)
+      const placed = bytes === undefined || bytes.length === 0 ? undefined : await this.place(bytes, timeoutMs)
+      const spareClass = placed?.copied === true && this.wantsSpare(placed.slotBytes) ? placed.slotBytes : undefined
+      if (spareClass !== undefined) this.sparesAsked.add(spareClass)
+      const connection = this.connections
+      try {
+        const { spare } = await this.request(
+          { ...message, offset: placed?.offset ?? null, spare: spareClass !== undefined },
+          "Sent",
+          timeoutMs + this.answerTimeoutMs
+        )
+        if (spare !== null) this.keepSpare(spareClass!, spare, connection)
+      } finally {
+        if (spareClass !== undefined && connection === this.connections) this.sparesAsked.delete(spareClass)
+      }
     }
     const connection = this.connections
     try {
@@ -308,6 +343,8 @@ export class SidecarClient {
   /** Disconnects; the sidecar frees what this client allocated and did not send. */
   async close(): Promise<void> {
     this.closedByClient = true
+    // The sidecar frees the spares of a client that disconnects.
+    this.dropSpares()
     const socket = this.socket
     if (socket === undefined || socket.destroyed) return
     const closed = new Promise((resolve) => socket.once("close", resolve))
@@ -315,23 +352,78 @@ export class SidecarClient {
     await closed
   }
 
-  /** The slot for bytes to send: their own when they came from `allocate`, else a new one they are copied into. */
-  private async place(bytes: Uint8Array, timeoutMs: number): Promise<number> {
+  /**
+   * The slot for bytes to send: their own when they came from `allocate`, else a spare or a new
+   * slot that they are copied into.
+   */
+  private async place(
+    bytes: Uint8Array,
+    timeoutMs: number
+  ): Promise<{ readonly offset: number; readonly copied: boolean; readonly slotBytes: number }> {
     // What was allocated in the arena of a sidecar that went away is no place to send from.
     await this.connected()
+    const slotBytes = this.slotBytesFor(bytes.length)
     const own = this.mapped().offsetOf(bytes)
     if (own !== undefined && this.allocations.get(own) === bytes.length) {
       this.allocations.delete(own)
-      return own
+      return { offset: own, copied: false, slotBytes }
     }
-    const { offset } = await this.request(
-      { _tag: "Allocate", bytes: bytes.length, timeoutMs },
-      "Allocated",
-      timeoutMs + this.answerTimeoutMs
-    )
+    const offset =
+      this.takeSpare(slotBytes) ??
+      (
+        await this.request(
+          { _tag: "Allocate", bytes: bytes.length, timeoutMs },
+          "Allocated",
+          timeoutMs + this.answerTimeoutMs
+        )
+      ).offset
     // The arena of the sidecar that answered: another, if the connection was replaced meanwhile.
     this.mapped().view(offset, bytes.length).set(bytes)
-    return offset
+    return { offset, copied: true, slotBytes }
+  }
+
+  /** The size of the slot the sidecar gives for `bytes`: the power of two that holds them, at least the smallest slot. */
+  private slotBytesFor(bytes: number): number {
+    const slotBytes = 2 ** Math.ceil(Math.log2(bytes))
+    // Math.log2 may round 2^k + 1 down to k for very large k.
+    return Math.max(this.minSlotBytes, slotBytes < bytes ? slotBytes * 2 : slotBytes)
+  }
+
+  private wantsSpare(slotBytes: number): boolean {
+    return this.spareIdleMs > 0 && !this.spares.has(slotBytes) && !this.sparesAsked.has(slotBytes)
+  }
+
+  private takeSpare(slotBytes: number): number | undefined {
+    const spare = this.spares.get(slotBytes)
+    if (spare === undefined) return undefined
+    clearTimeout(spare.timer)
+    this.spares.delete(slotBytes)
+    return spare.offset
+  }
+
+  /** Keeps a spare the sidecar answered a send with (on `connection`), for spareIdleMs. */
+  private keepSpare(slotBytes: number, offset: number, connection: number) {
+    // A spare of a sidecar that went away went with it.
+    if (connection !== this.connections || this.closedByClient) return
+    if (this.spares.has(slotBytes)) return this.giveBack(offset)
+    const timer = setTimeout(() => {
+      if (this.spares.get(slotBytes)?.offset !== offset) return
+      this.spares.delete(slotBytes)
+      this.giveBack(offset)
+    }, this.spareIdleMs).unref()
+    this.spares.set(slotBytes, { offset, timer })
+  }
+
+  /** Releases a spare; nothing is lost if the sidecar is gone, since the spare went with it. */
+  private giveBack(offset: number) {
+    if (this.closedByClient || this.socket?.destroyed !== false) return
+    this.request({ _tag: "Release", offset }, "Ok", this.answerTimeoutMs).catch(() => undefined)
+  }
+
+  private dropSpares() {
+    for (const spare of this.spares.values()) clearTimeout(spare.timer)
+    this.spares.clear()
+    this.sparesAsked.clear()
   }
 
   private materialize(meta: PayloadMeta, offset: number | null): Payload {

@@ -31,6 +31,8 @@ class ClientSession implements Reader {
   readonly received = new Set<StoredChunk>()
   /** Slots allocated and not sent yet. */
   readonly owned = new Set<number>()
+  /** Spare slots given to this client with its sends, not used yet. */
+  readonly spares = new Set<number>()
   readonly closed = new AbortController()
   pid: number | undefined
 
@@ -148,7 +150,8 @@ export class SidecarServer {
           nodeId,
           arenaPath: arena.path,
           arenaBytes: arena.byteLength,
-          segmentBytes: arena.segmentBytes
+          segmentBytes: arena.segmentBytes,
+          minSlotBytes: slots.minSlotBytes
         }
       case "Allocate": {
         const offset = await slots.allocate(request.bytes, request.timeoutMs, session.closed.signal)
@@ -159,9 +162,10 @@ export class SidecarServer {
         this.takeOwned(session, request.offset)
         slots.release(request.offset)
         return { _tag: "Ok" }
-      case "Send":
+      case "Send": {
         await this.send(session, request)
-        return { _tag: "Ok" }
+        return { _tag: "Sent", spare: this.spare(session, request) }
+      }
       case "Recv": {
         const result = await table.recv(request.id, request.chunk, request.timeoutMs, session, session.closed.signal)
         return result === "end"
@@ -238,6 +242,16 @@ export class SidecarServer {
     }
   }
 
+  /** A spare slot for the sender's next chunk, when it asked for one and the arena has room. */
+  private spare(session: ClientSession, request: Extract<ClientRequest, { _tag: "Send" }>): number | null {
+    const bytes = payloadBytes(request.meta)
+    if (!request.spare || bytes === 0 || session.closed.signal.aborted) return null
+    const offset = this.options.slots.trySpare(bytes)
+    if (offset === undefined) return null
+    session.spares.add(offset)
+    return offset
+  }
+
   private destinations(to: ReadonlyArray<string>) {
     const { nodeId, peers } = this.options
     for (const node of to) {
@@ -247,7 +261,9 @@ export class SidecarServer {
     return { local: to.includes(nodeId), remotes: [...new Set(to.filter((node) => node !== nodeId))] }
   }
 
+  /** The client gives up a slot it owns: one it allocated, or a spare, which then holds data. */
   private takeOwned(session: ClientSession, offset: number) {
+    if (session.spares.delete(offset)) return this.options.slots.useSpare(offset)
     if (!session.owned.delete(offset))
       throw new InvalidRequest({ reason: `no slot at offset ${offset} was allocated to this client` })
   }
@@ -261,6 +277,9 @@ export class SidecarServer {
     const chunks = session.received.size
     for (const offset of session.owned) this.options.slots.release(offset)
     session.owned.clear()
+    // Spares held no data: freeing them is no loss worth a warning.
+    for (const offset of session.spares) this.options.slots.release(offset)
+    session.spares.clear()
     this.slotsReleasedOnDisconnect += slots
     this.options.table.releaseReader(session)
     if (slots > 0) {

@@ -8,7 +8,15 @@ import type { SizeClassAllocator } from "./SizeClassAllocator.js"
  * its time runs out; it never fails for lack of memory right away and never over-commits. A slot
  * can be held by several owners at once (the transfer table and each TCP write of it to a peer);
  * it is freed when the last one lets go.
+ *
+ * A spare slot is one handed to a sender ahead of its next chunk, so that the chunk is copied in
+ * without waiting for an allocation first. Spares are given only from an arena with room to spare
+ * (no allocation waiting, and no more than `spareShare` of it in use afterwards), and they are
+ * counted apart from the slots that hold data until their sender uses them.
  */
+
+/** The share of the arena in use, spare included, up to which a spare slot is given. */
+const spareShare = 0.5
 
 interface Waiter {
   readonly bytes: number
@@ -20,6 +28,9 @@ interface Waiter {
 
 export class SlotPool {
   private readonly owners = new Map<number, number>()
+  /** Spare slots not used yet: offset → slot bytes. */
+  private readonly spares = new Map<number, number>()
+  private spareBytes = 0
   private readonly waiters: Array<Waiter> = []
   private waits = 0
   private timeouts = 0
@@ -70,6 +81,29 @@ export class SlotPool {
     })
   }
 
+  /**
+   * A spare slot of the size class of `bytes`, or undefined when the arena has no room to spare.
+   * It is freed with `release` or becomes an ordinary slot with `useSpare`.
+   */
+  trySpare(bytes: number): number | undefined {
+    const slotBytes = this.allocator.blockBytes(bytes)
+    if (slotBytes === undefined || this.waiters.length > 0) return undefined
+    if (this.allocator.usedBytes + slotBytes > this.allocator.capacityBytes * spareShare) return undefined
+    const offset = this.take(bytes)
+    if (offset === undefined) return undefined
+    this.spares.set(offset, slotBytes)
+    this.spareBytes += slotBytes
+    return offset
+  }
+
+  /** A spare slot now holds data, or it was not a spare. */
+  useSpare(offset: number): void {
+    const slotBytes = this.spares.get(offset)
+    if (slotBytes === undefined) return
+    this.spares.delete(offset)
+    this.spareBytes -= slotBytes
+  }
+
   /** One more owner for an allocated slot. */
   retain(offset: number): void {
     const owners = this.owners.get(offset)
@@ -86,8 +120,14 @@ export class SlotPool {
       return
     }
     this.owners.delete(offset)
+    this.useSpare(offset)
     this.allocator.release(offset)
     this.serveWaiters()
+  }
+
+  /** The smallest slot: what a request of fewer bytes takes. */
+  get minSlotBytes(): number {
+    return this.allocator.minBlockBytes
   }
 
   /** The size of the slot at `offset`, or undefined when none is allocated there. */
@@ -98,8 +138,10 @@ export class SlotPool {
   get stats() {
     return {
       arenaBytes: this.allocator.capacityBytes,
-      bytesInUse: this.allocator.usedBytes,
-      slotsInUse: this.allocator.allocationCount,
+      bytesInUse: this.allocator.usedBytes - this.spareBytes,
+      slotsInUse: this.allocator.allocationCount - this.spares.size,
+      bytesReserved: this.spareBytes,
+      slotsReserved: this.spares.size,
       largestFreeBytes: this.allocator.largestFreeBytes,
       allocationWaits: this.waits,
       allocationTimeouts: this.timeouts

@@ -55,7 +55,12 @@ export const Send = Schema.TaggedStruct("Send", {
   /** How long a receiving node may wait for room in its arena. */
   timeoutMs: Count,
   /** The slot holding the chunk's bytes; null when it has none (inline values, empty tensors). */
-  offset: Schema.NullOr(Count)
+  offset: Schema.NullOr(Count),
+  /**
+   * Whether the sender would like a spare slot of the same size class back with the answer, to
+   * copy its next chunk into without asking for a slot first (see Sent).
+   */
+  spare: Schema.Boolean
 })
 const Recv = Schema.TaggedStruct("Recv", { id: TransferId, chunk: Count, timeoutMs: Count })
 /** chunk null: the whole transfer is done; its remaining chunks are freed and its id forgotten. */
@@ -86,20 +91,30 @@ const ArenaInfo = Schema.TaggedStruct("ArenaInfo", {
   nodeId: NodeId,
   arenaPath: Schema.String,
   arenaBytes: Count,
-  segmentBytes: Positive
+  segmentBytes: Positive,
+  /** The smallest slot: a request of fewer bytes takes one this large. */
+  minSlotBytes: Positive
 })
 const Allocated = Schema.TaggedStruct("Allocated", { offset: Count })
 const Received = Schema.TaggedStruct("Received", { meta: PayloadMeta, offset: Schema.NullOr(Count) })
 /** The chunk asked for is past the end of the transfer. */
 const StreamEnd = Schema.TaggedStruct("StreamEnd", {})
 const Ok = Schema.TaggedStruct("Ok", {})
+/**
+ * A send went through. spare: a slot now owned by the sender, of the size class of the chunk it
+ * sent, when it asked for one and the arena had room to spare; it gives it back with Release.
+ */
+const Sent = Schema.TaggedStruct("Sent", { spare: Schema.NullOr(Count) })
 
 export const SidecarStats = Schema.TaggedStruct("SidecarStats", {
   nodeId: NodeId,
   arenaBytes: Count,
-  /** Bytes of the arena held by slots (whole size classes). */
+  /** Bytes of the arena held by slots (whole size classes), spare slots not included. */
   bytesInUse: Count,
   slotsInUse: Count,
+  /** Spare slots that senders hold to copy their next chunk into. */
+  bytesReserved: Count,
+  slotsReserved: Count,
   largestFreeBytes: Count,
   /** Transfers this sidecar keeps a record of: data, waiting receivers, or a chunk count (for the TTL). */
   transfersActive: Count,
@@ -124,7 +139,7 @@ export const SidecarStats = Schema.TaggedStruct("SidecarStats", {
 })
 export type SidecarStats = typeof SidecarStats.Type
 
-export const ClientReply = Schema.Union(ArenaInfo, Allocated, Received, StreamEnd, Ok, SidecarStats)
+export const ClientReply = Schema.Union(ArenaInfo, Allocated, Received, StreamEnd, Ok, Sent, SidecarStats)
 export type ClientReply = typeof ClientReply.Type
 
 export const ClientFrame = Schema.Struct({ rid: Count, request: ClientRequest })

@@ -26,7 +26,8 @@ describe("wire protocol", () => {
         to: ["node-b", "node-a"] as [string, ...Array<string>],
         meta: { _tag: "Tensor" as const, dtype: "bfloat16" as const, shape: [2, 0, 3] },
         timeoutMs: 1000,
-        offset: 65536
+        offset: 65536,
+        spare: true
       }
     }
     expect(decodeBody(ClientFrame, body(encodeFrame(send)))).toEqual(send)
