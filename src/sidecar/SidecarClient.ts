@@ -231,14 +231,16 @@ export class SidecarClient {
     const sendOnce = async () => {
       if (options.stream === true) this.trackStream(id, chunk, options.to)
       const placed = bytes === undefined || bytes.length === 0 ? undefined : await this.place(bytes, timeoutMs)
-      const spareClass = placed?.copied === true && this.wantsSpare(placed.slotBytes) ? placed.slotBytes : undefined
+      const copy = placed !== undefined && !placed.inPlace
+      const spareClass = copy && this.wantsSpare(placed.slotBytes) ? placed.slotBytes : undefined
       if (spareClass !== undefined) this.sparesAsked.add(spareClass)
       const connection = this.connections
       try {
         const { spare } = await this.request(
           { ...message, offset: placed?.offset ?? null, spare: spareClass !== undefined },
           "Sent",
-          timeoutMs + this.answerTimeoutMs
+          timeoutMs + this.answerTimeoutMs,
+          copy ? () => this.copyIn(bytes!, placed.offset, connection) : undefined
         )
         if (spare !== null) this.keepSpare(spareClass!, spare, connection)
       } finally {
@@ -353,20 +355,20 @@ export class SidecarClient {
   }
 
   /**
-   * The slot for bytes to send: their own when they came from `allocate`, else a spare or a new
-   * slot that they are copied into.
+   * The slot for bytes to send: their own when they came from `allocate` (in place), else a spare
+   * or a new slot for them to be copied into.
    */
   private async place(
     bytes: Uint8Array,
     timeoutMs: number
-  ): Promise<{ readonly offset: number; readonly copied: boolean; readonly slotBytes: number }> {
+  ): Promise<{ readonly offset: number; readonly inPlace: boolean; readonly slotBytes: number }> {
     // What was allocated in the arena of a sidecar that went away is no place to send from.
     await this.connected()
     const slotBytes = this.slotBytesFor(bytes.length)
     const own = this.mapped().offsetOf(bytes)
     if (own !== undefined && this.allocations.get(own) === bytes.length) {
       this.allocations.delete(own)
-      return { offset: own, copied: false, slotBytes }
+      return { offset: own, inPlace: true, slotBytes }
     }
     const offset =
       this.takeSpare(slotBytes) ??
@@ -377,9 +379,13 @@ export class SidecarClient {
           timeoutMs + this.answerTimeoutMs
         )
       ).offset
-    // The arena of the sidecar that answered: another, if the connection was replaced meanwhile.
+    return { offset, inPlace: false, slotBytes }
+  }
+
+  /** Copies a chunk into the slot it was given on `connection`, unless another sidecar has replaced that one since. */
+  private copyIn(bytes: Uint8Array, offset: number, connection: number) {
+    if (connection !== this.connections) throw this.unavailable("the sidecar was replaced while the chunk was placed")
     this.mapped().view(offset, bytes.length).set(bytes)
-    return { offset, copied: true, slotBytes }
   }
 
   /** The size of the slot the sidecar gives for `bytes`: the power of two that holds them, at least the smallest slot. */
@@ -450,10 +456,16 @@ export class SidecarClient {
     this.streams.set(id, stream)
   }
 
+  /**
+   * Sends a request and waits for its answer. `beforeWrite` runs once the request is encoded and
+   * just before it goes out: a send copies its chunk in there, after the work that the copy would
+   * otherwise push out of the processor's caches.
+   */
   private async request<T extends ClientReply["_tag"]>(
     request: ClientRequest,
     expected: T | ReadonlyArray<T>,
-    deadlineMs: number
+    deadlineMs: number,
+    beforeWrite?: () => void
   ): Promise<Extract<ClientReply, { _tag: T }>> {
     if (this.closedByClient) throw this.unavailable("the client closed")
     // Hello goes out on the connection being opened; any other request waits until one is open
@@ -468,6 +480,13 @@ export class SidecarClient {
         reject(this.unavailable(`no answer to ${request._tag} within ${deadlineMs} ms`))
       }, deadlineMs)
       this.pending.set(rid, { socket, resolve, reject, timer })
+      try {
+        beforeWrite?.()
+      } catch (error) {
+        this.pending.delete(rid)
+        clearTimeout(timer)
+        return reject(error)
+      }
       socket.write(frame)
     }).then((reply) => {
       const tags: ReadonlyArray<string> = typeof expected === "string" ? [expected] : expected
