@@ -5,11 +5,12 @@ import {
   type ClientReply,
   type ClientRequest,
   decodeMessage,
+  decodeServerFrame,
   encodeFrame,
   FrameReader,
   type PayloadMeta,
   Send,
-  ServerFrame,
+  type ServerFrame,
   type SidecarStats,
   unpackBody
 } from "./protocol.js"
@@ -138,7 +139,7 @@ export class SidecarClient {
     const reader = new FrameReader()
     socket.on("data", (data: Buffer) => {
       try {
-        for (const body of reader.push(data)) this.answer(decodeMessage(ServerFrame, unpackBody(body)))
+        for (const body of reader.push(data)) this.answer(decodeServerFrame(unpackBody(body)))
       } catch (error) {
         socket.destroy(error as Error)
       }

@@ -6,9 +6,8 @@ import { InvalidRequest, SidecarUnavailable, toSidecarError, UnknownNode } from 
 import { parseAddress, type PeerTransport } from "./PeerTransport.js"
 import {
   type ClientReply,
-  ClientFrame,
   type ClientRequest,
-  decodeMessage,
+  decodeClientFrame,
   encodeError,
   encodeFrame,
   FrameReader,
@@ -131,7 +130,7 @@ export class SidecarServer {
       // Known before the message is checked, so that a malformed request still gets its answer.
       const candidate = (raw as { rid?: unknown } | undefined)?.rid
       if (typeof candidate === "number") rid = candidate
-      const { request } = decodeMessage(ClientFrame, raw)
+      const { request } = decodeClientFrame(raw)
       this.handle(session, request)
         .then((answer) => reply({ rid: rid!, reply: answer }))
         .catch(fail)

@@ -1,7 +1,7 @@
 import { Packr } from "msgpackr"
 import { Schema } from "effect"
 import { InvalidRequest, SidecarError } from "./errors.js"
-import { dtypes, tensorByteLength } from "./Tensor.js"
+import { type DType, dtypes, tensorByteLength } from "./Tensor.js"
 
 /**
  * The sidecar's wire messages: small typed records, msgpack-encoded, each in a frame
@@ -228,6 +228,96 @@ export const decodeMessage = <A, I>(schema: Schema.Schema<A, I>, raw: unknown): 
 
 export const decodeBody = <A, I>(schema: Schema.Schema<A, I>, body: Uint8Array): A =>
   decodeMessage(schema, unpackBody(body))
+
+// ---------------------------------------------------------------------------------------------
+// The messages of every hand-off, checked by hand
+
+/*
+ * Each same-node hand-off decodes a Send in the sidecar and a Received and a Sent in the
+ * executors, and there the schema's parser costs more than the rest of the hand-off. These
+ * functions check the same rules as the schemas above and build the same values; whatever they do
+ * not accept goes through the schema, which rejects it with its reason (or decodes a form left to
+ * it). The protocol tests hold them to the schema's answers.
+ */
+
+type Fields = { readonly [key: string]: unknown }
+
+const isFields = (value: unknown): value is Fields =>
+  typeof value === "object" && value !== null && !Array.isArray(value)
+const isCount = (value: unknown): value is number => Number.isSafeInteger(value) && (value as number) >= 0
+const isCountOrNull = (value: unknown): value is number | null => value === null || isCount(value)
+const isName = (value: unknown): value is string => typeof value === "string" && value.length > 0
+const knownDtypes: ReadonlySet<unknown> = new Set(dtypes)
+
+const payloadMetaOf = (raw: unknown): PayloadMeta | undefined => {
+  if (!isFields(raw)) return undefined
+  switch (raw._tag) {
+    case "Tensor":
+      if (!knownDtypes.has(raw.dtype) || !Array.isArray(raw.shape) || !raw.shape.every(isCount)) return undefined
+      return { _tag: "Tensor", dtype: raw.dtype as DType, shape: [...raw.shape] }
+    case "Bytes":
+      return isCount(raw.length) ? { _tag: "Bytes", length: raw.length } : undefined
+    case "Value":
+      return typeof raw.value === "string" || typeof raw.value === "number"
+        ? { _tag: "Value", value: raw.value }
+        : undefined
+  }
+  return undefined
+}
+
+const sendOf = (raw: Fields): Extract<ClientRequest, { _tag: "Send" }> | undefined => {
+  const { id, chunk, numChunks, to, timeoutMs, offset, spare } = raw
+  if (!isName(id) || !isCount(chunk) || !isCount(timeoutMs) || !isCountOrNull(offset)) return undefined
+  if (!(numChunks === null || (isCount(numChunks) && numChunks > 0)) || typeof spare !== "boolean") return undefined
+  if (!Array.isArray(to) || to.length === 0 || !to.every(isName)) return undefined
+  const meta = payloadMetaOf(raw.meta)
+  if (meta === undefined) return undefined
+  return {
+    _tag: "Send",
+    id,
+    chunk,
+    numChunks,
+    to: [...to] as [string, ...Array<string>],
+    meta,
+    timeoutMs,
+    offset,
+    spare
+  }
+}
+
+const handOffReplyOf = (raw: Fields): ClientReply | undefined => {
+  switch (raw._tag) {
+    case "Received": {
+      const meta = payloadMetaOf(raw.meta)
+      return meta !== undefined && isCountOrNull(raw.offset)
+        ? { _tag: "Received", meta, offset: raw.offset }
+        : undefined
+    }
+    case "Sent":
+      return isCountOrNull(raw.spare) ? { _tag: "Sent", spare: raw.spare } : undefined
+    case "Ok":
+      return { _tag: "Ok" }
+  }
+  return undefined
+}
+
+/** A frame from a client: a Send by hand, any other request through the schema. */
+export const decodeClientFrame = (raw: unknown): typeof ClientFrame.Type => {
+  if (isFields(raw) && isCount(raw.rid) && isFields(raw.request) && raw.request._tag === "Send") {
+    const request = sendOf(raw.request)
+    if (request !== undefined) return { rid: raw.rid, request }
+  }
+  return decodeMessage(ClientFrame, raw)
+}
+
+/** A frame from the sidecar: the answers of a hand-off by hand, any other through the schema. */
+export const decodeServerFrame = (raw: unknown): typeof ServerFrame.Type => {
+  if (isFields(raw) && isCount(raw.rid) && !("error" in raw) && isFields(raw.reply)) {
+    const reply = handOffReplyOf(raw.reply)
+    if (reply !== undefined) return { rid: raw.rid, reply }
+  }
+  return decodeMessage(ServerFrame, raw)
+}
 
 /**
  * Splits a byte stream into frame bodies. Bytes arrive in arbitrary pieces; a body is handed out
