@@ -24,9 +24,10 @@ import { type DType, Tensor, tensorByteLength } from "./Tensor.js"
  * slot (or written there in the first place, see `allocate`), and a received one is a view of its
  * slot, valid until it is marked done.
  *
- * A send that copies asks the sidecar for a spare slot of the same size class with it, so that the
- * next chunk of that size is copied in at once rather than after a round trip for a slot. A spare
- * not used within `spareIdleMs` goes back to the arena.
+ * A send that copies asks the sidecar to give its slot back once everyone is done with the chunk,
+ * so that the next chunk of that size is copied in at once rather than after a round trip for a
+ * slot, and into memory this process wrote last. A spare not used within `spareIdleMs` goes back
+ * to the arena.
  */
 
 /** What can be sent: a tensor or bytes (through the arena), or a small string or number (inline). */
@@ -71,7 +72,7 @@ interface OpenStream {
   numChunks: number
 }
 
-/** A slot the sidecar handed out with a send, for the next chunk of its size class. */
+/** The slot of a chunk sent earlier, given back by the sidecar for the next chunk of its size class. */
 interface Spare {
   readonly offset: number
   /** Gives it back once it has waited spareIdleMs. */
@@ -93,8 +94,6 @@ export class SidecarClient {
   private readonly streams = new Map<string, OpenStream>()
   /** Spare slots by slot size. */
   private readonly spares = new Map<number, Spare>()
-  /** Slot sizes for which a send in flight asked for a spare. */
-  private readonly sparesAsked = new Set<number>()
   private minSlotBytes = 1
   private nextRid = 0
   private socket: net.Socket | undefined
@@ -233,20 +232,13 @@ export class SidecarClient {
       if (options.stream === true) this.trackStream(id, chunk, options.to)
       const placed = bytes === undefined || bytes.length === 0 ? undefined : await this.place(bytes, timeoutMs)
       const copy = placed !== undefined && !placed.inPlace
-      const spareClass = copy && this.wantsSpare(placed.slotBytes) ? placed.slotBytes : undefined
-      if (spareClass !== undefined) this.sparesAsked.add(spareClass)
       const connection = this.connections
-      try {
-        const { spare } = await this.request(
-          { ...message, offset: placed?.offset ?? null, spare: spareClass !== undefined },
-          "Sent",
-          timeoutMs + this.answerTimeoutMs,
-          copy ? () => this.copyIn(bytes!, placed.offset, connection) : undefined
-        )
-        if (spare !== null) this.keepSpare(spareClass!, spare, connection)
-      } finally {
-        if (spareClass !== undefined && connection === this.connections) this.sparesAsked.delete(spareClass)
-      }
+      await this.request(
+        { ...message, offset: placed?.offset ?? null, spare: copy && this.spareIdleMs > 0 },
+        "Ok",
+        timeoutMs + this.answerTimeoutMs,
+        copy ? () => this.copyIn(bytes!, placed.offset, connection) : undefined
+      )
     }
     const connection = this.connections
     try {
@@ -396,10 +388,6 @@ export class SidecarClient {
     return Math.max(this.minSlotBytes, slotBytes < bytes ? slotBytes * 2 : slotBytes)
   }
 
-  private wantsSpare(slotBytes: number): boolean {
-    return this.spareIdleMs > 0 && !this.spares.has(slotBytes) && !this.sparesAsked.has(slotBytes)
-  }
-
   private takeSpare(slotBytes: number): number | undefined {
     const spare = this.spares.get(slotBytes)
     if (spare === undefined) return undefined
@@ -408,10 +396,9 @@ export class SidecarClient {
     return spare.offset
   }
 
-  /** Keeps a spare the sidecar answered a send with (on `connection`), for spareIdleMs. */
-  private keepSpare(slotBytes: number, offset: number, connection: number) {
-    // A spare of a sidecar that went away went with it.
-    if (connection !== this.connections || this.closedByClient) return
+  /** Keeps a slot the sidecar gave back as a spare, for spareIdleMs. */
+  private keepSpare(slotBytes: number, offset: number) {
+    if (this.closedByClient) return
     if (this.spares.has(slotBytes)) return this.giveBack(offset)
     const timer = setTimeout(() => {
       if (this.spares.get(slotBytes)?.offset !== offset) return
@@ -430,7 +417,6 @@ export class SidecarClient {
   private dropSpares() {
     for (const spare of this.spares.values()) clearTimeout(spare.timer)
     this.spares.clear()
-    this.sparesAsked.clear()
   }
 
   private materialize(meta: PayloadMeta, offset: number | null): Payload {
@@ -498,6 +484,7 @@ export class SidecarClient {
   }
 
   private answer(frame: typeof ServerFrame.Type) {
+    if ("spare" in frame) return this.keepSpare(frame.spare.slotBytes, frame.spare.offset)
     const answer = this.pending.get(frame.rid)
     if (answer === undefined) return
     this.pending.delete(frame.rid)

@@ -30,7 +30,7 @@ class ClientSession implements Reader {
   readonly received = new Set<StoredChunk>()
   /** Slots allocated and not sent yet. */
   readonly owned = new Set<number>()
-  /** Spare slots given to this client with its sends, not used yet. */
+  /** Slots of this client's chunks kept for it as spares, not used yet. */
   readonly spares = new Set<number>()
   readonly closed = new AbortController()
   pid: number | undefined
@@ -161,10 +161,9 @@ export class SidecarServer {
         this.takeOwned(session, request.offset)
         slots.release(request.offset)
         return { _tag: "Ok" }
-      case "Send": {
+      case "Send":
         await this.send(session, request)
-        return { _tag: "Sent", spare: this.spare(session, request) }
-      }
+        return { _tag: "Ok" }
       case "Recv": {
         const result = await table.recv(request.id, request.chunk, request.timeoutMs, session, session.closed.signal)
         return result === "end"
@@ -207,6 +206,7 @@ export class SidecarServer {
     const { slots, table, peers } = this.options
     const offset = request.offset ?? undefined
     if (offset !== undefined) this.takeOwned(session, offset)
+    if (offset !== undefined && request.spare) slots.offerAsSpare(offset, () => this.keepAsSpare(session, offset))
     let held = offset !== undefined
     try {
       const bytes = payloadBytes(request.meta)
@@ -241,14 +241,18 @@ export class SidecarServer {
     }
   }
 
-  /** A spare slot for the sender's next chunk, when it asked for one and the arena has room. */
-  private spare(session: ClientSession, request: Extract<ClientRequest, { _tag: "Send" }>): number | null {
-    const bytes = payloadBytes(request.meta)
-    if (!request.spare || bytes === 0 || session.closed.signal.aborted) return null
-    const offset = this.options.slots.trySpare(bytes)
-    if (offset === undefined) return null
+  /**
+   * Keeps a slot that everyone is done with for the client that sent from it, as its spare, unless
+   * it is gone or holds a spare of that size already; tells it so.
+   */
+  private keepAsSpare(session: ClientSession, offset: number): boolean {
+    const { slots } = this.options
+    if (session.closed.signal.aborted || session.socket.destroyed) return false
+    const slotBytes = slots.slotBytes(offset)!
+    for (const spare of session.spares) if (slots.slotBytes(spare) === slotBytes) return false
     session.spares.add(offset)
-    return offset
+    session.socket.write(encodeFrame({ spare: { offset, slotBytes } }))
+    return true
   }
 
   private destinations(to: ReadonlyArray<string>) {

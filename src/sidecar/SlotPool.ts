@@ -9,13 +9,14 @@ import type { SizeClassAllocator } from "./SizeClassAllocator.js"
  * can be held by several owners at once (the transfer table and each TCP write of it to a peer);
  * it is freed when the last one lets go.
  *
- * A spare slot is one handed to a sender ahead of its next chunk, so that the chunk is copied in
- * without waiting for an allocation first. Spares are given only from an arena with room to spare
- * (no allocation waiting, and no more than `spareShare` of it in use afterwards), and they are
- * counted apart from the slots that hold data until their sender uses them.
+ * A spare slot is one kept for a sender ahead of its next chunk, so that the chunk is copied in
+ * without waiting for an allocation first: the slot of its last chunk, once everyone is done with
+ * it, which also keeps a sender writing into memory it wrote last. Slots become spares only in an
+ * arena with room to spare (no allocation waiting, no more than `spareShare` of it in use), and
+ * they are counted apart from the slots that hold data until their sender uses them.
  */
 
-/** The share of the arena in use, spare included, up to which a spare slot is given. */
+/** The share of the arena in use, the slot at hand included, up to which a slot is kept as a spare. */
 const spareShare = 0.5
 
 interface Waiter {
@@ -28,6 +29,8 @@ interface Waiter {
 
 export class SlotPool {
   private readonly owners = new Map<number, number>()
+  /** Who may keep a slot as a spare once its last owner lets go: offset → whether they take it. */
+  private readonly keepers = new Map<number, () => boolean>()
   /** Spare slots not used yet: offset → slot bytes. */
   private readonly spares = new Map<number, number>()
   private spareBytes = 0
@@ -82,18 +85,13 @@ export class SlotPool {
   }
 
   /**
-   * A spare slot of the size class of `bytes`, or undefined when the arena has no room to spare.
-   * It is freed with `release` or becomes an ordinary slot with `useSpare`.
+   * When the slot's last owner lets go and the arena has room to spare, `keep` is asked first: if
+   * it returns true, the slot stays allocated, as a spare with one owner (freed with `release`, or
+   * an ordinary slot again with `useSpare`), rather than being freed.
    */
-  trySpare(bytes: number): number | undefined {
-    const slotBytes = this.allocator.blockBytes(bytes)
-    if (slotBytes === undefined || this.waiters.length > 0) return undefined
-    if (this.allocator.usedBytes + slotBytes > this.allocator.capacityBytes * spareShare) return undefined
-    const offset = this.take(bytes)
-    if (offset === undefined) return undefined
-    this.spares.set(offset, slotBytes)
-    this.spareBytes += slotBytes
-    return offset
+  offerAsSpare(offset: number, keep: () => boolean): void {
+    if (!this.owners.has(offset)) throw new RangeError(`no slot is allocated at offset ${offset}`)
+    this.keepers.set(offset, keep)
   }
 
   /** A spare slot now holds data, or it was not a spare. */
@@ -119,8 +117,16 @@ export class SlotPool {
       this.owners.set(offset, owners - 1)
       return
     }
-    this.owners.delete(offset)
+    const keep = this.keepers.get(offset)
+    this.keepers.delete(offset)
     this.useSpare(offset)
+    if (keep !== undefined && this.hasRoomToSpare() && keep()) {
+      const slotBytes = this.allocator.sizeAt(offset)!
+      this.spares.set(offset, slotBytes)
+      this.spareBytes += slotBytes
+      return
+    }
+    this.owners.delete(offset)
     this.allocator.release(offset)
     this.serveWaiters()
   }
@@ -146,6 +152,10 @@ export class SlotPool {
       allocationWaits: this.waits,
       allocationTimeouts: this.timeouts
     }
+  }
+
+  private hasRoomToSpare(): boolean {
+    return this.waiters.length === 0 && this.allocator.usedBytes <= this.allocator.capacityBytes * spareShare
   }
 
   private checkFits(bytes: number) {

@@ -57,8 +57,8 @@ export const Send = Schema.TaggedStruct("Send", {
   /** The slot holding the chunk's bytes; null when it has none (inline values, empty tensors). */
   offset: Schema.NullOr(Count),
   /**
-   * Whether the sender would like a spare slot of the same size class back with the answer, to
-   * copy its next chunk into without asking for a slot first (see Sent).
+   * Whether the chunk's slot should go back to the sender once everyone is done with it, as a
+   * spare to copy its next chunk of that size into without asking for a slot first (see SpareSlot).
    */
   spare: Schema.Boolean
 })
@@ -100,11 +100,6 @@ const Received = Schema.TaggedStruct("Received", { meta: PayloadMeta, offset: Sc
 /** The chunk asked for is past the end of the transfer. */
 const StreamEnd = Schema.TaggedStruct("StreamEnd", {})
 const Ok = Schema.TaggedStruct("Ok", {})
-/**
- * A send went through. spare: a slot now owned by the sender, of the size class of the chunk it
- * sent, when it asked for one and the arena had room to spare; it gives it back with Release.
- */
-const Sent = Schema.TaggedStruct("Sent", { spare: Schema.NullOr(Count) })
 
 export const SidecarStats = Schema.TaggedStruct("SidecarStats", {
   nodeId: NodeId,
@@ -139,13 +134,21 @@ export const SidecarStats = Schema.TaggedStruct("SidecarStats", {
 })
 export type SidecarStats = typeof SidecarStats.Type
 
-export const ClientReply = Schema.Union(ArenaInfo, Allocated, Received, StreamEnd, Ok, Sent, SidecarStats)
+export const ClientReply = Schema.Union(ArenaInfo, Allocated, Received, StreamEnd, Ok, SidecarStats)
 export type ClientReply = typeof ClientReply.Type
 
 export const ClientFrame = Schema.Struct({ rid: Count, request: ClientRequest })
+/**
+ * The slot of a chunk sent with `spare`, now that everyone is done with it, back to its sender and
+ * owned by it again; it answers no request. The sender gives it back with Release if it does not
+ * use it.
+ */
+const SpareSlot = Schema.Struct({ offset: Count, slotBytes: Positive })
+
 export const ServerFrame = Schema.Union(
   Schema.Struct({ rid: Count, reply: ClientReply }),
-  Schema.Struct({ rid: Count, error: SidecarError })
+  Schema.Struct({ rid: Count, error: SidecarError }),
+  Schema.Struct({ spare: SpareSlot })
 )
 
 // ---------------------------------------------------------------------------------------------
@@ -233,7 +236,7 @@ export const decodeBody = <A, I>(schema: Schema.Schema<A, I>, body: Uint8Array):
 // The messages of every hand-off, checked by hand
 
 /*
- * Each same-node hand-off decodes a Send in the sidecar and a Received and a Sent in the
+ * Each same-node hand-off decodes a Send in the sidecar and a Received and an Ok in the
  * executors, and there the schema's parser costs more than the rest of the hand-off. These
  * functions check the same rules as the schemas above and build the same values; whatever they do
  * not accept goes through the schema, which rejects it with its reason (or decodes a form left to
@@ -293,8 +296,6 @@ const handOffReplyOf = (raw: Fields): ClientReply | undefined => {
         ? { _tag: "Received", meta, offset: raw.offset }
         : undefined
     }
-    case "Sent":
-      return isCountOrNull(raw.spare) ? { _tag: "Sent", spare: raw.spare } : undefined
     case "Ok":
       return { _tag: "Ok" }
   }
