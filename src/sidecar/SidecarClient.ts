@@ -5,11 +5,12 @@ import {
   type ClientReply,
   type ClientRequest,
   decodeMessage,
+  decodeServerFrame,
   encodeFrame,
   FrameReader,
   type PayloadMeta,
   Send,
-  ServerFrame,
+  type ServerFrame,
   type SidecarStats,
   unpackBody
 } from "./protocol.js"
@@ -22,6 +23,11 @@ import { type DType, Tensor, tensorByteLength } from "./Tensor.js"
  * the node's arena, which the client maps at connect time: a sent tensor is copied once into a
  * slot (or written there in the first place, see `allocate`), and a received one is a view of its
  * slot, valid until it is marked done.
+ *
+ * A send that copies asks the sidecar to give its slot back once everyone is done with the chunk,
+ * so that the next chunk of that size is copied in at once rather than after a round trip for a
+ * slot, and into memory this process wrote last. A spare not used within `spareIdleMs` goes back
+ * to the arena.
  */
 
 /** What can be sent: a tensor or bytes (through the arena), or a small string or number (inline). */
@@ -36,6 +42,8 @@ export interface SidecarClientOptions {
   readonly answerTimeoutMs?: number
   /** How long a request waits for the node's sidecar to be back once it went away (default 5 s). */
   readonly reconnectWaitMs?: number
+  /** How long a spare slot waits for the next send of its size before it is given back (default 1 s; 0: no spares). */
+  readonly spareIdleMs?: number
 }
 
 export interface SendOptions {
@@ -64,6 +72,13 @@ interface OpenStream {
   numChunks: number
 }
 
+/** The slot of a chunk sent earlier, given back by the sidecar for the next chunk of its size class. */
+interface Spare {
+  readonly offset: number
+  /** Gives it back once it has waited spareIdleMs. */
+  readonly timer: NodeJS.Timeout
+}
+
 /** How often a client whose sidecar went away tries to connect to the one that replaces it. */
 const reconnectIntervalMs = 100
 
@@ -77,6 +92,9 @@ export class SidecarClient {
   /** Slots handed out by `allocate` and not sent yet: offset → bytes. */
   private readonly allocations = new Map<number, number>()
   private readonly streams = new Map<string, OpenStream>()
+  /** Spare slots by slot size. */
+  private readonly spares = new Map<number, Spare>()
+  private minSlotBytes = 1
   private nextRid = 0
   private socket: net.Socket | undefined
   /** Counts the connections made, so that a request can tell whether its connection was replaced. */
@@ -89,6 +107,7 @@ export class SidecarClient {
   private readonly recvTimeoutMs: number
   private readonly answerTimeoutMs: number
   private readonly reconnectWaitMs: number
+  private readonly spareIdleMs: number
 
   private constructor(
     readonly socketPath: string,
@@ -98,6 +117,7 @@ export class SidecarClient {
     this.recvTimeoutMs = options.recvTimeoutMs ?? 60_000
     this.answerTimeoutMs = options.answerTimeoutMs ?? 30_000
     this.reconnectWaitMs = options.reconnectWaitMs ?? 5_000
+    this.spareIdleMs = options.spareIdleMs ?? 1_000
   }
 
   /** Connects to the node's sidecar and maps its arena. */
@@ -118,7 +138,7 @@ export class SidecarClient {
     const reader = new FrameReader()
     socket.on("data", (data: Buffer) => {
       try {
-        for (const body of reader.push(data)) this.answer(decodeMessage(ServerFrame, unpackBody(body)))
+        for (const body of reader.push(data)) this.answer(decodeServerFrame(unpackBody(body)))
       } catch (error) {
         socket.destroy(error as Error)
       }
@@ -140,6 +160,7 @@ export class SidecarClient {
     try {
       const info = await this.request({ _tag: "Hello", pid: process.pid }, "ArenaInfo", this.answerTimeoutMs)
       this.node = info.nodeId
+      this.minSlotBytes = info.minSlotBytes
       this.arena = Arena.open(info.arenaPath, info.segmentBytes)
     } catch (error) {
       socket.destroy()
@@ -156,6 +177,7 @@ export class SidecarClient {
       const deadline = Date.now() + this.reconnectWaitMs
       for (;;) {
         try {
+          this.dropSpares()
           await this.open()
           this.allocations.clear()
           this.streams.clear()
@@ -203,12 +225,20 @@ export class SidecarClient {
       to: options.to,
       meta,
       timeoutMs,
-      offset: null
+      offset: null,
+      spare: false
     })
     const sendOnce = async () => {
       if (options.stream === true) this.trackStream(id, chunk, options.to)
-      const offset = bytes === undefined || bytes.length === 0 ? null : await this.place(bytes, timeoutMs)
-      await this.request({ ...message, offset }, "Ok", timeoutMs + this.answerTimeoutMs)
+      const placed = bytes === undefined || bytes.length === 0 ? undefined : await this.place(bytes, timeoutMs)
+      const copy = placed !== undefined && !placed.inPlace
+      const connection = this.connections
+      await this.request(
+        { ...message, offset: placed?.offset ?? null, spare: copy && this.spareIdleMs > 0 },
+        "Ok",
+        timeoutMs + this.answerTimeoutMs,
+        copy ? () => this.copyIn(bytes!, placed.offset, connection) : undefined
+      )
     }
     const connection = this.connections
     try {
@@ -308,6 +338,8 @@ export class SidecarClient {
   /** Disconnects; the sidecar frees what this client allocated and did not send. */
   async close(): Promise<void> {
     this.closedByClient = true
+    // The sidecar frees the spares of a client that disconnects.
+    this.dropSpares()
     const socket = this.socket
     if (socket === undefined || socket.destroyed) return
     const closed = new Promise((resolve) => socket.once("close", resolve))
@@ -315,23 +347,76 @@ export class SidecarClient {
     await closed
   }
 
-  /** The slot for bytes to send: their own when they came from `allocate`, else a new one they are copied into. */
-  private async place(bytes: Uint8Array, timeoutMs: number): Promise<number> {
+  /**
+   * The slot for bytes to send: their own when they came from `allocate` (in place), else a spare
+   * or a new slot for them to be copied into.
+   */
+  private async place(
+    bytes: Uint8Array,
+    timeoutMs: number
+  ): Promise<{ readonly offset: number; readonly inPlace: boolean; readonly slotBytes: number }> {
     // What was allocated in the arena of a sidecar that went away is no place to send from.
     await this.connected()
+    const slotBytes = this.slotBytesFor(bytes.length)
     const own = this.mapped().offsetOf(bytes)
     if (own !== undefined && this.allocations.get(own) === bytes.length) {
       this.allocations.delete(own)
-      return own
+      return { offset: own, inPlace: true, slotBytes }
     }
-    const { offset } = await this.request(
-      { _tag: "Allocate", bytes: bytes.length, timeoutMs },
-      "Allocated",
-      timeoutMs + this.answerTimeoutMs
-    )
-    // The arena of the sidecar that answered: another, if the connection was replaced meanwhile.
+    const offset =
+      this.takeSpare(slotBytes) ??
+      (
+        await this.request(
+          { _tag: "Allocate", bytes: bytes.length, timeoutMs },
+          "Allocated",
+          timeoutMs + this.answerTimeoutMs
+        )
+      ).offset
+    return { offset, inPlace: false, slotBytes }
+  }
+
+  /** Copies a chunk into the slot it was given on `connection`, unless another sidecar has replaced that one since. */
+  private copyIn(bytes: Uint8Array, offset: number, connection: number) {
+    if (connection !== this.connections) throw this.unavailable("the sidecar was replaced while the chunk was placed")
     this.mapped().view(offset, bytes.length).set(bytes)
-    return offset
+  }
+
+  /** The size of the slot the sidecar gives for `bytes`: the power of two that holds them, at least the smallest slot. */
+  private slotBytesFor(bytes: number): number {
+    const slotBytes = 2 ** Math.ceil(Math.log2(bytes))
+    // Math.log2 may round 2^k + 1 down to k for very large k.
+    return Math.max(this.minSlotBytes, slotBytes < bytes ? slotBytes * 2 : slotBytes)
+  }
+
+  private takeSpare(slotBytes: number): number | undefined {
+    const spare = this.spares.get(slotBytes)
+    if (spare === undefined) return undefined
+    clearTimeout(spare.timer)
+    this.spares.delete(slotBytes)
+    return spare.offset
+  }
+
+  /** Keeps a slot the sidecar gave back as a spare, for spareIdleMs. */
+  private keepSpare(slotBytes: number, offset: number) {
+    if (this.closedByClient) return
+    if (this.spares.has(slotBytes)) return this.giveBack(offset)
+    const timer = setTimeout(() => {
+      if (this.spares.get(slotBytes)?.offset !== offset) return
+      this.spares.delete(slotBytes)
+      this.giveBack(offset)
+    }, this.spareIdleMs).unref()
+    this.spares.set(slotBytes, { offset, timer })
+  }
+
+  /** Releases a spare; nothing is lost if the sidecar is gone, since the spare went with it. */
+  private giveBack(offset: number) {
+    if (this.closedByClient || this.socket?.destroyed !== false) return
+    this.request({ _tag: "Release", offset }, "Ok", this.answerTimeoutMs).catch(() => undefined)
+  }
+
+  private dropSpares() {
+    for (const spare of this.spares.values()) clearTimeout(spare.timer)
+    this.spares.clear()
   }
 
   private materialize(meta: PayloadMeta, offset: number | null): Payload {
@@ -358,10 +443,16 @@ export class SidecarClient {
     this.streams.set(id, stream)
   }
 
+  /**
+   * Sends a request and waits for its answer. `beforeWrite` runs once the request is encoded and
+   * just before it goes out: a send copies its chunk in there, after the work that the copy would
+   * otherwise push out of the processor's caches.
+   */
   private async request<T extends ClientReply["_tag"]>(
     request: ClientRequest,
     expected: T | ReadonlyArray<T>,
-    deadlineMs: number
+    deadlineMs: number,
+    beforeWrite?: () => void
   ): Promise<Extract<ClientReply, { _tag: T }>> {
     if (this.closedByClient) throw this.unavailable("the client closed")
     // Hello goes out on the connection being opened; any other request waits until one is open
@@ -376,6 +467,13 @@ export class SidecarClient {
         reject(this.unavailable(`no answer to ${request._tag} within ${deadlineMs} ms`))
       }, deadlineMs)
       this.pending.set(rid, { socket, resolve, reject, timer })
+      try {
+        beforeWrite?.()
+      } catch (error) {
+        this.pending.delete(rid)
+        clearTimeout(timer)
+        return reject(error)
+      }
       socket.write(frame)
     }).then((reply) => {
       const tags: ReadonlyArray<string> = typeof expected === "string" ? [expected] : expected
@@ -386,6 +484,7 @@ export class SidecarClient {
   }
 
   private answer(frame: typeof ServerFrame.Type) {
+    if ("spare" in frame) return this.keepSpare(frame.spare.slotBytes, frame.spare.offset)
     const answer = this.pending.get(frame.rid)
     if (answer === undefined) return
     this.pending.delete(frame.rid)

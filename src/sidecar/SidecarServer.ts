@@ -6,9 +6,8 @@ import { InvalidRequest, SidecarUnavailable, toSidecarError, UnknownNode } from 
 import { parseAddress, type PeerTransport } from "./PeerTransport.js"
 import {
   type ClientReply,
-  ClientFrame,
   type ClientRequest,
-  decodeMessage,
+  decodeClientFrame,
   encodeError,
   encodeFrame,
   FrameReader,
@@ -31,6 +30,8 @@ class ClientSession implements Reader {
   readonly received = new Set<StoredChunk>()
   /** Slots allocated and not sent yet. */
   readonly owned = new Set<number>()
+  /** Slots of this client's chunks kept for it as spares, not used yet. */
+  readonly spares = new Set<number>()
   readonly closed = new AbortController()
   pid: number | undefined
 
@@ -129,7 +130,7 @@ export class SidecarServer {
       // Known before the message is checked, so that a malformed request still gets its answer.
       const candidate = (raw as { rid?: unknown } | undefined)?.rid
       if (typeof candidate === "number") rid = candidate
-      const { request } = decodeMessage(ClientFrame, raw)
+      const { request } = decodeClientFrame(raw)
       this.handle(session, request)
         .then((answer) => reply({ rid: rid!, reply: answer }))
         .catch(fail)
@@ -148,7 +149,8 @@ export class SidecarServer {
           nodeId,
           arenaPath: arena.path,
           arenaBytes: arena.byteLength,
-          segmentBytes: arena.segmentBytes
+          segmentBytes: arena.segmentBytes,
+          minSlotBytes: slots.minSlotBytes
         }
       case "Allocate": {
         const offset = await slots.allocate(request.bytes, request.timeoutMs, session.closed.signal)
@@ -204,6 +206,7 @@ export class SidecarServer {
     const { slots, table, peers } = this.options
     const offset = request.offset ?? undefined
     if (offset !== undefined) this.takeOwned(session, offset)
+    if (offset !== undefined && request.spare) slots.offerAsSpare(offset, () => this.keepAsSpare(session, offset))
     let held = offset !== undefined
     try {
       const bytes = payloadBytes(request.meta)
@@ -238,6 +241,20 @@ export class SidecarServer {
     }
   }
 
+  /**
+   * Keeps a slot that everyone is done with for the client that sent from it, as its spare, unless
+   * it is gone or holds a spare of that size already; tells it so.
+   */
+  private keepAsSpare(session: ClientSession, offset: number): boolean {
+    const { slots } = this.options
+    if (session.closed.signal.aborted || session.socket.destroyed) return false
+    const slotBytes = slots.slotBytes(offset)!
+    for (const spare of session.spares) if (slots.slotBytes(spare) === slotBytes) return false
+    session.spares.add(offset)
+    session.socket.write(encodeFrame({ spare: { offset, slotBytes } }))
+    return true
+  }
+
   private destinations(to: ReadonlyArray<string>) {
     const { nodeId, peers } = this.options
     for (const node of to) {
@@ -247,7 +264,9 @@ export class SidecarServer {
     return { local: to.includes(nodeId), remotes: [...new Set(to.filter((node) => node !== nodeId))] }
   }
 
+  /** The client gives up a slot it owns: one it allocated, or a spare, which then holds data. */
   private takeOwned(session: ClientSession, offset: number) {
+    if (session.spares.delete(offset)) return this.options.slots.useSpare(offset)
     if (!session.owned.delete(offset))
       throw new InvalidRequest({ reason: `no slot at offset ${offset} was allocated to this client` })
   }
@@ -261,6 +280,9 @@ export class SidecarServer {
     const chunks = session.received.size
     for (const offset of session.owned) this.options.slots.release(offset)
     session.owned.clear()
+    // Spares held no data: freeing them is no loss worth a warning.
+    for (const offset of session.spares) this.options.slots.release(offset)
+    session.spares.clear()
     this.slotsReleasedOnDisconnect += slots
     this.options.table.releaseReader(session)
     if (slots > 0) {

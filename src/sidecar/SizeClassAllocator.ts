@@ -124,6 +124,11 @@ export class SizeClassAllocator {
     return order === undefined ? undefined : 2 ** order
   }
 
+  /** The smallest block: what a request of fewer bytes takes. */
+  get minBlockBytes(): number {
+    return 2 ** this.minOrder
+  }
+
   get usedBytes(): number {
     return this.used
   }

@@ -8,7 +8,16 @@ import type { SizeClassAllocator } from "./SizeClassAllocator.js"
  * its time runs out; it never fails for lack of memory right away and never over-commits. A slot
  * can be held by several owners at once (the transfer table and each TCP write of it to a peer);
  * it is freed when the last one lets go.
+ *
+ * A spare slot is one kept for a sender ahead of its next chunk, so that the chunk is copied in
+ * without waiting for an allocation first: the slot of its last chunk, once everyone is done with
+ * it, which also keeps a sender writing into memory it wrote last. Slots become spares only in an
+ * arena with room to spare (no allocation waiting, no more than `spareShare` of it in use), and
+ * they are counted apart from the slots that hold data until their sender uses them.
  */
+
+/** The share of the arena in use, the slot at hand included, up to which a slot is kept as a spare. */
+const spareShare = 0.5
 
 interface Waiter {
   readonly bytes: number
@@ -20,6 +29,11 @@ interface Waiter {
 
 export class SlotPool {
   private readonly owners = new Map<number, number>()
+  /** Who may keep a slot as a spare once its last owner lets go: offset → whether they take it. */
+  private readonly keepers = new Map<number, () => boolean>()
+  /** Spare slots not used yet: offset → slot bytes. */
+  private readonly spares = new Map<number, number>()
+  private spareBytes = 0
   private readonly waiters: Array<Waiter> = []
   private waits = 0
   private timeouts = 0
@@ -70,6 +84,24 @@ export class SlotPool {
     })
   }
 
+  /**
+   * When the slot's last owner lets go and the arena has room to spare, `keep` is asked first: if
+   * it returns true, the slot stays allocated, as a spare with one owner (freed with `release`, or
+   * an ordinary slot again with `useSpare`), rather than being freed.
+   */
+  offerAsSpare(offset: number, keep: () => boolean): void {
+    if (!this.owners.has(offset)) throw new RangeError(`no slot is allocated at offset ${offset}`)
+    this.keepers.set(offset, keep)
+  }
+
+  /** A spare slot now holds data, or it was not a spare. */
+  useSpare(offset: number): void {
+    const slotBytes = this.spares.get(offset)
+    if (slotBytes === undefined) return
+    this.spares.delete(offset)
+    this.spareBytes -= slotBytes
+  }
+
   /** One more owner for an allocated slot. */
   retain(offset: number): void {
     const owners = this.owners.get(offset)
@@ -85,9 +117,23 @@ export class SlotPool {
       this.owners.set(offset, owners - 1)
       return
     }
+    const keep = this.keepers.get(offset)
+    this.keepers.delete(offset)
+    this.useSpare(offset)
+    if (keep !== undefined && this.hasRoomToSpare() && keep()) {
+      const slotBytes = this.allocator.sizeAt(offset)!
+      this.spares.set(offset, slotBytes)
+      this.spareBytes += slotBytes
+      return
+    }
     this.owners.delete(offset)
     this.allocator.release(offset)
     this.serveWaiters()
+  }
+
+  /** The smallest slot: what a request of fewer bytes takes. */
+  get minSlotBytes(): number {
+    return this.allocator.minBlockBytes
   }
 
   /** The size of the slot at `offset`, or undefined when none is allocated there. */
@@ -98,12 +144,18 @@ export class SlotPool {
   get stats() {
     return {
       arenaBytes: this.allocator.capacityBytes,
-      bytesInUse: this.allocator.usedBytes,
-      slotsInUse: this.allocator.allocationCount,
+      bytesInUse: this.allocator.usedBytes - this.spareBytes,
+      slotsInUse: this.allocator.allocationCount - this.spares.size,
+      bytesReserved: this.spareBytes,
+      slotsReserved: this.spares.size,
       largestFreeBytes: this.allocator.largestFreeBytes,
       allocationWaits: this.waits,
       allocationTimeouts: this.timeouts
     }
+  }
+
+  private hasRoomToSpare(): boolean {
+    return this.waiters.length === 0 && this.allocator.usedBytes <= this.allocator.capacityBytes * spareShare
   }
 
   private checkFits(bytes: number) {

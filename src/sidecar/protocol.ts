@@ -1,7 +1,7 @@
 import { Packr } from "msgpackr"
 import { Schema } from "effect"
 import { InvalidRequest, SidecarError } from "./errors.js"
-import { dtypes, tensorByteLength } from "./Tensor.js"
+import { type DType, dtypes, tensorByteLength } from "./Tensor.js"
 
 /**
  * The sidecar's wire messages: small typed records, msgpack-encoded, each in a frame
@@ -55,7 +55,12 @@ export const Send = Schema.TaggedStruct("Send", {
   /** How long a receiving node may wait for room in its arena. */
   timeoutMs: Count,
   /** The slot holding the chunk's bytes; null when it has none (inline values, empty tensors). */
-  offset: Schema.NullOr(Count)
+  offset: Schema.NullOr(Count),
+  /**
+   * Whether the chunk's slot should go back to the sender once everyone is done with it, as a
+   * spare to copy its next chunk of that size into without asking for a slot first (see SpareSlot).
+   */
+  spare: Schema.Boolean
 })
 const Recv = Schema.TaggedStruct("Recv", { id: TransferId, chunk: Count, timeoutMs: Count })
 /** chunk null: the whole transfer is done; its remaining chunks are freed and its id forgotten. */
@@ -86,7 +91,9 @@ const ArenaInfo = Schema.TaggedStruct("ArenaInfo", {
   nodeId: NodeId,
   arenaPath: Schema.String,
   arenaBytes: Count,
-  segmentBytes: Positive
+  segmentBytes: Positive,
+  /** The smallest slot: a request of fewer bytes takes one this large. */
+  minSlotBytes: Positive
 })
 const Allocated = Schema.TaggedStruct("Allocated", { offset: Count })
 const Received = Schema.TaggedStruct("Received", { meta: PayloadMeta, offset: Schema.NullOr(Count) })
@@ -97,9 +104,12 @@ const Ok = Schema.TaggedStruct("Ok", {})
 export const SidecarStats = Schema.TaggedStruct("SidecarStats", {
   nodeId: NodeId,
   arenaBytes: Count,
-  /** Bytes of the arena held by slots (whole size classes). */
+  /** Bytes of the arena held by slots (whole size classes), spare slots not included. */
   bytesInUse: Count,
   slotsInUse: Count,
+  /** Spare slots that senders hold to copy their next chunk into. */
+  bytesReserved: Count,
+  slotsReserved: Count,
   largestFreeBytes: Count,
   /** Transfers this sidecar keeps a record of: data, waiting receivers, or a chunk count (for the TTL). */
   transfersActive: Count,
@@ -128,9 +138,17 @@ export const ClientReply = Schema.Union(ArenaInfo, Allocated, Received, StreamEn
 export type ClientReply = typeof ClientReply.Type
 
 export const ClientFrame = Schema.Struct({ rid: Count, request: ClientRequest })
+/**
+ * The slot of a chunk sent with `spare`, now that everyone is done with it, back to its sender and
+ * owned by it again; it answers no request. The sender gives it back with Release if it does not
+ * use it.
+ */
+const SpareSlot = Schema.Struct({ offset: Count, slotBytes: Positive })
+
 export const ServerFrame = Schema.Union(
   Schema.Struct({ rid: Count, reply: ClientReply }),
-  Schema.Struct({ rid: Count, error: SidecarError })
+  Schema.Struct({ rid: Count, error: SidecarError }),
+  Schema.Struct({ spare: SpareSlot })
 )
 
 // ---------------------------------------------------------------------------------------------
@@ -213,6 +231,94 @@ export const decodeMessage = <A, I>(schema: Schema.Schema<A, I>, raw: unknown): 
 
 export const decodeBody = <A, I>(schema: Schema.Schema<A, I>, body: Uint8Array): A =>
   decodeMessage(schema, unpackBody(body))
+
+// ---------------------------------------------------------------------------------------------
+// The messages of every hand-off, checked by hand
+
+/*
+ * Each same-node hand-off decodes a Send in the sidecar and a Received and an Ok in the
+ * executors, and there the schema's parser costs more than the rest of the hand-off. These
+ * functions check the same rules as the schemas above and build the same values; whatever they do
+ * not accept goes through the schema, which rejects it with its reason (or decodes a form left to
+ * it). The protocol tests hold them to the schema's answers.
+ */
+
+type Fields = { readonly [key: string]: unknown }
+
+const isFields = (value: unknown): value is Fields =>
+  typeof value === "object" && value !== null && !Array.isArray(value)
+const isCount = (value: unknown): value is number => Number.isSafeInteger(value) && (value as number) >= 0
+const isCountOrNull = (value: unknown): value is number | null => value === null || isCount(value)
+const isName = (value: unknown): value is string => typeof value === "string" && value.length > 0
+const knownDtypes: ReadonlySet<unknown> = new Set(dtypes)
+
+const payloadMetaOf = (raw: unknown): PayloadMeta | undefined => {
+  if (!isFields(raw)) return undefined
+  switch (raw._tag) {
+    case "Tensor":
+      if (!knownDtypes.has(raw.dtype) || !Array.isArray(raw.shape) || !raw.shape.every(isCount)) return undefined
+      return { _tag: "Tensor", dtype: raw.dtype as DType, shape: [...raw.shape] }
+    case "Bytes":
+      return isCount(raw.length) ? { _tag: "Bytes", length: raw.length } : undefined
+    case "Value":
+      return typeof raw.value === "string" || typeof raw.value === "number"
+        ? { _tag: "Value", value: raw.value }
+        : undefined
+  }
+  return undefined
+}
+
+const sendOf = (raw: Fields): Extract<ClientRequest, { _tag: "Send" }> | undefined => {
+  const { id, chunk, numChunks, to, timeoutMs, offset, spare } = raw
+  if (!isName(id) || !isCount(chunk) || !isCount(timeoutMs) || !isCountOrNull(offset)) return undefined
+  if (!(numChunks === null || (isCount(numChunks) && numChunks > 0)) || typeof spare !== "boolean") return undefined
+  if (!Array.isArray(to) || to.length === 0 || !to.every(isName)) return undefined
+  const meta = payloadMetaOf(raw.meta)
+  if (meta === undefined) return undefined
+  return {
+    _tag: "Send",
+    id,
+    chunk,
+    numChunks,
+    to: [...to] as [string, ...Array<string>],
+    meta,
+    timeoutMs,
+    offset,
+    spare
+  }
+}
+
+const handOffReplyOf = (raw: Fields): ClientReply | undefined => {
+  switch (raw._tag) {
+    case "Received": {
+      const meta = payloadMetaOf(raw.meta)
+      return meta !== undefined && isCountOrNull(raw.offset)
+        ? { _tag: "Received", meta, offset: raw.offset }
+        : undefined
+    }
+    case "Ok":
+      return { _tag: "Ok" }
+  }
+  return undefined
+}
+
+/** A frame from a client: a Send by hand, any other request through the schema. */
+export const decodeClientFrame = (raw: unknown): typeof ClientFrame.Type => {
+  if (isFields(raw) && isCount(raw.rid) && isFields(raw.request) && raw.request._tag === "Send") {
+    const request = sendOf(raw.request)
+    if (request !== undefined) return { rid: raw.rid, request }
+  }
+  return decodeMessage(ClientFrame, raw)
+}
+
+/** A frame from the sidecar: the answers of a hand-off by hand, any other through the schema. */
+export const decodeServerFrame = (raw: unknown): typeof ServerFrame.Type => {
+  if (isFields(raw) && isCount(raw.rid) && !("error" in raw) && isFields(raw.reply)) {
+    const reply = handOffReplyOf(raw.reply)
+    if (reply !== undefined) return { rid: raw.rid, reply }
+  }
+  return decodeMessage(ServerFrame, raw)
+}
 
 /**
  * Splits a byte stream into frame bodies. Bytes arrive in arbitrary pieces; a body is handed out

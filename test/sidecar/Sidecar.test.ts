@@ -245,6 +245,54 @@ describe("same-node transfers", () => {
   })
 })
 
+describe("spare slots", () => {
+  it("give a sender its slot back for its next chunk of that size once the receiver is done, until it goes unused", async () => {
+    const node = await sidecars.start("node-spare", { arenaBytes: 4 * MiB })
+    const producer = await SidecarClient.connect(node.socketPath, { spareIdleMs: 500 })
+    const consumer = await SidecarClient.connect(node.socketPath)
+    const first = sampleTensor("float32", [64 * 1024], 1)
+    await producer.send("spare-1", first, { to: [node.nodeId] })
+    const firstView = (await consumer.recv("spare-1")) as Tensor
+    expectSameTensor(firstView, first)
+    await consumer.markDone("spare-1")
+    // Kept for the producer, and not counted as holding data.
+    expect(await producer.stats()).toMatchObject({ slotsReserved: 1, bytesReserved: 256 * 1024, bytesInUse: 0 })
+
+    const second = sampleTensor("float32", [50_000], 2)
+    await producer.send("spare-2", second, { to: [node.nodeId] })
+    const secondView = (await consumer.recv("spare-2")) as Tensor
+    expectSameTensor(secondView, second)
+    expect(secondView.data.byteOffset).toBe(firstView.data.byteOffset)
+    expect(await producer.stats()).toMatchObject({ slotsReserved: 0, slotsInUse: 1 })
+    await consumer.markDone("spare-2")
+    expect((await producer.stats()).slotsReserved).toBe(1)
+
+    // Unused for spareIdleMs, it goes back to the arena.
+    await eventually(async () => ((await producer.stats()).slotsReserved === 0 ? true : undefined))
+    expect((await producer.stats()).bytesInUse).toBe(0)
+    await producer.close()
+    await consumer.close()
+  })
+
+  it("are not kept from a crowded arena, nor for a sender that has gone", async () => {
+    const node = await sidecars.start("node-crowded", { arenaBytes: 4 * MiB })
+    const producer = await SidecarClient.connect(node.socketPath)
+    const consumer = await SidecarClient.connect(node.socketPath)
+    // Three quarters of the arena in use when the first chunk is done with: no room to spare.
+    await producer.send("crowded-1", new Uint8Array(2 * MiB), { to: [node.nodeId] })
+    await producer.send("crowded-2", new Uint8Array(MiB), { to: [node.nodeId] })
+    await consumer.markDone("crowded-1")
+    expect(await producer.stats()).toMatchObject({ slotsReserved: 0, bytesInUse: MiB })
+    await producer.close()
+    await consumer.markDone("crowded-2")
+    await eventually(async () => {
+      const { slotsReserved, slotsInUse } = await consumer.stats()
+      return slotsReserved === 0 && slotsInUse === 0 ? true : undefined
+    })
+    await consumer.close()
+  })
+})
+
 describe("executors that die", () => {
   it("free the slot of a send cut short when the sending executor is killed", async () => {
     const id = nextId("killed-sender")

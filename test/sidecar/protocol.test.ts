@@ -3,6 +3,9 @@ import { AllocationTimeout, RecvTimeout } from "../../src/sidecar/errors.js"
 import {
   ClientFrame,
   decodeBody,
+  decodeClientFrame,
+  decodeMessage,
+  decodeServerFrame,
   encodeError,
   encodeFrame,
   FrameReader,
@@ -26,7 +29,8 @@ describe("wire protocol", () => {
         to: ["node-b", "node-a"] as [string, ...Array<string>],
         meta: { _tag: "Tensor" as const, dtype: "bfloat16" as const, shape: [2, 0, 3] },
         timeoutMs: 1000,
-        offset: 65536
+        offset: 65536,
+        spare: true
       }
     }
     expect(decodeBody(ClientFrame, body(encodeFrame(send)))).toEqual(send)
@@ -63,8 +67,88 @@ describe("wire protocol", () => {
       const bodies: Array<Buffer> = []
       for (let start = 0; start < stream.length; start += cut)
         bodies.push(...reader.push(stream.subarray(start, start + cut)))
-      expect(bodies.map((frameBody) => decodeBody(ServerFrame, frameBody).rid)).toEqual([0, 1, 2, 3])
+      expect(bodies.map((frameBody) => decodeBody(ServerFrame, frameBody))).toMatchObject(
+        [0, 1, 2, 3].map((rid) => ({ rid }))
+      )
     }
+  })
+
+  it("decodes the messages of a hand-off by hand exactly as their schemas do, and refuses what they refuse", () => {
+    const send = {
+      _tag: "Send",
+      id: "t",
+      chunk: 0,
+      numChunks: 1,
+      to: ["node-a"],
+      meta: { _tag: "Tensor", dtype: "float32", shape: [2, 3] },
+      timeoutMs: 100,
+      offset: 4096,
+      spare: true
+    }
+    const sends: ReadonlyArray<Record<string, unknown>> = [
+      send,
+      { ...send, numChunks: null, offset: null, spare: false, to: ["node-a", "node-b"] },
+      { ...send, meta: { _tag: "Tensor", dtype: "bool", shape: [] } },
+      { ...send, meta: { _tag: "Bytes", length: 10 } },
+      { ...send, meta: { _tag: "Value", value: "inline" } },
+      { ...send, meta: { _tag: "Value", value: -0.5 } },
+      { ...send, extra: 1, meta: { _tag: "Bytes", length: 3, extra: 2 } },
+      { ...send, id: "" },
+      { ...send, chunk: -1 },
+      { ...send, chunk: 1.5 },
+      { ...send, chunk: "1" },
+      { ...send, numChunks: 0 },
+      { ...send, to: [] },
+      { ...send, to: [""] },
+      { ...send, to: "node-a" },
+      { ...send, timeoutMs: Number.POSITIVE_INFINITY },
+      { ...send, offset: -4096 },
+      { ...send, spare: "yes" },
+      { ...send, meta: { _tag: "Tensor", dtype: "float8", shape: [1] } },
+      { ...send, meta: { _tag: "Tensor", dtype: "float32", shape: [-1] } },
+      { ...send, meta: { _tag: "Tensor", dtype: "float32" } },
+      { ...send, meta: { _tag: "Value", value: true } },
+      { ...send, meta: null },
+      { _tag: "Recv", id: "t", chunk: 0, timeoutMs: 5 }
+    ]
+    const received = { _tag: "Received", meta: { _tag: "Tensor", dtype: "int64", shape: [4] }, offset: 8192 }
+    const replies: ReadonlyArray<unknown> = [
+      received,
+      { ...received, meta: { _tag: "Bytes", length: 0 }, offset: null },
+      { ...received, offset: -1 },
+      { ...received, meta: { _tag: "Tensor", dtype: "int64", shape: [0.5] } },
+      { _tag: "Ok" },
+      { _tag: "Ok", extra: true },
+      { _tag: "Allocated", offset: 4096 }
+    ]
+    const outcome = (decode: () => unknown) => {
+      try {
+        return { value: decode() }
+      } catch (error) {
+        return { error: (error as { _tag?: string })._tag }
+      }
+    }
+    const frames = [
+      ...sends.map((request) => ({ rid: 3, request })),
+      { rid: -1, request: send },
+      { rid: 3, request: [] }
+    ]
+    for (const frame of frames) {
+      const bySchema = outcome(() => decodeMessage(ClientFrame, frame))
+      expect(outcome(() => decodeClientFrame(frame))).toEqual(bySchema)
+    }
+    const serverFrames = [
+      ...replies.map((reply) => ({ rid: 4, reply })),
+      { rid: 4, reply: { _tag: "Ok" }, error: 1 },
+      { spare: { offset: 4096, slotBytes: 4096 } },
+      { spare: { offset: 4096, slotBytes: 0 } }
+    ]
+    for (const frame of serverFrames) {
+      const bySchema = outcome(() => decodeMessage(ServerFrame, frame))
+      expect(outcome(() => decodeServerFrame(frame))).toEqual(bySchema)
+    }
+    // Both kinds of answer occur above: the comparison is not between two refusals only.
+    expect(frames.filter((frame) => "value" in outcome(() => decodeMessage(ClientFrame, frame))).length).toBe(8)
   })
 
   it("counts the arena bytes of each kind of payload", () => {
