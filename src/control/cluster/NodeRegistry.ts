@@ -24,7 +24,8 @@ export interface ClusterNode {
   readonly devices: NodeInfo["devices"]
   readonly address: string
   readonly sidecarPeerPort: number | undefined
-  readonly role: "control-plane" | "data-plane"
+  /** "all": the one node of a one-machine platform. */
+  readonly role: "all" | "control-plane" | "data-plane"
   state: "ready" | "lost"
   joinedAt: number
   lastSeenAt: number
@@ -61,7 +62,7 @@ export class NodeRegistry extends Effect.Service<NodeRegistry>()("cornserve/Node
         devices: agent.devices,
         address: config.host,
         sidecarPeerPort: undefined,
-        role: "control-plane",
+        role: config.role === "all" ? "all" : "control-plane",
         state: "ready",
         joinedAt: now,
         lastSeenAt: now
