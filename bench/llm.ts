@@ -16,6 +16,7 @@
  * Env: BENCH_TOKENS (tokens per request, default 64), BENCH_ROUNDS (default 3; medians are
  * reported), BENCH_THREADS (ONNX Runtime threads, default 2).
  */
+import { benchPrompts, mean, median, round, streamed } from "./support/chat-stream.js"
 import { loadModelDirectory } from "../src/models/ModelDirectory.js"
 import { resolveModel } from "../src/models/ModelStore.js"
 import { ChatTokenizer } from "../src/models/Tokenizer.js"
@@ -30,85 +31,7 @@ const concurrency = 8
 const model = "bench/decoder-125m"
 const targets = { singleDecodeRatio: 0.9, concurrentOverSequential: 1 }
 
-const prompts = [
-  "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-  "Explain how a transformer decoder uses its key and value cache during generation.",
-  "List five things to pack for a weekend hike in the mountains.",
-  "What colour is the sky on Mars at sunset, and why?",
-  "Translate 'good morning, how are you today?' into French and German.",
-  "Summarize the plot of a heist movie in three sentences.",
-  "Give me a recipe for a quick vegetable soup.",
-  "Describe the sound of rain on a tin roof to someone who has never heard it."
-]
-
-interface Run {
-  readonly text: string
-  readonly tokens: number
-  readonly firstTokenMs: number
-  readonly decodeMs: number
-  readonly endMs: number
-}
-
-const median = (values: ReadonlyArray<number>) => {
-  const sorted = [...values].sort((a, b) => a - b)
-  return sorted.length % 2 === 1
-    ? sorted[(sorted.length - 1) / 2]!
-    : (sorted[sorted.length / 2 - 1]! + sorted[sorted.length / 2]!) / 2
-}
-const mean = (values: ReadonlyArray<number>) => values.reduce((sum, value) => sum + value, 0) / values.length
-const round = (value: number, digits = 2) => Number(value.toFixed(digits))
-
-/** One streamed chat completion; times are from `origin` (performance.now()). */
-const streamed = async (url: string, prompt: string, origin: number): Promise<Run> => {
-  const response = await fetch(`${url}/v1/chat/completions`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify({
-      model,
-      messages: [{ role: "user", content: prompt }],
-      max_tokens: tokens,
-      ignore_eos: true,
-      temperature: 0,
-      stream: true,
-      stream_options: { include_usage: true }
-    })
-  })
-  if (response.status !== 200) throw new Error(`the executor answered ${response.status}: ${await response.text()}`)
-  let text = ""
-  let firstAt: number | undefined
-  let endAt = 0
-  let completionTokens = 0
-  let pending = ""
-  for await (const piece of response.body!.pipeThrough(new TextDecoderStream())) {
-    const now = performance.now()
-    pending += piece
-    const events = pending.split("\n\n")
-    pending = events.pop()!
-    for (const event of events) {
-      const data = event.slice("data: ".length)
-      if (data === "[DONE]") continue
-      const chunk = JSON.parse(data) as {
-        choices: Array<{ delta: { content?: string }; finish_reason: string | null }>
-        usage?: { completion_tokens: number } | null
-      }
-      for (const choice of chunk.choices) {
-        if (choice.delta.content !== undefined && choice.delta.content.length > 0) {
-          firstAt ??= now
-          text += choice.delta.content
-        }
-        if (choice.finish_reason !== null) endAt = now
-      }
-      if (chunk.usage) completionTokens = chunk.usage.completion_tokens
-    }
-  }
-  return {
-    text,
-    tokens: completionTokens,
-    firstTokenMs: firstAt! - origin,
-    decodeMs: endAt - firstAt!,
-    endMs: endAt - origin
-  }
-}
+const prompts = benchPrompts
 
 export default async function main(): Promise<void> {
   console.error(
@@ -149,7 +72,7 @@ export default async function main(): Promise<void> {
 
     // Warm-up: first runs pay for allocations and caches.
     await direct.generate(promptIds[0]!, 4)
-    await streamed(executor.url, prompts[0]!, performance.now())
+    await streamed(executor.url, model, prompts[0]!, tokens, performance.now())
 
     const singleRatios: Array<number> = []
     const concurrentRatios: Array<number> = []
@@ -163,7 +86,7 @@ export default async function main(): Promise<void> {
           expected.set(which, tokenizer.decode(run.tokens, { skipSpecialTokens: true }))
           return { tokens: run.tokens.length, firstTokenMs: run.firstTokenMs, decodeMs: run.decodeMs }
         }
-        const runApi = () => streamed(executor.url, prompts[which]!, performance.now())
+        const runApi = () => streamed(executor.url, model, prompts[which]!, tokens, performance.now())
         const [directRun, apiRun] =
           pair % 2 === 0
             ? [await runDirect(), await runApi()]
@@ -190,7 +113,7 @@ export default async function main(): Promise<void> {
       }
       const runConcurrent = async () => {
         const start = performance.now()
-        const runs = await Promise.all(prompts.map((prompt) => streamed(executor.url, prompt, start)))
+        const runs = await Promise.all(prompts.map((prompt) => streamed(executor.url, model, prompt, tokens, start)))
         return {
           runs,
           rate: runs.reduce((sum, run) => sum + run.tokens, 0) / (Math.max(...runs.map((run) => run.endMs)) / 1000),

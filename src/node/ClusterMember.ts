@@ -1,11 +1,11 @@
 import { randomUUID } from "node:crypto"
 import { createServer } from "node:http"
-import type { AddressInfo } from "node:net"
 import { NodeHttpClient } from "@effect/platform-node"
 import { RpcClient, RpcSerialization } from "@effect/rpc"
 import { Console, Duration, Effect, Layer, Schedule } from "effect"
 import { ClusterRpcs } from "../control/rpc/ClusterRpcs.js"
 import { ServeConfig } from "../control/ServeConfig.js"
+import { listening } from "./Listening.js"
 import { NodeAgent } from "./NodeAgent.js"
 
 /**
@@ -42,19 +42,7 @@ export const runDataPlane = Effect.gen(function* () {
       )
     )
   })
-  yield* Effect.acquireRelease(
-    Effect.async<void, Error>((resume) => {
-      health.once("error", (error) => resume(Effect.fail(error)))
-      health.listen(config.port, config.host, () => resume(Effect.void))
-    }),
-    () =>
-      Effect.async<void>((resume) => {
-        health.close(() => resume(Effect.void))
-        health.closeAllConnections()
-      })
-  )
-
-  const bound = health.address() as AddressInfo
+  const bound = yield* listening(health, config.port, config.host)
   yield* Console.log(
     `cornserve: data-plane node ${config.nodeId} joining ${join} (health on http://${config.host}:${bound.port}/health)`
   )

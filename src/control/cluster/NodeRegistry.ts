@@ -1,9 +1,9 @@
 import { timingSafeEqual } from "node:crypto"
 import { createServer } from "node:http"
-import type { AddressInfo } from "node:net"
 import { NodeHttpServer } from "@effect/platform-node"
 import { RpcSerialization, RpcServer } from "@effect/rpc"
 import { Console, Effect, Layer, Schedule } from "effect"
+import { listening } from "../../node/Listening.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
 import { ClusterRpcs, ClusterTokenRefused, type NodeInfo, NodeNameTaken, NotJoined } from "../rpc/ClusterRpcs.js"
 import { ServeConfig } from "../ServeConfig.js"
@@ -184,18 +184,7 @@ export const ClusterServer = Layer.scopedDiscard(
     )
     const handler = yield* NodeHttpServer.makeHandler(app)
     const server = createServer(handler)
-    yield* Effect.acquireRelease(
-      Effect.async<void, Error>((resume) => {
-        server.once("error", (error) => resume(Effect.fail(error)))
-        server.listen(config.clusterPort, config.host, () => resume(Effect.void))
-      }),
-      () =>
-        Effect.async<void>((resume) => {
-          server.close(() => resume(Effect.void))
-          server.closeAllConnections()
-        })
-    )
-    const bound = server.address() as AddressInfo
+    const bound = yield* listening(server, config.clusterPort, config.host)
     yield* Console.log(`cornserve: cluster port open on ${config.host}:${bound.port}`)
   })
 )

@@ -1,0 +1,94 @@
+/**
+ * What the LLM benches share: the prompts, one streamed chat completion timed as a client sees it,
+ * and the statistics they report.
+ */
+
+export const benchPrompts = [
+  "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+  "Explain how a transformer decoder uses its key and value cache during generation.",
+  "List five things to pack for a weekend hike in the mountains.",
+  "What colour is the sky on Mars at sunset, and why?",
+  "Translate 'good morning, how are you today?' into French and German.",
+  "Summarize the plot of a heist movie in three sentences.",
+  "Give me a recipe for a quick vegetable soup.",
+  "Describe the sound of rain on a tin roof to someone who has never heard it."
+]
+
+export interface Run {
+  /** The completion's text, special tokens left out. */
+  readonly text: string
+  readonly tokens: number
+  readonly firstTokenMs: number
+  readonly decodeMs: number
+  readonly endMs: number
+}
+
+export const median = (values: ReadonlyArray<number>) => {
+  const sorted = [...values].sort((a, b) => a - b)
+  return sorted.length % 2 === 1
+    ? sorted[(sorted.length - 1) / 2]!
+    : (sorted[sorted.length / 2 - 1]! + sorted[sorted.length / 2]!) / 2
+}
+export const mean = (values: ReadonlyArray<number>) => values.reduce((sum, value) => sum + value, 0) / values.length
+export const round = (value: number, digits = 2) => Number(value.toFixed(digits))
+
+/**
+ * One streamed greedy chat completion of `maxTokens` tokens (end of sequence ignored) from the
+ * executor at `url`; times are from `origin` (performance.now()).
+ */
+export const streamed = async (
+  url: string,
+  model: string,
+  prompt: string,
+  maxTokens: number,
+  origin: number
+): Promise<Run> => {
+  const response = await fetch(`${url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({
+      model,
+      messages: [{ role: "user", content: prompt }],
+      max_tokens: maxTokens,
+      ignore_eos: true,
+      temperature: 0,
+      stream: true,
+      stream_options: { include_usage: true }
+    })
+  })
+  if (response.status !== 200) throw new Error(`the executor answered ${response.status}: ${await response.text()}`)
+  let text = ""
+  let firstAt: number | undefined
+  let endAt = 0
+  let completionTokens = 0
+  let pending = ""
+  for await (const piece of response.body!.pipeThrough(new TextDecoderStream())) {
+    const now = performance.now()
+    pending += piece
+    const events = pending.split("\n\n")
+    pending = events.pop()!
+    for (const event of events) {
+      const data = event.slice("data: ".length)
+      if (data === "[DONE]") continue
+      const chunk = JSON.parse(data) as {
+        choices: Array<{ delta: { content?: string }; finish_reason: string | null }>
+        usage?: { completion_tokens: number } | null
+      }
+      for (const choice of chunk.choices) {
+        if (choice.delta.content !== undefined && choice.delta.content.length > 0) {
+          firstAt ??= now
+          text += choice.delta.content
+        }
+        if (choice.finish_reason !== null) endAt = now
+      }
+      if (chunk.usage) completionTokens = chunk.usage.completion_tokens
+    }
+  }
+  return {
+    text,
+    tokens: completionTokens,
+    firstTokenMs: firstAt! - origin,
+    decodeMs: endAt - firstAt!,
+    endMs: endAt - origin
+  }
+}
