@@ -237,7 +237,8 @@ describe("the LLM executor, through the openai client", () => {
       ],
       [{ role: "user", content: "hi" }]
     ]
-    const requests = conversations.map((messages) => ignoringEos({ model, messages, temperature: 0, max_tokens: 24 }))
+    // Long enough that the last of the 8 (media take longer to read) joins before the first is done.
+    const requests = conversations.map((messages) => ignoringEos({ model, messages, temperature: 0, max_tokens: 96 }))
     const alone: Array<string> = []
     for (const request of requests)
       alone.push((await client.chat.completions.create(request)).choices[0]!.message.content!)
