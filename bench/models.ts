@@ -17,7 +17,7 @@
  * Env: BENCH_TOKENS (tokens per request, default 64), BENCH_ROUNDS (default 3), BENCH_THREADS
  * (ONNX Runtime threads, default 2).
  */
-import { benchPrompts, mean, median, type Run, round, streamed } from "./support/chat-stream.js"
+import { benchPrompts, figuresOf, mean, median, printTable, type Run, round, streamed } from "./support/chat-stream.js"
 import { AutoModelForCausalLM, env, Tensor } from "@huggingface/transformers"
 import { basename, dirname } from "node:path"
 import { loadModelDirectory } from "../src/models/ModelDirectory.js"
@@ -166,12 +166,7 @@ export default async function main(): Promise<void> {
       )
     }
 
-    const figures = Object.fromEntries(
-      Object.entries(samples).map(([name, sample]) => [
-        name,
-        { tokensPerSecond: round(median(sample.rate), 1), ttftMs: round(median(sample.ttft), 1) }
-      ])
-    ) as Record<keyof typeof samples, { readonly tokensPerSecond: number; readonly ttftMs: number }>
+    const figures = figuresOf(samples)
     const singleDecodeRatio = round(median(singleRatios), 3)
     const concurrentOverSequential = round(median(concurrentRatios), 3)
     const rows = [
@@ -180,21 +175,10 @@ export default async function main(): Promise<void> {
       ["8 requests", "transformers.js, one after another", figures.transformersSequential, "aggregate"],
       ["8 requests", "executor API, concurrent", figures.apiConcurrent, "aggregate"]
     ] as const
-    const table = [
-      ["load", "path", "tokens/s", "kind", "TTFT ms (mean)"],
-      ...rows.map(([load, path, figure, kind]) => [
-        load,
-        path,
-        String(figure.tokensPerSecond),
-        kind,
-        String(figure.ttftMs)
-      ])
-    ]
-    const widths = table[0]!.map((_, column) => Math.max(...table.map((row) => row[column]!.length)))
-    console.log(
-      `models bench: ${model} (decoder-only, fp32), ${tokens} tokens per request (greedy, streamed), ${threads} ORT threads, medians over ${rounds} rounds`
+    printTable(
+      `models bench: ${model} (decoder-only, fp32), ${tokens} tokens per request (greedy, streamed), ${threads} ORT threads, medians over ${rounds} rounds`,
+      rows
     )
-    for (const row of table) console.log(row.map((cell, column) => cell.padEnd(widths[column]!)).join("  "))
     console.log(
       `1 request: API decode ${singleDecodeRatio} × transformers.js (target ≥ ${targets.singleDecodeRatio}); ` +
         `8 concurrent: ${concurrentOverSequential} × transformers.js one after another (target ≥ ${targets.concurrentOverSequential}); ` +

@@ -92,3 +92,41 @@ export const streamed = async (
     endMs: endAt - origin
   }
 }
+
+export interface Figure {
+  readonly tokensPerSecond: number
+  readonly ttftMs: number
+}
+
+/** Each path's median tokens/s and time to first token. */
+export const figuresOf = <K extends string>(
+  samples: Record<K, { readonly rate: ReadonlyArray<number>; readonly ttft: ReadonlyArray<number> }>
+): Record<K, Figure> =>
+  Object.fromEntries(
+    Object.entries<{ readonly rate: ReadonlyArray<number>; readonly ttft: ReadonlyArray<number> }>(samples).map(
+      ([name, sample]) => [
+        name,
+        { tokensPerSecond: round(median(sample.rate), 1), ttftMs: round(median(sample.ttft), 1) }
+      ]
+    )
+  ) as Record<K, Figure>
+
+/** Prints `title`, then one aligned row per path: load, path, tokens/s, kind, mean TTFT. */
+export const printTable = (
+  title: string,
+  rows: ReadonlyArray<readonly [load: string, path: string, figure: Figure, kind: string]>
+): void => {
+  const table = [
+    ["load", "path", "tokens/s", "kind", "TTFT ms (mean)"],
+    ...rows.map(([load, path, figure, kind]) => [
+      load,
+      path,
+      String(figure.tokensPerSecond),
+      kind,
+      String(figure.ttftMs)
+    ])
+  ]
+  const widths = table[0]!.map((_, column) => Math.max(...table.map((row) => row[column]!.length)))
+  console.log(title)
+  for (const row of table) console.log(row.map((cell, column) => cell.padEnd(widths[column]!)).join("  "))
+}
