@@ -293,6 +293,8 @@ export class Runner {
   /** Each row's logits at its last position, [batch × vocab] as float32. */
   private lastLogits(logits: ort.Tensor, batch: number): Float32Array {
     const width = logits.dims[1]!
+    // A decode step (or num_logits_to_keep) gives one float32 position per row: already the layout wanted.
+    if (width === 1 && logits.data instanceof Float32Array) return logits.data
     const out = new Float32Array(batch * this.vocab)
     const data = logits.data as Float32Array | Uint16Array
     for (let row = 0; row < batch; row++) {
