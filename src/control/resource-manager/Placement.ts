@@ -1,0 +1,301 @@
+import { Either } from "effect"
+import type { Device } from "../../node/Devices.js"
+
+/**
+ * Where a unit task's executors run: a pure policy over plain data, like a scheduler. Given the
+ * cluster's nodes, the devices already held, and the executors to place, it answers which node and
+ * devices each executor gets, or why they do not fit. It holds nothing and does no I/O; the caller
+ * records the answer as holdings.
+ */
+
+export interface PlacementNode {
+  readonly name: string
+  readonly state: "ready" | "lost"
+  readonly devices: ReadonlyArray<Device>
+}
+
+/** A device some task already holds on a node. */
+export interface Holding {
+  readonly node: string
+  readonly device: string
+  readonly task: string
+}
+
+/** A group of devices on one node that already runs one of the task's executors. */
+export interface PreferredGroup {
+  readonly node: string
+  readonly devices: ReadonlyArray<string>
+}
+
+export interface PlacementRequest {
+  readonly task: string
+  /** How many executors to place now. */
+  readonly executors: number
+  /** Devices each executor holds, all on one node; at least one. */
+  readonly devicesPerExecutor: number
+  /** Tasks this one exchanges tensors with, producers and consumers alike. */
+  readonly related: ReadonlyArray<string>
+  /** Taken first, each group as one executor, when all its devices are free on a ready node. */
+  readonly preferred?: ReadonlyArray<PreferredGroup>
+  readonly avoidNodes?: ReadonlyArray<string>
+}
+
+export interface PlacedExecutor {
+  readonly task: string
+  readonly node: string
+  readonly devices: ReadonlyArray<Device>
+  /** Why it went there, in a few words. */
+  readonly reason: string
+}
+
+/** How much room a ready node had left for the task that did not fit. */
+export interface NodeRoom {
+  readonly node: string
+  readonly free: number
+  readonly total: number
+  readonly avoided: boolean
+}
+
+/** A request that did not fit; nothing of the call was placed. */
+export interface PlacementShortfall {
+  readonly _tag: "PlacementShortfall"
+  readonly task: string
+  readonly devicesPerExecutor: number
+  readonly executors: number
+  /** Executors of `task` that found no node. */
+  readonly unplaced: number
+  /** Ready nodes, counting the devices taken by the requests placed before this one in the call. */
+  readonly room: ReadonlyArray<NodeRoom>
+  /** Devices the requests placed before this one in the call would have taken. */
+  readonly takenByEarlier: number
+  readonly message: string
+}
+
+/** Each ready node's devices that nobody holds, in the node's order; lost nodes are left out. */
+export const freeDevices = (
+  nodes: ReadonlyArray<PlacementNode>,
+  holdings: ReadonlyArray<Holding>
+): ReadonlyMap<string, ReadonlyArray<Device>> => {
+  const held = heldDevices(holdings)
+  const free = new Map<string, ReadonlyArray<Device>>()
+  for (const node of nodes) {
+    if (node.state !== "ready" || free.has(node.name)) continue
+    const heldHere = held.get(node.name)
+    free.set(
+      node.name,
+      node.devices.filter((device) => heldHere === undefined || !heldHere.has(device.id))
+    )
+  }
+  return free
+}
+
+/**
+ * Places every request's executors, in the order given, or none of them.
+ *
+ * Rules, in order: only ready nodes, never a held device, never an avoided node, all of an
+ * executor's devices on one node, taken in the node's order; the request's preferred groups first;
+ * then the node where related tasks hold the most devices (counting this call's earlier
+ * placements, so tasks placed together land together when they fit); otherwise the node with the
+ * most free devices, then the one with the fewest of this task's executors, then by name.
+ */
+export const place = (
+  nodes: ReadonlyArray<PlacementNode>,
+  holdings: ReadonlyArray<Holding>,
+  requests: ReadonlyArray<PlacementRequest>
+): Either.Either<ReadonlyArray<PlacedExecutor>, PlacementShortfall> => {
+  const ledger = makeLedger(nodes, holdings)
+  const relatedOf = relations(requests)
+  const placed: Array<PlacedExecutor> = []
+  for (const request of requests) {
+    const size = Math.max(1, request.devicesPerExecutor)
+    const avoided = new Set(request.avoidNodes ?? [])
+    const related = relatedOf.get(request.task) ?? new Set<string>()
+    for (let placedOfRequest = 0; placedOfRequest < request.executors; placedOfRequest++) {
+      const executor =
+        takePreferred(ledger, request, size, avoided) ?? takeBest(ledger, request.task, size, avoided, related)
+      if (executor === undefined) {
+        return Either.left(shortfall(ledger, request, size, avoided, request.executors - placedOfRequest, placed))
+      }
+      placed.push(executor)
+    }
+  }
+  return Either.right(placed)
+}
+
+interface Ledger {
+  /** Ready nodes' free devices in the node's order, in the order the nodes were given. */
+  readonly free: Map<string, Array<Device>>
+  readonly total: Map<string, number>
+  /** Devices each task holds per ready node. */
+  readonly usage: Map<string, Map<string, number>>
+}
+
+const heldDevices = (holdings: ReadonlyArray<Holding>): Map<string, Set<string>> => {
+  const held = new Map<string, Set<string>>()
+  for (const holding of holdings) {
+    const onNode = held.get(holding.node) ?? new Set<string>()
+    onNode.add(holding.device)
+    held.set(holding.node, onNode)
+  }
+  return held
+}
+
+const makeLedger = (nodes: ReadonlyArray<PlacementNode>, holdings: ReadonlyArray<Holding>): Ledger => {
+  const free = new Map<string, Array<Device>>()
+  const total = new Map<string, number>()
+  const usage = new Map<string, Map<string, number>>()
+  for (const [name, devices] of freeDevices(nodes, holdings)) {
+    free.set(name, [...devices])
+    total.set(name, nodes.find((node) => node.name === name)!.devices.length)
+    usage.set(name, new Map())
+  }
+  const counted = new Set<string>()
+  for (const holding of holdings) {
+    const onNode = usage.get(holding.node)
+    const key = `${holding.node}\u0000${holding.device}`
+    if (onNode === undefined || counted.has(key)) continue
+    counted.add(key)
+    onNode.set(holding.task, (onNode.get(holding.task) ?? 0) + 1)
+  }
+  return { free, total, usage }
+}
+
+const take = (ledger: Ledger, node: string, devices: ReadonlyArray<Device>, task: string) => {
+  const taken = new Set(devices.map((device) => device.id))
+  ledger.free.set(
+    node,
+    ledger.free.get(node)!.filter((device) => !taken.has(device.id))
+  )
+  const onNode = ledger.usage.get(node)!
+  onNode.set(task, (onNode.get(task) ?? 0) + devices.length)
+}
+
+/** Relatedness both ways: a task listed as related by another request in the call is related back. */
+const relations = (requests: ReadonlyArray<PlacementRequest>): Map<string, Set<string>> => {
+  const relatedOf = new Map<string, Set<string>>()
+  const relate = (task: string, other: string) => {
+    if (task === other) return
+    const set = relatedOf.get(task) ?? new Set<string>()
+    set.add(other)
+    relatedOf.set(task, set)
+  }
+  for (const request of requests) {
+    for (const other of request.related) {
+      relate(request.task, other)
+      relate(other, request.task)
+    }
+  }
+  return relatedOf
+}
+
+const takePreferred = (
+  ledger: Ledger,
+  request: PlacementRequest,
+  size: number,
+  avoided: ReadonlySet<string>
+): PlacedExecutor | undefined => {
+  for (const group of request.preferred ?? []) {
+    const free = ledger.free.get(group.node)
+    if (free === undefined || avoided.has(group.node) || group.devices.length !== size) continue
+    if (new Set(group.devices).size !== size) continue
+    const devices = group.devices.map((id) => free.find((device) => device.id === id))
+    if (devices.some((device) => device === undefined)) continue
+    const chosen = devices as ReadonlyArray<Device>
+    take(ledger, group.node, chosen, request.task)
+    return { task: request.task, node: group.node, devices: chosen, reason: "kept: already runs there" }
+  }
+  return undefined
+}
+
+interface Candidate {
+  readonly node: string
+  readonly free: number
+  readonly own: number
+  readonly affinity: number
+  readonly closest: string | undefined
+}
+
+const bySpread = (a: Candidate, b: Candidate) =>
+  b.free - a.free || a.own - b.own || (a.node < b.node ? -1 : a.node > b.node ? 1 : 0)
+
+const takeBest = (
+  ledger: Ledger,
+  task: string,
+  size: number,
+  avoided: ReadonlySet<string>,
+  related: ReadonlySet<string>
+): PlacedExecutor | undefined => {
+  const candidates: Array<Candidate> = []
+  for (const [node, free] of ledger.free) {
+    if (avoided.has(node) || free.length < size) continue
+    const onNode = ledger.usage.get(node)!
+    let affinity = 0
+    let closest: string | undefined
+    let closestDevices = 0
+    for (const other of related) {
+      const devices = onNode.get(other) ?? 0
+      affinity += devices
+      if (devices > closestDevices) {
+        closest = other
+        closestDevices = devices
+      }
+    }
+    candidates.push({ node, free: free.length, own: onNode.get(task) ?? 0, affinity, closest })
+  }
+  candidates.sort((a, b) => b.affinity - a.affinity || bySpread(a, b))
+  const [chosen, runnerUp] = candidates
+  if (chosen === undefined) return undefined
+  const devices = ledger.free.get(chosen.node)!.slice(0, size)
+  take(ledger, chosen.node, devices, task)
+  return { task, node: chosen.node, devices, reason: spreadReason(chosen, runnerUp) }
+}
+
+const spreadReason = (chosen: Candidate, runnerUp: Candidate | undefined): string => {
+  if (chosen.closest !== undefined) return `with related task ${chosen.closest}`
+  if (runnerUp === undefined) return "only node with room"
+  if (chosen.free === runnerUp.free && chosen.own < runnerUp.own) return "fewest executors of this task"
+  return "most free devices"
+}
+
+const placedDevices = (placed: ReadonlyArray<PlacedExecutor>) =>
+  placed.reduce((sum, executor) => sum + executor.devices.length, 0)
+
+const shortfall = (
+  ledger: Ledger,
+  request: PlacementRequest,
+  size: number,
+  avoided: ReadonlySet<string>,
+  unplaced: number,
+  placed: ReadonlyArray<PlacedExecutor>
+): PlacementShortfall => {
+  // Devices this request already took in the call count as free again: the whole call is undone.
+  const ownThisCall = new Map<string, number>()
+  for (const executor of placed) {
+    if (executor.task !== request.task) continue
+    ownThisCall.set(executor.node, (ownThisCall.get(executor.node) ?? 0) + executor.devices.length)
+  }
+  const takenByEarlier = placedDevices(placed.filter((executor) => executor.task !== request.task))
+  const room: Array<NodeRoom> = [...ledger.free].map(([node, free]) => ({
+    node,
+    free: free.length + (ownThisCall.get(node) ?? 0),
+    total: ledger.total.get(node)!,
+    avoided: avoided.has(node)
+  }))
+  const rooms =
+    room.length === 0
+      ? "no ready node"
+      : room
+          .map((entry) => `${entry.node} ${entry.free} of ${entry.total}${entry.avoided ? " (avoided)" : ""}`)
+          .join(", ")
+  const earlier = takenByEarlier === 0 ? "" : `; tasks placed with it take ${takenByEarlier} device(s)`
+  return {
+    _tag: "PlacementShortfall",
+    task: request.task,
+    devicesPerExecutor: size,
+    executors: request.executors,
+    unplaced,
+    room,
+    takenByEarlier,
+    message: `task ${request.task} needs ${size} device(s) per executor, ${request.executors} executor(s); free: ${rooms} (${unplaced} executor(s) short)${earlier}`
+  }
+}

@@ -1,0 +1,130 @@
+import { Either } from "effect"
+import { describe, expect, it } from "vitest"
+import {
+  freeDevices,
+  type Holding,
+  type PlacedExecutor,
+  type PlacementNode,
+  type PlacementRequest,
+  place
+} from "../../src/control/resource-manager/Placement.js"
+import { parseDevices } from "../../src/node/Devices.js"
+
+const node = (name: string, devices: string, state: PlacementNode["state"] = "ready"): PlacementNode => ({
+  name,
+  state,
+  devices: parseDevices(devices)
+})
+
+const request = (task: string, overrides: Partial<PlacementRequest> = {}): PlacementRequest => ({
+  task,
+  executors: 1,
+  devicesPerExecutor: 1,
+  related: [],
+  ...overrides
+})
+
+const placed = (
+  nodes: ReadonlyArray<PlacementNode>,
+  holdings: ReadonlyArray<Holding>,
+  requests: ReadonlyArray<PlacementRequest>
+): ReadonlyArray<PlacedExecutor> => {
+  const answer = place(nodes, holdings, requests)
+  if (Either.isLeft(answer)) throw new Error(`expected a placement, got: ${answer.left.message}`)
+  return answer.right
+}
+
+const where = (executors: ReadonlyArray<PlacedExecutor>) =>
+  executors.map((executor) => `${executor.task}@${executor.node}:${executor.devices.map((d) => d.id).join("+")}`)
+
+describe("placement: where a task's executors run", () => {
+  it("puts a consumer on the node of its producer when that node has room", () => {
+    const nodes = [node("a", "cpu:0,cpu:1"), node("b", "cpu:0,cpu:1,cpu:2")]
+    const holdings: Array<Holding> = [{ node: "a", device: "cpu:0", task: "encoder" }]
+    const [llm] = placed(nodes, holdings, [request("llm", { related: ["encoder"] })])
+    expect(where([llm!])).toEqual(["llm@a:cpu:1"])
+    expect(llm!.reason).toBe("with related task encoder")
+  })
+
+  it("places tasks deployed together on one node, in the order given, when they fit", () => {
+    const nodes = [node("a", "cpu:0,cpu:1"), node("b", "cpu:0,cpu:1")]
+    const answer = placed(nodes, [], [request("encoder", { related: ["llm"] }), request("llm")])
+    expect(where(answer)).toEqual(["encoder@a:cpu:0", "llm@a:cpu:1"])
+  })
+
+  it("spreads unrelated executors: the node with the most free devices, then the fewest of the task", () => {
+    const nodes = [node("a", "cpu:0,cpu:1"), node("b", "cpu:0,cpu:1"), node("c", "cpu:0")]
+    const answer = placed(nodes, [], [request("encoder", { executors: 3 })])
+    expect(where(answer)).toEqual(["encoder@a:cpu:0", "encoder@b:cpu:0", "encoder@c:cpu:0"])
+    const held: Array<Holding> = [
+      { node: "a", device: "cpu:0", task: "other" },
+      { node: "b", device: "cpu:0", task: "llm" }
+    ]
+    const [next] = placed([node("a", "cpu:0,cpu:1"), node("b", "cpu:0,cpu:1")], held, [request("llm")])
+    expect(next!.node).toBe("a")
+    expect(next!.reason).toBe("fewest executors of this task")
+  })
+
+  it("keeps an executor where it already runs when its devices are free (a restarted control plane)", () => {
+    const nodes = [node("a", "cpu:0,cpu:1"), node("b", "cpu:0,cpu:1")]
+    const answer = placed(nodes, [], [request("llm", { executors: 2, preferred: [{ node: "b", devices: ["cpu:1"] }] })])
+    expect(where(answer)).toEqual(["llm@b:cpu:1", "llm@a:cpu:0"])
+    expect(answer[0]!.reason).toBe("kept: already runs there")
+    const taken = placed(
+      nodes,
+      [{ node: "b", device: "cpu:1", task: "other" }],
+      [request("llm", { preferred: [{ node: "b", devices: ["cpu:1"] }] })]
+    )
+    expect(taken[0]!.reason).not.toBe("kept: already runs there")
+  })
+
+  it("never spans nodes, never takes a held device, skips lost and avoided nodes", () => {
+    const nodes = [
+      node("a", "cpu:0,cpu:1"),
+      node("b", "cpu:0,cpu:1,cpu:2,cpu:3"),
+      node("c", "cpu:0,cpu:1,cpu:2", "lost")
+    ]
+    const holdings: Array<Holding> = [{ node: "b", device: "cpu:1", task: "other" }]
+    const answer = placed(nodes, holdings, [request("llm", { devicesPerExecutor: 3 })])
+    expect(where(answer)).toEqual(["llm@b:cpu:0+cpu:2+cpu:3"])
+    const avoided = place(nodes, holdings, [request("llm", { devicesPerExecutor: 2, avoidNodes: ["b"] })])
+    expect(Either.isRight(avoided) && where(avoided.right)).toEqual(["llm@a:cpu:0+cpu:1"])
+    expect([...freeDevices(nodes, holdings).keys()]).toEqual(["a", "b"])
+    expect(
+      freeDevices(nodes, holdings)
+        .get("b")!
+        .map((d) => d.id)
+    ).toEqual(["cpu:0", "cpu:2", "cpu:3"])
+  })
+
+  it("places all of a call or nothing, and says what was short and where there was room", () => {
+    const nodes = [node("a", "cpu:0,cpu:1"), node("b", "cpu:0")]
+    const answer = place(
+      nodes,
+      [{ node: "b", device: "cpu:0", task: "other" }],
+      [request("encoder"), request("llm", { executors: 2 })]
+    )
+    expect(Either.isLeft(answer)).toBe(true)
+    const shortfall = Either.isLeft(answer) ? answer.left : undefined
+    expect(shortfall).toMatchObject({ task: "llm", executors: 2, unplaced: 1, takenByEarlier: 1 })
+    // The llm's own executor placed before the shortfall counts as free again; the encoder's does not.
+    expect(shortfall!.room).toEqual([
+      { node: "a", free: 1, total: 2, avoided: false },
+      { node: "b", free: 0, total: 1, avoided: false }
+    ])
+    expect(shortfall!.message).toBe(
+      "task llm needs 1 device(s) per executor, 2 executor(s); free: a 1 of 2, b 0 of 1 (1 executor(s) short); tasks placed with it take 1 device(s)"
+    )
+    const nothing = place([node("a", "cpu:0", "lost")], [], [request("llm")])
+    expect(Either.isLeft(nothing) && nothing.left.message).toBe(
+      "task llm needs 1 device(s) per executor, 1 executor(s); free: no ready node (1 executor(s) short)"
+    )
+  })
+
+  it("is a function of its input: the same state gives the same answer", () => {
+    const nodes = [node("b", "cpu:0,cpu:1"), node("a", "cpu:0,cpu:1")]
+    const requests = [request("encoder", { executors: 2 }), request("llm", { related: ["encoder"] })]
+    expect(where(placed(nodes, [], requests))).toEqual(where(placed(nodes, [], requests)))
+    expect(where(placed(nodes, [], requests))).toEqual(["encoder@a:cpu:0", "encoder@b:cpu:0", "llm@a:cpu:1"])
+  })
+})
