@@ -140,19 +140,23 @@ export const listTasks = (target: GatewayTarget) =>
         state: string
         usedBy: Array<string>
         devices: Array<string>
+        executors: Array<{ id: string; node: string; healthy: boolean }>
       }>
     }
     if (tasks.length === 0) return yield* write("no tasks are deployed\n")
     yield* write(
       table(
-        ["TASK", "NAME", "KIND", "STATE", "USED BY", "DEVICES"],
+        ["TASK", "NAME", "KIND", "STATE", "USED BY", "DEVICES", "EXECUTORS (NODE)"],
         tasks.map((task) => [
           task.id,
           task.name,
           task.kind,
           task.state,
           task.usedBy.join(", "),
-          task.devices.join(", ")
+          task.devices.join(", "),
+          task.executors
+            .map((executor) => `${executor.id} (${executor.node}${executor.healthy ? "" : ", unhealthy"})`)
+            .join(", ")
         ])
       )
     )
@@ -162,13 +166,25 @@ export const listNodes = (target: GatewayTarget) =>
   Effect.gen(function* () {
     const response = yield* Effect.flatMap(request(target, "GET", "nodes/list"), expectOk)
     const { nodes } = JSON.parse(yield* readText(response)) as {
-      nodes: Array<{ name: string; role: string; address: string; state: string; devices: Array<string> }>
+      nodes: Array<{
+        name: string
+        role: string
+        address: string
+        state: string
+        devices: Array<{ id: string; task: string | null }>
+      }>
     }
     if (nodes.length === 0) return yield* write("no nodes: the control plane has no devices and no node has joined\n")
     yield* write(
       table(
         ["NODE", "ROLE", "ADDRESS", "STATE", "DEVICES"],
-        nodes.map((node) => [node.name, node.role, node.address, node.state, node.devices.join(", ")])
+        nodes.map((node) => [
+          node.name,
+          node.role,
+          node.address,
+          node.state,
+          node.devices.map((device) => (device.task === null ? device.id : `${device.id} (${device.task})`)).join(", ")
+        ])
       )
     )
   })

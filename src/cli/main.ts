@@ -114,6 +114,12 @@ const serveCommand = Command.make(
       300,
       "Seconds an app may take to start answering a request (504 after)."
     ),
+    executorGrace: seconds(
+      "executor-grace",
+      30,
+      "data-plane: seconds this node keeps executors running once the control plane no longer holds them " +
+        "(it is out of reach, or restarted and did not take them back); stopped after."
+    ),
     shutdownGrace: seconds(
       "shutdown-grace",
       10,
@@ -250,6 +256,7 @@ const serveCommand = Command.make(
           maxResponseBytes: options.maxResponseBytes
         },
         shutdownGraceMs: Math.round(options.shutdownGrace * 1000),
+        executorGraceMs: Math.round(options.executorGrace * 1000),
         unregisterGraceMs: Math.round(options.shutdownGrace * 1000)
       })
     })

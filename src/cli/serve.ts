@@ -8,7 +8,7 @@ import type { NotSupported } from "../control/errors.js"
 import { Gateway } from "../control/gateway/Gateway.js"
 import { ResourceManager } from "../control/resource-manager/ResourceManager.js"
 import { ServeConfig, type ServeOptions } from "../control/ServeConfig.js"
-import { ClusterServer, NodeRegistry } from "../control/cluster/NodeRegistry.js"
+import { ClusterServer, lostAfterMs, NodeRegistry } from "../control/cluster/NodeRegistry.js"
 import { runDataPlane } from "../node/ClusterMember.js"
 import { NodeAgent } from "../node/NodeAgent.js"
 
@@ -77,6 +77,8 @@ const runPlatform = (options: ServeOptions & { readonly examples: boolean }) =>
     const gateway = yield* Gateway
     const apps = yield* AppManager
     yield* Console.log(`cornserve: serving at ${gateway.url} (state in ${options.stateDir})`)
+    // Nodes that were members come back within a heartbeat or two: the restored apps' tasks go to them.
+    if (options.role === "control-plane") yield* (yield* NodeRegistry).awaitKnownNodes(2 * lostAfterMs)
     const restored = yield* apps.restore
     if (restored > 0) yield* Effect.logInfo(`restored ${restored} app(s) from ${options.stateDir}`)
     if (options.examples) yield* registerExamples

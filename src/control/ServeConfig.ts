@@ -44,6 +44,8 @@ export interface ServeOptions {
     readonly maxResponseBytes: number
   }
   readonly shutdownGraceMs: number
+  /** data-plane: how long executors the control plane no longer holds keep running. */
+  readonly executorGraceMs: number
   readonly unregisterGraceMs: number
 }
 

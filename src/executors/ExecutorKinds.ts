@@ -2,7 +2,7 @@ import type { Dtype } from "../models/Dtype.js"
 import { Effect, type Scope } from "effect"
 import type { UnitTaskSpec } from "../app-runtime/driver/protocol.js"
 import type { Device } from "../node/Devices.js"
-import { NodeAgent } from "../node/NodeAgent.js"
+import type { NodeHandle } from "../control/cluster/NodeHandle.js"
 
 /** A running executor (a process group) that serves one unit task on its devices. */
 export interface Executor {
@@ -13,16 +13,27 @@ export interface Executor {
   restart(reason: string): void
 }
 
+/** Where one executor runs: a node, its devices there, and the control plane's name for it. */
+export interface ExecutorSlot {
+  readonly node: NodeHandle
+  readonly devices: ReadonlyArray<Device>
+  readonly id: string
+}
+
 /**
- * How to run one kind of unit task: how many devices an executor takes, and how to start one as a
- * scoped resource (closing the scope stops its processes).
+ * How to run one kind of unit task: how many devices an executor takes, and how to start one on
+ * a node as a scoped resource (closing the scope stops its processes).
  */
 export interface ExecutorKind {
   readonly kind: string
   devicesPerExecutor(task: UnitTaskSpec): number
-  /** Makes what the task needs present on the node before its executors start (its model), telling how it goes. */
-  prepare?(task: UnitTaskSpec, onProgress: (message: string) => Effect.Effect<void>): Effect.Effect<void, Error>
-  start(task: UnitTaskSpec, devices: ReadonlyArray<Device>): Effect.Effect<Executor, Error, Scope.Scope>
+  /** Makes what the task needs present on a node before its executors start there (its model), telling how it goes. */
+  prepare?(
+    task: UnitTaskSpec,
+    node: NodeHandle,
+    onProgress: (message: string) => Effect.Effect<void>
+  ): Effect.Effect<void, Error>
+  start(task: UnitTaskSpec, slot: ExecutorSlot): Effect.Effect<Executor, Error, Scope.Scope>
 }
 
 const modelOf = (task: UnitTaskSpec) => (task.config as { readonly model: string }).model
@@ -39,37 +50,38 @@ const dtypeArgs = (task: UnitTaskSpec) => {
 /**
  * The executor kinds this platform runs, by unit-task kind: the encoder on Eric, the LLM on the
  * LLM executor, image and audio generators on Geri. Each executor is a supervised process group
- * started by the node agent.
+ * that the node of its devices starts.
  */
 export class ExecutorKinds extends Effect.Service<ExecutorKinds>()("cornserve/ExecutorKinds", {
-  effect: Effect.gen(function* () {
-    const agent = yield* NodeAgent
-    const onAgent =
-      (executor: "eric" | "geri" | "llm", extraArgs: (task: UnitTaskSpec) => ReadonlyArray<string>) =>
+  succeed: (() => {
+    const onNode =
+      (program: "eric" | "geri" | "llm", extraArgs: (task: UnitTaskSpec) => ReadonlyArray<string>) =>
       (kind: string): ExecutorKind => ({
         kind,
         devicesPerExecutor: () => 1,
-        prepare: (task, onProgress) =>
-          agent.prepareModel(modelOf(task), (task.config as { readonly dtype?: Dtype }).dtype, onProgress),
-        start: (task, devices) =>
+        prepare: (task, node, onProgress) =>
+          node.prepareModel(modelOf(task), (task.config as { readonly dtype?: Dtype }).dtype, onProgress),
+        start: (task, slot) =>
           Effect.map(
-            agent.startExecutor({ kind: executor, model: modelOf(task), devices, args: extraArgs(task) }),
-            (process): Executor => ({
-              devices,
-              url: () => (process.state._tag === "Ready" ? process.state.ready : undefined),
-              restart: (reason) => process.restart(reason)
-            })
+            slot.node.startExecutor({
+              id: slot.id,
+              taskId: task.id,
+              program,
+              model: modelOf(task),
+              devices: slot.devices.map((device) => device.id),
+              args: extraArgs(task)
+            }),
+            (running): Executor => ({ devices: slot.devices, url: running.url, restart: running.restart })
           )
       })
     const kinds = new Map<string, ExecutorKind>(
       [
-        onAgent("eric", batchArgs)("encoder"),
-        onAgent("llm", dtypeArgs)("llm"),
-        onAgent("geri", batchArgs)("image-generator"),
-        onAgent("geri", batchArgs)("audio-generator")
+        onNode("eric", batchArgs)("encoder"),
+        onNode("llm", dtypeArgs)("llm"),
+        onNode("geri", batchArgs)("image-generator"),
+        onNode("geri", batchArgs)("audio-generator")
       ].map((kind) => [kind.kind, kind])
     )
     return { kinds }
-  }),
-  dependencies: [NodeAgent.Default]
+  })()
 }) {}

@@ -1,9 +1,12 @@
-import { randomUUID } from "node:crypto"
+import { randomUUID, timingSafeEqual } from "node:crypto"
 import { createServer } from "node:http"
-import { NodeHttpClient } from "@effect/platform-node"
-import { RpcClient, RpcSerialization } from "@effect/rpc"
-import { Console, Duration, Effect, Layer, Schedule } from "effect"
-import { ClusterRpcs } from "../control/rpc/ClusterRpcs.js"
+import { NodeHttpClient, NodeHttpServer } from "@effect/platform-node"
+import { RpcClient, RpcSerialization, RpcServer } from "@effect/rpc"
+import { Console, Duration, Effect, Layer, Runtime, Schedule } from "effect"
+import { ClusterRpcs, ClusterTokenRefused } from "../control/rpc/ClusterRpcs.js"
+import { NodeCallFailed, NodeRpcs } from "../control/rpc/NodeRpcs.js"
+import type { Dtype } from "../models/Dtype.js"
+import { makeNodeExecutors } from "./NodeExecutors.js"
 import { ServeConfig } from "../control/ServeConfig.js"
 import { listening } from "./Listening.js"
 import { NodeAgent } from "./NodeAgent.js"
@@ -15,6 +18,13 @@ import { NodeAgent } from "./NodeAgent.js"
  * a name another running node has) ends the process with the reason. Its /health answers on
  * --port, for probes.
  */
+
+/** Constant-time comparison, so that a wrong token's timing tells nothing of the right one. */
+const sameToken = (given: string, expected: string): boolean => {
+  const a = Buffer.from(given)
+  const b = Buffer.from(expected)
+  return a.length === b.length && timingSafeEqual(a, b)
+}
 
 /** The control plane's cluster URL as its RPC endpoint. */
 const rpcUrl = (join: string) => `${join.replace(/\/+$/, "")}/rpc`
@@ -28,10 +38,47 @@ export const runDataPlane = Effect.gen(function* () {
   const join = config.join!
   const token = config.clusterToken!
   const instance = randomUUID()
+  const runtime = yield* Effect.runtime<never>()
   const client = yield* RpcClient.make(ClusterRpcs)
   let joined = false
+  const executors = makeNodeExecutors(agent, {
+    advertiseHost: config.advertiseHost,
+    graceMs: config.executorGraceMs,
+    parent: yield* Effect.scope
+  })
 
-  const health = createServer((request, response) => {
+  // What the control plane asks of this node: each call carries the cluster token.
+  const checkToken = (given: string) =>
+    sameToken(given, token)
+      ? Effect.void
+      : Effect.zipRight(
+          Effect.logWarning("refused a node call: its cluster token is not CORNSERVE_CLUSTER_TOKEN"),
+          Effect.fail(new ClusterTokenRefused({ message: "this node refused the call: wrong cluster token" }))
+        )
+  const failed = (error: Error) => new NodeCallFailed({ message: error.message })
+  const handlers = NodeRpcs.toLayer({
+    PrepareModel: ({ token: given, model, dtype }) =>
+      checkToken(given).pipe(
+        Effect.zipRight(agent.prepareModel(model, dtype as Dtype | undefined, (message) => Effect.logInfo(message))),
+        Effect.asVoid,
+        Effect.mapError((error) => (error instanceof ClusterTokenRefused ? error : failed(error)))
+      ),
+    StartExecutor: ({ token: given, executor }) =>
+      checkToken(given).pipe(
+        Effect.zipRight(executors.start(executor)),
+        Effect.mapError((error) => (error instanceof ClusterTokenRefused ? error : failed(error)))
+      ),
+    StopExecutor: ({ token: given, id }) => Effect.zipRight(checkToken(given), executors.stopById(id)),
+    RestartExecutor: ({ token: given, id, reason }) =>
+      Effect.zipRight(checkToken(given), executors.restartById(id, reason))
+  })
+  const rpcApp = yield* RpcServer.toHttpApp(NodeRpcs).pipe(
+    Effect.provide(Layer.merge(handlers, RpcSerialization.layerMsgPack))
+  )
+  const rpcHandler = yield* NodeHttpServer.makeHandler(rpcApp)
+
+  const server = createServer((request, response) => {
+    if (request.url === "/rpc") return rpcHandler(request, response)
     const ok = request.url === "/health"
     response.writeHead(ok ? (joined ? 200 : 503) : 404, { "content-type": "application/json" })
     response.end(
@@ -42,34 +89,38 @@ export const runDataPlane = Effect.gen(function* () {
       )
     )
   })
-  const bound = yield* listening(health, config.port, config.host)
+  // A model download may take long: the control plane's calls have no deadline here.
+  server.requestTimeout = 0
+  const bound = yield* listening(server, config.port, config.host)
   yield* Console.log(
     `cornserve: data-plane node ${config.nodeId} joining ${join} (health on http://${config.host}:${bound.port}/health)`
   )
 
-  const node = {
+  const node = () => ({
     name: config.nodeId,
     instance,
     devices: agent.devices,
-    advertiseHost: config.advertiseHost
-  }
-  const joinOnce = client
-    .Join({ token, node })
-    .pipe(
-      Effect.tapErrorTag("RpcClientError", (error) =>
-        Effect.logWarning(
-          `the control plane at ${join} is not reachable (${error.message}); retrying, waiting longer each time (up to 8 s)`
-        )
+    advertiseHost: config.advertiseHost,
+    rpcPort: bound.port,
+    executors: executors.reports(),
+    ...(agent.sidecarPeerPort() === undefined ? {} : { sidecarPeerPort: agent.sidecarPeerPort()! })
+  })
+  const joinOnce = Effect.suspend(() => client.Join({ token, node: node() })).pipe(
+    Effect.tapErrorTag("RpcClientError", (error) =>
+      Effect.logWarning(
+        `the control plane at ${join} is not reachable (${error.message}); retrying, waiting longer each time (up to 8 s)`
       )
     )
+  )
   const joinCluster = joinOnce.pipe(
     Effect.retry({
       while: (error) => error._tag === "RpcClientError",
       schedule: retryWaits
     }),
-    Effect.tap(() =>
-      Effect.sync(() => {
+    Effect.tap((answer) =>
+      Effect.promise(() => {
         joined = true
+        return agent.setPeers(answer.peers)
       })
     ),
     Effect.tap(() =>
@@ -78,7 +129,15 @@ export const runDataPlane = Effect.gen(function* () {
   )
 
   const answer = yield* joinCluster
-  const beat = client.Heartbeat({ token, name: config.nodeId, instance }).pipe(
+  const beat = Effect.suspend(() =>
+    client.Heartbeat({ token, name: config.nodeId, instance, executors: executors.reports() })
+  ).pipe(
+    Effect.tap((answer) =>
+      Effect.zipRight(
+        executors.heldBy(answer.owned),
+        Effect.promise(() => agent.setPeers(answer.peers))
+      )
+    ),
     Effect.catchTags({
       // The control plane restarted and forgot this node.
       NotJoined: () =>
@@ -89,9 +148,15 @@ export const runDataPlane = Effect.gen(function* () {
       RpcClientError: (error) =>
         Effect.zipRight(
           Effect.sync(() => {
+            if (joined)
+              Runtime.runFork(runtime)(
+                Effect.logWarning(
+                  `lost the control plane at ${join} (${error.message}); trying again, and keeping this node's executors for ${config.executorGraceMs / 1000} s`
+                )
+              )
             joined = false
           }),
-          Effect.logWarning(`lost the control plane at ${join} (${error.message}); trying again`)
+          executors.unreachable
         )
     }),
     Effect.tap(() =>
@@ -100,7 +165,10 @@ export const runDataPlane = Effect.gen(function* () {
       })
     )
   )
-  yield* beat.pipe(Effect.repeat(Schedule.spaced(Duration.millis(answer.heartbeatMs))))
+  yield* beat.pipe(
+    Effect.zipRight(executors.sweep),
+    Effect.repeat(Schedule.spaced(Duration.millis(answer.heartbeatMs)))
+  )
   return yield* Effect.never
 }).pipe(
   Effect.provide(

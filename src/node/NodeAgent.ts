@@ -46,6 +46,9 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
     let sidecarArena: string | undefined
     const sidecarLossListeners = new Set<() => void>()
     const sidecarWaiters = new Set<() => void>()
+    /** The other nodes' sidecars (node name → host:port), as the control plane last told them. */
+    let peers: Readonly<Record<string, string>> = {}
+    let applyPeers = (): Promise<void> => Promise.resolve()
 
     const sidecar = yield* SupervisedProcess.start<SidecarReady>({
       name: `sidecar of node ${config.nodeId}`,
@@ -57,7 +60,9 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
         "--socket",
         socketPath,
         "--arena-bytes",
-        String(config.sidecarArenaBytes)
+        String(config.sidecarArenaBytes),
+        // A node of a cluster takes its peers' chunks on its own address; one machine alone keeps to loopback.
+        ...(config.role === "all" ? [] : ["--peer-host", config.host])
       ],
       parseReady: (output) => {
         const match = sidecarReadyPattern.exec(output)
@@ -74,6 +79,8 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
         if (state._tag !== "Ready") return
         sidecarArena = state.ready.arenaPath
         for (const wake of sidecarWaiters) wake()
+        // A sidecar that replaces one learns the peers its predecessor knew.
+        if (Object.keys(peers).length > 0) void applyPeers()
       }
     })
 
@@ -88,6 +95,26 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
       (connected) => Effect.promise(() => connected.close())
     )
     const sidecarClient = (): Promise<SidecarClient> => Promise.resolve(client)
+
+    applyPeers = () =>
+      client.setPeers(peers).catch((error: unknown) => {
+        log(`the sidecar did not take its peers: ${error instanceof Error ? error.message : String(error)}`)
+      })
+
+    /** Tells the sidecar where the other nodes' sidecars are (this node's own entry left out). */
+    const setPeers = (next: Readonly<Record<string, string>>): Promise<void> => {
+      const others = Object.fromEntries(Object.entries(next).filter(([name]) => name !== config.nodeId))
+      const same =
+        Object.keys(others).length === Object.keys(peers).length &&
+        Object.entries(others).every(([name, address]) => peers[name] === address)
+      if (same) return Promise.resolve()
+      peers = others
+      return applyPeers()
+    }
+
+    /** The TCP port the sidecar takes other nodes' chunks on, while it runs. */
+    const sidecarPeerPort = (): number | undefined =>
+      sidecar.state._tag === "Ready" ? sidecar.state.ready.peerPort : undefined
 
     /** Whether the sidecar runs, or is running again within `timeoutMs`. */
     const sidecarRunning = (timeoutMs: number): Promise<boolean> => {
@@ -170,6 +197,8 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
           // Inside the agent's own directory: gone with it even when the executor is killed.
           "--run-dir",
           join(runDir, `executor-${executorCount++}`),
+          // A node of a cluster serves its executors to the control plane on its own address.
+          ...(config.role === "data-plane" ? ["--host", config.host] : []),
           ...(launch.args ?? [])
         ],
         parseReady: (output) => executorReadyPattern.exec(output)?.[1],
@@ -184,6 +213,8 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
       socketPath,
       sidecar,
       sidecarClient,
+      sidecarPeerPort,
+      setPeers,
       sidecarRunning,
       onSidecarLost,
       prepareModel,

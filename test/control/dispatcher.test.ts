@@ -8,7 +8,7 @@ import {
 } from "../../src/app-runtime/tasks/TaskGraph.js"
 import { makeDispatch, wireDataForwards } from "../../src/control/dispatcher/Dispatcher.js"
 import { TaskManagers } from "../../src/control/task-manager/TaskManagers.js"
-import { answerJson, cpuDevices, refuse, StandInExecutor, standInKind } from "../support/standInExecutors.js"
+import { answerJson, cpuGroups, refuse, StandInExecutor, standInKind } from "../support/standInExecutors.js"
 
 /** A forwarded datum as it appears in a wire graph. */
 const forward = (id: string) => ({ $dataForward: id, dataType: "Tensor" })
@@ -175,14 +175,17 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
         managers.deploy(
           { id: "encoder-a", kind: "encoder", name: "encoder", config: {} },
           standInKind("encoder", encoders),
-          cpuDevices(2)
+          cpuGroups(2, "node-test")
         ),
-        managers.deploy({ id: "llm-b", kind: "llm", name: "llm", config: {} }, standInKind("llm", [llm]), cpuDevices(1))
+        managers.deploy(
+          { id: "llm-b", kind: "llm", name: "llm", config: {} },
+          standInKind("llm", [llm]),
+          cpuGroups(1, "node-test")
+        )
       ])
     )
     dispatch = makeDispatch({
       task: managers.get,
-      nodeId: "node-test",
       release: (ids) => void released.push(ids),
       sidecarRunning: async () => true,
       onSidecarLost: () => () => undefined

@@ -5,6 +5,7 @@ import { join } from "node:path"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, Layer } from "effect"
 import type { UnitTaskSpec } from "../../src/app-runtime/driver/protocol.js"
+import { NodeRegistry } from "../../src/control/cluster/NodeRegistry.js"
 import { ResourceManager } from "../../src/control/resource-manager/ResourceManager.js"
 import { ServeConfig, type ServeOptions } from "../../src/control/ServeConfig.js"
 import { TaskManagers } from "../../src/control/task-manager/TaskManagers.js"
@@ -33,6 +34,7 @@ const options = (stateDir: string, devices: string): ServeOptions => ({
   requestTimeoutMs: 1_000,
   appLoadTimeoutMs: 10_000,
   shutdownGraceMs: 1_000,
+  executorGraceMs: 30_000,
   unregisterGraceMs: 1_000
 })
 
@@ -43,7 +45,7 @@ const options = (stateDir: string, devices: string): ServeOptions => ({
 const processKind = (running: Set<ChildProcess>): ExecutorKind => ({
   kind: "encoder",
   devicesPerExecutor: () => 1,
-  start: (task, devices) =>
+  start: (task, slot) =>
     Effect.acquireRelease(
       Effect.suspend(() => {
         if ((task.config as { model: string }).model === "broken") {
@@ -53,7 +55,7 @@ const processKind = (running: Set<ChildProcess>): ExecutorKind => ({
         running.add(child)
         return Effect.succeed({
           child,
-          executor: { devices, url: () => `process:${child.pid}`, restart: () => child.kill("SIGKILL") }
+          executor: { devices: slot.devices, url: () => `process:${child.pid}`, restart: () => child.kill("SIGKILL") }
         })
       }),
       ({ child }) =>
@@ -84,6 +86,8 @@ const withResources = <A, E>(
     const running = new Set<ChildProcess>()
     const layer = ResourceManager.DefaultWithoutDependencies.pipe(
       Layer.provide(TaskManagers.Default),
+      // The node's real agent and registry (its sidecar runs): the executors are this test's own processes.
+      Layer.provide(NodeRegistry.Default),
       Layer.provide(
         Layer.succeed(ExecutorKinds, ExecutorKinds.make({ kinds: new Map([["encoder", processKind(running)]]) }))
       ),
@@ -144,7 +148,9 @@ describe("ResourceManager", () => {
       Effect.gen(function* () {
         yield* resources.acquire("app-a", [spec("one", "m")], noProgress)
         const exhausted = yield* Effect.flip(resources.acquire("app-b", [spec("two", "n")], noProgress))
-        expect(exhausted.message).toBe("task two needs 1 device(s) but 0 of 1 are free")
+        expect(exhausted.message).toBe(
+          "task two needs 1 device(s) per executor, 1 executor(s); free: local 0 of 1 (1 executor(s) short)"
+        )
         const unknown = yield* Effect.flip(
           resources.acquire("app-c", [{ id: "llm-1", kind: "llm", name: "llm-x", config: { model: "x" } }], noProgress)
         )

@@ -1,7 +1,7 @@
 import { ManagedRuntime } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { type TaskManager, TaskManagers } from "../../src/control/task-manager/TaskManagers.js"
-import { cpuDevices, StandInExecutor, standInKind } from "../support/standInExecutors.js"
+import { cpuGroups, StandInExecutor, standInKind } from "../support/standInExecutors.js"
 
 describe("TaskManagers: leasing executors of a task, by their health", () => {
   const runtime = ManagedRuntime.make(TaskManagers.Default)
@@ -24,7 +24,7 @@ describe("TaskManagers: leasing executors of a task, by their health", () => {
       managers.deploy(
         { id: "encoder-t", kind: "encoder", name: "encoder", config: {} },
         standInKind("encoder", executors),
-        cpuDevices(2)
+        cpuGroups(2)
       )
     )
   })

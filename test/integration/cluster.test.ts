@@ -59,7 +59,7 @@ interface NodeRow {
   readonly name: string
   readonly role: string
   readonly state: string
-  readonly devices: ReadonlyArray<string>
+  readonly devices: ReadonlyArray<{ readonly id: string; readonly task: string | null }>
 }
 
 describe("cluster: a control plane and data-plane nodes", () => {
@@ -91,6 +91,10 @@ describe("cluster: a control plane and data-plane nodes", () => {
   })
 
   it("nodes join and are listed with their devices, over HTTP and by the CLI", async () => {
+    const free = [
+      { id: "cpu:0", type: "cpu", task: null },
+      { id: "cpu:1", type: "cpu", task: null }
+    ]
     dataPlane("node-a")
     dataPlane("node-b")
     const nodes = await eventually(async () => {
@@ -98,8 +102,8 @@ describe("cluster: a control plane and data-plane nodes", () => {
       return listed.filter((node) => node.state === "ready").length === 2 ? listed : undefined
     })
     expect(nodes).toEqual([
-      expect.objectContaining({ name: "node-a", role: "data-plane", state: "ready", devices: ["cpu:0", "cpu:1"] }),
-      expect.objectContaining({ name: "node-b", role: "data-plane", state: "ready", devices: ["cpu:0", "cpu:1"] })
+      expect.objectContaining({ name: "node-a", role: "data-plane", state: "ready", devices: free }),
+      expect.objectContaining({ name: "node-b", role: "data-plane", state: "ready", devices: free })
     ])
     const cli = await runCli(["nodes", "list"], { CORNSERVE_GATEWAY_URL: controlPlane.url })
     expect(cli.code).toBe(0)

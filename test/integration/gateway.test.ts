@@ -244,7 +244,7 @@ describe("cornserve serve: apps registered at run time and invoked over HTTP", (
       // color_chat needs three devices (two encoders and an LLM); this platform has one.
       const cli = await runCli(["app", "register", example("color_chat")], cliEnv)
       expect(cli.code).not.toBe(0)
-      expect(cli.stderr).toMatch(/needs 1 device\(s\) but 0 of 1 are free/)
+      expect(cli.stderr).toMatch(/needs 1 device\(s\) per executor, 1 executor\(s\); free: \S+ 0 of 1/)
       expect(await appState(platform.url, "color_chat")).toBeUndefined()
       const tasks = (await (await fetch(`${platform.url}/tasks/list`)).json()) as { tasks: Array<unknown> }
       expect(tasks.tasks).toEqual([])

@@ -2,8 +2,10 @@ import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
 import { Effect } from "effect"
 import { healthWatchPeriodMs } from "../../src/executors/common/Health.js"
+import type { NodeHandle } from "../../src/control/cluster/NodeHandle.js"
+import type { ExecutorGroup } from "../../src/control/task-manager/TaskManagers.js"
 import type { Executor, ExecutorKind } from "../../src/executors/ExecutorKinds.js"
-import { parseDevices } from "../../src/node/Devices.js"
+import { type Device, parseDevices } from "../../src/node/Devices.js"
 
 /** One request a stand-in executor received: its path, its JSON body, and whether its client hung up early. */
 export interface ReceivedRequest {
@@ -79,13 +81,31 @@ export const standInKind = (kind: string, standIns: ReadonlyArray<StandInExecuto
   return {
     kind,
     devicesPerExecutor: () => 1,
-    start: (_, devices) =>
+    start: (_, slot) =>
       Effect.sync((): Executor => {
         const standIn = standIns[next++]!
-        return { devices, url: () => standIn.url, restart: () => undefined }
+        return { devices: slot.devices, url: () => standIn.url, restart: () => undefined }
       })
   }
 }
 
 export const cpuDevices = (count: number) =>
   parseDevices(Array.from({ length: count }, (_, index) => `cpu:${index}`).join(","))
+
+/**
+ * A node for stand-in kinds, which start their executors themselves: it is only named. Asked to
+ * start a real executor, it refuses.
+ */
+export const namedNode = (name: string, devices: ReadonlyArray<Device>): NodeHandle => ({
+  name,
+  devices,
+  prepareModel: () => Effect.void,
+  startExecutor: () => Effect.fail(new Error(`node ${name} runs stand-in executors only`))
+})
+
+/** `count` executors of one cpu device each, on one node. */
+export const cpuGroups = (count: number, node = "local"): ReadonlyArray<ExecutorGroup> => {
+  const devices = cpuDevices(count)
+  const handle = namedNode(node, devices)
+  return devices.map((device) => ({ node: handle, devices: [device] }))
+}

@@ -1,11 +1,24 @@
 import { timingSafeEqual } from "node:crypto"
+import { readFile, writeFile } from "node:fs/promises"
 import { createServer } from "node:http"
-import { NodeHttpServer } from "@effect/platform-node"
-import { RpcSerialization, RpcServer } from "@effect/rpc"
-import { Console, Effect, Layer, Schedule } from "effect"
+import { join as joinPath } from "node:path"
+import { NodeHttpClient, NodeHttpServer } from "@effect/platform-node"
+import { RpcClient, type RpcGroup, RpcSerialization, RpcServer } from "@effect/rpc"
+import type { RpcClientError } from "@effect/rpc/RpcClientError"
+import { Console, Effect, Layer, Runtime, Schedule, Scope } from "effect"
+import type { Device } from "../../node/Devices.js"
 import { listening } from "../../node/Listening.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
-import { ClusterRpcs, ClusterTokenRefused, type NodeInfo, NodeNameTaken, NotJoined } from "../rpc/ClusterRpcs.js"
+import {
+  ClusterRpcs,
+  ClusterTokenRefused,
+  type ExecutorReport,
+  type NodeInfo,
+  NodeNameTaken,
+  NotJoined
+} from "../rpc/ClusterRpcs.js"
+import { NodeRpcs } from "../rpc/NodeRpcs.js"
+import type { NodeHandle, RunningExecutor } from "./NodeHandle.js"
 import { ServeConfig } from "../ServeConfig.js"
 
 /**
@@ -21,17 +34,20 @@ export const lostAfterMs = 4_000
 export interface ClusterNode {
   readonly name: string
   readonly instance: string
-  readonly devices: NodeInfo["devices"]
+  readonly devices: ReadonlyArray<Device>
   readonly address: string
   readonly sidecarPeerPort: number | undefined
+  readonly rpcPort: number | undefined
   /** "all": the one node of a one-machine platform. */
   readonly role: "all" | "control-plane" | "data-plane"
   state: "ready" | "lost"
   joinedAt: number
   lastSeenAt: number
+  /** Its executors as its last heartbeat (or its join) told them, by id. */
+  executors: ReadonlyMap<string, ExecutorReport>
 }
 
-/** A listing as /nodes/list answers it. */
+/** A listing as /nodes/list answers it (the resource manager adds what holds each device). */
 export interface NodeSummary {
   readonly name: string
   readonly role: ClusterNode["role"]
@@ -42,6 +58,13 @@ export interface NodeSummary {
   readonly lastSeenAt: string
 }
 
+/** What happened to a node: the resource manager redeploys what a lost (or restarted) node ran. */
+export type NodeEvent =
+  | { readonly _tag: "Joined"; readonly name: string }
+  /** Its executors are gone or out of reach: a lost node, or one whose process started again. */
+  | { readonly _tag: "Gone"; readonly name: string; readonly reason: string }
+  | { readonly _tag: "Back"; readonly name: string }
+
 /** Constant-time comparison, so that a wrong token's timing tells nothing of the right one. */
 const sameToken = (given: string, expected: string): boolean => {
   const a = Buffer.from(given)
@@ -49,11 +72,25 @@ const sameToken = (given: string, expected: string): boolean => {
   return a.length === b.length && timingSafeEqual(a, b)
 }
 
+const toDevice = (device: NodeInfo["devices"][number]): Device => ({
+  id: device.id,
+  type: device.type,
+  index: device.index
+})
+
+/** How long a StopExecutor may take before the control plane gives up on it (the node's grace stops it anyway). */
+const stopTimeout = "3 seconds"
+
 export class NodeRegistry extends Effect.Service<NodeRegistry>()("cornserve/NodeRegistry", {
   scoped: Effect.gen(function* () {
     const config = yield* ServeConfig
     const agent = yield* NodeAgent
+    const scope = yield* Effect.scope
+    const runtime = yield* Effect.runtime<never>()
     const nodes = new Map<string, ClusterNode>()
+    const listeners = new Set<(event: NodeEvent) => void>()
+    /** The executors this control plane holds on each node, by node name. */
+    const owned = new Map<string, Set<string>>()
     const now = Date.now()
     if (agent.devices.length > 0) {
       nodes.set(config.nodeId, {
@@ -61,13 +98,61 @@ export class NodeRegistry extends Effect.Service<NodeRegistry>()("cornserve/Node
         instance: String(process.pid),
         devices: agent.devices,
         address: config.host,
-        sidecarPeerPort: undefined,
+        sidecarPeerPort: agent.sidecarPeerPort(),
+        rpcPort: undefined,
         role: config.role === "all" ? "all" : "control-plane",
         state: "ready",
         joinedAt: now,
-        lastSeenAt: now
+        lastSeenAt: now,
+        executors: new Map()
       })
     }
+
+    /**
+     * The names of the data-plane nodes that were members, kept in the state dir: a restarted
+     * control plane waits a moment for them before it places the apps it restores.
+     */
+    const knownPath = joinPath(config.stateDir, "nodes.json")
+    const known: Set<string> = yield* Effect.promise(() =>
+      readFile(knownPath, "utf8").then(
+        (text) => new Set((JSON.parse(text) as { readonly nodes: ReadonlyArray<string> }).nodes),
+        () => new Set<string>()
+      )
+    )
+    const remember = (name: string) =>
+      known.has(name)
+        ? Effect.void
+        : Effect.promise(() => {
+            known.add(name)
+            return writeFile(knownPath, JSON.stringify({ nodes: [...known].sort() })).catch(() => undefined)
+          })
+
+    /** Waits until every node known from before has joined again, or `timeoutMs`; says which did not. */
+    const awaitKnownNodes = (timeoutMs: number) =>
+      Effect.gen(function* () {
+        const missing = () => [...known].filter((name) => nodes.get(name)?.state !== "ready")
+        if (missing().length === 0) return
+        yield* Effect.logInfo(`waiting up to ${timeoutMs / 1000} s for node(s) ${missing().join(", ")} to join again`)
+        const deadline = Date.now() + timeoutMs
+        while (missing().length > 0 && Date.now() < deadline) yield* Effect.sleep("100 millis")
+        if (missing().length > 0)
+          yield* Effect.logWarning(`node(s) ${missing().join(", ")} did not join again; placing without them`)
+      })
+
+    const emit = (event: NodeEvent) => {
+      for (const listener of listeners) listener(event)
+    }
+
+    /** Every ready node's sidecar peer address, this process's own included. */
+    const peers = (): Record<string, string> => {
+      const answer: Record<string, string> = {}
+      for (const node of nodes.values()) {
+        const port = node.role === "data-plane" ? node.sidecarPeerPort : agent.sidecarPeerPort()
+        if (node.state === "ready" && port !== undefined) answer[node.name] = `${node.address}:${port}`
+      }
+      return answer
+    }
+    const tellOwnSidecar = () => Effect.promise(() => agent.setPeers(peers()))
 
     const checkToken = (token: string, who: string) =>
       Effect.suspend(() => {
@@ -86,34 +171,44 @@ export class NodeRegistry extends Effect.Service<NodeRegistry>()("cornserve/Node
     const join = (token: string, node: NodeInfo) =>
       Effect.gen(function* () {
         yield* checkToken(token, `node ${node.name} (${node.advertiseHost})`)
-        const known = nodes.get(node.name)
-        if (known !== undefined && known.state === "ready" && known.instance !== node.instance) {
+        const previous = nodes.get(node.name)
+        if (previous !== undefined && previous.state === "ready" && previous.instance !== node.instance) {
           yield* Effect.logWarning(
-            `refused node ${node.name} (${node.advertiseHost}): a running node (${known.address}) has that name`
+            `refused node ${node.name} (${node.advertiseHost}): a running node (${previous.address}) has that name`
           )
           return yield* new NodeNameTaken({
-            message: `a running node (${known.address}) already has the name ${node.name}: give this one another --node-name`
+            message: `a running node (${previous.address}) already has the name ${node.name}: give this one another --node-name`
           })
         }
         const at = Date.now()
         nodes.set(node.name, {
           name: node.name,
           instance: node.instance,
-          devices: node.devices,
+          devices: node.devices.map(toDevice),
           address: node.advertiseHost,
           sidecarPeerPort: node.sidecarPeerPort,
+          rpcPort: node.rpcPort,
           role: "data-plane",
           state: "ready",
           joinedAt: at,
-          lastSeenAt: at
+          lastSeenAt: at,
+          executors: new Map(node.executors.map((executor) => [executor.id, executor]))
         })
         yield* Effect.logInfo(
-          `node ${node.name} ${known === undefined ? "joined" : "rejoined"} from ${node.advertiseHost} with ${node.devices.length} device(s): ${node.devices.map((device) => device.id).join(", ") || "none"}`
+          `node ${node.name} ${previous === undefined ? "joined" : "rejoined"} from ${node.advertiseHost} with ${node.devices.length} device(s): ${node.devices.map((device) => device.id).join(", ") || "none"}`
         )
-        return { heartbeatMs, lostAfterMs }
+        if (node.executors.length > 0) {
+          yield* Effect.logInfo(
+            `node ${node.name} runs ${node.executors.length} executor(s) from before (${node.executors.map((executor) => executor.taskId).join(", ")}): kept if their tasks are deployed on it again, stopped by the node otherwise`
+          )
+        }
+        yield* tellOwnSidecar()
+        yield* remember(node.name)
+        emit({ _tag: "Joined", name: node.name })
+        return { heartbeatMs, lostAfterMs, peers: peers() }
       })
 
-    const heartbeat = (token: string, name: string, instance: string) =>
+    const heartbeat = (token: string, name: string, instance: string, executors: ReadonlyArray<ExecutorReport>) =>
       Effect.gen(function* () {
         yield* checkToken(token, `a heartbeat from node ${name}`)
         const node = nodes.get(name)
@@ -121,10 +216,14 @@ export class NodeRegistry extends Effect.Service<NodeRegistry>()("cornserve/Node
           return yield* new NotJoined({ message: `node ${name} is not a member of this cluster: join again` })
         }
         node.lastSeenAt = Date.now()
+        node.executors = new Map(executors.map((executor) => [executor.id, executor]))
         if (node.state === "lost") {
           node.state = "ready"
           yield* Effect.logInfo(`node ${name} is back`)
+          yield* tellOwnSidecar()
+          emit({ _tag: "Back", name })
         }
+        return { peers: peers(), owned: [...(owned.get(name) ?? [])] }
       })
 
     // Nodes that stopped beating are lost.
@@ -141,12 +240,123 @@ export class NodeRegistry extends Effect.Service<NodeRegistry>()("cornserve/Node
     }).pipe(
       Effect.flatMap((lost) =>
         Effect.forEach(lost, (name) =>
-          Effect.logWarning(`node ${name} is lost: no heartbeat for ${lostAfterMs / 1000} s`)
+          Effect.zipRight(
+            Effect.logWarning(`node ${name} is lost: no heartbeat for ${lostAfterMs / 1000} s`),
+            Effect.sync(() => emit({ _tag: "Gone", name, reason: `no heartbeat for ${lostAfterMs / 1000} s` }))
+          )
         )
       ),
+      Effect.zipRight(Effect.suspend(() => (Object.keys(peers()).length > 0 ? tellOwnSidecar() : Effect.void))),
       Effect.repeat(Schedule.spaced("250 millis")),
       Effect.forkScoped
     )
+
+    /** One NodeRpcs client per node process, made on first use and kept while the registry lives. */
+    const clients = new Map<string, NodeClient>()
+    const clientOf = (node: ClusterNode) =>
+      Effect.gen(function* () {
+        const key = `${node.name}/${node.instance}`
+        const cached = clients.get(key)
+        if (cached !== undefined) return cached
+        const protocol = yield* Layer.build(
+          RpcClient.layerProtocolHttp({ url: `http://${hostInUrl(node.address)}:${node.rpcPort}/rpc` }).pipe(
+            Layer.provide([NodeHttpClient.layer, RpcSerialization.layerMsgPack])
+          )
+        ).pipe(Scope.extend(scope))
+        const client = yield* RpcClient.make(NodeRpcs).pipe(Effect.provide(protocol), Scope.extend(scope))
+        clients.set(key, client)
+        return client
+      })
+
+    const nodeCallError = (node: string) => (error: { readonly message: string }) =>
+      new Error(`node ${node}: ${error.message}`)
+
+    const own = (node: string, id: string, held: boolean) => {
+      const set = owned.get(node) ?? new Set<string>()
+      if (held) set.add(id)
+      else set.delete(id)
+      owned.set(node, set)
+    }
+
+    const remoteHandle = (name: string): NodeHandle => {
+      const current = () => nodes.get(name)
+      const withClient = <A, E>(use: (client: NodeClient, token: string) => Effect.Effect<A, E>) =>
+        Effect.suspend((): Effect.Effect<A, E | Error> => {
+          const node = current()
+          if (node === undefined || node.state !== "ready") return Effect.fail(new Error(`node ${name} is not ready`))
+          return Effect.flatMap(clientOf(node), (client) => use(client, config.clusterToken ?? ""))
+        })
+      return {
+        name,
+        devices: current()?.devices ?? [],
+        prepareModel: (model, dtype, onProgress) =>
+          Effect.zipRight(
+            onProgress(`making model ${model} present on node ${name}`),
+            withClient((client, token) =>
+              client.PrepareModel(dtype === undefined ? { token, model } : { token, model, dtype })
+            ).pipe(Effect.mapError(nodeCallError(name)))
+          ),
+        startExecutor: (placement) =>
+          Effect.gen(function* () {
+            const instance = current()?.instance
+            own(name, placement.id, true)
+            const started = yield* Effect.acquireRelease(
+              withClient((client, token) => client.StartExecutor({ token, executor: placement })).pipe(
+                Effect.mapError(nodeCallError(name)),
+                Effect.tapError(() => Effect.sync(() => own(name, placement.id, false)))
+              ),
+              () =>
+                Effect.sync(() => own(name, placement.id, false)).pipe(
+                  Effect.zipRight(withClient((client, token) => client.StopExecutor({ token, id: placement.id }))),
+                  Effect.timeout(stopTimeout),
+                  Effect.ignore
+                )
+            )
+            if (started.kept) yield* Effect.logInfo(`node ${name} kept executor ${placement.id}: it already ran there`)
+            return {
+              url: () => {
+                const node = current()
+                if (node === undefined || node.state !== "ready" || node.instance !== instance) return undefined
+                const report = node.executors.get(placement.id)
+                if (report === undefined) return started.url
+                return report.state === "ready" ? report.url : undefined
+              },
+              restart: (reason) =>
+                Runtime.runFork(runtime)(
+                  withClient((client, token) => client.RestartExecutor({ token, id: placement.id, reason })).pipe(
+                    Effect.ignore
+                  )
+                )
+            } satisfies RunningExecutor
+          })
+      }
+    }
+
+    const localHandle: NodeHandle = {
+      name: config.nodeId,
+      devices: agent.devices,
+      prepareModel: agent.prepareModel,
+      startExecutor: (placement) =>
+        Effect.map(
+          agent.startExecutor({
+            kind: placement.program,
+            model: placement.model,
+            devices: agent.devices.filter((device) => placement.devices.includes(device.id)),
+            args: placement.args
+          }),
+          (process): RunningExecutor => ({
+            url: () => (process.state._tag === "Ready" ? process.state.ready : undefined),
+            restart: (reason) => process.restart(reason)
+          })
+        )
+    }
+
+    /** How the control plane reaches a node's executors, or undefined for a node it does not know. */
+    const handle = (name: string): NodeHandle | undefined => {
+      const node = nodes.get(name)
+      if (node === undefined) return undefined
+      return node.role === "data-plane" ? remoteHandle(name) : localHandle
+    }
 
     const list = (): ReadonlyArray<NodeSummary> =>
       [...nodes.values()]
@@ -161,10 +371,31 @@ export class NodeRegistry extends Effect.Service<NodeRegistry>()("cornserve/Node
           lastSeenAt: new Date(node.lastSeenAt).toISOString()
         }))
 
-    return { join, heartbeat, list }
+    /** Calls `listener` on every node event; returns the unsubscription. */
+    const subscribe = (listener: (event: NodeEvent) => void): (() => void) => {
+      listeners.add(listener)
+      return () => listeners.delete(listener)
+    }
+
+    return {
+      join,
+      heartbeat,
+      awaitKnownNodes,
+      list,
+      handle,
+      subscribe,
+      /** The nodes as placement sees them. */
+      nodes: (): ReadonlyArray<ClusterNode> => [...nodes.values()],
+      localNode: config.nodeId
+    }
   }),
   dependencies: [NodeAgent.Default]
 }) {}
+
+type NodeClient = RpcClient.RpcClient<RpcGroup.Rpcs<typeof NodeRpcs>, RpcClientError>
+
+/** An IPv6 literal in brackets, as a URL needs it. */
+const hostInUrl = (host: string) => (host.includes(":") && !host.startsWith("[") ? `[${host}]` : host)
 
 /**
  * The cluster port of a control plane: ClusterRpcs over HTTP (msgpack) at /rpc, on --host and
@@ -177,7 +408,7 @@ export const ClusterServer = Layer.scopedDiscard(
     const registry = yield* NodeRegistry
     const handlers = ClusterRpcs.toLayer({
       Join: ({ token, node }) => registry.join(token, node),
-      Heartbeat: ({ token, name, instance }) => registry.heartbeat(token, name, instance)
+      Heartbeat: ({ token, name, instance, executors }) => registry.heartbeat(token, name, instance, executors)
     })
     const app = yield* RpcServer.toHttpApp(ClusterRpcs).pipe(
       Effect.provide(Layer.merge(handlers, RpcSerialization.layerMsgPack))

@@ -5,7 +5,7 @@ import type { TaskGraphWire, TaskInvocationWire } from "../../app-runtime/tasks/
 import { NodeAgent } from "../../node/NodeAgent.js"
 import type { DispatchOutcome } from "../app-manager/AppDriver.js"
 import { DispatchFailed, InvalidTaskGraph, RequestCancelled, TaskInputRejected, TaskUnavailable } from "../errors.js"
-import { type TaskManager, TaskManagers } from "../task-manager/TaskManagers.js"
+import { type ExecutorLease, type TaskManager, TaskManagers } from "../task-manager/TaskManagers.js"
 import {
   type CallResult,
   type ExecutorCallError,
@@ -72,10 +72,9 @@ export const dispatchFailureOf = (error: unknown): DispatchFailure =>
     ? { code: error._tag, message: error.message }
     : { code: "DispatchFailed", message: error instanceof Error ? error.message : String(error) }
 
-/** What the dispatcher needs of the platform: the deployed tasks, this node, and the sidecar's cleanup. */
+/** What the dispatcher needs of the platform: the deployed tasks and this node's sidecar. */
 export interface DispatchEnvironment {
   readonly task: (taskId: string) => TaskManager | undefined
-  readonly nodeId: string
   /** Takes whatever arrived of these forwarded data out of the sidecar (a cancelled graph's leftovers). */
   readonly release: (dataIds: ReadonlyArray<string>) => void
   /** Whether the node's sidecar runs, or is running again within `timeoutMs` (it is being restarted). */
@@ -142,17 +141,39 @@ export const makeDispatch =
           controller.abort()
         })
       : () => undefined
-    const callContext = { receivers: [environment.nodeId], modalities, signal: controller.signal }
+    // Every invocation's executor is chosen first: a producer sends what it forwards to the nodes of
+    // the executors that consume it (through its sidecar's peers when they are on another node).
+    let leases: Array<ExecutorLease>
+    try {
+      leases = await Promise.all(managers.map((manager) => manager.lease({ signal: controller.signal })))
+    } catch (error) {
+      stopWatchingSidecar()
+      signal.removeEventListener("abort", onCancel)
+      throw error
+    }
+    const receiversOf = (index: number): ReadonlyArray<string> => {
+      const nodes = new Set<string>()
+      for (const datum of wiring) {
+        if (datum.producer !== index) continue
+        for (const consumer of datum.consumers) nodes.add(leases[consumer]!.node)
+      }
+      return nodes.size > 0 ? [...nodes] : [leases[index]!.node]
+    }
 
     const run = async (invocation: TaskInvocationWire, index: number): Promise<CallResult> => {
       const call = executorCalls[invocation.operation]
-      if (call === undefined)
+      if (call === undefined) {
+        leases[index]!.release("ok")
         throw new InvalidTaskGraph({ message: `no executor call for operation ${invocation.operation}` })
+      }
       const idempotent = idempotentOperations.has(invocation.operation)
-      let lease = await managers[index]!.lease({ signal: controller.signal })
+      const receivers = receiversOf(index)
+      let lease = leases[index]!
       for (let attempt = 0; ; attempt++) {
+        // A call ends with the request, and at once when its executor's node is lost.
+        const callSignal = AbortSignal.any([controller.signal, lease.signal])
         try {
-          const result = await call(lease.url, invocation, callContext)
+          const result = await call(lease.url, invocation, { receivers, modalities, signal: callSignal })
           if (result.stream === undefined) {
             lease.release("ok")
             return result
@@ -165,11 +186,12 @@ export const makeDispatch =
               () => held.release("ok"),
               (error) => {
                 held.release("failed")
-                throw fail(error, invocation.taskId)
+                throw fail(lostNode(held, error), invocation.taskId)
               }
             )
           }
-        } catch (error) {
+        } catch (caught) {
+          const error = lostNode(lease, caught)
           const unavailable = error instanceof TaskUnavailable && !controller.signal.aborted
           lease.release(unavailable ? "unavailable" : "failed")
           if (!unavailable || !idempotent || attempt > 0) throw fail(error, invocation.taskId)
@@ -203,6 +225,12 @@ export const makeDispatch =
     }
   }
 
+/** A call cut short because its executor's node was lost is the task's unavailability, retryable. */
+const lostNode = (lease: ExecutorLease, error: unknown): unknown =>
+  lease.signal.aborted
+    ? new TaskUnavailable({ message: `executor ${lease.executorId} was lost with its node ${lease.node}` })
+    : error
+
 /** The error with the task it happened in named in its message, for the client to see which failed. */
 const withTask = (error: DispatchError, taskId: string): DispatchError => {
   switch (error._tag) {
@@ -224,7 +252,6 @@ export class Dispatcher extends Effect.Service<Dispatcher>()("cornserve/Dispatch
     const agent = yield* NodeAgent
     const dispatch = makeDispatch({
       task: taskManagers.get,
-      nodeId: agent.nodeId,
       release: (dataIds) => {
         if (dataIds.length === 0) return
         // Best effort: data of a sidecar that went away went with it, and its successor's TTL reclaims the rest.

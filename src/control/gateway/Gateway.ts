@@ -17,7 +17,6 @@ import {
   ShuttingDown,
   Unauthorized
 } from "../errors.js"
-import { NodeRegistry } from "../cluster/NodeRegistry.js"
 import { ResourceManager } from "../resource-manager/ResourceManager.js"
 import { ServeConfig } from "../ServeConfig.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
@@ -55,7 +54,6 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
     const appManager = yield* AppManager
     const resources = yield* ResourceManager
     const agent = yield* NodeAgent
-    const registry = yield* NodeRegistry
     let draining = false
     let inFlight = 0
     let idle: (() => void) | undefined
@@ -224,7 +222,7 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       ),
       HttpRouter.get(
         "/nodes/list",
-        Effect.sync(() => HttpServerResponse.unsafeJson({ nodes: registry.list() }))
+        Effect.sync(() => HttpServerResponse.unsafeJson({ nodes: resources.nodes() }))
       ),
       HttpRouter.post("/task/scale", scale),
       HttpRouter.get("/health", health),

@@ -1,10 +1,12 @@
-import { Effect } from "effect"
+import { Effect, Either, Runtime } from "effect"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
 import { ExecutorKinds } from "../../executors/ExecutorKinds.js"
-import { type Device, parseDevices } from "../../node/Devices.js"
+import type { Device } from "../../node/Devices.js"
+import { NodeRegistry, type NodeSummary } from "../cluster/NodeRegistry.js"
 import { BadRequest, DeploymentFailed, DevicesExhausted, NoExecutorForKind, TaskNotFound } from "../errors.js"
 import { ServeConfig } from "../ServeConfig.js"
 import { type ExecutorSummary, TaskManagers } from "../task-manager/TaskManagers.js"
+import { type Holding, type PlacedExecutor, type PlacementNode, type PlacementRequest, place } from "./Placement.js"
 
 export interface TaskSummary {
   readonly id: string
@@ -17,58 +19,149 @@ export interface TaskSummary {
   readonly executors: ReadonlyArray<ExecutorSummary>
 }
 
+/** A node as /nodes/list shows it: what holds each of its devices. */
+export interface NodeListing extends Omit<NodeSummary, "devices"> {
+  readonly devices: ReadonlyArray<{ readonly id: string; readonly type: string; readonly task: string | null }>
+}
+
+const holdingKey = (node: string, device: string) => `${node}/${device}`
+
 /**
- * Which unit tasks are deployed, who uses them, and which devices they hold. Deployment is
- * usage-counted: equal tasks (same id) deploy once and are torn down when their last user goes.
- * A request to use several tasks either deploys them all or rolls back every one it deployed.
+ * Which unit tasks are deployed, who uses them, and which devices of which nodes they hold.
+ * Deployment is usage-counted: equal tasks (same id) deploy once and are torn down when their
+ * last user goes. A request to use several tasks either deploys them all or rolls back every one
+ * it deployed. Where executors go is the placement policy's answer (Placement.ts). When a node is
+ * lost, its executors leave their tasks at once and are replaced on free devices of ready nodes;
+ * a task that finds no room stays short and is made whole when room appears (a node joins or
+ * comes back).
  */
 export class ResourceManager extends Effect.Service<ResourceManager>()("cornserve/ResourceManager", {
   scoped: Effect.gen(function* () {
     const config = yield* ServeConfig
     const taskManagers = yield* TaskManagers
+    const registry = yield* NodeRegistry
     const { kinds } = yield* ExecutorKinds
-    const devices = parseDevices(config.devices)
-    const allocated = new Map<string, string>()
+    const runtime = yield* Effect.runtime<never>()
+    /** Which task holds each device, by `node/device`. */
+    const allocated = new Map<string, Holding>()
     const users = new Map<string, Set<string>>()
     const lock = yield* Effect.makeSemaphore(1)
+    /** Tasks told to be short of executors, so that the same shortfall is logged once. */
+    const toldShort = new Map<string, string>()
 
-    const freeDevices = () => devices.filter((device) => !allocated.has(device.id))
+    const placementNodes = (): ReadonlyArray<PlacementNode> =>
+      registry.nodes().map((node) => ({ name: node.name, state: node.state, devices: node.devices }))
 
-    const allocate = (taskId: string, count: number): Effect.Effect<ReadonlyArray<Device>, DevicesExhausted> =>
-      Effect.suspend(() => {
-        const free = freeDevices()
-        if (free.length < count) {
-          return Effect.fail(
-            new DevicesExhausted({
-              message: `task ${taskId} needs ${count} device(s) but ${free.length} of ${devices.length} are free`
-            })
-          )
-        }
-        const chosen = free.slice(0, count)
-        for (const device of chosen) allocated.set(device.id, taskId)
-        return Effect.succeed(chosen)
-      })
-
-    const freeTaskDevices = (taskId: string) => {
-      for (const [device, owner] of allocated) if (owner === taskId) allocated.delete(device)
+    /** Tasks that share a user with `taskId`: they exchange data with it (an app's encoder and LLM). */
+    const relatedTo = (taskId: string, extra: ReadonlyArray<string> = []): ReadonlyArray<string> => {
+      const mine = users.get(taskId) ?? new Set<string>()
+      const related = new Set(extra.filter((id) => id !== taskId))
+      for (const [other, otherUsers] of users) {
+        if (other !== taskId && [...otherUsers].some((user) => mine.has(user))) related.add(other)
+      }
+      return [...related]
     }
 
-    const deployOne = (spec: UnitTaskSpec, onProgress: (message: string) => Effect.Effect<void>) =>
+    /** Device groups of ready nodes that already run an executor of this task (kept across a restart). */
+    const preferredFor = (taskId: string) =>
+      registry
+        .nodes()
+        .filter((node) => node.state === "ready")
+        .flatMap((node) =>
+          [...node.executors.values()]
+            .filter((executor) => executor.taskId === taskId)
+            .map((executor) => ({ node: node.name, devices: executor.devices }))
+        )
+
+    const placeExecutors = (
+      requests: ReadonlyArray<PlacementRequest>
+    ): Effect.Effect<ReadonlyArray<PlacedExecutor>, DevicesExhausted> =>
+      Effect.suspend(() =>
+        Either.match(place(placementNodes(), [...allocated.values()], requests), {
+          onLeft: (shortfall) => Effect.fail(new DevicesExhausted({ message: shortfall.message })),
+          onRight: (placed) => {
+            for (const executor of placed)
+              for (const device of executor.devices)
+                allocated.set(holdingKey(executor.node, device.id), {
+                  node: executor.node,
+                  device: device.id,
+                  task: executor.task
+                })
+            return Effect.succeed(placed)
+          }
+        })
+      )
+
+    const freeHoldings = (
+      placed: ReadonlyArray<{ readonly node: string; readonly devices: ReadonlyArray<Device> }>
+    ) => {
+      for (const group of placed)
+        for (const device of group.devices) allocated.delete(holdingKey(group.node, device.id))
+    }
+
+    const freeTaskDevices = (taskId: string) => {
+      for (const [key, holding] of allocated) if (holding.task === taskId) allocated.delete(key)
+    }
+
+    /** The placed executors as the task manager starts them: each with its node's handle. */
+    const groupsOf = (placed: ReadonlyArray<PlacedExecutor>) =>
+      Effect.forEach(placed, (executor) => {
+        const node = registry.handle(executor.node)
+        return node === undefined
+          ? Effect.fail(new DeploymentFailed({ message: `node ${executor.node} is gone` }))
+          : Effect.succeed({ node, devices: executor.devices })
+      })
+
+    const logPlacement = (placed: ReadonlyArray<PlacedExecutor>) =>
+      config.role === "all"
+        ? Effect.void
+        : Effect.forEach(
+            placed,
+            (executor) =>
+              Effect.logInfo(
+                `placing an executor of task ${executor.task} on node ${executor.node} (${executor.devices.map((device) => device.id).join(", ")}): ${executor.reason}`
+              ),
+            { discard: true }
+          )
+
+    /** Makes the task's model present on every node it is placed on. */
+    const prepareOn = (
+      spec: UnitTaskSpec,
+      placed: ReadonlyArray<PlacedExecutor>,
+      onProgress: (message: string) => Effect.Effect<void>
+    ) =>
+      Effect.suspend(() => {
+        const kind = kinds.get(spec.kind)!
+        const prepare = kind.prepare
+        if (prepare === undefined) return Effect.void
+        const nodes = [...new Set(placed.map((executor) => executor.node))]
+        return Effect.forEach(
+          nodes,
+          (name) => {
+            const node = registry.handle(name)
+            return node === undefined
+              ? Effect.fail(new DeploymentFailed({ message: `task ${spec.id} failed to start: node ${name} is gone` }))
+              : prepare(spec, node, onProgress).pipe(
+                  Effect.mapError(
+                    (error) => new DeploymentFailed({ message: `task ${spec.id} failed to start: ${error.message}` })
+                  )
+                )
+          },
+          { concurrency: "unbounded", discard: true }
+        )
+      })
+
+    const deployOne = (
+      spec: UnitTaskSpec,
+      placed: ReadonlyArray<PlacedExecutor>,
+      onProgress: (message: string) => Effect.Effect<void>
+    ) =>
       Effect.gen(function* () {
-        const kind = kinds.get(spec.kind)
-        if (kind === undefined) return yield* new NoExecutorForKind({ kind: spec.kind, taskId: spec.id })
-        if (kind.prepare !== undefined) {
-          yield* kind
-            .prepare(spec, onProgress)
-            .pipe(
-              Effect.mapError(
-                (error) => new DeploymentFailed({ message: `task ${spec.id} failed to start: ${error.message}` })
-              )
-            )
-        }
-        const taskDevices = yield* allocate(spec.id, Math.max(1, kind.devicesPerExecutor(spec)))
+        const kind = kinds.get(spec.kind)!
+        yield* prepareOn(spec, placed, onProgress)
+        const groups = yield* groupsOf(placed)
         yield* taskManagers
-          .deploy(spec, kind, taskDevices)
+          .deploy(spec, kind, groups)
           .pipe(
             Effect.mapError(
               (error) => new DeploymentFailed({ message: `task ${spec.id} failed to start: ${error.message}` })
@@ -79,6 +172,8 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
     const teardown = (taskId: string) =>
       taskManagers.teardown(taskId).pipe(Effect.ensuring(Effect.sync(() => freeTaskDevices(taskId))))
 
+    const perExecutorOf = (spec: UnitTaskSpec) => Math.max(1, kinds.get(spec.kind)!.devicesPerExecutor(spec))
+
     /** `user` now uses `specs`; deploys those not yet deployed, all or none. */
     const acquire = (
       user: string,
@@ -87,21 +182,49 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
     ) =>
       lock.withPermits(1)(
         Effect.gen(function* () {
+          for (const spec of specs) {
+            if (!kinds.has(spec.kind)) return yield* new NoExecutorForKind({ kind: spec.kind, taskId: spec.id })
+          }
           const fresh = specs.filter((spec) => taskManagers.get(spec.id) === undefined)
           for (const spec of specs) {
             if (!fresh.includes(spec))
               yield* onProgress(`task ${spec.name} (${spec.id}) is already deployed; sharing it`)
           }
+          const ids = specs.map((spec) => spec.id)
+          // Where every new task goes is decided at once, so that an app's tasks land together.
+          const placed = yield* placeExecutors(
+            fresh.map((spec) => ({
+              task: spec.id,
+              executors: 1,
+              devicesPerExecutor: perExecutorOf(spec),
+              related: relatedTo(spec.id, ids),
+              preferred: preferredFor(spec.id)
+            }))
+          )
+          yield* logPlacement(placed)
           // The new tasks start side by side; if one fails, every one that started is torn down.
           yield* Effect.forEach(
             fresh,
             (spec) =>
-              Effect.zipRight(onProgress(`deploying task ${spec.name} (${spec.id})`), deployOne(spec, onProgress)),
+              Effect.zipRight(
+                onProgress(`deploying task ${spec.name} (${spec.id})`),
+                deployOne(
+                  spec,
+                  placed.filter((executor) => executor.task === spec.id),
+                  onProgress
+                )
+              ),
             {
               concurrency: "unbounded",
               discard: true
             }
-          ).pipe(Effect.onError(() => Effect.forEach(fresh, (spec) => teardown(spec.id), { discard: true })))
+          ).pipe(
+            Effect.onError(() =>
+              Effect.forEach(fresh, (spec) => teardown(spec.id), { discard: true }).pipe(
+                Effect.ensuring(Effect.sync(() => fresh.forEach((spec) => freeTaskDevices(spec.id))))
+              )
+            )
+          )
           for (const spec of specs) {
             const set = users.get(spec.id) ?? new Set<string>()
             set.add(user)
@@ -121,6 +244,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
               set?.delete(user)
               if (set !== undefined && set.size > 0) return Effect.void
               users.delete(spec.id)
+              toldShort.delete(spec.id)
               return teardown(spec.id)
             }),
           { discard: true }
@@ -133,14 +257,25 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         Effect.gen(function* () {
           const task = taskManagers.get(taskId)
           if (task === undefined) return yield* new TaskNotFound({ taskId })
-          const perExecutor = Math.max(1, kinds.get(task.spec.kind)!.devicesPerExecutor(task.spec))
+          const perExecutor = perExecutorOf(task.spec)
           if (deltaDevices > 0) {
-            const added = yield* allocate(taskId, Math.ceil(deltaDevices / perExecutor) * perExecutor)
-            yield* taskManagers.grow(taskId, added).pipe(
+            const placed = yield* placeExecutors([
+              {
+                task: taskId,
+                executors: Math.ceil(deltaDevices / perExecutor),
+                devicesPerExecutor: perExecutor,
+                related: relatedTo(taskId)
+              }
+            ])
+            yield* logPlacement(placed)
+            yield* Effect.gen(function* () {
+              yield* prepareOn(task.spec, placed, () => Effect.void)
+              yield* taskManagers.grow(taskId, yield* groupsOf(placed))
+            }).pipe(
               Effect.mapError(
                 (error) => new DeploymentFailed({ message: `task ${taskId} could not grow: ${error.message}` })
               ),
-              Effect.onError(() => Effect.sync(() => added.forEach((device) => allocated.delete(device.id))))
+              Effect.onError(() => Effect.sync(() => freeHoldings(placed)))
             )
           } else {
             const executors = Math.ceil(-deltaDevices / perExecutor)
@@ -150,10 +285,81 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
               })
             }
             const freed = yield* taskManagers.shrink(taskId, executors)
-            for (const device of freed) allocated.delete(device.id)
+            freeHoldings(freed)
           }
         })
       )
+
+    /**
+     * Gives every task short of executors (it lost some with a node) new ones where there is
+     * room; a task that finds none is told once and tried again on the next change.
+     */
+    const reconcile = Effect.gen(function* () {
+      for (const task of taskManagers.list()) {
+        if (task.state !== "ready") continue
+        const missing = task.wanted - task.executors().length
+        if (missing <= 0) {
+          toldShort.delete(task.spec.id)
+          continue
+        }
+        const attempt = yield* placeExecutors([
+          {
+            task: task.spec.id,
+            executors: missing,
+            devicesPerExecutor: perExecutorOf(task.spec),
+            related: relatedTo(task.spec.id)
+          }
+        ]).pipe(Effect.either)
+        if (Either.isLeft(attempt)) {
+          const message = attempt.left.message
+          if (toldShort.get(task.spec.id) !== message) {
+            toldShort.set(task.spec.id, message)
+            yield* Effect.logWarning(
+              `task ${task.spec.id} runs ${task.executors().length} of ${task.wanted} executor(s) and has no room for the rest: ${message}`
+            )
+          }
+          continue
+        }
+        const placed = attempt.right
+        yield* logPlacement(placed)
+        yield* Effect.gen(function* () {
+          yield* prepareOn(task.spec, placed, () => Effect.void)
+          yield* taskManagers.grow(task.spec.id, yield* groupsOf(placed), true)
+          toldShort.delete(task.spec.id)
+          yield* Effect.logInfo(`task ${task.spec.id} has its ${task.wanted} executor(s) again`)
+        }).pipe(
+          Effect.catchAll((error) =>
+            Effect.zipRight(
+              Effect.sync(() => freeHoldings(placed)),
+              Effect.logWarning(`task ${task.spec.id} could not replace its executors: ${error.message}`)
+            )
+          )
+        )
+      }
+    })
+
+    /** A node's executors are gone: they leave their tasks, and the tasks are made whole elsewhere. */
+    const nodeGone = (name: string, reason: string) =>
+      lock.withPermits(1)(
+        Effect.gen(function* () {
+          const dropped = yield* taskManagers.dropNode(name)
+          for (const [key, holding] of allocated) if (holding.node === name) allocated.delete(key)
+          if (dropped.length > 0) {
+            yield* Effect.logWarning(
+              `node ${name} is gone (${reason}): its executors of ${[...new Set(dropped.map((entry) => entry.taskId))].join(", ")} left their tasks; replacing them`
+            )
+          }
+          yield* reconcile
+        })
+      )
+
+    const unsubscribe = registry.subscribe((event) => {
+      const work = event._tag === "Gone" ? nodeGone(event.name, event.reason) : lock.withPermits(1)(reconcile)
+      Runtime.runFork(runtime)(work)
+    })
+    yield* Effect.addFinalizer(() => Effect.sync(unsubscribe))
+
+    const deviceName = (node: string, device: string) => (config.role === "all" ? device : `${node}/${device}`)
 
     const tasks = (): ReadonlyArray<TaskSummary> =>
       taskManagers.list().map((task) => ({
@@ -163,17 +369,31 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         config: task.spec.config,
         state: task.state,
         usedBy: [...(users.get(task.spec.id) ?? [])].map((user) => user.split("#")[0]!),
-        devices: task.devices.map((device) => device.id),
+        devices: task.executors().flatMap((executor) => executor.devices.map((id) => deviceName(executor.node, id))),
         executors: task.executors()
       }))
 
-    return {
-      acquire,
-      release,
-      scale,
-      tasks,
-      devices: () => devices.map((device) => ({ id: device.id, task: allocated.get(device.id) ?? null }))
+    const devices = () =>
+      registry.nodes().flatMap((node) =>
+        node.devices.map((device) => ({
+          id: deviceName(node.name, device.id),
+          task: allocated.get(holdingKey(node.name, device.id))?.task ?? null
+        }))
+      )
+
+    const nodes = (): ReadonlyArray<NodeListing> => {
+      const byName = new Map(registry.nodes().map((node) => [node.name, node]))
+      return registry.list().map((summary) => ({
+        ...summary,
+        devices: (byName.get(summary.name)?.devices ?? []).map((device) => ({
+          id: device.id,
+          type: device.type,
+          task: allocated.get(holdingKey(summary.name, device.id))?.task ?? null
+        }))
+      }))
     }
+
+    return { acquire, release, scale, tasks, devices, nodes }
   }),
-  dependencies: [TaskManagers.Default, ExecutorKinds.Default]
+  dependencies: [TaskManagers.Default, ExecutorKinds.Default, NodeRegistry.Default]
 }) {}

@@ -9,6 +9,17 @@ import { Schema } from "effect"
 export const NodeDevice = Schema.Struct({ id: Schema.String, type: Schema.Literal("cpu", "cuda"), index: Schema.Int })
 export type NodeDevice = typeof NodeDevice.Type
 
+/** An executor a node runs, as its heartbeats tell it. */
+export const ExecutorReport = Schema.Struct({
+  id: Schema.String,
+  taskId: Schema.String,
+  devices: Schema.Array(Schema.String),
+  state: Schema.Literal("starting", "ready", "restarting"),
+  /** Where it serves while ready. */
+  url: Schema.optional(Schema.String)
+})
+export type ExecutorReport = typeof ExecutorReport.Type
+
 /** A node as it introduces itself when it joins. */
 export const NodeInfo = Schema.Struct({
   name: Schema.NonEmptyTrimmedString,
@@ -17,7 +28,11 @@ export const NodeInfo = Schema.Struct({
   devices: Schema.Array(NodeDevice),
   /** Where the control plane and other nodes reach this node's executors and its sidecar's peer port. */
   advertiseHost: Schema.String,
-  sidecarPeerPort: Schema.optional(Schema.Int)
+  sidecarPeerPort: Schema.optional(Schema.Int),
+  /** The port of its NodeRpcs (and its /health). */
+  rpcPort: Schema.Int,
+  /** What it already runs: after a control-plane restart, what it may keep. */
+  executors: Schema.Array(ExecutorReport)
 })
 export type NodeInfo = typeof NodeInfo.Type
 
@@ -32,11 +47,22 @@ export class NodeNameTaken extends Schema.TaggedError<NodeNameTaken>()("NodeName
 /** The node is not (or no longer) a member: it must join again. */
 export class NotJoined extends Schema.TaggedError<NotJoined>()("NotJoined", { message: Schema.String }) {}
 
+/** Every node's sidecar peer address (node name → host:port), for the node's sidecar. */
+const Peers = Schema.Record({ key: Schema.String, value: Schema.String })
+
 export const JoinAnswer = Schema.Struct({
   /** How often the control plane expects a heartbeat, and after how long without one the node is lost. */
   heartbeatMs: Schema.Int,
-  lostAfterMs: Schema.Int
+  lostAfterMs: Schema.Int,
+  peers: Peers
 })
+
+export const HeartbeatAnswer = Schema.Struct({
+  peers: Peers,
+  /** The executors of this node the control plane holds; the others stop after the node's grace period. */
+  owned: Schema.Array(Schema.String)
+})
+export type HeartbeatAnswer = typeof HeartbeatAnswer.Type
 
 export class ClusterRpcs extends RpcGroup.make(
   Rpc.make("Join", {
@@ -45,8 +71,13 @@ export class ClusterRpcs extends RpcGroup.make(
     error: Schema.Union(ClusterTokenRefused, NodeNameTaken)
   }),
   Rpc.make("Heartbeat", {
-    payload: { token: Schema.String, name: Schema.String, instance: Schema.String },
-    success: Schema.Void,
+    payload: {
+      token: Schema.String,
+      name: Schema.String,
+      instance: Schema.String,
+      executors: Schema.Array(ExecutorReport)
+    },
+    success: HeartbeatAnswer,
     error: Schema.Union(ClusterTokenRefused, NotJoined)
   })
 ) {}

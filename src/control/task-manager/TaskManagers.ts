@@ -2,6 +2,7 @@ import * as Http from "node:http"
 import { Effect, ExecutionStrategy, Exit, Scope } from "effect"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
 import type { Executor, ExecutorKind } from "../../executors/ExecutorKinds.js"
+import type { NodeHandle } from "../cluster/NodeHandle.js"
 import { type HealthReport, healthWatchPeriodMs } from "../../executors/common/Health.js"
 import type { Device } from "../../node/Devices.js"
 import { TaskUnavailable } from "../errors.js"
@@ -13,8 +14,11 @@ const healthTimeoutMs = 750
 
 interface ManagedExecutor {
   readonly id: string
+  readonly node: string
   readonly executor: Executor
   readonly scope: Scope.CloseableScope
+  /** Aborted when its node is lost: the calls in flight to it end at once. */
+  readonly gone: AbortController
   outstanding: number
   healthy: boolean
   draining: boolean
@@ -24,17 +28,25 @@ interface ManagedExecutor {
 
 export interface ExecutorSummary {
   readonly id: string
+  readonly node: string
   readonly url: string | null
   readonly devices: ReadonlyArray<string>
   readonly healthy: boolean
   readonly outstanding: number
 }
 
+/** Where one executor goes: a node and its devices there. */
+export interface ExecutorGroup {
+  readonly node: NodeHandle
+  readonly devices: ReadonlyArray<Device>
+}
+
 /** One deployed unit task: its executors, the devices they hold, and how requests reach them. */
 export interface TaskManager {
   readonly spec: UnitTaskSpec
   readonly state: TaskState
-  readonly devices: ReadonlyArray<Device>
+  /** How many executors it should have: fewer while some are being replaced. */
+  readonly wanted: number
   executors(): ReadonlyArray<ExecutorSummary>
   /**
    * The healthy executor with the least outstanding work (waiting a bounded time for one), counted
@@ -48,13 +60,17 @@ export interface TaskManager {
 export interface ExecutorLease {
   readonly executorId: string
   readonly url: string
+  /** The node it runs on: where the data it consumes must be sent. */
+  readonly node: string
+  /** Aborted when the executor's node is lost. */
+  readonly signal: AbortSignal
   /** "unavailable": the executor could not take it, so it leaves rotation until its health check passes. */
   release(outcome: "ok" | "unavailable" | "failed"): void
 }
 
 class ManagedTask implements TaskManager {
   state: TaskState = "deploying"
-  devices: Array<Device>
+  wanted = 0
   readonly members: Array<ManagedExecutor> = []
   private nextExecutor = 0
   private readonly waiters: Array<() => void> = []
@@ -62,15 +78,18 @@ class ManagedTask implements TaskManager {
   constructor(
     readonly spec: UnitTaskSpec,
     readonly kind: ExecutorKind,
-    readonly scope: Scope.CloseableScope,
-    devices: ReadonlyArray<Device>
-  ) {
-    this.devices = [...devices]
+    readonly scope: Scope.CloseableScope
+  ) {}
+
+  /** A fresh executor id of this task. */
+  newExecutorId(): string {
+    return `${this.spec.id}-${this.nextExecutor++}`
   }
 
   executors(): ReadonlyArray<ExecutorSummary> {
     return this.members.map((member) => ({
       id: member.id,
+      node: member.node,
       url: member.executor.url() ?? null,
       devices: member.executor.devices.map((device) => device.id),
       healthy: member.healthy && !member.draining,
@@ -78,11 +97,13 @@ class ManagedTask implements TaskManager {
     }))
   }
 
-  add(executor: Executor, scope: Scope.CloseableScope): ManagedExecutor {
+  add(id: string, node: string, executor: Executor, scope: Scope.CloseableScope): ManagedExecutor {
     const member: ManagedExecutor = {
-      id: `${this.spec.id}-${this.nextExecutor++}`,
+      id,
+      node,
       executor,
       scope,
+      gone: new AbortController(),
       outstanding: 0,
       healthy: true,
       draining: false,
@@ -147,6 +168,8 @@ class ManagedTask implements TaskManager {
     return {
       executorId: member.id,
       url: member.executor.url()!,
+      node: member.node,
+      signal: member.gone.signal,
       release: (outcome) => {
         if (released) return
         released = true
@@ -241,13 +264,15 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
 
     yield* Effect.addFinalizer(() => Effect.forEach([...tasks.keys()], teardown, { discard: true }))
 
-    const startExecutor = (task: ManagedTask, devices: ReadonlyArray<Device>) =>
+    const startExecutor = (task: ManagedTask, group: ExecutorGroup) =>
       Effect.gen(function* () {
         const scope = yield* Scope.fork(task.scope, ExecutionStrategy.sequential)
-        const executor = yield* Scope.extend(task.kind.start(task.spec, devices), scope).pipe(
-          Effect.onError(() => Scope.close(scope, Exit.void))
-        )
-        const member = task.add(executor, scope)
+        const id = task.newExecutorId()
+        const executor = yield* Scope.extend(
+          task.kind.start(task.spec, { node: group.node, devices: group.devices, id }),
+          scope
+        ).pipe(Effect.onError(() => Scope.close(scope, Exit.void)))
+        const member = task.add(id, group.node.name, executor, scope)
         yield* watchHealth(member, task).pipe(
           Effect.zipRight(Effect.sleep(healthWatchPeriodMs)),
           Effect.forever,
@@ -256,40 +281,45 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
         return member
       })
 
-    const groupsOf = (task: ManagedTask, devices: ReadonlyArray<Device>) => {
-      const perExecutor = Math.max(1, task.kind.devicesPerExecutor(task.spec))
-      return Array.from({ length: Math.floor(devices.length / perExecutor) }, (_, index) =>
-        devices.slice(index * perExecutor, (index + 1) * perExecutor)
-      )
-    }
-
-    /** Starts the task's executors on `devices` and waits until each is up. */
-    const deploy = (spec: UnitTaskSpec, kind: ExecutorKind, devices: ReadonlyArray<Device>) =>
+    /** Starts the task's executors, one per group, and waits until each is up. */
+    const deploy = (spec: UnitTaskSpec, kind: ExecutorKind, groups: ReadonlyArray<ExecutorGroup>) =>
       Effect.gen(function* () {
-        const task = new ManagedTask(spec, kind, yield* Scope.make(), devices)
+        const task = new ManagedTask(spec, kind, yield* Scope.make())
+        task.wanted = groups.length
         tasks.set(spec.id, task)
-        yield* Effect.forEach(groupsOf(task, devices), (group) => startExecutor(task, group), {
+        yield* Effect.forEach(groups, (group) => startExecutor(task, group), {
           concurrency: "unbounded"
         }).pipe(Effect.onError(() => teardown(spec.id)))
         task.state = "ready"
         return task as TaskManager
       })
 
-    /** More executors on more devices. */
-    const grow = (taskId: string, devices: ReadonlyArray<Device>) =>
+    /**
+     * More executors. `replacing`: they stand in for executors the task lost (its wanted count
+     * stays); otherwise the task grows.
+     */
+    const grow = (taskId: string, groups: ReadonlyArray<ExecutorGroup>, replacing = false) =>
       Effect.gen(function* () {
         const task = tasks.get(taskId)!
-        yield* Effect.forEach(groupsOf(task, devices), (group) => startExecutor(task, group), {
-          concurrency: "unbounded"
-        })
-        task.devices.push(...devices)
+        if (!replacing) task.wanted += groups.length
+        yield* Effect.forEach(groups, (group) => startExecutor(task, group), {
+          concurrency: "unbounded",
+          discard: true
+        }).pipe(
+          Effect.onError(() =>
+            Effect.sync(() => {
+              if (!replacing) task.wanted -= groups.length
+            })
+          )
+        )
       })
 
-    /** Fewer executors: each leaves rotation, finishes its requests, then stops. Answers the devices freed. */
+    /** Fewer executors: each leaves rotation, finishes its requests, then stops. Answers where they ran. */
     const shrink = (taskId: string, executors: number) =>
       Effect.gen(function* () {
         const task = tasks.get(taskId)!
         const leaving = task.members.slice(-executors)
+        task.wanted -= leaving.length
         yield* Effect.forEach(
           leaving,
           (member) =>
@@ -299,9 +329,28 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
             ),
           { concurrency: "unbounded", discard: true }
         )
-        const freed = leaving.flatMap((member) => member.executor.devices)
-        task.devices = task.devices.filter((device) => !freed.includes(device))
-        return freed
+        return leaving.map((member) => ({ node: member.node, devices: member.executor.devices }))
+      })
+
+    /**
+     * Every executor on `node` leaves its task at once (the node is lost, or its process started
+     * again): calls in flight to them are aborted, and stopping them is left to run in the
+     * background (a lost node may not answer). Answers, per task, the devices they held.
+     */
+    const dropNode = (node: string) =>
+      Effect.gen(function* () {
+        const dropped: Array<{ readonly taskId: string; readonly devices: ReadonlyArray<Device> }> = []
+        for (const task of tasks.values()) {
+          const gone = task.members.filter((member) => member.node === node)
+          for (const member of gone) {
+            task.members.splice(task.members.indexOf(member), 1)
+            member.healthy = false
+            member.gone.abort()
+            dropped.push({ taskId: task.spec.id, devices: member.executor.devices })
+            yield* Effect.forkDaemon(Scope.close(member.scope, Exit.void))
+          }
+        }
+        return dropped
       })
 
     return {
@@ -309,6 +358,7 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
       teardown,
       grow,
       shrink,
+      dropNode,
       get: (taskId: string): TaskManager | undefined => tasks.get(taskId),
       list: (): ReadonlyArray<TaskManager> => [...tasks.values()]
     }

@@ -1,0 +1,29 @@
+import type { Effect, Scope } from "effect"
+import type { Dtype } from "../../models/Dtype.js"
+import type { Device } from "../../node/Devices.js"
+import type { ExecutorPlacement } from "../rpc/NodeRpcs.js"
+
+/** An executor some node runs for the control plane. */
+export interface RunningExecutor {
+  /** Its address while it is up; undefined while it restarts or its node is lost. */
+  url(): string | undefined
+  /** Kills it so that its node's supervisor starts it again (its health check failed). */
+  restart(reason: string): void
+}
+
+/**
+ * What the control plane can ask of one node, wherever it runs: this process's own node agent,
+ * or a data-plane node over NodeRpcs. Placement, task managers and redeployment see only this.
+ */
+export interface NodeHandle {
+  readonly name: string
+  readonly devices: ReadonlyArray<Device>
+  /** Makes a model present on the node before its executors start with it, telling how it goes. */
+  prepareModel(
+    model: string,
+    dtype: Dtype | undefined,
+    onProgress: (message: string) => Effect.Effect<void>
+  ): Effect.Effect<void, Error>
+  /** Starts an executor, ready once this succeeds; closing the scope stops it. */
+  startExecutor(placement: ExecutorPlacement): Effect.Effect<RunningExecutor, Error, Scope.Scope>
+}
