@@ -128,8 +128,18 @@ export class PeerTransport {
     return [...this.peers.keys()]
   }
 
-  /** Replaces the set of peers: new ones are dialled, removed ones no longer (nor sent to). */
+  /**
+   * Replaces the set of peers: new ones are dialled, removed ones no longer (nor sent to). A removed
+   * peer's connection is closed, failing the sends waiting on it: a node that is gone (lost with
+   * its link cut, say) may never answer, and its silence must not hold this node's senders.
+   */
   setPeers(peers: ReadonlyMap<string, PeerAddress>): void {
+    for (const [nodeId, link] of this.links) {
+      if (peers.has(nodeId)) continue
+      this.options.log.info(`node "${nodeId}" is no longer a peer: closing its connection`)
+      link.socket.destroy()
+      this.unregister(link, "it is no longer one of this node's peers")
+    }
     for (const [nodeId, dialer] of this.dialers) {
       const address = peers.get(nodeId)
       if (address?.host === dialer.address.host && address.port === dialer.address.port) continue
@@ -268,15 +278,12 @@ export class PeerTransport {
     for (const waiter of waiters ?? []) waiter(link)
   }
 
-  private unregister(link: OutboundLink) {
+  private unregister(link: OutboundLink, reason = "the connection closed before it stored the chunk") {
     if (this.links.get(link.nodeId) === link) {
       this.links.delete(link.nodeId)
       this.options.log.info(`node "${link.nodeId}" disconnected`)
     }
-    const error = new PeerUnavailable({
-      nodeId: link.nodeId,
-      reason: "the connection closed before it stored the chunk"
-    })
+    const error = new PeerUnavailable({ nodeId: link.nodeId, reason })
     for (const pending of link.pending.values()) pending.reject(error)
     link.pending.clear()
   }

@@ -123,6 +123,31 @@ describe("between two nodes", () => {
     expect((await onB.stats()).bytesInUse).toBe(0)
   })
 
+  it("a send waiting on a node that stops being a peer fails at once instead of waiting on it", async () => {
+    const waitsBefore = (await onB.stats()).allocationWaits
+    await onA.send("peer-holder", pattern(64 * MiB, 6), { to: ["node-b"] })
+    // node-b's arena is full: this chunk waits there, unacknowledged, as it would on a node cut off.
+    const stuck = onA.send("peer-stuck", pattern(MiB, 7), { to: ["node-b"] })
+    await eventually(async () => ((await onB.stats()).allocationWaits > waitsBefore ? true : undefined))
+    await onA.setPeers({})
+    await expect(stuck).rejects.toMatchObject({
+      _tag: "PeerUnavailable",
+      message: expect.stringMatching(/node "node-b" is unavailable: it is no longer one of this node's peers/)
+    })
+    expect((await onA.stats()).bytesInUse).toBe(0)
+    await onB.markDone("peer-holder")
+    await onA.setPeers({ "node-b": `127.0.0.1:${nodeB.peerPort}` })
+    await eventually(async () => ((await onA.stats()).peersConnected === 1 ? true : undefined))
+    await onA.send("peer-again", pattern(MiB, 8), { to: ["node-b"] })
+    sameBytes(await onB.recv("peer-again"), pattern(MiB, 8))
+    await onB.markDone("peer-again")
+    // node-b stored the chunk it was waiting to place once there was room (its bytes had arrived);
+    // nobody takes it here, so it is taken now rather than left to the TTL.
+    sameBytes(await onB.recv("peer-stuck"), pattern(MiB, 7))
+    await onB.markDone("peer-stuck")
+    await eventually(async () => ((await onB.stats()).bytesInUse === 0 ? true : undefined))
+  })
+
   it("a send to a node whose sidecar is not there fails with a clear error and frees its slot", async () => {
     await onA.setPeers({ "node-b": `127.0.0.1:${nodeB.peerPort}`, "node-c": "127.0.0.1:9" })
     await expect(onA.send("to-c", pattern(MiB, 1), { to: ["node-c"] })).rejects.toMatchObject({
