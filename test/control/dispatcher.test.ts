@@ -287,6 +287,51 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
     expect(free.received).toHaveLength(1)
   })
 
+  it("runs a graph once more as a whole, under fresh data ids, when its LLM is unavailable before it answers", async () => {
+    for (const encoder of encoders) encoder.handle = (request, response) => answerJson(response, embedded(request.body))
+    let tries = 0
+    llm.handle = (_, response) => {
+      tries++
+      if (tries === 1) return refuse(response, 503, "EngineUnavailable", "the executor's node is going away")
+      streamChat(response)
+    }
+
+    const outcome = await dispatch(graph, "request-7", requestSignal())
+    const text: Array<string> = []
+    for await (const piece of outcome.stream!) text.push((piece as ReturnType<typeof chunk>).choices[0]!.delta.content)
+
+    expect(text.join("")).toBe("red")
+    const embedIds = encoders
+      .flatMap((encoder) => encoder.received)
+      .map((request) => (request.body as { items: Array<{ id: string }> }).items[0]!.id)
+    const llmIds = llm.received.map(
+      (request) => (request.body as { cornserve_embeddings: Array<{ id: string }> }).cornserve_embeddings[0]!.id
+    )
+    expect(embedIds).toHaveLength(2)
+    expect(embedIds[0]).toBe("img1")
+    expect(embedIds[1]).not.toBe("img1")
+    expect(llmIds).toEqual(embedIds)
+    // The first try's data is released; the app sees its own ids in the outputs.
+    expect(released).toEqual([["img1"]])
+    expect(outcome.outputs[0]).toEqual({ embeddings: [forward("img1")] })
+  })
+
+  it("runs a graph as a whole once more only: unavailable twice is the client's 503", async () => {
+    for (const encoder of encoders) encoder.handle = (request, response) => answerJson(response, embedded(request.body))
+    llm.handle = (_, response) => refuse(response, 503, "EngineUnavailable", "the executor's queue is full")
+
+    await expect(dispatch(graph, "request-8", requestSignal())).rejects.toMatchObject({ _tag: "TaskUnavailable" })
+    expect(llm.received).toHaveLength(2)
+  })
+
+  it("does not run a graph again for an input the executor refused", async () => {
+    for (const encoder of encoders) encoder.handle = (request, response) => answerJson(response, embedded(request.body))
+    llm.handle = (_, response) => refuse(response, 400, "BadRequest", "too many tokens")
+
+    await expect(dispatch(graph, "request-9", requestSignal())).rejects.toMatchObject({ _tag: "TaskInputRejected" })
+    expect(llm.received).toHaveLength(1)
+  })
+
   it("releases the graph's forwarded data when the request is cancelled", async () => {
     for (const encoder of encoders) encoder.handle = () => undefined
     llm.handle = () => undefined

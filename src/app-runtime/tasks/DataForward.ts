@@ -67,3 +67,19 @@ export const reviveDataForwards = (value: unknown): unknown => {
   }
   return value
 }
+
+/**
+ * A copy of a value with every DataForward (object or encoded handle) renamed by `rename`, each in
+ * the form it had; everything else is kept as it is.
+ */
+export const renameDataForwards = (value: unknown, rename: (id: string) => string): unknown => {
+  if (value instanceof DataForward) return new DataForward(value.dataType, rename(value.id))
+  if (DataForward.isEncoded(value)) return { ...value, [marker]: rename(value[marker]) }
+  if (Array.isArray(value)) return value.map((item) => renameDataForwards(item, rename))
+  if (typeof value === "object" && value !== null && Object.getPrototypeOf(value) === Object.prototype) {
+    const out: Record<string, unknown> = {}
+    for (const [key, item] of Object.entries(value)) out[key] = renameDataForwards(item, rename)
+    return out
+  }
+  return value
+}

@@ -1,6 +1,7 @@
+import { randomUUID } from "node:crypto"
 import { Effect } from "effect"
 import type { DispatchFailure } from "../../app-runtime/driver/protocol.js"
-import { collectDataForwards, dataForwardId } from "../../app-runtime/tasks/DataForward.js"
+import { collectDataForwards, dataForwardId, renameDataForwards } from "../../app-runtime/tasks/DataForward.js"
 import type { TaskGraphWire, TaskInvocationWire } from "../../app-runtime/tasks/TaskGraph.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
 import type { DispatchOutcome } from "../app-manager/AppDriver.js"
@@ -93,9 +94,41 @@ const sidecarWaitMs = 3_000
  * sidecar). A streaming last invocation's chunks pass through as they come. When one invocation
  * fails, the others are cancelled; when the request is cancelled, so is every invocation, and the
  * data the graph forwarded is released from the sidecar. An encoder or generator call that finds
- * its executor unavailable is tried once more on another executor of its task.
+ * its executor unavailable is tried once more on another executor of its task; a graph that fails
+ * as unavailable before anything of it reached the app (an LLM's node was lost, the sidecar went
+ * away) is run once more as a whole.
  */
-export const makeDispatch =
+export const makeDispatch = (environment: DispatchEnvironment) => {
+  const dispatchGraph = dispatchGraphWith(environment)
+  return async (graph: TaskGraphWire, requestId: string, signal: AbortSignal): Promise<DispatchOutcome> => {
+    try {
+      return await dispatchGraph(graph, requestId, signal)
+    } catch (error) {
+      if (!(error instanceof TaskUnavailable) || signal.aborted) throw error
+      // Nothing of this graph reached the app: it runs once more, every invocation on an executor
+      // that is there now, and under fresh data ids, since the first try's may have been sent
+      // already (to a node that is gone, say).
+      const fresh = new Map<string, string>()
+      const original = new Map<string, string>()
+      const renamed = renameDataForwards(graph, (id) => {
+        let next = fresh.get(id)
+        if (next === undefined) {
+          next = randomUUID().replaceAll("-", "")
+          fresh.set(id, next)
+          original.set(next, id)
+        }
+        return next
+      }) as TaskGraphWire
+      const outcome = await dispatchGraph(renamed, requestId, signal)
+      return {
+        ...outcome,
+        outputs: outcome.outputs.map((output) => renameDataForwards(output, (id) => original.get(id) ?? id))
+      }
+    }
+  }
+}
+
+const dispatchGraphWith =
   (environment: DispatchEnvironment) =>
   async (graph: TaskGraphWire, requestId: string, signal: AbortSignal): Promise<DispatchOutcome> => {
     const managers = graph.invocations.map((invocation) => {
