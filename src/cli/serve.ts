@@ -81,6 +81,7 @@ const runPlatform = (options: ServeOptions & { readonly examples: boolean }) =>
     if (options.role === "control-plane") yield* (yield* NodeRegistry).awaitKnownNodes(2 * lostAfterMs)
     const restored = yield* apps.restore
     if (restored > 0) yield* Effect.logInfo(`restored ${restored} app(s) from ${options.stateDir}`)
+    yield* (yield* NodeRegistry).settle
     if (options.examples) yield* registerExamples
     const ready = apps.list().filter((app) => app.state === "ready" && app.example !== undefined)
     if (ready.length > 0) {

@@ -7,6 +7,7 @@ import { ClusterRpcs, ClusterTokenRefused } from "../control/rpc/ClusterRpcs.js"
 import { NodeCallFailed, NodeRpcs } from "../control/rpc/NodeRpcs.js"
 import type { Dtype } from "../models/Dtype.js"
 import { makeNodeExecutors } from "./NodeExecutors.js"
+import { renderNodeMetrics } from "../control/gateway/Metrics.js"
 import { ServeConfig } from "../control/ServeConfig.js"
 import { listening } from "./Listening.js"
 import { NodeAgent } from "./NodeAgent.js"
@@ -15,8 +16,8 @@ import { NodeAgent } from "./NodeAgent.js"
  * A data-plane node's membership: it joins the control plane at --join with the cluster token
  * (retrying with a growing wait while nothing answers there, and saying so), then beats every
  * second; a control plane that forgot it (it restarted) is joined again. A refusal (wrong token,
- * a name another running node has) ends the process with the reason. Its /health answers on
- * --port, for probes.
+ * a name another running node has) ends the process with the reason. On --port it serves the
+ * control plane's node calls (/rpc), /health for probes, and its sidecar's /metrics.
  */
 
 /** Constant-time comparison, so that a wrong token's timing tells nothing of the right one. */
@@ -79,6 +80,25 @@ export const runDataPlane = Effect.gen(function* () {
 
   const server = createServer((request, response) => {
     if (request.url === "/rpc") return rpcHandler(request, response)
+    if (request.url === "/metrics" && request.method === "GET") {
+      return void agent
+        .sidecarClient()
+        .then((client) => client.stats())
+        .then(
+          (stats) => {
+            response.writeHead(200, { "content-type": "text/plain; version=0.0.4" })
+            response.end(renderNodeMetrics(stats))
+          },
+          (error: unknown) => {
+            response.writeHead(503, { "content-type": "application/json" })
+            response.end(
+              JSON.stringify({
+                error: { code: "SidecarUnavailable", message: `the node's sidecar did not answer: ${String(error)}` }
+              })
+            )
+          }
+        )
+    }
     const ok = request.url === "/health"
     response.writeHead(ok ? (joined ? 200 : 503) : 404, { "content-type": "application/json" })
     response.end(
@@ -118,10 +138,14 @@ export const runDataPlane = Effect.gen(function* () {
       schedule: retryWaits
     }),
     Effect.tap((answer) =>
-      Effect.promise(() => {
-        joined = true
-        return agent.setPeers(answer.peers)
-      })
+      Effect.zipRight(
+        // A new member holds nothing of the control plane's yet.
+        executors.heldBy([], answer.settling),
+        Effect.promise(() => {
+          joined = true
+          return agent.setPeers(answer.peers)
+        })
+      )
     ),
     Effect.tap(() =>
       Effect.logInfo(`joined the control plane at ${join} as ${config.nodeId} with ${agent.devices.length} device(s)`)
@@ -134,7 +158,15 @@ export const runDataPlane = Effect.gen(function* () {
   ).pipe(
     Effect.tap((answer) =>
       Effect.zipRight(
-        executors.heldBy(answer.owned),
+        executors.heldBy(answer.owned, answer.settling).pipe(
+          Effect.zipRight(
+            Effect.suspend(() => {
+              const was = joined
+              joined = true
+              return was ? Effect.void : Effect.logInfo(`the control plane at ${join} answers again`)
+            })
+          )
+        ),
         Effect.promise(() => agent.setPeers(answer.peers))
       )
     ),
@@ -158,12 +190,7 @@ export const runDataPlane = Effect.gen(function* () {
           }),
           executors.unreachable
         )
-    }),
-    Effect.tap(() =>
-      Effect.sync(() => {
-        joined = true
-      })
-    )
+    })
   )
   yield* beat.pipe(
     Effect.zipRight(executors.sweep),

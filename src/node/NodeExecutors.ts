@@ -114,12 +114,16 @@ export const makeNodeExecutors = (
         held.get(id)?.process?.restart(reason)
       }),
     reports: (): ReadonlyArray<ExecutorReport> => [...held.values()].map(reportOf),
-    /** The control plane answered: it holds `owned` (those being started are held too). */
-    heldBy: (owned: ReadonlyArray<string>) =>
+    /**
+     * The control plane answered: it holds `owned` (those being started are held too). While it is
+     * `settling` (just started, placing what it restored) none is counted as unheld yet.
+     */
+    heldBy: (owned: ReadonlyArray<string>, settling: boolean) =>
       Effect.sync(() => {
         const at = Date.now()
         for (const executor of held.values()) {
-          if (owned.includes(executor.id) || executor.process === undefined) executor.unheldSince = undefined
+          if (settling || owned.includes(executor.id) || executor.process === undefined)
+            executor.unheldSince = undefined
           else executor.unheldSince ??= at
         }
       }),

@@ -127,6 +127,9 @@ export class NodeRegistry extends Effect.Service<NodeRegistry>()("cornserve/Node
             return writeFile(knownPath, JSON.stringify({ nodes: [...known].sort() })).catch(() => undefined)
           })
 
+    /** Until the restored apps are placed, nodes keep executors the control plane does not hold yet. */
+    let settled = false
+
     /** Waits until every node known from before has joined again, or `timeoutMs`; says which did not. */
     const awaitKnownNodes = (timeoutMs: number) =>
       Effect.gen(function* () {
@@ -205,7 +208,7 @@ export class NodeRegistry extends Effect.Service<NodeRegistry>()("cornserve/Node
         yield* tellOwnSidecar()
         yield* remember(node.name)
         emit({ _tag: "Joined", name: node.name })
-        return { heartbeatMs, lostAfterMs, peers: peers() }
+        return { heartbeatMs, lostAfterMs, peers: peers(), settling: !settled }
       })
 
     const heartbeat = (token: string, name: string, instance: string, executors: ReadonlyArray<ExecutorReport>) =>
@@ -223,7 +226,7 @@ export class NodeRegistry extends Effect.Service<NodeRegistry>()("cornserve/Node
           yield* tellOwnSidecar()
           emit({ _tag: "Back", name })
         }
-        return { peers: peers(), owned: [...(owned.get(name) ?? [])] }
+        return { peers: peers(), owned: [...(owned.get(name) ?? [])], settling: !settled }
       })
 
     // Nodes that stopped beating are lost.
@@ -381,6 +384,10 @@ export class NodeRegistry extends Effect.Service<NodeRegistry>()("cornserve/Node
       join,
       heartbeat,
       awaitKnownNodes,
+      /** The restored apps are placed: executors the control plane does not hold now are not coming back. */
+      settle: Effect.sync(() => {
+        settled = true
+      }),
       list,
       handle,
       subscribe,

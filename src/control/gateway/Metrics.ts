@@ -69,30 +69,53 @@ export const renderMetrics = (state: {
       )
     )
   ]
-  const sidecar = state.sidecar
-  if (sidecar !== undefined) {
-    const node = { node: sidecar.nodeId }
-    sections.push(
-      metric("cornserve_sidecar_arena_bytes", "gauge", "Size of the node's shared-memory arena.", [
-        [node, sidecar.arenaBytes]
-      ]),
-      metric("cornserve_sidecar_bytes_in_use", "gauge", "Arena bytes held by tensors in transit.", [
-        [node, sidecar.bytesInUse]
-      ]),
-      metric("cornserve_sidecar_slots_in_use", "gauge", "Arena slots held.", [[node, sidecar.slotsInUse]]),
-      metric("cornserve_sidecar_transfers_active", "gauge", "Transfers the sidecar keeps a record of.", [
-        [node, sidecar.transfersActive]
-      ]),
-      metric(
-        "cornserve_sidecar_allocation_waits_total",
-        "counter",
-        "Allocations that found the arena full and waited.",
-        [[node, sidecar.allocationWaits]]
-      ),
-      metric("cornserve_sidecar_chunks_reclaimed_total", "counter", "Chunks nobody marked done, freed after the TTL.", [
-        [node, sidecar.chunksReclaimed]
-      ])
-    )
-  }
+  if (state.sidecar !== undefined) sections.push(...sidecarMetrics(state.sidecar))
   return `${sections.join("\n")}\n`
 }
+
+/** A node's sidecar as Prometheus metrics: its arena, and chunks that crossed to or from other nodes. */
+const sidecarMetrics = (sidecar: SidecarStats): ReadonlyArray<string> => {
+  const node = { node: sidecar.nodeId }
+  return [
+    metric("cornserve_sidecar_arena_bytes", "gauge", "Size of the node's shared-memory arena.", [
+      [node, sidecar.arenaBytes]
+    ]),
+    metric("cornserve_sidecar_bytes_in_use", "gauge", "Arena bytes held by tensors in transit.", [
+      [node, sidecar.bytesInUse]
+    ]),
+    metric("cornserve_sidecar_slots_in_use", "gauge", "Arena slots held.", [[node, sidecar.slotsInUse]]),
+    metric("cornserve_sidecar_transfers_active", "gauge", "Transfers the sidecar keeps a record of.", [
+      [node, sidecar.transfersActive]
+    ]),
+    metric("cornserve_sidecar_allocation_waits_total", "counter", "Allocations that found the arena full and waited.", [
+      [node, sidecar.allocationWaits]
+    ]),
+    metric("cornserve_sidecar_chunks_reclaimed_total", "counter", "Chunks nobody marked done, freed after the TTL.", [
+      [node, sidecar.chunksReclaimed]
+    ]),
+    metric(
+      "cornserve_sidecar_chunks_sent_to_peers_total",
+      "counter",
+      "Chunks this node's sidecar streamed to other nodes' sidecars over TCP.",
+      [[node, sidecar.chunksForwarded]]
+    ),
+    metric(
+      "cornserve_sidecar_bytes_sent_to_peers_total",
+      "counter",
+      "Bytes this node's sidecar streamed to other nodes' sidecars over TCP.",
+      [[node, sidecar.bytesForwarded]]
+    ),
+    metric(
+      "cornserve_sidecar_chunks_received_from_peers_total",
+      "counter",
+      "Chunks this node's sidecar received from other nodes' sidecars over TCP.",
+      [[node, sidecar.chunksReceivedRemote]]
+    ),
+    metric("cornserve_sidecar_peers_connected", "gauge", "Other nodes' sidecars connected to this one.", [
+      [node, sidecar.peersConnected]
+    ])
+  ]
+}
+
+/** A data-plane node's own metrics: its sidecar (the control plane's /metrics has the rest). */
+export const renderNodeMetrics = (sidecar: SidecarStats): string => `${sidecarMetrics(sidecar).join("\n")}\n`

@@ -54,13 +54,20 @@ export const JoinAnswer = Schema.Struct({
   /** How often the control plane expects a heartbeat, and after how long without one the node is lost. */
   heartbeatMs: Schema.Int,
   lostAfterMs: Schema.Int,
-  peers: Peers
+  peers: Peers,
+  /** As in HeartbeatAnswer: the control plane is still placing the apps it restored. */
+  settling: Schema.Boolean
 })
 
 export const HeartbeatAnswer = Schema.Struct({
   peers: Peers,
   /** The executors of this node the control plane holds; the others stop after the node's grace period. */
-  owned: Schema.Array(Schema.String)
+  owned: Schema.Array(Schema.String),
+  /**
+   * The control plane has just started and is still placing the apps it restored: it may yet take
+   * back executors it does not hold now, so their grace period has not begun.
+   */
+  settling: Schema.Boolean
 })
 export type HeartbeatAnswer = typeof HeartbeatAnswer.Type
 
