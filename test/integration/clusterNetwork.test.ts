@@ -1,0 +1,238 @@
+import type { ChildProcess } from "node:child_process"
+import { mkdtemp, rm } from "node:fs/promises"
+import { createServer } from "node:net"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { chatRequest } from "../support/colorChat.js"
+import { makeNetwork, netnsAvailable, type VirtualNetwork } from "../support/netns.js"
+import {
+  binPath,
+  eventually,
+  invoke,
+  removeStateDir,
+  repoRoot,
+  type RunningPlatform,
+  runCli,
+  startPlatform
+} from "../support/platform.js"
+
+/**
+ * The real binary as a cluster of machines: a control plane in this process's network namespace
+ * and four data-plane nodes, each in a network namespace of its own with its own address and one
+ * device. color_chat's three tasks land on three nodes, so the image encoder's features reach the
+ * LLM over the sidecars' TCP transport. A node whose link is cut is lost, its task is redeployed
+ * on the spare node, requests sent to it meanwhile are retried there and succeed; it rejoins when
+ * its link comes back and stops what it ran once its grace period is over. A control
+ * plane killed and started again takes the running executors back instead of restarting them.
+ */
+
+const clusterToken = "netns-cluster-token"
+const adminToken = "netns-admin-token"
+/** Seconds a node keeps executors nobody holds. */
+const executorGraceSeconds = 10
+
+interface TaskRow {
+  readonly id: string
+  readonly name: string
+  readonly devices: ReadonlyArray<string>
+  readonly executors: ReadonlyArray<{ readonly node: string; readonly healthy: boolean; readonly url: string | null }>
+}
+
+interface NodeRow {
+  readonly name: string
+  readonly address: string
+  readonly state: string
+  readonly devices: ReadonlyArray<{ readonly id: string; readonly task: string | null }>
+}
+
+interface DataPlane {
+  readonly name: string
+  readonly process: ChildProcess
+  output(): string
+}
+
+/** A port nobody listens on at `host` now, for a control plane that must come back on the same one. */
+const freePort = (host: string) =>
+  new Promise<number>((resolve, reject) => {
+    const server = createServer()
+    server.once("error", reject)
+    server.listen(0, host, () => {
+      const address = server.address()
+      server.close(() => resolve(typeof address === "object" && address !== null ? address.port : 0))
+    })
+  })
+
+/** The text of an NDJSON stream of chat-completion chunks. */
+const streamedText = async (response: Response) =>
+  (await response.text())
+    .trim()
+    .split("\n")
+    .map((line) => JSON.parse(line) as { choices: Array<{ delta: { content?: string } }> })
+    .map((chunk) => chunk.choices[0]?.delta.content ?? "")
+    .join("")
+
+describe.skipIf(!netnsAvailable())(
+  "cluster across network namespaces: tensors node to node, lost nodes, a restarted control plane",
+  () => {
+    let network: VirtualNetwork
+    let controlPlane: RunningPlatform
+    let clusterPort: number
+    const nodes: Array<DataPlane> = []
+    const scratch: Array<string> = []
+
+    const get = async <A>(path: string) => (await (await fetch(`${controlPlane.url}${path}`)).json()) as A
+    const tasks = async () => (await get<{ tasks: Array<TaskRow> }>("/tasks/list")).tasks
+    const nodesList = async () => (await get<{ nodes: Array<NodeRow> }>("/nodes/list")).nodes
+    const nodeState = async (name: string) => (await nodesList()).find((node) => node.name === name)?.state
+    const taskNamed = async (prefix: string) => (await tasks()).find((task) => task.name.startsWith(prefix))
+    /** A counter of a data-plane node's sidecar, from the node's own /metrics. */
+    const nodeCounter = async (name: string, metric: string) => {
+      const node = nodes.find((entry) => entry.name === name)!
+      const health = /health on (http:\/\/\S+)\/health/.exec(node.output())![1]
+      const text = await (await fetch(`${health}/metrics`)).text()
+      return Number(new RegExp(`^${metric}\\{node="${name}"\\} (\\d+)$`, "m").exec(text)?.[1] ?? Number.NaN)
+    }
+    const ask = async () => {
+      const response = await invoke(controlPlane.url, "color_chat", chatRequest)
+      return response.status === 200 ? streamedText(response) : `${response.status}: ${await response.text()}`
+    }
+
+    const startControlPlane = (stateDir?: string) =>
+      startPlatform({
+        args: ["--role", "control-plane", "--host", network.bridgeAddress, "--cluster-port", String(clusterPort)],
+        env: { CORNSERVE_CLUSTER_TOKEN: clusterToken, CORNSERVE_ADMIN_TOKEN: adminToken },
+        ...(stateDir === undefined ? {} : { stateDir })
+      })
+
+    const startNode = async (index: number): Promise<DataPlane> => {
+      const name = `n${index}`
+      const dir = await mkdtemp(join(tmpdir(), `cornserve-${name}-`))
+      scratch.push(dir)
+      const child = network.spawn(
+        index,
+        process.execPath,
+        [
+          binPath,
+          "serve",
+          "--role",
+          "data-plane",
+          "--join",
+          `http://${network.bridgeAddress}:${clusterPort}`,
+          "--node-name",
+          name,
+          "--host",
+          network.nodes[index]!.address,
+          "--port",
+          "0",
+          "--devices",
+          "cpu:0",
+          "--sidecar-arena-bytes",
+          String(64 * 1024 * 1024),
+          "--executor-grace",
+          String(executorGraceSeconds),
+          "--state-dir",
+          join(dir, "state")
+        ],
+        {
+          cwd: repoRoot,
+          env: { ...process.env, CORNSERVE_CLUSTER_TOKEN: clusterToken, CORNSERVE_MODEL_DIR: join(dir, "models") },
+          stdio: ["ignore", "pipe", "pipe"]
+        }
+      )
+      let output = ""
+      child.stdout!.on("data", (chunk: Buffer) => (output += chunk.toString()))
+      child.stderr!.on("data", (chunk: Buffer) => (output += chunk.toString()))
+      const node = { name, process: child, output: () => output }
+      nodes.push(node)
+      return node
+    }
+
+    beforeAll(async () => {
+      network = await makeNetwork({ nodes: 4 })
+      clusterPort = await freePort(network.bridgeAddress)
+      controlPlane = await startControlPlane()
+      await Promise.all([0, 1, 2, 3].map(startNode))
+      await eventually(async () =>
+        (await nodesList()).filter((node) => node.state === "ready").length === 4 ? true : undefined
+      )
+    }, 60_000)
+
+    afterAll(async () => {
+      await controlPlane?.stop()
+      await network?.close()
+      if (controlPlane !== undefined) await removeStateDir(controlPlane.stateDir)
+      await Promise.all(scratch.map((dir) => rm(dir, { recursive: true, force: true })))
+    })
+
+    it("lists every node at its own address; color_chat's encoder and LLM run on different nodes and answer", async () => {
+      expect((await nodesList()).map((node) => [node.name, node.address])).toEqual(
+        network.nodes.map((node, index) => [`n${index}`, node.address])
+      )
+      const registered = await runCli(["app", "register", join(repoRoot, "examples", "color_chat.ts")], {
+        CORNSERVE_GATEWAY_URL: controlPlane.url,
+        CORNSERVE_ADMIN_TOKEN: adminToken
+      })
+      expect(registered.code, registered.stderr + nodes.map((node) => node.output()).join("\n")).toBe(0)
+      const encoder = (await taskNamed("encoder-image"))!
+      const llm = (await taskNamed("llm"))!
+      const encoderNode = encoder.executors[0]!.node
+      const llmNode = llm.executors[0]!.node
+      expect(encoderNode).not.toBe(llmNode)
+      expect(llm.devices).toEqual([`${llmNode}/cpu:0`])
+      // The LLM answers from the image's features: they crossed from one node's sidecar to the other's over TCP.
+      expect(await ask()).toBe("red")
+      expect(await nodeCounter(encoderNode, "cornserve_sidecar_bytes_sent_to_peers_total")).toBeGreaterThan(0)
+      expect(await nodeCounter(llmNode, "cornserve_sidecar_chunks_received_from_peers_total")).toBeGreaterThan(0)
+      expect(await nodeCounter(llmNode, "cornserve_sidecar_bytes_sent_to_peers_total")).toBe(0)
+      const listed = await runCli(["tasks", "list"], { CORNSERVE_GATEWAY_URL: controlPlane.url })
+      expect(listed.stdout).toContain(`(${llmNode})`)
+      const nodesCli = await runCli(["nodes", "list"], { CORNSERVE_GATEWAY_URL: controlPlane.url })
+      expect(nodesCli.stdout).toMatch(new RegExp(`${llmNode}\\s+data-plane\\s+\\S+\\s+ready\\s+cpu:0 \\(${llm.id}\\)`))
+    }, 120_000)
+
+    it("a node cut off is lost within 5 s; its task is redeployed on the spare node and requests succeed again", async () => {
+      const llm = (await taskNamed("llm"))!
+      const lostNode = llm.executors[0]!.node
+      const lostIndex = Number(lostNode.slice(1))
+      const busy = new Set((await tasks()).flatMap((task) => task.executors.map((executor) => executor.node)))
+      const spare = ["n0", "n1", "n2", "n3"].find((name) => !busy.has(name))!
+      await network.cut(lostIndex)
+      // Sent before the control plane knows: they go to the cut node, wait, and are retried elsewhere.
+      const inFlight = Promise.all([ask(), ask(), ask()])
+      await eventually(async () => ((await nodeState(lostNode)) === "lost" ? true : undefined), 15_000)
+      // The control plane's own account: lost after 4 s without a heartbeat, under the 5 s asked for.
+      expect(controlPlane.output()).toMatch(new RegExp(`node ${lostNode} is lost: no heartbeat for 4 s`))
+      const moved = await eventually(async () => {
+        const task = await taskNamed("llm")
+        return task?.executors.some((executor) => executor.node === spare && executor.healthy) ? task : undefined
+      }, 60_000)
+      expect(moved.executors.map((executor) => executor.node)).toEqual([spare])
+      expect(await inFlight).toEqual(["red", "red", "red"])
+      expect(await ask()).toBe("red")
+
+      // Back on the network it rejoins under its name; what it ran is no longer held, and it stops it.
+      await network.restore(lostIndex)
+      await eventually(async () => ((await nodeState(lostNode)) === "ready" ? true : undefined), 30_000)
+      const node = nodes.find((entry) => entry.name === lostNode)!
+      await eventually(async () => (/stopping executor .*\(task llm-/.test(node.output()) ? true : undefined), 30_000)
+      expect((await nodesList()).find((entry) => entry.name === lostNode)!.devices).toEqual([
+        { id: "cpu:0", type: "cpu", task: null }
+      ])
+      expect(await ask()).toBe("red")
+    }, 150_000)
+
+    it("a control plane killed and started again takes the running executors back, and color_chat comes back", async () => {
+      const before = (await tasks()).map((task) => [task.id, task.executors.map((executor) => executor.url)])
+      await controlPlane.kill()
+      controlPlane = await startControlPlane(controlPlane.stateDir)
+      await eventually(async () => ((await ask()) === "red" ? true : undefined), 90_000)
+      const after = (await tasks()).map((task) => [task.id, task.executors.map((executor) => executor.url)])
+      expect(after.sort()).toEqual(before.sort())
+      expect((controlPlane.output().match(/kept executor \S+: it already ran there/g) ?? []).length).toBe(before.length)
+      // No node restarted an executor: each says it kept the one it had.
+      const keeping = nodes.map((node) => (node.output().match(/keeping executor/g) ?? []).length)
+      expect(keeping.reduce((sum, count) => sum + count, 0)).toBe(before.length)
+    }, 150_000)
+  }
+)
