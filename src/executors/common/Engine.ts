@@ -95,14 +95,14 @@ export const runEngine = (config: ExecutorConfig) =>
       void sendRouter({ t: "failed", id, status, message })
     }
 
-    const finishBatch = (id: number, failure?: string) => {
+    const finishBatch = (id: number, failure?: string, status: 500 | 503 = 500) => {
       const batch = batches.get(id)
       if (batch === undefined) return
       batches.delete(id)
       for (const [rank, [from, to]] of batch.shards) outstanding[rank]! -= to - from
       buffer.release(batch.slot)
       if (failure !== undefined) {
-        for (const item of batch.scheduled) failRequest(item.requestId, 500, failure)
+        for (const item of batch.scheduled) failRequest(item.requestId, status, failure)
       } else {
         batch.scheduled.forEach((item, position) => {
           const request = requests.get(item.requestId)
@@ -136,7 +136,7 @@ export const runEngine = (config: ExecutorConfig) =>
           batch.pendingRanks.delete(rank)
           if (batch.pendingRanks.size === 0) finishBatch(batchId)
         },
-        failed: (batchId, rank, message) => finishBatch(batchId, `worker ${rank} failed: ${message}`),
+        failed: (batchId, rank, message, status) => finishBatch(batchId, `worker ${rank} failed: ${message}`, status),
         lost: (reason) => {
           for (const id of [...requests.keys()]) failRequest(id, 503, `the executor failed: ${reason}`)
         }

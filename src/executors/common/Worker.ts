@@ -53,11 +53,22 @@ export const runWorker = async (config: ExecutorConfig, rank: number): Promise<v
         t: "failed",
         batch: message.batch,
         rank,
-        message: error instanceof Error ? error.message : String(error)
+        message: error instanceof Error ? error.message : String(error),
+        status: receiverGone(error) ? 503 : 500
       })
     }
   }
   await model.close()
   fromEngine.close()
   toEngine.close()
+}
+
+/**
+ * The output could not reach a consumer's node: its sidecar went away or is no longer a peer (the
+ * node was lost). The work can be done again once the consumer runs elsewhere: the executor is
+ * unavailable for this request, not failed.
+ */
+const receiverGone = (error: unknown): boolean => {
+  const tag = (error as { readonly _tag?: unknown } | null)?._tag
+  return tag === "PeerUnavailable" || tag === "UnknownNode"
 }

@@ -17,7 +17,7 @@ export interface WorkerReplies {
   readonly partial: (batch: number, item: number, value: unknown) => void
   /** Worker `rank` ran its shard of batch `batch`: one result per item of the shard. */
   readonly done: (batch: number, rank: number, results: ReadonlyArray<unknown>) => void
-  readonly failed: (batch: number, rank: number, message: string) => void
+  readonly failed: (batch: number, rank: number, message: string, status: 500 | 503) => void
   /** A worker exited while the engine ran, and the router has been told so. Called once. */
   readonly lost: (reason: string) => void
 }
@@ -76,7 +76,7 @@ export const startWorkerGroup = (options: {
             replies.done(message.batch, message.rank, message.results)
             break
           case "failed":
-            replies.failed(message.batch, message.rank, message.message)
+            replies.failed(message.batch, message.rank, message.message, message.status)
             break
         }
       }

@@ -87,4 +87,11 @@ export type FromWorker =
   | { readonly t: "ready"; readonly rank: number }
   | { readonly t: "done"; readonly batch: number; readonly rank: number; readonly results: ReadonlyArray<unknown> }
   | { readonly t: "partial"; readonly batch: number; readonly item: number; readonly value: unknown }
-  | { readonly t: "failed"; readonly batch: number; readonly rank: number; readonly message: string }
+  | {
+      readonly t: "failed"
+      readonly batch: number
+      readonly rank: number
+      readonly message: string
+      /** 503 when the batch could not be delivered (a receiving node's sidecar is gone), else 500. */
+      readonly status: 500 | 503
+    }
