@@ -1,4 +1,4 @@
-import type { ChildProcess } from "node:child_process"
+import { type ChildProcess, type SpawnOptions, spawn } from "node:child_process"
 import { mkdtemp, rm } from "node:fs/promises"
 import { createServer } from "node:net"
 import { tmpdir } from "node:os"
@@ -20,11 +20,13 @@ import {
 /**
  * The real binary as a cluster of machines: a control plane in this process's network namespace
  * and four data-plane nodes, each in a network namespace of its own with its own address and one
- * device. color_chat's three tasks land on three nodes, so the image encoder's features reach the
+ * device (where namespaces cannot be made, not as root, the nodes share the loopback address, each
+ * with its own ports, arena and directories, and the test of a cut link is skipped). color_chat's three tasks land on three nodes, so the image encoder's features reach the
  * LLM over the sidecars' TCP transport. A node whose link is cut is lost, its task is redeployed
  * on the spare node, requests sent to it meanwhile are retried there and succeed; it rejoins when
- * its link comes back and stops what it ran once its grace period is over. A control
- * plane killed and started again takes the running executors back instead of restarting them.
+ * its link comes back and stops what it ran once its grace period is over. A node killed with
+ * SIGKILL under load loses no request that could be retried. A control plane killed and started
+ * again takes the running executors back instead of restarting them.
  */
 
 const clusterToken = "netns-cluster-token"
@@ -72,132 +74,209 @@ const streamedText = async (response: Response) =>
     .map((chunk) => chunk.choices[0]?.delta.content ?? "")
     .join("")
 
-describe.skipIf(!netnsAvailable())(
-  "cluster across network namespaces: tensors node to node, lost nodes, a restarted control plane",
-  () => {
-    let network: VirtualNetwork
-    let controlPlane: RunningPlatform
-    let clusterPort: number
-    const nodes: Array<DataPlane> = []
-    const scratch: Array<string> = []
+/** Where the nodes run: network namespaces with their own addresses, or this machine's loopback. */
+interface Machines {
+  readonly kind: "namespaces" | "loopback"
+  readonly controlPlaneHost: string
+  nodeHost(index: number): string
+  spawn(index: number, command: string, args: ReadonlyArray<string>, options: SpawnOptions): ChildProcess
+  /** Drops a node's traffic silently (namespaces only). */
+  cut(index: number): Promise<void>
+  restore(index: number): Promise<void>
+  close(): Promise<void>
+}
 
-    const get = async <A>(path: string) => (await (await fetch(`${controlPlane.url}${path}`)).json()) as A
-    const tasks = async () => (await get<{ tasks: Array<TaskRow> }>("/tasks/list")).tasks
-    const nodesList = async () => (await get<{ nodes: Array<NodeRow> }>("/nodes/list")).nodes
-    const nodeState = async (name: string) => (await nodesList()).find((node) => node.name === name)?.state
-    const taskNamed = async (prefix: string) => (await tasks()).find((task) => task.name.startsWith(prefix))
-    /** A counter of a data-plane node's sidecar, from the node's own /metrics. */
-    const nodeCounter = async (name: string, metric: string) => {
-      const node = nodes.find((entry) => entry.name === name)!
-      const health = /health on (http:\/\/\S+)\/health/.exec(node.output())![1]
-      const text = await (await fetch(`${health}/metrics`)).text()
-      return Number(new RegExp(`^${metric}\\{node="${name}"\\} (\\d+)$`, "m").exec(text)?.[1] ?? Number.NaN)
-    }
-    const ask = async () => {
-      const response = await invoke(controlPlane.url, "color_chat", chatRequest)
-      return response.status === 200 ? streamedText(response) : `${response.status}: ${await response.text()}`
-    }
+const namespaceMachines = async (count: number): Promise<Machines> => {
+  const network: VirtualNetwork = await makeNetwork({ nodes: count })
+  return {
+    kind: "namespaces",
+    controlPlaneHost: network.bridgeAddress,
+    nodeHost: (index) => network.nodes[index]!.address,
+    spawn: (index, command, args, options) => network.spawn(index, command, args, options),
+    cut: (index) => network.cut(index),
+    restore: (index) => network.restore(index),
+    close: () => network.close()
+  }
+}
 
-    const startControlPlane = (stateDir?: string) =>
-      startPlatform({
-        args: ["--role", "control-plane", "--host", network.bridgeAddress, "--cluster-port", String(clusterPort)],
-        env: { CORNSERVE_CLUSTER_TOKEN: clusterToken, CORNSERVE_ADMIN_TOKEN: adminToken },
-        ...(stateDir === undefined ? {} : { stateDir })
-      })
-
-    const startNode = async (index: number): Promise<DataPlane> => {
-      const name = `n${index}`
-      const dir = await mkdtemp(join(tmpdir(), `cornserve-${name}-`))
-      scratch.push(dir)
-      const child = network.spawn(
-        index,
-        process.execPath,
-        [
-          binPath,
-          "serve",
-          "--role",
-          "data-plane",
-          "--join",
-          `http://${network.bridgeAddress}:${clusterPort}`,
-          "--node-name",
-          name,
-          "--host",
-          network.nodes[index]!.address,
-          "--port",
-          "0",
-          "--devices",
-          "cpu:0",
-          "--sidecar-arena-bytes",
-          String(64 * 1024 * 1024),
-          "--executor-grace",
-          String(executorGraceSeconds),
-          "--state-dir",
-          join(dir, "state")
-        ],
-        {
-          cwd: repoRoot,
-          env: { ...process.env, CORNSERVE_CLUSTER_TOKEN: clusterToken, CORNSERVE_MODEL_DIR: join(dir, "models") },
-          stdio: ["ignore", "pipe", "pipe"]
-        }
+const loopbackMachines = (): Machines => {
+  const children = new Set<ChildProcess>()
+  return {
+    kind: "loopback",
+    controlPlaneHost: "127.0.0.1",
+    nodeHost: () => "127.0.0.1",
+    spawn: (_, command, args, options) => {
+      const child = spawn(command, args, options)
+      children.add(child)
+      child.once("exit", () => children.delete(child))
+      return child
+    },
+    cut: () => Promise.reject(new Error("a loopback node's link cannot be cut")),
+    restore: () => Promise.reject(new Error("a loopback node's link cannot be cut")),
+    close: async () => {
+      await Promise.all(
+        [...children].map(
+          (child) =>
+            new Promise<void>((resolve) => {
+              if (child.exitCode !== null || child.signalCode !== null) return resolve()
+              child.once("exit", () => resolve())
+              child.kill("SIGTERM")
+            })
+        )
       )
-      let output = ""
-      child.stdout!.on("data", (chunk: Buffer) => (output += chunk.toString()))
-      child.stderr!.on("data", (chunk: Buffer) => (output += chunk.toString()))
-      const node = { name, process: child, output: () => output }
-      nodes.push(node)
-      return node
     }
+  }
+}
 
-    beforeAll(async () => {
-      network = await makeNetwork({ nodes: 4 })
-      clusterPort = await freePort(network.bridgeAddress)
-      controlPlane = await startControlPlane()
-      await Promise.all([0, 1, 2, 3].map(startNode))
-      await eventually(async () =>
-        (await nodesList()).filter((node) => node.state === "ready").length === 4 ? true : undefined
-      )
-    }, 60_000)
+/** What the client got: the whole answer, a 5xx before any of it, or a stream cut after it began. */
+type Outcome =
+  | { readonly text: string }
+  | { readonly status: number; readonly error: string }
+  | { readonly cut: string }
 
-    afterAll(async () => {
-      await controlPlane?.stop()
-      await network?.close()
-      if (controlPlane !== undefined) await removeStateDir(controlPlane.stateDir)
-      await Promise.all(scratch.map((dir) => rm(dir, { recursive: true, force: true })))
+const outcomeOf = async (response: Response): Promise<Outcome> => {
+  if (response.status !== 200) return { status: response.status, error: await response.text() }
+  let text = ""
+  for (const line of (await response.text()).trim().split("\n")) {
+    const chunk = JSON.parse(line) as { error?: unknown; choices?: Array<{ delta: { content?: string } }> }
+    if (chunk.error !== undefined) return { cut: text }
+    text += chunk.choices?.[0]?.delta.content ?? ""
+  }
+  return { text }
+}
+
+/** CORNSERVE_TEST_LOOPBACK=1 runs the loopback variant where namespaces could be made too. */
+const useNamespaces = process.env.CORNSERVE_TEST_LOOPBACK !== "1" && netnsAvailable()
+
+describe(`cluster across ${useNamespaces ? "network namespaces" : "loopback ports"}: tensors node to node, lost nodes, a restarted control plane`, () => {
+  let machines: Machines
+  let controlPlane: RunningPlatform
+  let clusterPort: number
+  const nodes: Array<DataPlane> = []
+  const dirs: Array<string | undefined> = []
+
+  const get = async <A>(path: string) => (await (await fetch(`${controlPlane.url}${path}`)).json()) as A
+  const tasks = async () => (await get<{ tasks: Array<TaskRow> }>("/tasks/list")).tasks
+  const nodesList = async () => (await get<{ nodes: Array<NodeRow> }>("/nodes/list")).nodes
+  const nodeState = async (name: string) => (await nodesList()).find((node) => node.name === name)?.state
+  const taskNamed = async (prefix: string) => (await tasks()).find((task) => task.name.startsWith(prefix))
+  /** A counter of a data-plane node's sidecar, from the node's own /metrics. */
+  const nodeCounter = async (name: string, metric: string) => {
+    const node = nodes.find((entry) => entry.name === name)!
+    const health = /health on (http:\/\/\S+)\/health/.exec(node.output())![1]
+    const text = await (await fetch(`${health}/metrics`)).text()
+    return Number(new RegExp(`^${metric}\\{node="${name}"\\} (\\d+)$`, "m").exec(text)?.[1] ?? Number.NaN)
+  }
+  const ask = async () => {
+    const response = await invoke(controlPlane.url, "color_chat", chatRequest)
+    return response.status === 200 ? streamedText(response) : `${response.status}: ${await response.text()}`
+  }
+
+  const startControlPlane = (stateDir?: string) =>
+    startPlatform({
+      args: ["--role", "control-plane", "--host", machines.controlPlaneHost, "--cluster-port", String(clusterPort)],
+      env: { CORNSERVE_CLUSTER_TOKEN: clusterToken, CORNSERVE_ADMIN_TOKEN: adminToken },
+      ...(stateDir === undefined ? {} : { stateDir })
     })
 
-    it("lists every node at its own address; color_chat's encoder and LLM run on different nodes and answer", async () => {
-      expect((await nodesList()).map((node) => [node.name, node.address])).toEqual(
-        network.nodes.map((node, index) => [`n${index}`, node.address])
-      )
-      const registered = await runCli(["app", "register", join(repoRoot, "examples", "color_chat.ts")], {
-        CORNSERVE_GATEWAY_URL: controlPlane.url,
-        CORNSERVE_ADMIN_TOKEN: adminToken
-      })
-      expect(registered.code, registered.stderr + nodes.map((node) => node.output()).join("\n")).toBe(0)
-      const encoder = (await taskNamed("encoder-image"))!
-      const llm = (await taskNamed("llm"))!
-      const encoderNode = encoder.executors[0]!.node
-      const llmNode = llm.executors[0]!.node
-      expect(encoderNode).not.toBe(llmNode)
-      expect(llm.devices).toEqual([`${llmNode}/cpu:0`])
-      // The LLM answers from the image's features: they crossed from one node's sidecar to the other's over TCP.
-      expect(await ask()).toBe("red")
-      expect(await nodeCounter(encoderNode, "cornserve_sidecar_bytes_sent_to_peers_total")).toBeGreaterThan(0)
-      expect(await nodeCounter(llmNode, "cornserve_sidecar_chunks_received_from_peers_total")).toBeGreaterThan(0)
-      expect(await nodeCounter(llmNode, "cornserve_sidecar_bytes_sent_to_peers_total")).toBe(0)
-      const listed = await runCli(["tasks", "list"], { CORNSERVE_GATEWAY_URL: controlPlane.url })
-      expect(listed.stdout).toContain(`(${llmNode})`)
-      const nodesCli = await runCli(["nodes", "list"], { CORNSERVE_GATEWAY_URL: controlPlane.url })
-      expect(nodesCli.stdout).toMatch(new RegExp(`${llmNode}\\s+data-plane\\s+\\S+\\s+ready\\s+cpu:0 \\(${llm.id}\\)`))
-    }, 120_000)
+  const startNode = async (index: number): Promise<DataPlane> => {
+    const name = `n${index}`
+    // A node started again keeps its directories (its models stay there), as a machine would.
+    dirs[index] ??= await mkdtemp(join(tmpdir(), `cornserve-${name}-`))
+    const dir = dirs[index]!
+    const child = machines.spawn(
+      index,
+      process.execPath,
+      [
+        binPath,
+        "serve",
+        "--role",
+        "data-plane",
+        "--join",
+        `http://${machines.controlPlaneHost}:${clusterPort}`,
+        "--node-name",
+        name,
+        "--host",
+        machines.nodeHost(index),
+        "--port",
+        "0",
+        "--devices",
+        "cpu:0",
+        "--sidecar-arena-bytes",
+        String(64 * 1024 * 1024),
+        "--executor-grace",
+        String(executorGraceSeconds),
+        "--state-dir",
+        join(dir, "state")
+      ],
+      {
+        cwd: repoRoot,
+        env: { ...process.env, CORNSERVE_CLUSTER_TOKEN: clusterToken, CORNSERVE_MODEL_DIR: join(dir, "models") },
+        stdio: ["ignore", "pipe", "pipe"]
+      }
+    )
+    let output = ""
+    child.stdout!.on("data", (chunk: Buffer) => (output += chunk.toString()))
+    child.stderr!.on("data", (chunk: Buffer) => (output += chunk.toString()))
+    const node = { name, process: child, output: () => output }
+    const previous = nodes.findIndex((entry) => entry.name === name)
+    if (previous === -1) nodes.push(node)
+    else nodes[previous] = node
+    return node
+  }
 
-    it("a node cut off is lost within 5 s; its task is redeployed on the spare node and requests succeed again", async () => {
+  beforeAll(async () => {
+    machines = useNamespaces ? await namespaceMachines(4) : loopbackMachines()
+    clusterPort = await freePort(machines.controlPlaneHost)
+    controlPlane = await startControlPlane()
+    await Promise.all([0, 1, 2, 3].map(startNode))
+    await eventually(async () =>
+      (await nodesList()).filter((node) => node.state === "ready").length === 4 ? true : undefined
+    )
+  }, 60_000)
+
+  afterAll(async () => {
+    await controlPlane?.stop()
+    await machines?.close()
+    if (controlPlane !== undefined) await removeStateDir(controlPlane.stateDir)
+    await Promise.all(dirs.map((dir) => (dir === undefined ? undefined : rm(dir, { recursive: true, force: true }))))
+  })
+
+  it("lists every node at its own address; color_chat's encoder and LLM run on different nodes and answer", async () => {
+    expect((await nodesList()).map((node) => [node.name, node.address])).toEqual(
+      [0, 1, 2, 3].map((index) => [`n${index}`, machines.nodeHost(index)])
+    )
+    const registered = await runCli(["app", "register", join(repoRoot, "examples", "color_chat.ts")], {
+      CORNSERVE_GATEWAY_URL: controlPlane.url,
+      CORNSERVE_ADMIN_TOKEN: adminToken
+    })
+    expect(registered.code, registered.stderr + nodes.map((node) => node.output()).join("\n")).toBe(0)
+    const encoder = (await taskNamed("encoder-image"))!
+    const llm = (await taskNamed("llm"))!
+    const encoderNode = encoder.executors[0]!.node
+    const llmNode = llm.executors[0]!.node
+    expect(encoderNode).not.toBe(llmNode)
+    expect(llm.devices).toEqual([`${llmNode}/cpu:0`])
+    // The LLM answers from the image's features: they crossed from one node's sidecar to the other's over TCP.
+    expect(await ask()).toBe("red")
+    expect(await nodeCounter(encoderNode, "cornserve_sidecar_bytes_sent_to_peers_total")).toBeGreaterThan(0)
+    expect(await nodeCounter(llmNode, "cornserve_sidecar_chunks_received_from_peers_total")).toBeGreaterThan(0)
+    expect(await nodeCounter(llmNode, "cornserve_sidecar_bytes_sent_to_peers_total")).toBe(0)
+    const listed = await runCli(["tasks", "list"], { CORNSERVE_GATEWAY_URL: controlPlane.url })
+    expect(listed.stdout).toContain(`(${llmNode})`)
+    const nodesCli = await runCli(["nodes", "list"], { CORNSERVE_GATEWAY_URL: controlPlane.url })
+    expect(nodesCli.stdout).toMatch(new RegExp(`${llmNode}\\s+data-plane\\s+\\S+\\s+ready\\s+cpu:0 \\(${llm.id}\\)`))
+  }, 120_000)
+
+  it.skipIf(!useNamespaces)(
+    "a node cut off is lost within 5 s; its task is redeployed on the spare node and requests succeed again",
+    async () => {
       const llm = (await taskNamed("llm"))!
       const lostNode = llm.executors[0]!.node
       const lostIndex = Number(lostNode.slice(1))
       const busy = new Set((await tasks()).flatMap((task) => task.executors.map((executor) => executor.node)))
       const spare = ["n0", "n1", "n2", "n3"].find((name) => !busy.has(name))!
-      await network.cut(lostIndex)
+      await machines.cut(lostIndex)
       // Sent before the control plane knows: they go to the cut node, wait, and are retried elsewhere.
       const inFlight = Promise.all([ask(), ask(), ask()])
       await eventually(async () => ((await nodeState(lostNode)) === "lost" ? true : undefined), 15_000)
@@ -212,7 +291,7 @@ describe.skipIf(!netnsAvailable())(
       expect(await ask()).toBe("red")
 
       // Back on the network it rejoins under its name; what it ran is no longer held, and it stops it.
-      await network.restore(lostIndex)
+      await machines.restore(lostIndex)
       await eventually(async () => ((await nodeState(lostNode)) === "ready" ? true : undefined), 30_000)
       const node = nodes.find((entry) => entry.name === lostNode)!
       await eventually(async () => (/stopping executor .*\(task llm-/.test(node.output()) ? true : undefined), 30_000)
@@ -220,19 +299,50 @@ describe.skipIf(!netnsAvailable())(
         { id: "cpu:0", type: "cpu", task: null }
       ])
       expect(await ask()).toBe("red")
-    }, 150_000)
+    },
+    150_000
+  )
 
-    it("a control plane killed and started again takes the running executors back, and color_chat comes back", async () => {
-      const before = (await tasks()).map((task) => [task.id, task.executors.map((executor) => executor.url)])
-      await controlPlane.kill()
-      controlPlane = await startControlPlane(controlPlane.stateDir)
-      await eventually(async () => ((await ask()) === "red" ? true : undefined), 90_000)
-      const after = (await tasks()).map((task) => [task.id, task.executors.map((executor) => executor.url)])
-      expect(after.sort()).toEqual(before.sort())
-      expect((controlPlane.output().match(/kept executor \S+: it already ran there/g) ?? []).length).toBe(before.length)
-      // No node restarted an executor: each says it kept the one it had.
-      const keeping = nodes.map((node) => (node.output().match(/keeping executor/g) ?? []).length)
-      expect(keeping.reduce((sum, count) => sum + count, 0)).toBe(before.length)
-    }, 150_000)
-  }
-)
+  it("a node killed with SIGKILL under a load of 20 requests loses none that could be retried; started again, it is ready", async () => {
+    const llm = (await taskNamed("llm"))!
+    const victimName = llm.executors[0]!.node
+    const victimIndex = Number(victimName.slice(1))
+    const victim = nodes.find((node) => node.name === victimName)!
+    const load = Array.from({ length: 20 }, () => invoke(controlPlane.url, "color_chat", chatRequest).then(outcomeOf))
+    await new Promise((resolve) => setTimeout(resolve, 150))
+    victim.process.kill("SIGKILL")
+    const outcomes = await Promise.all(load)
+    // A request whose stream had begun cannot be run again; every other one is answered in full.
+    const failedBeforeAnswering = outcomes.filter((outcome) => "status" in outcome)
+    expect(failedBeforeAnswering).toEqual([])
+    for (const outcome of outcomes) if ("text" in outcome) expect(outcome.text).toBe("red")
+    expect(outcomes.filter((outcome) => "text" in outcome).length).toBeGreaterThan(0)
+
+    await eventually(async () => ((await nodeState(victimName)) === "lost" ? true : undefined), 15_000)
+    const nodesCli = await runCli(["nodes", "list"], { CORNSERVE_GATEWAY_URL: controlPlane.url })
+    expect(nodesCli.stdout).toMatch(new RegExp(`${victimName}\\s+data-plane\\s+\\S+\\s+lost`))
+    const moved = await eventually(async () => {
+      const task = await taskNamed("llm")
+      return task?.executors.some((executor) => executor.node !== victimName && executor.healthy) ? task : undefined
+    }, 60_000)
+    expect(moved.executors.map((executor) => executor.node)).not.toContain(victimName)
+    expect(await ask()).toBe("red")
+
+    await startNode(victimIndex)
+    await eventually(async () => ((await nodeState(victimName)) === "ready" ? true : undefined), 30_000)
+    expect(controlPlane.output()).toMatch(new RegExp(`node ${victimName} rejoined`))
+  }, 150_000)
+
+  it("a control plane killed and started again takes the running executors back, and color_chat comes back", async () => {
+    const before = (await tasks()).map((task) => [task.id, task.executors.map((executor) => executor.url)])
+    await controlPlane.kill()
+    controlPlane = await startControlPlane(controlPlane.stateDir)
+    await eventually(async () => ((await ask()) === "red" ? true : undefined), 90_000)
+    const after = (await tasks()).map((task) => [task.id, task.executors.map((executor) => executor.url)])
+    expect(after.sort()).toEqual(before.sort())
+    expect((controlPlane.output().match(/kept executor \S+: it already ran there/g) ?? []).length).toBe(before.length)
+    // No node restarted an executor: each says it kept the one it had.
+    const keeping = nodes.map((node) => (node.output().match(/keeping executor/g) ?? []).length)
+    expect(keeping.reduce((sum, count) => sum + count, 0)).toBe(before.length)
+  }, 150_000)
+})
