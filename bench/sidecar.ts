@@ -21,15 +21,14 @@
  * Prints a table, then (as the last line) one JSON object with the figures.
  * Env: BENCH_SAMPLES (same-node samples per size, default 40), BENCH_ROUNDS (cross-node, default 3).
  */
-import { type ChildProcess, fork } from "node:child_process"
 import { mkdtempSync, rmSync } from "node:fs"
 import { availableParallelism, tmpdir } from "node:os"
 import { join } from "node:path"
-import { bundleScript } from "../test/support/bundle.js"
 import { arenaFilePrefix } from "../src/sidecar/Arena.js"
 import { SidecarClient } from "../src/sidecar/SidecarClient.js"
 import { type RunningSidecar, startSidecar } from "../src/sidecar/SidecarProcess.js"
 import { Tensor } from "../src/sidecar/Tensor.js"
+import { bundlePeer, children, forkPeer, handOff, now, type Peer, rawTcpNs, type TcpRead } from "./support/peers.js"
 
 const MiB = 1024 * 1024
 const SAMPLES = envCount("BENCH_SAMPLES", 40)
@@ -44,7 +43,6 @@ const CROSS_CHUNK_BYTES = 64 * MiB
 const CROSS_WINDOW = 3
 const ARENA_BYTES = 512 * MiB
 const TARGET = { sameNodeRatio: 0.5, crossNodeRatio: 0.8 } as const
-const PEER_SOURCE = "bench/support/sidecar-peer.ts"
 
 function envCount(name: string, fallback: number): number {
   const raw = process.env[name]
@@ -66,58 +64,7 @@ function percentile(sorted: ReadonlyArray<number>, p: number): number {
   return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(p * sorted.length) - 1))]!
 }
 
-/** Nanoseconds on the monotonic clock, which every process on the machine shares. */
-const now = () => process.hrtime.bigint()
 const gbPerSecond = (bytes: number, ns: number) => bytes / ns
-
-// ---------------------------------------------------------------------------------------------
-// Processes
-
-const children = new Set<ChildProcess>()
-
-/** A support/sidecar-peer.ts process in `role`, and its stream of IPC messages. */
-async function forkPeer(script: string, role: string, ...args: Array<string>) {
-  const child = fork(script, [role, ...args], { stdio: ["ignore", "inherit", "inherit", "ipc"] })
-  children.add(child)
-  child.once("exit", () => children.delete(child))
-  const inbox: Array<Record<string, unknown>> = []
-  const waiting: Array<{ resolve: (message: Record<string, unknown>) => void; reject: (error: Error) => void }> = []
-  child.on("message", (message: Record<string, unknown>) => {
-    const next = waiting.shift()
-    if (next === undefined) inbox.push(message)
-    else next.resolve(message)
-  })
-  child.once("exit", (code) => {
-    for (const next of waiting.splice(0)) next.reject(new Error(`${role} exited (${code})`))
-  })
-  /** The next message from the child. */
-  const receive = () =>
-    new Promise<Record<string, unknown>>((resolve, reject) => {
-      const queued = inbox.shift()
-      if (queued !== undefined) resolve(queued)
-      else waiting.push({ resolve, reject })
-    })
-  return { child, send: (message: unknown) => child.send(message as object), receive, first: await receive() }
-}
-
-function bundlePeer(): Promise<string> {
-  return bundleScript(PEER_SOURCE, `bench/.out/sidecar-peer-${process.pid}.mjs`)
-}
-
-// ---------------------------------------------------------------------------------------------
-// Measurements
-
-type Peer = Awaited<ReturnType<typeof forkPeer>>
-
-/** One hand-off to the receiving process: ns from `send` until it holds the view. */
-async function handOff(sender: SidecarClient, receiver: Peer, to: string, id: string, data: Tensor): Promise<number> {
-  receiver.send({ id, chunks: 1 })
-  await receiver.receive()
-  const started = now()
-  await sender.send(id, data, { to: [to] })
-  const { doneAt } = await receiver.receive()
-  return Number(BigInt(doneAt as string) - started)
-}
 
 interface SameNodeResult {
   readonly bytes: number
@@ -198,16 +145,10 @@ async function crossNode(
   return gbPerSecond(CROSS_CHUNKS * CROSS_CHUNK_BYTES, Number(BigInt(doneAt as string) - started))
 }
 
-type TcpRead = "data" | "onread"
-
 /** The same bytes over one TCP connection between two Node processes, read one of two ways. */
 async function rawTcp(source: Peer, sink: Peer, mode: TcpRead): Promise<number> {
   const bytes = CROSS_CHUNKS * CROSS_CHUNK_BYTES
-  const started = now()
-  sink.send({ port: source.first.port, mode })
-  const { doneAt, bytes: received } = await sink.receive()
-  if (received !== bytes) throw new Error(`raw TCP moved ${received} bytes, not ${bytes}`)
-  return gbPerSecond(bytes, Number(BigInt(doneAt as string) - started))
+  return gbPerSecond(bytes, await rawTcpNs(source, sink, mode, bytes))
 }
 
 // ---------------------------------------------------------------------------------------------
