@@ -35,6 +35,7 @@ import {
   runCli,
   startPlatform
 } from "../test/support/platform.js"
+import { chatRequest } from "../test/support/colorChatRequest.js"
 import { bundlePeer, children, forkPeer, handOff, rawTcpNs } from "./support/peers.js"
 
 const MiB = 1024 * 1024
@@ -44,21 +45,6 @@ const SAMPLES = Number(process.env.BENCH_SAMPLES ?? 30)
 const WARMUP_REQUESTS = 20
 const HOP_BYTES = 7 * MiB
 const token = "bench-cluster-token"
-/** color_chat's own example request: a one-pixel red PNG. */
-const redPixel =
-  "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
-const chatRequest = JSON.stringify({
-  messages: [
-    {
-      role: "user",
-      content: [
-        { type: "text", text: "What colour is this?" },
-        { type: "image_url", image_url: { url: redPixel } }
-      ]
-    }
-  ],
-  max_tokens: 8
-})
 
 const round = (value: number, digits = 2) => Number(value.toFixed(digits))
 const percentile = (values: ReadonlyArray<number>, p: number) => {

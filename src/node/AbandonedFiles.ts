@@ -15,7 +15,8 @@ export const runDirPrefix = "cornserve-node-"
 
 const sharedMemoryDir = "/dev/shm"
 
-const isRunning = (pid: number) => {
+/** Whether a process with this pid runs (one of another user's counts). */
+export const isRunning = (pid: number) => {
   try {
     process.kill(pid, 0)
     return true

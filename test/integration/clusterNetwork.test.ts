@@ -4,7 +4,7 @@ import { createServer } from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { chatRequest } from "../support/colorChat.js"
+import { chatRequest, streamedText } from "../support/colorChatRequest.js"
 import { makeNetwork, netnsAvailable, type VirtualNetwork } from "../support/netns.js"
 import {
   binPath,
@@ -64,15 +64,6 @@ const freePort = (host: string) =>
       server.close(() => resolve(typeof address === "object" && address !== null ? address.port : 0))
     })
   })
-
-/** The text of an NDJSON stream of chat-completion chunks. */
-const streamedText = async (response: Response) =>
-  (await response.text())
-    .trim()
-    .split("\n")
-    .map((line) => JSON.parse(line) as { choices: Array<{ delta: { content?: string } }> })
-    .map((chunk) => chunk.choices[0]?.delta.content ?? "")
-    .join("")
 
 /** Where the nodes run: network namespaces with their own addresses, or this machine's loopback. */
 interface Machines {

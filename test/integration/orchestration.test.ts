@@ -4,6 +4,7 @@ import { join } from "node:path"
 import OpenAI from "openai"
 import sharp from "sharp"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { streamedText } from "../support/colorChatRequest.js"
 import { descendants } from "../support/executors.js"
 import {
   eventually,
@@ -38,15 +39,6 @@ const chatRequest = (imageUrl: string, extra: Record<string, unknown> = {}) => (
   max_tokens: 8,
   ...extra
 })
-
-/** The text of an NDJSON stream of chat-completion chunks. */
-const streamedText = async (response: Response) =>
-  (await response.text())
-    .trim()
-    .split("\n")
-    .map((line) => JSON.parse(line) as { choices: Array<{ delta: { content?: string } }> })
-    .map((chunk) => chunk.choices[0]?.delta.content ?? "")
-    .join("")
 
 interface TaskRow {
   id: string

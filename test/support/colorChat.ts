@@ -4,21 +4,9 @@ import { join } from "node:path"
 import { expect } from "vitest"
 import { invoke, removeStateDir, repoRoot, runCli, type RunningPlatform, startPlatform } from "./platform.js"
 
-/** A one-pixel red PNG in a chat request for color_chat. */
-const redPixel =
-  "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
-export const chatRequest = JSON.stringify({
-  messages: [
-    {
-      role: "user",
-      content: [
-        { type: "text", text: "What colour is this?" },
-        { type: "image_url", image_url: { url: redPixel } }
-      ]
-    }
-  ],
-  max_tokens: 8
-})
+import { chatRequest } from "./colorChatRequest.js"
+
+export { chatRequest }
 
 export interface ColorChatPlatform {
   readonly platform: RunningPlatform

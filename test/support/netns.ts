@@ -1,4 +1,5 @@
 import { type ChildProcess, execFile, type SpawnOptions, spawn, spawnSync } from "node:child_process"
+import { isRunning } from "../../src/node/AbandonedFiles.js"
 
 /**
  * A small virtual network on this machine for multi-node tests: one Linux network namespace per
@@ -75,15 +76,6 @@ export const netnsAvailable = (): boolean => {
     spawnSync(ipCommand, ["netns", "add", probe], { stdio: "ignore" }).status === 0 &&
     spawnSync(ipCommand, ["netns", "del", probe], { stdio: "ignore" }).status === 0
   return available
-}
-
-const isRunning = (pid: number) => {
-  try {
-    process.kill(pid, 0)
-    return true
-  } catch (error) {
-    return (error as NodeJS.ErrnoException).code === "EPERM"
-  }
 }
 
 const ownedByGoneProcess = (name: string) => {
