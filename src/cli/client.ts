@@ -162,6 +162,20 @@ export const listTasks = (target: GatewayTarget) =>
     )
   })
 
+/** `tasks scale ID ±N`: N devices more (+) or fewer (-); prints where the task's executors run then. */
+export const scaleTask = (target: GatewayTarget, taskId: string, devices: number) =>
+  Effect.gen(function* () {
+    const response = yield* Effect.flatMap(request(target, "POST", "task/scale", { taskId, devices }), expectOk)
+    const { tasks } = JSON.parse(yield* readText(response)) as {
+      tasks: Array<{ id: string; devices: Array<string>; executors: Array<{ id: string; node: string }> }>
+    }
+    const task = tasks.find((entry) => entry.id === taskId)
+    if (task === undefined) return yield* write(`task ${taskId} is scaled\n`)
+    yield* write(
+      `task ${taskId} has ${task.executors.length} executor(s) on ${task.devices.join(", ") || "no device"}\n`
+    )
+  })
+
 export const listNodes = (target: GatewayTarget) =>
   Effect.gen(function* () {
     const response = yield* Effect.flatMap(request(target, "GET", "nodes/list"), expectOk)

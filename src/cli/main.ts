@@ -15,6 +15,7 @@ import {
   listApps,
   listNodes,
   listTasks,
+  scaleTask,
   registerApp,
   unregisterApp
 } from "./client.js"
@@ -314,6 +315,26 @@ const tasks = Command.make("tasks").pipe(
   Command.withSubcommands([
     Command.make("list", { gateway: gatewayOption }, ({ gateway }) => listTasks(target(gateway))).pipe(
       Command.withDescription("List deployed unit tasks, the apps that use them and their devices.")
+    ),
+    Command.make(
+      "scale",
+      {
+        taskId: Args.text({ name: "task-id" }).pipe(Args.withDescription("The task's id, as tasks list shows it.")),
+        devices: Args.text({ name: "devices" }).pipe(
+          Args.withDescription("Devices to add (+N) or take away (-N); a task keeps at least one executor."),
+          Args.mapEffect((text) =>
+            /^[+-]?[1-9]\d*$/.test(text)
+              ? Effect.succeed(Number(text))
+              : Effect.fail(HelpDoc.p(`"${text}" is not a change of devices such as +1 or -1`))
+          )
+        ),
+        gateway: gatewayOption
+      },
+      ({ taskId, devices, gateway }) => scaleTask(target(gateway), taskId, devices)
+    ).pipe(
+      Command.withDescription(
+        "Give a task more devices (new executors) or fewer (those executors drain first); kept across restarts."
+      )
     )
   ])
 )

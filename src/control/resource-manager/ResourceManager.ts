@@ -1,3 +1,4 @@
+import { makeScaleStore } from "./ScaleStore.js"
 import { Effect, Either, Runtime } from "effect"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
 import { ExecutorKinds } from "../../executors/ExecutorKinds.js"
@@ -46,6 +47,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
     const allocated = new Map<string, Holding>()
     const users = new Map<string, Set<string>>()
     const lock = yield* Effect.makeSemaphore(1)
+    const scales = yield* makeScaleStore(config.stateDir)
     /** Tasks told to be short of executors, so that the same shortfall is logged once. */
     const toldShort = new Map<string, string>()
 
@@ -191,15 +193,28 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
               yield* onProgress(`task ${spec.name} (${spec.id}) is already deployed; sharing it`)
           }
           const ids = specs.map((spec) => spec.id)
-          // Where every new task goes is decided at once, so that an app's tasks land together.
-          const placed = yield* placeExecutors(
+          // Where every new task goes is decided at once, so that an app's tasks land together; a
+          // task scaled before a restart gets its executors back when they fit, else one.
+          const requestsAt = (executorsOf: (spec: UnitTaskSpec) => number) =>
             fresh.map((spec) => ({
               task: spec.id,
-              executors: 1,
+              executors: executorsOf(spec),
               devicesPerExecutor: perExecutorOf(spec),
               related: relatedTo(spec.id, ids),
               preferred: preferredFor(spec.id)
             }))
+          const scaled = fresh.filter((spec) => scales.executorsOf(spec.id) > 1)
+          const placed = yield* placeExecutors(requestsAt((spec) => scales.executorsOf(spec.id))).pipe(
+            Effect.catchTag("DevicesExhausted", (error) =>
+              scaled.length === 0
+                ? Effect.fail(error)
+                : Effect.zipRight(
+                    Effect.logWarning(
+                      `task(s) ${scaled.map((spec) => `${spec.id} (${scales.executorsOf(spec.id)} executors)`).join(", ")} do not fit at the scale they had (${error.message}): starting one executor each`
+                    ),
+                    placeExecutors(requestsAt(() => 1))
+                  )
+            )
           )
           yield* logPlacement(placed)
           // The new tasks start side by side; if one fails, every one that started is torn down.
@@ -245,7 +260,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
               if (set !== undefined && set.size > 0) return Effect.void
               users.delete(spec.id)
               toldShort.delete(spec.id)
-              return teardown(spec.id)
+              return Effect.zipRight(teardown(spec.id), scales.forget(spec.id))
             }),
           { discard: true }
         )
@@ -287,6 +302,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
             const freed = yield* taskManagers.shrink(taskId, executors)
             freeHoldings(freed)
           }
+          yield* scales.set(taskId, task.wanted)
         })
       )
 

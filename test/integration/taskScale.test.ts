@@ -1,0 +1,131 @@
+import { mkdtemp, readFile, rm } from "node:fs/promises"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { chatRequest, streamedText } from "../support/colorChatRequest.js"
+import {
+  appState,
+  eventually,
+  invoke,
+  makeStateDir,
+  removeStateDir,
+  repoRoot,
+  type RunningPlatform,
+  runCli,
+  startPlatform
+} from "../support/platform.js"
+
+/**
+ * `cornserve tasks scale ID ±N` on the real binary: a task grows and shrinks, its scale is kept in
+ * the state dir and comes back after a restart (or one executor, said so, when the devices are no
+ * longer there), and bad input is told.
+ */
+
+interface TaskRow {
+  readonly id: string
+  readonly name: string
+  readonly state: string
+  readonly devices: ReadonlyArray<string>
+  readonly executors: ReadonlyArray<{ readonly healthy: boolean }>
+}
+
+describe("cornserve tasks scale: by hand, and kept across restarts", () => {
+  let platform: RunningPlatform
+  let stateDir: string
+  let modelDir: string
+  /** Set once color_chat is registered: later starts wait for it to come back. */
+  let encoderId = ""
+
+  /** The platform on `devices`, once color_chat (registered, or brought back) is ready. */
+  const start = async (devices: string) => {
+    const started = await startPlatform({
+      args: ["--devices", devices],
+      env: { CORNSERVE_MODEL_DIR: modelDir },
+      stateDir
+    })
+    if (encoderId !== "")
+      await eventually(async () => ((await appState(started.url, "color_chat")) === "ready" ? true : undefined))
+    return started
+  }
+  const cli = (args: ReadonlyArray<string>) => runCli(args, { CORNSERVE_GATEWAY_URL: platform.url })
+  const encoder = async () =>
+    ((await (await fetch(`${platform.url}/tasks/list`)).json()) as { tasks: Array<TaskRow> }).tasks.find(
+      (task) => task.id === encoderId
+    )
+  const readyEncoder = () =>
+    eventually(async () => {
+      const task = await encoder()
+      return task?.state === "ready" && task.executors.every((executor) => executor.healthy) ? task : undefined
+    })
+  const storedScales = async () =>
+    JSON.parse(await readFile(join(stateDir, "task-scale.json"), "utf8")) as { tasks: Record<string, number> }
+
+  beforeAll(async () => {
+    stateDir = await makeStateDir()
+    modelDir = await mkdtemp(join(tmpdir(), "cornserve-models-"))
+    platform = await start("cpu:0,cpu:1,cpu:2,cpu:3")
+    const registered = await cli(["app", "register", join(repoRoot, "examples", "color_chat.ts")])
+    expect(registered.code, registered.stderr).toBe(0)
+    const listed = ((await (await fetch(`${platform.url}/tasks/list`)).json()) as { tasks: Array<TaskRow> }).tasks
+    encoderId = listed.find((task) => task.name.startsWith("encoder-image"))!.id
+  })
+
+  afterAll(async () => {
+    await platform?.stop()
+    await removeStateDir(stateDir)
+    await rm(modelDir, { recursive: true, force: true })
+  })
+
+  it("adds a device to a task and says where its executors run; the scale is written to the state dir", async () => {
+    const scaled = await cli(["tasks", "scale", encoderId, "+1"])
+    expect(scaled.code, scaled.stderr).toBe(0)
+    expect(scaled.stdout).toMatch(new RegExp(`^task ${encoderId} has 2 executor\\(s\\) on cpu:\\d, cpu:\\d\\n$`))
+    expect((await readyEncoder()).executors).toHaveLength(2)
+    expect((await storedScales()).tasks).toEqual({ [encoderId]: 2 })
+  })
+
+  it("brings the task back at its scale after a restart", async () => {
+    expect(await platform.stop()).toBe(0)
+    platform = await start("cpu:0,cpu:1,cpu:2,cpu:3")
+    expect((await readyEncoder()).executors).toHaveLength(2)
+    expect(await streamedText(await invoke(platform.url, "color_chat", chatRequest))).toBe("red")
+  })
+
+  it("starts one executor, and says so, when the scale no longer fits the devices", async () => {
+    expect(await platform.stop()).toBe(0)
+    platform = await start("cpu:0,cpu:1,cpu:2")
+    expect((await readyEncoder()).executors).toHaveLength(1)
+    expect(platform.output()).toMatch(
+      new RegExp(
+        `task\\(s\\) ${encoderId} \\(2 executors\\) do not fit at the scale they had .*: starting one executor each`
+      )
+    )
+    expect(await streamedText(await invoke(platform.url, "color_chat", chatRequest))).toBe("red")
+  })
+
+  it("takes a device away, and forgets the scale once the task is back at one executor", async () => {
+    expect(await platform.stop()).toBe(0)
+    platform = await start("cpu:0,cpu:1,cpu:2,cpu:3")
+    expect((await readyEncoder()).executors).toHaveLength(2)
+    const scaled = await cli(["tasks", "scale", encoderId, "-1"])
+    expect(scaled.code, scaled.stderr).toBe(0)
+    expect(scaled.stdout).toMatch(/has 1 executor\(s\) on cpu:\d\n$/)
+    expect((await storedScales()).tasks).toEqual({})
+  })
+
+  it("bad input: an unknown task, the last executor, a change that is not a number", async () => {
+    const unknown = await cli(["tasks", "scale", "encoder-nonexistent", "+1"])
+    expect(unknown.code).not.toBe(0)
+    expect(unknown.stderr).toMatch(/encoder-nonexistent/)
+    const last = await cli(["tasks", "scale", encoderId, "-1"])
+    expect(last.code).not.toBe(0)
+    expect(last.stderr).toMatch(/keeps at least one/)
+    const word = await cli(["tasks", "scale", encoderId, "more"])
+    expect(word.code).toBe(2)
+    expect(word.stderr).toMatch(/"more" is not a change of devices such as \+1 or -1/)
+    const tooMany = await cli(["tasks", "scale", encoderId, "+9"])
+    expect(tooMany.code).not.toBe(0)
+    expect(tooMany.stderr).toMatch(/free: local 1 of 4/)
+    expect((await encoder())!.executors).toHaveLength(1)
+  })
+})
