@@ -2,6 +2,7 @@ import { readFile } from "node:fs/promises"
 import { basename, extname } from "node:path"
 import { Effect, Schema } from "effect"
 import { responseLines } from "../control/ResponseLines.js"
+import type { ProfileSummary } from "../control/task-manager/TaskProfile.js"
 
 /** A failed command: its message is printed as is and the process exits non-zero. */
 export class CliFailure extends Schema.TaggedError<CliFailure>()("CliFailure", { message: Schema.String }) {}
@@ -173,6 +174,46 @@ export const scaleTask = (target: GatewayTarget, taskId: string, devices: number
     if (task === undefined) return yield* write(`task ${taskId} is scaled\n`)
     yield* write(
       `task ${taskId} has ${task.executors.length} executor(s) on ${task.devices.join(", ") || "no device"}\n`
+    )
+  })
+
+/** `tasks profile ID`: the task's throughput–latency curve per executor count, its rate and queues. */
+export const showTaskProfile = (target: GatewayTarget, taskId: string, json: boolean) =>
+  Effect.gen(function* () {
+    const response = yield* Effect.flatMap(
+      request(target, "GET", `tasks/${encodeURIComponent(taskId)}/profile`),
+      expectOk
+    )
+    const text = yield* readText(response)
+    if (json) return yield* write(`${text}\n`)
+    const profile = JSON.parse(text) as ProfileSummary & {
+      taskId: string
+      name: string
+      kind: string
+      executors: number
+    }
+    const { recent, queueDepth } = profile
+    yield* write(
+      `task ${profile.taskId} (${profile.name}, ${profile.kind}): ${profile.executors} executor(s); ` +
+        `${profile.calls} call(s), ${profile.failed} failed\n` +
+        `last ${recent.windowSeconds} s: ${recent.callsPerSecond} calls/s, p50 ${recent.p50Ms ?? "-"} ms, ` +
+        `p99 ${recent.p99Ms ?? "-"} ms; in the executors: mean ${queueDepth.mean}, max ${queueDepth.max} call(s)\n`
+    )
+    const points = profile.curves.flatMap((curve) => curve.points.map((point) => [curve.executors, point] as const))
+    if (points.length === 0) return yield* write("no call measured yet\n")
+    yield* write(
+      table(
+        ["EXECUTORS", "LOAD", "CALLS", "P50 MS", "P95 MS", "P99 MS", "CALLS/S"],
+        points.map(([executors, point]) => [
+          String(executors),
+          point.levelFrom === point.levelTo ? String(point.levelTo) : `${point.levelFrom}-${point.levelTo}`,
+          String(point.calls),
+          String(point.p50Ms),
+          String(point.p95Ms),
+          String(point.p99Ms),
+          String(point.callsPerSecond)
+        ])
+      )
     )
   })
 

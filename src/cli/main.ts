@@ -16,6 +16,7 @@ import {
   listNodes,
   listTasks,
   scaleTask,
+  showTaskProfile,
   registerApp,
   unregisterApp
 } from "./client.js"
@@ -334,6 +335,19 @@ const tasks = Command.make("tasks").pipe(
     ).pipe(
       Command.withDescription(
         "Give a task more devices (new executors) or fewer (those executors drain first); kept across restarts."
+      )
+    ),
+    Command.make(
+      "profile",
+      {
+        taskId: Args.text({ name: "task-id" }).pipe(Args.withDescription("The task's id, as tasks list shows it.")),
+        json: Options.boolean("json").pipe(Options.withDescription("Print the profile as JSON.")),
+        gateway: gatewayOption
+      },
+      ({ taskId, json, gateway }) => showTaskProfile(target(gateway), taskId, json)
+    ).pipe(
+      Command.withDescription(
+        "What a task's calls have shown: latency by load level per executor count (the throughput–latency curve), calls/s, queue depth."
       )
     )
   ])

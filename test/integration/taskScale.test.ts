@@ -18,7 +18,8 @@ import {
 /**
  * `cornserve tasks scale ID ±N` on the real binary: a task grows and shrinks, its scale is kept in
  * the state dir and comes back after a restart (or one executor, said so, when the devices are no
- * longer there), and bad input is told.
+ * longer there), and bad input is told. `cornserve tasks profile ID` shows what the task's calls
+ * have measured.
  */
 
 interface TaskRow {
@@ -29,7 +30,7 @@ interface TaskRow {
   readonly executors: ReadonlyArray<{ readonly healthy: boolean }>
 }
 
-describe("cornserve tasks scale: by hand, and kept across restarts", () => {
+describe("cornserve tasks scale and profile: by hand, kept across restarts, measured from calls", () => {
   let platform: RunningPlatform
   let stateDir: string
   let modelDir: string
@@ -111,6 +112,44 @@ describe("cornserve tasks scale: by hand, and kept across restarts", () => {
     expect(scaled.code, scaled.stderr).toBe(0)
     expect(scaled.stdout).toMatch(/has 1 executor\(s\) on cpu:\d\n$/)
     expect((await storedScales()).tasks).toEqual({})
+  })
+
+  it("profiles a task from its calls: the curve per executor count, the recent rate, over HTTP and the CLI", async () => {
+    const llm = ((await (await fetch(`${platform.url}/tasks/list`)).json()) as { tasks: Array<TaskRow> }).tasks.find(
+      (task) => task.name.startsWith("llm")
+    )!
+    for (let round = 0; round < 5; round++) {
+      const answers = await Promise.all(
+        Array.from({ length: 4 }, () => invoke(platform.url, "color_chat", chatRequest).then(streamedText))
+      )
+      expect(answers).toEqual(["red", "red", "red", "red"])
+    }
+    const profile = (await (await fetch(`${platform.url}/tasks/${llm.id}/profile`)).json()) as {
+      calls: number
+      failed: number
+      recent: { calls: number; callsPerSecond: number }
+      curves: Array<{ executors: number; points: Array<{ levelTo: number; calls: number; p50Ms: number }> }>
+    }
+    expect(profile.calls).toBeGreaterThanOrEqual(20)
+    expect(profile.failed).toBe(0)
+    expect(profile.recent.calls).toBeGreaterThanOrEqual(20)
+    expect(profile.recent.callsPerSecond).toBeGreaterThan(0)
+    expect(profile.curves.map((curve) => curve.executors)).toEqual([1])
+    const points = profile.curves[0]!.points
+    expect(points.reduce((sum, point) => sum + point.calls, 0)).toBe(profile.calls)
+    for (const point of points) expect(point.p50Ms).toBeGreaterThan(0)
+
+    const shown = await cli(["tasks", "profile", llm.id])
+    expect(shown.code, shown.stderr).toBe(0)
+    expect(shown.stdout).toMatch(
+      new RegExp(`^task ${llm.id} \\(llm-tiny-color-vlm, llm\\): 1 executor\\(s\\); \\d+ call\\(s\\), 0 failed`)
+    )
+    expect(shown.stdout).toMatch(/EXECUTORS\s+LOAD\s+CALLS\s+P50 MS\s+P95 MS\s+P99 MS\s+CALLS\/S\n1\s+/)
+    const json = await cli(["tasks", "profile", llm.id, "--json"])
+    expect(JSON.parse(json.stdout)).toMatchObject({ taskId: llm.id, executors: 1 })
+    const unknown = await cli(["tasks", "profile", "llm-nonexistent"])
+    expect(unknown.code).not.toBe(0)
+    expect(unknown.stderr).toMatch(/no task "llm-nonexistent" is deployed/)
   })
 
   it("bad input: an unknown task, the last executor, a change that is not a number", async () => {

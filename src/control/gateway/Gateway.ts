@@ -224,6 +224,12 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
         "/nodes/list",
         Effect.sync(() => HttpServerResponse.unsafeJson({ nodes: resources.nodes() }))
       ),
+      HttpRouter.get(
+        "/tasks/:id/profile",
+        Effect.flatMap(param("id"), (taskId) =>
+          Effect.map(resources.profile(taskId), (profile) => HttpServerResponse.unsafeJson(profile))
+        )
+      ),
       HttpRouter.post("/task/scale", scale),
       HttpRouter.get("/health", health),
       HttpRouter.get("/metrics", metrics)

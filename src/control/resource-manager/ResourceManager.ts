@@ -409,7 +409,21 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
       }))
     }
 
-    return { acquire, release, scale, tasks, devices, nodes }
+    /** What a task's calls have shown: its throughput–latency curve per executor count, rate, queues. */
+    const profile = (taskId: string) =>
+      Effect.suspend(() => {
+        const task = taskManagers.get(taskId)
+        if (task === undefined) return Effect.fail(new TaskNotFound({ taskId }))
+        return Effect.succeed({
+          taskId,
+          name: task.spec.name,
+          kind: task.spec.kind,
+          executors: task.executors().length,
+          ...task.profile()
+        })
+      })
+
+    return { acquire, release, scale, tasks, devices, nodes, profile }
   }),
   dependencies: [TaskManagers.Default, ExecutorKinds.Default, NodeRegistry.Default]
 }) {}

@@ -6,6 +6,7 @@ import type { NodeHandle } from "../cluster/NodeHandle.js"
 import { type HealthReport, healthWatchPeriodMs } from "../../executors/common/Health.js"
 import type { Device } from "../../node/Devices.js"
 import { TaskUnavailable } from "../errors.js"
+import { type ProfileSummary, TaskProfile } from "./TaskProfile.js"
 
 export type TaskState = "deploying" | "ready" | "tearing-down"
 
@@ -54,6 +55,8 @@ export interface TaskManager {
    * TaskUnavailable when none comes back in time.
    */
   lease(options: { readonly exclude?: string; readonly signal?: AbortSignal }): Promise<ExecutorLease>
+  /** What its calls have shown so far: latency by load level per executor count, rate, queue depth. */
+  profile(): ProfileSummary
 }
 
 /** One request's hold on an executor. */
@@ -71,6 +74,7 @@ export interface ExecutorLease {
 class ManagedTask implements TaskManager {
   state: TaskState = "deploying"
   wanted = 0
+  readonly profileOf = new TaskProfile(Date.now())
   readonly members: Array<ManagedExecutor> = []
   private nextExecutor = 0
   private readonly waiters: Array<() => void> = []
@@ -80,6 +84,10 @@ class ManagedTask implements TaskManager {
     readonly kind: ExecutorKind,
     readonly scope: Scope.CloseableScope
   ) {}
+
+  profile(): ProfileSummary {
+    return this.profileOf.summary(Date.now())
+  }
 
   /** A fresh executor id of this task. */
   newExecutorId(): string {
@@ -164,6 +172,9 @@ class ManagedTask implements TaskManager {
       options.signal
     )
     member.outstanding++
+    const level = this.members.reduce((sum, each) => sum + each.outstanding, 0)
+    const executors = this.members.length
+    const started = performance.now()
     let released = false
     return {
       executorId: member.id,
@@ -173,6 +184,13 @@ class ManagedTask implements TaskManager {
       release: (outcome) => {
         if (released) return
         released = true
+        this.profileOf.record({
+          endedAt: Date.now(),
+          latencyMs: performance.now() - started,
+          level,
+          executors,
+          ok: outcome === "ok"
+        })
         if (outcome === "unavailable") member.healthy = false
         member.outstanding--
         if (member.outstanding === 0) for (const wake of member.idle.splice(0)) wake()
@@ -234,6 +252,8 @@ const watchHealth = (member: ManagedExecutor, task: ManagedTask) =>
           }
           listen()
           task.setHealth(member, report.status === "ready")
+          if (report.status === "ready" && typeof report.inFlight === "number")
+            task.profileOf.observeQueue(report.inFlight, Date.now())
           if (report.status === "unhealthy") member.executor.restart(report.reason ?? "it reported itself unhealthy")
         }
       })

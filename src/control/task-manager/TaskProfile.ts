@@ -1,0 +1,179 @@
+/**
+ * What a task manager learns of its executors online, call by call: how long calls take at each
+ * load level, per executor count (the throughput–latency curve a resource manager weighs devices
+ * by), how many calls come in, and how deep the executors' own queues run.
+ *
+ * A call's load level is the number of calls the task had in flight when it began, itself
+ * included. By Little's law a level L served at a mean latency W gives L / W calls per second: the
+ * curve's throughput. Levels are grouped by powers of two (1, 2, 3–4, 5–8, ...). Each group keeps
+ * its count and the latencies of its latest calls (bounded), so that the percentiles follow the
+ * task as it is now. Everything here is plain data and a clock passed in: no I/O, no timers.
+ */
+
+/** Latencies kept per (executor count, load group): enough for a p99, bounded in memory. */
+const latenciesKept = 512
+/** The window of the recent rate and of the queue depth. */
+export const recentWindowMs = 60_000
+
+export interface CallSample {
+  /** When the call ended, ms on the caller's clock. */
+  readonly endedAt: number
+  readonly latencyMs: number
+  /** Calls in flight in the task when it began, itself included. */
+  readonly level: number
+  /** Executors the task had when it began. */
+  readonly executors: number
+  readonly ok: boolean
+}
+
+export interface CurvePoint {
+  /** The load group: levels from `levelFrom` to `levelTo`. */
+  readonly levelFrom: number
+  readonly levelTo: number
+  /** The mean level of the calls measured in the group. */
+  readonly meanLevel: number
+  readonly calls: number
+  readonly p50Ms: number
+  readonly p95Ms: number
+  readonly p99Ms: number
+  readonly meanMs: number
+  /** meanLevel / mean latency: calls per second the task sustains at this load (Little's law). */
+  readonly callsPerSecond: number
+}
+
+export interface ProfileCurve {
+  readonly executors: number
+  readonly points: ReadonlyArray<CurvePoint>
+}
+
+export interface ProfileSummary {
+  readonly calls: number
+  readonly failed: number
+  readonly recent: {
+    readonly windowSeconds: number
+    readonly calls: number
+    readonly callsPerSecond: number
+    readonly p50Ms: number
+    readonly p99Ms: number
+  }
+  /** Calls waiting or running in the executors, as their health reports said, over the window. */
+  readonly queueDepth: { readonly mean: number; readonly max: number; readonly reports: number }
+  readonly curves: ReadonlyArray<ProfileCurve>
+}
+
+/** The load group of a level: 1, 2, then (2^(k-1), 2^k]. */
+export const levelGroup = (level: number): readonly [number, number] => {
+  if (level <= 1) return [1, 1]
+  const to = 2 ** Math.ceil(Math.log2(level))
+  return [to / 2 + 1, to]
+}
+
+/** Nearest-rank percentile of sorted values (NaN of none). */
+const percentile = (sorted: ReadonlyArray<number>, p: number) =>
+  sorted.length === 0 ? Number.NaN : sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(p * sorted.length) - 1))]!
+
+const round = (value: number, digits = 2) => (Number.isFinite(value) ? Number(value.toFixed(digits)) : value)
+
+interface Group {
+  calls: number
+  levelSum: number
+  /** The latest latencies, a ring of `latenciesKept`. */
+  readonly latencies: Array<number>
+  next: number
+}
+
+export class TaskProfile {
+  /** `startedAt`: when measuring began, on the clock `record` and `summary` are given. */
+  constructor(private readonly startedAt: number) {}
+
+  private calls = 0
+  private failed = 0
+  /** (executors, load group's upper level) → group. */
+  private readonly groups = new Map<string, Group>()
+  /** The calls of the recent window, oldest first: [endedAt, latencyMs]. */
+  private readonly recentCalls: Array<readonly [number, number]> = []
+  private readonly queueReports: Array<readonly [number, number]> = []
+
+  record(sample: CallSample): void {
+    this.calls++
+    this.trim(this.recentCalls, sample.endedAt)
+    if (!sample.ok) {
+      this.failed++
+      return
+    }
+    this.recentCalls.push([sample.endedAt, sample.latencyMs])
+    const [, to] = levelGroup(sample.level)
+    const key = `${sample.executors}/${to}`
+    const group = this.groups.get(key) ?? { calls: 0, levelSum: 0, latencies: [], next: 0 }
+    this.groups.set(key, group)
+    group.calls++
+    group.levelSum += sample.level
+    if (group.latencies.length < latenciesKept) group.latencies.push(sample.latencyMs)
+    else group.latencies[group.next] = sample.latencyMs
+    group.next = (group.next + 1) % latenciesKept
+  }
+
+  /** An executor's health report said `depth` calls were in it at `at`. */
+  observeQueue(depth: number, at: number): void {
+    this.trim(this.queueReports, at)
+    this.queueReports.push([at, depth])
+  }
+
+  summary(now: number): ProfileSummary {
+    this.trim(this.recentCalls, now)
+    this.trim(this.queueReports, now)
+    const recent = this.recentCalls.map(([, latency]) => latency).sort((a, b) => a - b)
+    const spanMs = Math.min(recentWindowMs, Math.max(1, now - this.startedAt))
+    const depths = this.queueReports.map(([, depth]) => depth)
+    const curves = new Map<number, Array<CurvePoint>>()
+    for (const [key, group] of this.groups) {
+      const [executors, to] = key.split("/").map(Number) as [number, number]
+      const [from] = levelGroup(to)
+      const sorted = [...group.latencies].sort((a, b) => a - b)
+      const meanMs = sorted.reduce((sum, value) => sum + value, 0) / sorted.length
+      const meanLevel = group.levelSum / group.calls
+      const points = curves.get(executors) ?? []
+      curves.set(executors, points)
+      points.push({
+        levelFrom: from,
+        levelTo: to,
+        meanLevel: round(meanLevel),
+        calls: group.calls,
+        p50Ms: round(percentile(sorted, 0.5)),
+        p95Ms: round(percentile(sorted, 0.95)),
+        p99Ms: round(percentile(sorted, 0.99)),
+        meanMs: round(meanMs),
+        callsPerSecond: round(meanLevel / (meanMs / 1000))
+      })
+    }
+    return {
+      calls: this.calls,
+      failed: this.failed,
+      recent: {
+        windowSeconds: recentWindowMs / 1000,
+        calls: recent.length,
+        callsPerSecond: round(recent.length === 0 ? 0 : recent.length / (spanMs / 1000)),
+        p50Ms: round(percentile(recent, 0.5)),
+        p99Ms: round(percentile(recent, 0.99))
+      },
+      queueDepth: {
+        mean: round(depths.length === 0 ? 0 : depths.reduce((sum, depth) => sum + depth, 0) / depths.length),
+        max: depths.length === 0 ? 0 : Math.max(...depths),
+        reports: depths.length
+      },
+      curves: [...curves]
+        .sort(([a], [b]) => a - b)
+        .map(([executors, points]) => ({
+          executors,
+          points: points.sort((a, b) => a.levelTo - b.levelTo)
+        }))
+    }
+  }
+
+  /** Drops entries older than the window. */
+  private trim(entries: Array<readonly [number, number]>, now: number) {
+    let stale = 0
+    while (stale < entries.length && entries[stale]![0] < now - recentWindowMs) stale++
+    if (stale > 0) entries.splice(0, stale)
+  }
+}
