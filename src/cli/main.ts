@@ -116,6 +116,12 @@ const serveCommand = Command.make(
       300,
       "Seconds an app may take to start answering a request (504 after)."
     ),
+    autoscale: Options.boolean("autoscale").pipe(
+      Options.withDescription(
+        "Move devices between tasks as their load changes: from tasks with slack to the bottleneck (see tasks profile)."
+      )
+    ),
+    autoscaleInterval: seconds("autoscale-interval", 5, "With --autoscale: seconds between two rebalancing rounds."),
     executorGrace: seconds(
       "executor-grace",
       30,
@@ -259,6 +265,7 @@ const serveCommand = Command.make(
         },
         shutdownGraceMs: Math.round(options.shutdownGrace * 1000),
         executorGraceMs: Math.round(options.executorGrace * 1000),
+        ...(options.autoscale ? { autoscaleIntervalMs: Math.round(options.autoscaleInterval * 1000) } : {}),
         unregisterGraceMs: Math.round(options.shutdownGrace * 1000)
       })
     })

@@ -46,6 +46,8 @@ export interface ServeOptions {
   readonly shutdownGraceMs: number
   /** data-plane: how long executors the control plane no longer holds keep running. */
   readonly executorGraceMs: number
+  /** control plane: how often the resource manager moves devices to the tasks that need them; off when absent. */
+  readonly autoscaleIntervalMs?: number
   readonly unregisterGraceMs: number
 }
 

@@ -140,6 +140,15 @@ describe("unit task identity", () => {
     expect(new LLMTask({ model, receiveEmbeddings: true }).id).not.toBe(new LLMTask({ model }).id)
   })
 
+  it("takes executor bounds for rebalancing as part of the config: bounded tasks are deployments of their own", () => {
+    const bounded = new LLMTask({ model, minExecutors: 1, maxExecutors: 4 })
+    expect(bounded.config).toMatchObject({ minExecutors: 1, maxExecutors: 4 })
+    expect(bounded.id).not.toBe(new LLMTask({ model }).id)
+    // Absent bounds leave the id as it was: tasks deployed before bounds existed keep theirs.
+    expect(new LLMTask({ model }).config).not.toHaveProperty("minExecutors")
+    expect(new EncoderTask({ model, modality: "image", maxExecutors: 2 }).config).toMatchObject({ maxExecutors: 2 })
+  })
+
   it("gives an LLMTask and an LLMEmbeddingTask with the same config the same id (one executor serves both)", () => {
     expect(new LLMEmbeddingTask({ model }).id).toBe(new LLMTask({ model }).id)
     expect(new LLMEmbeddingTask({ model, receiveEmbeddings: true }).id).toBe(
@@ -172,6 +181,15 @@ describe("unit task identity", () => {
       expect(error).toBeInstanceOf(TaskConfigError)
       expect(error.message).toContain('["temperature"]')
       expect(error.message).toContain("is unexpected")
+    })
+
+    it("a non-positive or fractional executor bound", () => {
+      const error = thrownBy(() => new LLMTask({ model, minExecutors: 0 }))
+      expect(error).toBeInstanceOf(TaskConfigError)
+      expect(error.message).toContain('["minExecutors"]')
+      expect(thrownBy(() => new EncoderTask({ model, modality: "image", maxExecutors: 1.5 })).message).toContain(
+        '["maxExecutors"]'
+      )
     })
 
     it("a non-positive batch size", () => {

@@ -1,13 +1,14 @@
 import { Schema } from "effect"
 import { DataForward } from "./DataForward.js"
-import { modelShortName, UnitTask } from "./Task.js"
+import { modelShortName, ScalingBounds, UnitTask } from "./Task.js"
 
 export const Modality = Schema.Literal("image", "video", "audio")
 
 export const EncoderConfig = Schema.Struct({
   model: Schema.NonEmptyTrimmedString,
   modality: Modality,
-  maxBatchSize: Schema.optionalWith(Schema.Int.pipe(Schema.positive()), { default: () => 1 })
+  maxBatchSize: Schema.optionalWith(Schema.Int.pipe(Schema.positive()), { default: () => 1 }),
+  ...ScalingBounds
 })
 export type EncoderConfig = typeof EncoderConfig.Encoded
 

@@ -1,11 +1,12 @@
 import { Schema } from "effect"
 import { DataForward } from "./DataForward.js"
-import { modelShortName, UnitTask } from "./Task.js"
+import { modelShortName, ScalingBounds, UnitTask } from "./Task.js"
 import { TaskStream } from "./TaskStream.js"
 
 export const GeneratorConfig = Schema.Struct({
   model: Schema.NonEmptyTrimmedString,
-  maxBatchSize: Schema.optionalWith(Schema.Int.pipe(Schema.positive()), { default: () => 1 })
+  maxBatchSize: Schema.optionalWith(Schema.Int.pipe(Schema.positive()), { default: () => 1 }),
+  ...ScalingBounds
 })
 export type GeneratorConfig = typeof GeneratorConfig.Encoded
 

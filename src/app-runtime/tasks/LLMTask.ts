@@ -2,7 +2,7 @@ import { Schema } from "effect"
 import { ModelDtype } from "../schemas/ModelDtype.js"
 import { type ChatCompletionChunk, ChatCompletionRequest } from "../schemas/OpenAI.js"
 import { DataForward } from "./DataForward.js"
-import { modelShortName, UnitTask } from "./Task.js"
+import { modelShortName, ScalingBounds, UnitTask } from "./Task.js"
 import { TaskStream } from "./TaskStream.js"
 
 export const LLMConfig = Schema.Struct({
@@ -10,7 +10,8 @@ export const LLMConfig = Schema.Struct({
   /** Which of the model's ONNX exports runs; by default fp32, or the closest there is. */
   dtype: Schema.optional(ModelDtype),
   /** Media arrives as embeddings from encoder tasks through the sidecar, not encoded in-process. */
-  receiveEmbeddings: Schema.optionalWith(Schema.Boolean, { default: () => false })
+  receiveEmbeddings: Schema.optionalWith(Schema.Boolean, { default: () => false }),
+  ...ScalingBounds
 })
 export type LLMConfig = typeof LLMConfig.Encoded
 

@@ -41,6 +41,16 @@ const canonicalJson = (value: unknown): string => {
 }
 
 /** The last path segment of a model id, made safe for names: "org/My_Model" → "my-model". */
+/**
+ * Bounds on a unit task's executors for rebalancing (`cornserve serve --autoscale`): it keeps at
+ * least `minExecutors` (default 1) and is never grown past `maxExecutors` (default: no bound).
+ * Part of the config: two tasks that differ in them are two deployments.
+ */
+export const ScalingBounds = {
+  minExecutors: Schema.optional(Schema.Int.pipe(Schema.positive())),
+  maxExecutors: Schema.optional(Schema.Int.pipe(Schema.positive()))
+}
+
 export const modelShortName = (model: string): string =>
   (
     model

@@ -202,7 +202,13 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
         Effect.orElseSucceed(() => undefined)
       )
       return HttpServerResponse.text(
-        renderMetrics({ apps: appManager.list(), inFlight, tasks: resources.tasks(), sidecar }),
+        renderMetrics({
+          apps: appManager.list(),
+          inFlight,
+          tasks: resources.tasks(),
+          sidecar,
+          rebalanceMoves: resources.rebalanceMoves()
+        }),
         {
           contentType: "text/plain; version=0.0.4"
         }

@@ -26,6 +26,8 @@ export const renderMetrics = (state: {
   readonly inFlight: number
   readonly tasks: ReadonlyArray<TaskSummary>
   readonly sidecar: SidecarStats | undefined
+  /** Devices moved by rebalancing (--autoscale), by kind: onto a free device, or taken from a task with slack. */
+  readonly rebalanceMoves?: ReadonlyMap<string, number>
 }): string => {
   const sections = [
     metric(
@@ -69,6 +71,16 @@ export const renderMetrics = (state: {
       )
     )
   ]
+  if (state.rebalanceMoves !== undefined) {
+    sections.push(
+      metric(
+        "cornserve_rebalance_moves_total",
+        "counter",
+        "Executors rebalancing gave to a bottleneck task: on a free device, or on one taken from a task with slack.",
+        ["free_device", "taken_from_slack"].map((kind) => [{ kind }, state.rebalanceMoves!.get(kind) ?? 0] as const)
+      )
+    )
+  }
   if (state.sidecar !== undefined) sections.push(...sidecarMetrics(state.sidecar))
   return `${sections.join("\n")}\n`
 }

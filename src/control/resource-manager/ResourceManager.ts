@@ -1,5 +1,4 @@
-import { makeScaleStore } from "./ScaleStore.js"
-import { Effect, Either, Runtime } from "effect"
+import { Duration, Effect, Either, Runtime, Schedule } from "effect"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
 import { ExecutorKinds } from "../../executors/ExecutorKinds.js"
 import type { Device } from "../../node/Devices.js"
@@ -7,7 +6,16 @@ import { NodeRegistry, type NodeSummary } from "../cluster/NodeRegistry.js"
 import { BadRequest, DeploymentFailed, DevicesExhausted, NoExecutorForKind, TaskNotFound } from "../errors.js"
 import { ServeConfig } from "../ServeConfig.js"
 import { type ExecutorSummary, TaskManagers } from "../task-manager/TaskManagers.js"
-import { type Holding, type PlacedExecutor, type PlacementNode, type PlacementRequest, place } from "./Placement.js"
+import {
+  freeDevices,
+  type Holding,
+  type PlacedExecutor,
+  type PlacementNode,
+  type PlacementRequest,
+  place
+} from "./Placement.js"
+import { decideMove, defaultRebalancePolicy, type Move, type RebalanceTask } from "./Rebalance.js"
+import { makeScaleStore } from "./ScaleStore.js"
 
 export interface TaskSummary {
   readonly id: string
@@ -266,45 +274,49 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         )
       )
 
+    /** When each task last grew or shrank: the rebalancing policy leaves it alone for a while. */
+    const changedAt = new Map<string, number>()
+
     /** Adds devices (new executors) to a task, or takes some away: those executors drain first. */
-    const scale = (taskId: string, deltaDevices: number) =>
-      lock.withPermits(1)(
-        Effect.gen(function* () {
-          const task = taskManagers.get(taskId)
-          if (task === undefined) return yield* new TaskNotFound({ taskId })
-          const perExecutor = perExecutorOf(task.spec)
-          if (deltaDevices > 0) {
-            const placed = yield* placeExecutors([
-              {
-                task: taskId,
-                executors: Math.ceil(deltaDevices / perExecutor),
-                devicesPerExecutor: perExecutor,
-                related: relatedTo(taskId)
-              }
-            ])
-            yield* logPlacement(placed)
-            yield* Effect.gen(function* () {
-              yield* prepareOn(task.spec, placed, () => Effect.void)
-              yield* taskManagers.grow(taskId, yield* groupsOf(placed))
-            }).pipe(
-              Effect.mapError(
-                (error) => new DeploymentFailed({ message: `task ${taskId} could not grow: ${error.message}` })
-              ),
-              Effect.onError(() => Effect.sync(() => freeHoldings(placed)))
-            )
-          } else {
-            const executors = Math.ceil(-deltaDevices / perExecutor)
-            if (executors >= task.executors().length) {
-              return yield* new BadRequest({
-                message: `task ${taskId} has ${task.executors().length} executor(s); it keeps at least one (unregister its apps to stop it)`
-              })
+    const scale = (taskId: string, deltaDevices: number) => lock.withPermits(1)(scaleNow(taskId, deltaDevices))
+
+    const scaleNow = (taskId: string, deltaDevices: number) =>
+      Effect.gen(function* () {
+        const task = taskManagers.get(taskId)
+        if (task === undefined) return yield* new TaskNotFound({ taskId })
+        const perExecutor = perExecutorOf(task.spec)
+        if (deltaDevices > 0) {
+          const placed = yield* placeExecutors([
+            {
+              task: taskId,
+              executors: Math.ceil(deltaDevices / perExecutor),
+              devicesPerExecutor: perExecutor,
+              related: relatedTo(taskId)
             }
-            const freed = yield* taskManagers.shrink(taskId, executors)
-            freeHoldings(freed)
+          ])
+          yield* logPlacement(placed)
+          yield* Effect.gen(function* () {
+            yield* prepareOn(task.spec, placed, () => Effect.void)
+            yield* taskManagers.grow(taskId, yield* groupsOf(placed))
+          }).pipe(
+            Effect.mapError(
+              (error) => new DeploymentFailed({ message: `task ${taskId} could not grow: ${error.message}` })
+            ),
+            Effect.onError(() => Effect.sync(() => freeHoldings(placed)))
+          )
+        } else {
+          const executors = Math.ceil(-deltaDevices / perExecutor)
+          if (executors >= task.executors().length) {
+            return yield* new BadRequest({
+              message: `task ${taskId} has ${task.executors().length} executor(s); it keeps at least one (unregister its apps to stop it)`
+            })
           }
-          yield* scales.set(taskId, task.wanted)
-        })
-      )
+          const freed = yield* taskManagers.shrink(taskId, executors)
+          freeHoldings(freed)
+        }
+        yield* scales.set(taskId, task.wanted)
+        changedAt.set(taskId, Date.now())
+      })
 
     /**
      * Gives every task short of executors (it lost some with a node) new ones where there is
@@ -369,6 +381,60 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         })
       )
 
+    // Rebalancing (--autoscale): each round reads every task's mean load since the last round and
+    // makes the one move the policy asks for, if any.
+    const moves = new Map<string, number>()
+    const lastArea = new Map<string, { readonly area: number; readonly at: number }>()
+    const rebalanceTasks = (): ReadonlyArray<RebalanceTask> => {
+      const now = performance.now()
+      return taskManagers
+        .list()
+        .filter((task) => task.state === "ready")
+        .map((task) => {
+          const area = task.loadArea()
+          const previous = lastArea.get(task.spec.id)
+          lastArea.set(task.spec.id, { area, at: now })
+          const bounds = task.spec.config as { readonly minExecutors?: unknown; readonly maxExecutors?: unknown }
+          return {
+            id: task.spec.id,
+            executors: task.executors().length,
+            devicesPerExecutor: perExecutorOf(task.spec),
+            minExecutors: typeof bounds?.minExecutors === "number" ? Math.max(1, bounds.minExecutors) : 1,
+            maxExecutors: typeof bounds?.maxExecutors === "number" ? bounds.maxExecutors : Number.POSITIVE_INFINITY,
+            meanLoad: previous === undefined || now <= previous.at ? 0 : (area - previous.area) / (now - previous.at),
+            changedAt: changedAt.get(task.spec.id)
+          }
+        })
+    }
+    const moveKind = (move: Move) => (move._tag === "Grow" ? "free_device" : "taken_from_slack")
+    const rebalance = Effect.gen(function* () {
+      const tasksNow = rebalanceTasks()
+      const free = [...freeDevices(placementNodes(), [...allocated.values()]).values()].reduce(
+        (sum, devices) => sum + devices.length,
+        0
+      )
+      // A task just changed waits three rounds: its new executor is measured before the next move.
+      const move = decideMove(
+        { now: Date.now(), tasks: tasksNow, freeDevices: free },
+        { ...defaultRebalancePolicy, cooldownMs: 3 * (config.autoscaleIntervalMs ?? 0) }
+      )
+      if (move === undefined) return
+      yield* Effect.logInfo(`rebalancing: ${move.reason}`)
+      const grow = move._tag === "Grow" ? move.task : move.to
+      if (move._tag === "Take") yield* scaleNow(move.from, -perExecutorOf(taskManagers.get(move.from)!.spec))
+      yield* scaleNow(grow, perExecutorOf(taskManagers.get(grow)!.spec))
+      moves.set(moveKind(move), (moves.get(moveKind(move)) ?? 0) + 1)
+    }).pipe(
+      Effect.catchAll((error) => Effect.logWarning(`rebalancing: the move failed: ${error.message}`)),
+      (round) => lock.withPermits(1)(round)
+    )
+    if (config.autoscaleIntervalMs !== undefined) {
+      yield* rebalance.pipe(
+        Effect.repeat(Schedule.spaced(Duration.millis(config.autoscaleIntervalMs))),
+        Effect.forkScoped
+      )
+    }
+
     const unsubscribe = registry.subscribe((event) => {
       const work = event._tag === "Gone" ? nodeGone(event.name, event.reason) : lock.withPermits(1)(reconcile)
       Runtime.runFork(runtime)(work)
@@ -423,7 +489,10 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         })
       })
 
-    return { acquire, release, scale, tasks, devices, nodes, profile }
+    /** Devices moved by rebalancing, by kind of move. */
+    const rebalanceMoves = (): ReadonlyMap<string, number> => new Map(moves)
+
+    return { acquire, release, scale, tasks, devices, nodes, profile, rebalanceMoves }
   }),
   dependencies: [TaskManagers.Default, ExecutorKinds.Default, NodeRegistry.Default]
 }) {}

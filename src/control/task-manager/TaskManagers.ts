@@ -57,6 +57,8 @@ export interface TaskManager {
   lease(options: { readonly exclude?: string; readonly signal?: AbortSignal }): Promise<ExecutorLease>
   /** What its calls have shown so far: latency by load level per executor count, rate, queue depth. */
   profile(): ProfileSummary
+  /** Calls in flight integrated over time since deployment (calls × ms): its mean load between two readings. */
+  loadArea(): number
 }
 
 /** One request's hold on an executor. */
@@ -75,6 +77,9 @@ class ManagedTask implements TaskManager {
   state: TaskState = "deploying"
   wanted = 0
   readonly profileOf = new TaskProfile(Date.now())
+  private area = 0
+  private inFlight = 0
+  private areaAt = performance.now()
   readonly members: Array<ManagedExecutor> = []
   private nextExecutor = 0
   private readonly waiters: Array<() => void> = []
@@ -87,6 +92,19 @@ class ManagedTask implements TaskManager {
 
   profile(): ProfileSummary {
     return this.profileOf.summary(Date.now())
+  }
+
+  loadArea(): number {
+    this.countLoad(0)
+    return this.area
+  }
+
+  /** Adds the load since the last change to the area, then changes the calls in flight by `delta`. */
+  private countLoad(delta: number) {
+    const now = performance.now()
+    this.area += this.inFlight * (now - this.areaAt)
+    this.areaAt = now
+    this.inFlight += delta
   }
 
   /** A fresh executor id of this task. */
@@ -172,6 +190,7 @@ class ManagedTask implements TaskManager {
       options.signal
     )
     member.outstanding++
+    this.countLoad(1)
     const level = this.members.reduce((sum, each) => sum + each.outstanding, 0)
     const executors = this.members.length
     const started = performance.now()
@@ -184,6 +203,7 @@ class ManagedTask implements TaskManager {
       release: (outcome) => {
         if (released) return
         released = true
+        this.countLoad(-1)
         this.profileOf.record({
           endedAt: Date.now(),
           latencyMs: performance.now() - started,

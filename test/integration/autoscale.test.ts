@@ -1,0 +1,109 @@
+import { mkdtemp, rm } from "node:fs/promises"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { chatRequest, streamedText } from "../support/colorChatRequest.js"
+import {
+  eventually,
+  invoke,
+  removeStateDir,
+  repoRoot,
+  type RunningPlatform,
+  runCli,
+  startPlatform
+} from "../support/platform.js"
+
+/**
+ * `cornserve serve --autoscale` on the real binary: under a steady load of color_chat requests the
+ * LLM task is the bottleneck; rebalancing gives it the free device first, then gives the
+ * bottleneck of that moment a device taken from a task with slack (the audio encoder, scaled to
+ * two executors and sent nothing), never below a task's one executor, and counts and logs each
+ * move with its reason. No request fails meanwhile.
+ */
+
+interface TaskRow {
+  readonly id: string
+  readonly name: string
+  readonly executors: ReadonlyArray<{ readonly healthy: boolean }>
+}
+
+describe("cornserve serve --autoscale: devices follow the load", () => {
+  let platform: RunningPlatform
+  let modelDir: string
+
+  const tasks = async () =>
+    ((await (await fetch(`${platform.url}/tasks/list`)).json()) as { tasks: Array<TaskRow> }).tasks
+  const named = async (prefix: string) => (await tasks()).find((task) => task.name.startsWith(prefix))!
+  const moves = async (kind: string) => {
+    const text = await (await fetch(`${platform.url}/metrics`)).text()
+    return Number(new RegExp(`^cornserve_rebalance_moves_total\\{kind="${kind}"\\} (\\d+)$`, "m").exec(text)?.[1])
+  }
+
+  beforeAll(async () => {
+    modelDir = await mkdtemp(join(tmpdir(), "cornserve-models-"))
+    platform = await startPlatform({
+      args: ["--devices", "cpu:0,cpu:1,cpu:2,cpu:3,cpu:4", "--autoscale", "--autoscale-interval", "1"],
+      env: { CORNSERVE_MODEL_DIR: modelDir }
+    })
+    const env = { CORNSERVE_GATEWAY_URL: platform.url }
+    const registered = await runCli(["app", "register", join(repoRoot, "examples", "color_chat.ts")], env)
+    expect(registered.code, registered.stderr).toBe(0)
+    const audio = await named("encoder-audio")
+    const scaled = await runCli(["tasks", "scale", audio.id, "+1"], env)
+    expect(scaled.code, scaled.stderr).toBe(0)
+  })
+
+  afterAll(async () => {
+    await platform?.stop()
+    if (platform !== undefined) await removeStateDir(platform.stateDir)
+    await rm(modelDir, { recursive: true, force: true })
+  })
+
+  it("grows the bottleneck on the free device, then on a device taken from a task with slack", async () => {
+    expect(await moves("free_device")).toBe(0)
+    const llm = await named("llm")
+    const audio = await named("encoder-audio")
+    expect(llm.executors).toHaveLength(1)
+    expect(audio.executors).toHaveLength(2)
+
+    let loading = true
+    const answers: Array<string> = []
+    const clients = Array.from({ length: 8 }, async () => {
+      while (loading) answers.push(await invoke(platform.url, "color_chat", chatRequest).then(streamedText))
+    })
+    try {
+      await eventually(async () => ((await moves("taken_from_slack")) >= 1 ? true : undefined), 60_000)
+    } finally {
+      loading = false
+      await Promise.all(clients)
+    }
+
+    expect(answers.length).toBeGreaterThan(0)
+    expect(new Set(answers)).toEqual(new Set(["red"]))
+    expect(await moves("free_device")).toBe(1)
+    // The LLM was the bottleneck first; the second move went to whichever task was then (on two
+    // cores, the image encoder as often as the LLM), on the audio encoder's second device.
+    const output = platform.output()
+    expect(output).toMatch(
+      new RegExp(
+        `rebalancing: ${llm.id} is a bottleneck: \\d+\\.\\d+ calls in flight per executor \\(above 2\\); a free device takes it`
+      )
+    )
+    const taken = new RegExp(
+      `rebalancing: (\\S+) is a bottleneck: \\d+\\.\\d+ calls in flight per executor \\(above 2\\); ${audio.id} has slack: 0\\.00 per executor \\(below 0\\.5\\)`
+    ).exec(output)
+    expect(taken).not.toBeNull()
+    const after = await tasks()
+    const executorsOf = (id: string) => after.find((task) => task.id === id)!.executors.length
+    expect(executorsOf(audio.id)).toBe(1)
+    expect(executorsOf(llm.id)).toBe(taken![1] === llm.id ? 3 : 2)
+    expect(executorsOf(taken![1]!)).toBeGreaterThanOrEqual(2)
+    expect(after.reduce((sum, task) => sum + task.executors.length, 0)).toBe(5)
+  }, 90_000)
+
+  it("leaves the devices where they are once the load is gone", async () => {
+    const before = (await tasks()).map((task) => [task.id, task.executors.length])
+    await new Promise((resolve) => setTimeout(resolve, 4_000))
+    expect((await tasks()).map((task) => [task.id, task.executors.length])).toEqual(before)
+  })
+})
