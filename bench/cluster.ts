@@ -18,7 +18,6 @@
  */
 import { type ChildProcess, spawn } from "node:child_process"
 import { mkdtempSync, rmSync } from "node:fs"
-import { createServer } from "node:net"
 import { availableParallelism, tmpdir } from "node:os"
 import { join } from "node:path"
 import { arenaFilePrefix } from "../src/sidecar/Arena.js"
@@ -26,8 +25,9 @@ import { SidecarClient } from "../src/sidecar/SidecarClient.js"
 import { type RunningSidecar, startSidecar } from "../src/sidecar/SidecarProcess.js"
 import { Tensor } from "../src/sidecar/Tensor.js"
 import {
-  binPath,
+  dataPlaneArgs,
   eventually,
+  freePort,
   invoke,
   removeStateDir,
   repoRoot,
@@ -35,7 +35,7 @@ import {
   runCli,
   startPlatform
 } from "../test/support/platform.js"
-import { chatRequest } from "../test/support/colorChatRequest.js"
+import { chatRequest, outcomeOf } from "../test/support/colorChatRequest.js"
 import { bundlePeer, children, forkPeer, handOff, rawTcpNs } from "./support/peers.js"
 
 const MiB = 1024 * 1024
@@ -51,28 +51,6 @@ const percentile = (values: ReadonlyArray<number>, p: number) => {
   if (values.length === 0) return Number.NaN
   const sorted = [...values].sort((a, b) => a - b)
   return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(p * sorted.length) - 1))]!
-}
-
-const freePort = () =>
-  new Promise<number>((resolve, reject) => {
-    const server = createServer()
-    server.once("error", reject)
-    server.listen(0, "127.0.0.1", () => {
-      const { port } = server.address() as { port: number }
-      server.close(() => resolve(port))
-    })
-  })
-
-/** The colour a streamed color_chat answer names, or what went wrong. */
-const answer = async (response: Response) => {
-  if (response.status !== 200) return `HTTP ${response.status}`
-  let text = ""
-  for (const line of (await response.text()).trim().split("\n")) {
-    const chunk = JSON.parse(line) as { error?: unknown; choices?: Array<{ delta: { content?: string } }> }
-    if (chunk.error !== undefined) return "cut"
-    text += chunk.choices?.[0]?.delta.content ?? ""
-  }
-  return text
 }
 
 interface Layout {
@@ -105,24 +83,12 @@ async function measureLayout(layout: Layout, scratch: string): Promise<LayoutRes
       const name = `${layout.name}-${index}`
       const node = spawn(
         process.execPath,
-        [
-          binPath,
-          "serve",
-          "--role",
-          "data-plane",
-          "--join",
-          `http://127.0.0.1:${clusterPort}`,
-          "--node-name",
-          name,
-          "--port",
-          "0",
-          "--devices",
-          devices,
+        dataPlaneArgs(`http://127.0.0.1:${clusterPort}`, name, devices, [
           "--sidecar-arena-bytes",
           String(64 * MiB),
           "--state-dir",
           join(scratch, name)
-        ],
+        ]),
         {
           cwd: repoRoot,
           env: { ...process.env, CORNSERVE_CLUSTER_TOKEN: token, CORNSERVE_MODEL_DIR: join(scratch, `${name}-models`) },
@@ -149,7 +115,10 @@ async function measureLayout(layout: Layout, scratch: string): Promise<LayoutRes
     const apart = nodeOf("encoder-image") !== nodeOf("llm")
     if (apart !== layout.nodes.length > 1) throw new Error(`${layout.name}: unexpected placement (${placement})`)
 
-    const one = () => invoke(url, "color_chat", chatRequest).then(answer)
+    const one = () =>
+      invoke(url, "color_chat", chatRequest)
+        .then(outcomeOf)
+        .then((outcome) => ("text" in outcome ? outcome.text : "failed"))
     for (let i = 0; i < WARMUP_REQUESTS; i++) await one()
     const latencies: Array<number> = []
     let errors = 0

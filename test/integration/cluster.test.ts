@@ -1,6 +1,13 @@
 import { type ChildProcess, spawn } from "node:child_process"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { binPath, eventually, repoRoot, type RunningPlatform, runCli, startPlatform } from "../support/platform.js"
+import {
+  dataPlaneArgs,
+  eventually,
+  repoRoot,
+  type RunningPlatform,
+  runCli,
+  startPlatform
+} from "../support/platform.js"
 
 /**
  * The real binary as a control plane and data-plane nodes on this machine: nodes join with the
@@ -18,28 +25,11 @@ interface DataPlane {
 }
 
 const startDataPlane = (join: string, name: string, env: Record<string, string> = {}): DataPlane => {
-  const child = spawn(
-    process.execPath,
-    [
-      binPath,
-      "serve",
-      "--role",
-      "data-plane",
-      "--join",
-      join,
-      "--node-name",
-      name,
-      "--port",
-      "0",
-      "--devices",
-      "cpu:0,cpu:1"
-    ],
-    {
-      cwd: repoRoot,
-      env: { ...process.env, CORNSERVE_CLUSTER_TOKEN: token, ...env },
-      stdio: ["ignore", "pipe", "pipe"]
-    }
-  )
+  const child = spawn(process.execPath, dataPlaneArgs(join, name, "cpu:0,cpu:1"), {
+    cwd: repoRoot,
+    env: { ...process.env, CORNSERVE_CLUSTER_TOKEN: token, ...env },
+    stdio: ["ignore", "pipe", "pipe"]
+  })
   let output = ""
   child.stdout!.on("data", (chunk: Buffer) => (output += chunk.toString()))
   child.stderr!.on("data", (chunk: Buffer) => (output += chunk.toString()))

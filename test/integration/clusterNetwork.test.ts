@@ -1,14 +1,14 @@
 import { type ChildProcess, type SpawnOptions, spawn } from "node:child_process"
 import { mkdtemp, rm } from "node:fs/promises"
-import { createServer } from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { chatRequest, streamedText } from "../support/colorChatRequest.js"
+import { chatRequest, outcomeOf, streamedText } from "../support/colorChatRequest.js"
 import { makeNetwork, netnsAvailable, type VirtualNetwork } from "../support/netns.js"
 import {
-  binPath,
+  dataPlaneArgs,
   eventually,
+  freePort,
   invoke,
   removeStateDir,
   repoRoot,
@@ -53,17 +53,6 @@ interface DataPlane {
   readonly process: ChildProcess
   output(): string
 }
-
-/** A port nobody listens on at `host` now, for a control plane that must come back on the same one. */
-const freePort = (host: string) =>
-  new Promise<number>((resolve, reject) => {
-    const server = createServer()
-    server.once("error", reject)
-    server.listen(0, host, () => {
-      const address = server.address()
-      server.close(() => resolve(typeof address === "object" && address !== null ? address.port : 0))
-    })
-  })
 
 /** Where the nodes run: network namespaces with their own addresses, or this machine's loopback. */
 interface Machines {
@@ -119,23 +108,6 @@ const loopbackMachines = (): Machines => {
   }
 }
 
-/** What the client got: the whole answer, a 5xx before any of it, or a stream cut after it began. */
-type Outcome =
-  | { readonly text: string }
-  | { readonly status: number; readonly error: string }
-  | { readonly cut: string }
-
-const outcomeOf = async (response: Response): Promise<Outcome> => {
-  if (response.status !== 200) return { status: response.status, error: await response.text() }
-  let text = ""
-  for (const line of (await response.text()).trim().split("\n")) {
-    const chunk = JSON.parse(line) as { error?: unknown; choices?: Array<{ delta: { content?: string } }> }
-    if (chunk.error !== undefined) return { cut: text }
-    text += chunk.choices?.[0]?.delta.content ?? ""
-  }
-  return { text }
-}
-
 /** CORNSERVE_TEST_LOOPBACK=1 runs the loopback variant where namespaces could be made too. */
 const useNamespaces = process.env.CORNSERVE_TEST_LOOPBACK !== "1" && netnsAvailable()
 
@@ -178,28 +150,16 @@ describe(`cluster across ${useNamespaces ? "network namespaces" : "loopback port
     const child = machines.spawn(
       index,
       process.execPath,
-      [
-        binPath,
-        "serve",
-        "--role",
-        "data-plane",
-        "--join",
-        `http://${machines.controlPlaneHost}:${clusterPort}`,
-        "--node-name",
-        name,
+      dataPlaneArgs(`http://${machines.controlPlaneHost}:${clusterPort}`, name, "cpu:0", [
         "--host",
         machines.nodeHost(index),
-        "--port",
-        "0",
-        "--devices",
-        "cpu:0",
         "--sidecar-arena-bytes",
         String(64 * 1024 * 1024),
         "--executor-grace",
         String(executorGraceSeconds),
         "--state-dir",
         join(dir, "state")
-      ],
+      ]),
       {
         cwd: repoRoot,
         env: { ...process.env, CORNSERVE_CLUSTER_TOKEN: clusterToken, CORNSERVE_MODEL_DIR: join(dir, "models") },

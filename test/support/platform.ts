@@ -1,6 +1,7 @@
 import { type ChildProcess, execFile, spawn } from "node:child_process"
 import { readdirSync, readFileSync } from "node:fs"
 import { mkdtemp, rm } from "node:fs/promises"
+import { createServer } from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
@@ -149,3 +150,31 @@ export const isAlive = (pid: number) => {
     return false
   }
 }
+
+/** A port nobody listens on at `host` now (for a process that must come back on the same one). */
+export const freePort = (host = "127.0.0.1") =>
+  new Promise<number>((resolve, reject) => {
+    const server = createServer()
+    server.once("error", reject)
+    server.listen(0, host, () => {
+      const { port } = server.address() as { port: number }
+      server.close(() => resolve(port))
+    })
+  })
+
+/** The arguments of `cornserve serve --role data-plane` joining `join` as `name` on a free port, then `extra`. */
+export const dataPlaneArgs = (join: string, name: string, devices: string, extra: ReadonlyArray<string> = []) => [
+  binPath,
+  "serve",
+  "--role",
+  "data-plane",
+  "--join",
+  join,
+  "--node-name",
+  name,
+  "--port",
+  "0",
+  "--devices",
+  devices,
+  ...extra
+]

@@ -191,7 +191,7 @@ class ManagedTask implements TaskManager {
     )
     member.outstanding++
     this.countLoad(1)
-    const level = this.members.reduce((sum, each) => sum + each.outstanding, 0)
+    const level = this.inFlight
     const executors = this.members.length
     const started = performance.now()
     let released = false
