@@ -7,7 +7,15 @@
  * Prints a table, then (as the last line) one JSON object with the figures.
  *
  * Env: BENCH_SECONDS (measured seconds per phase, default 5), BENCH_WARMUP_SECONDS (default 1),
- * BENCH_RATES (comma-separated requests/s, default 100,500,1000,2000), BENCH_ROUNDS (default 3).
+ * BENCH_RATES (comma-separated requests/s, default 100,500,1000,2000), BENCH_ROUNDS (default 3),
+ * BENCH_STARTUP_SECONDS (default 25).
+ *
+ * The figures are for servers in their steady state. Before the first phase both servers take
+ * BENCH_STARTUP_SECONDS of light load, together: a Node process that has just started spends its
+ * first ~20 s on V8's memory reducer, which, once the start-up garbage is there and allocation is
+ * low, runs up to three compacting collections 8 s apart (5–20 ms each, in the gateway and in each
+ * app's process). They come once per process, not per request, and the 100 req/s phase would
+ * otherwise measure them rather than the gateway.
  *
  * At each rate the two servers are measured in alternating rounds; a figure is the median over the
  * rounds, and the added latency the median of each round's difference, so that one noisy phase on a
@@ -28,6 +36,8 @@ const SECONDS = envNumber("BENCH_SECONDS", 5)
 const WARMUP_SECONDS = envNumber("BENCH_WARMUP_SECONDS", 1)
 const RATES = envRates("BENCH_RATES", [100, 500, 1000, 2000])
 const ROUNDS = envNumber("BENCH_ROUNDS", 3)
+const STARTUP_SECONDS = envNumber("BENCH_STARTUP_SECONDS", 25)
+const STARTUP_RATE = 100
 /** What the gateway may add to the bare server's latency, at every rate. */
 const TARGET = { p50AddedMs: 0.5, p99AddedMs: 1 } as const
 
@@ -343,7 +353,7 @@ function printTable(results: ReadonlyArray<RateResult>): void {
   const widths = header.map((title, column) => Math.max(title.length, ...rows.map((row) => row[column]!.length)))
   const line = (cells: ReadonlyArray<string>) => cells.map((cell, column) => cell.padStart(widths[column]!)).join("  ")
   console.log(
-    `gateway bench: open loop, ${ROUNDS} rounds of ${SECONDS} s per phase after ${WARMUP_SECONDS} s warm-up, medians, cs = cornserve`
+    `gateway bench: open loop, ${ROUNDS} rounds of ${SECONDS} s per phase after ${WARMUP_SECONDS} s warm-up (${STARTUP_SECONDS} s start-up first), medians, cs = cornserve`
   )
   console.log(line(header))
   for (const row of rows) console.log(line(row))
@@ -404,6 +414,14 @@ export default async function gatewayBench(): Promise<void> {
     }
     const targets = { bare: target("bare", bare.url), cornserve: target("cornserve", cornserve.url) }
     console.error(`bare at ${bare.url.origin}, cornserve at ${cornserve.url.origin}`)
+
+    if (STARTUP_SECONDS > 0) {
+      console.error(`start-up: ${STARTUP_SECONDS} s at ${STARTUP_RATE} req/s to both servers, not measured`)
+      await Promise.all([
+        runOpenLoop(targets.bare, STARTUP_RATE, STARTUP_SECONDS),
+        runOpenLoop(targets.cornserve, STARTUP_RATE, STARTUP_SECONDS)
+      ])
+    }
 
     const results: Array<RateResult> = []
     for (const rate of RATES) {

@@ -6,6 +6,7 @@
  * they leave it (written to the HTTP client, taken by the app's code). A slow consumer thus pauses
  * the producer instead of piling its output up in the receiver's heap.
  */
+import type { AbortWatch } from "./Cancellation.js"
 
 /** The sending side of one stream: how much is in flight, and a wait for room in the window. */
 export class SendWindow {
@@ -19,14 +20,13 @@ export class SendWindow {
     return this.inFlight < this.size
   }
 
-  /** Resolves once the window is open, or at once when `signal` aborts (the stream is abandoned). */
-  opened(signal: AbortSignal): Promise<void> {
-    if (this.open || signal.aborted) return Promise.resolve()
+  /** Resolves once the window is open, or at once when `cancellation` aborts (the stream is abandoned). */
+  opened(cancellation: AbortWatch): Promise<void> {
+    if (this.open || cancellation.aborted) return Promise.resolve()
     return new Promise((resolve) => {
-      const onAbort = () => this.notify()
-      signal.addEventListener("abort", onAbort, { once: true })
+      const stopWatching = cancellation.onAbort(() => this.notify())
       this.wake = () => {
-        signal.removeEventListener("abort", onAbort)
+        stopWatching()
         resolve()
       }
     })

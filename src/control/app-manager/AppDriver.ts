@@ -9,6 +9,7 @@ import {
   type ToWorker,
   type UnitTaskSpec
 } from "../../app-runtime/driver/protocol.js"
+import { watchSignal } from "../../app-runtime/driver/Cancellation.js"
 import {
   answerWindowChars,
   dispatchWindowChunks,
@@ -380,7 +381,7 @@ export class AppDriver {
         for await (const chunk of outcome.stream) {
           if (controller.signal.aborted) return
           // Not pulling the next chunk leaves the executor's response body unread: its TCP stream pauses.
-          if (!window.open) await window.opened(controller.signal)
+          if (!window.open) await window.opened(watchSignal(controller.signal))
           if (controller.signal.aborted) return
           this.post({ t: "dispatch-chunk", did, chunk })
           window.sent(1)
