@@ -1,3 +1,4 @@
+import { getEventListeners } from "node:events"
 import { Effect, ManagedRuntime } from "effect"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
 import { type ChatCompletionRequest, MLLMTask } from "../../src/app-runtime/index.js"
@@ -344,6 +345,42 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
     await expect(outcome).rejects.toMatchObject({ _tag: "RequestCancelled" })
     expect(released).toEqual([["img1"]])
     await expect(llm.received[0]!.abandoned).resolves.toBe(true)
+  })
+
+  it("leaves no listener on its executors' lease signals, whether a call succeeded, failed or was cancelled", async () => {
+    for (const encoder of encoders) encoder.handle = (request, response) => answerJson(response, embedded(request.body))
+    llm.handle = (_, response) => streamChat(response)
+    for (let round = 0; round < 3; round++) {
+      const outcome = await dispatch(graph, `request-ok-${round}`, requestSignal())
+      for await (const _ of outcome.stream!) {
+        // drained
+      }
+    }
+    for (const encoder of encoders) encoder.handle = (_, response) => refuse(response, 400, "MediaError", "bad")
+    await expect(dispatch(graph, "request-bad", requestSignal())).rejects.toMatchObject({ _tag: "TaskInputRejected" })
+    llm.handle = () => undefined
+    for (const encoder of encoders) encoder.handle = () => undefined
+    const request = new AbortController()
+    const cancelled = dispatch(graph, "request-cancelled", request.signal).catch(() => undefined)
+    await new Promise((resolve) => setTimeout(resolve, 50))
+    request.abort()
+    await cancelled
+
+    const managers = await runtime.runPromise(TaskManagers)
+    const signals: Array<AbortSignal> = []
+    for (const [taskId, executors] of [
+      ["encoder-a", 2],
+      ["llm-b", 1]
+    ] as const) {
+      const seen: Array<string> = []
+      for (let index = 0; index < executors; index++) {
+        const lease = await managers.get(taskId)!.lease({ ...(seen.length > 0 ? { exclude: seen[0] } : {}) })
+        seen.push(lease.executorId)
+        signals.push(lease.signal)
+        lease.release("ok")
+      }
+    }
+    expect(signals.map((signal) => getEventListeners(signal, "abort").length)).toEqual([0, 0, 0])
   })
 
   it("refuses a graph whose task is not deployed as TaskUnavailable", async () => {

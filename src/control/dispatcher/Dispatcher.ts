@@ -7,6 +7,7 @@ import { NodeAgent } from "../../node/NodeAgent.js"
 import type { DispatchOutcome } from "../app-manager/AppDriver.js"
 import { DispatchFailed, InvalidTaskGraph, RequestCancelled, TaskInputRejected, TaskUnavailable } from "../errors.js"
 import { type ExecutorLease, type TaskManager, TaskManagers } from "../task-manager/TaskManagers.js"
+import { eitherSignal } from "./EitherSignal.js"
 import {
   type CallResult,
   type ExecutorCallError,
@@ -204,10 +205,11 @@ const dispatchGraphWith =
       let lease = leases[index]!
       for (let attempt = 0; ; attempt++) {
         // A call ends with the request, and at once when its executor's node is lost.
-        const callSignal = AbortSignal.any([controller.signal, lease.signal])
+        const callSignal = eitherSignal(controller.signal, lease.signal)
         try {
-          const result = await call(lease.url, invocation, { receivers, modalities, signal: callSignal })
+          const result = await call(lease.url, invocation, { receivers, modalities, signal: callSignal.signal })
           if (result.stream === undefined) {
+            callSignal.dispose()
             lease.release("ok")
             return result
           }
@@ -216,7 +218,10 @@ const dispatchGraphWith =
             output: result.output,
             stream: passThrough(
               result.stream,
-              () => held.release("ok"),
+              () => {
+                callSignal.dispose()
+                held.release("ok")
+              },
               (error) => {
                 held.release("failed")
                 throw fail(lostNode(held, error), invocation.taskId)
@@ -224,6 +229,7 @@ const dispatchGraphWith =
             )
           }
         } catch (caught) {
+          callSignal.dispose()
           const error = lostNode(lease, caught)
           const unavailable = error instanceof TaskUnavailable && !controller.signal.aborted
           lease.release(unavailable ? "unavailable" : "failed")
