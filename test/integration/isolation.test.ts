@@ -57,6 +57,12 @@ describe("apps run isolated from the platform and from each other", () => {
     expect(appProcesses).toHaveLength(2)
   })
 
+  it("refuses a task the app did not declare, saying so", async () => {
+    const { status, body } = await act(platform.url, "undeclared-task")
+    expect(status).toBe(200)
+    expect(body.outcome).toBe("refused: the app declares no tasks: list the tasks it invokes in defineApp's tasks")
+  })
+
   it("gives an app no platform secret: the admin token is not in its environment", async () => {
     const { status, body } = await act(platform.url, "read-env")
     expect(status).toBe(200)
