@@ -1,6 +1,7 @@
 import { randomUUID, timingSafeEqual } from "node:crypto"
 import { createServer } from "node:http"
-import { NodeHttpClient, NodeHttpServer } from "@effect/platform-node"
+import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
+import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
 import { RpcClient, RpcSerialization, RpcServer } from "@effect/rpc"
 import { Console, Duration, Effect, Layer, Runtime, Schedule } from "effect"
 import { ClusterRpcs, ClusterTokenRefused } from "../control/rpc/ClusterRpcs.js"

@@ -1,4 +1,4 @@
-import { HttpServerResponse } from "@effect/platform"
+import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { errorHeaders, httpStatusOf } from "../../errors/HttpStatus.js"
 import { type ControlPlaneError, echoedChars } from "../errors.js"
 import { shortened } from "../../app-runtime/Shortened.js"

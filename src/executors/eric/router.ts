@@ -3,7 +3,9 @@
  * whose media is unreadable or corrupt fails its own request (MediaError, or MediaTooLarge) before
  * it reaches the engine, so requests batched with it are not affected.
  */
-import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
+import * as HttpRouter from "@effect/platform/HttpRouter"
+import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
+import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { Effect } from "effect"
 import { decodeAudioProcessorConfig } from "../../models/AudioProcessor.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"

@@ -4,7 +4,9 @@
  * equal generation parameters are batched together.
  */
 import { randomInt } from "node:crypto"
-import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
+import * as HttpRouter from "@effect/platform/HttpRouter"
+import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
+import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { Effect, Stream } from "effect"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { RecvTimeout } from "../../sidecar/errors.js"

@@ -6,7 +6,9 @@
  */
 import { randomInt, randomUUID } from "node:crypto"
 import { relative } from "node:path"
-import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
+import * as HttpRouter from "@effect/platform/HttpRouter"
+import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
+import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { Effect, Stream } from "effect"
 import { decoderFiles } from "../../models/DecoderLayout.js"
 import { GenerationConfig } from "../../models/GenerationConfig.js"
