@@ -45,6 +45,10 @@ interface Transfer {
 
 export type ChunkOrigin = "local" | "remote"
 
+/** Every chunk of the transfer has been marked done (its count known). */
+const finished = (transfer: Transfer): boolean =>
+  transfer.numChunks !== undefined && transfer.done.size >= transfer.numChunks
+
 export class TransferTable {
   private readonly transfers = new Map<string, Transfer>()
   private chunksStored = 0
@@ -192,7 +196,18 @@ export class TransferTable {
   }
 
   get stats() {
-    return { transfersActive: this.transfers.size, chunksStored: this.chunksStored, ...this.counters }
+    // A transfer whose chunks were all read and marked done, with nobody waiting, is finished: its
+    // record stays until the TTL only so that a late duplicate of a chunk is refused.
+    let transfersActive = 0
+    for (const transfer of this.transfers.values()) {
+      if (transfer.chunks.size > 0 || transfer.waiters.size > 0 || !finished(transfer)) transfersActive++
+    }
+    return {
+      transfersActive,
+      transfersRemembered: this.transfers.size - transfersActive,
+      chunksStored: this.chunksStored,
+      ...this.counters
+    }
   }
 
   private transfer(id: string): Transfer {

@@ -111,8 +111,10 @@ export const SidecarStats = Schema.TaggedStruct("SidecarStats", {
   bytesReserved: Count,
   slotsReserved: Count,
   largestFreeBytes: Count,
-  /** Transfers this sidecar keeps a record of: data, waiting receivers, or a chunk count (for the TTL). */
+  /** Transfers in progress: data stored, receivers waiting, or chunks not yet all read. */
   transfersActive: Count,
+  /** Finished transfers whose record stays until the TTL, so that a duplicate chunk is refused. */
+  transfersRemembered: Count,
   chunksStored: Count,
   /** Chunks stored here: from executors of this node and from peers. */
   chunksReceivedLocal: Count,

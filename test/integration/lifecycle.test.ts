@@ -83,6 +83,13 @@ describe("cornserve serve: the node's sidecar is restarted, and the control plan
     expect(await eventually(colourOfRedPixel, 60_000)).toBe("red")
   })
 
+  it("counts no transfer as active once the requests that made them have ended", async () => {
+    for (let request = 0; request < 3; request++) expect(await colourOfRedPixel()).toBe("red")
+    expect(await eventually(async () => ((await sidecarMetrics())?.transfersActive === 0 ? true : undefined))).toBe(
+      true
+    )
+  })
+
   it("releases from the new sidecar the data a cancelled request left there", async () => {
     expect(await sidecarMetrics()).toMatchObject({ bytesInUse: 0 })
     // With the LLM executor stopped, the image's embeddings wait in the arena for a reader that

@@ -83,6 +83,27 @@ describe("same-node transfers", () => {
     expect(await bytesInUse()).toBe(0)
   })
 
+  it("count a transfer as active only until its chunks are read and marked done, and still refuse a duplicate", async () => {
+    const before = await sender.stats()
+    const id = nextId("finished")
+    const grid = new Tensor("int32", [2], Int32Array.of(1, 2))
+    await sender.send(id, grid, { to: [sidecar.nodeId], chunk: 0, numChunks: 2 })
+    await sender.send(id, sampleTensor("float32", [4], 1), { to: [sidecar.nodeId], chunk: 1, numChunks: 2 })
+    expect((await sender.stats()).transfersActive).toBe(before.transfersActive + 1)
+    await receiver.recv(id, 0)
+    await receiver.markDone(id, 0)
+    // Half read: still in progress.
+    expect((await sender.stats()).transfersActive).toBe(before.transfersActive + 1)
+    await receiver.recv(id, 1)
+    await receiver.markDone(id, 1)
+    const after = await sender.stats()
+    expect(after.transfersActive).toBe(before.transfersActive)
+    expect(after.transfersRemembered).toBe(before.transfersRemembered + 1)
+    await expect(sender.send(id, grid, { to: [sidecar.nodeId], chunk: 0, numChunks: 2 })).rejects.toThrow(
+      /already sent/
+    )
+  })
+
   it("carry 1000 concurrent transfers of mixed sizes intact, through an arena smaller than their total", async () => {
     const count = 1000
     const shapes: Array<{ id: string; tensor: Tensor }> = []

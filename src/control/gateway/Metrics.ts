@@ -96,9 +96,18 @@ const sidecarMetrics = (sidecar: SidecarStats): ReadonlyArray<string> => {
       [node, sidecar.bytesInUse]
     ]),
     metric("cornserve_sidecar_slots_in_use", "gauge", "Arena slots held.", [[node, sidecar.slotsInUse]]),
-    metric("cornserve_sidecar_transfers_active", "gauge", "Transfers the sidecar keeps a record of.", [
-      [node, sidecar.transfersActive]
-    ]),
+    metric(
+      "cornserve_sidecar_transfers_active",
+      "gauge",
+      "Transfers in progress: data stored, receivers waiting, or chunks not yet read.",
+      [[node, sidecar.transfersActive]]
+    ),
+    metric(
+      "cornserve_sidecar_transfers_remembered",
+      "gauge",
+      "Finished transfers whose record the sidecar keeps until its TTL, to refuse duplicate chunks.",
+      [[node, sidecar.transfersRemembered]]
+    ),
     metric("cornserve_sidecar_allocation_waits_total", "counter", "Allocations that found the arena full and waited.", [
       [node, sidecar.allocationWaits]
     ]),
