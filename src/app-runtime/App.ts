@@ -23,6 +23,18 @@ export interface AppDefinition<Req, ReqEncoded, Res, ResEncoded> {
   /** A request to show users (printed when the platform starts with the examples). */
   readonly example?: ReqEncoded
   readonly description?: string
+  /**
+   * Admission control: how many requests may run at once, how many more may wait for a turn, and for
+   * how long (default 10 s). A request over the limit is answered 429 at once, one that waited too
+   * long 503; both with Retry-After. Registration may override each (`app register --max-concurrency`).
+   */
+  readonly admission?: AdmissionSettings
+}
+
+export interface AdmissionSettings {
+  readonly maxConcurrency?: number
+  readonly maxQueue?: number
+  readonly queueTimeoutMs?: number
 }
 
 export const AppTypeId: unique symbol = Symbol.for("cornserve/App") as any
@@ -42,6 +54,7 @@ export const appDefinitionProblems = (definition: unknown): Array<string> => {
   if (candidate.response !== undefined && !Schema.isSchema(candidate.response)) {
     problems.push("`response` must be an Effect Schema when given")
   }
+  if (candidate.admission !== undefined) problems.push(...admissionProblems(candidate.admission, "admission"))
   if (typeof candidate.tasks !== "object" || candidate.tasks === null) {
     problems.push("`tasks` must be an object of tasks (use {} when the app calls none)")
   } else {
@@ -53,6 +66,22 @@ export const appDefinitionProblems = (definition: unknown): Array<string> => {
 }
 
 /** Declares an app: the default export of an app file. */
+/** What is wrong with admission settings (each, when given, a whole number: at least 1, or 0 for the queue). */
+export const admissionProblems = (limits: unknown, where: string): Array<string> => {
+  if (typeof limits !== "object" || limits === null) return [`\`${where}\` must be an object`]
+  const problems: Array<string> = []
+  const check = (name: keyof AdmissionSettings, least: number) => {
+    const value = (limits as Record<string, unknown>)[name]
+    if (value !== undefined && !(Number.isSafeInteger(value) && (value as number) >= least)) {
+      problems.push(`\`${where}.${name}\` must be a whole number of at least ${least}`)
+    }
+  }
+  check("maxConcurrency", 1)
+  check("maxQueue", 0)
+  check("queueTimeoutMs", 1)
+  return problems
+}
+
 export const defineApp = <Req, ReqEncoded, Res = unknown, ResEncoded = Res>(
   definition: AppDefinition<Req, ReqEncoded, Res, ResEncoded>
 ): App<Req, ReqEncoded, Res, ResEncoded> => {

@@ -2,7 +2,7 @@
  * The SDK apps import as `cornserve/app`: define an app, declare the tasks it calls, and use the
  * OpenAI chat schemas for chat apps.
  */
-export { defineApp, type App, type AppDefinition, type ServeContext } from "./App.js"
+export { defineApp, type AdmissionSettings, type App, type AppDefinition, type ServeContext } from "./App.js"
 export { DataForward, type ForwardedDataType } from "./tasks/DataForward.js"
 export { TaskStream } from "./tasks/TaskStream.js"
 export { Task, UnitTask, CompositeTask, TaskConfigError, type UnitTaskKind } from "./tasks/Task.js"

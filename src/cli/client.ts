@@ -56,7 +56,13 @@ interface RegistrationEvent {
   readonly error?: { readonly code?: string; readonly message?: string }
 }
 
-export const registerApp = (target: GatewayTarget, file: string, name: string | undefined, replace: boolean) =>
+export const registerApp = (
+  target: GatewayTarget,
+  file: string,
+  name: string | undefined,
+  replace: boolean,
+  admission?: { readonly maxConcurrency?: number; readonly maxQueue?: number; readonly queueTimeoutMs?: number }
+) =>
   Effect.gen(function* () {
     const source = yield* Effect.tryPromise({
       try: () => readFile(file, "utf8"),
@@ -64,7 +70,12 @@ export const registerApp = (target: GatewayTarget, file: string, name: string | 
     })
     const appName = name ?? basename(file, extname(file))
     const response = yield* Effect.flatMap(
-      request(target, "POST", "app/register", { source, name: appName, replace }),
+      request(target, "POST", "app/register", {
+        source,
+        name: appName,
+        replace,
+        ...(admission === undefined ? {} : { admission })
+      }),
       expectOk
     )
     let event = "message"

@@ -282,9 +282,34 @@ const register = Command.make(
     replace: Options.boolean("replace").pipe(
       Options.withDescription("Swap in this version of an app already registered under the name.")
     ),
+    maxConcurrency: Options.integer("max-concurrency").pipe(
+      Options.withDescription("Requests the app may run at once (over its own `admission`); more get 429 or wait."),
+      Options.optional
+    ),
+    maxQueue: Options.integer("max-queue").pipe(
+      Options.withDescription("Requests that may wait for a turn once max-concurrency run (default 0)."),
+      Options.optional
+    ),
+    queueTimeout: Options.integer("queue-timeout").pipe(
+      Options.withDescription("Seconds a queued request may wait before it gets 503 (default 10)."),
+      Options.optional
+    ),
     gateway: gatewayOption
   },
-  ({ file, name, replace, gateway }) => registerApp(target(gateway), file, Option.getOrUndefined(name), replace)
+  ({ file, name, replace, maxConcurrency, maxQueue, queueTimeout, gateway }) => {
+    const admission = {
+      ...Option.match(maxConcurrency, { onNone: () => ({}), onSome: (value) => ({ maxConcurrency: value }) }),
+      ...Option.match(maxQueue, { onNone: () => ({}), onSome: (value) => ({ maxQueue: value }) }),
+      ...Option.match(queueTimeout, { onNone: () => ({}), onSome: (value) => ({ queueTimeoutMs: value * 1000 }) })
+    }
+    return registerApp(
+      target(gateway),
+      file,
+      Option.getOrUndefined(name),
+      replace,
+      Object.keys(admission).length > 0 ? admission : undefined
+    )
+  }
 ).pipe(Command.withDescription("Register an app (admin token from CORNSERVE_ADMIN_TOKEN)."))
 
 const unregister = Command.make(

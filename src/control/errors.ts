@@ -145,6 +145,27 @@ export class RequestCancelled extends Schema.TaggedError<RequestCancelled>()("Re
 
 export class NotSupported extends Schema.TaggedError<NotSupported>()("NotSupported", { message: Schema.String }) {}
 
+/** The app has as many requests running and queued as it allows: the client should come back later. */
+export class AppOverloaded extends Schema.TaggedError<AppOverloaded>()("AppOverloaded", {
+  appId: Schema.String,
+  maxConcurrency: Schema.Number,
+  maxQueue: Schema.Number
+}) {
+  override get message() {
+    return `app ${this.appId} has ${this.maxConcurrency} request(s) running and ${this.maxQueue} queued, its limit`
+  }
+}
+
+/** A request waited in its app's queue for as long as the app allows, and was not started. */
+export class QueueTimeout extends Schema.TaggedError<QueueTimeout>()("QueueTimeout", {
+  appId: Schema.String,
+  waitedMs: Schema.Number
+}) {
+  override get message() {
+    return `the request waited ${this.waitedMs} ms in app ${this.appId}'s queue and was not started`
+  }
+}
+
 export type RegistrationError = AppNameTaken | InvalidAppName | AppSyntaxError | ForbiddenImport | InvalidApp
 
 export type ControlPlaneError =
@@ -175,3 +196,5 @@ export type ControlPlaneError =
   | InvalidTaskGraph
   | RequestCancelled
   | NotSupported
+  | AppOverloaded
+  | QueueTimeout

@@ -1,4 +1,5 @@
 import type { DispatchFailureCode, TaskGraphWire } from "../tasks/TaskGraph.js"
+import type { AdmissionSettings } from "../App.js"
 
 /** A unit task an app needs deployed, as the control plane sees it. */
 export interface UnitTaskSpec {
@@ -52,6 +53,7 @@ export type FromWorker =
       readonly tasks: ReadonlyArray<UnitTaskSpec>
       readonly example: unknown
       readonly description: string | undefined
+      readonly admission: AdmissionSettings | undefined
     }
   | { readonly t: "load-failed"; readonly message: string }
   | { readonly t: "pong"; readonly nonce: number }

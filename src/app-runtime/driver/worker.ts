@@ -290,7 +290,8 @@ function serveApp(app: App, maxResponseBytes: number) {
     t: "loaded",
     tasks: appUnitTasks(app).map((task) => ({ id: task.id, kind: task.kind, name: task.name, config: task.config })),
     example: app.example,
-    description: app.description
+    description: app.description,
+    admission: app.admission
   })
 }
 

@@ -1,4 +1,6 @@
 import { Duration, Effect, Fiber, Schedule, Schema } from "effect"
+import type { AdmissionSettings } from "../../app-runtime/App.js"
+import { Admission, unlimitedAdmission } from "../gateway/Admission.js"
 import type { TaskGraphWire } from "../../app-runtime/tasks/TaskGraph.js"
 import {
   type FromWorker,
@@ -45,6 +47,7 @@ export interface LoadedApp {
   readonly tasks: ReadonlyArray<UnitTaskSpec>
   readonly example: unknown
   readonly description: string | undefined
+  readonly admission: AdmissionSettings | undefined
 }
 
 /** Why an app's process could not load it: the registration's error, or a restart's. */
@@ -66,6 +69,8 @@ const watchdogPeriodMs = 1_000
  * app stays registered.
  */
 export class AppDriver {
+  /** Who may run now, who waits, who is refused: set from the app's settings once it has loaded. */
+  admission = new Admission(unlimitedAdmission)
   private worker!: AppProcess
   private readonly replies = new Map<number, ReplyHandlers>()
   /** What arrived and left of each streaming request's lines, to give the app room as they leave. */
@@ -230,7 +235,12 @@ export class AppDriver {
           loaded = true
           this.loadedAt = Date.now()
           clearTimeout(timer)
-          resolve({ tasks: message.tasks, example: message.example, description: message.description })
+          resolve({
+            tasks: message.tasks,
+            example: message.example,
+            description: message.description,
+            admission: message.admission
+          })
         } else if (message.t === "load-failed") {
           clearTimeout(timer)
           reject(new AppLoadError({ message: message.message }))

@@ -16,7 +16,9 @@ import {
 import { ResourceManager } from "../resource-manager/ResourceManager.js"
 import { ServeConfig } from "../ServeConfig.js"
 import { AppDriver, type GraphDispatcher } from "./AppDriver.js"
-import { AppStore } from "./AppStore.js"
+import { type AdmissionOverride, AppStore } from "./AppStore.js"
+import { type AdmissionSettings, admissionProblems } from "../../app-runtime/App.js"
+import { Admission, type AdmissionLimits, unlimitedAdmission } from "../gateway/Admission.js"
 
 export type AppState = "registering" | "ready" | "unregistering" | "failed"
 
@@ -32,6 +34,7 @@ interface AppEntry {
   readonly error: string | undefined
   readonly example: unknown
   readonly description: string | undefined
+  readonly admission: AdmissionOverride | undefined
 }
 
 export interface AppSummary {
@@ -40,6 +43,9 @@ export interface AppSummary {
   readonly registeredAt: string
   readonly tasks: ReadonlyArray<{ readonly id: string; readonly name: string; readonly kind: string }>
   readonly inFlight: number
+  /** Requests waiting for a turn under the app's admission limits. */
+  readonly queued: number
+  readonly admission?: { readonly maxConcurrency: number; readonly maxQueue: number; readonly queueTimeoutMs: number }
   readonly error?: string
   readonly example?: unknown
   readonly description?: string
@@ -53,6 +59,25 @@ export interface PreparedApp {
   readonly tasks: ReadonlyArray<UnitTaskSpec>
   readonly example: unknown
   readonly description: string | undefined
+  /** What the registration set over the app's admission settings. */
+  readonly admission: AdmissionOverride | undefined
+}
+
+/** Queued requests wait this long by default before they are refused. */
+export const defaultQueueTimeoutMs = 10_000
+
+/** The limits an app runs under: the registration's settings over the app's own; none when neither sets any. */
+const admissionLimits = (
+  own: AdmissionSettings | undefined,
+  override: AdmissionOverride | undefined
+): AdmissionLimits => {
+  const maxConcurrency = override?.maxConcurrency ?? own?.maxConcurrency
+  if (maxConcurrency === undefined) return unlimitedAdmission
+  return {
+    maxConcurrency,
+    maxQueue: override?.maxQueue ?? own?.maxQueue ?? 0,
+    queueTimeoutMs: override?.queueTimeoutMs ?? own?.queueTimeoutMs ?? defaultQueueTimeoutMs
+  }
 }
 
 const appNamePattern = /^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$/
@@ -63,6 +88,10 @@ const summarize = (entry: AppEntry): AppSummary => ({
   registeredAt: entry.registeredAt,
   tasks: entry.tasks.map((task) => ({ id: task.id, name: task.name, kind: task.kind })),
   inFlight: entry.driver?.inFlight ?? 0,
+  queued: entry.driver?.admission.queued ?? 0,
+  ...(entry.driver === undefined || entry.driver.admission.limits === unlimitedAdmission
+    ? {}
+    : { admission: entry.driver.admission.limits }),
   ...(entry.error === undefined ? {} : { error: entry.error }),
   ...(entry.example === undefined ? {} : { example: entry.example }),
   ...(entry.description === undefined ? {} : { description: entry.description })
@@ -93,7 +122,7 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       })
     )
 
-    const prepare = (name: string, source: string, replace: boolean) =>
+    const prepare = (name: string, source: string, replace: boolean, admission?: AdmissionOverride) =>
       Effect.gen(function* () {
         if (!appNamePattern.test(name)) return yield* new InvalidAppName({ name })
         if (pending.has(name)) {
@@ -124,13 +153,22 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
             }),
           catch: (error) => new InvalidApp({ message: error instanceof Error ? error.message : String(error) })
         })
+        // Checked here too: an app's process could report settings that defineApp would refuse.
+        const problems =
+          started.loaded.admission === undefined ? [] : admissionProblems(started.loaded.admission, "admission")
+        if (problems.length > 0) {
+          yield* Effect.promise(() => started.driver.close())
+          return yield* new InvalidApp({ message: `the app's ${problems.join("; ")}` })
+        }
+        started.driver.admission = new Admission(admissionLimits(started.loaded.admission, admission))
         return {
           id: name,
           source,
           driver: started.driver,
           tasks: started.loaded.tasks,
           example: started.loaded.example,
-          description: started.loaded.description
+          description: started.loaded.description,
+          admission
         } satisfies PreparedApp
       }).pipe(Effect.onError(() => Effect.sync(() => pending.delete(name))))
 
@@ -177,11 +215,17 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
           driver: prepared.driver,
           error: undefined,
           example: prepared.example,
-          description: prepared.description
+          description: prepared.description,
+          admission: prepared.admission
         }
         apps.set(prepared.id, entry)
         pending.delete(prepared.id)
-        yield* store.save({ id: entry.id, source: entry.source, registeredAt: entry.registeredAt })
+        yield* store.save({
+          id: entry.id,
+          source: entry.source,
+          registeredAt: entry.registeredAt,
+          ...(entry.admission === undefined ? {} : { admission: entry.admission })
+        })
         if (previous !== undefined) yield* Effect.forkDaemon(retire(previous))
         return summarize(entry)
       })
@@ -190,8 +234,9 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       name: string,
       source: string,
       replace: boolean,
-      onProgress: (message: string) => Effect.Effect<void>
-    ) => Effect.flatMap(prepare(name, source, replace), (prepared) => deploy(prepared, onProgress))
+      onProgress: (message: string) => Effect.Effect<void>,
+      admission?: AdmissionOverride
+    ) => Effect.flatMap(prepare(name, source, replace, admission), (prepared) => deploy(prepared, onProgress))
 
     const unregister = (id: string) =>
       Effect.gen(function* () {
@@ -228,7 +273,13 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       yield* Effect.forEach(
         stored,
         (app) =>
-          register(app.id, app.source, false, (message) => Effect.logInfo(`restoring ${app.id}: ${message}`)).pipe(
+          register(
+            app.id,
+            app.source,
+            false,
+            (message) => Effect.logInfo(`restoring ${app.id}: ${message}`),
+            app.admission
+          ).pipe(
             Effect.tap(() => Effect.logInfo(`restored app ${app.id}`)),
             Effect.catchAll((error) =>
               Effect.gen(function* () {
@@ -243,7 +294,8 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
                   driver: undefined,
                   error: error.message,
                   example: undefined,
-                  description: undefined
+                  description: undefined,
+                  admission: app.admission
                 })
               })
             )

@@ -3,11 +3,21 @@ import { join } from "node:path"
 import { Effect, Schema } from "effect"
 import { ServeConfig } from "../ServeConfig.js"
 
+/** Admission settings a registration sets over those of the app's definition. */
+export const AdmissionOverride = Schema.Struct({
+  maxConcurrency: Schema.optional(Schema.Int.pipe(Schema.greaterThanOrEqualTo(1))),
+  maxQueue: Schema.optional(Schema.Int.pipe(Schema.greaterThanOrEqualTo(0))),
+  queueTimeoutMs: Schema.optional(Schema.Int.pipe(Schema.greaterThanOrEqualTo(1)))
+})
+export type AdmissionOverride = typeof AdmissionOverride.Type
+
 /** What is kept of a registered app so that it comes back after a restart. */
 export const StoredApp = Schema.Struct({
   id: Schema.String,
   source: Schema.String,
-  registeredAt: Schema.String
+  registeredAt: Schema.String,
+  /** Admission settings given at registration, over the app's own. */
+  admission: Schema.optional(AdmissionOverride)
 })
 export type StoredApp = typeof StoredApp.Type
 

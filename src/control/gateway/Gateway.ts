@@ -9,6 +9,7 @@ import * as NodeHttpServerRequest from "@effect/platform-node/NodeHttpServerRequ
 import { ServeError } from "@effect/platform/HttpServerError"
 import { Effect, Queue, Schema, Stream } from "effect"
 import { AppManager } from "../app-manager/AppManager.js"
+import { AdmissionOverride } from "../app-manager/AppStore.js"
 import {
   BadRequest,
   echoedChars,
@@ -33,7 +34,9 @@ import { readRequestBody } from "./RequestBody.js"
 export const RegisterRequest = Schema.Struct({
   source: Schema.String,
   name: Schema.String,
-  replace: Schema.optionalWith(Schema.Boolean, { default: () => false })
+  replace: Schema.optionalWith(Schema.Boolean, { default: () => false }),
+  /** Admission settings over the app's own (defineApp's `admission`). */
+  admission: Schema.optional(AdmissionOverride)
 })
 
 export const ScaleRequest = Schema.Struct({
@@ -148,7 +151,7 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
     const register = Effect.gen(function* () {
       yield* requireAdmin
       const body = yield* readJson(RegisterRequest)
-      const prepared = yield* appManager.prepare(body.name, body.source, body.replace)
+      const prepared = yield* appManager.prepare(body.name, body.source, body.replace, body.admission)
       const events = yield* Queue.unbounded<string | undefined>()
       yield* events.offer(
         sseEvent("progress", {

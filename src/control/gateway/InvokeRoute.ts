@@ -6,6 +6,8 @@ import { ChatCompletion, ChatCompletionChunk } from "../../app-runtime/schemas/O
 import type { AppDriver, ReplyHandlers } from "../app-manager/AppDriver.js"
 import {
   AppFailed,
+  AppOverloaded,
+  QueueTimeout,
   BadRequest,
   DispatchFailed,
   RequestSchemaMismatch,
@@ -218,68 +220,88 @@ export const makeInvokeRoute =
       request.resume()
       return sendError(response, driver)
     }
-    readRequestBody(request, options.bodyLimits, (body) => {
-      if (typeof body !== "string") return sendError(response, body)
-      if (response.destroyed) return
-      if (jsonDepthWithin(body, options.maxJsonDepth) === undefined) {
-        return sendError(response, new BadRequest({ message: tooDeepMessage(options.maxJsonDepth) }))
-      }
-      const chat = api === "chat" ? chatRequest(body) : undefined
-      const format =
-        chat === undefined
-          ? nativeFormat
-          : chat.stream
-            ? chatStreamFormat
-            : chatCompletionFormat(appId, options.maxResponseBytes)
-      const requestId = randomUUID()
-      let settled = false
-      let streaming = false
-      /** Characters of lines written while the response's buffer is full: the app hears of them on `drain`. */
-      let awaitingDrain = 0
-      const onDrain = () => {
-        const chars = awaitingDrain
-        awaitingDrain = 0
-        driver.delivered(rid, chars)
-      }
-      const timer = setTimeout(() => {
-        if (settled) return
-        settled = true
-        driver.cancel(rid)
-        void driver.ensureResponsive(1_000)
-        sendError(response, new RequestTimeout({ timeoutMs: options.requestTimeoutMs }))
-      }, options.requestTimeoutMs)
-      const settle = () => {
-        settled = true
-        clearTimeout(timer)
-      }
-      const rid = driver.invoke(requestId, chat?.body ?? body, {
-        onValue: (json) => {
-          settle()
-          format.value(response, json)
-        },
-        onStreamStart: () => {
-          settle()
-          streaming = true
-          format.streamStart(response, requestId)
-        },
-        onChunk: (json) => {
-          if (format.chunk(response, json)) return driver.delivered(rid, json.length)
-          if (awaitingDrain === 0) response.once("drain", onDrain)
-          awaitingDrain += json.length
-        },
-        onEnd: () => format.end(response),
-        onFailed: (code, message, issues) => {
-          const error = invokeFailure(appId, code, message, issues)
-          if (!streaming) {
-            settle()
-            return sendError(response, error)
-          }
-          format.streamError(response, error)
+    const run = () =>
+      readRequestBody(request, options.bodyLimits, (body) => {
+        if (typeof body !== "string") return sendError(response, body)
+        if (response.destroyed) return
+        if (jsonDepthWithin(body, options.maxJsonDepth) === undefined) {
+          return sendError(response, new BadRequest({ message: tooDeepMessage(options.maxJsonDepth) }))
         }
+        const chat = api === "chat" ? chatRequest(body) : undefined
+        const format =
+          chat === undefined
+            ? nativeFormat
+            : chat.stream
+              ? chatStreamFormat
+              : chatCompletionFormat(appId, options.maxResponseBytes)
+        const requestId = randomUUID()
+        let settled = false
+        let streaming = false
+        /** Characters of lines written while the response's buffer is full: the app hears of them on `drain`. */
+        let awaitingDrain = 0
+        const onDrain = () => {
+          const chars = awaitingDrain
+          awaitingDrain = 0
+          driver.delivered(rid, chars)
+        }
+        const timer = setTimeout(() => {
+          if (settled) return
+          settled = true
+          driver.cancel(rid)
+          void driver.ensureResponsive(1_000)
+          sendError(response, new RequestTimeout({ timeoutMs: options.requestTimeoutMs }))
+        }, options.requestTimeoutMs)
+        const settle = () => {
+          settled = true
+          clearTimeout(timer)
+        }
+        const rid = driver.invoke(requestId, chat?.body ?? body, {
+          onValue: (json) => {
+            settle()
+            format.value(response, json)
+          },
+          onStreamStart: () => {
+            settle()
+            streaming = true
+            format.streamStart(response, requestId)
+          },
+          onChunk: (json) => {
+            if (format.chunk(response, json)) return driver.delivered(rid, json.length)
+            if (awaitingDrain === 0) response.once("drain", onDrain)
+            awaitingDrain += json.length
+          },
+          onEnd: () => format.end(response),
+          onFailed: (code, message, issues) => {
+            const error = invokeFailure(appId, code, message, issues)
+            if (!streaming) {
+              settle()
+              return sendError(response, error)
+            }
+            format.streamError(response, error)
+          }
+        })
+        response.once("close", () => {
+          clearTimeout(timer)
+          if (!response.writableFinished) driver.cancel(rid)
+        })
       })
-      response.once("close", () => {
-        clearTimeout(timer)
-        if (!response.writableFinished) driver.cancel(rid)
-      })
+
+    // Admitted, queued or refused before any of the request's work starts (its body is not yet read).
+    const leaveQueue = driver.admission.enter((outcome) => {
+      switch (outcome._tag) {
+        case "Overloaded": {
+          request.resume()
+          const { maxConcurrency, maxQueue } = driver.admission.limits
+          return sendError(response, new AppOverloaded({ appId, maxConcurrency, maxQueue }))
+        }
+        case "TimedOut":
+          request.resume()
+          return sendError(response, new QueueTimeout({ appId, waitedMs: outcome.waitedMs }))
+        case "Admitted":
+          if (response.destroyed) return outcome.release()
+          response.once("close", outcome.release)
+          return run()
+      }
     })
+    if (leaveQueue !== undefined) response.once("close", leaveQueue)
   }
