@@ -72,6 +72,12 @@ describe("admission control: an app's maxConcurrency and maxQueue", () => {
       queued: 0,
       admission: { maxConcurrency: 1, maxQueue: 1, queueTimeoutMs: 60_000 }
     })
+
+    const metrics = await (await fetch(`${platform.url}/metrics`)).text()
+    expect(metrics).toContain('cornserve_requests_shed_total{app="gated",reason="app_overloaded"} 1')
+    expect(metrics).toContain('cornserve_request_errors_total{app="gated",code="AppOverloaded"} 1')
+    expect(metrics).toContain('cornserve_request_duration_seconds_count{app="gated",status="200"} 2')
+    expect(metrics).toContain('cornserve_request_duration_seconds_count{app="gated",status="429"} 1')
   })
 
   it("answers 503 with Retry-After to a request that waited longer than the queue timeout set at registration", async () => {
@@ -87,6 +93,9 @@ describe("admission control: an app's maxConcurrency and maxQueue", () => {
     expect(waited.headers.get("retry-after")).toBe("1")
     expect(((await waited.json()) as { error: { code: string } }).error.code).toBe("QueueTimeout")
     expect((await first).status).toBe(200)
+    expect(await (await fetch(`${platform.url}/metrics`)).text()).toContain(
+      'cornserve_requests_shed_total{app="gated_short_queue",reason="queue_timeout"} 1'
+    )
   })
 
   it("frees the place of a queued request whose client went away", async () => {

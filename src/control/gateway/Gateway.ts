@@ -28,6 +28,7 @@ import { errorBody, errorResponse } from "./ErrorResponse.js"
 import { shortened } from "../../app-runtime/Shortened.js"
 import { parseJsonBody } from "./JsonBody.js"
 import { renderMetrics } from "./Metrics.js"
+import { RequestMetrics } from "./RequestMetrics.js"
 import { chatCompletionsPattern, invokePrefix, makeInvokeRoute } from "./InvokeRoute.js"
 import { readRequestBody } from "./RequestBody.js"
 
@@ -202,18 +203,21 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       )
     )
 
+    const requestMetrics = new RequestMetrics()
+
     const metrics = Effect.gen(function* () {
       const sidecar = yield* Effect.tryPromise(() => agent.sidecarClient().then((client) => client.stats())).pipe(
         Effect.orElseSucceed(() => undefined)
       )
+      const measured = yield* Effect.promise(() => requestMetrics.text())
       return HttpServerResponse.text(
-        renderMetrics({
+        `${renderMetrics({
           apps: appManager.list(),
           inFlight,
           tasks: resources.tasks(),
           sidecar,
           rebalanceMoves: resources.rebalanceMoves()
-        }),
+        })}\n${measured}`,
         {
           contentType: "text/plain; version=0.0.4"
         }
@@ -269,7 +273,8 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       bodyLimits,
       maxJsonDepth: config.maxJsonDepth,
       requestTimeoutMs: config.requestTimeoutMs,
-      maxResponseBytes: config.appLimits.maxResponseBytes
+      maxResponseBytes: config.appLimits.maxResponseBytes,
+      metrics: requestMetrics
     })
     nodeServer.on("request", (request, response) => {
       inFlight++

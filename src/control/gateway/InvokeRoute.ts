@@ -20,6 +20,7 @@ import { errorBody, errorHead, type GatewayError } from "./ErrorResponse.js"
 import { shortened } from "../../app-runtime/Shortened.js"
 import { jsonDepthWithin, tooDeepMessage } from "./JsonBody.js"
 import { type RequestBodyLimits, readRequestBody } from "./RequestBody.js"
+import type { RequestMetrics } from "./RequestMetrics.js"
 
 export const invokePrefix = "/app/invoke/"
 /** `POST /app/:id/v1/chat/completions`: the OpenAI surface of apps that take chat requests. */
@@ -48,7 +49,10 @@ const nativeFormat: ReplyFormat = {
   },
   chunk: (response, json) => response.write(`${json}\n`),
   end: (response) => response.end(),
-  streamError: (response, error) => response.end(`${JSON.stringify(errorBody(error))}\n`)
+  streamError: (response, error) => {
+    errorCodes.set(response, error._tag)
+    response.end(`${JSON.stringify(errorBody(error))}\n`)
+  }
 }
 
 /** Chunks streamed as Server-Sent Events, ending with `data: [DONE]`. */
@@ -64,7 +68,10 @@ const chatStreamFormat: ReplyFormat = {
   },
   chunk: (response, json) => response.write(`data: ${json}\n\n`),
   end: (response) => response.end("data: [DONE]\n\n"),
-  streamError: (response, error) => response.end(`data: ${JSON.stringify(errorBody(error))}\n\n`)
+  streamError: (response, error) => {
+    errorCodes.set(response, error._tag)
+    response.end(`data: ${JSON.stringify(errorBody(error))}\n\n`)
+  }
 }
 
 const decodeChunk = Schema.decodeUnknownEither(Schema.parseJson(ChatCompletionChunk))
@@ -175,7 +182,11 @@ const invokeFailure = (
   }
 }
 
+/** The error each failed request was answered with, for the metrics. */
+const errorCodes = new WeakMap<ServerResponse, string>()
+
 const sendError = (response: ServerResponse, error: GatewayError) => {
+  errorCodes.set(response, error._tag)
   const { status, headers } = errorHead(error)
   const body = JSON.stringify(errorBody(error))
   response
@@ -199,6 +210,7 @@ export interface InvokeRouteOptions {
   readonly maxJsonDepth: number
   readonly requestTimeoutMs: number
   readonly maxResponseBytes: number
+  readonly metrics: RequestMetrics
 }
 
 /**
@@ -209,6 +221,16 @@ export interface InvokeRouteOptions {
 export const makeInvokeRoute =
   (options: InvokeRouteOptions) =>
   (request: IncomingMessage, response: ServerResponse, encodedAppId: string, api: "native" | "chat") => {
+    const arrived = performance.now()
+    let appLabel = ""
+    response.once("close", () =>
+      options.metrics.finished(
+        appLabel,
+        response.writableFinished ? response.statusCode : 499,
+        (performance.now() - arrived) / 1000,
+        errorCodes.get(response)
+      )
+    )
     if (options.draining()) return sendError(response, new ShuttingDown())
     const appId = decodePathSegment(encodedAppId)
     if (appId === undefined) {
@@ -220,6 +242,7 @@ export const makeInvokeRoute =
       request.resume()
       return sendError(response, driver)
     }
+    appLabel = appId
     const run = () =>
       readRequestBody(request, options.bodyLimits, (body) => {
         if (typeof body !== "string") return sendError(response, body)
