@@ -118,6 +118,20 @@ describe("admission control: an app's maxConcurrency and maxQueue", () => {
     expect((await next).status).toBe(200)
   })
 
+  it("keeps the settings given at registration across a restart", async () => {
+    const stateDir = platform.stateDir
+    await platform.stop()
+    platform = await startPlatform({ args: ["--devices", "cpu:0"], stateDir })
+    const restored = async () =>
+      (
+        (await (await fetch(`${platform.url}/app/list`)).json()) as {
+          apps: Array<{ id: string; admission?: Record<string, number> }>
+        }
+      ).apps.find((app) => app.id === "gated_short_queue")?.admission
+    await until(async () => (await restored()) !== undefined)
+    expect(await restored()).toEqual({ maxConcurrency: 1, maxQueue: 1, queueTimeoutMs: 300 })
+  })
+
   it("refuses at registration an app whose admission settings are not whole numbers", async () => {
     const source = readFileSync(gated, "utf8").replace("maxConcurrency: 1", "maxConcurrency: 0")
     const refused = await registerRaw(platform.url, { name: "gated_bad", source })
