@@ -6,6 +6,7 @@ import { Console, Effect, Layer } from "effect"
 import { AppManager, type AppSummary } from "../control/app-manager/AppManager.js"
 import type { NotSupported } from "../control/errors.js"
 import { Gateway } from "../control/gateway/Gateway.js"
+import { PlatformMetrics } from "../control/gateway/RequestMetrics.js"
 import { ResourceManager } from "../control/resource-manager/ResourceManager.js"
 import { ServeConfig, type ServeOptions } from "../control/ServeConfig.js"
 import { ClusterServer, lostAfterMs, NodeRegistry } from "../control/cluster/NodeRegistry.js"
@@ -24,7 +25,13 @@ const binPath = fileURLToPath(new URL("../../bin/cornserve", import.meta.url))
 export const platformLayer = (options: ServeOptions) =>
   Layer.merge(Gateway.Default, ClusterServer).pipe(
     Layer.provideMerge(
-      Layer.mergeAll(AppManager.Default, ResourceManager.Default, NodeAgent.Default, NodeRegistry.Default)
+      Layer.mergeAll(
+        AppManager.Default,
+        ResourceManager.Default,
+        NodeAgent.Default,
+        NodeRegistry.Default,
+        PlatformMetrics.Default
+      )
     ),
     Layer.provide(Layer.succeed(ServeConfig, options))
   )

@@ -383,6 +383,39 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
     expect(signals.map((signal) => getEventListeners(signal, "abort").length)).toEqual([0, 0, 0])
   })
 
+  it("reports each executor call, the stream's first chunk and the gaps between its chunks", async () => {
+    for (const encoder of encoders) encoder.handle = (request, response) => answerJson(response, embedded(request.body))
+    llm.handle = (_, response) => streamChat(response)
+    const seen: Array<string> = []
+    const managers = await runtime.runPromise(TaskManagers)
+    const observed = makeDispatch({
+      task: managers.get,
+      release: () => undefined,
+      sidecarRunning: async () => true,
+      onSidecarLost: () => () => undefined,
+      observer: {
+        call: (taskId, operation, outcome, seconds) => {
+          expect(seconds).toBeGreaterThanOrEqual(0)
+          seen.push(`call ${taskId} ${operation} ${outcome}`)
+        },
+        firstChunk: (taskId) => seen.push(`first ${taskId}`),
+        nextChunk: (taskId) => seen.push(`next ${taskId}`)
+      }
+    })
+    const outcome = await observed(graph, "request-observed", requestSignal())
+    for await (const _ of outcome.stream!) {
+      // drained
+    }
+    expect(seen.filter((entry) => entry.startsWith("call encoder-a"))).toEqual([
+      `call encoder-a ${graph.invocations[0]!.operation} ok`
+    ])
+    expect(seen.filter((entry) => !entry.startsWith("call encoder-a"))).toEqual([
+      "first llm-b",
+      "next llm-b",
+      `call llm-b ${graph.invocations[1]!.operation} ok`
+    ])
+  })
+
   it("refuses a graph whose task is not deployed as TaskUnavailable", async () => {
     await expect(dispatch(graphOf(llmCall("llm-missing", [])), "request-6", requestSignal())).rejects.toMatchObject({
       _tag: "TaskUnavailable"

@@ -90,6 +90,20 @@ describe("cornserve serve: the node's sidecar is restarted, and the control plan
     )
   })
 
+  it("measures each executor call, and the LLM stream's first token and the gaps between tokens, in /metrics", async () => {
+    expect(await colourOfRedPixel()).toBe("red")
+    const text = await (await fetch(`${platform.url}/metrics`)).text()
+    expect(text).toMatch(
+      /^cornserve_executor_call_seconds_count\{task="encoder-[^"]+",operation="[^"]+",outcome="ok"\} [1-9]/m
+    )
+    expect(text).toMatch(
+      /^cornserve_executor_call_seconds_count\{task="llm-[^"]+",operation="[^"]+",outcome="ok"\} [1-9]/m
+    )
+    expect(text).toMatch(/^cornserve_stream_first_chunk_seconds_count\{task="llm-[^"]+"\} [1-9]/m)
+    expect(text).toMatch(/^cornserve_stream_inter_chunk_seconds_count\{task="llm-[^"]+"\} [1-9]/m)
+    expect(text).toMatch(/^cornserve_request_duration_seconds_count\{app="color_chat",status="200"\} [1-9]/m)
+  })
+
   it("releases from the new sidecar the data a cancelled request left there", async () => {
     expect(await sidecarMetrics()).toMatchObject({ bytesInUse: 0 })
     // With the LLM executor stopped, the image's embeddings wait in the arena for a reader that

@@ -8,6 +8,7 @@ import type { DispatchOutcome } from "../app-manager/AppDriver.js"
 import { DispatchFailed, InvalidTaskGraph, RequestCancelled, TaskInputRejected, TaskUnavailable } from "../errors.js"
 import { type ExecutorLease, type TaskManager, TaskManagers } from "../task-manager/TaskManagers.js"
 import { eitherSignal } from "./EitherSignal.js"
+import { PlatformMetrics } from "../gateway/RequestMetrics.js"
 import {
   type CallResult,
   type ExecutorCallError,
@@ -83,6 +84,18 @@ export interface DispatchEnvironment {
   readonly sidecarRunning: (timeoutMs: number) => Promise<boolean>
   /** Calls `listener` each time the sidecar goes away; returns the unsubscription. */
   readonly onSidecarLost: (listener: () => void) => () => void
+  /** Told of each executor call as it ends, and of each streamed call's chunks (for the metrics). */
+  readonly observer?: CallObserver
+}
+
+/** What the dispatcher reports of executor calls. */
+export interface CallObserver {
+  /** A call ended: `seconds` from its start to its answer (to its last chunk for a stream). */
+  readonly call: (taskId: string, operation: string, outcome: "ok" | "error", seconds: number) => void
+  /** A streamed call's first chunk came `seconds` after the call began. */
+  readonly firstChunk: (taskId: string, seconds: number) => void
+  /** A streamed call's next chunk came `seconds` after the one before it. */
+  readonly nextChunk: (taskId: string, seconds: number) => void
 }
 
 /** How long a graph that forwards data waits for a sidecar being restarted before it is refused. */
@@ -132,6 +145,7 @@ export const makeDispatch = (environment: DispatchEnvironment) => {
 const dispatchGraphWith =
   (environment: DispatchEnvironment) =>
   async (graph: TaskGraphWire, requestId: string, signal: AbortSignal): Promise<DispatchOutcome> => {
+    const observer = environment.observer
     const managers = graph.invocations.map((invocation) => {
       const task = environment.task(invocation.taskId)
       if (task === undefined) throw new TaskUnavailable({ message: `task ${invocation.taskId} is not deployed` })
@@ -206,23 +220,31 @@ const dispatchGraphWith =
       for (let attempt = 0; ; attempt++) {
         // A call ends with the request, and at once when its executor's node is lost.
         const callSignal = eitherSignal(controller.signal, lease.signal)
+        const began = performance.now()
+        const observe = (outcome: "ok" | "error") =>
+          observer?.call(invocation.taskId, invocation.operation, outcome, (performance.now() - began) / 1000)
         try {
           const result = await call(lease.url, invocation, { receivers, modalities, signal: callSignal.signal })
           if (result.stream === undefined) {
             callSignal.dispose()
             lease.release("ok")
+            observe("ok")
             return result
           }
           const held = lease
+          let streamFailed = false
           return {
             output: result.output,
             stream: passThrough(
-              result.stream,
+              observer === undefined ? result.stream : timedChunks(result.stream, invocation.taskId, began, observer),
               () => {
                 callSignal.dispose()
                 held.release("ok")
+                if (!streamFailed) observe("ok")
               },
               (error) => {
+                streamFailed = true
+                observe("error")
                 held.release("failed")
                 throw fail(lostNode(held, error), invocation.taskId)
               }
@@ -230,6 +252,7 @@ const dispatchGraphWith =
           }
         } catch (caught) {
           callSignal.dispose()
+          observe("error")
           const error = lostNode(lease, caught)
           const unavailable = error instanceof TaskUnavailable && !controller.signal.aborted
           lease.release(unavailable ? "unavailable" : "failed")
@@ -289,7 +312,9 @@ export class Dispatcher extends Effect.Service<Dispatcher>()("cornserve/Dispatch
   effect: Effect.gen(function* () {
     const taskManagers = yield* TaskManagers
     const agent = yield* NodeAgent
+    const { metrics } = yield* PlatformMetrics
     const dispatch = makeDispatch({
+      observer: metrics.callObserver,
       task: taskManagers.get,
       release: (dataIds) => {
         if (dataIds.length === 0) return
@@ -313,8 +338,25 @@ export class Dispatcher extends Effect.Service<Dispatcher>()("cornserve/Dispatch
     })
     return { dispatch }
   }),
-  dependencies: [TaskManagers.Default, NodeAgent.Default]
+  dependencies: [TaskManagers.Default, NodeAgent.Default, PlatformMetrics.Default]
 }) {}
+
+/** The chunks of `source`, telling `observer` when the first came after `began` and the gaps between the others. */
+async function* timedChunks<A>(
+  source: AsyncIterable<A>,
+  taskId: string,
+  began: number,
+  observer: CallObserver
+): AsyncIterable<A> {
+  let last: number | undefined
+  for await (const chunk of source) {
+    const now = performance.now()
+    if (last === undefined) observer.firstChunk(taskId, (now - began) / 1000)
+    else observer.nextChunk(taskId, (now - last) / 1000)
+    last = now
+    yield chunk
+  }
+}
 
 /** The chunks of `source`, calling `onEnd` when it is done and `onError` (which rethrows) when it fails. */
 async function* passThrough<A>(

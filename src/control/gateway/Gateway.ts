@@ -28,7 +28,7 @@ import { errorBody, errorResponse } from "./ErrorResponse.js"
 import { shortened } from "../../app-runtime/Shortened.js"
 import { parseJsonBody } from "./JsonBody.js"
 import { renderMetrics } from "./Metrics.js"
-import { RequestMetrics } from "./RequestMetrics.js"
+import { PlatformMetrics } from "./RequestMetrics.js"
 import { chatCompletionsPattern, invokePrefix, makeInvokeRoute } from "./InvokeRoute.js"
 import { readRequestBody } from "./RequestBody.js"
 
@@ -203,7 +203,7 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       )
     )
 
-    const requestMetrics = new RequestMetrics()
+    const { metrics: requestMetrics } = yield* PlatformMetrics
 
     const metrics = Effect.gen(function* () {
       const sidecar = yield* Effect.tryPromise(() => agent.sidecarClient().then((client) => client.stats())).pipe(

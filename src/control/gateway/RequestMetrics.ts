@@ -3,7 +3,9 @@
  * errors by code, and requests shed by admission control. The labels name registered apps only
  * (a request for an unknown app counts under app=""), so that a client cannot grow the series.
  */
+import { Effect } from "effect"
 import { Counter, Histogram, Registry } from "prom-client"
+import type { CallObserver } from "../dispatcher/Dispatcher.js"
 
 /** From half a millisecond (the gateway's own overhead) to a minute (a long generation). */
 const latencyBuckets = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]
@@ -37,6 +39,35 @@ export class RequestMetrics {
     registers: [this.registry]
   })
 
+  private readonly calls = new Histogram({
+    name: "cornserve_executor_call_seconds",
+    help: "Calls from the dispatcher to task executors, from the call to its answer (its last chunk when streamed), by task, operation and outcome.",
+    labelNames: ["task", "operation", "outcome"] as const,
+    buckets: latencyBuckets,
+    registers: [this.registry]
+  })
+  private readonly firstChunk = new Histogram({
+    name: "cornserve_stream_first_chunk_seconds",
+    help: "Streamed executor calls (an LLM's tokens): from the call to its first chunk (time to first token), by task.",
+    labelNames: ["task"] as const,
+    buckets: latencyBuckets,
+    registers: [this.registry]
+  })
+  private readonly nextChunk = new Histogram({
+    name: "cornserve_stream_inter_chunk_seconds",
+    help: "Streamed executor calls: the time between one chunk and the next (inter-token latency), by task.",
+    labelNames: ["task"] as const,
+    buckets: latencyBuckets,
+    registers: [this.registry]
+  })
+
+  /** What the dispatcher reports of its executor calls goes into these metrics. */
+  readonly callObserver: CallObserver = {
+    call: (task, operation, outcome, seconds) => this.calls.observe({ task, operation, outcome }, seconds),
+    firstChunk: (task, seconds) => this.firstChunk.observe({ task }, seconds),
+    nextChunk: (task, seconds) => this.nextChunk.observe({ task }, seconds)
+  }
+
   /** One request ended: `errorCode` is the error it was answered with, if any. */
   finished(app: string, status: number, seconds: number, errorCode: string | undefined): void {
     this.duration.observe({ app, status: String(status) }, seconds)
@@ -51,3 +82,8 @@ export class RequestMetrics {
     return this.registry.metrics()
   }
 }
+
+/** The platform's prom-client metrics, one set per process, shared by the gateway and the dispatcher. */
+export class PlatformMetrics extends Effect.Service<PlatformMetrics>()("cornserve/PlatformMetrics", {
+  sync: () => ({ metrics: new RequestMetrics() })
+}) {}
