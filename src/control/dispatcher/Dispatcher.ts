@@ -8,7 +8,7 @@ import type { DispatchOutcome } from "../app-manager/AppDriver.js"
 import { DispatchFailed, InvalidTaskGraph, RequestCancelled, TaskInputRejected, TaskUnavailable } from "../errors.js"
 import { type ExecutorLease, type TaskManager, TaskManagers } from "../task-manager/TaskManagers.js"
 import { eitherSignal } from "./EitherSignal.js"
-import { PlatformMetrics } from "../gateway/RequestMetrics.js"
+import { PlatformMetrics } from "../metrics/PlatformMetrics.js"
 import {
   type CallResult,
   type ExecutorCallError,

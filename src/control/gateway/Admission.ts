@@ -36,6 +36,11 @@ export class Admission {
 
   constructor(readonly limits: AdmissionLimits) {}
 
+  /** No limit: every request runs at once, and none needs to be counted. */
+  get unlimited(): boolean {
+    return this.limits.maxConcurrency === Number.POSITIVE_INFINITY
+  }
+
   get inFlight(): number {
     return this.running
   }

@@ -28,7 +28,7 @@ import { errorBody, errorResponse } from "./ErrorResponse.js"
 import { shortened } from "../../app-runtime/Shortened.js"
 import { parseJsonBody } from "./JsonBody.js"
 import { renderMetrics } from "./Metrics.js"
-import { PlatformMetrics } from "./RequestMetrics.js"
+import { PlatformMetrics } from "../metrics/PlatformMetrics.js"
 import { chatCompletionsPattern, invokePrefix, makeInvokeRoute } from "./InvokeRoute.js"
 import { readRequestBody } from "./RequestBody.js"
 

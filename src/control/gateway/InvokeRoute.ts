@@ -20,7 +20,7 @@ import { errorBody, errorHead, type GatewayError } from "./ErrorResponse.js"
 import { shortened } from "../../app-runtime/Shortened.js"
 import { jsonDepthWithin, tooDeepMessage } from "./JsonBody.js"
 import { type RequestBodyLimits, readRequestBody } from "./RequestBody.js"
-import type { RequestMetrics } from "./RequestMetrics.js"
+import type { Metrics } from "../metrics/PlatformMetrics.js"
 
 export const invokePrefix = "/app/invoke/"
 /** `POST /app/:id/v1/chat/completions`: the OpenAI surface of apps that take chat requests. */
@@ -210,7 +210,7 @@ export interface InvokeRouteOptions {
   readonly maxJsonDepth: number
   readonly requestTimeoutMs: number
   readonly maxResponseBytes: number
-  readonly metrics: RequestMetrics
+  readonly metrics: Metrics
 }
 
 /**
@@ -309,6 +309,7 @@ export const makeInvokeRoute =
         })
       })
 
+    if (driver.admission.unlimited) return run()
     // Admitted, queued or refused before any of the request's work starts (its body is not yet read).
     const leaveQueue = driver.admission.enter((outcome) => {
       switch (outcome._tag) {

@@ -1,7 +1,8 @@
 /**
- * What the gateway measures of the requests to apps, with prom-client: latency by app and status,
- * errors by code, and requests shed by admission control. The labels name registered apps only
- * (a request for an unknown app counts under app=""), so that a client cannot grow the series.
+ * The platform's prom-client metrics: what the gateway measures of the requests to apps (latency by
+ * app and status, errors by code, requests shed by admission control) and what the dispatcher
+ * reports of its executor calls. The labels name registered apps and deployed tasks only (a
+ * request for an unknown app counts under app=""), so that a client cannot grow the series.
  */
 import { Effect } from "effect"
 import { Counter, Histogram, Registry } from "prom-client"
@@ -17,15 +18,13 @@ const shedReasons: Readonly<Record<string, string>> = {
   ShuttingDown: "shutting_down"
 }
 
-export class RequestMetrics {
+export class Metrics {
   readonly registry = new Registry()
-  private readonly duration = new Histogram({
-    name: "cornserve_request_duration_seconds",
-    help: "Requests to apps, from arrival at the gateway to the last byte of the answer, by app and status (499: the client left first).",
-    labelNames: ["app", "status"] as const,
-    buckets: latencyBuckets,
-    registers: [this.registry]
-  })
+  private readonly duration = this.histogram(
+    "cornserve_request_duration_seconds",
+    "Requests to apps, from arrival at the gateway to the last byte of the answer, by app and status (499: the client left first).",
+    ["app", "status"]
+  )
   private readonly errors = new Counter({
     name: "cornserve_request_errors_total",
     help: "Requests to apps answered with an error, by app and error code.",
@@ -39,27 +38,21 @@ export class RequestMetrics {
     registers: [this.registry]
   })
 
-  private readonly calls = new Histogram({
-    name: "cornserve_executor_call_seconds",
-    help: "Calls from the dispatcher to task executors, from the call to its answer (its last chunk when streamed), by task, operation and outcome.",
-    labelNames: ["task", "operation", "outcome"] as const,
-    buckets: latencyBuckets,
-    registers: [this.registry]
-  })
-  private readonly firstChunk = new Histogram({
-    name: "cornserve_stream_first_chunk_seconds",
-    help: "Streamed executor calls (an LLM's tokens): from the call to its first chunk (time to first token), by task.",
-    labelNames: ["task"] as const,
-    buckets: latencyBuckets,
-    registers: [this.registry]
-  })
-  private readonly nextChunk = new Histogram({
-    name: "cornserve_stream_inter_chunk_seconds",
-    help: "Streamed executor calls: the time between one chunk and the next (inter-token latency), by task.",
-    labelNames: ["task"] as const,
-    buckets: latencyBuckets,
-    registers: [this.registry]
-  })
+  private readonly calls = this.histogram(
+    "cornserve_executor_call_seconds",
+    "Calls from the dispatcher to task executors, from the call to its answer (its last chunk when streamed), by task, operation and outcome.",
+    ["task", "operation", "outcome"]
+  )
+  private readonly firstChunk = this.histogram(
+    "cornserve_stream_first_chunk_seconds",
+    "Streamed executor calls (an LLM's tokens): from the call to its first chunk (time to first token), by task.",
+    ["task"]
+  )
+  private readonly nextChunk = this.histogram(
+    "cornserve_stream_inter_chunk_seconds",
+    "Streamed executor calls: the time between one chunk and the next (inter-token latency), by task.",
+    ["task"]
+  )
 
   /** What the dispatcher reports of its executor calls goes into these metrics. */
   readonly callObserver: CallObserver = {
@@ -77,6 +70,11 @@ export class RequestMetrics {
     if (reason !== undefined) this.shed.inc({ app, reason })
   }
 
+  /** A latency histogram in this registry. */
+  private histogram<Label extends string>(name: string, help: string, labelNames: ReadonlyArray<Label>) {
+    return new Histogram<Label>({ name, help, labelNames, buckets: latencyBuckets, registers: [this.registry] })
+  }
+
   /** The Prometheus text of these metrics. */
   text(): Promise<string> {
     return this.registry.metrics()
@@ -85,5 +83,5 @@ export class RequestMetrics {
 
 /** The platform's prom-client metrics, one set per process, shared by the gateway and the dispatcher. */
 export class PlatformMetrics extends Effect.Service<PlatformMetrics>()("cornserve/PlatformMetrics", {
-  sync: () => ({ metrics: new RequestMetrics() })
+  sync: () => ({ metrics: new Metrics() })
 }) {}
