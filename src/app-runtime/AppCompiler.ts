@@ -48,6 +48,27 @@ export const compileApp = async (
   source: string,
   fileName: string
 ): Promise<{ readonly _tag: "Compiled"; readonly code: string } | CompileFailure> => {
+  compiling++
+  clearTimeout(idleStop)
+  try {
+    return await compile(source, fileName)
+  } finally {
+    compiling--
+    // esbuild's helper process pings the platform every second and holds ~13 MB while it waits for
+    // work that comes only when an app is registered: it goes once registrations stop.
+    if (compiling === 0) idleStop = setTimeout(() => void esbuild.stop(), compilerIdleMs).unref()
+  }
+}
+
+/** How long esbuild's helper process stays after the last compile. */
+const compilerIdleMs = 5_000
+let compiling = 0
+let idleStop: NodeJS.Timeout | undefined
+
+const compile = async (
+  source: string,
+  fileName: string
+): Promise<{ readonly _tag: "Compiled"; readonly code: string } | CompileFailure> => {
   const forbidden: Array<string> = []
   try {
     const result = await esbuild.build({
@@ -84,4 +105,7 @@ export const compileApp = async (
 }
 
 /** Stops esbuild's helper process; the next compile starts it again. */
-export const stopCompiler = (): Promise<void> => esbuild.stop()
+export const stopCompiler = (): Promise<void> => {
+  clearTimeout(idleStop)
+  return esbuild.stop()
+}
