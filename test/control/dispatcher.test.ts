@@ -262,12 +262,12 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
     })
   })
 
-  it("tries an encoder call once more on another executor when the first is unavailable", async () => {
-    const [busy, free] = encoders as [StandInExecutor, StandInExecutor]
-    // Whichever executor gets the call first is full; the other one answers.
+  it("runs the graph once more under fresh data ids when its encoder is unavailable, never the same ids twice", async () => {
+    // Whichever executor gets the first call is full; the graph is tried again, every invocation
+    // under new ids: a producer's second try under the first ids could find its chunks already sent.
     let first = true
-    const answerOnce = (standIn: StandInExecutor) => {
-      standIn.handle = (request, response) => {
+    for (const encoder of encoders) {
+      encoder.handle = (request, response) => {
         if (first) {
           first = false
           return refuse(response, 503, "EngineUnavailable", "the executor's queue is full")
@@ -275,8 +275,6 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
         answerJson(response, embedded(request.body))
       }
     }
-    answerOnce(busy)
-    answerOnce(free)
     llm.handle = (_, response) => streamChat(response)
 
     const outcome = await dispatch(graph, "request-4", requestSignal())
@@ -284,8 +282,17 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
       // drained
     }
 
-    expect(busy.received).toHaveLength(1)
-    expect(free.received).toHaveLength(1)
+    const embedIds = encoders
+      .flatMap((encoder) => encoder.received)
+      .map((request) => (request.body as { items: Array<{ id: string }> }).items[0]!.id)
+    expect(embedIds).toHaveLength(2)
+    expect(embedIds[0]).toBe("img1")
+    expect(embedIds[1]).not.toBe("img1")
+    const llmIds = llm.received.map(
+      (request) => (request.body as { cornserve_embeddings: Array<{ id: string }> }).cornserve_embeddings[0]!.id
+    )
+    expect(llmIds.at(-1)).toBe(embedIds[1])
+    expect(outcome.outputs[0]).toEqual({ embeddings: [forward("img1")] })
   })
 
   it("runs a graph once more as a whole, under fresh data ids, when its LLM is unavailable before it answers", async () => {
@@ -414,6 +421,162 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
       "next llm-b",
       `call llm-b ${graph.invocations[1]!.operation} ok`
     ])
+  })
+
+  describe("releases every executor lease", () => {
+    /** Calls in flight the task managers count, by task. */
+    const outstanding = async () => {
+      const managers = await runtime.runPromise(TaskManagers)
+      return Object.fromEntries(
+        ["encoder-a", "llm-b"].map((taskId) => [
+          taskId,
+          managers
+            .get(taskId)!
+            .executors()
+            .reduce((sum, executor) => sum + executor.outstanding, 0)
+        ])
+      )
+    }
+    const none = { "encoder-a": 0, "llm-b": 0 }
+    /** Until every executor is back in rotation (a refusal as unavailable takes one out until its health line). */
+    const allHealthy = async () => {
+      const managers = await runtime.runPromise(TaskManagers)
+      while (
+        !["encoder-a", "llm-b"].every((id) =>
+          managers
+            .get(id)!
+            .executors()
+            .every((e) => e.healthy)
+        )
+      )
+        await new Promise((resolve) => setTimeout(resolve, 20))
+    }
+    afterEach(allHealthy)
+
+    /** The LLM answers with its stream's head at once and its chunks only when `finish` is called. */
+    const heldStream = () => {
+      let finish: () => void = () => undefined
+      const arrived = new Promise<void>((resolve) => {
+        llm.handle = (_, response) => {
+          response.writeHead(200, { "content-type": "text/event-stream" })
+          response.write(`data: ${JSON.stringify(chunk("re"))}\n\n`)
+          finish = () => response.end(`data: ${JSON.stringify(chunk("d"))}\n\ndata: [DONE]\n\n`)
+          resolve()
+        }
+      })
+      return { arrived, finish: () => finish() }
+    }
+
+    it("when the stream is read to its end", async () => {
+      for (const encoder of encoders)
+        encoder.handle = (request, response) => answerJson(response, embedded(request.body))
+      llm.handle = (_, response) => streamChat(response)
+      const outcome = await dispatch(graph, "lease-ok", requestSignal())
+      for await (const _ of outcome.stream!) {
+        // drained
+      }
+      expect(await outstanding()).toEqual(none)
+    })
+
+    it("when one invocation fails after another's stream has begun", async () => {
+      const stream = heldStream()
+      for (const encoder of encoders)
+        encoder.handle = (_, response) => void stream.arrived.then(() => refuse(response, 400, "MediaError", "bad"))
+      await expect(dispatch(graph, "lease-branch", requestSignal())).rejects.toMatchObject({
+        _tag: "TaskInputRejected"
+      })
+      expect(await outstanding()).toEqual(none)
+    })
+
+    it("when the executor fails on its own", async () => {
+      for (const encoder of encoders)
+        encoder.handle = (request, response) => answerJson(response, embedded(request.body))
+      llm.handle = (_, response) => refuse(response, 500, "ExecutorFailed", "worker 0 failed")
+      await expect(dispatch(graph, "lease-executor", requestSignal())).rejects.toMatchObject({
+        _tag: "DispatchFailed"
+      })
+      expect(await outstanding()).toEqual(none)
+    })
+
+    it("when one task has no executor to lease and the request is cancelled while it waits", async () => {
+      const managers = await runtime.runPromise(TaskManagers)
+      for (const encoder of encoders) encoder.health = 503
+      while (
+        managers
+          .get("encoder-a")!
+          .executors()
+          .some((executor) => executor.healthy)
+      )
+        await new Promise((resolve) => setTimeout(resolve, 20))
+      llm.handle = () => undefined
+      const request = new AbortController()
+      const outcome = dispatch(graph, "lease-none", request.signal)
+      await new Promise((resolve) => setTimeout(resolve, 150))
+      // The LLM's lease was taken; the encoder's is still being waited for.
+      expect((await outstanding())["llm-b"]).toBe(1)
+      request.abort()
+      await expect(outcome).rejects.toBeDefined()
+      expect(await outstanding()).toEqual(none)
+      expect(llm.received).toHaveLength(0)
+      for (const encoder of encoders) encoder.health = 200
+    })
+
+    it("when the request is cancelled after the stream began and nobody reads it", async () => {
+      const stream = heldStream()
+      for (const encoder of encoders)
+        encoder.handle = (request, response) => answerJson(response, embedded(request.body))
+      const request = new AbortController()
+      const outcome = await dispatch(graph, "lease-unread", request.signal)
+      await stream.arrived
+      expect((await outstanding())["llm-b"]).toBe(1)
+      request.abort()
+      expect(await outstanding()).toEqual(none)
+      expect(outcome.stream).toBeDefined()
+    })
+
+    it("when the reader stops early", async () => {
+      const stream = heldStream()
+      for (const encoder of encoders)
+        encoder.handle = (request, response) => answerJson(response, embedded(request.body))
+      const outcome = await dispatch(graph, "lease-break", requestSignal())
+      for await (const _ of outcome.stream!) break
+      stream.finish()
+      expect(await outstanding()).toEqual(none)
+    })
+
+    it("when the stream breaks off mid-way", async () => {
+      for (const encoder of encoders)
+        encoder.handle = (request, response) => answerJson(response, embedded(request.body))
+      llm.handle = (_, response) => {
+        response.writeHead(200, { "content-type": "text/event-stream" })
+        response.write(`data: ${JSON.stringify(chunk("re"))}\n\n`, () => setTimeout(() => response.destroy(), 20))
+      }
+      const outcome = await dispatch(graph, "lease-broken", requestSignal())
+      await expect(
+        (async () => {
+          for await (const _ of outcome.stream!) {
+            // read until it breaks
+          }
+        })()
+      ).rejects.toBeDefined()
+      expect(await outstanding()).toEqual(none)
+    })
+
+    it("when an executor is unavailable and the graph runs again", async () => {
+      for (const encoder of encoders)
+        encoder.handle = (request, response) => answerJson(response, embedded(request.body))
+      let tries = 0
+      llm.handle = (_, response) => {
+        tries++
+        if (tries === 1) return refuse(response, 503, "EngineUnavailable", "full")
+        streamChat(response)
+      }
+      const outcome = await dispatch(graph, "lease-retry", requestSignal())
+      for await (const _ of outcome.stream!) {
+        // drained
+      }
+      expect(await outstanding()).toEqual(none)
+    })
   })
 
   it("refuses a graph whose task is not deployed as TaskUnavailable", async () => {

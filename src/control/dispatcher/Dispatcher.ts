@@ -9,13 +9,7 @@ import { DispatchFailed, InvalidTaskGraph, RequestCancelled, TaskInputRejected, 
 import { type ExecutorLease, type TaskManager, TaskManagers } from "../task-manager/TaskManagers.js"
 import { eitherSignal } from "./EitherSignal.js"
 import { PlatformMetrics } from "../metrics/PlatformMetrics.js"
-import {
-  type CallResult,
-  type ExecutorCallError,
-  executorCalls,
-  idempotentOperations,
-  producedModalities
-} from "./ExecutorCalls.js"
+import { type CallResult, type ExecutorCallError, executorCalls, producedModalities } from "./ExecutorCalls.js"
 
 /** For each forwarded datum: which invocation produces it and which consume it. */
 export interface DataWiring {
@@ -107,10 +101,9 @@ const sidecarWaitMs = 3_000
  * executor of its task at once (data dependencies are kept by the consumers waiting on the
  * sidecar). A streaming last invocation's chunks pass through as they come. When one invocation
  * fails, the others are cancelled; when the request is cancelled, so is every invocation, and the
- * data the graph forwarded is released from the sidecar. An encoder or generator call that finds
- * its executor unavailable is tried once more on another executor of its task; a graph that fails
- * as unavailable before anything of it reached the app (an LLM's node was lost, the sidecar went
- * away) is run once more as a whole.
+ * data the graph forwarded is released from the sidecar. A graph that fails as unavailable before anything of it reached the app (an LLM's node was lost, the sidecar went
+ * away) is run once more as a whole, under fresh data ids. Every executor lease it takes is released
+ * on every path: answer, stream end, failure of any invocation, cancellation.
  */
 export const makeDispatch = (environment: DispatchEnvironment) => {
   const dispatchGraph = dispatchGraphWith(environment)
@@ -173,8 +166,17 @@ const dispatchGraphWith =
       controller.abort()
       return firstFailure ?? new RequestCancelled({ requestId })
     }
+    // Every lease the graph takes, released on every way out: a call's end, a stream's end, the
+    // graph's failure, the request's cancellation (release is idempotent, so the first one counts).
+    const held: Array<ExecutorLease> = []
+    let closed = false
+    const releaseHeld = () => {
+      closed = true
+      for (const lease of held) lease.release("failed")
+    }
     const onCancel = () => {
       controller.abort()
+      releaseHeld()
       release()
     }
     signal.addEventListener("abort", onCancel, { once: true })
@@ -191,13 +193,29 @@ const dispatchGraphWith =
       : () => undefined
     // Every invocation's executor is chosen first: a producer sends what it forwards to the nodes of
     // the executors that consume it (through its sidecar's peers when they are on another node).
+    // When one task has none, the leases the others got go back unused.
+    const leasing = managers.map((manager) =>
+      manager.lease({ signal: controller.signal }).then((lease) => {
+        if (closed) lease.release("unused")
+        else held.push(lease)
+        return lease
+      })
+    )
     let leases: Array<ExecutorLease>
     try {
-      leases = await Promise.all(managers.map((manager) => manager.lease({ signal: controller.signal })))
+      leases = await Promise.all(leasing)
     } catch (error) {
+      controller.abort()
+      releaseHeld()
+      await Promise.allSettled(leasing)
       stopWatchingSidecar()
       signal.removeEventListener("abort", onCancel)
       throw error
+    }
+    if (closed) {
+      // Cancelled while the executors were being chosen.
+      stopWatchingSidecar()
+      throw new RequestCancelled({ requestId })
     }
     const receiversOf = (index: number): ReadonlyArray<string> => {
       const nodes = new Set<string>()
@@ -208,57 +226,55 @@ const dispatchGraphWith =
       return nodes.size > 0 ? [...nodes] : [leases[index]!.node]
     }
 
+    // An executor that cannot take its call is not tried again here: the graph is, as a whole and
+    // under fresh data ids (see makeDispatch). Every call forwards or consumes data, and a second try
+    // under the same ids would find chunks already sent, or sent to a node that is gone.
     const run = async (invocation: TaskInvocationWire, index: number): Promise<CallResult> => {
+      const lease = leases[index]!
       const call = executorCalls[invocation.operation]
       if (call === undefined) {
-        leases[index]!.release("ok")
+        lease.release("unused")
         throw new InvalidTaskGraph({ message: `no executor call for operation ${invocation.operation}` })
       }
-      const idempotent = idempotentOperations.has(invocation.operation)
       const receivers = receiversOf(index)
-      let lease = leases[index]!
-      for (let attempt = 0; ; attempt++) {
-        // A call ends with the request, and at once when its executor's node is lost.
-        const callSignal = eitherSignal(controller.signal, lease.signal)
-        const began = performance.now()
-        const observe = (outcome: "ok" | "error") =>
-          observer?.call(invocation.taskId, invocation.operation, outcome, (performance.now() - began) / 1000)
-        try {
-          const result = await call(lease.url, invocation, { receivers, modalities, signal: callSignal.signal })
-          if (result.stream === undefined) {
-            callSignal.dispose()
-            lease.release("ok")
-            observe("ok")
-            return result
-          }
-          const held = lease
-          let streamFailed = false
-          return {
-            output: result.output,
-            stream: passThrough(
-              observer === undefined ? result.stream : timedChunks(result.stream, invocation.taskId, began, observer),
-              () => {
-                callSignal.dispose()
-                held.release("ok")
-                if (!streamFailed) observe("ok")
-              },
-              (error) => {
-                streamFailed = true
-                observe("error")
-                held.release("failed")
-                throw fail(lostNode(held, error), invocation.taskId)
-              }
-            )
-          }
-        } catch (caught) {
+      // A call ends with the request, and at once when its executor's node is lost.
+      const callSignal = eitherSignal(controller.signal, lease.signal)
+      const began = performance.now()
+      const observe = (outcome: "ok" | "error") =>
+        observer?.call(invocation.taskId, invocation.operation, outcome, (performance.now() - began) / 1000)
+      try {
+        const result = await call(lease.url, invocation, { receivers, modalities, signal: callSignal.signal })
+        if (result.stream === undefined) {
           callSignal.dispose()
-          observe("error")
-          const error = lostNode(lease, caught)
-          const unavailable = error instanceof TaskUnavailable && !controller.signal.aborted
-          lease.release(unavailable ? "unavailable" : "failed")
-          if (!unavailable || !idempotent || attempt > 0) throw fail(error, invocation.taskId)
-          lease = await managers[index]!.lease({ exclude: lease.executorId, signal: controller.signal })
+          lease.release("ok")
+          observe("ok")
+          return result
         }
+        let streamFailed = false
+        return {
+          output: result.output,
+          stream: passThrough(
+            observer === undefined ? result.stream : timedChunks(result.stream, invocation.taskId, began, observer),
+            () => {
+              callSignal.dispose()
+              lease.release("ok")
+              if (!streamFailed) observe("ok")
+            },
+            (error) => {
+              streamFailed = true
+              observe("error")
+              lease.release("failed")
+              throw fail(lostNode(lease, error), invocation.taskId)
+            }
+          )
+        }
+      } catch (caught) {
+        callSignal.dispose()
+        observe("error")
+        const error = lostNode(lease, caught)
+        const unavailable = error instanceof TaskUnavailable && !controller.signal.aborted
+        lease.release(unavailable ? "unavailable" : "failed")
+        throw fail(error, invocation.taskId)
       }
     }
 
@@ -267,21 +283,26 @@ const dispatchGraphWith =
         stopWatchingSidecar
       )
       const last = results[results.length - 1]!
-      return last.stream === undefined
-        ? { outputs: results.map((result) => result.output) }
-        : {
-            outputs: results.map((result) => result.output),
-            stream: passThrough(
-              last.stream,
-              () => signal.removeEventListener("abort", onCancel),
-              (error) => {
-                signal.removeEventListener("abort", onCancel)
-                throw firstFailure ?? error
-              }
-            )
+      if (last.stream === undefined) {
+        signal.removeEventListener("abort", onCancel)
+        return { outputs: results.map((result) => result.output) }
+      }
+      return {
+        outputs: results.map((result) => result.output),
+        stream: passThrough(
+          last.stream,
+          () => signal.removeEventListener("abort", onCancel),
+          (error) => {
+            signal.removeEventListener("abort", onCancel)
+            throw firstFailure ?? error
           }
+        )
+      }
     } catch (error) {
       signal.removeEventListener("abort", onCancel)
+      // The calls still running end with the controller; a streamed answer nobody will read ends here.
+      controller.abort()
+      releaseHeld()
       if (!signal.aborted) release()
       throw firstFailure ?? fail(error, "?")
     }

@@ -302,6 +302,3 @@ export const executorCalls: Readonly<
   "generate-image": generateImage,
   "generate-audio": generateAudio
 }
-
-/** Encoders and generators may run a request twice with the same result; an LLM's stream may not be replayed. */
-export const idempotentOperations = new Set(["embed", "generate-image", "hidden-states"])

@@ -69,8 +69,11 @@ export interface ExecutorLease {
   readonly node: string
   /** Aborted when the executor's node is lost. */
   readonly signal: AbortSignal
-  /** "unavailable": the executor could not take it, so it leaves rotation until its health check passes. */
-  release(outcome: "ok" | "unavailable" | "failed"): void
+  /**
+   * "unavailable": the executor could not take it, so it leaves rotation until its health check
+   * passes; "unused": no call was made (the graph failed first), so the profile does not count it.
+   */
+  release(outcome: "ok" | "unavailable" | "failed" | "unused"): void
 }
 
 class ManagedTask implements TaskManager {
@@ -204,13 +207,14 @@ class ManagedTask implements TaskManager {
         if (released) return
         released = true
         this.countLoad(-1)
-        this.profileOf.record({
-          endedAt: Date.now(),
-          latencyMs: performance.now() - started,
-          level,
-          executors,
-          ok: outcome === "ok"
-        })
+        if (outcome !== "unused")
+          this.profileOf.record({
+            endedAt: Date.now(),
+            latencyMs: performance.now() - started,
+            level,
+            executors,
+            ok: outcome === "ok"
+          })
         if (outcome === "unavailable") member.healthy = false
         member.outstanding--
         if (member.outstanding === 0) for (const wake of member.idle.splice(0)) wake()
