@@ -116,6 +116,16 @@ const serveCommand = Command.make(
       300,
       "Seconds an app may take to start answering a request (504 after)."
     ),
+    taskQueue: Options.integer("task-queue").pipe(
+      Options.withDescription(
+        "Calls each task takes at once, per executor, before it refuses the next with 503 and Retry-After (refused before any of the request's work starts)."
+      ),
+      Options.withDefault(64),
+      Options.filterMap(
+        (value) => (value > 0 ? Option.some(value) : Option.none()),
+        "--task-queue must be a positive number of calls"
+      )
+    ),
     autoscale: Options.boolean("autoscale").pipe(
       Options.withDescription(
         "Move devices between tasks as their load changes: from tasks with slack to the bottleneck (see tasks profile)."
@@ -256,6 +266,7 @@ const serveCommand = Command.make(
         bodyIdleTimeoutMs: Math.round(options.bodyIdleTimeout * 1000),
         maxJsonDepth: options.maxJsonDepth,
         requestTimeoutMs: Math.round(options.requestTimeout * 1000),
+        taskQueue: options.taskQueue,
         appLoadTimeoutMs: 30_000,
         appLimits: {
           heapMiB: Math.max(16, Math.floor(options.appMemory * 0.75)),

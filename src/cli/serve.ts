@@ -9,6 +9,7 @@ import { Gateway } from "../control/gateway/Gateway.js"
 import { PlatformMetrics } from "../control/metrics/PlatformMetrics.js"
 import { ResourceManager } from "../control/resource-manager/ResourceManager.js"
 import { ServeConfig, type ServeOptions } from "../control/ServeConfig.js"
+import { TaskQueueBound } from "../control/task-manager/TaskManagers.js"
 import { ClusterServer, lostAfterMs, NodeRegistry } from "../control/cluster/NodeRegistry.js"
 import { runDataPlane } from "../node/ClusterMember.js"
 import { NodeAgent } from "../node/NodeAgent.js"
@@ -33,7 +34,7 @@ export const platformLayer = (options: ServeOptions) =>
         PlatformMetrics.Default
       )
     ),
-    Layer.provide(Layer.succeed(ServeConfig, options))
+    Layer.provide(Layer.mergeAll(Layer.succeed(ServeConfig, options), Layer.succeed(TaskQueueBound, options.taskQueue)))
   )
 
 /** A data-plane node: its agent (sidecar, devices, executors) and its membership of the cluster. */

@@ -32,6 +32,8 @@ export interface ServeOptions {
   /** How deeply a JSON request body may nest arrays and objects. */
   readonly maxJsonDepth: number
   readonly requestTimeoutMs: number
+  /** Calls each task takes at the dispatcher per executor in rotation before refusing the next (503). */
+  readonly taskQueue: number
   readonly appLoadTimeoutMs: number
   /**
    * Each app's process: its heap and resident memory caps, how long its event loop may stay busy,

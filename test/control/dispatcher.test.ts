@@ -579,6 +579,26 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
     })
   })
 
+  it("refuses a graph one of whose tasks is full before any call starts, and does not run it again", async () => {
+    const managers = await runtime.runPromise(TaskManagers)
+    const llmTask = managers.get("llm-b")!
+    const held = []
+    // The default bound: 64 calls per executor in rotation.
+    for (let index = 0; index < 64; index++) held.push(await llmTask.lease({}))
+    for (const encoder of encoders) encoder.handle = (request, response) => answerJson(response, embedded(request.body))
+    llm.handle = (_, response) => streamChat(response)
+
+    await expect(dispatch(graph, "request-full", requestSignal())).rejects.toMatchObject({
+      _tag: "TaskUnavailable",
+      message: "task llm-b is full: 64 calls in flight, its limit with 1 executor(s) in rotation is 64"
+    })
+    expect(encoders.flatMap((encoder) => encoder.received)).toHaveLength(0)
+    expect(llm.received).toHaveLength(0)
+    for (const lease of held) lease.release("unused")
+    const encoderTask = managers.get("encoder-a")!
+    expect(encoderTask.executors().map((executor) => executor.outstanding)).toEqual([0, 0])
+  })
+
   it("refuses a graph whose task is not deployed as TaskUnavailable", async () => {
     await expect(dispatch(graphOf(llmCall("llm-missing", [])), "request-6", requestSignal())).rejects.toMatchObject({
       _tag: "TaskUnavailable"

@@ -32,6 +32,7 @@ const options = (stateDir: string, devices: string): ServeOptions => ({
   appLimits: { heapMiB: 768, rssMiB: 1024, stallMs: 10_000, maxResponseBytes: 1 << 20 },
   allowedHosts: [],
   requestTimeoutMs: 1_000,
+  taskQueue: 64,
   appLoadTimeoutMs: 10_000,
   shutdownGraceMs: 1_000,
   executorGraceMs: 30_000,

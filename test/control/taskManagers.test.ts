@@ -1,6 +1,6 @@
-import { ManagedRuntime } from "effect"
+import { Layer, ManagedRuntime } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { type TaskManager, TaskManagers } from "../../src/control/task-manager/TaskManagers.js"
+import { type TaskManager, TaskManagers, TaskQueueBound } from "../../src/control/task-manager/TaskManagers.js"
 import { cpuGroups, StandInExecutor, standInKind } from "../support/standInExecutors.js"
 
 describe("TaskManagers: leasing executors of a task, by their health", () => {
@@ -92,5 +92,44 @@ describe("TaskManagers: leasing executors of a task, by their health", () => {
     executors[0]!.health = 200
     ;(await lease).release("ok")
     await until(() => healthy() === 2)
+  })
+})
+
+describe("TaskManagers: a task's bound on calls in flight", () => {
+  // Two calls per executor in rotation: a third call to a one-executor task is refused before it starts.
+  const runtime = ManagedRuntime.make(TaskManagers.Default.pipe(Layer.provide(Layer.succeed(TaskQueueBound, 2))))
+  let executor: StandInExecutor
+  let task: TaskManager
+
+  beforeAll(async () => {
+    executor = await StandInExecutor.start()
+    const managers = await runtime.runPromise(TaskManagers)
+    task = await runtime.runPromise(
+      managers.deploy(
+        { id: "llm-bounded", kind: "llm", name: "llm", config: {} },
+        standInKind("llm", [executor]),
+        cpuGroups(1)
+      )
+    )
+  })
+
+  afterAll(async () => {
+    await runtime.dispose()
+    await executor.close()
+  })
+
+  it("refuses a call over the bound as unavailable at once, counts it shed, and takes calls again once one ends", async () => {
+    const first = await task.lease({})
+    const second = await task.lease({})
+    await expect(task.lease({})).rejects.toMatchObject({
+      _tag: "TaskUnavailable",
+      message: "task llm-bounded is full: 2 calls in flight, its limit with 1 executor(s) in rotation is 2"
+    })
+    expect(task.shed).toBe(1)
+    first.release("ok")
+    const third = await task.lease({})
+    third.release("ok")
+    second.release("ok")
+    expect(task.executors()[0]!.outstanding).toBe(0)
   })
 })

@@ -92,6 +92,12 @@ export interface CallObserver {
   readonly nextChunk: (taskId: string, seconds: number) => void
 }
 
+/**
+ * Failures before any call was made: a task that was full or had no executor for the lease's whole
+ * wait. Running the graph again would only wait or be refused again.
+ */
+const refusedWhileLeasing = new WeakSet<object>()
+
 /** How long a graph that forwards data waits for a sidecar being restarted before it is refused. */
 const sidecarWaitMs = 3_000
 
@@ -111,7 +117,7 @@ export const makeDispatch = (environment: DispatchEnvironment) => {
     try {
       return await dispatchGraph(graph, requestId, signal)
     } catch (error) {
-      if (!(error instanceof TaskUnavailable) || signal.aborted) throw error
+      if (!(error instanceof TaskUnavailable) || signal.aborted || refusedWhileLeasing.has(error)) throw error
       // Nothing of this graph reached the app: it runs once more, every invocation on an executor
       // that is there now, and under fresh data ids, since the first try's may have been sent
       // already (to a node that is gone, say).
@@ -208,6 +214,7 @@ const dispatchGraphWith =
       controller.abort()
       releaseHeld()
       await Promise.allSettled(leasing)
+      if (typeof error === "object" && error !== null) refusedWhileLeasing.add(error)
       stopWatchingSidecar()
       signal.removeEventListener("abort", onCancel)
       throw error

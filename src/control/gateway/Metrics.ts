@@ -69,6 +69,12 @@ export const renderMetrics = (state: {
       state.tasks.map(
         (task) => [{ task: task.id }, task.executors.reduce((sum, executor) => sum + executor.outstanding, 0)] as const
       )
+    ),
+    metric(
+      "cornserve_task_calls_shed_total",
+      "counter",
+      "Calls each task refused at the dispatcher because it was full (serve --task-queue per executor): 503 to the client.",
+      state.tasks.map((task) => [{ task: task.id }, task.callsShed] as const)
     )
   ]
   if (state.rebalanceMoves !== undefined) {

@@ -26,6 +26,8 @@ export interface TaskSummary {
   readonly usedBy: ReadonlyArray<string>
   readonly devices: ReadonlyArray<string>
   readonly executors: ReadonlyArray<ExecutorSummary>
+  /** Calls refused since deployment because the task was full. */
+  readonly callsShed: number
 }
 
 /** A node as /nodes/list shows it: what holds each of its devices. */
@@ -452,7 +454,8 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         state: task.state,
         usedBy: [...(users.get(task.spec.id) ?? [])].map((user) => user.split("#")[0]!),
         devices: task.executors().flatMap((executor) => executor.devices.map((id) => deviceName(executor.node, id))),
-        executors: task.executors()
+        executors: task.executors(),
+        callsShed: task.shed
       }))
 
     const devices = () =>

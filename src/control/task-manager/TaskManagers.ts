@@ -1,5 +1,5 @@
 import * as Http from "node:http"
-import { Effect, ExecutionStrategy, Exit, Scope } from "effect"
+import { Context, Effect, ExecutionStrategy, Exit, Scope } from "effect"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
 import type { Executor, ExecutorKind } from "../../executors/ExecutorKinds.js"
 import type { NodeHandle } from "../cluster/NodeHandle.js"
@@ -9,6 +9,15 @@ import { TaskUnavailable } from "../errors.js"
 import { type ProfileSummary, TaskProfile } from "./TaskProfile.js"
 
 export type TaskState = "deploying" | "ready" | "tearing-down"
+
+/**
+ * How many calls each task takes at the dispatcher, per executor in rotation, before it refuses the
+ * next (503, Retry-After): a request refused here is refused before any of its work starts, rather
+ * than waiting behind hundreds of others in an executor's queue. `serve --task-queue` sets it.
+ */
+export class TaskQueueBound extends Context.Reference<TaskQueueBound>()("cornserve/TaskQueueBound", {
+  defaultValue: () => 64
+}) {}
 
 /** How long an executor's health watch may stay silent: an unhealthy executor leaves rotation within a second. */
 const healthTimeoutMs = 750
@@ -59,6 +68,8 @@ export interface TaskManager {
   profile(): ProfileSummary
   /** Calls in flight integrated over time since deployment (calls × ms): its mean load between two readings. */
   loadArea(): number
+  /** Calls refused since deployment because the task was full (see TaskQueueBound). */
+  readonly shed: number
 }
 
 /** One request's hold on an executor. */
@@ -86,11 +97,14 @@ class ManagedTask implements TaskManager {
   readonly members: Array<ManagedExecutor> = []
   private nextExecutor = 0
   private readonly waiters: Array<() => void> = []
+  /** Calls refused because the task was full. */
+  shed = 0
 
   constructor(
     readonly spec: UnitTaskSpec,
     readonly kind: ExecutorKind,
-    readonly scope: Scope.CloseableScope
+    readonly scope: Scope.CloseableScope,
+    private readonly queueBound: number
   ) {}
 
   profile(): ProfileSummary {
@@ -188,6 +202,14 @@ class ManagedTask implements TaskManager {
   }
 
   async lease(options: { readonly exclude?: string; readonly signal?: AbortSignal }): Promise<ExecutorLease> {
+    const inRotation = this.members.filter((member) => member.healthy && !member.draining).length
+    const limit = this.queueBound * Math.max(1, inRotation)
+    if (this.inFlight >= limit) {
+      this.shed++
+      throw new TaskUnavailable({
+        message: `task ${this.spec.id} is full: ${this.inFlight} calls in flight, its limit with ${inRotation} executor(s) in rotation is ${limit}`
+      })
+    }
     const member = await this.choose(
       this.members.find((candidate) => candidate.id === options.exclude),
       options.signal
@@ -296,6 +318,7 @@ const watchHealth = (member: ManagedExecutor, task: ManagedTask) =>
 /** The task managers of every deployed unit task, by task id. */
 export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/TaskManagers", {
   scoped: Effect.gen(function* () {
+    const queueBound = yield* TaskQueueBound
     const tasks = new Map<string, ManagedTask>()
 
     const teardown = (taskId: string) =>
@@ -328,7 +351,7 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
     /** Starts the task's executors, one per group, and waits until each is up. */
     const deploy = (spec: UnitTaskSpec, kind: ExecutorKind, groups: ReadonlyArray<ExecutorGroup>) =>
       Effect.gen(function* () {
-        const task = new ManagedTask(spec, kind, yield* Scope.make())
+        const task = new ManagedTask(spec, kind, yield* Scope.make(), queueBound)
         task.wanted = groups.length
         tasks.set(spec.id, task)
         yield* Effect.forEach(groups, (group) => startExecutor(task, group), {
