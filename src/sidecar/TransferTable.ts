@@ -1,5 +1,5 @@
 import { DuplicateChunk, InvalidRequest, RecvTimeout } from "./errors.js"
-import { payloadBytes, type PayloadMeta } from "./protocol.js"
+import { payloadBytes, type PayloadMeta, transferSecondsBuckets } from "./protocol.js"
 import type { SlotPool } from "./SlotPool.js"
 
 /**
@@ -41,6 +41,11 @@ interface Transfer {
   numChunks: number | undefined
   readonly waiters: Set<RecvWaiter>
   touchedAt: number
+  /** When its first chunk arrived (performance.now()), and the bytes of its chunks so far. */
+  startedAt: number | undefined
+  bytes: number
+  /** Its time and bytes went into the statistics. */
+  counted: boolean
 }
 
 export type ChunkOrigin = "local" | "remote"
@@ -52,6 +57,13 @@ const finished = (transfer: Transfer): boolean =>
 export class TransferTable {
   private readonly transfers = new Map<string, Transfer>()
   private chunksStored = 0
+  /** Per bucket of transferSecondsBuckets, and one past the last for longer transfers. */
+  private readonly transferSeconds = {
+    buckets: new Array<number>(transferSecondsBuckets.length + 1).fill(0),
+    sum: 0,
+    count: 0
+  }
+  private bytesTransferred = 0
   private readonly counters = {
     chunksReceivedLocal: 0,
     chunksReceivedRemote: 0,
@@ -90,6 +102,8 @@ export class TransferTable {
       }
       const stored: StoredChunk = { id, chunk, meta, offset, storedAt: Date.now(), readers: new Set() }
       transfer.chunks.set(chunk, stored)
+      transfer.startedAt ??= performance.now()
+      transfer.bytes += payloadBytes(meta)
       this.chunksStored++
       if (origin === "local") this.counters.chunksReceivedLocal++
       else this.counters.chunksReceivedRemote++
@@ -105,6 +119,7 @@ export class TransferTable {
     const transfer = this.transfer(id)
     this.setChunkCount(transfer, numChunks)
     this.wake(transfer)
+    if (finished(transfer)) this.count(transfer)
   }
 
   /** The chunk, "end" past the last one, or RecvTimeout after waiting timeoutMs for it. */
@@ -156,6 +171,7 @@ export class TransferTable {
       if (stored !== undefined) this.free(transfer, stored)
       transfer.done.add(chunk)
       transfer.touchedAt = Date.now()
+      if (finished(transfer)) this.count(transfer)
       return
     }
     for (const stored of transfer.chunks.values()) this.free(transfer, stored)
@@ -195,6 +211,18 @@ export class TransferTable {
     }
   }
 
+  /** A finished transfer's time and bytes, into the statistics (once). */
+  private count(transfer: Transfer) {
+    if (transfer.counted || transfer.startedAt === undefined) return
+    transfer.counted = true
+    const seconds = (performance.now() - transfer.startedAt) / 1000
+    const bucket = transferSecondsBuckets.findIndex((bound) => seconds <= bound)
+    this.transferSeconds.buckets[bucket === -1 ? transferSecondsBuckets.length : bucket]!++
+    this.transferSeconds.sum += seconds
+    this.transferSeconds.count++
+    this.bytesTransferred += transfer.bytes
+  }
+
   get stats() {
     // A transfer whose chunks were all read and marked done, with nobody waiting, is finished: its
     // record stays until the TTL only so that a late duplicate of a chunk is refused.
@@ -206,6 +234,8 @@ export class TransferTable {
       transfersActive,
       transfersRemembered: this.transfers.size - transfersActive,
       chunksStored: this.chunksStored,
+      transferSeconds: { ...this.transferSeconds, buckets: [...this.transferSeconds.buckets] },
+      bytesTransferred: this.bytesTransferred,
       ...this.counters
     }
   }
@@ -213,7 +243,17 @@ export class TransferTable {
   private transfer(id: string): Transfer {
     let transfer = this.transfers.get(id)
     if (transfer === undefined) {
-      transfer = { id, chunks: new Map(), done: new Set(), numChunks: undefined, waiters: new Set(), touchedAt: 0 }
+      transfer = {
+        id,
+        chunks: new Map(),
+        done: new Set(),
+        numChunks: undefined,
+        waiters: new Set(),
+        touchedAt: 0,
+        startedAt: undefined,
+        bytes: 0,
+        counted: false
+      }
       this.transfers.set(id, transfer)
     }
     transfer.touchedAt = Date.now()

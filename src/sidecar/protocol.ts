@@ -101,6 +101,11 @@ const Received = Schema.TaggedStruct("Received", { meta: PayloadMeta, offset: Sc
 const StreamEnd = Schema.TaggedStruct("StreamEnd", {})
 const Ok = Schema.TaggedStruct("Ok", {})
 
+/** Upper bounds (seconds) of the buckets of the sidecar's transfer-time histogram. */
+export const transferSecondsBuckets: ReadonlyArray<number> = [
+  0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10
+]
+
 export const SidecarStats = Schema.TaggedStruct("SidecarStats", {
   nodeId: NodeId,
   arenaBytes: Count,
@@ -115,6 +120,13 @@ export const SidecarStats = Schema.TaggedStruct("SidecarStats", {
   transfersActive: Count,
   /** Finished transfers whose record stays until the TTL, so that a duplicate chunk is refused. */
   transfersRemembered: Count,
+  /**
+   * Transfers that finished (every chunk marked done by its receivers), from their first chunk's
+   * arrival to their last chunk's release: the count of each bucket of transferSecondsBuckets
+   * (not cumulative), their sum and count, and their bytes.
+   */
+  transferSeconds: Schema.Struct({ buckets: Schema.Array(Count), sum: Schema.Number, count: Count }),
+  bytesTransferred: Count,
   chunksStored: Count,
   /** Chunks stored here: from executors of this node and from peers. */
   chunksReceivedLocal: Count,

@@ -8,6 +8,7 @@ import {
   type TaskInvocationWire
 } from "../../src/app-runtime/tasks/TaskGraph.js"
 import { makeDispatch, wireDataForwards } from "../../src/control/dispatcher/Dispatcher.js"
+import { BusyClock } from "../../src/control/metrics/BusyClock.js"
 import { TaskManagers } from "../../src/control/task-manager/TaskManagers.js"
 import { answerJson, cpuGroups, refuse, StandInExecutor, standInKind } from "../support/standInExecutors.js"
 
@@ -406,17 +407,28 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
           seen.push(`call ${taskId} ${operation} ${outcome}`)
         },
         firstChunk: (taskId) => seen.push(`first ${taskId}`),
-        nextChunk: (taskId) => seen.push(`next ${taskId}`)
+        nextChunk: (taskId) => seen.push(`next ${taskId}`),
+        leaseWait: (taskId) => seen.push(`lease ${taskId}`),
+        retried: (reason) => seen.push(`retried ${reason}`)
       }
     })
-    const outcome = await observed(graph, "request-observed", requestSignal())
+    const timing = { dispatches: new BusyClock(), executors: new BusyClock() }
+    const began = performance.now()
+    const outcome = await observed(graph, "request-observed", requestSignal(), timing)
     for await (const _ of outcome.stream!) {
       // drained
     }
+    const ended = performance.now()
+    expect(seen.filter((entry) => entry.startsWith("lease")).sort()).toEqual(["lease encoder-a", "lease llm-b"])
     expect(seen.filter((entry) => entry.startsWith("call encoder-a"))).toEqual([
       `call encoder-a ${graph.invocations[0]!.operation} ok`
     ])
-    expect(seen.filter((entry) => !entry.startsWith("call encoder-a"))).toEqual([
+    // The time inside executors is counted while a call runs, and stops with the last one.
+    const inside = timing.executors.busyMs(ended)
+    expect(inside).toBeGreaterThan(0)
+    expect(inside).toBeLessThanOrEqual(ended - began)
+    expect(timing.executors.busyMs(ended + 1_000)).toBe(inside)
+    expect(seen.filter((entry) => !entry.startsWith("call encoder-a") && !entry.startsWith("lease"))).toEqual([
       "first llm-b",
       "next llm-b",
       `call llm-b ${graph.invocations[1]!.operation} ok`

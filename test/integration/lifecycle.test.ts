@@ -102,6 +102,22 @@ describe("cornserve serve: the node's sidecar is restarted, and the control plan
     expect(text).toMatch(/^cornserve_stream_first_chunk_seconds_count\{task="llm-[^"]+"\} [1-9]/m)
     expect(text).toMatch(/^cornserve_stream_inter_chunk_seconds_count\{task="llm-[^"]+"\} [1-9]/m)
     expect(text).toMatch(/^cornserve_request_duration_seconds_count\{app="color_chat",status="200"\} [1-9]/m)
+    // Per hop: the app's own code, the dispatcher's share, the platform's overhead, leases, the sidecar.
+    for (const family of [
+      "cornserve_request_overhead_seconds",
+      "cornserve_app_code_seconds",
+      "cornserve_dispatch_overhead_seconds"
+    ]) {
+      expect(text).toMatch(new RegExp(`^${family}_count\\{app="color_chat"\\} [1-9]`, "m"))
+    }
+    expect(text).toMatch(/^cornserve_task_lease_wait_seconds_count\{task="encoder-[^"]+"\} [1-9]/m)
+    expect(text).toMatch(/^cornserve_task_lease_wait_seconds_count\{task="llm-[^"]+"\} [1-9]/m)
+    expect(text).toMatch(/^cornserve_sidecar_transfer_seconds_count\{node="[^"]+"\} [1-9]/m)
+    expect(text).toMatch(/^cornserve_sidecar_transfer_seconds_bucket\{node="[^"]+",le="\+Inf"\} [1-9]/m)
+    expect(text).toMatch(/^cornserve_sidecar_transferred_bytes_total\{node="[^"]+"\} [1-9]/m)
+    expect(text).toMatch(/^# TYPE cornserve_dispatch_retries_total counter/m)
+    expect(text).toMatch(/^cornserve_task_calls_shed_total\{task="llm-[^"]+"\} 0/m)
+    expect(text).toMatch(/^cornserve_requests_shed_total|^# TYPE cornserve_requests_shed_total counter/m)
   })
 
   it("releases from the new sidecar the data a cancelled request left there", async () => {

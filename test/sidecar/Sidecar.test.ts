@@ -99,6 +99,11 @@ describe("same-node transfers", () => {
     const after = await sender.stats()
     expect(after.transfersActive).toBe(before.transfersActive)
     expect(after.transfersRemembered).toBe(before.transfersRemembered + 1)
+    // Its time and bytes (8 bytes of int32 and 16 of float32) count once it is finished, in one bucket.
+    expect(after.transferSeconds.count).toBe(before.transferSeconds.count + 1)
+    expect(after.bytesTransferred - before.bytesTransferred).toBe(24)
+    expect(after.transferSeconds.buckets.reduce((sum, n) => sum + n, 0)).toBe(after.transferSeconds.count)
+    expect(after.transferSeconds.sum).toBeGreaterThan(before.transferSeconds.sum)
     await expect(sender.send(id, grid, { to: [sidecar.nodeId], chunk: 0, numChunks: 2 })).rejects.toThrow(
       /already sent/
     )

@@ -21,6 +21,7 @@ import {
 import { AppProcess, type AppProcessLimits } from "./AppProcess.js"
 import { restartPolicy } from "../../node/RestartPolicy.js"
 import { dispatchFailureOf } from "../dispatcher/Dispatcher.js"
+import { BusyClock, type RequestTiming } from "../metrics/BusyClock.js"
 
 /**
  * How a reply to one request unfolds; exactly one of value / stream-start+end / failed happens.
@@ -40,8 +41,27 @@ export interface DispatchOutcome {
   readonly stream?: AsyncIterable<unknown>
 }
 
-/** Runs a recorded graph for the app (the task dispatcher). */
-export type GraphDispatcher = (graph: TaskGraphWire, requestId: string, signal: AbortSignal) => Promise<DispatchOutcome>
+/** Runs a recorded graph for the app (the task dispatcher), counting its time inside executors in `timing`. */
+export type GraphDispatcher = (
+  graph: TaskGraphWire,
+  requestId: string,
+  signal: AbortSignal,
+  timing?: RequestTiming
+) => Promise<DispatchOutcome>
+
+/** Told where each request's time went once it ends (for the metrics). */
+export interface RequestObserver {
+  /**
+   * `seconds` from the request's hand-over to the app until its answer ended, of which
+   * `dispatchSeconds` inside task dispatches and `executorSeconds` inside executor calls.
+   */
+  ended(appId: string, seconds: number, dispatchSeconds: number, executorSeconds: number): void
+}
+
+interface RequestClock extends RequestTiming {
+  readonly requestId: string
+  readonly started: number
+}
 
 export interface LoadedApp {
   readonly tasks: ReadonlyArray<UnitTaskSpec>
@@ -77,6 +97,9 @@ export class AppDriver {
   private readonly answerLedgers = new Map<number, ReceiveLedger>()
   private readonly dispatches = new Map<number, AbortController>()
   private readonly dispatchWindows = new Map<number, SendWindow>()
+  /** Where each request's time goes, by rid and by request id (dispatches name their request by id). */
+  private readonly clocks = new Map<number, RequestClock>()
+  private readonly clocksById = new Map<string, RequestClock>()
   private nextRid = 0
   private nextNonce = 0
   private readonly pongs = new Map<number, () => void>()
@@ -106,7 +129,8 @@ export class AppDriver {
     private readonly loadTimeoutMs: number,
     private readonly limits: AppLimits,
     private readonly dispatch: GraphDispatcher,
-    private readonly log: (message: string) => void
+    private readonly log: (message: string) => void,
+    private readonly observer: RequestObserver | undefined
   ) {
     this.watchdog = setInterval(() => {
       if (this.watchdogPinging || this.replies.size === 0) return
@@ -125,6 +149,7 @@ export class AppDriver {
     readonly limits: AppLimits
     readonly dispatch: GraphDispatcher
     readonly log: (message: string) => void
+    readonly observer?: RequestObserver
   }): Promise<{ readonly driver: AppDriver; readonly loaded: LoadedApp }> {
     const driver = new AppDriver(
       options.appId,
@@ -132,7 +157,8 @@ export class AppDriver {
       options.loadTimeoutMs,
       options.limits,
       options.dispatch,
-      options.log
+      options.log,
+      options.observer
     )
     const loaded = await driver.spawn().catch((error: unknown) => {
       clearInterval(driver.watchdog)
@@ -148,6 +174,11 @@ export class AppDriver {
   invoke(requestId: string, body: string, handlers: ReplyHandlers): number {
     const rid = this.nextRid++
     this.replies.set(rid, handlers)
+    if (this.observer !== undefined) {
+      const clock = { requestId, started: performance.now(), dispatches: new BusyClock(), executors: new BusyClock() }
+      this.clocks.set(rid, clock)
+      this.clocksById.set(requestId, clock)
+    }
     if (this.restarting !== undefined) {
       void this.restarting.then(
         () => this.replies.has(rid) && this.post({ t: "invoke", rid, requestId, body }),
@@ -168,6 +199,7 @@ export class AppDriver {
   /** The client went away or the request timed out: stop waiting for it and tell the app. */
   cancel(rid: number): void {
     this.answerLedgers.delete(rid)
+    this.stopClock(rid)
     if (this.replies.delete(rid)) {
       this.post({ t: "cancel", rid })
       this.notifyIfIdle()
@@ -298,6 +330,7 @@ export class AppDriver {
   }
 
   private failAll(message: string) {
+    for (const rid of this.replies.keys()) this.stopClock(rid)
     const handlers = [...this.replies.values()]
     this.replies.clear()
     this.answerLedgers.clear()
@@ -312,7 +345,23 @@ export class AppDriver {
     for (const wake of waiters) wake()
   }
 
+  /** A request ended: where its time went goes to the observer. */
+  private stopClock(rid: number) {
+    const clock = this.clocks.get(rid)
+    if (clock === undefined) return
+    this.clocks.delete(rid)
+    this.clocksById.delete(clock.requestId)
+    const now = performance.now()
+    this.observer?.ended(
+      this.appId,
+      (now - clock.started) / 1000,
+      clock.dispatches.busyMs(now) / 1000,
+      clock.executors.busyMs(now) / 1000
+    )
+  }
+
   private settle(rid: number): ReplyHandlers | undefined {
+    this.stopClock(rid)
     const handlers = this.replies.get(rid)
     this.replies.delete(rid)
     this.answerLedgers.delete(rid)
@@ -381,8 +430,10 @@ export class AppDriver {
   private async runDispatch(did: number, requestId: string, graph: TaskGraphWire) {
     const controller = new AbortController()
     this.dispatches.set(did, controller)
+    const clock = this.clocksById.get(requestId)
+    clock?.dispatches.enter()
     try {
-      const outcome = await this.dispatch(graph, requestId, controller.signal)
+      const outcome = await this.dispatch(graph, requestId, controller.signal, clock)
       if (controller.signal.aborted) return
       this.post({ t: "dispatched", did, outputs: outcome.outputs, streams: outcome.stream !== undefined })
       if (outcome.stream !== undefined) {
@@ -403,6 +454,7 @@ export class AppDriver {
         this.post({ t: "dispatch-failed", did, failure: dispatchFailureOf(error) })
       }
     } finally {
+      clock?.dispatches.leave()
       this.dispatches.delete(did)
       this.dispatchWindows.delete(did)
     }

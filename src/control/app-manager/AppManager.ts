@@ -2,6 +2,7 @@ import { randomUUID } from "node:crypto"
 import { Effect, Runtime } from "effect"
 import { compileApp, stopCompiler } from "../../app-runtime/AppCompiler.js"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
+import { PlatformMetrics } from "../metrics/PlatformMetrics.js"
 import { Dispatcher } from "../dispatcher/Dispatcher.js"
 import {
   AppNameTaken,
@@ -107,12 +108,14 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
     const store = yield* AppStore
     const resources = yield* ResourceManager
     const dispatcher = yield* Dispatcher
+    const { metrics } = yield* PlatformMetrics
     const runtime = yield* Effect.runtime<never>()
     const apps = new Map<string, AppEntry>()
     const pending = new Set<string>()
 
     const log = (message: string) => Runtime.runSync(runtime)(Effect.logWarning(message))
-    const dispatch: GraphDispatcher = (graph, requestId, signal) => dispatcher.dispatch(graph, requestId, signal)
+    const dispatch: GraphDispatcher = (graph, requestId, signal, timing) =>
+      dispatcher.dispatch(graph, requestId, signal, timing)
 
     yield* Effect.addFinalizer(() =>
       Effect.gen(function* () {
@@ -149,7 +152,8 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
               loadTimeoutMs: config.appLoadTimeoutMs,
               limits: config.appLimits,
               dispatch,
-              log
+              log,
+              observer: metrics.requestObserver
             }),
           catch: (error) => new InvalidApp({ message: error instanceof Error ? error.message : String(error) })
         })
@@ -318,5 +322,5 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       inFlight: () => [...apps.values()].reduce((sum, entry) => sum + (entry.driver?.inFlight ?? 0), 0)
     }
   }),
-  dependencies: [AppStore.Default, ResourceManager.Default, Dispatcher.Default]
+  dependencies: [AppStore.Default, ResourceManager.Default, Dispatcher.Default, PlatformMetrics.Default]
 }) {}

@@ -9,6 +9,7 @@ import { DispatchFailed, InvalidTaskGraph, RequestCancelled, TaskInputRejected, 
 import { type ExecutorLease, type TaskManager, TaskManagers } from "../task-manager/TaskManagers.js"
 import { eitherSignal } from "./EitherSignal.js"
 import { PlatformMetrics } from "../metrics/PlatformMetrics.js"
+import type { BusyClock, RequestTiming } from "../metrics/BusyClock.js"
 import { type CallResult, type ExecutorCallError, executorCalls, producedModalities } from "./ExecutorCalls.js"
 
 /** For each forwarded datum: which invocation produces it and which consume it. */
@@ -90,6 +91,10 @@ export interface CallObserver {
   readonly firstChunk: (taskId: string, seconds: number) => void
   /** A streamed call's next chunk came `seconds` after the one before it. */
   readonly nextChunk: (taskId: string, seconds: number) => void
+  /** An executor of the task was leased `seconds` after it was asked for (waiting for a healthy one). */
+  readonly leaseWait: (taskId: string, seconds: number) => void
+  /** A graph is run again as a whole, for `reason`. */
+  readonly retried: (reason: "unavailable") => void
 }
 
 /**
@@ -113,9 +118,15 @@ const sidecarWaitMs = 3_000
  */
 export const makeDispatch = (environment: DispatchEnvironment) => {
   const dispatchGraph = dispatchGraphWith(environment)
-  return async (graph: TaskGraphWire, requestId: string, signal: AbortSignal): Promise<DispatchOutcome> => {
+  return async (
+    graph: TaskGraphWire,
+    requestId: string,
+    signal: AbortSignal,
+    timing?: RequestTiming
+  ): Promise<DispatchOutcome> => {
+    const inside = timing?.executors
     try {
-      return await dispatchGraph(graph, requestId, signal)
+      return await dispatchGraph(graph, requestId, signal, inside)
     } catch (error) {
       if (!(error instanceof TaskUnavailable) || signal.aborted || refusedWhileLeasing.has(error)) throw error
       // Nothing of this graph reached the app: it runs once more, every invocation on an executor
@@ -132,7 +143,8 @@ export const makeDispatch = (environment: DispatchEnvironment) => {
         }
         return next
       }) as TaskGraphWire
-      const outcome = await dispatchGraph(renamed, requestId, signal)
+      environment.observer?.retried("unavailable")
+      const outcome = await dispatchGraph(renamed, requestId, signal, inside)
       return {
         ...outcome,
         outputs: outcome.outputs.map((output) => renameDataForwards(output, (id) => original.get(id) ?? id))
@@ -143,7 +155,12 @@ export const makeDispatch = (environment: DispatchEnvironment) => {
 
 const dispatchGraphWith =
   (environment: DispatchEnvironment) =>
-  async (graph: TaskGraphWire, requestId: string, signal: AbortSignal): Promise<DispatchOutcome> => {
+  async (
+    graph: TaskGraphWire,
+    requestId: string,
+    signal: AbortSignal,
+    inside: BusyClock | undefined
+  ): Promise<DispatchOutcome> => {
     const observer = environment.observer
     const managers = graph.invocations.map((invocation) => {
       const task = environment.task(invocation.taskId)
@@ -200,8 +217,10 @@ const dispatchGraphWith =
     // Every invocation's executor is chosen first: a producer sends what it forwards to the nodes of
     // the executors that consume it (through its sidecar's peers when they are on another node).
     // When one task has none, the leases the others got go back unused.
-    const leasing = managers.map((manager) =>
+    const asked = performance.now()
+    const leasing = managers.map((manager, index) =>
       manager.lease({ signal: controller.signal }).then((lease) => {
+        observer?.leaseWait(graph.invocations[index]!.taskId, (performance.now() - asked) / 1000)
         if (closed) lease.release("unused")
         else held.push(lease)
         return lease
@@ -247,8 +266,15 @@ const dispatchGraphWith =
       // A call ends with the request, and at once when its executor's node is lost.
       const callSignal = eitherSignal(controller.signal, lease.signal)
       const began = performance.now()
-      const observe = (outcome: "ok" | "error") =>
-        observer?.call(invocation.taskId, invocation.operation, outcome, (performance.now() - began) / 1000)
+      inside?.enter(began)
+      let ended = false
+      const observe = (outcome: "ok" | "error") => {
+        if (ended) return
+        ended = true
+        const now = performance.now()
+        inside?.leave(now)
+        observer?.call(invocation.taskId, invocation.operation, outcome, (now - began) / 1000)
+      }
       try {
         const result = await call(lease.url, invocation, { receivers, modalities, signal: callSignal.signal })
         if (result.stream === undefined) {

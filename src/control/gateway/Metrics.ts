@@ -1,4 +1,4 @@
-import type { SidecarStats } from "../../sidecar/protocol.js"
+import { type SidecarStats, transferSecondsBuckets } from "../../sidecar/protocol.js"
 import type { AppSummary } from "../app-manager/AppManager.js"
 import type { TaskSummary } from "../resource-manager/ResourceManager.js"
 
@@ -19,6 +19,31 @@ const metric = (
       return `${name}${rendered.length > 0 ? `{${rendered.join(",")}}` : ""} ${value}`
     })
   ].join("\n")
+
+/** A histogram in the Prometheus text format, from per-bucket (not cumulative) counts. */
+const histogram = (
+  name: string,
+  help: string,
+  labels: Readonly<Record<string, string>>,
+  bounds: ReadonlyArray<number>,
+  values: { readonly buckets: ReadonlyArray<number>; readonly sum: number; readonly count: number }
+) => {
+  const rendered = Object.entries(labels).map(([key, label]) => `${key}="${escapeLabel(label)}"`)
+  const withLe = (le: string) => `{${[...rendered, `le="${le}"`].join(",")}}`
+  const plain = rendered.length > 0 ? `{${rendered.join(",")}}` : ""
+  let cumulative = 0
+  return [
+    `# HELP ${name} ${help}`,
+    `# TYPE ${name} histogram`,
+    ...bounds.map((bound, index) => {
+      cumulative += values.buckets[index] ?? 0
+      return `${name}_bucket${withLe(String(bound))} ${cumulative}`
+    }),
+    `${name}_bucket${withLe("+Inf")} ${values.count}`,
+    `${name}_sum${plain} ${values.sum}`,
+    `${name}_count${plain} ${values.count}`
+  ].join("\n")
+}
 
 /** The platform's state as Prometheus metrics: apps, requests, tasks and their executors, the sidecar. */
 export const renderMetrics = (state: {
@@ -102,6 +127,19 @@ const sidecarMetrics = (sidecar: SidecarStats): ReadonlyArray<string> => {
       [node, sidecar.bytesInUse]
     ]),
     metric("cornserve_sidecar_slots_in_use", "gauge", "Arena slots held.", [[node, sidecar.slotsInUse]]),
+    histogram(
+      "cornserve_sidecar_transfer_seconds",
+      "Transfers through the sidecar, from their first chunk's arrival to the release of their last by its receivers.",
+      node,
+      transferSecondsBuckets,
+      sidecar.transferSeconds
+    ),
+    metric(
+      "cornserve_sidecar_transferred_bytes_total",
+      "counter",
+      "Bytes of the finished transfers counted in cornserve_sidecar_transfer_seconds.",
+      [[node, sidecar.bytesTransferred]]
+    ),
     metric(
       "cornserve_sidecar_transfers_active",
       "gauge",

@@ -6,10 +6,14 @@
  */
 import { Effect } from "effect"
 import { Counter, Histogram, Registry } from "prom-client"
+import type { RequestObserver } from "../app-manager/AppDriver.js"
 import type { CallObserver } from "../dispatcher/Dispatcher.js"
 
 /** From half a millisecond (the gateway's own overhead) to a minute (a long generation). */
 const latencyBuckets = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]
+
+/** From a tenth of a millisecond: the platform's own share of a request is small. */
+const overheadBuckets = [0.0001, 0.00025, ...latencyBuckets]
 
 /** Error codes that mean the request was shed for capacity, by the reason shown in the counter. */
 const shedReasons: Readonly<Record<string, string>> = {
@@ -54,11 +58,53 @@ export class Metrics {
     ["task"]
   )
 
+  private readonly leaseWait = this.histogram(
+    "cornserve_task_lease_wait_seconds",
+    "How long the dispatcher waited for an executor of the task to call (none healthy, say), by task.",
+    ["task"]
+  )
+  private readonly retries = new Counter({
+    name: "cornserve_dispatch_retries_total",
+    help: "Task graphs run again as a whole, by reason (unavailable: an executor could not take a call, or its node or the sidecar was lost).",
+    labelNames: ["reason"] as const,
+    registers: [this.registry]
+  })
+
+  private readonly overhead = this.histogram(
+    "cornserve_request_overhead_seconds",
+    "The platform's own time per request: from its hand-over to the app to the end of its answer, less the time inside executor calls (app code included), by app.",
+    ["app"],
+    overheadBuckets
+  )
+  private readonly appCode = this.histogram(
+    "cornserve_app_code_seconds",
+    "Per request, the time outside task dispatches: the app's own code and the hop to its process, by app.",
+    ["app"],
+    overheadBuckets
+  )
+  private readonly dispatchOverhead = this.histogram(
+    "cornserve_dispatch_overhead_seconds",
+    "Per request, the time inside task dispatches but outside executor calls: leasing, wiring, waiting on the app to read a stream, by app.",
+    ["app"],
+    overheadBuckets
+  )
+
   /** What the dispatcher reports of its executor calls goes into these metrics. */
   readonly callObserver: CallObserver = {
     call: (task, operation, outcome, seconds) => this.calls.observe({ task, operation, outcome }, seconds),
     firstChunk: (task, seconds) => this.firstChunk.observe({ task }, seconds),
-    nextChunk: (task, seconds) => this.nextChunk.observe({ task }, seconds)
+    nextChunk: (task, seconds) => this.nextChunk.observe({ task }, seconds),
+    leaseWait: (task, seconds) => this.leaseWait.observe({ task }, seconds),
+    retried: (reason) => this.retries.inc({ reason })
+  }
+
+  /** What app drivers report of each request's time goes into these metrics. */
+  readonly requestObserver: RequestObserver = {
+    ended: (app, seconds, dispatchSeconds, executorSeconds) => {
+      this.overhead.observe({ app }, Math.max(0, seconds - executorSeconds))
+      this.appCode.observe({ app }, Math.max(0, seconds - dispatchSeconds))
+      this.dispatchOverhead.observe({ app }, Math.max(0, dispatchSeconds - executorSeconds))
+    }
   }
 
   /** One request ended: `errorCode` is the error it was answered with, if any. */
@@ -71,8 +117,13 @@ export class Metrics {
   }
 
   /** A latency histogram in this registry. */
-  private histogram<Label extends string>(name: string, help: string, labelNames: ReadonlyArray<Label>) {
-    return new Histogram<Label>({ name, help, labelNames, buckets: latencyBuckets, registers: [this.registry] })
+  private histogram<Label extends string>(
+    name: string,
+    help: string,
+    labelNames: ReadonlyArray<Label>,
+    buckets: ReadonlyArray<number> = latencyBuckets
+  ) {
+    return new Histogram<Label>({ name, help, labelNames, buckets: [...buckets], registers: [this.registry] })
   }
 
   /** The Prometheus text of these metrics. */
