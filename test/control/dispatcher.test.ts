@@ -409,7 +409,8 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
         firstChunk: (taskId) => seen.push(`first ${taskId}`),
         nextChunk: (taskId) => seen.push(`next ${taskId}`),
         leaseWait: (taskId) => seen.push(`lease ${taskId}`),
-        retried: (reason) => seen.push(`retried ${reason}`)
+        retried: (reason) => seen.push(`retried ${reason}`),
+        failover: (taskId) => seen.push(`failover ${taskId}`)
       }
     })
     const timing = { dispatches: new BusyClock(), executors: new BusyClock() }
@@ -433,6 +434,68 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
       "next llm-b",
       `call llm-b ${graph.invocations[1]!.operation} ok`
     ])
+  })
+
+  it("carries an LLM stream that breaks off on from a fresh run, told the tokens already given, as one stream", async () => {
+    for (const encoder of encoders) encoder.handle = (request, response) => answerJson(response, embedded(request.body))
+    const tokenChunk = (id: string, content: string, tokens: Array<number>) =>
+      `data: ${JSON.stringify({ ...chunk(content), id, cornserve_token_ids: tokens })}\n\n`
+    llm.handle = (request, response) => {
+      const body = request.body as { cornserve_continuation?: { token_ids: Array<number> } }
+      response.writeHead(200, { "content-type": "text/event-stream" })
+      if (body.cornserve_continuation === undefined) {
+        // Two tokens, then the executor dies.
+        response.write(tokenChunk("chatcmpl-first", "re", [7]) + tokenChunk("chatcmpl-first", "d", [8]), () =>
+          setTimeout(() => response.destroy(), 20)
+        )
+        return
+      }
+      response.end(`${tokenChunk("chatcmpl-second", " wine", [9])}data: [DONE]\n\n`)
+    }
+
+    const outcome = await dispatch(graph, "request-failover", requestSignal())
+    const pieces: Array<{ id: string; text: string; tokens: unknown }> = []
+    for await (const piece of outcome.stream!) {
+      const typed = piece as ReturnType<typeof chunk> & { cornserve_token_ids?: unknown }
+      pieces.push({ id: typed.id, text: typed.choices[0]!.delta.content, tokens: typed.cornserve_token_ids })
+    }
+
+    expect(pieces.map((piece) => piece.text).join("")).toBe("red wine")
+    // One completion id throughout; the token ids stay between the dispatcher and its executors.
+    expect(new Set(pieces.map((piece) => piece.id))).toEqual(new Set(["chatcmpl-first"]))
+    expect(pieces.every((piece) => piece.tokens === undefined)).toBe(true)
+    expect(llm.received).toHaveLength(2)
+    expect(llm.received[0]!.body).toMatchObject({ cornserve_token_ids: true })
+    expect(llm.received[1]!.body).toMatchObject({ cornserve_continuation: { token_ids: [7, 8] } })
+    // The fresh run embedded the image again, under a fresh id, and the continuation reads that one.
+    const embedIds = encoders
+      .flatMap((encoder) => encoder.received)
+      .map((request) => (request.body as { items: Array<{ id: string }> }).items[0]!.id)
+    const llmIds = llm.received.map(
+      (request) => (request.body as { cornserve_embeddings: Array<{ id: string }> }).cornserve_embeddings[0]!.id
+    )
+    expect(embedIds).toHaveLength(2)
+    expect(embedIds[1]).not.toBe(embedIds[0])
+    expect(llmIds).toEqual(embedIds)
+  })
+
+  it("does not carry on a stream that failed for its input", async () => {
+    for (const encoder of encoders) encoder.handle = (request, response) => answerJson(response, embedded(request.body))
+    llm.handle = (_, response) => {
+      response.writeHead(200, { "content-type": "text/event-stream" })
+      response.end(
+        `data: ${JSON.stringify(chunk("re"))}\n\ndata: ${JSON.stringify({ error: { code: "ContextLengthExceeded", message: "too long" } })}\n\n`
+      )
+    }
+    const outcome = await dispatch(graph, "request-no-failover", requestSignal())
+    await expect(
+      (async () => {
+        for await (const _ of outcome.stream!) {
+          // read until it fails
+        }
+      })()
+    ).rejects.toMatchObject({ _tag: "TaskInputRejected" })
+    expect(llm.received).toHaveLength(1)
   })
 
   describe("releases every executor lease", () => {

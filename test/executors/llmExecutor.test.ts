@@ -254,6 +254,61 @@ describe("the LLM executor, through the openai client", () => {
   })
 })
 
+describe("the LLM executor going on with another executor's completion", () => {
+  /** The chunks of a streamed completion, with their token ids. */
+  const streamed = async (body: unknown) => {
+    const response = await post("/v1/chat/completions", body)
+    expect(response.status).toBe(200)
+    return (await response.text())
+      .split("\n\n")
+      .filter((event) => event.startsWith("data: {"))
+      .map(
+        (event) =>
+          JSON.parse(event.slice("data: ".length)) as {
+            choices: Array<{ delta: { role?: string; content?: string } }>
+            usage?: { prompt_tokens: number; completion_tokens: number } | null
+            cornserve_token_ids?: Array<number>
+          }
+      )
+  }
+  const request = {
+    model,
+    messages: [{ role: "user", content: "Tell me about a zebra in Zürich 🦓" }],
+    temperature: 0,
+    max_tokens: 24,
+    ignore_eos: true,
+    stream: true,
+    stream_options: { include_usage: true },
+    cornserve_token_ids: true
+  }
+
+  it("says the tokens of each chunk, and from any of them goes on with exactly the rest", async () => {
+    const whole = await streamed(request)
+    const tokens = whole.flatMap((chunk) => chunk.cornserve_token_ids ?? [])
+    expect(tokens).toHaveLength(24)
+    const text = whole.map((chunk) => chunk.choices[0]?.delta.content ?? "").join("")
+    // Cut after the 5th chunk that says something, as a failover would.
+    const saying = whole.filter((chunk) => (chunk.cornserve_token_ids ?? []).length > 0)
+    const given = saying.slice(0, 5)
+    const givenTokens = given.flatMap((chunk) => chunk.cornserve_token_ids!)
+    const givenText = given.map((chunk) => chunk.choices[0]!.delta.content ?? "").join("")
+    const rest = await streamed({ ...request, cornserve_continuation: { token_ids: givenTokens } })
+    // No role chunk again: the client has it.
+    expect(rest.some((chunk) => chunk.choices[0]?.delta.role !== undefined)).toBe(false)
+    expect(givenText + rest.map((chunk) => chunk.choices[0]?.delta.content ?? "").join("")).toBe(text)
+    expect([...givenTokens, ...rest.flatMap((chunk) => chunk.cornserve_token_ids ?? [])]).toEqual(tokens)
+    // Usage counts the continued tokens as generated, as the uninterrupted run does.
+    expect(rest.at(-1)!.usage).toEqual(whole.at(-1)!.usage)
+  })
+
+  it("400 for a continuation with a token outside the vocabulary, or as long as the whole budget", async () => {
+    for (const token_ids of [[1, 10_000_000], Array.from({ length: 24 }, () => 1)]) {
+      const response = await post("/v1/chat/completions", { ...request, cornserve_continuation: { token_ids } })
+      expect(response.status).toBe(400)
+    }
+  })
+})
+
 describe("the LLM executor's processes", () => {
   it("map no batch buffer: the steps carry what they need in their messages", () => {
     const processes = descendants(executor.process.pid!)

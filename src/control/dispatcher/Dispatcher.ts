@@ -6,6 +6,7 @@ import type { TaskGraphWire, TaskInvocationWire } from "../../app-runtime/tasks/
 import { NodeAgent } from "../../node/NodeAgent.js"
 import type { DispatchOutcome } from "../app-manager/AppDriver.js"
 import { DispatchFailed, InvalidTaskGraph, RequestCancelled, TaskInputRejected, TaskUnavailable } from "../errors.js"
+import type { LlmChunk } from "../../executors/llm/api.js"
 import { type ExecutorLease, type TaskManager, TaskManagers } from "../task-manager/TaskManagers.js"
 import { eitherSignal } from "./EitherSignal.js"
 import { PlatformMetrics } from "../metrics/PlatformMetrics.js"
@@ -95,6 +96,8 @@ export interface CallObserver {
   readonly leaseWait: (taskId: string, seconds: number) => void
   /** A graph is run again as a whole, for `reason`. */
   readonly retried: (reason: "unavailable") => void
+  /** An LLM stream of the task broke off and is carried on by a fresh run. */
+  readonly failover: (taskId: string) => void
 }
 
 /**
@@ -112,12 +115,88 @@ const sidecarWaitMs = 3_000
  * executor of its task at once (data dependencies are kept by the consumers waiting on the
  * sidecar). A streaming last invocation's chunks pass through as they come. When one invocation
  * fails, the others are cancelled; when the request is cancelled, so is every invocation, and the
- * data the graph forwarded is released from the sidecar. A graph that fails as unavailable before anything of it reached the app (an LLM's node was lost, the sidecar went
- * away) is run once more as a whole, under fresh data ids. Every executor lease it takes is released
- * on every path: answer, stream end, failure of any invocation, cancellation.
+ * data the graph forwarded is released from the sidecar. A graph that fails as unavailable before
+ * anything of it reached the app (an LLM's node was lost, the sidecar went away) is run once more as
+ * a whole, under fresh data ids. Every executor lease it takes is released on every path: answer,
+ * stream end, failure of any invocation, cancellation.
+ *
+ * An LLM stream that breaks off (its executor died, its node was lost) goes on: the graph runs again
+ * under fresh data ids (its encoders embed the media again), on another executor of the task or on
+ * the restarted one, told the tokens the app has already been given; the app sees one stream. With
+ * greedy decoding the whole text is the text of a run without the failure.
  */
 export const makeDispatch = (environment: DispatchEnvironment) => {
   const dispatchGraph = dispatchGraphWith(environment)
+  const observer = environment.observer
+
+  /** The graph under fresh data ids, and the way back from them to the graph's own. */
+  const freshIds = (graph: TaskGraphWire) => {
+    const fresh = new Map<string, string>()
+    const original = new Map<string, string>()
+    const renamed = renameDataForwards(graph, (id) => {
+      let next = fresh.get(id)
+      if (next === undefined) {
+        next = randomUUID().replaceAll("-", "")
+        fresh.set(id, next)
+        original.set(next, id)
+      }
+      return next
+    }) as TaskGraphWire
+    return { renamed, original: (id: string) => original.get(id) ?? id }
+  }
+
+  /** The LLM stream of a fresh run of the graph, going on after `tokens`; waits for an executor for a bounded time. */
+  const resume = async (
+    graph: TaskGraphWire,
+    requestId: string,
+    signal: AbortSignal,
+    inside: BusyClock | undefined,
+    tokens: ReadonlyArray<number>
+  ): Promise<AsyncIterable<unknown>> => {
+    const deadline = Date.now() + failoverWaitMs
+    for (;;) {
+      try {
+        const outcome = await dispatchGraph(freshIds(graph).renamed, requestId, signal, inside, tokens)
+        if (outcome.stream === undefined) throw new DispatchFailed({ message: "the resumed LLM call did not stream" })
+        return outcome.stream
+      } catch (error) {
+        // The executor that failed may still be in rotation for a moment, or being restarted.
+        if (!(error instanceof TaskUnavailable) || signal.aborted || Date.now() > deadline) throw error
+        await new Promise((resolve) => setTimeout(resolve, failoverPauseMs))
+      }
+    }
+  }
+
+  /** The chunks of an LLM stream, carried on elsewhere when it breaks off; the app sees one stream. */
+  async function* failingOver(
+    graph: TaskGraphWire,
+    first: AsyncIterable<unknown>,
+    requestId: string,
+    signal: AbortSignal,
+    inside: BusyClock | undefined
+  ): AsyncIterable<unknown> {
+    const taskId = graph.invocations[graph.invocations.length - 1]!.taskId
+    const said: Array<number> = []
+    let identity: { readonly id: string; readonly created: number } | undefined
+    let stream = first
+    for (let failovers = 0; ; failovers++) {
+      try {
+        for await (const chunk of stream) {
+          const { cornserve_token_ids: tokens, ...rest } = chunk as LlmChunk
+          if (tokens !== undefined) said.push(...tokens)
+          identity ??= { id: rest.id, created: rest.created }
+          // The continuation's chunks keep the first executor's completion id.
+          yield { ...rest, id: identity.id, created: identity.created }
+        }
+        return
+      } catch (error) {
+        if (signal.aborted || failovers >= maxFailovers || !breaksOff(error)) throw error
+        observer?.failover(taskId)
+        stream = await resume(graph, requestId, signal, inside, said)
+      }
+    }
+  }
+
   return async (
     graph: TaskGraphWire,
     requestId: string,
@@ -125,32 +204,36 @@ export const makeDispatch = (environment: DispatchEnvironment) => {
     timing?: RequestTiming
   ): Promise<DispatchOutcome> => {
     const inside = timing?.executors
-    try {
-      return await dispatchGraph(graph, requestId, signal, inside)
-    } catch (error) {
-      if (!(error instanceof TaskUnavailable) || signal.aborted || refusedWhileLeasing.has(error)) throw error
-      // Nothing of this graph reached the app: it runs once more, every invocation on an executor
-      // that is there now, and under fresh data ids, since the first try's may have been sent
-      // already (to a node that is gone, say).
-      const fresh = new Map<string, string>()
-      const original = new Map<string, string>()
-      const renamed = renameDataForwards(graph, (id) => {
-        let next = fresh.get(id)
-        if (next === undefined) {
-          next = randomUUID().replaceAll("-", "")
-          fresh.set(id, next)
-          original.set(next, id)
-        }
-        return next
-      }) as TaskGraphWire
-      environment.observer?.retried("unavailable")
-      const outcome = await dispatchGraph(renamed, requestId, signal, inside)
-      return {
-        ...outcome,
-        outputs: outcome.outputs.map((output) => renameDataForwards(output, (id) => original.get(id) ?? id))
+    const outcome = await (async () => {
+      try {
+        return await dispatchGraph(graph, requestId, signal, inside)
+      } catch (error) {
+        if (!(error instanceof TaskUnavailable) || signal.aborted || refusedWhileLeasing.has(error)) throw error
+        // Nothing of this graph reached the app: it runs once more, every invocation on an executor
+        // that is there now, and under fresh data ids, since the first try's may have been sent
+        // already (to a node that is gone, say).
+        const { renamed, original } = freshIds(graph)
+        observer?.retried("unavailable")
+        const again = await dispatchGraph(renamed, requestId, signal, inside)
+        return { ...again, outputs: again.outputs.map((output) => renameDataForwards(output, original)) }
       }
-    }
+    })()
+    const last = graph.invocations[graph.invocations.length - 1]
+    if (outcome.stream === undefined || last?.operation !== "chat") return outcome
+    return { ...outcome, stream: failingOver(graph, outcome.stream, requestId, signal, inside) }
   }
+}
+
+/** How many times one LLM stream is carried on elsewhere before its failure is the client's. */
+const maxFailovers = 3
+/** How long a broken-off stream waits for an executor of its task (a restart, say) before it fails. */
+const failoverWaitMs = 30_000
+const failoverPauseMs = 250
+
+/** A stream failure another executor could recover from: not the input's fault, not a cancellation. */
+const breaksOff = (error: unknown): boolean => {
+  const tag = (error as { readonly _tag?: unknown } | null)?._tag
+  return tag === "TaskUnavailable" || tag === "DispatchFailed"
 }
 
 const dispatchGraphWith =
@@ -159,7 +242,9 @@ const dispatchGraphWith =
     graph: TaskGraphWire,
     requestId: string,
     signal: AbortSignal,
-    inside: BusyClock | undefined
+    inside: BusyClock | undefined,
+    /** Tokens of the last (chat) invocation its client has seen already, when it goes on from a failure. */
+    continuation?: ReadonlyArray<number>
   ): Promise<DispatchOutcome> => {
     const observer = environment.observer
     const managers = graph.invocations.map((invocation) => {
@@ -276,7 +361,12 @@ const dispatchGraphWith =
         observer?.call(invocation.taskId, invocation.operation, outcome, (now - began) / 1000)
       }
       try {
-        const result = await call(lease.url, invocation, { receivers, modalities, signal: callSignal.signal })
+        const result = await call(lease.url, invocation, {
+          receivers,
+          modalities,
+          signal: callSignal.signal,
+          ...(continuation !== undefined && index === graph.invocations.length - 1 ? { continuation } : {})
+        })
         if (result.stream === undefined) {
           callSignal.dispose()
           lease.release("ok")

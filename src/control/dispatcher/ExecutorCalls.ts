@@ -14,8 +14,8 @@ import { ErrorBody, type ExecutorErrorTag } from "../../executors/common/errors.
 import { EmbeddingsRequest, EmbeddingsResponse } from "../../executors/eric/api.js"
 import { AudioChunkLine, AudioDoneLine, GenerateRequest, ImageAnswer } from "../../executors/geri/api.js"
 import {
-  ChatCompletionChunk,
   ChatCompletionRequest,
+  LlmChunk,
   type Modality,
   PromptEmbeddingsRequest,
   PromptEmbeddingsResponse
@@ -29,6 +29,8 @@ export interface CallContext {
   /** The modality of each forwarded datum an encoder produces, by id. */
   readonly modalities: ReadonlyMap<string, Modality>
   readonly signal: AbortSignal
+  /** For a chat call that goes on where a failed one stopped: the tokens its client has already seen. */
+  readonly continuation?: ReadonlyArray<number>
 }
 
 export interface CallResult {
@@ -200,11 +202,11 @@ const embeddingRefs = (ids: ReadonlyArray<string> | undefined, context: CallCont
     ? {}
     : { cornserve_embeddings: ids.map((id) => ({ id, modality: context.modalities.get(id) ?? "image" })) }
 
-const decodeChunk = decodeAnswer(Schema.parseJson(ChatCompletionChunk))
+const decodeChunk = decodeAnswer(Schema.parseJson(LlmChunk))
 const decodeStreamError = Schema.decodeUnknownEither(Schema.parseJson(ErrorBody))
 
 /** The chunks of a Server-Sent Events answer, until `data: [DONE]`; an error event fails the stream. */
-async function* chatChunks(response: Response): AsyncIterable<ChatCompletionChunk> {
+async function* chatChunks(response: Response): AsyncIterable<LlmChunk> {
   for await (const line of responseLines(response)) {
     if (!line.startsWith("data:")) continue
     const data = line.slice("data:".length).trim()
@@ -223,7 +225,12 @@ const chat = async (url: string, invocation: TaskInvocationWire, context: CallCo
     ...embeddingRefs(cornserveEmbeddings, context),
     model: config.model,
     stream: true,
-    stream_options: { include_usage: request.stream_options?.include_usage ?? false }
+    stream_options: { include_usage: request.stream_options?.include_usage ?? false },
+    // The token ids let the dispatcher carry the stream on elsewhere if this executor fails.
+    cornserve_token_ids: true,
+    ...(context.continuation === undefined || context.continuation.length === 0
+      ? {}
+      : { cornserve_continuation: { token_ids: context.continuation } })
   }
   const response = await post(`${url}/v1/chat/completions`, ChatCompletionRequest, body, context.signal)
   return { output: {}, stream: chatChunks(response) }

@@ -70,6 +70,13 @@ export class Metrics {
     registers: [this.registry]
   })
 
+  private readonly failovers = new Counter({
+    name: "cornserve_llm_failovers_total",
+    help: "LLM streams that broke off (their executor died, their node was lost) and went on from a fresh run, by task.",
+    labelNames: ["task"] as const,
+    registers: [this.registry]
+  })
+
   private readonly overhead = this.histogram(
     "cornserve_request_overhead_seconds",
     "The platform's own time per request: from its hand-over to the app to the end of its answer, less the time inside executor calls (app code included), by app.",
@@ -95,7 +102,8 @@ export class Metrics {
     firstChunk: (task, seconds) => this.firstChunk.observe({ task }, seconds),
     nextChunk: (task, seconds) => this.nextChunk.observe({ task }, seconds),
     leaseWait: (task, seconds) => this.leaseWait.observe({ task }, seconds),
-    retried: (reason) => this.retries.inc({ reason })
+    retried: (reason) => this.retries.inc({ reason }),
+    failover: (task) => this.failovers.inc({ task })
   }
 
   /** What app drivers report of each request's time goes into these metrics. */

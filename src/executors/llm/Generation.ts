@@ -15,7 +15,8 @@ export interface Outcome {
 }
 
 export interface GenerationListener {
-  text(text: string): void
+  /** `tokens`: the ids of the tokens this text completes (tokens whose text was held back come with the next). */
+  text(text: string, tokens: ReadonlyArray<number>): void
   end(outcome: Outcome): void
   error(error: Error): void
 }
@@ -28,7 +29,9 @@ export class Generation {
   readonly started: Promise<void>
   /** The outcome; rejects with the engine's failure. */
   readonly done: Promise<Outcome>
-  private readonly backlog: Array<string> = []
+  private readonly backlog: Array<{ readonly text: string; readonly tokens: ReadonlyArray<number> }> = []
+  /** Tokens generated since the last text said. */
+  private pending: Array<number> = []
   private listener: GenerationListener | undefined
   private result: { readonly outcome: Outcome } | { readonly error: Error } | undefined
   private markStarted!: () => void
@@ -38,7 +41,9 @@ export class Generation {
     private readonly engine: EngineClient,
     meta: GenerateMeta,
     tokenizer: Detokenizer,
-    stops: ReadonlyArray<string>
+    stops: ReadonlyArray<string>,
+    /** Tokens another executor generated already: they are part of the prompt, and their text was said. */
+    continued: ReadonlyArray<number> = []
   ) {
     this.started = new Promise((resolve) => (this.markStarted = resolve))
     this.done = new Promise(
@@ -48,10 +53,13 @@ export class Generation {
     // A client that never subscribes still must not see an unhandled rejection.
     this.done.catch(() => undefined)
     const stream = new TextStream(tokenizer, stops)
+    for (const token of continued) stream.push(token)
     const item: WorkItem = { key: meta.op, inputs: {}, meta }
     const submitted = engine.submit([item], (_, value) => {
       if (this.result !== undefined) return
-      const delta = stream.push((value as TokenPartial).token)
+      const token = (value as TokenPartial).token
+      this.pending.push(token)
+      const delta = stream.push(token)
       this.markStarted()
       this.say(delta.text)
       if (delta.stopped) {
@@ -69,7 +77,7 @@ export class Generation {
         this.settle({
           outcome: {
             finishReason: rest.stopped ? "stop" : result.finishReason,
-            completionTokens: result.completionTokens
+            completionTokens: continued.length + result.completionTokens
           }
         })
       },
@@ -85,8 +93,15 @@ export class Generation {
   /** Replays the text so far, then reports as it comes. */
   subscribe(listener: GenerationListener): void {
     this.listener = listener
-    for (const text of this.backlog.splice(0)) listener.text(text)
+    for (const said of this.backlog.splice(0)) listener.text(said.text, said.tokens)
     if (this.result !== undefined) this.deliver(this.result)
+  }
+
+  /** Tokens generated whose text was never said (an end-of-sequence token, say), now that the request ended. */
+  takeUnsaid(): ReadonlyArray<number> {
+    const tokens = this.pending
+    this.pending = []
+    return tokens
   }
 
   /** The client went away: the engine drops the request and frees its cache. */
@@ -96,9 +111,11 @@ export class Generation {
 
   private say(text: string) {
     if (text.length === 0) return
+    const tokens = this.pending
+    this.pending = []
     this.text += text
-    if (this.listener === undefined) this.backlog.push(text)
-    else this.listener.text(text)
+    if (this.listener === undefined) this.backlog.push({ text, tokens })
+    else this.listener.text(text, tokens)
     this.markStarted()
   }
 

@@ -32,10 +32,27 @@ export const ChatCompletionRequest = Schema.extend(
   Schema.Struct({
     /** vLLM's extension: keep generating past end-of-sequence until max_tokens. */
     ignore_eos: Schema.optional(Schema.Boolean),
-    cornserve_embeddings: Schema.optional(Schema.Array(EmbeddingRef))
+    cornserve_embeddings: Schema.optional(Schema.Array(EmbeddingRef)),
+    /** Each streamed chunk also carries the ids of the tokens it says (`cornserve_token_ids`). */
+    cornserve_token_ids: Schema.optional(Schema.Boolean),
+    /**
+     * Go on with a completion another executor began: these tokens follow the prompt as if this
+     * executor had generated them, and only what comes after them is streamed (no role chunk). The
+     * completion's budget (max_tokens) and its usage count them as generated.
+     */
+    cornserve_continuation: Schema.optional(
+      Schema.Struct({ token_ids: Schema.Array(Schema.Int.pipe(Schema.nonNegative())) })
+    )
   })
 )
 export type ChatCompletionRequest = typeof ChatCompletionRequest.Type
+
+/** A streamed chunk as the executor sends it: OpenAI's, with the token ids it says when they were asked for. */
+export const LlmChunk = Schema.extend(
+  OpenAI.ChatCompletionChunk,
+  Schema.Struct({ cornserve_token_ids: Schema.optional(Schema.Array(Schema.Int)) })
+)
+export type LlmChunk = typeof LlmChunk.Type
 
 export {
   ChatCompletion,

@@ -25,6 +25,7 @@ import {
   type ChatMessage,
   type EmbeddingRef,
   type FinishReason,
+  type LlmChunk,
   type LlmStats,
   type ModelList,
   PromptEmbeddingsRequest,
@@ -138,11 +139,40 @@ export const routerKind: RouterKind = {
         }
       }
 
-      const usageOf = (prompt: PromptInput, outcome: Outcome): Usage => ({
-        prompt_tokens: prompt.inputIds.length,
+      /** `continued`: tokens of the prompt that another executor generated, counted as completion. */
+      const usageOf = (prompt: PromptInput, outcome: Outcome, continued = 0): Usage => ({
+        prompt_tokens: prompt.inputIds.length - continued,
         completion_tokens: outcome.completionTokens,
-        total_tokens: prompt.inputIds.length + outcome.completionTokens
+        total_tokens: prompt.inputIds.length - continued + outcome.completionTokens
       })
+
+      /**
+       * The prompt of a completion that goes on from `tokens` another executor generated: they
+       * follow the generation prompt, and its budget of new tokens shrinks by as many.
+       */
+      const continuing = (
+        prompt: PromptInput,
+        params: SamplingParams,
+        tokens: ReadonlyArray<number>
+      ): { readonly prompt: PromptInput; readonly sampling: SamplingParams } => {
+        const vocabulary = model.decoder!.vocabSize
+        const foreign = tokens.find((token) => token >= vocabulary)
+        if (foreign !== undefined)
+          throw new BadRequest({
+            message: `token ${foreign} of the continuation is not in the vocabulary (${vocabulary})`
+          })
+        if (tokens.length >= params.maxNewTokens)
+          throw new BadRequest({
+            message: `the continuation has ${tokens.length} tokens, the completion's whole budget is ${params.maxNewTokens}`
+          })
+        const inputIds = new Int32Array(prompt.inputIds.length + tokens.length)
+        inputIds.set(prompt.inputIds)
+        inputIds.set(tokens, prompt.inputIds.length)
+        return {
+          prompt: { inputIds, media: prompt.media },
+          sampling: { ...params, maxNewTokens: params.maxNewTokens - tokens.length }
+        }
+      }
 
       /** Prompt rows a media part takes when the model embeds it itself: known from its config, before decoding. */
       const encodedRows: Readonly<Record<MediaPart["modality"], number | undefined>> = {
@@ -180,17 +210,19 @@ export const routerKind: RouterKind = {
         yield* checkModel(body.model)
         // A prompt must leave at least one position for the completion.
         yield* checkMedia(mediaParts(body.messages), body.cornserve_embeddings, maxModelLength - 1)
-        const prompt = yield* attempt(() =>
+        const asked = yield* attempt(() =>
           buildPrompt({ messages: body.messages, addGenerationPrompt: true }, body.cornserve_embeddings)
         )
-        const meta: GenerateMeta = {
-          op: "generate",
-          prompt,
-          sampling: yield* check(() => sampling(body, prompt.inputIds.length))
-        }
+        const params = yield* check(() => sampling(body, asked.inputIds.length))
+        const continued = body.cornserve_continuation?.token_ids ?? []
+        const { prompt, sampling: samplingParams } =
+          continued.length === 0
+            ? { prompt: asked, sampling: params }
+            : yield* check(() => continuing(asked, params, continued))
+        const meta: GenerateMeta = { op: "generate", prompt, sampling: samplingParams }
         const stops =
           body.stop === undefined || body.stop === null ? [] : typeof body.stop === "string" ? [body.stop] : body.stop
-        const generation = new Generation(engine, meta, tokenizer, stops)
+        const generation = new Generation(engine, meta, tokenizer, stops, continued)
         const id = `chatcmpl-${randomUUID()}`
         const now = Math.floor(Date.now() / 1000)
 
@@ -211,7 +243,7 @@ export const routerKind: RouterKind = {
                 logprobs: null
               }
             ],
-            usage: usageOf(prompt, outcome)
+            usage: usageOf(prompt, outcome, continued.length)
           }
           return HttpServerResponse.unsafeJson(completion)
         }
@@ -222,25 +254,31 @@ export const routerKind: RouterKind = {
         )
         if (generation.failure !== undefined) return yield* Effect.fail(generation.failure)
         const includeUsage = body.stream_options?.include_usage === true
+        const withTokens = body.cornserve_token_ids === true
         const chunk = (
           delta: ChatCompletionChunk["choices"][number]["delta"],
-          finishReason: FinishReason | null
-        ): ChatCompletionChunk => ({
+          finishReason: FinishReason | null,
+          tokens: ReadonlyArray<number> = []
+        ): LlmChunk => ({
           id,
           object: "chat.completion.chunk",
           created: now,
           model: config.model,
           choices: [{ index: 0, delta, finish_reason: finishReason, logprobs: null }],
-          ...(includeUsage ? { usage: null } : {})
+          ...(includeUsage ? { usage: null } : {}),
+          ...(withTokens ? { cornserve_token_ids: tokens } : {})
         })
         const events = Stream.async<Uint8Array>((emit) => {
-          void emit.single(sseLine(chunk({ role: "assistant", content: "" }, null)))
+          // A continuation goes on with a stream whose role chunk its client has seen.
+          if (continued.length === 0) void emit.single(sseLine(chunk({ role: "assistant", content: "" }, null)))
           generation.subscribe({
-            text: (text) => void emit.single(sseLine(chunk({ content: text }, null))),
+            text: (text, tokens) => void emit.single(sseLine(chunk({ content: text }, null, tokens))),
             end: (outcome) => {
-              void emit.single(sseLine(chunk({}, outcome.finishReason)))
+              void emit.single(sseLine(chunk({}, outcome.finishReason, generation.takeUnsaid())))
               if (includeUsage)
-                void emit.single(sseLine({ ...chunk({}, null), choices: [], usage: usageOf(prompt, outcome) }))
+                void emit.single(
+                  sseLine({ ...chunk({}, null), choices: [], usage: usageOf(prompt, outcome, continued.length) })
+                )
               void emit.single(sseLine("[DONE]"))
               void emit.end()
             },

@@ -1,0 +1,136 @@
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises"
+import { tmpdir } from "node:os"
+import { dirname, join } from "node:path"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { randomLlamaFiles } from "../../src/models/recipes/RandomLlama.js"
+import { descendants } from "../support/executors.js"
+import { eventually, invoke, type RunningPlatform, runCli, startPlatform } from "../support/platform.js"
+
+/**
+ * LLM failover through the real binary: the LLM executor's worker is killed while eight greedy
+ * streams are under way; the task's executor is restarted, every stream goes on from the tokens its
+ * client has, and every client reads the text it reads when nothing fails.
+ */
+
+const config = {
+  hiddenSize: 128,
+  intermediateSize: 256,
+  layers: 4,
+  heads: 4,
+  kvHeads: 2,
+  headDim: 32,
+  vocabSize: 512,
+  maxPositions: 512,
+  ropeTheta: 10000,
+  rmsNormEps: 1e-5
+}
+
+const streams = 8
+const maxTokens = 64
+
+const appSource = (model: string) => `
+import { ChatCompletionRequest, defineApp, LLMTask } from "cornserve/app"
+const llm = new LLMTask({ model: ${JSON.stringify(model)} })
+export default defineApp({
+  tasks: { llm },
+  request: ChatCompletionRequest,
+  serve: (request) => llm.invoke(request as never)
+})
+`
+
+const request = (index: number) =>
+  JSON.stringify({
+    messages: [{ role: "user", content: `Tell me story number ${index} about the sea.` }],
+    max_tokens: maxTokens,
+    temperature: 0
+  })
+
+/** One streamed answer, read line by line: its text, and a promise of its `n`-th chunk. */
+const readStream = (response: Response) => {
+  let chunks = 0
+  const waiting: Array<{ readonly n: number; readonly resolve: () => void }> = []
+  const text = (async () => {
+    expect(response.status).toBe(200)
+    const decoder = new TextDecoder()
+    let pending = ""
+    let said = ""
+    for await (const bytes of response.body!) {
+      pending += decoder.decode(bytes, { stream: true })
+      const lines = pending.split("\n")
+      pending = lines.pop()!
+      for (const line of lines.filter((entry) => entry.trim().length > 0)) {
+        const chunk = JSON.parse(line) as {
+          error?: unknown
+          choices?: Array<{ delta: { content?: string } }>
+        }
+        if (chunk.error !== undefined) throw new Error(`the stream failed: ${line}`)
+        said += chunk.choices?.[0]?.delta.content ?? ""
+        chunks++
+        for (const waiter of waiting.filter((entry) => entry.n <= chunks)) waiter.resolve()
+      }
+    }
+    return said
+  })()
+  return {
+    text,
+    reached: (n: number) =>
+      n <= chunks ? Promise.resolve() : new Promise<void>((resolve) => waiting.push({ n, resolve }))
+  }
+}
+
+describe("an LLM executor's worker dies mid-stream", () => {
+  let platform: RunningPlatform
+  let root: string
+
+  beforeAll(async () => {
+    root = await mkdtemp(join(tmpdir(), "cornserve-failover-"))
+    const model = join(root, "models", "tiny-llama")
+    for (const [file, bytes] of randomLlamaFiles({ config, layout: "decoder-only", dtypes: ["fp32"] })) {
+      await mkdir(dirname(join(model, file)), { recursive: true })
+      await writeFile(join(model, file), bytes)
+    }
+    platform = await startPlatform({ args: ["--devices", "cpu:0"], env: { CORNSERVE_MODEL_DIR: join(root, "models") } })
+    const file = join(root, "stories.ts")
+    await writeFile(file, appSource(model))
+    const registered = await runCli(["app", "register", file], { CORNSERVE_GATEWAY_URL: platform.url })
+    expect(registered.code, registered.stderr).toBe(0)
+  })
+
+  afterAll(async () => {
+    await platform?.stop()
+    await rm(root, { recursive: true, force: true })
+  })
+
+  const ask = async () => {
+    const answers = await Promise.all(
+      Array.from({ length: streams }, (_, index) => invoke(platform.url, "stories", request(index)))
+    )
+    return answers.map(readStream)
+  }
+
+  it("goes on with every stream elsewhere, each client reading the text of a run without the failure", async () => {
+    const undisturbed = await Promise.all((await ask()).map((stream) => stream.text))
+    expect(undisturbed.every((text) => text.length > 0)).toBe(true)
+
+    const worker = descendants(platform.process.pid!).find((entry) => entry.command.includes(" executor-worker "))
+    expect(worker).toBeDefined()
+    const disturbed = await ask()
+    // Every stream has had its 5th token when the worker is killed.
+    await Promise.all(disturbed.map((stream) => stream.reached(5)))
+    process.kill(worker!.pid, "SIGKILL")
+    const texts = await Promise.all(disturbed.map((stream) => stream.text))
+
+    expect(texts).toEqual(undisturbed)
+    const metrics = await (await fetch(`${platform.url}/metrics`)).text()
+    const failovers = Number(/^cornserve_llm_failovers_total\{task="[^"]+"\} (\d+)/m.exec(metrics)?.[1] ?? 0)
+    expect(failovers).toBeGreaterThanOrEqual(1)
+    // The executor was restarted, and the task is whole again.
+    await eventually(async () => {
+      const listing = (await (await fetch(`${platform.url}/tasks/list`)).json()) as {
+        tasks: Array<{ executors: Array<{ healthy: boolean; outstanding: number }> }>
+      }
+      const executors = listing.tasks.flatMap((task) => task.executors)
+      return executors.length === 1 && executors[0]!.healthy && executors[0]!.outstanding === 0 ? true : undefined
+    })
+  })
+})
