@@ -1,4 +1,5 @@
 import { type ChildProcess, spawn } from "node:child_process"
+import { getPriority, setPriority } from "node:os"
 import { fileURLToPath } from "node:url"
 import { Effect } from "effect"
 import { lifelineEnv } from "../../node/Lifeline.js"
@@ -14,6 +15,8 @@ export interface ChildOptions {
   /** Called once if the child exits before its scope closes. */
   readonly onUnexpectedExit?: (code: number | null, signal: NodeJS.Signals | null) => void
   readonly stopGraceMs?: number
+  /** How much less CPU priority than this process the child gets (a nice increment). */
+  readonly lowerPriority?: number
 }
 
 /**
@@ -22,6 +25,14 @@ export interface ChildOptions {
  * `exitWithParent`), so no child outlives its parent. Closing the scope sends SIGTERM, then SIGKILL
  * after the grace period.
  */
+const getPriorityOfSelf = (): number | undefined => {
+  try {
+    return getPriority()
+  } catch {
+    return undefined
+  }
+}
+
 export const startChild = (options: ChildOptions): Effect.Effect<ChildProcess, never, import("effect").Scope.Scope> =>
   Effect.acquireRelease(
     Effect.sync(() => {
@@ -29,6 +40,13 @@ export const startChild = (options: ChildOptions): Effect.Effect<ChildProcess, n
         stdio: ["pipe", "inherit", "inherit"],
         env: lifelineEnv({ ...process.env, ...options.env })
       })
+      if (options.lowerPriority !== undefined && child.pid !== undefined) {
+        try {
+          setPriority(child.pid, Math.min(19, (getPriorityOfSelf() ?? 0) + options.lowerPriority))
+        } catch {
+          // A platform that does not let us lower it runs the child at our priority.
+        }
+      }
       let stopping = false
       child.once("exit", (code, signal) => {
         if (!stopping) options.onUnexpectedExit?.(code, signal)

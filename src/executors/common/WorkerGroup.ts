@@ -29,6 +29,9 @@ export interface WorkerGroup {
   readonly send: (rank: number, message: ToWorker) => void
 }
 
+/** How much lower a worker's CPU priority is than its engine's (a nice increment). */
+const workerNiceness = 5
+
 export const startWorkerGroup = (options: {
   readonly config: ExecutorConfig
   readonly sockets: EngineSockets
@@ -50,6 +53,9 @@ export const startWorkerGroup = (options: {
         startChild({
           args: ["executor-worker", "--rank", String(rank)],
           env,
+          // A worker computes as fast as its threads let it; the gateway, the dispatcher and the
+          // routers answer requests and refusals in between, so a busy worker yields to them.
+          lowerPriority: workerNiceness,
           onUnexpectedExit: (code, signal) => {
             if (!healthy) return
             healthy = false
