@@ -452,16 +452,25 @@ interface Phase {
 
 /** One color_chat request: undefined when it was answered as expected, else what went wrong. */
 async function askColour(url: string, signal: AbortSignal): Promise<string | undefined> {
-  const response = await fetch(`${url}/app/invoke/${APP}`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: chatRequest,
-    signal
-  })
-  const outcome = await outcomeOf(response)
-  if ("text" in outcome) return outcome.text.toLowerCase().includes("red") ? undefined : `answered ${outcome.text}`
-  if ("status" in outcome) return `status ${outcome.status}: ${outcome.error.slice(0, 200)}`
-  return `stream cut after ${JSON.stringify(outcome.cut)}`
+  // A signal of its own per request: fetch keeps a listener on the signal it is given until the
+  // request is garbage-collected, so the bench's one stop signal would gather thousands.
+  const controller = new AbortController()
+  const stop = () => controller.abort()
+  signal.addEventListener("abort", stop, { once: true })
+  try {
+    const response = await fetch(`${url}/app/invoke/${APP}`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: chatRequest,
+      signal: controller.signal
+    })
+    const outcome = await outcomeOf(response)
+    if ("text" in outcome) return outcome.text.toLowerCase().includes("red") ? undefined : `answered ${outcome.text}`
+    if ("status" in outcome) return `status ${outcome.status}: ${outcome.error.slice(0, 200)}`
+    return `stream cut after ${JSON.stringify(outcome.cut)}`
+  } finally {
+    signal.removeEventListener("abort", stop)
+  }
 }
 
 /** `total` requests from `concurrency` clients, each sending its next request once it has the last answer. */
