@@ -151,12 +151,14 @@ export const makeDispatch = (environment: DispatchEnvironment) => {
     requestId: string,
     signal: AbortSignal,
     inside: BusyClock | undefined,
-    tokens: ReadonlyArray<number>
+    tokens: ReadonlyArray<number>,
+    /** The executors of the run whose stream broke off: each try avoids those of the one before. */
+    tried: Map<number, string>
   ): Promise<AsyncIterable<unknown>> => {
     const deadline = Date.now() + failoverWaitMs
     for (;;) {
       try {
-        const outcome = await dispatchGraph(freshIds(graph).renamed, requestId, signal, inside, tokens)
+        const outcome = await dispatchGraph(freshIds(graph).renamed, requestId, signal, inside, tried, tokens)
         if (outcome.stream === undefined) throw new DispatchFailed({ message: "the resumed LLM call did not stream" })
         return outcome.stream
       } catch (error) {
@@ -173,7 +175,8 @@ export const makeDispatch = (environment: DispatchEnvironment) => {
     first: AsyncIterable<unknown>,
     requestId: string,
     signal: AbortSignal,
-    inside: BusyClock | undefined
+    inside: BusyClock | undefined,
+    tried: Map<number, string>
   ): AsyncIterable<unknown> {
     const taskId = graph.invocations[graph.invocations.length - 1]!.taskId
     const said: Array<number> = []
@@ -192,7 +195,7 @@ export const makeDispatch = (environment: DispatchEnvironment) => {
       } catch (error) {
         if (signal.aborted || failovers >= maxFailovers || !breaksOff(error)) throw error
         observer?.failover(taskId)
-        stream = await resume(graph, requestId, signal, inside, said)
+        stream = await resume(graph, requestId, signal, inside, said, tried)
       }
     }
   }
@@ -204,9 +207,12 @@ export const makeDispatch = (environment: DispatchEnvironment) => {
     timing?: RequestTiming
   ): Promise<DispatchOutcome> => {
     const inside = timing?.executors
+    // The executors the first try leased: its second avoids them where their task has others (one
+    // on a node just lost may still look healthy when its call was cut short by another's failure).
+    const tried = new Map<number, string>()
     const outcome = await (async () => {
       try {
-        return await dispatchGraph(graph, requestId, signal, inside)
+        return await dispatchGraph(graph, requestId, signal, inside, tried)
       } catch (error) {
         if (!(error instanceof TaskUnavailable) || signal.aborted || refusedWhileLeasing.has(error)) throw error
         // Nothing of this graph reached the app: it runs once more, every invocation on an executor
@@ -214,13 +220,13 @@ export const makeDispatch = (environment: DispatchEnvironment) => {
         // already (to a node that is gone, say).
         const { renamed, original } = freshIds(graph)
         observer?.retried("unavailable")
-        const again = await dispatchGraph(renamed, requestId, signal, inside)
+        const again = await dispatchGraph(renamed, requestId, signal, inside, tried)
         return { ...again, outputs: again.outputs.map((output) => renameDataForwards(output, original)) }
       }
     })()
     const last = graph.invocations[graph.invocations.length - 1]
     if (outcome.stream === undefined || last?.operation !== "chat") return outcome
-    return { ...outcome, stream: failingOver(graph, outcome.stream, requestId, signal, inside) }
+    return { ...outcome, stream: failingOver(graph, outcome.stream, requestId, signal, inside, tried) }
   }
 }
 
@@ -243,6 +249,8 @@ const dispatchGraphWith =
     requestId: string,
     signal: AbortSignal,
     inside: BusyClock | undefined,
+    /** Invocation index → the executor a previous try leased for it (avoided now, and set to this try's). */
+    tried: Map<number, string>,
     /** Tokens of the last (chat) invocation its client has seen already, when it goes on from a failure. */
     continuation?: ReadonlyArray<number>
   ): Promise<DispatchOutcome> => {
@@ -304,7 +312,8 @@ const dispatchGraphWith =
     // When one task has none, the leases the others got go back unused.
     const asked = performance.now()
     const leasing = managers.map((manager, index) =>
-      manager.lease({ signal: controller.signal }).then((lease) => {
+      manager.lease({ signal: controller.signal, exclude: tried.get(index) }).then((lease) => {
+        tried.set(index, lease.executorId)
         observer?.leaseWait(graph.invocations[index]!.taskId, (performance.now() - asked) / 1000)
         if (closed) lease.release("unused")
         else held.push(lease)

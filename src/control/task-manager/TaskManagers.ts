@@ -63,7 +63,7 @@ export interface TaskManager {
    * as busy until the lease is released; `exclude` names one to avoid, for a retry. Fails with
    * TaskUnavailable when none comes back in time.
    */
-  lease(options: { readonly exclude?: string; readonly signal?: AbortSignal }): Promise<ExecutorLease>
+  lease(options: { readonly exclude?: string | undefined; readonly signal?: AbortSignal }): Promise<ExecutorLease>
   /** What its calls have shown so far: latency by load level per executor count, rate, queue depth. */
   profile(): ProfileSummary
   /** Calls in flight integrated over time since deployment (calls × ms): its mean load between two readings. */
@@ -201,7 +201,10 @@ class ManagedTask implements TaskManager {
     }
   }
 
-  async lease(options: { readonly exclude?: string; readonly signal?: AbortSignal }): Promise<ExecutorLease> {
+  async lease(options: {
+    readonly exclude?: string | undefined
+    readonly signal?: AbortSignal
+  }): Promise<ExecutorLease> {
     const inRotation = this.members.filter((member) => member.healthy && !member.draining).length
     const limit = this.queueBound * Math.max(1, inRotation)
     if (this.inFlight >= limit) {
