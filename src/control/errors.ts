@@ -58,7 +58,12 @@ export class TaskInputRejected extends Schema.TaggedError<TaskInputRejected>()("
 
 /** A task the request needs has no executor able to take it right now; the client may retry. */
 export class TaskUnavailable extends Schema.TaggedError<TaskUnavailable>()("TaskUnavailable", {
-  message: Schema.String
+  message: Schema.String,
+  /**
+   * Nothing answered: the executor, its node or a sidecar on the way is gone (rather than an
+   * executor that answered it had no room). Such a request is tried again until one is there.
+   */
+  unreachable: Schema.optional(Schema.Boolean)
 }) {}
 
 export class AppFailed extends Schema.TaggedError<AppFailed>()("AppFailed", {

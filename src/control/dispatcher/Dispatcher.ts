@@ -218,10 +218,24 @@ export const makeDispatch = (environment: DispatchEnvironment) => {
         // Nothing of this graph reached the app: it runs once more, every invocation on an executor
         // that is there now, and under fresh data ids, since the first try's may have been sent
         // already (to a node that is gone, say).
-        const { renamed, original } = freshIds(graph)
-        observer?.retried("unavailable")
-        const again = await dispatchGraph(renamed, requestId, signal, inside, tried)
-        return { ...again, outputs: again.outputs.map((output) => renameDataForwards(output, original)) }
+        // A graph that found something gone (an executor, its node, a sidecar) is tried until one is
+        // there again, for a bounded time; one an executor refused for room, once.
+        const deadline = Date.now() + failoverWaitMs
+        for (;;) {
+          const { renamed, original } = freshIds(graph)
+          observer?.retried("unavailable")
+          try {
+            const again = await dispatchGraph(renamed, requestId, signal, inside, tried)
+            return { ...again, outputs: again.outputs.map((output) => renameDataForwards(output, original)) }
+          } catch (retryError) {
+            const goneAgain =
+              retryError instanceof TaskUnavailable &&
+              retryError.unreachable === true &&
+              !refusedWhileLeasing.has(retryError)
+            if (!goneAgain || signal.aborted || Date.now() > deadline) throw retryError
+            await new Promise((resolve) => setTimeout(resolve, failoverPauseMs))
+          }
+        }
       }
     })()
     const last = graph.invocations[graph.invocations.length - 1]
@@ -302,7 +316,8 @@ const dispatchGraphWith =
       ? environment.onSidecarLost(() => {
           if (firstFailure === undefined && !signal.aborted)
             firstFailure = new TaskUnavailable({
-              message: "the node's sidecar went away with the data this request forwarded"
+              message: "the node's sidecar went away with the data this request forwarded",
+              unreachable: true
             })
           controller.abort()
         })
@@ -443,7 +458,10 @@ const dispatchGraphWith =
 /** A call cut short because its executor's node was lost is the task's unavailability, retryable. */
 const lostNode = (lease: ExecutorLease, error: unknown): unknown =>
   lease.signal.aborted
-    ? new TaskUnavailable({ message: `executor ${lease.executorId} was lost with its node ${lease.node}` })
+    ? new TaskUnavailable({
+        message: `executor ${lease.executorId} was lost with its node ${lease.node}`,
+        unreachable: true
+      })
     : error
 
 /** The error with the task it happened in named in its message, for the client to see which failed. */
@@ -452,7 +470,10 @@ const withTask = (error: DispatchError, taskId: string): DispatchError => {
     case "TaskInputRejected":
       return new TaskInputRejected({ message: `task ${taskId}: ${error.message}` })
     case "TaskUnavailable":
-      return new TaskUnavailable({ message: `task ${taskId}: ${error.message}` })
+      return new TaskUnavailable({
+        message: `task ${taskId}: ${error.message}`,
+        ...(error.unreachable === true ? { unreachable: true } : {})
+      })
     case "DispatchFailed":
       return new DispatchFailed({ message: `task ${taskId}: ${error.message}` })
     case "InvalidTaskGraph":

@@ -76,7 +76,8 @@ export const executorCallError = (code: string, message: string): ExecutorCallEr
     case "input":
       return new TaskInputRejected({ message })
     case "capacity":
-      return new TaskUnavailable({ message })
+      // An executor whose sidecar could not reach another node's: that node is likely gone.
+      return new TaskUnavailable({ message, ...(code === "SidecarUnavailable" ? { unreachable: true } : {}) })
     case "executor":
       return new DispatchFailed({ message: `${code}: ${message}` })
   }
@@ -133,7 +134,10 @@ const post = async <A, I>(
     })
   } catch (error) {
     if (signal.aborted) throw error
-    throw new TaskUnavailable({ message: `the executor at ${url} did not answer: ${(error as Error).message}` })
+    throw new TaskUnavailable({
+      message: `the executor at ${url} did not answer: ${(error as Error).message}`,
+      unreachable: true
+    })
   }
   if (response.ok) return response
   throw await failedAnswer(response)
