@@ -52,13 +52,14 @@
  */
 import { type ChildProcess, spawn } from "node:child_process"
 import { once } from "node:events"
-import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs"
+import { mkdtempSync, rmSync } from "node:fs"
 import http from "node:http"
 import { tmpdir } from "node:os"
-import { basename, join } from "node:path"
+import { join } from "node:path"
 import { performance } from "node:perf_hooks"
 import { createInterface } from "node:readline"
 import { setTimeout as sleep } from "node:timers/promises"
+import { ESBUILD_ROLE, type ProcessSample, sampleProcesses, stillRunning, taskOnDevice } from "./support/processes.js"
 import { chatRequest, outcomeOf } from "../test/support/colorChatRequest.js"
 import { binPath, repoRoot, runCli } from "../test/support/platform.js"
 
@@ -90,7 +91,6 @@ const PROGRESS_INTERVAL_MS = 5_000
 const START_TIMEOUT_MS = 120_000
 const STOP_TIMEOUT_MS = 15_000
 /** The esbuild service the platform starts to compile apps; it stops by design some seconds after the last compile. */
-const ESBUILD_ROLE = "esbuild service"
 
 function envNumber(name: string, fallback: number, { integer, min }: { integer: boolean; min: number }): number {
   const raw = process.env[name]
@@ -218,19 +218,6 @@ async function waitForApp(url: string, app: string): Promise<AppState> {
   throw new Error(`app ${app} was not ready within ${START_TIMEOUT_MS} ms`)
 }
 
-/** The unit task that holds each device, from /tasks/list (empty if it cannot be read). */
-async function taskOnDevice(url: string): Promise<Map<string, string>> {
-  const holders = new Map<string, string>()
-  const response = await fetch(`${url}/tasks/list`).catch(() => undefined)
-  if (!response?.ok) return holders
-  const body = (await response.json()) as { tasks?: Array<{ name?: unknown; devices?: unknown }> }
-  for (const task of body.tasks ?? []) {
-    if (typeof task.name !== "string" || !Array.isArray(task.devices)) continue
-    for (const device of task.devices) if (typeof device === "string") holders.set(device, task.name)
-  }
-  return holders
-}
-
 /** The app's requests shed by the platform, by reason, from `cornserve_requests_shed_total` in /metrics. */
 async function shedMetric(url: string): Promise<Record<string, number>> {
   const text = await fetch(`${url}/metrics`)
@@ -248,158 +235,6 @@ async function shedMetric(url: string): Promise<Record<string, number>> {
 
 // ---------------------------------------------------------------------------------------------
 // Processes (as in bench/soak.ts)
-
-interface ProcEntry {
-  readonly pid: number
-  readonly ppid: number
-  /** Clock ticks after boot: with the pid, names one process even if the pid is reused later. */
-  readonly startTime: string
-  readonly state: string
-}
-
-function readStat(pid: number): ProcEntry | undefined {
-  let stat: string
-  try {
-    stat = readFileSync(`/proc/${pid}/stat`, "utf8")
-  } catch {
-    return undefined
-  }
-  // The command name in parentheses may hold spaces and parentheses itself: fields start after the last ")".
-  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ")
-  return { pid, ppid: Number(fields[1]), startTime: fields[19] ?? "", state: fields[0] ?? "" }
-}
-
-/** `root` and every process below it, each followed by its own descendants (depth first). */
-function processTree(root: number): Array<ProcEntry> {
-  const childrenOf = new Map<number, Array<ProcEntry>>()
-  let rootEntry: ProcEntry | undefined
-  for (const name of readdirSync("/proc")) {
-    if (!/^\d+$/.test(name)) continue
-    const entry = readStat(Number(name))
-    if (entry === undefined || entry.state === "Z") continue
-    if (entry.pid === root) rootEntry = entry
-    const siblings = childrenOf.get(entry.ppid) ?? []
-    siblings.push(entry)
-    childrenOf.set(entry.ppid, siblings)
-  }
-  const tree: Array<ProcEntry> = []
-  const visit = (entry: ProcEntry) => {
-    tree.push(entry)
-    for (const child of (childrenOf.get(entry.pid) ?? []).sort((a, b) => a.pid - b.pid)) visit(child)
-  }
-  if (rootEntry !== undefined) visit(rootEntry)
-  return tree
-}
-
-function commandLine(pid: number): Array<string> {
-  try {
-    return readFileSync(`/proc/${pid}/cmdline`, "utf8")
-      .split("\0")
-      .filter((arg) => arg !== "")
-  } catch {
-    return []
-  }
-}
-
-/** `--name value` in `args`. */
-const option = (args: ReadonlyArray<string>, name: string) => {
-  const index = args.indexOf(name)
-  return index < 0 ? undefined : args[index + 1]
-}
-
-/** An executor's process group, as its router's command line and /tasks/list name it. */
-interface ExecutorContext {
-  readonly kind: string
-  /** Its devices, and the unit task it serves where /tasks/list names one. */
-  readonly where: string
-}
-
-/**
- * A process's role, from its command line: serve, the sidecar, an executor's router, engine or
- * worker (the last two take their router's kind and devices), the app's sandboxed process (run with
- * Node's permission model; this bench registers color_chat alone), the esbuild service, or else the
- * command's short form.
- */
-function roleOf(
-  argv: ReadonlyArray<string>,
-  parent: ExecutorContext | undefined,
-  taskOnDevice: ReadonlyMap<string, string>
-): { role: string; executor?: ExecutorContext } {
-  const cli = argv.findIndex((arg) => basename(arg) === "cornserve")
-  const args = cli < 0 ? [] : argv.slice(cli + 1)
-  if (args[0] === "serve") return { role: "serve" }
-  if (args[0] === "internal") {
-    const [, command, ...rest] = args
-    const executor = (role: string, context: ExecutorContext) => ({
-      role: `executor ${context.kind} ${role} (${context.where})`,
-      executor: context
-    })
-    const inherited = parent ?? { kind: "?", where: "?" }
-    switch (command) {
-      case "sidecar":
-        return { role: "sidecar" }
-      case "executor": {
-        const devices = option(rest, "--devices") ?? "?"
-        const task = taskOnDevice.get(devices.split(",")[0]!)
-        const where = task === undefined ? devices : `${task} on ${devices}`
-        return executor("router", { kind: option(rest, "--kind") ?? "?", where })
-      }
-      case "executor-engine":
-        return executor("engine", inherited)
-      case "executor-worker":
-        return executor(`worker ${option(rest, "--rank") ?? "?"}`, inherited)
-      default:
-        return { role: `internal ${command ?? "?"}` }
-    }
-  }
-  if (argv.includes("--experimental-permission") || argv.includes("--permission")) return { role: `app ${APP}` }
-  if (argv[0] !== undefined && basename(argv[0]) === "esbuild") return { role: ESBUILD_ROLE }
-  return { role: argv.length === 0 ? "?" : [basename(argv[0]!), ...argv.slice(1, 3)].join(" ") }
-}
-
-interface ProcessSample {
-  readonly pid: number
-  readonly startTime: string
-  readonly role: string
-  readonly rssKiB: number
-  readonly shmemKiB: number
-}
-
-/** `Name:   123 kB` in /proc/<pid>/status, in KiB. */
-const statusKiB = (status: string, name: string) => {
-  const match = new RegExp(`^${name}:\\s+(\\d+) kB`, "m").exec(status)
-  return match === null ? 0 : Number(match[1])
-}
-
-function sampleProcesses(root: number, taskOnDevice: ReadonlyMap<string, string>): Array<ProcessSample> {
-  const executors = new Map<number, ExecutorContext>()
-  const samples: Array<ProcessSample> = []
-  for (const entry of processTree(root)) {
-    const argv = commandLine(entry.pid)
-    let status: string
-    try {
-      status = readFileSync(`/proc/${entry.pid}/status`, "utf8")
-    } catch {
-      continue // gone since the walk
-    }
-    const { role, executor } = roleOf(argv, executors.get(entry.ppid), taskOnDevice)
-    if (executor !== undefined) executors.set(entry.pid, executor)
-    samples.push({
-      pid: entry.pid,
-      startTime: entry.startTime,
-      role,
-      rssKiB: statusKiB(status, "VmRSS"),
-      shmemKiB: statusKiB(status, "RssShmem")
-    })
-  }
-  return samples
-}
-
-/** Whether the process recorded as `pid` started at `startTime` still runs (a zombie does not). */
-function stillRunning(pid: number, startTime: string): boolean {
-  const entry = readStat(pid)
-  return entry !== undefined && entry.startTime === startTime && entry.state !== "Z"
-}
 
 // ---------------------------------------------------------------------------------------------
 // Requests
@@ -734,7 +569,7 @@ export default async function overloadBench(): Promise<void> {
   const stopPlatform = async (): Promise<void> => {
     const child = serve
     if (child === undefined) return
-    if (child.pid !== undefined) remember(sampleProcesses(child.pid, new Map()))
+    if (child.pid !== undefined) remember(sampleProcesses(child.pid, new Map(), APP))
     if (child.exitCode === null && child.signalCode === null) {
       const exited = once(child, "exit")
       child.kill("SIGTERM")
@@ -819,7 +654,7 @@ export default async function overloadBench(): Promise<void> {
       )
 
     const snapshot = async () => {
-      const processes = sampleProcesses(servePid, await taskOnDevice(url))
+      const processes = sampleProcesses(servePid, await taskOnDevice(url), APP)
       remember(processes)
       return processes
     }
