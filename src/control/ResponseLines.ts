@@ -1,5 +1,7 @@
 /** The lines of a streamed HTTP body (NDJSON, Server-Sent Events) as they arrive, without their line ends. */
-export async function* responseLines(response: Response): AsyncIterable<string> {
+export async function* responseLines(response: {
+  readonly body: AsyncIterable<Uint8Array> | ReadableStream<Uint8Array> | null
+}): AsyncIterable<string> {
   const decoder = new TextDecoder()
   let pending = ""
   for await (const bytes of response.body as unknown as AsyncIterable<Uint8Array>) {

@@ -240,9 +240,12 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
   })
 
   it("cancels the other invocations when one fails, with the input's fault as TaskInputRejected", async () => {
+    let llmArrived: () => void = () => undefined
+    const llmSeen = new Promise<void>((resolve) => (llmArrived = resolve))
+    // The encoder refuses once the LLM's call is under way: that call is then cancelled.
     for (const encoder of encoders)
-      encoder.handle = (_, response) => refuse(response, 400, "MediaError", "not an image")
-    llm.handle = () => undefined
+      encoder.handle = (_, response) => void llmSeen.then(() => refuse(response, 400, "MediaError", "not an image"))
+    llm.handle = () => llmArrived()
 
     await expect(dispatch(graph, "request-2", requestSignal())).rejects.toMatchObject({
       _tag: "TaskInputRejected",

@@ -22,6 +22,7 @@ import {
 } from "../../executors/llm/api.js"
 import { DispatchFailed, InvalidTaskGraph, TaskInputRejected, TaskUnavailable } from "../errors.js"
 import { responseLines } from "../ResponseLines.js"
+import { type ExecutorAnswer, postJson } from "./ExecutorHttp.js"
 
 export interface CallContext {
   /** The node whose executors consume forwarded data (one node for now). */
@@ -86,7 +87,7 @@ export const executorCallError = (code: string, message: string): ExecutorCallEr
 const decodeErrorBody = Schema.decodeUnknownEither(Schema.parseJson(ErrorBody))
 
 /** A failed answer's error: its body's code when it has one, else what its status says. */
-const failedAnswer = async (response: Response): Promise<ExecutorCallError> => {
+const failedAnswer = async (response: ExecutorAnswer): Promise<ExecutorCallError> => {
   const text = await response.text()
   const body = decodeErrorBody(text)
   if (Either.isRight(body)) return executorCallError(body.right.error.code, body.right.error.message)
@@ -123,15 +124,10 @@ const post = async <A, I>(
   schema: Schema.Schema<A, I>,
   body: A,
   signal: AbortSignal
-): Promise<Response> => {
-  let response: Response
+): Promise<ExecutorAnswer> => {
+  let response: ExecutorAnswer
   try {
-    response = await fetch(url, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify(Schema.encodeSync(schema)(body)),
-      signal
-    })
+    response = await postJson(url, JSON.stringify(Schema.encodeSync(schema)(body)), signal)
   } catch (error) {
     if (signal.aborted) throw error
     throw new TaskUnavailable({
@@ -210,7 +206,7 @@ const decodeChunk = decodeAnswer(Schema.parseJson(LlmChunk))
 const decodeStreamError = Schema.decodeUnknownEither(Schema.parseJson(ErrorBody))
 
 /** The chunks of a Server-Sent Events answer, until `data: [DONE]`; an error event fails the stream. */
-async function* chatChunks(response: Response): AsyncIterable<LlmChunk> {
+async function* chatChunks(response: ExecutorAnswer): AsyncIterable<LlmChunk> {
   for await (const line of responseLines(response)) {
     if (!line.startsWith("data:")) continue
     const data = line.slice("data:".length).trim()
@@ -283,7 +279,7 @@ const decodeAudioInput = decodeInvocation(
 
 const decodeAudioLine = decodeAnswer(Schema.parseJson(Schema.Union(AudioChunkLine, AudioDoneLine, ErrorBody)))
 
-async function* audioChunks(response: Response): AsyncIterable<unknown> {
+async function* audioChunks(response: ExecutorAnswer): AsyncIterable<unknown> {
   for await (const line of responseLines(response)) {
     if (line.trim().length === 0) continue
     const parsed = decodeAudioLine(line)
