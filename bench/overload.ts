@@ -50,18 +50,17 @@
  * (default 5), BENCH_CAPACITY_SECONDS (default 15), BENCH_OVERLOAD_FACTOR (default 10),
  * BENCH_OVERLOAD_SECONDS (default 30).
  */
-import { type ChildProcess, spawn } from "node:child_process"
-import { once } from "node:events"
+import type { ChildProcess } from "node:child_process"
 import { mkdtempSync, rmSync } from "node:fs"
 import http from "node:http"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { performance } from "node:perf_hooks"
-import { createInterface } from "node:readline"
 import { setTimeout as sleep } from "node:timers/promises"
-import { ESBUILD_ROLE, type ProcessSample, sampleProcesses, stillRunning, taskOnDevice } from "./support/processes.js"
+import { ESBUILD_ROLE, type ProcessSample, sampleProcesses, taskOnDevice } from "./support/processes.js"
+import { mib, percentile, platformReaper, round, START_TIMEOUT_MS, startPlatform } from "./support/colorChatPlatform.js"
 import { chatRequest, outcomeOf } from "../test/support/colorChatRequest.js"
-import { binPath, repoRoot, runCli } from "../test/support/platform.js"
+import { repoRoot, runCli } from "../test/support/platform.js"
 
 const MAX_CONCURRENCY = envNumber("BENCH_MAX_CONCURRENCY", 8, { integer: true, min: 1 })
 const MAX_QUEUE = envNumber("BENCH_MAX_QUEUE", 8, { integer: true, min: 0 })
@@ -78,19 +77,12 @@ const TARGET = { maxAcceptedP99Ratio: 2, maxShedP99Ms: 50, otherErrors: 0, maxSe
 
 const APP = "color_chat"
 const INVOKE_PATH = `/app/invoke/${APP}`
-const MiB = 1024 * 1024
-/** As startColorChat in test/support/colorChat.ts. */
-const DEVICES = "cpu:0,cpu:1,cpu:2"
-const ARENA_BYTES = 64 * MiB
 const NODE_ID = `overload-${process.pid}`
 /** Sockets of the load generator: more than the requests it ever has in flight, so that none waits for one. */
 const MAX_SOCKETS = 4_096
 /** How long the overload phase waits for its last answers; those still out then count as errors. */
 const DRAIN_TIMEOUT_MS = 30_000
 const PROGRESS_INTERVAL_MS = 5_000
-const START_TIMEOUT_MS = 120_000
-const STOP_TIMEOUT_MS = 15_000
-/** The esbuild service the platform starts to compile apps; it stops by design some seconds after the last compile. */
 
 function envNumber(name: string, fallback: number, { integer, min }: { integer: boolean; min: number }): number {
   const raw = process.env[name]
@@ -102,92 +94,12 @@ function envNumber(name: string, fallback: number, { integer, min }: { integer: 
   return value
 }
 
-const round = (value: number, digits: number) => Number(value.toFixed(digits))
-const mib = (kib: number) => round(kib / 1024, 1)
 /** `a / b`, or null when either is missing or b is zero. */
 const ratio = (a: number | null, b: number | null) =>
   a === null || b === null || !Number.isFinite(a) || !Number.isFinite(b) || b === 0 ? null : round(a / b, 3)
 
-/** Nearest-rank percentile of sorted values. */
-function percentile(sorted: ReadonlyArray<number>, p: number): number {
-  if (sorted.length === 0) return Number.NaN
-  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(p * sorted.length) - 1))]!
-}
-
 // ---------------------------------------------------------------------------------------------
 // The platform
-
-interface Platform {
-  readonly child: ChildProcess
-  readonly url: string
-  /** The platform's last lines of output, to explain a failure. */
-  readonly tail: () => string
-}
-
-/**
- * Spawns `cornserve serve` and resolves once its gateway listens. Both output streams are read to
- * the end (executors write into them too) and only their last lines are kept.
- */
-async function startPlatform(
-  stateDir: string,
-  modelDir: string,
-  onSpawn: (child: ChildProcess) => void
-): Promise<Platform> {
-  const child = spawn(
-    process.execPath,
-    [
-      binPath,
-      "serve",
-      "--host",
-      "127.0.0.1",
-      "--port",
-      "0",
-      "--state-dir",
-      stateDir,
-      "--devices",
-      DEVICES,
-      "--node-id",
-      NODE_ID,
-      "--sidecar-arena-bytes",
-      String(ARENA_BYTES)
-    ],
-    { cwd: repoRoot, env: { ...process.env, CORNSERVE_MODEL_DIR: modelDir }, stdio: ["ignore", "pipe", "pipe"] }
-  )
-  // Known to the caller before it listens, so that a signal during start-up stops it too.
-  onSpawn(child)
-  const lines: Array<string> = []
-  const keep = (line: string) => {
-    lines.push(line)
-    if (lines.length > 60) lines.shift()
-  }
-  const tail = () => lines.join("\n")
-  createInterface({ input: child.stderr! }).on("line", keep)
-  const stdout = createInterface({ input: child.stdout! })
-  const url = await new Promise<string>((resolve, reject) => {
-    const timer = setTimeout(() => fail(`did not listen within ${START_TIMEOUT_MS} ms`), START_TIMEOUT_MS)
-    const onExit = (code: number | null, signal: NodeJS.Signals | null) => fail(`exited (${signal ?? code}) first`)
-    const onLine = (line: string) => {
-      keep(line)
-      // Executors write to the same stream, with their own "executor: serving at" lines.
-      const match = /^cornserve: serving at (http:\/\/\S+)/.exec(line)
-      if (match?.[1] !== undefined) {
-        clearTimeout(timer)
-        child.off("exit", onExit)
-        stdout.off("line", onLine)
-        stdout.on("line", keep)
-        resolve(match[1])
-      }
-    }
-    function fail(why: string) {
-      clearTimeout(timer)
-      child.off("exit", onExit)
-      reject(new Error(`cornserve serve ${why}; its last output:\n${tail()}`))
-    }
-    child.once("exit", onExit)
-    stdout.on("line", onLine)
-  })
-  return { child, url, tail }
-}
 
 interface AppState {
   readonly state?: unknown
@@ -232,9 +144,6 @@ async function shedMetric(url: string): Promise<Record<string, number>> {
   }
   return shed
 }
-
-// ---------------------------------------------------------------------------------------------
-// Processes (as in bench/soak.ts)
 
 // ---------------------------------------------------------------------------------------------
 // Requests
@@ -559,43 +468,9 @@ export default async function overloadBench(): Promise<void> {
     return made
   }
   let serve: ChildProcess | undefined
-  /** Every platform process seen (pid → start time), so that none is left behind at the end. */
-  const seen = new Map<number, string>()
-  const remember = (samples: ReadonlyArray<ProcessSample>) => {
-    for (const sample of samples) seen.set(sample.pid, sample.startTime)
-  }
-
-  /** SIGTERM to serve (SIGKILL after STOP_TIMEOUT_MS), then SIGKILL to any process of the platform still running. */
-  const stopPlatform = async (): Promise<void> => {
-    const child = serve
-    if (child === undefined) return
-    if (child.pid !== undefined) remember(sampleProcesses(child.pid, new Map(), APP))
-    if (child.exitCode === null && child.signalCode === null) {
-      const exited = once(child, "exit")
-      child.kill("SIGTERM")
-      const stopped = await Promise.race([exited.then(() => true), sleep(STOP_TIMEOUT_MS, false)])
-      if (!stopped) {
-        console.error(`overload: serve did not stop within ${STOP_TIMEOUT_MS} ms of SIGTERM; killing it`)
-        child.kill("SIGKILL")
-        await exited
-      }
-    }
-    // Its children stop when their lifeline (a pipe from their parent) closes; give them the same time.
-    const deadline = Date.now() + STOP_TIMEOUT_MS
-    let left = [...seen].filter(([pid, startTime]) => stillRunning(pid, startTime))
-    while (left.length > 0 && Date.now() < deadline) {
-      await sleep(100)
-      left = left.filter(([pid, startTime]) => stillRunning(pid, startTime))
-    }
-    for (const [pid] of left) {
-      console.error(`overload: process ${pid} of the platform outlived it by ${STOP_TIMEOUT_MS} ms; killing it`)
-      try {
-        process.kill(pid, "SIGKILL")
-      } catch {
-        // gone meanwhile
-      }
-    }
-  }
+  const reaper = platformReaper(APP, "overload")
+  const stopPlatform = () => reaper.stop(serve)
+  const remember = reaper.remember
 
   let cleaning: Promise<void> | undefined
   const cleanup = () => {
@@ -617,8 +492,13 @@ export default async function overloadBench(): Promise<void> {
   process.once("SIGTERM", onSignal)
 
   try {
-    const platform = await startPlatform(stateDir, modelDir, (child) => {
-      serve = child
+    const platform = await startPlatform({
+      stateDir,
+      modelDir,
+      nodeId: NODE_ID,
+      onSpawn: (child) => {
+        serve = child
+      }
     })
     const { url } = platform
     const gateway = new URL(url)

@@ -30,26 +30,18 @@
  * Env: BENCH_REQUESTS (default 10000), BENCH_CONCURRENCY (default 8), BENCH_WARMUP_REQUESTS
  * (default 500).
  */
-import { type ChildProcess, spawn } from "node:child_process"
-import { once } from "node:events"
+import type { ChildProcess } from "node:child_process"
 import { mkdtempSync, readdirSync, rmSync, statSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { performance } from "node:perf_hooks"
-import { createInterface } from "node:readline"
 import { setTimeout as sleep } from "node:timers/promises"
 import { batchBufferPrefix } from "../src/executors/common/BatchBuffer.js"
 import { arenaFilePrefix } from "../src/sidecar/Arena.js"
-import {
-  ESBUILD_ROLE,
-  type ProcessSample,
-  readStat,
-  sampleProcesses,
-  stillRunning,
-  taskOnDevice
-} from "./support/processes.js"
+import { ESBUILD_ROLE, type ProcessSample, readStat, sampleProcesses, taskOnDevice } from "./support/processes.js"
+import { mib, percentile, platformReaper, round, START_TIMEOUT_MS, startPlatform } from "./support/colorChatPlatform.js"
 import { chatRequest, outcomeOf } from "../test/support/colorChatRequest.js"
-import { binPath, repoRoot, runCli } from "../test/support/platform.js"
+import { repoRoot, runCli } from "../test/support/platform.js"
 
 const REQUESTS = envInteger("BENCH_REQUESTS", 10_000, 1)
 const CONCURRENCY = envInteger("BENCH_CONCURRENCY", 8, 1)
@@ -58,17 +50,10 @@ const WARMUP_REQUESTS = envInteger("BENCH_WARMUP_REQUESTS", 500, 0)
 const TARGET = { maxRssGrowth: 1.1, transfersActive: 0, slotsInUse: 0, bytesInUse: 0, errors: 0 } as const
 
 const APP = "color_chat"
-const MiB = 1024 * 1024
-/** As startColorChat in test/support/colorChat.ts. */
-const DEVICES = "cpu:0,cpu:1,cpu:2"
-const ARENA_BYTES = 64 * MiB
 const NODE_ID = `soak-${process.pid}`
 const SHM_DIR = "/dev/shm"
 /** How long a reading of the sidecar waits at most for the transfers of finished requests to be released. */
 const SETTLE_TIMEOUT_MS = 5_000
-const START_TIMEOUT_MS = 120_000
-const STOP_TIMEOUT_MS = 15_000
-/** The esbuild service the platform starts to compile apps; it stops by design some seconds after the last compile. */
 
 function envInteger(name: string, fallback: number, min: number): number {
   const raw = process.env[name]
@@ -78,90 +63,8 @@ function envInteger(name: string, fallback: number, min: number): number {
   return value
 }
 
-const round = (value: number, digits: number) => Number(value.toFixed(digits))
-const mib = (kib: number) => round(kib / 1024, 1)
-
-/** Nearest-rank percentile of sorted values. */
-function percentile(sorted: ReadonlyArray<number>, p: number): number {
-  if (sorted.length === 0) return Number.NaN
-  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(p * sorted.length) - 1))]!
-}
-
 // ---------------------------------------------------------------------------------------------
 // The platform
-
-interface Platform {
-  readonly child: ChildProcess
-  readonly url: string
-  /** The platform's last lines of output, to explain a failure. */
-  readonly tail: () => string
-}
-
-/**
- * Spawns `cornserve serve` and resolves once its gateway listens. Both output streams are read to
- * the end (executors write into them too) and only their last lines are kept, so that a long soak
- * neither blocks the platform on a full pipe nor grows the bench's own memory.
- */
-async function startPlatform(
-  stateDir: string,
-  modelDir: string,
-  onSpawn: (child: ChildProcess) => void
-): Promise<Platform> {
-  const child = spawn(
-    process.execPath,
-    [
-      binPath,
-      "serve",
-      "--host",
-      "127.0.0.1",
-      "--port",
-      "0",
-      "--state-dir",
-      stateDir,
-      "--devices",
-      DEVICES,
-      "--node-id",
-      NODE_ID,
-      "--sidecar-arena-bytes",
-      String(ARENA_BYTES)
-    ],
-    { cwd: repoRoot, env: { ...process.env, CORNSERVE_MODEL_DIR: modelDir }, stdio: ["ignore", "pipe", "pipe"] }
-  )
-  // Known to the caller before it listens, so that a signal during start-up stops it too.
-  onSpawn(child)
-  const lines: Array<string> = []
-  const keep = (line: string) => {
-    lines.push(line)
-    if (lines.length > 60) lines.shift()
-  }
-  const tail = () => lines.join("\n")
-  createInterface({ input: child.stderr! }).on("line", keep)
-  const stdout = createInterface({ input: child.stdout! })
-  const url = await new Promise<string>((resolve, reject) => {
-    const timer = setTimeout(() => fail(`did not listen within ${START_TIMEOUT_MS} ms`), START_TIMEOUT_MS)
-    const onExit = (code: number | null, signal: NodeJS.Signals | null) => fail(`exited (${signal ?? code}) first`)
-    const onLine = (line: string) => {
-      keep(line)
-      // Executors write to the same stream, with their own "executor: serving at" lines.
-      const match = /^cornserve: serving at (http:\/\/\S+)/.exec(line)
-      if (match?.[1] !== undefined) {
-        clearTimeout(timer)
-        child.off("exit", onExit)
-        stdout.off("line", onLine)
-        stdout.on("line", keep)
-        resolve(match[1])
-      }
-    }
-    function fail(why: string) {
-      clearTimeout(timer)
-      child.off("exit", onExit)
-      reject(new Error(`cornserve serve ${why}; its last output:\n${tail()}`))
-    }
-    child.once("exit", onExit)
-    stdout.on("line", onLine)
-  })
-  return { child, url, tail }
-}
 
 async function waitForApp(url: string, app: string): Promise<void> {
   const deadline = Date.now() + START_TIMEOUT_MS
@@ -407,43 +310,9 @@ export default async function soakBench(): Promise<void> {
   const modelDir = mkdtempSync(join(tmpdir(), "cornserve-bench-soak-models-"))
   const load = new AbortController()
   let serve: ChildProcess | undefined
-  /** Every platform process seen (pid → start time), so that none is left behind at the end. */
-  const seen = new Map<number, string>()
-  const remember = (samples: ReadonlyArray<ProcessSample>) => {
-    for (const sample of samples) seen.set(sample.pid, sample.startTime)
-  }
-
-  /** SIGTERM to serve (SIGKILL after STOP_TIMEOUT_MS), then SIGKILL to any process of the platform still running. */
-  const stopPlatform = async (): Promise<void> => {
-    const child = serve
-    if (child === undefined) return
-    if (child.pid !== undefined) remember(sampleProcesses(child.pid, new Map(), APP))
-    if (child.exitCode === null && child.signalCode === null) {
-      const exited = once(child, "exit")
-      child.kill("SIGTERM")
-      const stopped = await Promise.race([exited.then(() => true), sleep(STOP_TIMEOUT_MS, false)])
-      if (!stopped) {
-        console.error(`soak: serve did not stop within ${STOP_TIMEOUT_MS} ms of SIGTERM; killing it`)
-        child.kill("SIGKILL")
-        await exited
-      }
-    }
-    // Its children stop when their lifeline (a pipe from their parent) closes; give them the same time.
-    const deadline = Date.now() + STOP_TIMEOUT_MS
-    let left = [...seen].filter(([pid, startTime]) => stillRunning(pid, startTime))
-    while (left.length > 0 && Date.now() < deadline) {
-      await sleep(100)
-      left = left.filter(([pid, startTime]) => stillRunning(pid, startTime))
-    }
-    for (const [pid] of left) {
-      console.error(`soak: process ${pid} of the platform outlived it by ${STOP_TIMEOUT_MS} ms; killing it`)
-      try {
-        process.kill(pid, "SIGKILL")
-      } catch {
-        // gone meanwhile
-      }
-    }
-  }
+  const reaper = platformReaper(APP, "soak")
+  const stopPlatform = () => reaper.stop(serve)
+  const remember = reaper.remember
 
   let cleaning: Promise<void> | undefined
   const cleanup = () => {
@@ -462,8 +331,13 @@ export default async function soakBench(): Promise<void> {
   process.once("SIGTERM", onSignal)
 
   try {
-    const platform = await startPlatform(stateDir, modelDir, (child) => {
-      serve = child
+    const platform = await startPlatform({
+      stateDir,
+      modelDir,
+      nodeId: NODE_ID,
+      onSpawn: (child) => {
+        serve = child
+      }
     })
     const { url } = platform
     const servePid = platform.child.pid!
@@ -480,7 +354,7 @@ export default async function soakBench(): Promise<void> {
       const sidecar = await sampleSidecar(url)
       const processes = sampleProcesses(servePid, await taskOnDevice(url), APP)
       remember(processes)
-      return { processes, shm: sampleShm(new Set(seen.keys())), sidecar }
+      return { processes, shm: sampleShm(reaper.pids()), sidecar }
     }
 
     console.error(`warm-up: ${WARMUP_REQUESTS} requests at concurrency ${CONCURRENCY}`)
