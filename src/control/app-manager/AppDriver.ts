@@ -58,9 +58,11 @@ export interface RequestObserver {
   ended(appId: string, seconds: number, dispatchSeconds: number, executorSeconds: number): void
 }
 
-interface RequestClock extends RequestTiming {
+interface RequestClock {
   readonly requestId: string
   readonly started: number
+  /** Made at the request's first dispatch: a request that dispatches nothing (an app without tasks) needs none. */
+  timing: RequestTiming | undefined
 }
 
 export interface LoadedApp {
@@ -175,7 +177,7 @@ export class AppDriver {
     const rid = this.nextRid++
     this.replies.set(rid, handlers)
     if (this.observer !== undefined) {
-      const clock = { requestId, started: performance.now(), dispatches: new BusyClock(), executors: new BusyClock() }
+      const clock: RequestClock = { requestId, started: performance.now(), timing: undefined }
       this.clocks.set(rid, clock)
       this.clocksById.set(requestId, clock)
     }
@@ -355,8 +357,8 @@ export class AppDriver {
     this.observer?.ended(
       this.appId,
       (now - clock.started) / 1000,
-      clock.dispatches.busyMs(now) / 1000,
-      clock.executors.busyMs(now) / 1000
+      (clock.timing?.dispatches.busyMs(now) ?? 0) / 1000,
+      (clock.timing?.executors.busyMs(now) ?? 0) / 1000
     )
   }
 
@@ -430,7 +432,9 @@ export class AppDriver {
   private async runDispatch(did: number, requestId: string, graph: TaskGraphWire) {
     const controller = new AbortController()
     this.dispatches.set(did, controller)
-    const clock = this.clocksById.get(requestId)
+    const request = this.clocksById.get(requestId)
+    if (request !== undefined) request.timing ??= { dispatches: new BusyClock(), executors: new BusyClock() }
+    const clock = request?.timing
     clock?.dispatches.enter()
     try {
       const outcome = await this.dispatch(graph, requestId, controller.signal, clock)
