@@ -13,6 +13,7 @@ import { TaskQueueBound } from "../control/task-manager/TaskManagers.js"
 import { ClusterServer, lostAfterMs, NodeRegistry } from "../control/cluster/NodeRegistry.js"
 import { runDataPlane } from "../node/ClusterMember.js"
 import { NodeAgent } from "../node/NodeAgent.js"
+import { traceProcess } from "../tracing/Tracing.js"
 
 export const examplesDir = fileURLToPath(new URL("../../examples/", import.meta.url))
 const binPath = fileURLToPath(new URL("../../bin/cornserve", import.meta.url))
@@ -69,7 +70,11 @@ const registerExamples = Effect.gen(function* () {
 export const serve = (
   options: ServeOptions & { readonly examples: boolean }
 ): Effect.Effect<never, NotSupported | ServeError | Error> =>
-  options.role === "data-plane" ? runDataPlaneNode(options) : runPlatform(options)
+  // Traced from before the platform starts to after it stops, so that the spans of its last requests leave.
+  Effect.zipRight(
+    traceProcess(undefined, { "cornserve.node.role": options.role }),
+    options.role === "data-plane" ? runDataPlaneNode(options) : runPlatform(options)
+  ).pipe(Effect.scoped)
 
 const runDataPlaneNode = (options: ServeOptions) =>
   runDataPlane.pipe(

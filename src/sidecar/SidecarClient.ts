@@ -56,6 +56,8 @@ export interface SendOptions {
   /** The number of chunks is not known yet: `closeStream` ends the transfer. */
   readonly stream?: boolean
   readonly timeoutMs?: number
+  /** The sender's span (W3C traceparent): the sidecar's span of the send is its child. */
+  readonly traceparent?: string
 }
 
 interface PendingAnswer {
@@ -226,7 +228,8 @@ export class SidecarClient {
       meta,
       timeoutMs,
       offset: null,
-      spare: false
+      spare: false,
+      ...(options.traceparent === undefined ? {} : { trace: options.traceparent })
     })
     const sendOnce = async () => {
       if (options.stream === true) this.trackStream(id, chunk, options.to)

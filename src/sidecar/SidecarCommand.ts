@@ -1,6 +1,7 @@
 import { join } from "node:path"
 import { Console, Duration, Effect, ParseResult, Schedule, Schema } from "effect"
 import { exitWithParent } from "../node/Lifeline.js"
+import { traceProcess } from "../tracing/Tracing.js"
 import { Arena, arenaFilePrefix } from "./Arena.js"
 import { parsePeers, PeerTransport } from "./PeerTransport.js"
 import { makeSidecarLog } from "./SidecarLog.js"
@@ -60,7 +61,10 @@ const decodeOptions = (input: SidecarOptions) =>
 /** Runs until SIGTERM/SIGINT (which interrupt it), which it also sends itself once its parent is gone. */
 export const runSidecar = Effect.fn("Sidecar.run")(function* (input: SidecarOptions) {
   const options = yield* decodeOptions(input)
-  yield* serve(options).pipe(Effect.scoped, Effect.annotateLogs("sidecar", options.nodeId))
+  yield* Effect.zipRight(traceProcess("sidecar", { "cornserve.node": options.nodeId }), serve(options)).pipe(
+    Effect.scoped,
+    Effect.annotateLogs("sidecar", options.nodeId)
+  )
 })
 
 const serve = (options: SidecarOptions) =>

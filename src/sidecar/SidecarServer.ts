@@ -19,6 +19,7 @@ import {
 import type { SidecarLog } from "./SidecarLog.js"
 import type { SlotPool } from "./SlotPool.js"
 import type { Reader, StoredChunk, TransferTable } from "./TransferTable.js"
+import { startSpan } from "../tracing/Tracing.js"
 
 /**
  * The Unix socket that a node's executors talk to. Each connection is one executor process; the
@@ -161,9 +162,27 @@ export class SidecarServer {
         this.takeOwned(session, request.offset)
         slots.release(request.offset)
         return { _tag: "Ok" }
-      case "Send":
-        await this.send(session, request)
+      case "Send": {
+        const span = startSpan("sidecar send", {
+          parent: request.trace,
+          kind: "producer",
+          attributes: {
+            "cornserve.transfer.id": request.id,
+            "cornserve.transfer.chunk": request.chunk,
+            "cornserve.transfer.bytes": payloadBytes(request.meta),
+            "cornserve.transfer.from": nodeId,
+            "cornserve.transfer.to": request.to.join(",")
+          }
+        })
+        try {
+          await this.send(session, request)
+        } catch (error) {
+          span.end(error)
+          throw error
+        }
+        span.end()
         return { _tag: "Ok" }
+      }
       case "Recv": {
         const result = await table.recv(request.id, request.chunk, request.timeoutMs, session, session.closed.signal)
         return result === "end"

@@ -45,6 +45,9 @@ const Hello = Schema.TaggedStruct("Hello", { pid: Count })
 const Allocate = Schema.TaggedStruct("Allocate", { bytes: Positive, timeoutMs: Count })
 /** Give back a slot that was allocated and not sent. */
 const Release = Schema.TaggedStruct("Release", { offset: Count })
+/** A traceparent is 55 characters; room for a later version's. */
+const maxTraceChars = 256
+
 export const Send = Schema.TaggedStruct("Send", {
   id: TransferId,
   chunk: Count,
@@ -60,7 +63,9 @@ export const Send = Schema.TaggedStruct("Send", {
    * Whether the chunk's slot should go back to the sender once everyone is done with it, as a
    * spare to copy its next chunk of that size into without asking for a slot first (see SpareSlot).
    */
-  spare: Schema.Boolean
+  spare: Schema.Boolean,
+  /** The sender's span (W3C traceparent), when the send is part of a traced request. */
+  trace: Schema.optional(Schema.String.pipe(Schema.maxLength(maxTraceChars)))
 })
 const Recv = Schema.TaggedStruct("Recv", { id: TransferId, chunk: Count, timeoutMs: Count })
 /** chunk null: the whole transfer is done; its remaining chunks are freed and its id forgotten. */
@@ -283,9 +288,10 @@ const payloadMetaOf = (raw: unknown): PayloadMeta | undefined => {
 }
 
 const sendOf = (raw: Fields): Extract<ClientRequest, { _tag: "Send" }> | undefined => {
-  const { id, chunk, numChunks, to, timeoutMs, offset, spare } = raw
+  const { id, chunk, numChunks, to, timeoutMs, offset, spare, trace } = raw
   if (!isName(id) || !isCount(chunk) || !isCount(timeoutMs) || !isCountOrNull(offset)) return undefined
   if (!(numChunks === null || (isCount(numChunks) && numChunks > 0)) || typeof spare !== "boolean") return undefined
+  if (trace !== undefined && !(typeof trace === "string" && trace.length <= maxTraceChars)) return undefined
   if (!Array.isArray(to) || to.length === 0 || !to.every(isName)) return undefined
   const meta = payloadMetaOf(raw.meta)
   if (meta === undefined) return undefined
@@ -298,7 +304,8 @@ const sendOf = (raw: Fields): Extract<ClientRequest, { _tag: "Send" }> | undefin
     meta,
     timeoutMs,
     offset,
-    spare
+    spare,
+    ...(trace === undefined ? {} : { trace })
   }
 }
 

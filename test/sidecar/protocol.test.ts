@@ -93,6 +93,9 @@ describe("wire protocol", () => {
       { ...send, meta: { _tag: "Value", value: "inline" } },
       { ...send, meta: { _tag: "Value", value: -0.5 } },
       { ...send, extra: 1, meta: { _tag: "Bytes", length: 3, extra: 2 } },
+      { ...send, trace: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01" },
+      { ...send, trace: 7 },
+      { ...send, trace: "x".repeat(257) },
       { ...send, id: "" },
       { ...send, chunk: -1 },
       { ...send, chunk: 1.5 },
@@ -148,7 +151,7 @@ describe("wire protocol", () => {
       expect(outcome(() => decodeServerFrame(frame))).toEqual(bySchema)
     }
     // Both kinds of answer occur above: the comparison is not between two refusals only.
-    expect(frames.filter((frame) => "value" in outcome(() => decodeMessage(ClientFrame, frame))).length).toBe(8)
+    expect(frames.filter((frame) => "value" in outcome(() => decodeMessage(ClientFrame, frame))).length).toBe(9)
   })
 
   it("counts the arena bytes of each kind of payload", () => {

@@ -17,8 +17,12 @@ export interface ColorChatPlatform {
 /** The sidecar arena of a platform `startColorChat` starts. */
 export const colorChatArenaBytes = 64 * 1024 * 1024
 
-/** `cornserve serve` on three CPU devices (and any further `args`) with color_chat registered and ready. */
-export const startColorChat = async (nodeId: string, args: ReadonlyArray<string> = []): Promise<ColorChatPlatform> => {
+/** `cornserve serve` on three CPU devices (and any further `args`, `env`) with color_chat registered and ready. */
+export const startColorChat = async (
+  nodeId: string,
+  args: ReadonlyArray<string> = [],
+  env: Readonly<Record<string, string>> = {}
+): Promise<ColorChatPlatform> => {
   const modelDir = await mkdtemp(join(tmpdir(), "cornserve-models-"))
   const platform = await startPlatform({
     args: [
@@ -30,7 +34,7 @@ export const startColorChat = async (nodeId: string, args: ReadonlyArray<string>
       String(colorChatArenaBytes),
       ...args
     ],
-    env: { CORNSERVE_MODEL_DIR: modelDir }
+    env: { ...env, CORNSERVE_MODEL_DIR: modelDir }
   })
   const registered = await runCli(["app", "register", join(repoRoot, "examples", "color_chat.ts")], {
     CORNSERVE_GATEWAY_URL: platform.url

@@ -22,6 +22,7 @@ import { AppProcess, type AppProcessLimits } from "./AppProcess.js"
 import { restartPolicy } from "../../node/RestartPolicy.js"
 import { dispatchFailureOf } from "../dispatcher/Dispatcher.js"
 import { BusyClock, type RequestTiming } from "../metrics/BusyClock.js"
+import { type Span, startSpan } from "../../tracing/Tracing.js"
 
 /**
  * How a reply to one request unfolds; exactly one of value / stream-start+end / failed happens.
@@ -41,12 +42,16 @@ export interface DispatchOutcome {
   readonly stream?: AsyncIterable<unknown>
 }
 
-/** Runs a recorded graph for the app (the task dispatcher), counting its time inside executors in `timing`. */
+/**
+ * Runs a recorded graph for the app (the task dispatcher), counting its time inside executors in
+ * `timing`; its spans are children of `span`, the request's span in the app.
+ */
 export type GraphDispatcher = (
   graph: TaskGraphWire,
   requestId: string,
   signal: AbortSignal,
-  timing?: RequestTiming
+  timing?: RequestTiming,
+  span?: Span
 ) => Promise<DispatchOutcome>
 
 /** Told where each request's time went once it ends (for the metrics). */
@@ -63,6 +68,8 @@ interface RequestClock {
   readonly started: number
   /** Made at the request's first dispatch: a request that dispatches nothing (an app without tasks) needs none. */
   timing: RequestTiming | undefined
+  /** The request's time in the app, in its trace. */
+  readonly span: Span
 }
 
 export interface LoadedApp {
@@ -173,14 +180,17 @@ export class AppDriver {
     return this.replies.size
   }
 
-  invoke(requestId: string, body: string, handlers: ReplyHandlers): number {
+  /** Hands a request to the app; `parent` is the gateway's span of it. */
+  invoke(requestId: string, body: string, handlers: ReplyHandlers, parent?: Span): number {
     const rid = this.nextRid++
     this.replies.set(rid, handlers)
-    if (this.observer !== undefined) {
-      const clock: RequestClock = { requestId, started: performance.now(), timing: undefined }
-      this.clocks.set(rid, clock)
-      this.clocksById.set(requestId, clock)
-    }
+    const span = startSpan(`app ${this.appId}`, {
+      parent,
+      attributes: { "cornserve.app": this.appId, "cornserve.request_id": requestId }
+    })
+    const clock: RequestClock = { requestId, started: performance.now(), timing: undefined, span }
+    this.clocks.set(rid, clock)
+    this.clocksById.set(requestId, clock)
     if (this.restarting !== undefined) {
       void this.restarting.then(
         () => this.replies.has(rid) && this.post({ t: "invoke", rid, requestId, body }),
@@ -201,7 +211,7 @@ export class AppDriver {
   /** The client went away or the request timed out: stop waiting for it and tell the app. */
   cancel(rid: number): void {
     this.answerLedgers.delete(rid)
-    this.stopClock(rid)
+    this.stopClock(rid, "cancelled")
     if (this.replies.delete(rid)) {
       this.post({ t: "cancel", rid })
       this.notifyIfIdle()
@@ -332,7 +342,7 @@ export class AppDriver {
   }
 
   private failAll(message: string) {
-    for (const rid of this.replies.keys()) this.stopClock(rid)
+    for (const rid of this.replies.keys()) this.stopClock(rid, { _tag: "WorkerStopped", message })
     const handlers = [...this.replies.values()]
     this.replies.clear()
     this.answerLedgers.clear()
@@ -347,12 +357,19 @@ export class AppDriver {
     for (const wake of waiters) wake()
   }
 
-  /** A request ended: where its time went goes to the observer. */
-  private stopClock(rid: number) {
+  /**
+   * A request ended (failed with `failure`, or cancelled by its client): its span ends, where its
+   * time went goes to the observer.
+   */
+  private stopClock(rid: number, failure?: { readonly _tag: string; readonly message: string } | "cancelled") {
     const clock = this.clocks.get(rid)
     if (clock === undefined) return
     this.clocks.delete(rid)
     this.clocksById.delete(clock.requestId)
+    if (failure === "cancelled") {
+      clock.span.attribute("cornserve.cancelled", true)
+      clock.span.end()
+    } else clock.span.end(failure)
     const now = performance.now()
     this.observer?.ended(
       this.appId,
@@ -362,8 +379,11 @@ export class AppDriver {
     )
   }
 
-  private settle(rid: number): ReplyHandlers | undefined {
-    this.stopClock(rid)
+  private settle(
+    rid: number,
+    failure?: { readonly _tag: string; readonly message: string }
+  ): ReplyHandlers | undefined {
+    this.stopClock(rid, failure)
     const handlers = this.replies.get(rid)
     this.replies.delete(rid)
     this.answerLedgers.delete(rid)
@@ -399,7 +419,11 @@ export class AppDriver {
         this.settle(message.rid)?.onEnd()
         return
       case "failed":
-        this.settle(message.rid)?.onFailed(message.code, message.message, message.issues)
+        this.settle(message.rid, { _tag: message.code, message: message.message })?.onFailed(
+          message.code,
+          message.message,
+          message.issues
+        )
         return
       case "pong":
         this.pongs.get(message.nonce)?.()
@@ -424,7 +448,8 @@ export class AppDriver {
    */
   private oversized(rid: number, json: string): boolean {
     if (!jsonExceeds(json, this.limits.maxResponseBytes)) return false
-    this.settle(rid)?.onFailed("ResponseTooLarge", responseTooLargeMessage(this.limits.maxResponseBytes))
+    const message = responseTooLargeMessage(this.limits.maxResponseBytes)
+    this.settle(rid, { _tag: "ResponseTooLarge", message })?.onFailed("ResponseTooLarge", message)
     this.post({ t: "cancel", rid })
     return true
   }
@@ -437,7 +462,7 @@ export class AppDriver {
     const clock = request?.timing
     clock?.dispatches.enter()
     try {
-      const outcome = await this.dispatch(graph, requestId, controller.signal, clock)
+      const outcome = await this.dispatch(graph, requestId, controller.signal, clock, request?.span)
       if (controller.signal.aborted) return
       this.post({ t: "dispatched", did, outputs: outcome.outputs, streams: outcome.stream !== undefined })
       if (outcome.stream !== undefined) {

@@ -114,8 +114,8 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
     const pending = new Set<string>()
 
     const log = (message: string) => Runtime.runSync(runtime)(Effect.logWarning(message))
-    const dispatch: GraphDispatcher = (graph, requestId, signal, timing) =>
-      dispatcher.dispatch(graph, requestId, signal, timing)
+    const dispatch: GraphDispatcher = (graph, requestId, signal, timing, span) =>
+      dispatcher.dispatch(graph, requestId, signal, timing, span)
 
     yield* Effect.addFinalizer(() =>
       Effect.gen(function* () {

@@ -11,6 +11,7 @@ import { type ExecutorLease, type TaskManager, TaskManagers } from "../task-mana
 import { eitherSignal } from "./EitherSignal.js"
 import { PlatformMetrics } from "../metrics/PlatformMetrics.js"
 import type { BusyClock, RequestTiming } from "../metrics/BusyClock.js"
+import { type Span, startSpan } from "../../tracing/Tracing.js"
 import { type CallResult, type ExecutorCallError, executorCalls, producedModalities } from "./ExecutorCalls.js"
 
 /** For each forwarded datum: which invocation produces it and which consume it. */
@@ -150,7 +151,7 @@ export const makeDispatch = (environment: DispatchEnvironment) => {
     graph: TaskGraphWire,
     requestId: string,
     signal: AbortSignal,
-    inside: BusyClock | undefined,
+    context: RequestContext,
     tokens: ReadonlyArray<number>,
     /** The executors of the run whose stream broke off: each try avoids those of the one before. */
     tried: Map<number, string>
@@ -158,7 +159,7 @@ export const makeDispatch = (environment: DispatchEnvironment) => {
     const deadline = Date.now() + failoverWaitMs
     for (;;) {
       try {
-        const outcome = await dispatchGraph(freshIds(graph).renamed, requestId, signal, inside, tried, tokens)
+        const outcome = await dispatchGraph(freshIds(graph).renamed, requestId, signal, context, tried, tokens)
         if (outcome.stream === undefined) throw new DispatchFailed({ message: "the resumed LLM call did not stream" })
         return outcome.stream
       } catch (error) {
@@ -175,7 +176,7 @@ export const makeDispatch = (environment: DispatchEnvironment) => {
     first: AsyncIterable<unknown>,
     requestId: string,
     signal: AbortSignal,
-    inside: BusyClock | undefined,
+    context: RequestContext,
     tried: Map<number, string>
   ): AsyncIterable<unknown> {
     const taskId = graph.invocations[graph.invocations.length - 1]!.taskId
@@ -195,7 +196,7 @@ export const makeDispatch = (environment: DispatchEnvironment) => {
       } catch (error) {
         if (signal.aborted || failovers >= maxFailovers || !breaksOff(error)) throw error
         observer?.failover(taskId)
-        stream = await resume(graph, requestId, signal, inside, said, tried)
+        stream = await resume(graph, requestId, signal, context, said, tried)
       }
     }
   }
@@ -204,15 +205,16 @@ export const makeDispatch = (environment: DispatchEnvironment) => {
     graph: TaskGraphWire,
     requestId: string,
     signal: AbortSignal,
-    timing?: RequestTiming
+    timing?: RequestTiming,
+    span?: Span
   ): Promise<DispatchOutcome> => {
-    const inside = timing?.executors
+    const context: RequestContext = { inside: timing?.executors, span }
     // The executors the first try leased: its second avoids them where their task has others (one
     // on a node just lost may still look healthy when its call was cut short by another's failure).
     const tried = new Map<number, string>()
     const outcome = await (async () => {
       try {
-        return await dispatchGraph(graph, requestId, signal, inside, tried)
+        return await dispatchGraph(graph, requestId, signal, context, tried)
       } catch (error) {
         if (!(error instanceof TaskUnavailable) || signal.aborted || refusedWhileLeasing.has(error)) throw error
         // Nothing of this graph reached the app: it runs once more, every invocation on an executor
@@ -225,7 +227,7 @@ export const makeDispatch = (environment: DispatchEnvironment) => {
           const { renamed, original } = freshIds(graph)
           observer?.retried("unavailable")
           try {
-            const again = await dispatchGraph(renamed, requestId, signal, inside, tried)
+            const again = await dispatchGraph(renamed, requestId, signal, { ...context, retry: "unavailable" }, tried)
             return { ...again, outputs: again.outputs.map((output) => renameDataForwards(output, original)) }
           } catch (retryError) {
             const goneAgain =
@@ -240,7 +242,7 @@ export const makeDispatch = (environment: DispatchEnvironment) => {
     })()
     const last = graph.invocations[graph.invocations.length - 1]
     if (outcome.stream === undefined || last?.operation !== "chat") return outcome
-    return { ...outcome, stream: failingOver(graph, outcome.stream, requestId, signal, inside, tried) }
+    return { ...outcome, stream: failingOver(graph, outcome.stream, requestId, signal, context, tried) }
   }
 }
 
@@ -256,13 +258,67 @@ const breaksOff = (error: unknown): boolean => {
   return tag === "TaskUnavailable" || tag === "DispatchFailed"
 }
 
-const dispatchGraphWith =
+/** What a request's graph runs carry besides the graph: where their time is counted and traced. */
+interface RequestContext {
+  /** Counts the time the request spends inside executors. */
+  readonly inside: BusyClock | undefined
+  /** The request's span in the app: each run of the graph is a child. */
+  readonly span: Span | undefined
+  /** Why this run is a second one. */
+  readonly retry?: "unavailable"
+}
+
+/** Runs of a graph, each one span (`dispatch`) from its first lease to its last call's end or stream's end. */
+const dispatchGraphWith = (environment: DispatchEnvironment) => {
+  const dispatchGraph = dispatchGraphUntraced(environment)
+  return async (
+    graph: TaskGraphWire,
+    requestId: string,
+    signal: AbortSignal,
+    context: RequestContext,
+    tried: Map<number, string>,
+    continuation?: ReadonlyArray<number>
+  ): Promise<DispatchOutcome> => {
+    const span = startSpan("dispatch", {
+      parent: context.span,
+      attributes: {
+        "cornserve.tasks": graph.invocations.map((invocation) => invocation.taskId).join(","),
+        "cornserve.dispatch.retry": context.retry,
+        "cornserve.dispatch.continuation_tokens": continuation?.length
+      }
+    })
+    if (!span.recording) return dispatchGraph(graph, requestId, signal, { ...context, span }, tried, continuation)
+    try {
+      const outcome = await dispatchGraph(graph, requestId, signal, { ...context, span }, tried, continuation)
+      if (outcome.stream === undefined) {
+        span.end()
+        return outcome
+      }
+      return {
+        ...outcome,
+        stream: passThrough(
+          outcome.stream,
+          () => span.end(),
+          (error) => {
+            span.end(error)
+            throw error
+          }
+        )
+      }
+    } catch (error) {
+      span.end(error)
+      throw error
+    }
+  }
+}
+
+const dispatchGraphUntraced =
   (environment: DispatchEnvironment) =>
   async (
     graph: TaskGraphWire,
     requestId: string,
     signal: AbortSignal,
-    inside: BusyClock | undefined,
+    { inside, span }: RequestContext,
     /** Invocation index → the executor a previous try leased for it (avoided now, and set to this try's). */
     tried: Map<number, string>,
     /** Tokens of the last (chat) invocation its client has seen already, when it goes on from a failure. */
@@ -326,15 +382,26 @@ const dispatchGraphWith =
     // the executors that consume it (through its sidecar's peers when they are on another node).
     // When one task has none, the leases the others got go back unused.
     const asked = performance.now()
-    const leasing = managers.map((manager, index) =>
-      manager.lease({ signal: controller.signal, exclude: tried.get(index) }).then((lease) => {
-        tried.set(index, lease.executorId)
-        observer?.leaseWait(graph.invocations[index]!.taskId, (performance.now() - asked) / 1000)
-        if (closed) lease.release("unused")
-        else held.push(lease)
-        return lease
-      })
-    )
+    const leasing = managers.map((manager, index) => {
+      const taskId = graph.invocations[index]!.taskId
+      // The wait for room on the task: its queue at the dispatcher.
+      const leaseSpan = startSpan(`lease ${taskId}`, { parent: span, attributes: { "cornserve.task": taskId } })
+      return manager.lease({ signal: controller.signal, exclude: tried.get(index) }).then(
+        (lease) => {
+          tried.set(index, lease.executorId)
+          observer?.leaseWait(taskId, (performance.now() - asked) / 1000)
+          leaseSpan.attribute("cornserve.executor", lease.executorId)
+          leaseSpan.end()
+          if (closed) lease.release("unused")
+          else held.push(lease)
+          return lease
+        },
+        (error: unknown) => {
+          leaseSpan.end(error)
+          throw error
+        }
+      )
+    })
     let leases: Array<ExecutorLease>
     try {
       leases = await Promise.all(leasing)
@@ -376,19 +443,33 @@ const dispatchGraphWith =
       const callSignal = eitherSignal(controller.signal, lease.signal)
       const began = performance.now()
       inside?.enter(began)
+      const callSpan = startSpan(`${invocation.operation} ${invocation.taskId}`, {
+        parent: span,
+        kind: "client",
+        startTime: began,
+        attributes: {
+          "cornserve.task": invocation.taskId,
+          "cornserve.operation": invocation.operation,
+          "cornserve.executor": lease.executorId,
+          "cornserve.node": lease.node,
+          "server.address": lease.url
+        }
+      })
       let ended = false
-      const observe = (outcome: "ok" | "error") => {
+      const observe = (outcome: "ok" | "error", failure?: unknown) => {
         if (ended) return
         ended = true
         const now = performance.now()
         inside?.leave(now)
         observer?.call(invocation.taskId, invocation.operation, outcome, (now - began) / 1000)
+        callSpan.end(outcome === "ok" ? undefined : (failure ?? "failed"))
       }
       try {
         const result = await call(lease.url, invocation, {
           receivers,
           modalities,
           signal: callSignal.signal,
+          ...(callSpan.traceparent === undefined ? {} : { traceparent: callSpan.traceparent }),
           ...(continuation !== undefined && index === graph.invocations.length - 1 ? { continuation } : {})
         })
         if (result.stream === undefined) {
@@ -409,7 +490,7 @@ const dispatchGraphWith =
             },
             (error) => {
               streamFailed = true
-              observe("error")
+              observe("error", error)
               lease.release("failed")
               throw fail(lostNode(lease, error), invocation.taskId)
             }
@@ -417,7 +498,7 @@ const dispatchGraphWith =
         }
       } catch (caught) {
         callSignal.dispose()
-        observe("error")
+        observe("error", caught)
         const error = lostNode(lease, caught)
         const unavailable = error instanceof TaskUnavailable && !controller.signal.aborted
         lease.release(unavailable ? "unavailable" : "failed")

@@ -32,6 +32,8 @@ export interface CallContext {
   readonly signal: AbortSignal
   /** For a chat call that goes on where a failed one stopped: the tokens its client has already seen. */
   readonly continuation?: ReadonlyArray<number>
+  /** The call's span, as the executor's parent (W3C trace context). */
+  readonly traceparent?: string
 }
 
 export interface CallResult {
@@ -123,11 +125,16 @@ const post = async <A, I>(
   url: string,
   schema: Schema.Schema<A, I>,
   body: A,
-  signal: AbortSignal
+  { signal, traceparent }: CallContext
 ): Promise<ExecutorAnswer> => {
   let response: ExecutorAnswer
   try {
-    response = await postJson(url, JSON.stringify(Schema.encodeSync(schema)(body)), signal)
+    response = await postJson(
+      url,
+      JSON.stringify(Schema.encodeSync(schema)(body)),
+      signal,
+      traceparent === undefined ? undefined : { traceparent }
+    )
   } catch (error) {
     if (signal.aborted) throw error
     throw new TaskUnavailable({
@@ -181,9 +188,7 @@ const embed = async (url: string, invocation: TaskInvocationWire, context: CallC
     receivers: context.receivers,
     return: "sidecar"
   }
-  decodeAnswer(EmbeddingsResponse)(
-    await (await post(`${url}/embeddings`, EmbeddingsRequest, body, context.signal)).json()
-  )
+  decodeAnswer(EmbeddingsResponse)(await (await post(`${url}/embeddings`, EmbeddingsRequest, body, context)).json())
   return { output: invocation.output }
 }
 
@@ -232,7 +237,7 @@ const chat = async (url: string, invocation: TaskInvocationWire, context: CallCo
       ? {}
       : { cornserve_continuation: { token_ids: context.continuation } })
   }
-  const response = await post(`${url}/v1/chat/completions`, ChatCompletionRequest, body, context.signal)
+  const response = await post(`${url}/v1/chat/completions`, ChatCompletionRequest, body, context)
   return { output: {}, stream: chatChunks(response) }
 }
 
@@ -252,7 +257,7 @@ const promptEmbeddings = async (
     source: "embed_tokens",
     return: "sidecar"
   }
-  const response = await post(`${url}/v1/cornserve/prompt-embeddings`, PromptEmbeddingsRequest, body, context.signal)
+  const response = await post(`${url}/v1/cornserve/prompt-embeddings`, PromptEmbeddingsRequest, body, context)
   decodeAnswer(PromptEmbeddingsResponse)(await response.json())
   return { output: invocation.output }
 }
@@ -268,7 +273,7 @@ const generateImage = async (
 ): Promise<CallResult> => {
   const { input } = decodeImageInput(invocation)
   const body: GenerateRequest = { ...input, skipTokens: input.skipTokens ?? 0, stream: false }
-  const response = await post(`${url}/generate`, GenerateRequest, body, context.signal)
+  const response = await post(`${url}/generate`, GenerateRequest, body, context)
   const answer = decodeAnswer(ImageAnswer)(await response.json())
   return { output: { image: answer.image } }
 }
@@ -296,7 +301,7 @@ const generateAudio = async (
 ): Promise<CallResult> => {
   const { input } = decodeAudioInput(invocation)
   const body: GenerateRequest = { ...input, skipTokens: input.skipTokens ?? 0, stream: true }
-  const response = await post(`${url}/generate`, GenerateRequest, body, context.signal)
+  const response = await post(`${url}/generate`, GenerateRequest, body, context)
   return { output: {}, stream: audioChunks(response) }
 }
 

@@ -19,9 +19,15 @@ const agent = new Http.Agent({ keepAlive: true })
  * POSTs `json` to an executor over node:http. Not fetch: fetch keeps each request's signal (and a
  * listener on it) in a FinalizationRegistry until its cleanup runs, which under steady load comes
  * late, so every call's signal piled up in the platform's heap. Rejects with the connection's
- * error when nothing answers; `signal` aborts the call, its answer's body included.
+ * error when nothing answers; `signal` aborts the call, its answer's body included. `headers` go
+ * with the request (a trace's `traceparent`).
  */
-export const postJson = (url: string, json: string, signal: AbortSignal): Promise<ExecutorAnswer> =>
+export const postJson = (
+  url: string,
+  json: string,
+  signal: AbortSignal,
+  headers?: Readonly<Record<string, string>>
+): Promise<ExecutorAnswer> =>
   new Promise((resolve, reject) => {
     if (signal.aborted) return reject(signal.reason)
     const request = Http.request(
@@ -29,7 +35,7 @@ export const postJson = (url: string, json: string, signal: AbortSignal): Promis
       {
         method: "POST",
         agent,
-        headers: { "content-type": "application/json", "content-length": Buffer.byteLength(json) }
+        headers: { ...headers, "content-type": "application/json", "content-length": Buffer.byteLength(json) }
       },
       (response) => {
         const status = response.statusCode ?? 0

@@ -21,6 +21,7 @@ import { shortened } from "../../app-runtime/Shortened.js"
 import { jsonDepthWithin, tooDeepMessage } from "./JsonBody.js"
 import { type RequestBodyLimits, readRequestBody } from "./RequestBody.js"
 import type { Metrics } from "../metrics/PlatformMetrics.js"
+import { startSpan } from "../../tracing/Tracing.js"
 
 export const invokePrefix = "/app/invoke/"
 /** `POST /app/:id/v1/chat/completions`: the OpenAI surface of apps that take chat requests. */
@@ -223,14 +224,25 @@ export const makeInvokeRoute =
   (request: IncomingMessage, response: ServerResponse, encodedAppId: string, api: "native" | "chat") => {
     const arrived = performance.now()
     let appLabel = ""
-    response.once("close", () =>
-      options.metrics.finished(
-        appLabel,
-        response.writableFinished ? response.statusCode : 499,
-        (performance.now() - arrived) / 1000,
-        errorCodes.get(response)
-      )
-    )
+    // The request's trace begins here, or goes on from the client's `traceparent`.
+    const span = startSpan(api === "chat" ? "POST /app/{id}/v1/chat/completions" : "POST /app/invoke/{id}", {
+      parent: typeof request.headers.traceparent === "string" ? request.headers.traceparent : undefined,
+      root: true,
+      kind: "server",
+      startTime: arrived,
+      attributes: {
+        "http.request.method": "POST",
+        "http.route": api === "chat" ? "/app/{id}/v1/chat/completions" : "/app/invoke/{id}"
+      }
+    })
+    response.once("close", () => {
+      const status = response.writableFinished ? response.statusCode : 499
+      const code = errorCodes.get(response)
+      options.metrics.finished(appLabel, status, (performance.now() - arrived) / 1000, code)
+      span.attribute("http.response.status_code", status)
+      if (appLabel !== "") span.attribute("cornserve.app", appLabel)
+      span.end(status >= 500 ? { _tag: code ?? "InternalError", message: `answered ${status}` } : undefined)
+    })
     if (options.draining()) return sendError(response, new ShuttingDown())
     const appId = decodePathSegment(encodedAppId)
     if (appId === undefined) {
@@ -278,31 +290,37 @@ export const makeInvokeRoute =
           settled = true
           clearTimeout(timer)
         }
-        const rid = driver.invoke(requestId, chat?.body ?? body, {
-          onValue: (json) => {
-            settle()
-            format.value(response, json)
-          },
-          onStreamStart: () => {
-            settle()
-            streaming = true
-            format.streamStart(response, requestId)
-          },
-          onChunk: (json) => {
-            if (format.chunk(response, json)) return driver.delivered(rid, json.length)
-            if (awaitingDrain === 0) response.once("drain", onDrain)
-            awaitingDrain += json.length
-          },
-          onEnd: () => format.end(response),
-          onFailed: (code, message, issues) => {
-            const error = invokeFailure(appId, code, message, issues)
-            if (!streaming) {
+        span.attribute("cornserve.request_id", requestId)
+        const rid = driver.invoke(
+          requestId,
+          chat?.body ?? body,
+          {
+            onValue: (json) => {
               settle()
-              return sendError(response, error)
+              format.value(response, json)
+            },
+            onStreamStart: () => {
+              settle()
+              streaming = true
+              format.streamStart(response, requestId)
+            },
+            onChunk: (json) => {
+              if (format.chunk(response, json)) return driver.delivered(rid, json.length)
+              if (awaitingDrain === 0) response.once("drain", onDrain)
+              awaitingDrain += json.length
+            },
+            onEnd: () => format.end(response),
+            onFailed: (code, message, issues) => {
+              const error = invokeFailure(appId, code, message, issues)
+              if (!streaming) {
+                settle()
+                return sendError(response, error)
+              }
+              format.streamError(response, error)
             }
-            format.streamError(response, error)
-          }
-        })
+          },
+          span
+        )
         response.once("close", () => {
           clearTimeout(timer)
           if (!response.writableFinished) driver.cancel(rid)

@@ -12,10 +12,14 @@ import type { ExecutorConfig } from "./ExecutorConfig.js"
 import { type ScheduledItem, Scheduler } from "./Scheduler.js"
 import { type BatchItem, decode, type ToEngine, type ToWorker, type WorkItem } from "./wire.js"
 import { startWorkerGroup } from "./WorkerGroup.js"
+import { startSpan } from "../../tracing/Tracing.js"
 
 interface OpenRequest {
   readonly items: ReadonlyArray<WorkItem>
   readonly results: Array<unknown>
+  /** When it arrived (performance.now()), and whether it still waits for its first batch. */
+  readonly received: number
+  waiting: boolean
 }
 
 interface RunningBatch {
@@ -161,8 +165,20 @@ export const runEngine = (config: ExecutorConfig) =>
         requestId: item.requestId,
         index: item.index,
         meta: item.payload.meta,
-        rows: layout.rows[position]!
+        rows: layout.rows[position]!,
+        ...(item.payload.trace === undefined ? {} : { trace: item.payload.trace })
       }))
+      for (const item of scheduled) {
+        const request = requests.get(item.requestId)
+        if (request === undefined || !request.waiting) continue
+        request.waiting = false
+        // Its wait in the engine's queue, from arrival to its first batch.
+        startSpan("queue", {
+          parent: item.payload.trace,
+          startTime: request.received,
+          attributes: { "cornserve.batch.size": scheduled.length }
+        }).end()
+      }
       const shards = shardItems(items.length, outstanding)
       batches.set(batch, {
         slot,
@@ -195,7 +211,12 @@ export const runEngine = (config: ExecutorConfig) =>
         ) {
           void sendRouter({ t: "failed", id: message.id, status: 503, message: "the executor's queue is full" })
         } else {
-          requests.set(message.id, { items: message.items, results: new Array(message.items.length) })
+          requests.set(message.id, {
+            items: message.items,
+            results: new Array(message.items.length),
+            received: performance.now(),
+            waiting: true
+          })
           signal.notify()
         }
       }

@@ -8,15 +8,30 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { Effect } from "effect"
 import { exitWithParent } from "./ChildProcesses.js"
+import { traceProcess } from "../../tracing/Tracing.js"
 import { configEnvName, decodeConfig, type ExecutorConfig } from "./ExecutorConfig.js"
 
 export type ExecutorOptions = Omit<ExecutorConfig, "modelDir" | "runDir"> & { readonly runDir?: string }
 
 const asError = (error: unknown) => (error instanceof Error ? error : new Error(String(error)))
 
+/** An executor's three processes are one service (its kind), told apart by `cornserve.executor.process`. */
+const traceExecutorProcess = (
+  config: Pick<ExecutorConfig, "kind" | "model" | "devices">,
+  process: "router" | "engine" | "worker",
+  rank?: number
+) =>
+  traceProcess(config.kind, {
+    "cornserve.executor.process": process,
+    "cornserve.executor.model": config.model,
+    "cornserve.executor.devices": config.devices.join(","),
+    ...(rank === undefined ? {} : { "cornserve.executor.rank": String(rank) })
+  })
+
 export const runExecutor = (options: ExecutorOptions) =>
   Effect.gen(function* () {
     exitWithParent()
+    yield* traceExecutorProcess(options, "router")
     const { resolveModel } = yield* Effect.promise(() => import("../../models/ModelStore.js"))
     const modelDir = yield* Effect.tryPromise({
       try: () => resolveModel(options.model, { dtype: options.dtype }),
@@ -45,6 +60,7 @@ const configFromEnvironment = (): ExecutorConfig => {
 export const runExecutorEngine = () =>
   Effect.gen(function* () {
     const config = configFromEnvironment()
+    yield* traceExecutorProcess(config, "engine")
     const module =
       config.kind === "llm"
         ? new URL(`../${config.kind}/engine.js`, import.meta.url).href
@@ -56,10 +72,9 @@ export const runExecutorEngine = () =>
   }).pipe(Effect.scoped)
 
 export const runExecutorWorker = (rank: number) =>
-  Effect.tryPromise({
-    try: async () => {
-      const { runWorker } = await import("./Worker.js")
-      return runWorker(configFromEnvironment(), rank)
-    },
-    catch: asError
-  })
+  Effect.gen(function* () {
+    const config = yield* Effect.try({ try: configFromEnvironment, catch: asError })
+    yield* traceExecutorProcess(config, "worker", rank)
+    const { runWorker } = yield* Effect.promise(() => import("./Worker.js"))
+    return yield* Effect.tryPromise({ try: () => runWorker(config, rank), catch: asError })
+  }).pipe(Effect.scoped)

@@ -6,11 +6,15 @@
 import { mkdir, rm } from "node:fs/promises"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
+import type * as HttpApp from "@effect/platform/HttpApp"
+import * as HttpBody from "@effect/platform/HttpBody"
 import * as HttpRouter from "@effect/platform/HttpRouter"
+import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
-import { Console, Effect, Schedule, type Scope, Stream } from "effect"
+import { Console, Context, Effect, Schedule, type Scope, Stream } from "effect"
 import { errorHeaders, httpStatusOf } from "../../errors/HttpStatus.js"
+import { noSpan, type Span, startSpan } from "../../tracing/Tracing.js"
 import { EngineClient } from "./EngineClient.js"
 import { type HealthReport, healthWatchPeriodMs } from "./Health.js"
 import { type AnsweredError, answeredErrorOf, type ErrorBody, RouteNotFound } from "./errors.js"
@@ -61,6 +65,49 @@ export const answeredFailure = (failure: unknown): Effect.Effect<AnsweredError> 
   const detail = failure instanceof Error && failure.stack !== undefined ? failure.stack : error.message
   return Effect.as(Console.error(`executor: ${error._tag}: ${detail}`), error)
 }
+
+/** The span of the request a route handler serves (its parent: the caller's `traceparent`). */
+export class RequestSpan extends Context.Reference<RequestSpan>()("cornserve/executor/RequestSpan", {
+  defaultValue: (): Span => noSpan
+}) {}
+
+/**
+ * Every request but the health and info probes is a server span, from its arrival to the end of
+ * its answer (a streamed answer's last chunk), failed when the answer is a 5xx.
+ */
+const traced = <E, R>(app: HttpApp.Default<E, R>): HttpApp.Default<E, R> =>
+  Effect.gen(function* () {
+    const request = yield* HttpServerRequest.HttpServerRequest
+    const path = request.url.split("?", 1)[0]!
+    if (request.method === "GET") return yield* app
+    const span = startSpan(`${request.method} ${path}`, {
+      parent: request.headers.traceparent,
+      kind: "server",
+      attributes: { "http.request.method": request.method, "http.route": path }
+    })
+    if (span === noSpan) return yield* app
+    const end = (response: HttpServerResponse.HttpServerResponse) => {
+      span.attribute("http.response.status_code", response.status)
+      span.end(response.status >= 500 ? { _tag: "ExecutorError", message: `answered ${response.status}` } : undefined)
+    }
+    const response = yield* app.pipe(
+      Effect.provideService(RequestSpan, span),
+      Effect.tapErrorCause((cause) => Effect.sync(() => span.end(cause)))
+    )
+    const body = response.body
+    if (body._tag !== "Stream") {
+      end(response)
+      return response
+    }
+    return HttpServerResponse.setBody(
+      response,
+      HttpBody.stream(
+        body.stream.pipe(Stream.ensuring(Effect.sync(() => end(response)))),
+        body.contentType,
+        body.contentLength
+      )
+    )
+  })
 
 const loadKind = (kind: ExecutorConfig["kind"]): Promise<{ readonly routerKind: RouterKind }> =>
   import(new URL(`../${kind}/router.js`, import.meta.url).href)
@@ -129,7 +176,7 @@ export const runRouter = (config: ExecutorConfig) =>
     const server = yield* NodeHttpServer.make(() => nodeServer, { port: config.port, host: config.host })
     // Runs before the server's own close, which would otherwise wait for every client to hang up.
     yield* Effect.addFinalizer(() => Effect.sync(() => nodeServer.closeAllConnections()))
-    yield* server.serve(app)
+    yield* server.serve(traced(app))
     const address = nodeServer.address() as AddressInfo
     yield* Console.log(
       `executor: serving at http://${config.host}:${address.port} (${config.kind}, ${config.model}, ${config.devices.join(",")})`

@@ -8,7 +8,8 @@ import { BatchBuffer, batchBufferEnvName } from "./BatchBuffer.js"
 import { exitWithParent } from "./ChildProcesses.js"
 import { type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
 import type { LoadWorkerModel } from "./WorkerModel.js"
-import { type BatchMessage, decode, type FromWorker, orderedSender, type ToWorker } from "./wire.js"
+import { type BatchItem, type BatchMessage, decode, type FromWorker, orderedSender, type ToWorker } from "./wire.js"
+import { type Span, startSpan } from "../../tracing/Tracing.js"
 
 /** Each kind's worker module is `executors/<kind>/worker.ts`, loaded only in that kind's workers. */
 const loadKind = (kind: ExecutorConfig["kind"]): Promise<{ readonly load: LoadWorkerModel }> =>
@@ -41,14 +42,24 @@ export const runWorker = async (config: ExecutorConfig, rank: number): Promise<v
     const items = message.items.slice(from, to)
     const firstRow = items[0]!.rows[0]
     const lastRow = items[items.length - 1]!.rows[1]
+    const spans = model.tracesItsItems === true ? new Map<string, Span>() : computeSpans(items, rank)
     try {
       const results = await model.run({
         inputs: inputsOf(message, firstRow, lastRow),
-        items: items.map((item) => ({ ...item, rows: [item.rows[0] - firstRow, item.rows[1] - firstRow] as const })),
+        items: items.map((item) => {
+          const trace = spans.get(item.requestId)?.traceparent ?? item.trace
+          return {
+            ...item,
+            rows: [item.rows[0] - firstRow, item.rows[1] - firstRow] as const,
+            ...(trace === undefined ? {} : { trace })
+          }
+        }),
         emit: (item, value) => void send({ t: "partial", batch: message.batch, item: from + item, value })
       })
+      for (const span of spans.values()) span.end()
       await send({ t: "done", batch: message.batch, rank, results })
     } catch (error) {
+      for (const span of spans.values()) span.end(error)
       await send({
         t: "failed",
         batch: message.batch,
@@ -61,6 +72,22 @@ export const runWorker = async (config: ExecutorConfig, rank: number): Promise<v
   await model.close()
   fromEngine.close()
   toEngine.close()
+}
+
+/** One span per traced request among a batch's items: its compute on this worker's device. */
+const computeSpans = (items: ReadonlyArray<BatchItem>, rank: number): Map<string, Span> => {
+  const spans = new Map<string, Span>()
+  for (const item of items) {
+    if (item.trace === undefined || spans.has(item.requestId)) continue
+    spans.set(
+      item.requestId,
+      startSpan("compute", {
+        parent: item.trace,
+        attributes: { "cornserve.batch.items": items.length, "cornserve.worker.rank": rank }
+      })
+    )
+  }
+  return spans
 }
 
 /**

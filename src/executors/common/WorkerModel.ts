@@ -16,6 +16,11 @@ export interface WorkerModel {
   /** One result per item, in order. */
   run(batch: WorkerBatch): Promise<ReadonlyArray<unknown>>
   close(): Promise<void>
+  /**
+   * The model makes its own spans of its items (the LLM's, whose request spans many steps). Otherwise
+   * each batch is one span per request in it, and the items' `trace` the model sees is that span.
+   */
+  readonly tracesItsItems?: boolean
 }
 
 export interface WorkerContext {

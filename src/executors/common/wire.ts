@@ -37,6 +37,8 @@ export interface WorkItem<Meta = unknown> {
   readonly key: string
   readonly inputs: Readonly<Record<string, WireTensor>>
   readonly meta: Meta
+  /** The traceparent of the router's span of its request: the engine's and workers' spans of it are children. */
+  readonly trace?: string
 }
 
 /** Router → engine. */
@@ -68,6 +70,8 @@ export interface BatchItem {
   readonly meta: unknown
   /** Its rows along the first axis of every input, [start, end). */
   readonly rows: readonly [number, number]
+  /** Its request's trace parent (see WorkItem); a worker's span of the item is its child. */
+  readonly trace?: string
 }
 
 /** Engine → worker: the batch (all of it, through shared memory) and the items this worker runs. */

@@ -11,7 +11,8 @@ import { decodeAudioProcessorConfig } from "../../models/AudioProcessor.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { visionProcessorOf } from "../../models/VisionProcessor.js"
 import { NoSidecar, UnsupportedModality } from "../common/errors.js"
-import { errorAnswer, type RouterKind } from "../common/Router.js"
+import { errorAnswer, RequestSpan, type RouterKind } from "../common/Router.js"
+import { inSpan } from "../../tracing/Tracing.js"
 import type { WorkItem } from "../common/wire.js"
 import { type EmbeddingResult, EmbeddingsRequest } from "./api.js"
 import { checkMediaItemCount, mediaLimitsOf } from "../common/media/MediaLimits.js"
@@ -96,8 +97,12 @@ export const routerKind: RouterKind = {
         }
         const inline = body.return === "inline"
         if (!inline && sidecarNode === undefined) return yield* new NoSidecar()
+        const span = yield* RequestSpan
         const preprocessed = yield* Effect.tryPromise({
-          try: () => Promise.all(body.items.map(preprocess)),
+          try: () =>
+            inSpan("preprocess", { parent: span, attributes: { "cornserve.items": body.items.length } }, () =>
+              Promise.all(body.items.map(preprocess))
+            ),
           catch: (error) => error
         })
         const items: Array<WorkItem> = body.items.map((item, index) => ({
@@ -109,7 +114,8 @@ export const routerKind: RouterKind = {
             receivers: item.receivers ?? body.receivers ?? (sidecarNode === undefined ? [] : [sidecarNode]),
             inline,
             ...(preprocessed[index]!.grid === undefined ? {} : { grid: preprocessed[index]!.grid })
-          } satisfies EricItemMeta
+          } satisfies EricItemMeta,
+          ...(span.traceparent === undefined ? {} : { trace: span.traceparent })
         }))
         const submitted = engine.submit(items)
         const results = yield* Effect.tryPromise({

@@ -78,16 +78,18 @@ export const load: LoadWorkerModel = async ({ config, device }) => {
           const data = (features.data as Float32Array).subarray(from * rowElements, to * rowElements)
           if (meta.inline) return { shape, embedding: data.slice() }
           if (sidecar === undefined) throw new Error("this executor has no sidecar to send embeddings through")
+          const traced = item.trace === undefined ? {} : { traceparent: item.trace }
           if (meta.grid === undefined) {
-            await sidecar.send(meta.id, new Tensor("float32", shape, data), { to: meta.receivers })
+            await sidecar.send(meta.id, new Tensor("float32", shape, data), { to: meta.receivers, ...traced })
             return { shape }
           }
           const grid = new Tensor("int32", [2], Int32Array.of(meta.grid.rows, meta.grid.cols))
-          await sidecar.send(meta.id, grid, { to: meta.receivers, chunk: 0, numChunks: 2 })
+          await sidecar.send(meta.id, grid, { to: meta.receivers, chunk: 0, numChunks: 2, ...traced })
           await sidecar.send(meta.id, new Tensor("float32", shape, data), {
             to: meta.receivers,
             chunk: 1,
-            numChunks: 2
+            numChunks: 2,
+            ...traced
           })
           return { shape }
         })

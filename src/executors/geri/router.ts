@@ -13,7 +13,8 @@ import { RecvTimeout } from "../../sidecar/errors.js"
 import { type Payload, SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import { BadRequest, EmbeddingMissing } from "../common/errors.js"
-import { answeredFailure, errorAnswer, errorBody, type RouterKind } from "../common/Router.js"
+import { answeredFailure, errorAnswer, errorBody, RequestSpan, type RouterKind } from "../common/Router.js"
+import { inSpan } from "../../tracing/Tracing.js"
 import type { WorkItem } from "../common/wire.js"
 import { type AudioChunkLine, type AudioDoneLine, GenerateRequest, type ImageAnswer } from "./api.js"
 import type { GeriAudioPiece, GeriImageResult, GeriItemMeta } from "./worker.js"
@@ -143,8 +144,10 @@ export const routerKind: RouterKind = {
       const generate = Effect.gen(function* () {
         const body = yield* HttpServerRequest.schemaBodyJson(GenerateRequest)
         const ids = typeof body.embeddings === "string" ? [body.embeddings] : body.embeddings
+        const span = yield* RequestSpan
+        const traced = span.traceparent === undefined ? {} : { trace: span.traceparent }
         const embeddings = yield* Effect.tryPromise({
-          try: () => takeEmbeddings(ids, body.skipTokens),
+          try: () => inSpan("receive embeddings", { parent: span }, () => takeEmbeddings(ids, body.skipTokens)),
           catch: (error) => error
         })
         const seed = body.seed ?? randomInt(2 ** 31)
@@ -157,7 +160,9 @@ export const routerKind: RouterKind = {
             chunks: 0,
             seed
           }
-          const [result] = (yield* run({ key: `${meta.width}x${meta.height}`, inputs, meta })) as [GeriImageResult]
+          const [result] = (yield* run({ key: `${meta.width}x${meta.height}`, inputs, meta, ...traced })) as [
+            GeriImageResult
+          ]
           const answer: ImageAnswer = {
             image: Buffer.from(result.png).toString("base64"),
             width: result.width,
@@ -172,7 +177,7 @@ export const routerKind: RouterKind = {
         const chunks = body.chunks ?? generator.default_num_chunks
         const total = chunks * chunkSize
         const meta: GeriItemMeta = { width: 0, height: 0, chunks: Math.ceil(total / generator.chunk_size), seed }
-        const item: WorkItem = { key: `audio:${meta.chunks}`, inputs, meta }
+        const item: WorkItem = { key: `audio:${meta.chunks}`, inputs, meta, ...traced }
 
         if (!body.stream) {
           const pieces: Array<Int16Array> = []

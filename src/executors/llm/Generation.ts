@@ -43,7 +43,9 @@ export class Generation {
     tokenizer: Detokenizer,
     stops: ReadonlyArray<string>,
     /** Tokens another executor generated already: they are part of the prompt, and their text was said. */
-    continued: ReadonlyArray<number> = []
+    continued: ReadonlyArray<number> = [],
+    /** The router's span of the request (see WorkItem.trace). */
+    trace?: string
   ) {
     this.started = new Promise((resolve) => (this.markStarted = resolve))
     this.done = new Promise(
@@ -54,7 +56,7 @@ export class Generation {
     this.done.catch(() => undefined)
     const stream = new TextStream(tokenizer, stops)
     for (const token of continued) stream.push(token)
-    const item: WorkItem = { key: meta.op, inputs: {}, meta }
+    const item: WorkItem = { key: meta.op, inputs: {}, meta, ...(trace === undefined ? {} : { trace }) }
     const submitted = engine.submit([item], (_, value) => {
       if (this.result !== undefined) return
       const token = (value as TokenPartial).token

@@ -24,6 +24,7 @@ import type {
   TokenPartial
 } from "./protocol.js"
 import { ContinuousScheduler } from "./Scheduler.js"
+import { startSpan } from "../../tracing/Tracing.js"
 
 /** Wakes every lane that waits for work. */
 class Wakeup {
@@ -41,9 +42,14 @@ class Wakeup {
 /** Steps a lane has sent to its worker and not seen end, at most. */
 const stepsAhead = 2
 
-type OpenRequest =
+type OpenRequest = (
   | { readonly op: "generate"; readonly meta: GenerateMeta; generated: number }
   | { readonly op: "embed"; readonly meta: EmbedMeta }
+) & {
+  /** Its router's span (see WorkItem.trace), and when it arrived (performance.now()). */
+  readonly trace: string | undefined
+  readonly received: number
+}
 
 interface RunningStep {
   readonly lane: number
@@ -99,14 +105,15 @@ export const runEngine = (config: ExecutorConfig) =>
       return { waiting: waiting + embedQueue.length, running, kvCache: { usedTokens, totalTokens }, ...counts }
     }
 
-    const accept = (id: string, meta: LlmRequestMeta) => {
+    const accept = (id: string, meta: LlmRequestMeta, trace: string | undefined) => {
+      const received = performance.now()
       switch (meta.op) {
         case "stats":
           return void sendRouter({ t: "result", id, results: [stats()] })
         case "embed": {
           if (requests.size >= config.maxQueuedRequests)
             return void sendRouter({ t: "failed", id, status: 503, message: "the executor's queue is full" })
-          requests.set(id, { op: "embed", meta })
+          requests.set(id, { op: "embed", meta, trace, received })
           embedQueue.push(id)
           return wakeup.wakeAll()
         }
@@ -118,7 +125,7 @@ export const runEngine = (config: ExecutorConfig) =>
             const message = `the request needs ${meta.prompt.inputIds.length + meta.sampling.maxNewTokens} KV cache positions (prompt and max_tokens); a device has ${admission.kvCacheTokens}`
             return void sendRouter({ t: "failed", id, status: 400, message })
           }
-          requests.set(id, { op: "generate", meta, generated: 0 })
+          requests.set(id, { op: "generate", meta, generated: 0, trace, received })
           return wakeup.wakeAll()
         }
       }
@@ -142,17 +149,24 @@ export const runEngine = (config: ExecutorConfig) =>
     /** The next step of `lane`: frees, queued embeddings, the running batch, and the requests that join it now. */
     const planStep = (lane: number): Array<BatchItem> => {
       const item = (requestId: string, op: StepOp): BatchItem => ({ requestId, index: 0, meta: op, rows: [0, 0] })
+      /** A request's first step: its wait in the queue ends, and the worker's span of it begins. */
+      const firstItem = (requestId: string, request: OpenRequest, op: StepOp): BatchItem => {
+        startSpan("queue", { parent: request.trace, startTime: request.received }).end()
+        return request.trace === undefined ? item(requestId, op) : { ...item(requestId, op), trace: request.trace }
+      }
       const items = [...frees[lane]!].map((id) => item(id, { op: "free" }))
       frees[lane]!.clear()
       for (const id of embedQueue.splice(0, config.maxBatchSize)) {
         const request = requests.get(id)
-        if (request?.op === "embed") items.push(item(id, request.meta))
+        if (request?.op === "embed") items.push(firstItem(id, request, request.meta))
       }
       for (const id of scheduler.running(lane)) items.push(item(id, { op: "decode" }))
       for (const id of scheduler.admit(lane)) {
         const request = requests.get(id)
         if (request?.op === "generate")
-          items.push(item(id, { op: "prefill", prompt: request.meta.prompt, sampling: request.meta.sampling }))
+          items.push(
+            firstItem(id, request, { op: "prefill", prompt: request.meta.prompt, sampling: request.meta.sampling })
+          )
       }
       counts.largestBatch = Math.max(counts.largestBatch, scheduler.running(lane).length)
       return items
@@ -246,7 +260,7 @@ export const runEngine = (config: ExecutorConfig) =>
         if (message.t === "cancel") cancel(message.id)
         else if (!workers.healthy)
           void sendRouter({ t: "failed", id: message.id, status: 503, message: "the executor is unhealthy" })
-        else accept(message.id, message.items[0]!.meta as LlmRequestMeta)
+        else accept(message.id, message.items[0]!.meta as LlmRequestMeta, message.items[0]!.trace)
       }
     }
 

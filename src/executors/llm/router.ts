@@ -17,7 +17,8 @@ import { ChatTemplateError, ChatTokenizer } from "../../models/Tokenizer.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { BadRequest, ContextLengthExceeded, EmptyPrompt, ModelNotFound, NoSidecar } from "../common/errors.js"
 import { checkMediaItemCount } from "../common/media/MediaLimits.js"
-import { answeredFailure, errorAnswer, errorBody, type RouterKind } from "../common/Router.js"
+import { answeredFailure, errorAnswer, errorBody, RequestSpan, type RouterKind } from "../common/Router.js"
+import { inSpan } from "../../tracing/Tracing.js"
 import {
   type ChatCompletion,
   type ChatCompletionChunk,
@@ -210,8 +211,12 @@ export const routerKind: RouterKind = {
         yield* checkModel(body.model)
         // A prompt must leave at least one position for the completion.
         yield* checkMedia(mediaParts(body.messages), body.cornserve_embeddings, maxModelLength - 1)
+        const span = yield* RequestSpan
+        // The prompt's media: decoded here, or their embeddings taken from the sidecar.
         const asked = yield* attempt(() =>
-          buildPrompt({ messages: body.messages, addGenerationPrompt: true }, body.cornserve_embeddings)
+          inSpan("prompt", { parent: span }, () =>
+            buildPrompt({ messages: body.messages, addGenerationPrompt: true }, body.cornserve_embeddings)
+          )
         )
         const params = yield* check(() => sampling(body, asked.inputIds.length))
         const continued = body.cornserve_continuation?.token_ids ?? []
@@ -222,7 +227,7 @@ export const routerKind: RouterKind = {
         const meta: GenerateMeta = { op: "generate", prompt, sampling: samplingParams }
         const stops =
           body.stop === undefined || body.stop === null ? [] : typeof body.stop === "string" ? [body.stop] : body.stop
-        const generation = new Generation(engine, meta, tokenizer, stops, continued)
+        const generation = new Generation(engine, meta, tokenizer, stops, continued, span.traceparent)
         const id = `chatcmpl-${randomUUID()}`
         const now = Math.floor(Date.now() / 1000)
 
@@ -308,12 +313,15 @@ export const routerKind: RouterKind = {
           return yield* new BadRequest({ message: "give either messages or prompt" })
         const inline = body.return === "inline"
         if (!inline && sidecar === undefined) return yield* new NoSidecar()
+        const span = yield* RequestSpan
         const prompt = yield* attempt(() =>
-          buildPrompt(
-            body.messages === undefined
-              ? { text: body.prompt! }
-              : { messages: body.messages, addGenerationPrompt: body.add_generation_prompt },
-            body.cornserve_embeddings
+          inSpan("prompt", { parent: span }, () =>
+            buildPrompt(
+              body.messages === undefined
+                ? { text: body.prompt! }
+                : { messages: body.messages, addGenerationPrompt: body.add_generation_prompt },
+              body.cornserve_embeddings
+            )
           )
         )
         if (prompt.inputIds.length > maxModelLength) {
@@ -329,7 +337,9 @@ export const routerKind: RouterKind = {
           receivers: body.receivers ?? (sidecar === undefined ? [] : [sidecar.nodeId]),
           inline
         }
-        const submitted = engine.submit([{ key: meta.op, inputs: {}, meta }])
+        const submitted = engine.submit([
+          { key: meta.op, inputs: {}, meta, ...(span.traceparent === undefined ? {} : { trace: span.traceparent }) }
+        ])
         const [result] = (yield* attempt(() => submitted.results).pipe(
           Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id)))
         )) as [EmbedResult]

@@ -2,15 +2,19 @@
  * The LLM executor's worker: a Runner on its device, driven one step at a time by the LLM engine.
  * Each batch the framework hands it is one step; its tokens go back as partial results the moment
  * they are sampled. Prompt embeddings go to the sidecar under the request's id.
+ *
+ * A traced request is one span here from its prefill to its last token (or its cache freed), as
+ * its compute spans many steps, batched with whichever other requests run then.
  */
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
+import { noSpan, type Span, startSpan } from "../../tracing/Tracing.js"
 import type { LoadWorkerModel } from "../common/WorkerModel.js"
-import type { EmbedResult, StepOp } from "./protocol.js"
+import type { EmbedResult, StepOp, TokenPartial } from "./protocol.js"
 import { Runner } from "./Runner.js"
 
-export const load: LoadWorkerModel = async ({ config, device }) => {
+export const load: LoadWorkerModel = async ({ config, device, rank }) => {
   const runner = await Runner.open(
     await loadModelDirectory(config.modelDir),
     device,
@@ -18,23 +22,80 @@ export const load: LoadWorkerModel = async ({ config, device }) => {
     config.dtype
   )
   const sidecar = config.sidecarSocket === undefined ? undefined : await SidecarClient.connect(config.sidecarSocket)
+  /** The span of each traced request this worker generates for, with its tokens so far. */
+  const generating = new Map<string, { readonly span: Span; tokens: number }>()
 
   return {
+    tracesItsItems: true,
     async run({ items, emit }) {
-      const outputs = await runner.step(
-        items.map((item) => ({ id: item.requestId, op: item.meta as StepOp })),
-        emit
+      /** Spans of this step's embed items, from their compute to their send through the sidecar. */
+      const embedding = items.map((item) =>
+        (item.meta as StepOp).op === "embed" ? startSpan("embed", { parent: item.trace }) : noSpan
       )
+      for (const item of items) {
+        const op = item.meta as StepOp
+        if (op.op === "prefill" && item.trace !== undefined) {
+          const span = startSpan("generate", {
+            parent: item.trace,
+            attributes: { "cornserve.prompt_tokens": op.prompt.inputIds.length, "cornserve.worker.rank": rank }
+          })
+          generating.set(item.requestId, { span, tokens: 0 })
+        } else if (op.op === "free") {
+          const traced = generating.get(item.requestId)
+          generating.delete(item.requestId)
+          traced?.span.attribute("cornserve.cancelled", true)
+          traced?.span.end()
+        }
+      }
+      let outputs: Awaited<ReturnType<Runner["step"]>>
+      try {
+        outputs = await runner.step(
+          items.map((item) => ({ id: item.requestId, op: item.meta as StepOp })),
+          (index, value) => {
+            const id = items[index]!.requestId
+            const traced = generating.get(id)
+            if (traced !== undefined) {
+              traced.tokens++
+              const finish = (value as TokenPartial).finish
+              if (finish !== undefined) {
+                traced.span.attribute("cornserve.completion_tokens", traced.tokens)
+                traced.span.attribute("cornserve.finish_reason", finish)
+                traced.span.end()
+                generating.delete(id)
+              }
+            }
+            emit(index, value)
+          }
+        )
+      } catch (error) {
+        for (const item of items) {
+          generating.get(item.requestId)?.span.end(error)
+          generating.delete(item.requestId)
+        }
+        for (const span of embedding) span.end(error)
+        throw error
+      }
       return Promise.all(
         items.map(async (item, index): Promise<EmbedResult | undefined> => {
           const output = outputs[index]
           const op = item.meta as StepOp
           if (output === undefined || op.op !== "embed") return undefined
-          if ("error" in output) return { error: output.error }
-          if (op.inline) return { shape: output.shape, embedding: output.embedding }
-          if (sidecar === undefined) return { error: 'this executor has no sidecar; ask for return: "inline"' }
-          await sidecar.send(op.id, new Tensor("float32", output.shape, output.embedding), { to: op.receivers })
-          return { shape: output.shape }
+          const span = embedding[index]!
+          try {
+            if ("error" in output) return { error: output.error }
+            if (op.inline) return { shape: output.shape, embedding: output.embedding }
+            if (sidecar === undefined) return { error: 'this executor has no sidecar; ask for return: "inline"' }
+            await sidecar.send(op.id, new Tensor("float32", output.shape, output.embedding), {
+              to: op.receivers,
+              ...(span.traceparent === undefined ? {} : { traceparent: span.traceparent })
+            })
+            return { shape: output.shape }
+          } catch (error) {
+            span.end(error)
+            throw error
+          } finally {
+            span.end()
+          }
         })
       )
     },
