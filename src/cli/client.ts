@@ -237,7 +237,7 @@ export const listNodes = (target: GatewayTarget) =>
         role: string
         address: string
         state: string
-        devices: Array<{ id: string; task: string | null }>
+        devices: Array<{ id: string; task: string | null; tasks?: Array<string> }>
       }>
     }
     if (nodes.length === 0) return yield* write("no nodes: the control plane has no devices and no node has joined\n")
@@ -249,7 +249,12 @@ export const listNodes = (target: GatewayTarget) =>
           node.role,
           node.address,
           node.state,
-          node.devices.map((device) => (device.task === null ? device.id : `${device.id} (${device.task})`)).join(", ")
+          node.devices
+            .map((device) => {
+              const tasks = device.tasks ?? (device.task === null ? [] : [device.task])
+              return tasks.length === 0 ? device.id : `${device.id} (${tasks.join(", ")})`
+            })
+            .join(", ")
         ])
       )
     )

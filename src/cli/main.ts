@@ -73,7 +73,10 @@ const serveCommand = Command.make(
     ),
     devices: Options.text("devices").pipe(
       Options.withDescription(
-        'Devices for task executors: "auto" (the default, but none on a control-plane node) or a list such as cpu:0,cpu:1.'
+        'Devices for task executors: "auto" (the default, but none on a control-plane node: one single-thread cpu ' +
+          "device per core) or a list such as cpu:0,cpu:1/4,cuda:0 (cpu:N/T gives a CPU device T threads). When no " +
+          "device is free, executors of different tasks share CPU devices, each with a share of the threads; a GPU " +
+          "is one executor's alone."
       ),
       // Checked with the other flags, so that a wrong list is a usage error before anything starts.
       Options.mapTryCatch(

@@ -17,6 +17,8 @@ export interface Executor {
 export interface ExecutorSlot {
   readonly node: NodeHandle
   readonly devices: ReadonlyArray<Device>
+  /** ONNX Runtime threads per device: its share of a shared CPU device's budget. */
+  readonly threads: number
   readonly id: string
 }
 
@@ -69,7 +71,7 @@ export class ExecutorKinds extends Effect.Service<ExecutorKinds>()("cornserve/Ex
               program,
               model: modelOf(task),
               devices: slot.devices.map((device) => device.id),
-              args: extraArgs(task)
+              args: [...extraArgs(task), "--threads-per-device", String(slot.threads)]
             }),
             (running): Executor => ({ devices: slot.devices, url: running.url, restart: running.restart })
           )

@@ -127,4 +127,76 @@ describe("placement: where a task's executors run", () => {
     expect(where(placed(nodes, [], requests))).toEqual(where(placed(nodes, [], requests)))
     expect(where(placed(nodes, [], requests))).toEqual(["encoder@a:cpu:0", "encoder@b:cpu:0", "llm@a:cpu:1"])
   })
+
+  it("shares CPU devices when none is free: least shared first, a task once per device, each executor its share of threads", () => {
+    const nodes = [node("a", "cpu:0/4,cpu:1/4")]
+    // color_chat's three tasks on two CPU devices: the third shares, and gets half the device's threads.
+    const chat = placed(
+      nodes,
+      [],
+      [
+        request("audio", { share: true }),
+        request("image", { share: true, related: ["audio"] }),
+        request("llm", { share: true, related: ["audio", "image"] })
+      ]
+    )
+    expect(where(chat)).toEqual(["audio@a:cpu:0", "image@a:cpu:1", "llm@a:cpu:0"])
+    expect(chat.map((executor) => executor.threads)).toEqual([4, 4, 2])
+    expect(chat[2]!.reason).toBe("shares cpu:0 with audio (no free device)")
+
+    const holdings: Array<Holding> = chat.map((executor) => ({
+      node: executor.node,
+      device: executor.devices[0]!.id,
+      task: executor.task
+    }))
+    // The next task goes to the device with fewer executors; a third on cpu:0 would get a third of 4.
+    const next = placed(nodes, holdings, [request("geri", { share: true })])
+    expect(where(next)).toEqual(["geri@a:cpu:1"])
+    expect(next[0]!.threads).toBe(2)
+    // A task never takes one device twice: a second llm executor goes to cpu:1, a third finds no device.
+    expect(where(placed(nodes, holdings, [request("llm", { share: true })]))).toEqual(["llm@a:cpu:1"])
+    const third = place(nodes, holdings, [request("llm", { executors: 2, share: true })])
+    expect(Either.isLeft(third) && third.left.message).toContain("CPU devices held by other tasks were open to it")
+    // Without `share` nothing changes: no free device, no placement.
+    expect(Either.isLeft(place(nodes, holdings, [request("geri")]))).toBe(true)
+  })
+
+  it("prefers free devices over shared ones, and never shares a GPU", () => {
+    const nodes = [node("a", "cpu:0/2,cuda:0"), node("b", "cpu:0/2")]
+    const holdings: Array<Holding> = [
+      { node: "a", device: "cpu:0", task: "encoder" },
+      { node: "a", device: "cuda:0", task: "llm" }
+    ]
+    // b's device is free: no sharing, all of its threads.
+    const free = placed(nodes, holdings, [request("geri", { share: true })])
+    expect(where(free)).toEqual(["geri@b:cpu:0"])
+    expect(free[0]!.threads).toBe(2)
+    // With b held too, the new task shares a CPU device; the GPU is never offered.
+    const shared = placed(
+      nodes,
+      [...holdings, { node: "b", device: "cpu:0", task: "other" }],
+      [request("geri", { share: true, related: ["encoder"] })]
+    )
+    expect(where(shared)).toEqual(["geri@a:cpu:0"])
+    expect(shared[0]!.threads).toBe(1)
+    const gpuOnly = place(
+      [node("g", "cuda:0")],
+      [{ node: "g", device: "cuda:0", task: "llm" }],
+      [request("other", { share: true })]
+    )
+    expect(Either.isLeft(gpuOnly)).toBe(true)
+  })
+
+  it("counts a shared device as held by each of its tasks, and free only when none holds it", () => {
+    const nodes = [node("a", "cpu:0,cpu:1")]
+    const holdings: Array<Holding> = [
+      { node: "a", device: "cpu:0", task: "x" },
+      { node: "a", device: "cpu:0", task: "y" }
+    ]
+    expect(
+      freeDevices(nodes, holdings)
+        .get("a")!
+        .map((device) => device.id)
+    ).toEqual(["cpu:1"])
+  })
 })

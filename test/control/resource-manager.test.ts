@@ -39,6 +39,9 @@ const options = (stateDir: string, devices: string): ServeOptions => ({
   unregisterGraceMs: 1_000
 })
 
+/** The threads per device each task's last executor was started with. */
+const startedThreads = new Map<string, number>()
+
 /**
  * An executor kind for this test alone: each executor is a real idle child process, so the test
  * can see which executors run. A task whose model is "broken" fails to start.
@@ -49,6 +52,7 @@ const processKind = (running: Set<ChildProcess>): ExecutorKind => ({
   start: (task, slot) =>
     Effect.acquireRelease(
       Effect.suspend(() => {
+        startedThreads.set(task.id, slot.threads)
         if ((task.config as { model: string }).model === "broken") {
           return Effect.fail(new Error("the executor crashed on start"))
         }
@@ -119,8 +123,8 @@ describe("ResourceManager", () => {
           expect(running.size).toBe(0)
           expect(resources.tasks()).toEqual([])
           expect(resources.devices()).toEqual([
-            { id: "cpu:0", task: null },
-            { id: "cpu:1", task: null }
+            { id: "cpu:0", type: "cpu", threads: 1, task: null, tasks: [] },
+            { id: "cpu:1", type: "cpu", threads: 1, task: null, tasks: [] }
           ])
         })
       )
@@ -139,23 +143,50 @@ describe("ResourceManager", () => {
         expect(String(exit)).toContain("the executor crashed on start")
         expect(resources.tasks().map((task) => [task.id, task.usedBy])).toEqual([["shared", ["app-a"]]])
         expect(running.size).toBe(1)
-        expect(resources.devices().filter((device) => device.task !== null)).toEqual([{ id: "cpu:0", task: "shared" }])
+        expect(
+          resources
+            .devices()
+            .filter((device) => device.task !== null)
+            .map((device) => [device.id, device.tasks])
+        ).toEqual([["cpu:0", ["shared"]]])
       })
     )
   )
 
   it.effect("says clearly when devices run out, and when a task kind has no executor", () =>
-    withResources("cpu:0", (resources) =>
+    // A GPU is never shared: the second task finds no device.
+    withResources("cuda:0", (resources) =>
       Effect.gen(function* () {
         yield* resources.acquire("app-a", [spec("one", "m")], noProgress)
         const exhausted = yield* Effect.flip(resources.acquire("app-b", [spec("two", "n")], noProgress))
         expect(exhausted.message).toBe(
-          "task two needs 1 device(s) per executor, 1 executor(s); free: local 0 of 1 (1 executor(s) short)"
+          "task two needs 1 device(s) per executor, 1 executor(s); free: local 0 of 1 (1 executor(s) short); CPU devices held by other tasks were open to it, one executor of a task per device"
         )
         const unknown = yield* Effect.flip(
           resources.acquire("app-c", [{ id: "llm-1", kind: "llm", name: "llm-x", config: { model: "x" } }], noProgress)
         )
         expect(unknown.message).toBe('no executor for task kind "llm" (task llm-1) on this platform')
+      })
+    )
+  )
+
+  it.effect("shares a CPU device between tasks when none is free, each with its share of the threads", () =>
+    withResources("cpu:0/4", (resources, running) =>
+      Effect.gen(function* () {
+        yield* resources.acquire("app-a", [spec("one", "m")], noProgress)
+        yield* resources.acquire("app-b", [spec("two", "n"), spec("three", "o")], noProgress)
+        expect(running.size).toBe(3)
+        expect(resources.devices()).toEqual([
+          { id: "cpu:0", type: "cpu", threads: 4, task: "one", tasks: ["one", "two", "three"] }
+        ])
+        expect(startedThreads.get("one")).toBe(4)
+        expect(startedThreads.get("two")).toBe(2)
+        expect(startedThreads.get("three")).toBe(1)
+        // More executors of a task go on free devices only (on a shared one they would add no cores).
+        const more = yield* Effect.flip(resources.scale("one", 1))
+        expect(more.message).toContain("free: local 0 of 1")
+        yield* resources.release("app-a", [spec("one", "m")])
+        expect(resources.devices()[0]!.tasks).toEqual(["two", "three"])
       })
     )
   )

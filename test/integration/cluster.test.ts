@@ -82,8 +82,8 @@ describe("cluster: a control plane and data-plane nodes", () => {
 
   it("nodes join and are listed with their devices, over HTTP and by the CLI", async () => {
     const free = [
-      { id: "cpu:0", type: "cpu", task: null },
-      { id: "cpu:1", type: "cpu", task: null }
+      { id: "cpu:0", type: "cpu", threads: 1, task: null, tasks: [] },
+      { id: "cpu:1", type: "cpu", threads: 1, task: null, tasks: [] }
     ]
     dataPlane("node-a")
     dataPlane("node-b")

@@ -247,7 +247,7 @@ describe(`cluster across ${useNamespaces ? "network namespaces" : "loopback port
       const node = nodes.find((entry) => entry.name === lostNode)!
       await eventually(async () => (/stopping executor .*\(task llm-/.test(node.output()) ? true : undefined), 30_000)
       expect((await nodesList()).find((entry) => entry.name === lostNode)!.devices).toEqual([
-        { id: "cpu:0", type: "cpu", task: null }
+        { id: "cpu:0", type: "cpu", threads: 1, task: null, tasks: [] }
       ])
       expect(await ask()).toBe("red")
     },

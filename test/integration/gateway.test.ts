@@ -27,7 +27,8 @@ describe("cornserve serve: apps registered at run time and invoked over HTTP", (
 
   beforeAll(async () => {
     platform = await startPlatform({
-      args: ["--request-timeout", "2", "--max-body-bytes", "65536", "--devices", "cpu:0"],
+      // One GPU, which only one executor may hold (its executors never start here: nothing places a second).
+      args: ["--request-timeout", "2", "--max-body-bytes", "65536", "--devices", "cuda:0"],
       env: { CORNSERVE_ADMIN_TOKEN: token }
     })
     cliEnv = { CORNSERVE_GATEWAY_URL: platform.url, CORNSERVE_ADMIN_TOKEN: token }
@@ -241,7 +242,7 @@ describe("cornserve serve: apps registered at run time and invoked over HTTP", (
     })
 
     it("fails to register an app whose tasks cannot all deploy, with a clear error, and rolls back", async () => {
-      // color_chat needs three devices (two encoders and an LLM); this platform has one.
+      // color_chat needs three executors (two encoders and an LLM); this platform has one GPU, never shared.
       const cli = await runCli(["app", "register", example("color_chat")], cliEnv)
       expect(cli.code).not.toBe(0)
       expect(cli.stderr).toMatch(/needs 1 device\(s\) per executor, 1 executor\(s\); free: \S+ 0 of 1/)

@@ -76,7 +76,8 @@ const sameToken = (given: string, expected: string): boolean => {
 const toDevice = (device: NodeInfo["devices"][number]): Device => ({
   id: device.id,
   type: device.type,
-  index: device.index
+  index: device.index,
+  threads: device.threads
 })
 
 /** How long a StopExecutor may take before the control plane gives up on it (the node's grace stops it anyway). */

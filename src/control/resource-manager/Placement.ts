@@ -14,7 +14,7 @@ export interface PlacementNode {
   readonly devices: ReadonlyArray<Device>
 }
 
-/** A device some task already holds on a node. */
+/** A device some task already holds on a node (a shared CPU device: one holding per task). */
 export interface Holding {
   readonly node: string
   readonly device: string
@@ -38,12 +38,22 @@ export interface PlacementRequest {
   /** Taken first, each group as one executor, when all its devices are free on a ready node. */
   readonly preferred?: ReadonlyArray<PreferredGroup>
   readonly avoidNodes?: ReadonlyArray<string>
+  /**
+   * When no node has the free devices an executor needs, it may share CPU devices other tasks
+   * hold (never a GPU, never a device the task holds already), the least shared first.
+   */
+  readonly share?: boolean
 }
 
 export interface PlacedExecutor {
   readonly task: string
   readonly node: string
   readonly devices: ReadonlyArray<Device>
+  /**
+   * ONNX Runtime threads per device: a CPU device's whole budget when the executor has it alone,
+   * else its share (the budget over the executors on it, this one included; at least 1).
+   */
+  readonly threads: number
   /** Why it went there, in a few words. */
   readonly reason: string
 }
@@ -96,7 +106,8 @@ export const freeDevices = (
  * executor's devices on one node, taken in the node's order; the request's preferred groups first;
  * then the node where related tasks hold the most devices (counting this call's earlier
  * placements, so tasks placed together land together when they fit); otherwise the node with the
- * most free devices, then the one with the fewest of this task's executors, then by name.
+ * most free devices, then the one with the fewest of this task's executors, then by name. A
+ * request that may share, and finds no free devices, then shares CPU devices (see `share`).
  */
 export const place = (
   nodes: ReadonlyArray<PlacementNode>,
@@ -112,7 +123,9 @@ export const place = (
     const related = relatedOf.get(request.task) ?? new Set<string>()
     for (let placedOfRequest = 0; placedOfRequest < request.executors; placedOfRequest++) {
       const executor =
-        takePreferred(ledger, request, size, avoided) ?? takeBest(ledger, request.task, size, avoided, related)
+        takePreferred(ledger, request, size, avoided) ??
+        takeBest(ledger, request.task, size, avoided, related) ??
+        (request.share === true ? takeShared(ledger, request.task, size, avoided, related) : undefined)
       if (executor === undefined) {
         return Either.left(shortfall(ledger, request, size, avoided, request.executors - placedOfRequest, placed))
       }
@@ -125,9 +138,13 @@ export const place = (
 interface Ledger {
   /** Ready nodes' free devices in the node's order, in the order the nodes were given. */
   readonly free: Map<string, Array<Device>>
+  /** Ready nodes' devices, in the node's order. */
+  readonly all: Map<string, ReadonlyArray<Device>>
   readonly total: Map<string, number>
   /** Devices each task holds per ready node. */
   readonly usage: Map<string, Map<string, number>>
+  /** The tasks holding each device, per ready node. */
+  readonly holders: Map<string, Map<string, Set<string>>>
 }
 
 const heldDevices = (holdings: ReadonlyArray<Holding>): Map<string, Set<string>> => {
@@ -142,25 +159,43 @@ const heldDevices = (holdings: ReadonlyArray<Holding>): Map<string, Set<string>>
 
 const makeLedger = (nodes: ReadonlyArray<PlacementNode>, holdings: ReadonlyArray<Holding>): Ledger => {
   const free = new Map<string, Array<Device>>()
+  const all = new Map<string, ReadonlyArray<Device>>()
   const total = new Map<string, number>()
   const usage = new Map<string, Map<string, number>>()
+  const holders = new Map<string, Map<string, Set<string>>>()
   for (const [name, devices] of freeDevices(nodes, holdings)) {
+    const nodeDevices = nodes.find((node) => node.name === name)!.devices
     free.set(name, [...devices])
-    total.set(name, nodes.find((node) => node.name === name)!.devices.length)
+    all.set(name, nodeDevices)
+    total.set(name, nodeDevices.length)
     usage.set(name, new Map())
+    holders.set(name, new Map())
   }
-  const counted = new Set<string>()
   for (const holding of holdings) {
-    const onNode = usage.get(holding.node)
-    const key = `${holding.node}\u0000${holding.device}`
-    if (onNode === undefined || counted.has(key)) continue
-    counted.add(key)
-    onNode.set(holding.task, (onNode.get(holding.task) ?? 0) + 1)
+    const onNode = holders.get(holding.node)
+    if (onNode === undefined) continue
+    const tasks = onNode.get(holding.device) ?? new Set<string>()
+    onNode.set(holding.device, tasks)
+    if (tasks.has(holding.task)) continue
+    tasks.add(holding.task)
+    const used = usage.get(holding.node)!
+    used.set(holding.task, (used.get(holding.task) ?? 0) + 1)
   }
-  return { free, total, usage }
+  return { free, all, total, usage, holders }
 }
 
-const take = (ledger: Ledger, node: string, devices: ReadonlyArray<Device>, task: string) => {
+/** The executors on a device of a node, before this one. */
+const sharersOf = (ledger: Ledger, node: string, device: string) => ledger.holders.get(node)?.get(device)?.size ?? 0
+
+/** Threads per device for an executor about to take `devices`: the smallest share among them. */
+const threadsOn = (ledger: Ledger, node: string, devices: ReadonlyArray<Device>) =>
+  Math.min(
+    ...devices.map((device) => Math.max(1, Math.floor(device.threads / (sharersOf(ledger, node, device.id) + 1))))
+  )
+
+/** Takes `devices` for an executor of `task`, answering its threads per device. */
+const take = (ledger: Ledger, node: string, devices: ReadonlyArray<Device>, task: string): number => {
+  const threads = threadsOn(ledger, node, devices)
   const taken = new Set(devices.map((device) => device.id))
   ledger.free.set(
     node,
@@ -168,6 +203,13 @@ const take = (ledger: Ledger, node: string, devices: ReadonlyArray<Device>, task
   )
   const onNode = ledger.usage.get(node)!
   onNode.set(task, (onNode.get(task) ?? 0) + devices.length)
+  const held = ledger.holders.get(node)!
+  for (const device of devices) {
+    const tasks = held.get(device.id) ?? new Set<string>()
+    tasks.add(task)
+    held.set(device.id, tasks)
+  }
+  return threads
 }
 
 /** Relatedness both ways: a task listed as related by another request in the call is related back. */
@@ -201,8 +243,8 @@ const takePreferred = (
     const devices = group.devices.map((id) => free.find((device) => device.id === id))
     if (devices.some((device) => device === undefined)) continue
     const chosen = devices as ReadonlyArray<Device>
-    take(ledger, group.node, chosen, request.task)
-    return { task: request.task, node: group.node, devices: chosen, reason: "kept: already runs there" }
+    const threads = take(ledger, group.node, chosen, request.task)
+    return { task: request.task, node: group.node, devices: chosen, threads, reason: "kept: already runs there" }
   }
   return undefined
 }
@@ -228,26 +270,87 @@ const takeBest = (
   const candidates: Array<Candidate> = []
   for (const [node, free] of ledger.free) {
     if (avoided.has(node) || free.length < size) continue
-    const onNode = ledger.usage.get(node)!
-    let affinity = 0
-    let closest: string | undefined
-    let closestDevices = 0
-    for (const other of related) {
-      const devices = onNode.get(other) ?? 0
-      affinity += devices
-      if (devices > closestDevices) {
-        closest = other
-        closestDevices = devices
-      }
-    }
-    candidates.push({ node, free: free.length, own: onNode.get(task) ?? 0, affinity, closest })
+    const own = ledger.usage.get(node)!.get(task) ?? 0
+    candidates.push({ node, free: free.length, own, ...affinityOn(ledger, node, related) })
   }
   candidates.sort((a, b) => b.affinity - a.affinity || bySpread(a, b))
   const [chosen, runnerUp] = candidates
   if (chosen === undefined) return undefined
   const devices = ledger.free.get(chosen.node)!.slice(0, size)
-  take(ledger, chosen.node, devices, task)
-  return { task, node: chosen.node, devices, reason: spreadReason(chosen, runnerUp) }
+  const threads = take(ledger, chosen.node, devices, task)
+  return { task, node: chosen.node, devices, threads, reason: spreadReason(chosen, runnerUp) }
+}
+
+/** Devices related tasks hold on a node, and the one of them that holds the most. */
+const affinityOn = (ledger: Ledger, node: string, related: ReadonlySet<string>) => {
+  const onNode = ledger.usage.get(node)!
+  let affinity = 0
+  let closest: string | undefined
+  let closestDevices = 0
+  for (const other of related) {
+    const devices = onNode.get(other) ?? 0
+    affinity += devices
+    if (devices > closestDevices) {
+      closest = other
+      closestDevices = devices
+    }
+  }
+  return { affinity, closest }
+}
+
+/**
+ * An executor on CPU devices that other tasks hold, when no node has enough free ones: on each
+ * node, its free CPU devices first, then those with the fewest executors on them, never one this
+ * task holds. The node: where related tasks hold the most devices, then the least shared choice,
+ * then the fewest of this task's executors, then by name.
+ */
+const takeShared = (
+  ledger: Ledger,
+  task: string,
+  size: number,
+  avoided: ReadonlySet<string>,
+  related: ReadonlySet<string>
+): PlacedExecutor | undefined => {
+  const candidates: Array<{
+    readonly node: string
+    readonly devices: ReadonlyArray<Device>
+    readonly sharers: number
+    readonly own: number
+    readonly affinity: number
+  }> = []
+  for (const [node, devices] of ledger.all) {
+    if (avoided.has(node)) continue
+    const held = ledger.holders.get(node)!
+    const open = devices
+      .filter((device) => device.type === "cpu" && !(held.get(device.id)?.has(task) ?? false))
+      .map((device, order) => ({ device, order, sharers: held.get(device.id)?.size ?? 0 }))
+      .sort((a, b) => a.sharers - b.sharers || a.order - b.order)
+      .slice(0, size)
+    if (open.length < size) continue
+    candidates.push({
+      node,
+      devices: open.sort((a, b) => a.order - b.order).map((entry) => entry.device),
+      sharers: open.reduce((sum, entry) => sum + entry.sharers, 0),
+      own: ledger.usage.get(node)!.get(task) ?? 0,
+      affinity: affinityOn(ledger, node, related).affinity
+    })
+  }
+  candidates.sort(
+    (a, b) =>
+      b.affinity - a.affinity ||
+      a.sharers - b.sharers ||
+      a.own - b.own ||
+      (a.node < b.node ? -1 : a.node > b.node ? 1 : 0)
+  )
+  const chosen = candidates[0]
+  if (chosen === undefined) return undefined
+  const held = ledger.holders.get(chosen.node)!
+  const sharing = chosen.devices
+    .filter((device) => (held.get(device.id)?.size ?? 0) > 0)
+    .map((device) => `${device.id} with ${[...held.get(device.id)!].join(", ")}`)
+  const threads = take(ledger, chosen.node, chosen.devices, task)
+  const reason = `shares ${sharing.join("; ")} (no free device)`
+  return { task, node: chosen.node, devices: chosen.devices, threads, reason }
 }
 
 const spreadReason = (chosen: Candidate, runnerUp: Candidate | undefined): string => {
@@ -296,6 +399,6 @@ const shortfall = (
     unplaced,
     room,
     takenByEarlier,
-    message: `task ${request.task} needs ${size} device(s) per executor, ${request.executors} executor(s); free: ${rooms} (${unplaced} executor(s) short)${earlier}`
+    message: `task ${request.task} needs ${size} device(s) per executor, ${request.executors} executor(s); free: ${rooms} (${unplaced} executor(s) short)${earlier}${request.share === true ? "; CPU devices held by other tasks were open to it, one executor of a task per device" : ""}`
   }
 }

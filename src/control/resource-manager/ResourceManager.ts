@@ -35,7 +35,8 @@ export interface NodeListing extends Omit<NodeSummary, "devices"> {
   readonly devices: ReadonlyArray<{ readonly id: string; readonly type: string; readonly task: string | null }>
 }
 
-const holdingKey = (node: string, device: string) => `${node}/${device}`
+/** One task's hold on one device (a shared CPU device has one per task). */
+const holdingKey = (node: string, device: string, task: string) => `${node}/${device}/${task}`
 
 /**
  * Which unit tasks are deployed, who uses them, and which devices of which nodes they hold.
@@ -94,7 +95,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
           onRight: (placed) => {
             for (const executor of placed)
               for (const device of executor.devices)
-                allocated.set(holdingKey(executor.node, device.id), {
+                allocated.set(holdingKey(executor.node, device.id, executor.task), {
                   node: executor.node,
                   device: device.id,
                   task: executor.task
@@ -105,10 +106,11 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
       )
 
     const freeHoldings = (
+      taskId: string,
       placed: ReadonlyArray<{ readonly node: string; readonly devices: ReadonlyArray<Device> }>
     ) => {
       for (const group of placed)
-        for (const device of group.devices) allocated.delete(holdingKey(group.node, device.id))
+        for (const device of group.devices) allocated.delete(holdingKey(group.node, device.id, taskId))
     }
 
     const freeTaskDevices = (taskId: string) => {
@@ -121,20 +123,19 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         const node = registry.handle(executor.node)
         return node === undefined
           ? Effect.fail(new DeploymentFailed({ message: `node ${executor.node} is gone` }))
-          : Effect.succeed({ node, devices: executor.devices })
+          : Effect.succeed({ node, devices: executor.devices, threads: executor.threads })
       })
 
+    /** Where executors went: on a cluster, each; on one node, those that share a device. */
     const logPlacement = (placed: ReadonlyArray<PlacedExecutor>) =>
-      config.role === "all"
-        ? Effect.void
-        : Effect.forEach(
-            placed,
-            (executor) =>
-              Effect.logInfo(
-                `placing an executor of task ${executor.task} on node ${executor.node} (${executor.devices.map((device) => device.id).join(", ")}): ${executor.reason}`
-              ),
-            { discard: true }
-          )
+      Effect.forEach(
+        placed.filter((executor) => config.role !== "all" || executor.reason.startsWith("shares")),
+        (executor) =>
+          Effect.logInfo(
+            `placing an executor of task ${executor.task} on node ${executor.node} (${executor.devices.map((device) => device.id).join(", ")}, ${executor.threads} thread(s) each): ${executor.reason}`
+          ),
+        { discard: true }
+      )
 
     /** Makes the task's model present on every node it is placed on. */
     const prepareOn = (
@@ -204,17 +205,21 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
           }
           const ids = specs.map((spec) => spec.id)
           // Where every new task goes is decided at once, so that an app's tasks land together; a
-          // task scaled before a restart gets its executors back when they fit, else one.
-          const requestsAt = (executorsOf: (spec: UnitTaskSpec) => number) =>
+          // task scaled before a restart gets its executors back when they all fit on free devices,
+          // else one. A task's one executor shares a CPU device when no device is free.
+          const requestsAt = (executorsOf: (spec: UnitTaskSpec) => number, share: boolean) =>
             fresh.map((spec) => ({
               task: spec.id,
               executors: executorsOf(spec),
               devicesPerExecutor: perExecutorOf(spec),
               related: relatedTo(spec.id, ids),
-              preferred: preferredFor(spec.id)
+              preferred: preferredFor(spec.id),
+              share
             }))
           const scaled = fresh.filter((spec) => scales.executorsOf(spec.id) > 1)
-          const placed = yield* placeExecutors(requestsAt((spec) => scales.executorsOf(spec.id))).pipe(
+          const placed = yield* placeExecutors(
+            requestsAt((spec) => scales.executorsOf(spec.id), scaled.length === 0)
+          ).pipe(
             Effect.catchTag("DevicesExhausted", (error) =>
               scaled.length === 0
                 ? Effect.fail(error)
@@ -222,7 +227,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
                     Effect.logWarning(
                       `task(s) ${scaled.map((spec) => `${spec.id} (${scales.executorsOf(spec.id)} executors)`).join(", ")} do not fit at the scale they had (${error.message}): starting one executor each`
                     ),
-                    placeExecutors(requestsAt(() => 1))
+                    placeExecutors(requestsAt(() => 1, true))
                   )
             )
           )
@@ -279,7 +284,10 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
     /** When each task last grew or shrank: the rebalancing policy leaves it alone for a while. */
     const changedAt = new Map<string, number>()
 
-    /** Adds devices (new executors) to a task, or takes some away: those executors drain first. */
+    /**
+     * Adds devices (new executors, on free devices: a task's second executor on a device it shares
+     * would add no cores) to a task, or takes some away: those executors drain first.
+     */
     const scale = (taskId: string, deltaDevices: number) => lock.withPermits(1)(scaleNow(taskId, deltaDevices))
 
     const scaleNow = (taskId: string, deltaDevices: number) =>
@@ -304,7 +312,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
             Effect.mapError(
               (error) => new DeploymentFailed({ message: `task ${taskId} could not grow: ${error.message}` })
             ),
-            Effect.onError(() => Effect.sync(() => freeHoldings(placed)))
+            Effect.onError(() => Effect.sync(() => freeHoldings(taskId, placed)))
           )
         } else {
           const executors = Math.ceil(-deltaDevices / perExecutor)
@@ -314,7 +322,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
             })
           }
           const freed = yield* taskManagers.shrink(taskId, executors)
-          freeHoldings(freed)
+          freeHoldings(taskId, freed)
         }
         yield* scales.set(taskId, task.wanted)
         changedAt.set(taskId, Date.now())
@@ -322,7 +330,8 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
 
     /**
      * Gives every task short of executors (it lost some with a node) new ones where there is
-     * room; a task that finds none is told once and tried again on the next change.
+     * room: free devices, or, for a task left with none, one executor on a shared CPU device. A
+     * task that finds no room is told once and tried again on the next change.
      */
     const reconcile = Effect.gen(function* () {
       for (const task of taskManagers.list()) {
@@ -332,14 +341,20 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
           toldShort.delete(task.spec.id)
           continue
         }
-        const attempt = yield* placeExecutors([
-          {
-            task: task.spec.id,
-            executors: missing,
-            devicesPerExecutor: perExecutorOf(task.spec),
-            related: relatedTo(task.spec.id)
-          }
-        ]).pipe(Effect.either)
+        const request = {
+          task: task.spec.id,
+          executors: missing,
+          devicesPerExecutor: perExecutorOf(task.spec),
+          related: relatedTo(task.spec.id)
+        }
+        const attempt = yield* placeExecutors([request]).pipe(
+          Effect.catchTag("DevicesExhausted", (error) =>
+            task.executors().length === 0
+              ? placeExecutors([{ ...request, executors: 1, share: true }])
+              : Effect.fail(error)
+          ),
+          Effect.either
+        )
         if (Either.isLeft(attempt)) {
           const message = attempt.left.message
           if (toldShort.get(task.spec.id) !== message) {
@@ -360,7 +375,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         }).pipe(
           Effect.catchAll((error) =>
             Effect.zipRight(
-              Effect.sync(() => freeHoldings(placed)),
+              Effect.sync(() => freeHoldings(task.spec.id, placed)),
               Effect.logWarning(`task ${task.spec.id} could not replace its executors: ${error.message}`)
             )
           )
@@ -458,13 +473,24 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         callsShed: task.shed
       }))
 
+    /** The tasks holding a device of a node (several on a shared CPU device), in the order they took it. */
+    const holdersOf = (node: string, device: string) =>
+      [...allocated.values()]
+        .filter((holding) => holding.node === node && holding.device === device)
+        .map((holding) => holding.task)
+
+    /** A device as listed: `task` the first of its tasks (null: free), `tasks` all of them. */
+    const deviceListing = (node: string, device: Device) => {
+      const tasks = holdersOf(node, device.id)
+      return { type: device.type, threads: device.threads, task: tasks[0] ?? null, tasks }
+    }
+
     const devices = () =>
-      registry.nodes().flatMap((node) =>
-        node.devices.map((device) => ({
-          id: deviceName(node.name, device.id),
-          task: allocated.get(holdingKey(node.name, device.id))?.task ?? null
-        }))
-      )
+      registry
+        .nodes()
+        .flatMap((node) =>
+          node.devices.map((device) => ({ id: deviceName(node.name, device.id), ...deviceListing(node.name, device) }))
+        )
 
     const nodes = (): ReadonlyArray<NodeListing> => {
       const byName = new Map(registry.nodes().map((node) => [node.name, node]))
@@ -472,8 +498,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         ...summary,
         devices: (byName.get(summary.name)?.devices ?? []).map((device) => ({
           id: device.id,
-          type: device.type,
-          task: allocated.get(holdingKey(summary.name, device.id))?.task ?? null
+          ...deviceListing(summary.name, device)
         }))
       }))
     }

@@ -6,7 +6,13 @@ import { Schema } from "effect"
  * its cluster port, msgpack over HTTP). Control messages only: tensors go sidecar to sidecar.
  */
 
-export const NodeDevice = Schema.Struct({ id: Schema.String, type: Schema.Literal("cpu", "cuda"), index: Schema.Int })
+export const NodeDevice = Schema.Struct({
+  id: Schema.String,
+  type: Schema.Literal("cpu", "cuda"),
+  index: Schema.Int,
+  /** A CPU device's thread budget (a node that does not say has 1). */
+  threads: Schema.optionalWith(Schema.Int.pipe(Schema.between(1, 1024)), { default: () => 1 })
+})
 export type NodeDevice = typeof NodeDevice.Type
 
 /** An executor a node runs, as its heartbeats tell it. */

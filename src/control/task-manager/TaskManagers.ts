@@ -45,10 +45,11 @@ export interface ExecutorSummary {
   readonly outstanding: number
 }
 
-/** Where one executor goes: a node and its devices there. */
+/** Where one executor goes: a node and its devices there, and the threads it may use on each (default 1). */
 export interface ExecutorGroup {
   readonly node: NodeHandle
   readonly devices: ReadonlyArray<Device>
+  readonly threads?: number
 }
 
 /** One deployed unit task: its executors, the devices they hold, and how requests reach them. */
@@ -339,7 +340,7 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
         const scope = yield* Scope.fork(task.scope, ExecutionStrategy.sequential)
         const id = task.newExecutorId()
         const executor = yield* Scope.extend(
-          task.kind.start(task.spec, { node: group.node, devices: group.devices, id }),
+          task.kind.start(task.spec, { node: group.node, devices: group.devices, threads: group.threads ?? 1, id }),
           scope
         ).pipe(Effect.onError(() => Scope.close(scope, Exit.void)))
         const member = task.add(id, group.node.name, executor, scope)
