@@ -76,7 +76,8 @@ async function measureLayout(layout: Layout, scratch: string): Promise<LayoutRes
   let controlPlane: RunningPlatform | undefined
   try {
     controlPlane = await startPlatform({
-      args: ["--role", "control-plane", "--cluster-port", String(clusterPort)],
+      // No cache of encoder outputs: every request sends the same image, and the hop of its features is measured.
+      args: ["--role", "control-plane", "--cluster-port", String(clusterPort), "--embedding-cache-bytes", "0"],
       env: { CORNSERVE_CLUSTER_TOKEN: token }
     })
     for (const [index, devices] of layout.nodes.entries()) {

@@ -78,7 +78,8 @@ export default async function e2eBench(): Promise<void> {
   const work = mkdtempSync(join(tmpdir(), "cornserve-bench-e2e-"))
   writeFileSync(join(work, "color_chat_local.ts"), noFissionApp)
   const platform = await startPlatform({
-    args: ["--devices", "cpu:0,cpu:1,cpu:2,cpu:3"],
+    // No cache of encoder outputs: every request sends the same image, and the encoder is measured.
+    args: ["--devices", "cpu:0,cpu:1,cpu:2,cpu:3", "--embedding-cache-bytes", "0"],
     stateDir: join(work, "state")
   })
   const env = { CORNSERVE_GATEWAY_URL: platform.url }

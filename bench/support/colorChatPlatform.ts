@@ -60,7 +60,10 @@ export async function startPlatform(options: {
       "--node-id",
       options.nodeId,
       "--sidecar-arena-bytes",
-      String(ARENA_BYTES)
+      String(ARENA_BYTES),
+      // Every request sends the same image: the cache of encoder outputs would leave the encoder idle.
+      "--embedding-cache-bytes",
+      "0"
     ],
     {
       cwd: repoRoot,

@@ -129,6 +129,16 @@ const serveCommand = Command.make(
         "--task-queue must be a positive number of calls"
       )
     ),
+    embeddingCacheBytes: Options.integer("embedding-cache-bytes").pipe(
+      Options.withDescription(
+        "Bytes of encoder outputs kept for media sent again (data: URLs, by content and encoder task): such an item is forwarded from the cache, its encoder not called. 0: no cache. A single-node platform only."
+      ),
+      Options.withDefault(64 * 1024 * 1024),
+      Options.filterMap(
+        (value) => (value >= 0 ? Option.some(value) : Option.none()),
+        "--embedding-cache-bytes must be 0 or more"
+      )
+    ),
     autoscale: Options.boolean("autoscale").pipe(
       Options.withDescription(
         "Move devices between tasks as their load changes: from tasks with slack to the bottleneck (see tasks profile)."
@@ -270,6 +280,7 @@ const serveCommand = Command.make(
         maxJsonDepth: options.maxJsonDepth,
         requestTimeoutMs: Math.round(options.requestTimeout * 1000),
         taskQueue: options.taskQueue,
+        embeddingCacheBytes: options.embeddingCacheBytes,
         appLoadTimeoutMs: 30_000,
         appLimits: {
           heapMiB: Math.max(16, Math.floor(options.appMemory * 0.75)),

@@ -34,6 +34,8 @@ export interface ServeOptions {
   readonly requestTimeoutMs: number
   /** Calls each task takes at the dispatcher per executor in rotation before refusing the next (503). */
   readonly taskQueue: number
+  /** Bytes of encoder outputs kept to forward again for identical media (0: no cache). */
+  readonly embeddingCacheBytes: number
   readonly appLoadTimeoutMs: number
   /**
    * Each app's process: its heap and resident memory caps, how long its event loop may stay busy,

@@ -33,6 +33,7 @@ const options = (stateDir: string, devices: string): ServeOptions => ({
   allowedHosts: [],
   requestTimeoutMs: 1_000,
   taskQueue: 64,
+  embeddingCacheBytes: 0,
   appLoadTimeoutMs: 10_000,
   shutdownGraceMs: 1_000,
   executorGraceMs: 30_000,

@@ -95,7 +95,8 @@ describe("tracing", () => {
 
   beforeAll(async () => {
     receiver = await startReceiver()
-    running = await startColorChat(`trace-${process.pid}`, [], {
+    // Without the cache of encoder outputs: every request here sends the same image, and each must reach the encoder.
+    running = await startColorChat(`trace-${process.pid}`, ["--embedding-cache-bytes", "0"], {
       OTEL_EXPORTER_OTLP_ENDPOINT: receiver.url,
       OTEL_EXPORTER_OTLP_PROTOCOL: "http/json",
       OTEL_BSP_SCHEDULE_DELAY: "100",

@@ -10,9 +10,19 @@ import type { LlmChunk } from "../../executors/llm/api.js"
 import { type ExecutorLease, type TaskManager, TaskManagers } from "../task-manager/TaskManagers.js"
 import { eitherSignal } from "./EitherSignal.js"
 import { PlatformMetrics } from "../metrics/PlatformMetrics.js"
+import { ServeConfig } from "../ServeConfig.js"
+import type { Payload } from "../../sidecar/SidecarClient.js"
+import { EmbeddingCache, ownedPayload } from "./EmbeddingCache.js"
 import type { BusyClock, RequestTiming } from "../metrics/BusyClock.js"
 import { type Span, startSpan } from "../../tracing/Tracing.js"
-import { type CallResult, type ExecutorCallError, executorCalls, producedModalities } from "./ExecutorCalls.js"
+import {
+  type CallResult,
+  type EmbeddingCaching,
+  embedFromCache,
+  type ExecutorCallError,
+  executorCalls,
+  producedModalities
+} from "./ExecutorCalls.js"
 
 /** For each forwarded datum: which invocation produces it and which consume it. */
 export interface DataWiring {
@@ -83,6 +93,8 @@ export interface DispatchEnvironment {
   readonly onSidecarLost: (listener: () => void) => () => void
   /** Told of each executor call as it ends, and of each streamed call's chunks (for the metrics). */
   readonly observer?: CallObserver
+  /** The cache of encoder outputs, when the platform keeps one. */
+  readonly embeddings?: EmbeddingCaching
 }
 
 /** What the dispatcher reports of executor calls. */
@@ -106,6 +118,24 @@ export interface CallObserver {
  * wait. Running the graph again would only wait or be refused again.
  */
 const refusedWhileLeasing = new WeakSet<object>()
+
+/**
+ * A sidecar operation of the cache of encoder outputs: when the sidecar fails it (it went away, say),
+ * the request is unavailable, as it is when an executor finds the sidecar gone, and may be tried again.
+ */
+const viaSidecar = async <A>(operation: () => Promise<A>): Promise<A> => {
+  try {
+    return await operation()
+  } catch (error) {
+    throw new TaskUnavailable({
+      message: `the node's sidecar could not keep or forward an encoder output: ${error instanceof Error ? error.message : String(error)}`,
+      unreachable: true
+    })
+  }
+}
+
+/** How long an encoder output to be cached may take to be in this node's sidecar once the encoder answered. */
+const cacheTakeWaitMs = 10_000
 
 /** How long a graph that forwards data waits for a sidecar being restarted before it is refused. */
 const sidecarWaitMs = 3_000
@@ -382,7 +412,13 @@ const dispatchGraphUntraced =
     // the executors that consume it (through its sidecar's peers when they are on another node).
     // When one task has none, the leases the others got go back unused.
     const asked = performance.now()
+    // Encoder invocations whose every item is in the cache need no executor: they are served from it.
+    const caching = environment.embeddings
+    const served = graph.invocations.map((invocation) =>
+      caching === undefined ? undefined : embedFromCache(invocation, caching)
+    )
     const leasing = managers.map((manager, index) => {
+      if (served[index] !== undefined) return Promise.resolve(undefined)
       const taskId = graph.invocations[index]!.taskId
       // The wait for room on the task: its queue at the dispatcher.
       const leaseSpan = startSpan(`lease ${taskId}`, { parent: span, attributes: { "cornserve.task": taskId } })
@@ -402,7 +438,7 @@ const dispatchGraphUntraced =
         }
       )
     })
-    let leases: Array<ExecutorLease>
+    let leases: Array<ExecutorLease | undefined>
     try {
       leases = await Promise.all(leasing)
     } catch (error) {
@@ -423,15 +459,35 @@ const dispatchGraphUntraced =
       const nodes = new Set<string>()
       for (const datum of wiring) {
         if (datum.producer !== index) continue
-        for (const consumer of datum.consumers) nodes.add(leases[consumer]!.node)
+        for (const consumer of datum.consumers) {
+          const node = leases[consumer]?.node
+          if (node !== undefined) nodes.add(node)
+        }
       }
-      return nodes.size > 0 ? [...nodes] : [leases[index]!.node]
+      if (nodes.size > 0) return [...nodes]
+      const own = leases[index]?.node ?? caching?.node
+      return own === undefined ? [] : [own]
     }
 
     // An executor that cannot take its call is not tried again here: the graph is, as a whole and
     // under fresh data ids (see makeDispatch). Every call forwards or consumes data, and a second try
     // under the same ids would find chunks already sent, or sent to a node that is gone.
     const run = async (invocation: TaskInvocationWire, index: number): Promise<CallResult> => {
+      const fromCache = served[index]
+      if (fromCache !== undefined) {
+        const cacheSpan = startSpan(`${invocation.operation} ${invocation.taskId} (cached)`, {
+          parent: span,
+          attributes: { "cornserve.task": invocation.taskId, "cornserve.cache": "hit" }
+        })
+        try {
+          const result = await fromCache({ receivers: receiversOf(index), modalities, signal: controller.signal })
+          cacheSpan.end()
+          return result
+        } catch (error) {
+          cacheSpan.end(error)
+          throw fail(error, invocation.taskId)
+        }
+      }
       const lease = leases[index]!
       const call = executorCalls[invocation.operation]
       if (call === undefined) {
@@ -470,6 +526,7 @@ const dispatchGraphUntraced =
           modalities,
           signal: callSignal.signal,
           ...(callSpan.traceparent === undefined ? {} : { traceparent: callSpan.traceparent }),
+          ...(caching === undefined ? {} : { embeddings: caching }),
           ...(continuation !== undefined && index === graph.invocations.length - 1 ? { continuation } : {})
         })
         if (result.stream === undefined) {
@@ -567,27 +624,60 @@ export class Dispatcher extends Effect.Service<Dispatcher>()("cornserve/Dispatch
   effect: Effect.gen(function* () {
     const taskManagers = yield* TaskManagers
     const agent = yield* NodeAgent
+    const config = yield* ServeConfig
     const { metrics } = yield* PlatformMetrics
-    const dispatch = makeDispatch({
-      observer: metrics.callObserver,
-      task: taskManagers.get,
-      release: (dataIds) => {
-        if (dataIds.length === 0) return
-        // Best effort: data of a sidecar that went away went with it, and its successor's TTL reclaims the rest.
-        void agent
-          .sidecarClient()
-          .then((client) =>
-            Promise.all(
-              dataIds.map((id) =>
-                client.recv(id, 0, { timeoutMs: releaseWaitMs }).then(
-                  () => client.markDone(id),
-                  () => undefined
-                )
+    /** Takes whatever arrived of these data out of this node's sidecar. */
+    const release = (dataIds: ReadonlyArray<string>) => {
+      if (dataIds.length === 0) return
+      // Best effort: data of a sidecar that went away went with it, and its successor's TTL reclaims the rest.
+      void agent
+        .sidecarClient()
+        .then((client) =>
+          Promise.all(
+            dataIds.map((id) =>
+              client.recv(id, 0, { timeoutMs: releaseWaitMs }).then(
+                () => client.markDone(id),
+                () => undefined
               )
             )
           )
-          .catch(() => undefined)
-      },
+        )
+        .catch(() => undefined)
+    }
+    // On one node only: on a cluster, keeping and forwarding an output would take it through the
+    // control plane's node, an extra hop between nodes that may not even reach it.
+    const embeddings: EmbeddingCaching | undefined =
+      config.embeddingCacheBytes === 0 || config.role !== "all"
+        ? undefined
+        : {
+            cache: new EmbeddingCache(config.embeddingCacheBytes, (stats) => metrics.embeddingCacheSize(stats)),
+            node: agent.nodeId,
+            take: (id) =>
+              viaSidecar(async () => {
+                const client = await agent.sidecarClient()
+                const chunks: Array<Payload> = []
+                for (;;) {
+                  const chunk = await client.recv(id, chunks.length, { timeoutMs: cacheTakeWaitMs })
+                  if (chunk === undefined) break
+                  chunks.push(ownedPayload(chunk))
+                }
+                await client.markDone(id)
+                return chunks
+              }),
+            forward: (id, chunks, to) =>
+              viaSidecar(async () => {
+                const client = await agent.sidecarClient()
+                for (const [index, chunk] of chunks.entries())
+                  await client.send(id, chunk, { to, chunk: index, numChunks: chunks.length })
+              }),
+            observe: (taskId, outcome) => metrics.embeddingCacheLookup(taskId, outcome),
+            discard: (ids) => release(ids)
+          }
+    const dispatch = makeDispatch({
+      observer: metrics.callObserver,
+      ...(embeddings === undefined ? {} : { embeddings }),
+      task: taskManagers.get,
+      release,
       sidecarRunning: agent.sidecarRunning,
       onSidecarLost: agent.onSidecarLost
     })

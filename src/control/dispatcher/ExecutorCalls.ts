@@ -4,6 +4,7 @@
  * output. Forwarded data never passes through here: only its ids, which name what the executors
  * send and take through the sidecar.
  */
+import { randomUUID } from "node:crypto"
 import { Array as Arr, Either, ParseResult, Schema } from "effect"
 import { EncoderConfig, EncoderInput } from "../../app-runtime/tasks/EncoderTask.js"
 import { AudioGeneratorInput, ImageGeneratorInput } from "../../app-runtime/tasks/GeneratorTask.js"
@@ -22,6 +23,8 @@ import {
 } from "../../executors/llm/api.js"
 import { DispatchFailed, InvalidTaskGraph, TaskInputRejected, TaskUnavailable } from "../errors.js"
 import { responseLines } from "../ResponseLines.js"
+import type { Payload } from "../../sidecar/SidecarClient.js"
+import { cachedEmbedding, type EmbeddingCache, embeddingKey } from "./EmbeddingCache.js"
 import { type ExecutorAnswer, postJson } from "./ExecutorHttp.js"
 
 export interface CallContext {
@@ -34,6 +37,46 @@ export interface CallContext {
   readonly continuation?: ReadonlyArray<number>
   /** The call's span, as the executor's parent (W3C trace context). */
   readonly traceparent?: string
+  /** Encoder calls: the cache of encoder outputs, when the platform keeps one. */
+  readonly embeddings?: EmbeddingCaching
+}
+
+/** What an encoder call needs to use the cache of encoder outputs. */
+export interface EmbeddingCaching {
+  readonly cache: EmbeddingCache
+  /** This node: an item to be cached is sent here by the encoder, then forwarded. */
+  readonly node: string
+  /** Every chunk of a transfer, taken out of this node's sidecar into memory of its own. */
+  readonly take: (id: string) => Promise<ReadonlyArray<Payload>>
+  /** Sends chunks as one transfer to the nodes, as the encoder would have. */
+  readonly forward: (id: string, chunks: ReadonlyArray<Payload>, to: ReadonlyArray<string>) => Promise<void>
+  /** Takes whatever arrived of these transfers out of this node's sidecar (a call that failed or was cancelled). */
+  readonly discard: (ids: ReadonlyArray<string>) => void
+  /** Each cacheable item's lookup, for the metrics. */
+  readonly observe: (taskId: string, outcome: "hit" | "miss") => void
+}
+
+/**
+ * An encoder invocation whose items are all in the cache, served from it: the cached chunks are
+ * forwarded under the invocation's ids and no encoder is called. Undefined when one is not there.
+ */
+export const embedFromCache = (
+  invocation: TaskInvocationWire,
+  caching: EmbeddingCaching
+): ((context: CallContext) => Promise<CallResult>) | undefined => {
+  if (invocation.operation !== "embed") return undefined
+  const { config, input, output } = decodeEncoderCall(invocation)
+  if (input.urls.length !== output.embeddings.length) return undefined
+  const keys = input.urls.map((itemUrl) => embeddingKey(invocation.taskId, config.modality, itemUrl))
+  if (!keys.every((key) => key !== undefined && caching.cache.has(key))) return undefined
+  const hits = keys.map((key) => caching.cache.get(key!)!)
+  for (const _ of hits) caching.observe(invocation.taskId, "hit")
+  return async (context) => {
+    await Promise.all(
+      hits.map((hit, index) => caching.forward(output.embeddings[index]!, hit.chunks, context.receivers))
+    )
+    return { output: invocation.output }
+  }
 }
 
 export interface CallResult {
@@ -172,6 +215,10 @@ export const producedModalities = (invocations: ReadonlyArray<TaskInvocationWire
       })
   )
 
+/**
+ * An encoder call. With the cache: items in it are forwarded from it; the others go to the encoder,
+ * those with a key (a `data:` URL) sent to this node to be cached and forwarded from here.
+ */
 const embed = async (url: string, invocation: TaskInvocationWire, context: CallContext): Promise<CallResult> => {
   const { config, input, output } = decodeEncoderCall(invocation)
   if (input.urls.length !== output.embeddings.length) {
@@ -179,18 +226,46 @@ const embed = async (url: string, invocation: TaskInvocationWire, context: CallC
       message: `task ${invocation.taskId} embeds ${input.urls.length} media into ${output.embeddings.length} embeddings`
     })
   }
-  const body: EmbeddingsRequest = {
-    items: Arr.zipWith(output.embeddings, input.urls, (id, itemUrl) => ({
-      id,
+  const caching = context.embeddings
+  const items = Arr.zipWith(output.embeddings, input.urls, (id, itemUrl) => {
+    const key = caching === undefined ? undefined : embeddingKey(invocation.taskId, config.modality, itemUrl)
+    const hit = key === undefined ? undefined : caching!.cache.get(key)
+    if (key !== undefined) caching!.observe(invocation.taskId, hit === undefined ? "miss" : "hit")
+    return { id, url: itemUrl, key, hit, capture: key === undefined || hit !== undefined ? undefined : randomId() }
+  })
+  const forwarded = items.flatMap((item) =>
+    item.hit === undefined ? [] : [caching!.forward(item.id, item.hit.chunks, context.receivers)]
+  )
+  const missing = items.filter((item) => item.hit === undefined)
+  if (missing.length > 0) {
+    const requested = missing.map((item) => ({
+      id: item.capture ?? item.id,
       modality: config.modality,
-      url: itemUrl
-    })),
-    receivers: context.receivers,
-    return: "sidecar"
+      url: item.url,
+      ...(item.capture === undefined ? {} : { receivers: [caching!.node] })
+    }))
+    if (!Arr.isNonEmptyArray(requested)) throw new InvalidTaskGraph({ message: "an encoder call with no items" })
+    const body: EmbeddingsRequest = { items: requested, receivers: context.receivers, return: "sidecar" }
+    const captures = missing.flatMap((item) => (item.capture === undefined ? [] : [item.capture]))
+    try {
+      decodeAnswer(EmbeddingsResponse)(await (await post(`${url}/embeddings`, EmbeddingsRequest, body, context)).json())
+      for (const item of missing) {
+        if (item.capture === undefined) continue
+        const chunks = await caching!.take(item.capture)
+        caching!.cache.set(item.key!, cachedEmbedding(chunks))
+        forwarded.push(caching!.forward(item.id, chunks, context.receivers))
+      }
+    } catch (error) {
+      // What the encoder sent here for the cache would otherwise stay in the sidecar until its TTL.
+      if (captures.length > 0) caching!.discard(captures)
+      throw error
+    }
   }
-  decodeAnswer(EmbeddingsResponse)(await (await post(`${url}/embeddings`, EmbeddingsRequest, body, context)).json())
+  await Promise.all(forwarded)
   return { output: invocation.output }
 }
+
+const randomId = () => randomUUID().replaceAll("-", "")
 
 const ChatInput = Schema.extend(
   OpenAIChatRequest,

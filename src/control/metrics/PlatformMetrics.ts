@@ -5,9 +5,10 @@
  * request for an unknown app counts under app=""), so that a client cannot grow the series.
  */
 import { Effect } from "effect"
-import { Counter, Histogram, Registry } from "prom-client"
+import { Counter, Gauge, Histogram, Registry } from "prom-client"
 import type { RequestObserver } from "../app-manager/AppDriver.js"
 import type { CallObserver } from "../dispatcher/Dispatcher.js"
+import type { EmbeddingCacheStats } from "../dispatcher/EmbeddingCache.js"
 
 /** From half a millisecond (the gateway's own overhead) to a minute (a long generation). */
 const latencyBuckets = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]
@@ -95,6 +96,32 @@ export class Metrics {
     ["app"],
     overheadBuckets
   )
+
+  private readonly cacheLookups = new Counter({
+    name: "cornserve_embedding_cache_lookups_total",
+    help: "Media items an encoder task was asked to embed that the cache of encoder outputs could hold (data: URLs), by task and result (hit: forwarded from the cache, the encoder not called; miss).",
+    labelNames: ["task", "result"] as const,
+    registers: [this.registry]
+  })
+  private readonly cacheBytes = new Gauge({
+    name: "cornserve_embedding_cache_bytes",
+    help: "Bytes of encoder outputs the cache holds (bounded by --embedding-cache-bytes).",
+    registers: [this.registry]
+  })
+  private readonly cacheEntries = new Gauge({
+    name: "cornserve_embedding_cache_entries",
+    help: "Encoder outputs the cache holds.",
+    registers: [this.registry]
+  })
+
+  /** The cache of encoder outputs: each lookup, and its size after each change. */
+  embeddingCacheLookup(task: string, result: "hit" | "miss"): void {
+    this.cacheLookups.inc({ task, result })
+  }
+  embeddingCacheSize(stats: EmbeddingCacheStats): void {
+    this.cacheBytes.set(stats.bytes)
+    this.cacheEntries.set(stats.entries)
+  }
 
   /** What the dispatcher reports of its executor calls goes into these metrics. */
   readonly callObserver: CallObserver = {

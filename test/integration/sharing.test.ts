@@ -1,16 +1,26 @@
 /**
- * Shared CPU devices against the real binary: `cornserve serve` with no flags (one single-thread
- * CPU device per core) registers every example app, whose five tasks share the devices when there
- * are fewer devices than tasks, and every app answers. Each executor is started with its share of
- * its device's threads.
+ * What apps share, against the real binary. Devices: `cornserve serve` with no flags (one
+ * single-thread CPU device per core) registers every example app, whose five tasks share the
+ * devices when there are fewer devices than tasks, and every app answers; each executor is started
+ * with its share of its device's threads. Encoder outputs: an image sent again, by the same app or
+ * another one using the same encoder, is forwarded from the cache and the encoder is not called.
  */
 import { mkdtemp, rm } from "node:fs/promises"
+import sharp from "sharp"
 import { availableParallelism, tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { chatRequest, streamedText } from "../support/colorChatRequest.js"
 import { descendants } from "../support/executors.js"
-import { invoke, removeStateDir, repoRoot, runCli, type RunningPlatform, startPlatform } from "../support/platform.js"
+import {
+  eventually,
+  invoke,
+  removeStateDir,
+  repoRoot,
+  runCli,
+  type RunningPlatform,
+  startPlatform
+} from "../support/platform.js"
 
 interface DeviceRow {
   readonly id: string
@@ -20,7 +30,35 @@ interface DeviceRow {
   readonly tasks: ReadonlyArray<string>
 }
 
-describe("shared CPU devices", () => {
+/** A chat request for color_chat and color_studio with a solid 8x8 image. */
+const solidImageRequest = async (r: number, g: number, b: number) => {
+  const png = await sharp({ create: { width: 8, height: 8, channels: 3, background: { r, g, b } } })
+    .png()
+    .toBuffer()
+  return JSON.stringify({
+    messages: [
+      {
+        role: "user",
+        content: [
+          { type: "text", text: "What colour is this?" },
+          { type: "image_url", image_url: { url: `data:image/png;base64,${png.toString("base64")}` } }
+        ]
+      }
+    ],
+    max_tokens: 8
+  })
+}
+
+/** One sample of the gateway's /metrics, by its name and labels as written. */
+const metricValue = async (url: string, pattern: RegExp): Promise<number> => {
+  const text = await (await fetch(`${url}/metrics`)).text()
+  return text
+    .split("\n")
+    .filter((line) => pattern.test(line))
+    .reduce((sum, line) => sum + Number(line.slice(line.lastIndexOf(" ") + 1)), 0)
+}
+
+describe("shared CPU devices, shared encoder outputs", () => {
   let platform: RunningPlatform
   let modelDir: string
   let env: Record<string, string>
@@ -80,5 +118,38 @@ describe("shared CPU devices", () => {
     expect(nodes.code, nodes.stderr).toBe(0)
     const shared = devices.find((device) => device.tasks.length > 1)
     if (shared !== undefined) expect(nodes.stdout).toContain(`${shared.id} (${shared.tasks.join(", ")})`)
+  })
+
+  it("forwards an image sent again from the cache of encoder outputs, to any app using the encoder", async () => {
+    const imageEncoderCalls = () =>
+      metricValue(platform.url, /^cornserve_executor_call_seconds_count\{task="encoder-[^"]*",operation="embed"/)
+    const lookups = (result: string) =>
+      metricValue(platform.url, new RegExp(`^cornserve_embedding_cache_lookups_total\\{.*result="${result}"`))
+    const blue = await solidImageRequest(20, 30, 235)
+    const calls = await imageEncoderCalls()
+    const [hits, misses] = [await lookups("hit"), await lookups("miss")]
+
+    expect(await streamedText(await invoke(platform.url, "color_chat", blue))).toBe("blue")
+    expect(await imageEncoderCalls()).toBe(calls + 1)
+    expect(await lookups("miss")).toBe(misses + 1)
+
+    // The same bytes again: the same answer, and no encoder call.
+    expect(await streamedText(await invoke(platform.url, "color_chat", blue))).toBe("blue")
+    expect(await imageEncoderCalls()).toBe(calls + 1)
+    expect(await lookups("hit")).toBe(hits + 1)
+    // Another app on the same encoder task finds it too.
+    const studio = await invoke(platform.url, "color_studio", blue)
+    expect(((await studio.json()) as { colour: string }).colour).toBe("blue")
+    expect(await imageEncoderCalls()).toBe(calls + 1)
+    expect(await lookups("hit")).toBe(hits + 2)
+
+    expect(await metricValue(platform.url, /^cornserve_embedding_cache_entries /)).toBeGreaterThan(0)
+    expect(await metricValue(platform.url, /^cornserve_embedding_cache_bytes /)).toBeGreaterThan(0)
+    // Nothing of it stays in the sidecar: the copies taken for the cache and the forwards were all released.
+    expect(await (await fetch(`${platform.url}/metrics`)).text()).toMatch(/^cornserve_sidecar_transfers_active\{/m)
+    await eventually(async () =>
+      (await metricValue(platform.url, /^cornserve_sidecar_transfers_active\{/)) === 0 ? true : undefined
+    )
+    expect(await metricValue(platform.url, /^cornserve_sidecar_bytes_in_use\{/)).toBe(0)
   })
 })
