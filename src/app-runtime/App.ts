@@ -27,6 +27,9 @@ export interface AppDefinition<Req, ReqEncoded, Res, ResEncoded> {
    * Admission control: how many requests may run at once, how many more may wait for a turn, and for
    * how long (default 10 s). A request over the limit is answered 429 at once, one that waited too
    * long 503; both with Retry-After. Registration may override each (`app register --max-concurrency`).
+   * On tasks it shares with other apps: its `weight` against theirs (default 1; an executor's queue
+   * serves the apps by weighted fair queuing), and `maxCallsPerTask`, the calls it may have in flight
+   * to any one task (more wait their turn at the dispatcher).
    */
   readonly admission?: AdmissionSettings
 }
@@ -35,6 +38,8 @@ export interface AdmissionSettings {
   readonly maxConcurrency?: number
   readonly maxQueue?: number
   readonly queueTimeoutMs?: number
+  readonly weight?: number
+  readonly maxCallsPerTask?: number
 }
 
 export const AppTypeId: unique symbol = Symbol.for("cornserve/App") as any
@@ -79,6 +84,11 @@ export const admissionProblems = (limits: unknown, where: string): Array<string>
   check("maxConcurrency", 1)
   check("maxQueue", 0)
   check("queueTimeoutMs", 1)
+  check("maxCallsPerTask", 1)
+  const weight = (limits as Record<string, unknown>).weight
+  if (weight !== undefined && !(typeof weight === "number" && weight > 0 && weight <= 1000)) {
+    problems.push(`\`${where}.weight\` must be a number above 0, at most 1000`)
+  }
   return problems
 }
 

@@ -61,7 +61,13 @@ export const registerApp = (
   file: string,
   name: string | undefined,
   replace: boolean,
-  admission?: { readonly maxConcurrency?: number; readonly maxQueue?: number; readonly queueTimeoutMs?: number }
+  admission?: {
+    readonly maxConcurrency?: number
+    readonly maxQueue?: number
+    readonly queueTimeoutMs?: number
+    readonly weight?: number
+    readonly maxCallsPerTask?: number
+  }
 ) =>
   Effect.gen(function* () {
     const source = yield* Effect.tryPromise({

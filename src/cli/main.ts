@@ -319,13 +319,25 @@ const register = Command.make(
       Options.withDescription("Seconds a queued request may wait before it gets 503 (default 10)."),
       Options.optional
     ),
+    weight: Options.float("weight").pipe(
+      Options.withDescription(
+        "The app's share of tasks it shares with other apps, against theirs (default 1): executors serve apps by weighted fair queuing."
+      ),
+      Options.optional
+    ),
+    maxCallsPerTask: Options.integer("max-calls-per-task").pipe(
+      Options.withDescription("Calls the app may have in flight to any one task; more wait at the dispatcher."),
+      Options.optional
+    ),
     gateway: gatewayOption
   },
-  ({ file, name, replace, maxConcurrency, maxQueue, queueTimeout, gateway }) => {
+  ({ file, name, replace, maxConcurrency, maxQueue, queueTimeout, weight, maxCallsPerTask, gateway }) => {
     const admission = {
       ...Option.match(maxConcurrency, { onNone: () => ({}), onSome: (value) => ({ maxConcurrency: value }) }),
       ...Option.match(maxQueue, { onNone: () => ({}), onSome: (value) => ({ maxQueue: value }) }),
-      ...Option.match(queueTimeout, { onNone: () => ({}), onSome: (value) => ({ queueTimeoutMs: value * 1000 }) })
+      ...Option.match(queueTimeout, { onNone: () => ({}), onSome: (value) => ({ queueTimeoutMs: value * 1000 }) }),
+      ...Option.match(weight, { onNone: () => ({}), onSome: (value) => ({ weight: value }) }),
+      ...Option.match(maxCallsPerTask, { onNone: () => ({}), onSome: (value) => ({ maxCallsPerTask: value }) })
     }
     return registerApp(
       target(gateway),

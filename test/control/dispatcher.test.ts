@@ -418,7 +418,7 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
     })
     const timing = { dispatches: new BusyClock(), executors: new BusyClock() }
     const began = performance.now()
-    const outcome = await observed(graph, "request-observed", requestSignal(), timing)
+    const outcome = await observed(graph, "request-observed", requestSignal(), { timing })
     for await (const _ of outcome.stream!) {
       // drained
     }

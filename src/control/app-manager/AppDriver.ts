@@ -42,16 +42,30 @@ export interface DispatchOutcome {
   readonly stream?: AsyncIterable<unknown>
 }
 
-/**
- * Runs a recorded graph for the app (the task dispatcher), counting its time inside executors in
- * `timing`; its spans are children of `span`, the request's span in the app.
- */
+/** An app's claim on the tasks it shares with others: its weight, and its limit on calls per task. */
+export interface AppShare {
+  readonly app: string
+  /** Its share of a shared task's executors against the other apps' (default 1). */
+  readonly weight: number
+  /** Calls it may have in flight to one task; more wait at the dispatcher. */
+  readonly maxCallsPerTask?: number
+}
+
+/** What a request's dispatches carry besides the graph. */
+export interface DispatchRequest {
+  /** Counts the request's time inside executors. */
+  readonly timing?: RequestTiming
+  /** The request's span in the app: the dispatches' spans are its children. */
+  readonly span?: Span
+  readonly share?: AppShare
+}
+
+/** Runs a recorded graph for the app (the task dispatcher). */
 export type GraphDispatcher = (
   graph: TaskGraphWire,
   requestId: string,
   signal: AbortSignal,
-  timing?: RequestTiming,
-  span?: Span
+  request?: DispatchRequest
 ) => Promise<DispatchOutcome>
 
 /** Told where each request's time went once it ends (for the metrics). */
@@ -100,6 +114,8 @@ const watchdogPeriodMs = 1_000
 export class AppDriver {
   /** Who may run now, who waits, who is refused: set from the app's settings once it has loaded. */
   admission = new Admission(unlimitedAdmission)
+  /** Its claim on shared tasks: set from the app's settings once it has loaded. */
+  share: AppShare = { app: "", weight: 1 }
   private worker!: AppProcess
   private readonly replies = new Map<number, ReplyHandlers>()
   /** What arrived and left of each streaming request's lines, to give the app room as they leave. */
@@ -458,11 +474,16 @@ export class AppDriver {
     const controller = new AbortController()
     this.dispatches.set(did, controller)
     const request = this.clocksById.get(requestId)
+    if (this.share.app === "") this.share = { ...this.share, app: this.appId }
     if (request !== undefined) request.timing ??= { dispatches: new BusyClock(), executors: new BusyClock() }
     const clock = request?.timing
     clock?.dispatches.enter()
     try {
-      const outcome = await this.dispatch(graph, requestId, controller.signal, clock, request?.span)
+      const outcome = await this.dispatch(graph, requestId, controller.signal, {
+        ...(clock === undefined ? {} : { timing: clock }),
+        ...(request === undefined ? {} : { span: request.span }),
+        share: this.share
+      })
       if (controller.signal.aborted) return
       this.post({ t: "dispatched", did, outputs: outcome.outputs, streams: outcome.stream !== undefined })
       if (outcome.stream !== undefined) {

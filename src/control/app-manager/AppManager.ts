@@ -16,7 +16,7 @@ import {
 } from "../errors.js"
 import { ResourceManager } from "../resource-manager/ResourceManager.js"
 import { ServeConfig } from "../ServeConfig.js"
-import { AppDriver, type GraphDispatcher } from "./AppDriver.js"
+import { AppDriver, type AppShare, type GraphDispatcher } from "./AppDriver.js"
 import { type AdmissionOverride, AppStore } from "./AppStore.js"
 import { type AdmissionSettings, admissionProblems } from "../../app-runtime/App.js"
 import { Admission, type AdmissionLimits, unlimitedAdmission } from "../gateway/Admission.js"
@@ -81,6 +81,20 @@ const admissionLimits = (
   }
 }
 
+/** An app's claim on the tasks it shares: the registration's settings over the app's own. */
+const appShare = (
+  app: string,
+  own: AdmissionSettings | undefined,
+  override: AdmissionOverride | undefined
+): AppShare => {
+  const maxCallsPerTask = override?.maxCallsPerTask ?? own?.maxCallsPerTask
+  return {
+    app,
+    weight: override?.weight ?? own?.weight ?? 1,
+    ...(maxCallsPerTask === undefined ? {} : { maxCallsPerTask })
+  }
+}
+
 const appNamePattern = /^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$/
 
 const summarize = (entry: AppEntry): AppSummary => ({
@@ -114,8 +128,8 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
     const pending = new Set<string>()
 
     const log = (message: string) => Runtime.runSync(runtime)(Effect.logWarning(message))
-    const dispatch: GraphDispatcher = (graph, requestId, signal, timing, span) =>
-      dispatcher.dispatch(graph, requestId, signal, timing, span)
+    const dispatch: GraphDispatcher = (graph, requestId, signal, request) =>
+      dispatcher.dispatch(graph, requestId, signal, request)
 
     yield* Effect.addFinalizer(() =>
       Effect.gen(function* () {
@@ -165,6 +179,7 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
           return yield* new InvalidApp({ message: `the app's ${problems.join("; ")}` })
         }
         started.driver.admission = new Admission(admissionLimits(started.loaded.admission, admission))
+        started.driver.share = appShare(name, started.loaded.admission, admission)
         return {
           id: name,
           source,

@@ -7,7 +7,9 @@ import { ServeConfig } from "../ServeConfig.js"
 export const AdmissionOverride = Schema.Struct({
   maxConcurrency: Schema.optional(Schema.Int.pipe(Schema.greaterThanOrEqualTo(1))),
   maxQueue: Schema.optional(Schema.Int.pipe(Schema.greaterThanOrEqualTo(0))),
-  queueTimeoutMs: Schema.optional(Schema.Int.pipe(Schema.greaterThanOrEqualTo(1)))
+  queueTimeoutMs: Schema.optional(Schema.Int.pipe(Schema.greaterThanOrEqualTo(1))),
+  weight: Schema.optional(Schema.Number.pipe(Schema.greaterThan(0), Schema.lessThanOrEqualTo(1000))),
+  maxCallsPerTask: Schema.optional(Schema.Int.pipe(Schema.greaterThanOrEqualTo(1)))
 })
 export type AdmissionOverride = typeof AdmissionOverride.Type
 

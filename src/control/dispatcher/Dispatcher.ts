@@ -4,7 +4,8 @@ import type { DispatchFailure } from "../../app-runtime/driver/protocol.js"
 import { collectDataForwards, dataForwardId, renameDataForwards } from "../../app-runtime/tasks/DataForward.js"
 import type { TaskGraphWire, TaskInvocationWire } from "../../app-runtime/tasks/TaskGraph.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
-import type { DispatchOutcome } from "../app-manager/AppDriver.js"
+import type { AppShare, DispatchOutcome, DispatchRequest } from "../app-manager/AppDriver.js"
+import { CallPermits } from "./CallPermits.js"
 import { DispatchFailed, InvalidTaskGraph, RequestCancelled, TaskInputRejected, TaskUnavailable } from "../errors.js"
 import type { LlmChunk } from "../../executors/llm/api.js"
 import { type ExecutorLease, type TaskManager, TaskManagers } from "../task-manager/TaskManagers.js"
@@ -13,7 +14,7 @@ import { PlatformMetrics } from "../metrics/PlatformMetrics.js"
 import { ServeConfig } from "../ServeConfig.js"
 import type { Payload } from "../../sidecar/SidecarClient.js"
 import { EmbeddingCache, ownedPayload } from "./EmbeddingCache.js"
-import type { BusyClock, RequestTiming } from "../metrics/BusyClock.js"
+import type { BusyClock } from "../metrics/BusyClock.js"
 import { type Span, startSpan } from "../../tracing/Tracing.js"
 import {
   type CallResult,
@@ -235,10 +236,9 @@ export const makeDispatch = (environment: DispatchEnvironment) => {
     graph: TaskGraphWire,
     requestId: string,
     signal: AbortSignal,
-    timing?: RequestTiming,
-    span?: Span
+    request: DispatchRequest = {}
   ): Promise<DispatchOutcome> => {
-    const context: RequestContext = { inside: timing?.executors, span }
+    const context: RequestContext = { inside: request.timing?.executors, span: request.span, share: request.share }
     // The executors the first try leased: its second avoids them where their task has others (one
     // on a node just lost may still look healthy when its call was cut short by another's failure).
     const tried = new Map<number, string>()
@@ -294,13 +294,20 @@ interface RequestContext {
   readonly inside: BusyClock | undefined
   /** The request's span in the app: each run of the graph is a child. */
   readonly span: Span | undefined
+  /** Its app's claim on shared tasks: sent to the executors (fair queuing), and its limit per task. */
+  readonly share: AppShare | undefined
   /** Why this run is a second one. */
   readonly retry?: "unavailable"
 }
 
-/** Runs of a graph, each one span (`dispatch`) from its first lease to its last call's end or stream's end. */
+/**
+ * Runs of a graph, each one span (`dispatch`) from its first lease to its last call's end or
+ * stream's end; a run of an app with a limit on its calls per task first takes its permits, and
+ * gives them back at the same end.
+ */
 const dispatchGraphWith = (environment: DispatchEnvironment) => {
   const dispatchGraph = dispatchGraphUntraced(environment)
+  const permits = new CallPermits()
   return async (
     graph: TaskGraphWire,
     requestId: string,
@@ -317,26 +324,49 @@ const dispatchGraphWith = (environment: DispatchEnvironment) => {
         "cornserve.dispatch.continuation_tokens": continuation?.length
       }
     })
-    if (!span.recording) return dispatchGraph(graph, requestId, signal, { ...context, span }, tried, continuation)
+    const limit = context.share?.maxCallsPerTask
+    let releasePermits = () => {}
+    if (limit !== undefined) {
+      const waiting = startSpan("wait for the app's calls per task", { parent: span })
+      try {
+        releasePermits = await permits.acquire(
+          context.share!.app,
+          graph.invocations.map((invocation) => invocation.taskId),
+          limit,
+          signal
+        )
+        waiting.end()
+      } catch (error) {
+        waiting.end(error)
+        span.end(error)
+        throw signal.aborted ? new RequestCancelled({ requestId }) : error
+      }
+    }
+    if (!span.recording && limit === undefined)
+      return dispatchGraph(graph, requestId, signal, { ...context, span }, tried, continuation)
+    const finish = (error?: unknown) => {
+      releasePermits()
+      span.end(error)
+    }
     try {
       const outcome = await dispatchGraph(graph, requestId, signal, { ...context, span }, tried, continuation)
       if (outcome.stream === undefined) {
-        span.end()
+        finish()
         return outcome
       }
       return {
         ...outcome,
         stream: passThrough(
           outcome.stream,
-          () => span.end(),
+          () => finish(),
           (error) => {
-            span.end(error)
+            finish(error)
             throw error
           }
         )
       }
     } catch (error) {
-      span.end(error)
+      finish(error)
       throw error
     }
   }
@@ -348,7 +378,7 @@ const dispatchGraphUntraced =
     graph: TaskGraphWire,
     requestId: string,
     signal: AbortSignal,
-    { inside, span }: RequestContext,
+    { inside, span, share }: RequestContext,
     /** Invocation index → the executor a previous try leased for it (avoided now, and set to this try's). */
     tried: Map<number, string>,
     /** Tokens of the last (chat) invocation its client has seen already, when it goes on from a failure. */
@@ -527,6 +557,7 @@ const dispatchGraphUntraced =
           signal: callSignal.signal,
           ...(callSpan.traceparent === undefined ? {} : { traceparent: callSpan.traceparent }),
           ...(caching === undefined ? {} : { embeddings: caching }),
+          ...(share === undefined ? {} : { share: { app: share.app, weight: share.weight } }),
           ...(continuation !== undefined && index === graph.invocations.length - 1 ? { continuation } : {})
         })
         if (result.stream === undefined) {

@@ -24,6 +24,7 @@ import {
 import { DispatchFailed, InvalidTaskGraph, TaskInputRejected, TaskUnavailable } from "../errors.js"
 import { responseLines } from "../ResponseLines.js"
 import type { Payload } from "../../sidecar/SidecarClient.js"
+import { type Share, shareHeaders } from "../../executors/common/FairShare.js"
 import { cachedEmbedding, type EmbeddingCache, embeddingKey } from "./EmbeddingCache.js"
 import { type ExecutorAnswer, postJson } from "./ExecutorHttp.js"
 
@@ -39,6 +40,8 @@ export interface CallContext {
   readonly traceparent?: string
   /** Encoder calls: the cache of encoder outputs, when the platform keeps one. */
   readonly embeddings?: EmbeddingCaching
+  /** The app the call is for and its weight: an executor's queue is fair between apps. */
+  readonly share?: Share
 }
 
 /** What an encoder call needs to use the cache of encoder outputs. */
@@ -168,16 +171,14 @@ const post = async <A, I>(
   url: string,
   schema: Schema.Schema<A, I>,
   body: A,
-  { signal, traceparent }: CallContext
+  { signal, traceparent, share }: CallContext
 ): Promise<ExecutorAnswer> => {
   let response: ExecutorAnswer
   try {
-    response = await postJson(
-      url,
-      JSON.stringify(Schema.encodeSync(schema)(body)),
-      signal,
-      traceparent === undefined ? undefined : { traceparent }
-    )
+    response = await postJson(url, JSON.stringify(Schema.encodeSync(schema)(body)), signal, {
+      ...(traceparent === undefined ? {} : { traceparent }),
+      ...(share === undefined ? {} : { [shareHeaders.app]: share.app, [shareHeaders.weight]: String(share.weight) })
+    })
   } catch (error) {
     if (signal.aborted) throw error
     throw new TaskUnavailable({

@@ -206,7 +206,8 @@ export const runEngine = (config: ExecutorConfig) =>
           !scheduler.enqueue(
             message.id,
             message.items.map((item) => ({ key: item.key, payload: item })),
-            Date.now()
+            Date.now(),
+            message.items[0]?.share
           )
         ) {
           void sendRouter({ t: "failed", id: message.id, status: 503, message: "the executor's queue is full" })

@@ -20,6 +20,8 @@ import { type HealthReport, healthWatchPeriodMs } from "./Health.js"
 import { type AnsweredError, answeredErrorOf, type ErrorBody, RouteNotFound } from "./errors.js"
 import type { ExecutorConfig } from "./ExecutorConfig.js"
 import { ThreadPool } from "./ThreadPool.js"
+import { defaultShare, type Share, shareOfHeaders } from "./FairShare.js"
+import type { WorkItemContext } from "./wire.js"
 
 export interface RouterContext {
   readonly config: ExecutorConfig
@@ -71,27 +73,47 @@ export class RequestSpan extends Context.Reference<RequestSpan>()("cornserve/exe
   defaultValue: (): Span => noSpan
 }) {}
 
+/** The app whose call a route handler serves, and its weight, as the dispatcher named them. */
+export class RequestShare extends Context.Reference<RequestShare>()("cornserve/executor/RequestShare", {
+  defaultValue: (): Share => defaultShare
+}) {}
+
+/** The trace and the share a handler puts on its request's work items. */
+export const workItemContext: Effect.Effect<WorkItemContext> = Effect.map(
+  Effect.all([RequestSpan, RequestShare]),
+  ([span, share]) => ({
+    ...(span.traceparent === undefined ? {} : { trace: span.traceparent }),
+    ...(share === defaultShare ? {} : { share })
+  })
+)
+
 /**
  * Every request but the health and info probes is a server span, from its arrival to the end of
- * its answer (a streamed answer's last chunk), failed when the answer is a 5xx.
+ * its answer (a streamed answer's last chunk), failed when the answer is a 5xx; and its app's share
+ * (the dispatcher's headers) is there for its handler.
  */
 const traced = <E, R>(app: HttpApp.Default<E, R>): HttpApp.Default<E, R> =>
   Effect.gen(function* () {
     const request = yield* HttpServerRequest.HttpServerRequest
     const path = request.url.split("?", 1)[0]!
     if (request.method === "GET") return yield* app
+    const share = shareOfHeaders(request.headers)
     const span = startSpan(`${request.method} ${path}`, {
       parent: request.headers.traceparent,
       kind: "server",
       attributes: { "http.request.method": request.method, "http.route": path }
     })
-    if (span === noSpan) return yield* app
+    if (span === noSpan)
+      return yield* share.app === defaultShare.app && share.weight === defaultShare.weight
+        ? app
+        : Effect.provideService(app, RequestShare, share)
     const end = (response: HttpServerResponse.HttpServerResponse) => {
       span.attribute("http.response.status_code", response.status)
       span.end(response.status >= 500 ? { _tag: "ExecutorError", message: `answered ${response.status}` } : undefined)
     }
     const response = yield* app.pipe(
       Effect.provideService(RequestSpan, span),
+      Effect.provideService(RequestShare, share),
       Effect.tapErrorCause((cause) => Effect.sync(() => span.end(cause)))
     )
     const body = response.body

@@ -1,5 +1,6 @@
 /**
- * The executor engine's batching policy, with no I/O: requests wait in FIFO order; a batch takes
+ * The executor engine's batching policy, with no I/O: requests wait in weighted fair order between
+ * the apps that send them (FairShare.ts; in arrival order within an app); a batch takes
  * not-yet-scheduled items in queue order, all with the batch key of the first (for Eric: modality
  * and model adapter; for Geri: the generation parameters), and stops at the first item with another
  * key or at `maxBatchSize`. A request completes when every one of its items is done.
@@ -22,8 +23,12 @@ export interface ScheduledItem<T> {
 
 type ItemState = "queued" | "running" | "done"
 
+import { defaultShare, FairTags, insertByTag, type Share } from "./FairShare.js"
+
 interface QueuedRequest<T> {
   readonly id: string
+  /** Its weighted fair queuing tag: the queue is in tag order. */
+  readonly tag: number
   readonly arrivedAt: number
   readonly items: ReadonlyArray<{ readonly key: string; readonly payload: T }>
   readonly states: Array<ItemState>
@@ -36,6 +41,7 @@ export type Decision<T> =
 
 export class Scheduler<T> {
   private readonly queue: Array<QueuedRequest<T>> = []
+  private readonly tags = new FairTags()
 
   constructor(private readonly limits: SchedulerLimits) {
     if (limits.maxBatchSize < 1) throw new Error("maxBatchSize must be at least 1")
@@ -46,10 +52,16 @@ export class Scheduler<T> {
   }
 
   /** False when the queue is full: the request is refused, not queued. */
-  enqueue(id: string, items: ReadonlyArray<{ readonly key: string; readonly payload: T }>, now: number): boolean {
+  enqueue(
+    id: string,
+    items: ReadonlyArray<{ readonly key: string; readonly payload: T }>,
+    now: number,
+    share: Share = defaultShare
+  ): boolean {
     if (this.queue.length >= this.limits.maxQueuedRequests) return false
     if (this.queue.some((request) => request.id === id)) throw new Error(`request ${id} is already queued`)
-    this.queue.push({ id, arrivedAt: now, items, states: items.map(() => "queued") })
+    const tag = this.tags.tag(share, items.length)
+    insertByTag(this.queue, { id, tag, arrivedAt: now, items, states: items.map(() => "queued") })
     return true
   }
 
@@ -77,7 +89,11 @@ export class Scheduler<T> {
     ) {
       return { _tag: "Wait", ms: this.limits.maxBatchDelayMs - waited }
     }
-    for (const item of items) this.stateOf(item).states[item.index] = "running"
+    for (const item of items) {
+      const request = this.stateOf(item)
+      request.states[item.index] = "running"
+      this.tags.served(request.tag)
+    }
     return { _tag: "Batch", key, items }
   }
 

@@ -1,5 +1,6 @@
 import { Packr } from "msgpackr"
 import type { DType, TensorData } from "../../sidecar/Tensor.js"
+import type { Share } from "./FairShare.js"
 
 /**
  * The one codec for every message between an executor's router, engine and workers. `moreTypes`
@@ -39,7 +40,12 @@ export interface WorkItem<Meta = unknown> {
   readonly meta: Meta
   /** The traceparent of the router's span of its request: the engine's and workers' spans of it are children. */
   readonly trace?: string
+  /** The app that sent its request, and its weight: the engine's queue is fair between apps. */
+  readonly share?: Share
 }
+
+/** What a router puts on each work item of a request besides its work: its trace and its share. */
+export type WorkItemContext = Pick<WorkItem, "trace" | "share">
 
 /** Router → engine. */
 export type ToEngine =

@@ -11,7 +11,7 @@ import { decodeAudioProcessorConfig } from "../../models/AudioProcessor.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { visionProcessorOf } from "../../models/VisionProcessor.js"
 import { NoSidecar, UnsupportedModality } from "../common/errors.js"
-import { errorAnswer, RequestSpan, type RouterKind } from "../common/Router.js"
+import { errorAnswer, RequestSpan, type RouterKind, workItemContext } from "../common/Router.js"
 import { inSpan } from "../../tracing/Tracing.js"
 import type { WorkItem } from "../common/wire.js"
 import { type EmbeddingResult, EmbeddingsRequest } from "./api.js"
@@ -98,6 +98,7 @@ export const routerKind: RouterKind = {
         const inline = body.return === "inline"
         if (!inline && sidecarNode === undefined) return yield* new NoSidecar()
         const span = yield* RequestSpan
+        const itemContext = yield* workItemContext
         const preprocessed = yield* Effect.tryPromise({
           try: () =>
             inSpan("preprocess", { parent: span, attributes: { "cornserve.items": body.items.length } }, () =>
@@ -115,7 +116,7 @@ export const routerKind: RouterKind = {
             inline,
             ...(preprocessed[index]!.grid === undefined ? {} : { grid: preprocessed[index]!.grid })
           } satisfies EricItemMeta,
-          ...(span.traceparent === undefined ? {} : { trace: span.traceparent })
+          ...itemContext
         }))
         const submitted = engine.submit(items)
         const results = yield* Effect.tryPromise({

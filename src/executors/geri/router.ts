@@ -13,7 +13,14 @@ import { RecvTimeout } from "../../sidecar/errors.js"
 import { type Payload, SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import { BadRequest, EmbeddingMissing } from "../common/errors.js"
-import { answeredFailure, errorAnswer, errorBody, RequestSpan, type RouterKind } from "../common/Router.js"
+import {
+  answeredFailure,
+  errorAnswer,
+  errorBody,
+  RequestSpan,
+  type RouterKind,
+  workItemContext
+} from "../common/Router.js"
 import { inSpan } from "../../tracing/Tracing.js"
 import type { WorkItem } from "../common/wire.js"
 import { type AudioChunkLine, type AudioDoneLine, GenerateRequest, type ImageAnswer } from "./api.js"
@@ -145,7 +152,7 @@ export const routerKind: RouterKind = {
         const body = yield* HttpServerRequest.schemaBodyJson(GenerateRequest)
         const ids = typeof body.embeddings === "string" ? [body.embeddings] : body.embeddings
         const span = yield* RequestSpan
-        const traced = span.traceparent === undefined ? {} : { trace: span.traceparent }
+        const traced = yield* workItemContext
         const embeddings = yield* Effect.tryPromise({
           try: () => inSpan("receive embeddings", { parent: span }, () => takeEmbeddings(ids, body.skipTokens)),
           catch: (error) => error

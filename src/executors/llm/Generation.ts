@@ -4,7 +4,7 @@
  * the text to whoever answers the client, a streaming response or a whole one.
  */
 import type { EngineClient } from "../common/EngineClient.js"
-import type { WorkItem } from "../common/wire.js"
+import type { WorkItem, WorkItemContext } from "../common/wire.js"
 import type { FinishReason } from "./api.js"
 import type { GenerateMeta, GenerateResult, TokenPartial } from "./protocol.js"
 import { type Detokenizer, TextStream } from "./TextStream.js"
@@ -44,8 +44,8 @@ export class Generation {
     stops: ReadonlyArray<string>,
     /** Tokens another executor generated already: they are part of the prompt, and their text was said. */
     continued: ReadonlyArray<number> = [],
-    /** The router's span of the request (see WorkItem.trace). */
-    trace?: string
+    /** The request's trace and share (see WorkItem). */
+    itemContext: WorkItemContext = {}
   ) {
     this.started = new Promise((resolve) => (this.markStarted = resolve))
     this.done = new Promise(
@@ -56,7 +56,7 @@ export class Generation {
     this.done.catch(() => undefined)
     const stream = new TextStream(tokenizer, stops)
     for (const token of continued) stream.push(token)
-    const item: WorkItem = { key: meta.op, inputs: {}, meta, ...(trace === undefined ? {} : { trace }) }
+    const item: WorkItem = { key: meta.op, inputs: {}, meta, ...itemContext }
     const submitted = engine.submit([item], (_, value) => {
       if (this.result !== undefined) return
       const token = (value as TokenPartial).token

@@ -1,10 +1,13 @@
 /**
- * The LLM engine's continuous-batching policy, with no I/O. Requests wait in FIFO order; at each
+ * The LLM engine's continuous-batching policy, with no I/O. Requests wait in weighted fair order
+ * between the apps that send them (FairShare.ts; in arrival order within an app); at each
  * step boundary of a device (a lane), waiting requests join its running batch as long as its batch
  * size and KV cache budget allow; a finished or cancelled request leaves and gives its cache back.
  * A request reserves its whole KV cache when it joins (prompt plus the most tokens it may
  * generate), so a running request never runs out of cache and nothing is ever preempted.
  */
+
+import { defaultShare, FairTags, insertByTag, type Share } from "../common/FairShare.js"
 
 export interface ContinuousLimits {
   /** Devices, each with its own batch and cache. */
@@ -31,7 +34,8 @@ interface Lane {
 }
 
 export class ContinuousScheduler {
-  private readonly waiting: Array<{ readonly id: string; readonly tokens: number }> = []
+  private readonly waiting: Array<{ readonly id: string; readonly tokens: number; readonly tag: number }> = []
+  private readonly tags = new FairTags()
   private readonly lanes: ReadonlyArray<Lane>
   private readonly placements = new Map<string, { readonly lane: number; readonly tokens: number }>()
 
@@ -42,17 +46,17 @@ export class ContinuousScheduler {
   }
 
   /** Queues a request that will hold `tokens` cache positions while it runs. */
-  enqueue(id: string, tokens: number): Admission {
+  enqueue(id: string, tokens: number, share: Share = defaultShare): Admission {
     if (tokens > this.limits.kvCacheTokens) return { _tag: "TooLarge", kvCacheTokens: this.limits.kvCacheTokens }
     if (this.waiting.length + this.placements.size >= this.limits.maxQueuedRequests) return { _tag: "QueueFull" }
     if (this.placements.has(id) || this.waiting.some((request) => request.id === id))
       throw new Error(`request ${id} is already queued`)
-    this.waiting.push({ id, tokens })
+    insertByTag(this.waiting, { id, tokens, tag: this.tags.tag(share, 1) })
     return { _tag: "Queued" }
   }
 
   /**
-   * At a step boundary of `lane`: the waiting requests that join it now, oldest first. The queue's
+   * At a step boundary of `lane`: the waiting requests that join it now, in fair order. The queue's
    * head blocks those behind it (no overtaking), and a request goes to the lane with the fewest
    * running requests among those it fits in.
    */
@@ -66,6 +70,7 @@ export class ContinuousScheduler {
       )
       if (this.lanes[lane]!.running.length > fewest) break
       this.waiting.shift()
+      this.tags.served(head.tag)
       this.lanes[lane]!.running.push(head.id)
       this.lanes[lane]!.usedTokens += head.tokens
       this.placements.set(head.id, { lane, tokens: head.tokens })

@@ -24,6 +24,7 @@ import type {
   TokenPartial
 } from "./protocol.js"
 import { ContinuousScheduler } from "./Scheduler.js"
+import type { Share } from "../common/FairShare.js"
 import { startSpan } from "../../tracing/Tracing.js"
 
 /** Wakes every lane that waits for work. */
@@ -105,7 +106,7 @@ export const runEngine = (config: ExecutorConfig) =>
       return { waiting: waiting + embedQueue.length, running, kvCache: { usedTokens, totalTokens }, ...counts }
     }
 
-    const accept = (id: string, meta: LlmRequestMeta, trace: string | undefined) => {
+    const accept = (id: string, meta: LlmRequestMeta, trace: string | undefined, share: Share | undefined) => {
       const received = performance.now()
       switch (meta.op) {
         case "stats":
@@ -118,7 +119,7 @@ export const runEngine = (config: ExecutorConfig) =>
           return wakeup.wakeAll()
         }
         case "generate": {
-          const admission = scheduler.enqueue(id, meta.prompt.inputIds.length + meta.sampling.maxNewTokens)
+          const admission = scheduler.enqueue(id, meta.prompt.inputIds.length + meta.sampling.maxNewTokens, share)
           if (admission._tag === "QueueFull")
             return void sendRouter({ t: "failed", id, status: 503, message: "the executor's queue is full" })
           if (admission._tag === "TooLarge") {
@@ -260,7 +261,10 @@ export const runEngine = (config: ExecutorConfig) =>
         if (message.t === "cancel") cancel(message.id)
         else if (!workers.healthy)
           void sendRouter({ t: "failed", id: message.id, status: 503, message: "the executor is unhealthy" })
-        else accept(message.id, message.items[0]!.meta as LlmRequestMeta, message.items[0]!.trace)
+        else {
+          const item = message.items[0]!
+          accept(message.id, item.meta as LlmRequestMeta, item.trace, item.share)
+        }
       }
     }
 

@@ -17,7 +17,14 @@ import { ChatTemplateError, ChatTokenizer } from "../../models/Tokenizer.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { BadRequest, ContextLengthExceeded, EmptyPrompt, ModelNotFound, NoSidecar } from "../common/errors.js"
 import { checkMediaItemCount } from "../common/media/MediaLimits.js"
-import { answeredFailure, errorAnswer, errorBody, RequestSpan, type RouterKind } from "../common/Router.js"
+import {
+  answeredFailure,
+  errorAnswer,
+  errorBody,
+  RequestSpan,
+  type RouterKind,
+  workItemContext
+} from "../common/Router.js"
 import { inSpan } from "../../tracing/Tracing.js"
 import {
   type ChatCompletion,
@@ -227,7 +234,7 @@ export const routerKind: RouterKind = {
         const meta: GenerateMeta = { op: "generate", prompt, sampling: samplingParams }
         const stops =
           body.stop === undefined || body.stop === null ? [] : typeof body.stop === "string" ? [body.stop] : body.stop
-        const generation = new Generation(engine, meta, tokenizer, stops, continued, span.traceparent)
+        const generation = new Generation(engine, meta, tokenizer, stops, continued, yield* workItemContext)
         const id = `chatcmpl-${randomUUID()}`
         const now = Math.floor(Date.now() / 1000)
 
@@ -337,9 +344,7 @@ export const routerKind: RouterKind = {
           receivers: body.receivers ?? (sidecar === undefined ? [] : [sidecar.nodeId]),
           inline
         }
-        const submitted = engine.submit([
-          { key: meta.op, inputs: {}, meta, ...(span.traceparent === undefined ? {} : { trace: span.traceparent }) }
-        ])
+        const submitted = engine.submit([{ key: meta.op, inputs: {}, meta, ...(yield* workItemContext) }])
         const [result] = (yield* attempt(() => submitted.results).pipe(
           Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id)))
         )) as [EmbedResult]
