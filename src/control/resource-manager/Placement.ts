@@ -257,8 +257,10 @@ interface Candidate {
   readonly closest: string | undefined
 }
 
-const bySpread = (a: Candidate, b: Candidate) =>
-  b.free - a.free || a.own - b.own || (a.node < b.node ? -1 : a.node > b.node ? 1 : 0)
+const byNodeName = (a: { readonly node: string }, b: { readonly node: string }) =>
+  a.node < b.node ? -1 : a.node > b.node ? 1 : 0
+
+const bySpread = (a: Candidate, b: Candidate) => b.free - a.free || a.own - b.own || byNodeName(a, b)
 
 const takeBest = (
   ledger: Ledger,
@@ -335,13 +337,7 @@ const takeShared = (
       affinity: affinityOn(ledger, node, related).affinity
     })
   }
-  candidates.sort(
-    (a, b) =>
-      b.affinity - a.affinity ||
-      a.sharers - b.sharers ||
-      a.own - b.own ||
-      (a.node < b.node ? -1 : a.node > b.node ? 1 : 0)
-  )
+  candidates.sort((a, b) => b.affinity - a.affinity || a.sharers - b.sharers || a.own - b.own || byNodeName(a, b))
   const chosen = candidates[0]
   if (chosen === undefined) return undefined
   const held = ledger.holders.get(chosen.node)!
