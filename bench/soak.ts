@@ -25,6 +25,12 @@
  * process has touched, which can grow without a leak while the allocator reaches parts of the arena
  * it had not used yet; the RssShmem columns tell that growth apart.
  *
+ * Each process's resident set goes up and down as its garbage collector runs (by tens of MiB for
+ * some), so one reading can land anywhere in that swing. The levels compared are therefore peaks:
+ * the highest resident set of each process over the last BENCH_PEAK_WINDOW requests of the warm-up
+ * (sampled every 500 ms, the reading after the warm-up included) against the same over the last
+ * BENCH_PEAK_WINDOW requests of the soak. A leak raises the later peak; the swing does not.
+ *
  * The warm-up is long because a Node process's resident set is not at its working size until V8
  * has collected its old generation once, which it first does when that generation reaches its
  * initial limit: under this load the serve process's heap grows from 36 MB to about 140 MB over
@@ -35,7 +41,7 @@
  * Prints a table, then (as the last line) one JSON object with the figures and the growth ratios.
  *
  * Env: BENCH_REQUESTS (default 10000), BENCH_CONCURRENCY (default 8), BENCH_WARMUP_REQUESTS
- * (default 15000).
+ * (default 15000), BENCH_PEAK_WINDOW (default 3000).
  */
 import type { ChildProcess } from "node:child_process"
 import { mkdtempSync, readdirSync, rmSync, statSync } from "node:fs"
@@ -53,6 +59,8 @@ import { repoRoot, runCli } from "../test/support/platform.js"
 const REQUESTS = envInteger("BENCH_REQUESTS", 10_000, 1)
 const CONCURRENCY = envInteger("BENCH_CONCURRENCY", 8, 1)
 const WARMUP_REQUESTS = envInteger("BENCH_WARMUP_REQUESTS", 15_000, 0)
+const PEAK_WINDOW = envInteger("BENCH_PEAK_WINDOW", 3_000, 0)
+const PEAK_INTERVAL_MS = 500
 /** The target: each resident set at most this ratio of its warm level, the sidecar's gauges back to these values, no error. */
 const TARGET = { maxRssGrowth: 1.1, transfersActive: 0, slotsInUse: 0, bytesInUse: 0, errors: 0 } as const
 
@@ -212,12 +220,52 @@ async function askColour(url: string, signal: AbortSignal): Promise<string | und
 }
 
 /** `total` requests from `concurrency` clients, each sending its next request once it has the last answer. */
+/**
+ * The highest resident set of each process of the platform while it samples, and readings raised
+ * to those peaks.
+ */
+function peakSampler(servePid: number, roles: ReadonlyMap<string, string>) {
+  const key = (sample: ProcessSample) => `${sample.pid}/${sample.startTime}`
+  let peaks = new Map<string, ProcessSample>()
+  let timer: NodeJS.Timeout | undefined
+  const sample = () => {
+    for (const current of sampleProcesses(servePid, roles, APP)) {
+      const peak = peaks.get(key(current))
+      if (peak === undefined || current.rssKiB > peak.rssKiB) peaks.set(key(current), current)
+    }
+  }
+  return {
+    /** Starts a window (forgetting the last one's peaks). */
+    start() {
+      if (timer !== undefined) return
+      peaks = new Map()
+      sample()
+      timer = setInterval(sample, PEAK_INTERVAL_MS)
+    },
+    stop() {
+      clearInterval(timer)
+      timer = undefined
+    },
+    /** Each reading, or the window's peak of its process when that was higher. */
+    raise(readings: ReadonlyArray<ProcessSample>): Array<ProcessSample> {
+      return readings.map((reading) => {
+        const peak = peaks.get(key(reading))
+        return peak !== undefined && peak.rssKiB > reading.rssKiB
+          ? { ...reading, rssKiB: peak.rssKiB, shmemKiB: peak.shmemKiB }
+          : reading
+      })
+    }
+  }
+}
+
 async function closedLoop(
   label: string,
   url: string,
   total: number,
   concurrency: number,
-  signal: AbortSignal
+  signal: AbortSignal,
+  /** Told how many requests are done, after each. */
+  onDone: (done: number) => void = () => undefined
 ): Promise<Phase> {
   const latenciesMs: Array<number> = []
   const errorSamples: Array<string> = []
@@ -237,6 +285,7 @@ async function closedLoop(
         if (errorSamples.length < 5) errorSamples.push(failure)
       }
       done++
+      onDone(done)
       if (done % step === 0 || done === total)
         console.error(`  ${label}: ${done}/${total}, ${errors} errors, ${Math.round(performance.now() - started)} ms`)
     }
@@ -364,14 +413,29 @@ export default async function soakBench(): Promise<void> {
       return { processes, shm: sampleShm(reaper.pids()), sidecar }
     }
 
+    const peaks = peakSampler(servePid, await taskOnDevice(url))
+    const sampleFrom = (total: number) => (done: number) => {
+      if (done >= total - PEAK_WINDOW) peaks.start()
+    }
     console.error(`warm-up: ${WARMUP_REQUESTS} requests at concurrency ${CONCURRENCY}`)
-    const warmup = await closedLoop("warm-up", url, WARMUP_REQUESTS, CONCURRENCY, load.signal)
+    const warmup = await closedLoop(
+      "warm-up",
+      url,
+      WARMUP_REQUESTS,
+      CONCURRENCY,
+      load.signal,
+      sampleFrom(WARMUP_REQUESTS)
+    )
     if (load.signal.aborted) return
-    const warm = await snapshot()
+    const warmReading = await snapshot()
+    const warm = { ...warmReading, processes: peaks.raise(warmReading.processes) }
+    peaks.stop()
     console.error(`soak: ${REQUESTS} requests at concurrency ${CONCURRENCY}`)
-    const phase = await closedLoop("soak", url, REQUESTS, CONCURRENCY, load.signal)
+    const phase = await closedLoop("soak", url, REQUESTS, CONCURRENCY, load.signal, sampleFrom(REQUESTS))
     if (load.signal.aborted) return
-    const end = await snapshot()
+    const endReading = await snapshot()
+    const end = { ...endReading, processes: peaks.raise(endReading.processes) }
+    peaks.stop()
 
     for (const sample of [...warmup.errorSamples, ...phase.errorSamples]) console.error(`  error: ${sample}`)
     const sorted = [...phase.latenciesMs].sort((a, b) => a - b)
@@ -386,7 +450,7 @@ export default async function soakBench(): Promise<void> {
     const meetsTarget = phase.errors === TARGET.errors && sidecarBack && rows.every((row) => row.meetsTarget)
 
     console.log(
-      `soak bench: ${REQUESTS} ${APP} requests at concurrency ${CONCURRENCY} after ${WARMUP_REQUESTS} warm-up requests (${warmup.errors} errors); RSS is VmRSS, shmem its RssShmem part`
+      `soak bench: ${REQUESTS} ${APP} requests at concurrency ${CONCURRENCY} after ${WARMUP_REQUESTS} warm-up requests (${warmup.errors} errors); RSS is the peak VmRSS over the last ${PEAK_WINDOW} requests of each, shmem its RssShmem part`
     )
     printTable(rows)
     console.log(
