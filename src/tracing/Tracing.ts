@@ -16,9 +16,6 @@
  * The code that makes spans is plain: `startSpan` gives a span, or one that records nothing when
  * tracing is off or the client asked not to sample, at the cost of a branch.
  */
-import * as OtlpSerialization from "@effect/opentelemetry/OtlpSerialization"
-import * as OtlpTracer from "@effect/opentelemetry/OtlpTracer"
-import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import { Context, Effect, Exit, Option, type Scope, Tracer } from "effect"
 
 export interface TraceSettings {
@@ -233,6 +230,14 @@ export const traceProcess = (
   Effect.gen(function* () {
     const settings = traceSettingsOf(process.env)
     if (settings === undefined || tracer !== undefined) return
+    // Loaded only when tracing is on: every process of the platform imports this module.
+    const [OtlpSerialization, OtlpTracer, NodeHttpClient] = yield* Effect.promise(() =>
+      Promise.all([
+        import("@effect/opentelemetry/OtlpSerialization"),
+        import("@effect/opentelemetry/OtlpTracer"),
+        import("@effect/platform-node/NodeHttpClient")
+      ])
+    )
     const made = yield* OtlpTracer.make({
       url: settings.url,
       headers: settings.headers,
