@@ -25,12 +25,9 @@
  * Env: BENCH_SECONDS (default 15), BENCH_FLOOD_CLIENTS (default 24), BENCH_FLOOD_LIMIT (default 4),
  * BENCH_WARMUP_SECONDS (default 10).
  */
-import type { ChildProcess } from "node:child_process"
-import { mkdtempSync, rmSync } from "node:fs"
-import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { performance } from "node:perf_hooks"
-import { percentile, platformReaper, round, startPlatform } from "./support/colorChatPlatform.js"
+import { percentile, round, withBenchPlatform } from "./support/colorChatPlatform.js"
 import { chatRequest, outcomeOf } from "../test/support/colorChatRequest.js"
 import { repoRoot, runCli } from "../test/support/platform.js"
 
@@ -98,20 +95,8 @@ const phase = async (url: string, steadyApp: string, flood: boolean) => {
   return { steady: summary(steady, SECONDS), flood: flooding === undefined ? undefined : summary(flooding, SECONDS) }
 }
 
-export default async function main(): Promise<void> {
-  const stateDir = mkdtempSync(join(tmpdir(), "cornserve-bench-fairness-state-"))
-  const modelDir = mkdtempSync(join(tmpdir(), "cornserve-bench-fairness-models-"))
-  const reaper = platformReaper("steady", "fairness")
-  let serve: ChildProcess | undefined
-  try {
-    const platform = await startPlatform({
-      stateDir,
-      modelDir,
-      nodeId: `fairness-${process.pid}`,
-      onSpawn: (child) => {
-        serve = child
-      }
-    })
+export default function main(): Promise<void> {
+  return withBenchPlatform("fairness", "steady", async (platform) => {
     for (const name of ["steady", "flood"]) {
       const registered = await runCli(
         ["app", "register", join(repoRoot, "examples", "color_chat.ts"), "--name", name],
@@ -196,9 +181,5 @@ export default async function main(): Promise<void> {
         meetsTarget
       })
     )
-  } finally {
-    await reaper.stop(serve)
-    rmSync(stateDir, { recursive: true, force: true })
-    rmSync(modelDir, { recursive: true, force: true })
-  }
+  })
 }

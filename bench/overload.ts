@@ -54,15 +54,12 @@
  * (default 90), BENCH_CAPACITY_SECONDS (default 15), BENCH_OVERLOAD_FACTOR (default 10),
  * BENCH_OVERLOAD_SECONDS (default 30).
  */
-import type { ChildProcess } from "node:child_process"
-import { mkdtempSync, rmSync } from "node:fs"
 import http from "node:http"
-import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { performance } from "node:perf_hooks"
 import { setTimeout as sleep } from "node:timers/promises"
 import { ESBUILD_ROLE, type ProcessSample, sampleProcesses, taskOnDevice } from "./support/processes.js"
-import { mib, percentile, platformReaper, round, START_TIMEOUT_MS, startPlatform } from "./support/colorChatPlatform.js"
+import { mib, percentile, round, START_TIMEOUT_MS, withBenchPlatform } from "./support/colorChatPlatform.js"
 import { chatRequest, outcomeOf } from "../test/support/colorChatRequest.js"
 import { repoRoot, runCli } from "../test/support/platform.js"
 
@@ -81,7 +78,6 @@ const TARGET = { maxAcceptedP99Ratio: 2, maxShedP99Ms: 50, otherErrors: 0, maxSe
 
 const APP = "color_chat"
 const INVOKE_PATH = `/app/invoke/${APP}`
-const NODE_ID = `overload-${process.pid}`
 /** Sockets of the load generator: more than the requests it ever has in flight, so that none waits for one. */
 const MAX_SOCKETS = 4_096
 /** How long the overload phase waits for its last answers; those still out then count as errors. */
@@ -461,267 +457,234 @@ function processRows(before: ReadonlyArray<ProcessSample>, after: ReadonlyArray<
 
 // ---------------------------------------------------------------------------------------------
 
-export default async function overloadBench(): Promise<void> {
-  const stateDir = mkdtempSync(join(tmpdir(), "cornserve-bench-overload-"))
-  const modelDir = mkdtempSync(join(tmpdir(), "cornserve-bench-overload-models-"))
-  const load = new AbortController()
+export default function overloadBench(): Promise<void> {
   const agents: Array<http.Agent> = []
   const agent = () => {
     const made = keepAliveAgent()
     agents.push(made)
     return made
   }
-  let serve: ChildProcess | undefined
-  const reaper = platformReaper(APP, "overload")
-  const stopPlatform = () => reaper.stop(serve)
-  const remember = reaper.remember
-
-  let cleaning: Promise<void> | undefined
-  const cleanup = () => {
-    cleaning ??= (async () => {
-      for (const made of agents) made.destroy()
-      await stopPlatform()
-    })().finally(() => {
-      rmSync(stateDir, { recursive: true, force: true })
-      rmSync(modelDir, { recursive: true, force: true })
-    })
-    return cleaning
-  }
-  const onSignal = (signal: NodeJS.Signals) => {
-    console.error(`overload: ${signal}, stopping the platform`)
-    load.abort()
-    void cleanup().finally(() => process.exit(signal === "SIGINT" ? 130 : 143))
-  }
-  process.once("SIGINT", onSignal)
-  process.once("SIGTERM", onSignal)
-
-  try {
-    const platform = await startPlatform({
-      stateDir,
-      modelDir,
-      nodeId: NODE_ID,
-      onSpawn: (child) => {
-        serve = child
-      }
-    })
-    const { url } = platform
-    const gateway = new URL(url)
-    const servePid = platform.child.pid!
-    console.error(
-      `cornserve at ${url}; registering ${APP} with --max-concurrency ${MAX_CONCURRENCY} --max-queue ${MAX_QUEUE} --queue-timeout ${QUEUE_TIMEOUT_SECONDS}`
-    )
-    const registered = await runCli(
-      [
-        "app",
-        "register",
-        "--max-concurrency",
-        String(MAX_CONCURRENCY),
-        "--max-queue",
-        String(MAX_QUEUE),
-        "--queue-timeout",
-        String(QUEUE_TIMEOUT_SECONDS),
-        join(repoRoot, "examples", `${APP}.ts`)
-      ],
-      { CORNSERVE_GATEWAY_URL: url }
-    )
-    if (registered.code !== 0)
-      throw new Error(`registering ${APP} failed: ${registered.stderr}\nplatform output:\n${platform.tail()}`)
-    const ready = await waitForApp(url, APP)
-    const limits = ready.admission
-    if (
-      limits?.maxConcurrency !== MAX_CONCURRENCY ||
-      limits.maxQueue !== MAX_QUEUE ||
-      limits.queueTimeoutMs !== QUEUE_TIMEOUT_SECONDS * 1000
-    )
-      throw new Error(
-        `${APP} runs under admission limits ${JSON.stringify(limits)}, not the ones it was registered with`
-      )
-
-    const snapshot = async () => {
-      const processes = sampleProcesses(servePid, await taskOnDevice(url), APP)
-      remember(processes)
-      return processes
-    }
-
-    // Phase 1: capacity.
-    if (WARMUP_SECONDS > 0) {
-      console.error(`warm-up: ${MAX_CONCURRENCY} clients in a closed loop for ${WARMUP_SECONDS} s`)
-      const warmupAgent = agent()
-      const warmup = await closedLoop(warmupAgent, gateway, MAX_CONCURRENCY, WARMUP_SECONDS, load.signal)
-      warmupAgent.destroy()
-      if (load.signal.aborted) return
+  return withBenchPlatform(
+    "overload",
+    APP,
+    async (platform) => {
+      const { url, signal } = platform
+      const gateway = new URL(url)
+      const servePid = platform.child.pid!
       console.error(
-        `  warm-up: ${warmup.tally.acceptedMs.length} accepted, ${warmup.tally.shedMs.length} shed, ${warmup.tally.errors} errors`
+        `cornserve at ${url}; registering ${APP} with --max-concurrency ${MAX_CONCURRENCY} --max-queue ${MAX_QUEUE} --queue-timeout ${QUEUE_TIMEOUT_SECONDS}`
       )
-    }
-    console.error(`capacity: ${MAX_CONCURRENCY} clients in a closed loop for ${CAPACITY_SECONDS} s`)
-    const capacityAgent = agent()
-    const capacityRun = await closedLoop(capacityAgent, gateway, MAX_CONCURRENCY, CAPACITY_SECONDS, load.signal)
-    capacityAgent.destroy()
-    if (load.signal.aborted) return
-    const capacity = capacityRun.tally
-    const capacityRps = round(capacity.acceptedMs.length / (capacityRun.elapsedMs / 1000), 2)
-    const capacityStats = latencyStats(capacity.acceptedMs)
-    console.error(
-      `  capacity: ${capacityRps} requests/s, p50 ${capacityStats.p50Ms} ms, p99 ${capacityStats.p99Ms} ms, ${capacity.shedMs.length} shed, ${capacity.errors} errors`
-    )
-    if (capacity.acceptedMs.length === 0)
-      throw new Error(`no request was answered at capacity; platform output:\n${platform.tail()}`)
-    await sleep(IDLE_AFTER_CAPACITY_MS)
-    const before = await snapshot()
+      const registered = await runCli(
+        [
+          "app",
+          "register",
+          "--max-concurrency",
+          String(MAX_CONCURRENCY),
+          "--max-queue",
+          String(MAX_QUEUE),
+          "--queue-timeout",
+          String(QUEUE_TIMEOUT_SECONDS),
+          join(repoRoot, "examples", `${APP}.ts`)
+        ],
+        { CORNSERVE_GATEWAY_URL: url }
+      )
+      if (registered.code !== 0)
+        throw new Error(`registering ${APP} failed: ${registered.stderr}\nplatform output:\n${platform.tail()}`)
+      const ready = await waitForApp(url, APP)
+      const limits = ready.admission
+      if (
+        limits?.maxConcurrency !== MAX_CONCURRENCY ||
+        limits.maxQueue !== MAX_QUEUE ||
+        limits.queueTimeoutMs !== QUEUE_TIMEOUT_SECONDS * 1000
+      )
+        throw new Error(
+          `${APP} runs under admission limits ${JSON.stringify(limits)}, not the ones it was registered with`
+        )
 
-    // Phase 2: overload.
-    const rate = round(capacityRps * OVERLOAD_FACTOR, 1)
-    console.error(
-      `overload: ${rate} requests/s (${OVERLOAD_FACTOR}x capacity) in an open loop for ${OVERLOAD_SECONDS} s`
-    )
-    const overloadAgent = agent()
-    const overloadRun = await openLoop(overloadAgent, gateway, rate, OVERLOAD_SECONDS, load.signal)
-    overloadAgent.destroy()
-    if (load.signal.aborted) return
-    const overload = overloadRun.tally
-    const shedCounted = await shedMetric(url)
+      const snapshot = async () => {
+        const processes = sampleProcesses(servePid, await taskOnDevice(url), APP)
+        platform.remember(processes)
+        return processes
+      }
 
-    // Phase 3: recovery.
-    await sleep(IDLE_AFTER_OVERLOAD_MS)
-    const after = await snapshot()
-    const appAfter = await appState(url, APP)
+      // Phase 1: capacity.
+      if (WARMUP_SECONDS > 0) {
+        console.error(`warm-up: ${MAX_CONCURRENCY} clients in a closed loop for ${WARMUP_SECONDS} s`)
+        const warmupAgent = agent()
+        const warmup = await closedLoop(warmupAgent, gateway, MAX_CONCURRENCY, WARMUP_SECONDS, signal)
+        warmupAgent.destroy()
+        if (signal.aborted) return
+        console.error(
+          `  warm-up: ${warmup.tally.acceptedMs.length} accepted, ${warmup.tally.shedMs.length} shed, ${warmup.tally.errors} errors`
+        )
+      }
+      console.error(`capacity: ${MAX_CONCURRENCY} clients in a closed loop for ${CAPACITY_SECONDS} s`)
+      const capacityAgent = agent()
+      const capacityRun = await closedLoop(capacityAgent, gateway, MAX_CONCURRENCY, CAPACITY_SECONDS, signal)
+      capacityAgent.destroy()
+      if (signal.aborted) return
+      const capacity = capacityRun.tally
+      const capacityRps = round(capacity.acceptedMs.length / (capacityRun.elapsedMs / 1000), 2)
+      const capacityStats = latencyStats(capacity.acceptedMs)
+      console.error(
+        `  capacity: ${capacityRps} requests/s, p50 ${capacityStats.p50Ms} ms, p99 ${capacityStats.p99Ms} ms, ${capacity.shedMs.length} shed, ${capacity.errors} errors`
+      )
+      if (capacity.acceptedMs.length === 0)
+        throw new Error(`no request was answered at capacity; platform output:\n${platform.tail()}`)
+      await sleep(IDLE_AFTER_CAPACITY_MS)
+      const before = await snapshot()
 
-    const accepted = latencyStats(overload.acceptedMs)
-    const shed = latencyStats(overload.shedMs)
-    const acceptedFromSend = latencyStats(overloadRun.fromSend.acceptedMs)
-    const shedFromSend = latencyStats(overloadRun.fromSend.shedMs)
-    const overloadSeconds = overloadRun.elapsedMs / 1000
-    const acceptedRps = round(overload.acceptedMs.length / overloadSeconds, 2)
-    const shedRps = round(overload.shedMs.length / overloadSeconds, 2)
-    const acceptedP99Ratio = ratio(accepted.p99Ms, capacityStats.p99Ms)
-    const rows = processRows(before, after)
-    const serveRow = rows.find((row) => row.role === "serve")
-    const serveRssRatio = serveRow?.ratio ?? null
-    const changed = rows.filter((row) => row.ratio === null && row.role !== ESBUILD_ROLE)
-    const otherErrors = capacity.errors + overload.errors
-    const sendLag = {
-      p50Ms: round(percentile(overloadRun.sendLagMs, 0.5), 2),
-      p99Ms: round(percentile(overloadRun.sendLagMs, 0.99), 2),
-      maxMs: round(overloadRun.sendLagMs.at(-1) ?? Number.NaN, 2)
-    }
-    const meets = {
-      acceptedP99: acceptedP99Ratio !== null && acceptedP99Ratio <= TARGET.maxAcceptedP99Ratio,
-      shedP99: shed.count === 0 || (shed.p99Ms !== null && shed.p99Ms < TARGET.maxShedP99Ms),
-      errors: otherErrors === TARGET.otherErrors,
-      serveRss: serveRssRatio !== null && serveRssRatio <= TARGET.maxServeRssRatio
-    }
-    const meetsTarget = Object.values(meets).every(Boolean)
+      // Phase 2: overload.
+      const rate = round(capacityRps * OVERLOAD_FACTOR, 1)
+      console.error(
+        `overload: ${rate} requests/s (${OVERLOAD_FACTOR}x capacity) in an open loop for ${OVERLOAD_SECONDS} s`
+      )
+      const overloadAgent = agent()
+      const overloadRun = await openLoop(overloadAgent, gateway, rate, OVERLOAD_SECONDS, signal)
+      overloadAgent.destroy()
+      if (signal.aborted) return
+      const overload = overloadRun.tally
+      const shedCounted = await shedMetric(url)
 
-    for (const [phase, tally] of [
-      ["capacity", capacity],
-      ["overload", overload]
-    ] as const)
-      for (const [why, count] of tally.errorKinds) console.error(`  ${phase} error (${count}x): ${why}`)
+      // Phase 3: recovery.
+      await sleep(IDLE_AFTER_OVERLOAD_MS)
+      const after = await snapshot()
+      const appAfter = await appState(url, APP)
 
-    console.log(
-      `overload bench: ${APP} under admission maxConcurrency ${MAX_CONCURRENCY}, maxQueue ${MAX_QUEUE}, queue timeout ${QUEUE_TIMEOUT_SECONDS} s; capacity: closed loop of ${MAX_CONCURRENCY} clients for ${CAPACITY_SECONDS} s after ${WARMUP_SECONDS} s warm-up; overload: open loop at ${OVERLOAD_FACTOR}x capacity (${rate} requests/s) for ${OVERLOAD_SECONDS} s, latency from the due time ("from send": from the actual send)`
-    )
-    const latencyRow = (label: string, stats: LatencyStats, perSecond: number | null) => [
-      label,
-      String(stats.count),
-      show(perSecond),
-      show(stats.p50Ms),
-      show(stats.p99Ms),
-      show(stats.maxMs)
-    ]
-    printTable(
-      ["answers", "count", "per s", "p50 ms", "p99 ms", "max ms"],
-      [
-        latencyRow("capacity: accepted", capacityStats, capacityRps),
-        latencyRow("capacity: shed", latencyStats(capacity.shedMs), null),
-        ["capacity: other errors", String(capacity.errors), "-", "-", "-", "-"],
-        latencyRow("overload: accepted", accepted, acceptedRps),
-        latencyRow("overload: shed", shed, shedRps),
-        ...Object.entries(shedKinds(overload)).map(([kind, stats]) => latencyRow(`  shed ${kind}`, stats, null)),
-        ["overload: other errors", String(overload.errors), "-", "-", "-", "-"],
-        latencyRow("overload: accepted, from send", acceptedFromSend, null),
-        latencyRow("overload: shed, from send", shedFromSend, null)
-      ]
-    )
-    console.log("")
-    console.log(
-      `memory: VmRSS (shmem its RssShmem part) ${IDLE_AFTER_CAPACITY_MS / 1000} s after capacity and ${IDLE_AFTER_OVERLOAD_MS / 1000} s after overload`
-    )
-    printTable(
-      ["role", "pid", "RSS before MiB", "RSS after MiB", "ratio", "shmem before MiB", "shmem after MiB"],
-      rows.map((row) => [
-        row.role,
-        String(row.pid),
-        show(row.beforeMiB),
-        show(row.afterMiB),
-        show(row.ratio),
-        show(row.beforeShmemMiB),
-        show(row.afterShmemMiB)
-      ])
-    )
-    console.log("")
-    if (changed.length > 0)
+      const accepted = latencyStats(overload.acceptedMs)
+      const shed = latencyStats(overload.shedMs)
+      const acceptedFromSend = latencyStats(overloadRun.fromSend.acceptedMs)
+      const shedFromSend = latencyStats(overloadRun.fromSend.shedMs)
+      const overloadSeconds = overloadRun.elapsedMs / 1000
+      const acceptedRps = round(overload.acceptedMs.length / overloadSeconds, 2)
+      const shedRps = round(overload.shedMs.length / overloadSeconds, 2)
+      const acceptedP99Ratio = ratio(accepted.p99Ms, capacityStats.p99Ms)
+      const rows = processRows(before, after)
+      const serveRow = rows.find((row) => row.role === "serve")
+      const serveRssRatio = serveRow?.ratio ?? null
+      const changed = rows.filter((row) => row.ratio === null && row.role !== ESBUILD_ROLE)
+      const otherErrors = capacity.errors + overload.errors
+      const sendLag = {
+        p50Ms: round(percentile(overloadRun.sendLagMs, 0.5), 2),
+        p99Ms: round(percentile(overloadRun.sendLagMs, 0.99), 2),
+        maxMs: round(overloadRun.sendLagMs.at(-1) ?? Number.NaN, 2)
+      }
+      const meets = {
+        acceptedP99: acceptedP99Ratio !== null && acceptedP99Ratio <= TARGET.maxAcceptedP99Ratio,
+        shedP99: shed.count === 0 || (shed.p99Ms !== null && shed.p99Ms < TARGET.maxShedP99Ms),
+        errors: otherErrors === TARGET.otherErrors,
+        serveRss: serveRssRatio !== null && serveRssRatio <= TARGET.maxServeRssRatio
+      }
+      const meetsTarget = Object.values(meets).every(Boolean)
+
+      for (const [phase, tally] of [
+        ["capacity", capacity],
+        ["overload", overload]
+      ] as const)
+        for (const [why, count] of tally.errorKinds) console.error(`  ${phase} error (${count}x): ${why}`)
+
       console.log(
-        `processes that started or stopped in between: ${changed.map((row) => `${row.role} (${row.pid})`).join(", ")}`
+        `overload bench: ${APP} under admission maxConcurrency ${MAX_CONCURRENCY}, maxQueue ${MAX_QUEUE}, queue timeout ${QUEUE_TIMEOUT_SECONDS} s; capacity: closed loop of ${MAX_CONCURRENCY} clients for ${CAPACITY_SECONDS} s after ${WARMUP_SECONDS} s warm-up; overload: open loop at ${OVERLOAD_FACTOR}x capacity (${rate} requests/s) for ${OVERLOAD_SECONDS} s, latency from the due time ("from send": from the actual send)`
       )
-    console.log(
-      `load generator: ${overloadRun.sent} sent, send lag p50 ${sendLag.p50Ms} ms, p99 ${sendLag.p99Ms} ms, max ${sendLag.maxMs} ms; at most ${overloadRun.maxInFlight} in flight; ${overloadRun.unanswered} unanswered`
-    )
-    console.log(
-      `platform's shed count (cornserve_requests_shed_total): ${JSON.stringify(shedCounted)}; ${APP} after recovery: ${show(appAfter?.inFlight as number | undefined)} in flight, ${show(appAfter?.queued as number | undefined)} queued`
-    )
-    console.log(
-      `accepted p99 ${show(accepted.p99Ms)} ms = ${show(acceptedP99Ratio)}x capacity p99 (target <= ${TARGET.maxAcceptedP99Ratio}); shed p99 ${show(shed.p99Ms)} ms (target < ${TARGET.maxShedP99Ms}); ${otherErrors} other errors (target ${TARGET.otherErrors}); serve RSS ${show(serveRssRatio)}x (target <= ${TARGET.maxServeRssRatio}): ${meetsTarget ? "meets" : "misses"} the target`
-    )
-    console.log(
-      JSON.stringify({
-        bench: "overload",
-        admission: {
-          maxConcurrency: MAX_CONCURRENCY,
-          maxQueue: MAX_QUEUE,
-          queueTimeoutMs: QUEUE_TIMEOUT_SECONDS * 1000
-        },
-        warmupSeconds: WARMUP_SECONDS,
-        capacitySeconds: CAPACITY_SECONDS,
-        overloadSeconds: OVERLOAD_SECONDS,
-        overloadFactor: OVERLOAD_FACTOR,
-        capacity: {
-          rps: capacityRps,
-          accepted: capacityStats,
-          shed: capacity.shedMs.length,
-          errors: capacity.errors
-        },
-        overload: {
-          rate,
-          sent: overloadRun.sent,
-          accepted: { ...accepted, rps: acceptedRps },
-          shed: { ...shed, rps: shedRps, byKind: shedKinds(overload) },
-          errors: overload.errors,
-          errorKinds: Object.fromEntries(overload.errorKinds),
-          unanswered: overloadRun.unanswered,
-          acceptedP99Ratio,
-          sendLag,
-          fromSend: { accepted: acceptedFromSend, shed: shedFromSend },
-          maxInFlight: overloadRun.maxInFlight,
-          platformShedCount: shedCounted
-        },
-        recovery: {
-          serveRssRatio,
-          processes: rows,
-          changedProcesses: changed.map(({ role, pid }) => ({ role, pid })),
-          appInFlight: appAfter?.inFlight ?? null,
-          appQueued: appAfter?.queued ?? null
-        },
-        target: TARGET,
-        meets,
-        meetsTarget
-      })
-    )
-  } finally {
-    load.abort()
-    await cleanup()
-    process.off("SIGINT", onSignal)
-    process.off("SIGTERM", onSignal)
-  }
+      const latencyRow = (label: string, stats: LatencyStats, perSecond: number | null) => [
+        label,
+        String(stats.count),
+        show(perSecond),
+        show(stats.p50Ms),
+        show(stats.p99Ms),
+        show(stats.maxMs)
+      ]
+      printTable(
+        ["answers", "count", "per s", "p50 ms", "p99 ms", "max ms"],
+        [
+          latencyRow("capacity: accepted", capacityStats, capacityRps),
+          latencyRow("capacity: shed", latencyStats(capacity.shedMs), null),
+          ["capacity: other errors", String(capacity.errors), "-", "-", "-", "-"],
+          latencyRow("overload: accepted", accepted, acceptedRps),
+          latencyRow("overload: shed", shed, shedRps),
+          ...Object.entries(shedKinds(overload)).map(([kind, stats]) => latencyRow(`  shed ${kind}`, stats, null)),
+          ["overload: other errors", String(overload.errors), "-", "-", "-", "-"],
+          latencyRow("overload: accepted, from send", acceptedFromSend, null),
+          latencyRow("overload: shed, from send", shedFromSend, null)
+        ]
+      )
+      console.log("")
+      console.log(
+        `memory: VmRSS (shmem its RssShmem part) ${IDLE_AFTER_CAPACITY_MS / 1000} s after capacity and ${IDLE_AFTER_OVERLOAD_MS / 1000} s after overload`
+      )
+      printTable(
+        ["role", "pid", "RSS before MiB", "RSS after MiB", "ratio", "shmem before MiB", "shmem after MiB"],
+        rows.map((row) => [
+          row.role,
+          String(row.pid),
+          show(row.beforeMiB),
+          show(row.afterMiB),
+          show(row.ratio),
+          show(row.beforeShmemMiB),
+          show(row.afterShmemMiB)
+        ])
+      )
+      console.log("")
+      if (changed.length > 0)
+        console.log(
+          `processes that started or stopped in between: ${changed.map((row) => `${row.role} (${row.pid})`).join(", ")}`
+        )
+      console.log(
+        `load generator: ${overloadRun.sent} sent, send lag p50 ${sendLag.p50Ms} ms, p99 ${sendLag.p99Ms} ms, max ${sendLag.maxMs} ms; at most ${overloadRun.maxInFlight} in flight; ${overloadRun.unanswered} unanswered`
+      )
+      console.log(
+        `platform's shed count (cornserve_requests_shed_total): ${JSON.stringify(shedCounted)}; ${APP} after recovery: ${show(appAfter?.inFlight as number | undefined)} in flight, ${show(appAfter?.queued as number | undefined)} queued`
+      )
+      console.log(
+        `accepted p99 ${show(accepted.p99Ms)} ms = ${show(acceptedP99Ratio)}x capacity p99 (target <= ${TARGET.maxAcceptedP99Ratio}); shed p99 ${show(shed.p99Ms)} ms (target < ${TARGET.maxShedP99Ms}); ${otherErrors} other errors (target ${TARGET.otherErrors}); serve RSS ${show(serveRssRatio)}x (target <= ${TARGET.maxServeRssRatio}): ${meetsTarget ? "meets" : "misses"} the target`
+      )
+      console.log(
+        JSON.stringify({
+          bench: "overload",
+          admission: {
+            maxConcurrency: MAX_CONCURRENCY,
+            maxQueue: MAX_QUEUE,
+            queueTimeoutMs: QUEUE_TIMEOUT_SECONDS * 1000
+          },
+          warmupSeconds: WARMUP_SECONDS,
+          capacitySeconds: CAPACITY_SECONDS,
+          overloadSeconds: OVERLOAD_SECONDS,
+          overloadFactor: OVERLOAD_FACTOR,
+          capacity: {
+            rps: capacityRps,
+            accepted: capacityStats,
+            shed: capacity.shedMs.length,
+            errors: capacity.errors
+          },
+          overload: {
+            rate,
+            sent: overloadRun.sent,
+            accepted: { ...accepted, rps: acceptedRps },
+            shed: { ...shed, rps: shedRps, byKind: shedKinds(overload) },
+            errors: overload.errors,
+            errorKinds: Object.fromEntries(overload.errorKinds),
+            unanswered: overloadRun.unanswered,
+            acceptedP99Ratio,
+            sendLag,
+            fromSend: { accepted: acceptedFromSend, shed: shedFromSend },
+            maxInFlight: overloadRun.maxInFlight,
+            platformShedCount: shedCounted
+          },
+          recovery: {
+            serveRssRatio,
+            processes: rows,
+            changedProcesses: changed.map(({ role, pid }) => ({ role, pid })),
+            appInFlight: appAfter?.inFlight ?? null,
+            appQueued: appAfter?.queued ?? null
+          },
+          target: TARGET,
+          meets,
+          meetsTarget
+        })
+      )
+    },
+    () => {
+      for (const made of agents) made.destroy()
+    }
+  )
 }

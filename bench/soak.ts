@@ -43,16 +43,21 @@
  * Env: BENCH_REQUESTS (default 10000), BENCH_CONCURRENCY (default 8), BENCH_WARMUP_REQUESTS
  * (default 15000), BENCH_PEAK_WINDOW (default 3000).
  */
-import type { ChildProcess } from "node:child_process"
-import { mkdtempSync, readdirSync, rmSync, statSync } from "node:fs"
-import { tmpdir } from "node:os"
+import { readdirSync, statSync } from "node:fs"
 import { join } from "node:path"
 import { performance } from "node:perf_hooks"
 import { setTimeout as sleep } from "node:timers/promises"
 import { batchBufferPrefix } from "../src/executors/common/BatchBuffer.js"
 import { arenaFilePrefix } from "../src/sidecar/Arena.js"
 import { ESBUILD_ROLE, type ProcessSample, readStat, sampleProcesses, taskOnDevice } from "./support/processes.js"
-import { mib, percentile, platformReaper, round, START_TIMEOUT_MS, startPlatform } from "./support/colorChatPlatform.js"
+import {
+  benchNodeId,
+  mib,
+  percentile,
+  round,
+  START_TIMEOUT_MS,
+  withBenchPlatform
+} from "./support/colorChatPlatform.js"
 import { chatRequest, outcomeOf } from "../test/support/colorChatRequest.js"
 import { repoRoot, runCli } from "../test/support/platform.js"
 
@@ -65,7 +70,7 @@ const PEAK_INTERVAL_MS = 500
 const TARGET = { maxRssGrowth: 1.1, transfersActive: 0, slotsInUse: 0, bytesInUse: 0, errors: 0 } as const
 
 const APP = "color_chat"
-const NODE_ID = `soak-${process.pid}`
+const NODE_ID = benchNodeId("soak")
 const SHM_DIR = "/dev/shm"
 /** How long a reading of the sidecar waits at most for the transfers of finished requests to be released. */
 const SETTLE_TIMEOUT_MS = 5_000
@@ -361,41 +366,9 @@ const sidecarText = (sample: SidecarSample) =>
 
 // ---------------------------------------------------------------------------------------------
 
-export default async function soakBench(): Promise<void> {
-  const stateDir = mkdtempSync(join(tmpdir(), "cornserve-bench-soak-"))
-  const modelDir = mkdtempSync(join(tmpdir(), "cornserve-bench-soak-models-"))
-  const load = new AbortController()
-  let serve: ChildProcess | undefined
-  const reaper = platformReaper(APP, "soak")
-  const stopPlatform = () => reaper.stop(serve)
-  const remember = reaper.remember
-
-  let cleaning: Promise<void> | undefined
-  const cleanup = () => {
-    cleaning ??= stopPlatform().finally(() => {
-      rmSync(stateDir, { recursive: true, force: true })
-      rmSync(modelDir, { recursive: true, force: true })
-    })
-    return cleaning
-  }
-  const onSignal = (signal: NodeJS.Signals) => {
-    console.error(`soak: ${signal}, stopping the platform`)
-    load.abort()
-    void cleanup().finally(() => process.exit(signal === "SIGINT" ? 130 : 143))
-  }
-  process.once("SIGINT", onSignal)
-  process.once("SIGTERM", onSignal)
-
-  try {
-    const platform = await startPlatform({
-      stateDir,
-      modelDir,
-      nodeId: NODE_ID,
-      onSpawn: (child) => {
-        serve = child
-      }
-    })
-    const { url } = platform
+export default function soakBench(): Promise<void> {
+  return withBenchPlatform("soak", APP, async (platform) => {
+    const { url, signal } = platform
     const servePid = platform.child.pid!
     console.error(`cornserve at ${url}; registering ${APP}`)
     const registered = await runCli(["app", "register", join(repoRoot, "examples", `${APP}.ts`)], {
@@ -409,8 +382,8 @@ export default async function soakBench(): Promise<void> {
       // The sidecar first: its wait lets the last requests' transfers go before memory is read.
       const sidecar = await sampleSidecar(url)
       const processes = sampleProcesses(servePid, await taskOnDevice(url), APP)
-      remember(processes)
-      return { processes, shm: sampleShm(reaper.pids()), sidecar }
+      platform.remember(processes)
+      return { processes, shm: sampleShm(platform.pids()), sidecar }
     }
 
     const peaks = peakSampler(servePid, await taskOnDevice(url))
@@ -418,21 +391,14 @@ export default async function soakBench(): Promise<void> {
       if (done >= total - PEAK_WINDOW) peaks.start()
     }
     console.error(`warm-up: ${WARMUP_REQUESTS} requests at concurrency ${CONCURRENCY}`)
-    const warmup = await closedLoop(
-      "warm-up",
-      url,
-      WARMUP_REQUESTS,
-      CONCURRENCY,
-      load.signal,
-      sampleFrom(WARMUP_REQUESTS)
-    )
-    if (load.signal.aborted) return
+    const warmup = await closedLoop("warm-up", url, WARMUP_REQUESTS, CONCURRENCY, signal, sampleFrom(WARMUP_REQUESTS))
+    if (signal.aborted) return
     const warmReading = await snapshot()
     const warm = { ...warmReading, processes: peaks.raise(warmReading.processes) }
     peaks.stop()
     console.error(`soak: ${REQUESTS} requests at concurrency ${CONCURRENCY}`)
-    const phase = await closedLoop("soak", url, REQUESTS, CONCURRENCY, load.signal, sampleFrom(REQUESTS))
-    if (load.signal.aborted) return
+    const phase = await closedLoop("soak", url, REQUESTS, CONCURRENCY, signal, sampleFrom(REQUESTS))
+    if (signal.aborted) return
     const endReading = await snapshot()
     const end = { ...endReading, processes: peaks.raise(endReading.processes) }
     peaks.stop()
@@ -492,10 +458,5 @@ export default async function soakBench(): Promise<void> {
         meetsTarget
       })
     )
-  } finally {
-    load.abort()
-    await cleanup()
-    process.off("SIGINT", onSignal)
-    process.off("SIGTERM", onSignal)
-  }
+  })
 }

@@ -6,6 +6,9 @@
  */
 import { type ChildProcess, spawn } from "node:child_process"
 import { once } from "node:events"
+import { mkdtempSync, rmSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
 import { createInterface } from "node:readline"
 import { setTimeout as sleep } from "node:timers/promises"
 import { binPath, repoRoot } from "../../test/support/platform.js"
@@ -148,4 +151,69 @@ export function platformReaper(app: string, label: string) {
   /** The pids of the platform's processes seen so far. */
   const pids = () => new Set(seen.keys())
   return { remember, pids, stop }
+}
+
+/** The platform a bench runs against, with what the reaper needs to know of it. */
+export interface BenchPlatform extends Platform {
+  /** Aborts when the bench is told to stop (SIGINT, SIGTERM): load loops end with it. */
+  readonly signal: AbortSignal
+  /** Notes processes of the platform, so that stopping it reaps them too. */
+  readonly remember: (samples: ReadonlyArray<ProcessSample>) => void
+  /** The pids of the platform's processes seen so far. */
+  readonly pids: () => Set<number>
+}
+
+/** The node name of a bench's platform (withBenchPlatform's): its sidecar's arena file carries it. */
+export const benchNodeId = (label: string) => `${label}-${process.pid}`
+
+/**
+ * Runs `body` against a platform started for the bench in state and model directories of its own.
+ * When the body ends, fails, or the bench gets SIGINT/SIGTERM, `signal` aborts, `cleanup` runs, the
+ * platform is stopped and every process of it reaped, and the directories are removed. `label`
+ * names the bench in what it says and in its directories; `app` is the app its processes serve.
+ */
+export async function withBenchPlatform(
+  label: string,
+  app: string,
+  body: (platform: BenchPlatform) => Promise<void>,
+  cleanup: () => void = () => undefined
+): Promise<void> {
+  const stateDir = mkdtempSync(join(tmpdir(), `cornserve-bench-${label}-`))
+  const modelDir = mkdtempSync(join(tmpdir(), `cornserve-bench-${label}-models-`))
+  const load = new AbortController()
+  let serve: ChildProcess | undefined
+  const reaper = platformReaper(app, label)
+  let cleaning: Promise<void> | undefined
+  const stop = () => {
+    load.abort()
+    cleaning ??= (async () => {
+      cleanup()
+      await reaper.stop(serve)
+    })().finally(() => {
+      rmSync(stateDir, { recursive: true, force: true })
+      rmSync(modelDir, { recursive: true, force: true })
+    })
+    return cleaning
+  }
+  const onSignal = (signal: NodeJS.Signals) => {
+    console.error(`${label}: ${signal}, stopping the platform`)
+    void stop().finally(() => process.exit(signal === "SIGINT" ? 130 : 143))
+  }
+  process.once("SIGINT", onSignal)
+  process.once("SIGTERM", onSignal)
+  try {
+    const platform = await startPlatform({
+      stateDir,
+      modelDir,
+      nodeId: benchNodeId(label),
+      onSpawn: (child) => {
+        serve = child
+      }
+    })
+    await body({ ...platform, signal: load.signal, remember: reaper.remember, pids: reaper.pids })
+  } finally {
+    await stop()
+    process.off("SIGINT", onSignal)
+    process.off("SIGTERM", onSignal)
+  }
 }
