@@ -115,7 +115,7 @@ export class AppDriver {
   /** Who may run now, who waits, who is refused: set from the app's settings once it has loaded. */
   admission = new Admission(unlimitedAdmission)
   /** Its claim on shared tasks: set from the app's settings once it has loaded. */
-  share: AppShare = { app: "", weight: 1 }
+  share: AppShare
   private worker!: AppProcess
   private readonly replies = new Map<number, ReplyHandlers>()
   /** What arrived and left of each streaming request's lines, to give the app room as they leave. */
@@ -157,6 +157,7 @@ export class AppDriver {
     private readonly log: (message: string) => void,
     private readonly observer: RequestObserver | undefined
   ) {
+    this.share = { app: appId, weight: 1 }
     this.watchdog = setInterval(() => {
       if (this.watchdogPinging || this.replies.size === 0) return
       this.watchdogPinging = true
@@ -474,7 +475,6 @@ export class AppDriver {
     const controller = new AbortController()
     this.dispatches.set(did, controller)
     const request = this.clocksById.get(requestId)
-    if (this.share.app === "") this.share = { ...this.share, app: this.appId }
     if (request !== undefined) request.timing ??= { dispatches: new BusyClock(), executors: new BusyClock() }
     const clock = request?.timing
     clock?.dispatches.enter()

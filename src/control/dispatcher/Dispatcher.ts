@@ -316,14 +316,12 @@ const dispatchGraphWith = (environment: DispatchEnvironment) => {
     tried: Map<number, string>,
     continuation?: ReadonlyArray<number>
   ): Promise<DispatchOutcome> => {
-    const span = startSpan("dispatch", {
-      parent: context.span,
-      attributes: {
-        "cornserve.tasks": graph.invocations.map((invocation) => invocation.taskId).join(","),
-        "cornserve.dispatch.retry": context.retry,
-        "cornserve.dispatch.continuation_tokens": continuation?.length
-      }
-    })
+    const span = startSpan("dispatch", { parent: context.span })
+    if (span.recording) {
+      span.attribute("cornserve.tasks", graph.invocations.map((invocation) => invocation.taskId).join(","))
+      if (context.retry !== undefined) span.attribute("cornserve.dispatch.retry", context.retry)
+      if (continuation !== undefined) span.attribute("cornserve.dispatch.continuation_tokens", continuation.length)
+    }
     const limit = context.share?.maxCallsPerTask
     let releasePermits = () => {}
     if (limit !== undefined) {

@@ -60,6 +60,25 @@ export interface EmbeddingCaching {
 }
 
 /**
+ * The cache keys of an encoder invocation's items (undefined for an item that has none), computed
+ * once per invocation: the dispatcher looks them up before leasing, the call again for the misses,
+ * and a key hashes the item's whole media.
+ */
+const itemKeys = new WeakMap<TaskInvocationWire, ReadonlyArray<string | undefined>>()
+const cacheKeysOf = (
+  invocation: TaskInvocationWire,
+  modality: string,
+  urls: ReadonlyArray<string>
+): ReadonlyArray<string | undefined> => {
+  let keys = itemKeys.get(invocation)
+  if (keys === undefined) {
+    keys = urls.map((itemUrl) => embeddingKey(invocation.taskId, modality, itemUrl))
+    itemKeys.set(invocation, keys)
+  }
+  return keys
+}
+
+/**
  * An encoder invocation whose items are all in the cache, served from it: the cached chunks are
  * forwarded under the invocation's ids and no encoder is called. Undefined when one is not there.
  */
@@ -70,7 +89,7 @@ export const embedFromCache = (
   if (invocation.operation !== "embed") return undefined
   const { config, input, output } = decodeEncoderCall(invocation)
   if (input.urls.length !== output.embeddings.length) return undefined
-  const keys = input.urls.map((itemUrl) => embeddingKey(invocation.taskId, config.modality, itemUrl))
+  const keys = cacheKeysOf(invocation, config.modality, input.urls)
   if (!keys.every((key) => key !== undefined && caching.cache.has(key))) return undefined
   const hits = keys.map((key) => caching.cache.get(key!)!)
   for (const _ of hits) caching.observe(invocation.taskId, "hit")
@@ -228,8 +247,10 @@ const embed = async (url: string, invocation: TaskInvocationWire, context: CallC
     })
   }
   const caching = context.embeddings
-  const items = Arr.zipWith(output.embeddings, input.urls, (id, itemUrl) => {
-    const key = caching === undefined ? undefined : embeddingKey(invocation.taskId, config.modality, itemUrl)
+  const keys = caching === undefined ? [] : cacheKeysOf(invocation, config.modality, input.urls)
+  const items = output.embeddings.map((id, index) => {
+    const itemUrl = input.urls[index]!
+    const key = keys[index]
     const hit = key === undefined ? undefined : caching!.cache.get(key)
     if (key !== undefined) caching!.observe(invocation.taskId, hit === undefined ? "miss" : "hit")
     return { id, url: itemUrl, key, hit, capture: key === undefined || hit !== undefined ? undefined : randomId() }
