@@ -1,11 +1,14 @@
 import * as Http from "node:http"
-import { Context, Effect, ExecutionStrategy, Exit, Scope } from "effect"
+import { Context, Effect, ExecutionStrategy, Exit, Option, Scope } from "effect"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
 import type { Executor, ExecutorKind } from "../../executors/ExecutorKinds.js"
 import type { NodeHandle } from "../cluster/NodeHandle.js"
 import { type HealthReport, healthWatchPeriodMs } from "../../executors/common/Health.js"
 import type { Device } from "../../node/Devices.js"
 import { TaskUnavailable } from "../errors.js"
+import { ServeConfig } from "../ServeConfig.js"
+import type { RecordedProfile } from "./ProfileRecording.js"
+import { makeProfileStore } from "./ProfileStore.js"
 import { type ProfileSummary, TaskProfile } from "./TaskProfile.js"
 
 export type TaskState = "deploying" | "ready" | "tearing-down"
@@ -62,11 +65,22 @@ export interface TaskManager {
   /**
    * The healthy executor with the least outstanding work (waiting a bounded time for one), counted
    * as busy until the lease is released; `exclude` names one to avoid, for a retry. Fails with
-   * TaskUnavailable when none comes back in time.
+   * TaskUnavailable when none comes back in time. A `synthetic` call (the platform's own, recording a
+   * profile) holds its executor and counts towards the task's bound like any other, but not in what
+   * the task's own calls show: its profile, its load, its calls shed.
    */
-  lease(options: { readonly exclude?: string | undefined; readonly signal?: AbortSignal }): Promise<ExecutorLease>
+  lease(options: {
+    readonly exclude?: string | undefined
+    readonly signal?: AbortSignal
+    readonly synthetic?: boolean
+  }): Promise<ExecutorLease>
   /** What its calls have shown so far: latency by load level per executor count, rate, queue depth. */
   profile(): ProfileSummary
+  /**
+   * Its profile recorded ahead of time (`tasks profile ID --record`), read from the state dir when
+   * it was deployed or kept when a recording ended; undefined when none was recorded.
+   */
+  recorded(): ProfileSummary | undefined
   /** Calls in flight integrated over time since deployment (calls × ms): its mean load between two readings. */
   loadArea(): number
   /** Calls refused since deployment because the task was full (see TaskQueueBound). */
@@ -92,8 +106,12 @@ class ManagedTask implements TaskManager {
   state: TaskState = "deploying"
   wanted = 0
   readonly profileOf = new TaskProfile(Date.now())
+  /** Its profile recorded ahead of time, if one was. */
+  recordedProfile: RecordedProfile | undefined
   private area = 0
   private inFlight = 0
+  /** The synthetic calls among those in flight: they are left out of the load area. */
+  private syntheticInFlight = 0
   private areaAt = performance.now()
   readonly members: Array<ManagedExecutor> = []
   private nextExecutor = 0
@@ -112,17 +130,25 @@ class ManagedTask implements TaskManager {
     return this.profileOf.summary(Date.now())
   }
 
+  recorded(): ProfileSummary | undefined {
+    return this.recordedProfile
+  }
+
   loadArea(): number {
-    this.countLoad(0)
+    this.countLoad(0, false)
     return this.area
   }
 
-  /** Adds the load since the last change to the area, then changes the calls in flight by `delta`. */
-  private countLoad(delta: number) {
+  /**
+   * Adds the load of the task's own calls since the last change to the area, then changes the calls
+   * in flight by `delta`.
+   */
+  private countLoad(delta: number, synthetic: boolean) {
     const now = performance.now()
-    this.area += this.inFlight * (now - this.areaAt)
+    this.area += (this.inFlight - this.syntheticInFlight) * (now - this.areaAt)
     this.areaAt = now
     this.inFlight += delta
+    if (synthetic) this.syntheticInFlight += delta
   }
 
   /** A fresh executor id of this task. */
@@ -205,11 +231,13 @@ class ManagedTask implements TaskManager {
   async lease(options: {
     readonly exclude?: string | undefined
     readonly signal?: AbortSignal
+    readonly synthetic?: boolean
   }): Promise<ExecutorLease> {
+    const synthetic = options.synthetic === true
     const inRotation = this.members.filter((member) => member.healthy && !member.draining).length
     const limit = this.queueBound * Math.max(1, inRotation)
     if (this.inFlight >= limit) {
-      this.shed++
+      if (!synthetic) this.shed++
       throw new TaskUnavailable({
         message: `task ${this.spec.id} is full: ${this.inFlight} calls in flight, its limit with ${inRotation} executor(s) in rotation is ${limit}`
       })
@@ -219,7 +247,7 @@ class ManagedTask implements TaskManager {
       options.signal
     )
     member.outstanding++
-    this.countLoad(1)
+    this.countLoad(1, synthetic)
     const level = this.inFlight
     const executors = this.members.length
     const started = performance.now()
@@ -232,8 +260,8 @@ class ManagedTask implements TaskManager {
       release: (outcome) => {
         if (released) return
         released = true
-        this.countLoad(-1)
-        if (outcome !== "unused")
+        this.countLoad(-1, synthetic)
+        if (outcome !== "unused" && !synthetic)
           this.profileOf.record({
             endedAt: Date.now(),
             latencyMs: performance.now() - started,
@@ -323,6 +351,8 @@ const watchHealth = (member: ManagedExecutor, task: ManagedTask) =>
 export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/TaskManagers", {
   scoped: Effect.gen(function* () {
     const queueBound = yield* TaskQueueBound
+    // Recorded profiles are kept in the state dir; task managers without one (in a test) keep none.
+    const profiles = Option.map(yield* Effect.serviceOption(ServeConfig), (config) => makeProfileStore(config.stateDir))
     const tasks = new Map<string, ManagedTask>()
 
     const teardown = (taskId: string) =>
@@ -357,6 +387,7 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
       Effect.gen(function* () {
         const task = new ManagedTask(spec, kind, yield* Scope.make(), queueBound)
         task.wanted = groups.length
+        if (Option.isSome(profiles)) task.recordedProfile = yield* profiles.value.load(spec.id)
         tasks.set(spec.id, task)
         yield* Effect.forEach(groups, (group) => startExecutor(task, group), {
           concurrency: "unbounded"
@@ -424,12 +455,26 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
         return dropped
       })
 
+    /**
+     * A recording of the task's profile ended: it is the task's recorded profile from now on, and is
+     * kept in the state dir (failing when it could not be written there).
+     */
+    const keepRecorded = (taskId: string, profile: RecordedProfile) =>
+      Effect.suspend(() => {
+        const task = tasks.get(taskId)
+        if (task !== undefined) task.recordedProfile = profile
+        return Option.isSome(profiles) ? profiles.value.save(taskId, profile) : Effect.void
+      })
+
     return {
       deploy,
       teardown,
       grow,
       shrink,
       dropNode,
+      keepRecorded,
+      /** The task's recorded profile, with when and how it was recorded. */
+      recordedProfile: (taskId: string): RecordedProfile | undefined => tasks.get(taskId)?.recordedProfile,
       get: (taskId: string): TaskManager | undefined => tasks.get(taskId),
       list: (): ReadonlyArray<TaskManager> => [...tasks.values()]
     }
