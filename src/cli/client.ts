@@ -1,7 +1,13 @@
 import { readFile } from "node:fs/promises"
 import { basename, extname } from "node:path"
-import { Effect, Schema } from "effect"
+import { Effect, Either, Schema } from "effect"
 import { responseLines } from "../control/ResponseLines.js"
+import {
+  LevelMeasured,
+  RecordedProfile,
+  RecordingDone,
+  type RecordRequest
+} from "../control/task-manager/ProfileRecording.js"
 import type { ProfileSummary } from "../control/task-manager/TaskProfile.js"
 
 /** A failed command: its message is printed as is and the process exits non-zero. */
@@ -194,7 +200,36 @@ export const scaleTask = (target: GatewayTarget, taskId: string, devices: number
     )
   })
 
-/** `tasks profile ID`: the task's throughput–latency curve per executor count, its rate and queues. */
+/** A throughput–latency curve per executor count, as a table; undefined when it has no point. */
+const curveTable = (curves: ProfileSummary["curves"]): string | undefined => {
+  const points = curves.flatMap((curve) => curve.points.map((point) => [curve.executors, point] as const))
+  if (points.length === 0) return undefined
+  return table(
+    ["EXECUTORS", "LOAD", "CALLS", "P50 MS", "P95 MS", "P99 MS", "CALLS/S"],
+    points.map(([executors, point]) => [
+      String(executors),
+      point.levelFrom === point.levelTo ? String(point.levelTo) : `${point.levelFrom}-${point.levelTo}`,
+      String(point.calls),
+      String(point.p50Ms),
+      String(point.p95Ms),
+      String(point.p99Ms),
+      String(point.callsPerSecond)
+    ])
+  )
+}
+
+/** A recorded profile: when and how it was recorded, then its curve. */
+const recordedSection = (recorded: RecordedProfile): string =>
+  `recorded ${recorded.recordedAt} (load ${recorded.levels.join(", ")}; ${recorded.secondsPerLevel} s each): ` +
+  `${recorded.calls} call(s), ${recorded.failed} failed\n` +
+  (curveTable(recorded.curves) ?? "no call succeeded\n")
+
+const decodeRecorded = Schema.decodeUnknownEither(Schema.NullOr(RecordedProfile))
+
+/**
+ * `tasks profile ID`: the task's throughput–latency curve per executor count as its calls measured
+ * it, its rate and queues; then the curve recorded ahead of time, if one was.
+ */
 export const showTaskProfile = (target: GatewayTarget, taskId: string, json: boolean) =>
   Effect.gen(function* () {
     const response = yield* Effect.flatMap(
@@ -208,30 +243,73 @@ export const showTaskProfile = (target: GatewayTarget, taskId: string, json: boo
       name: string
       kind: string
       executors: number
+      recorded?: unknown
     }
     const { recent, queueDepth } = profile
     yield* write(
       `task ${profile.taskId} (${profile.name}, ${profile.kind}): ${profile.executors} executor(s); ` +
         `${profile.calls} call(s), ${profile.failed} failed\n` +
         `last ${recent.windowSeconds} s: ${recent.callsPerSecond} calls/s, p50 ${recent.p50Ms ?? "-"} ms, ` +
-        `p99 ${recent.p99Ms ?? "-"} ms; in the executors: mean ${queueDepth.mean}, max ${queueDepth.max} call(s)\n`
+        `p99 ${recent.p99Ms ?? "-"} ms; in the executors: mean ${queueDepth.mean}, max ${queueDepth.max} call(s)\n` +
+        (curveTable(profile.curves) ?? "no call measured yet\n")
     )
-    const points = profile.curves.flatMap((curve) => curve.points.map((point) => [curve.executors, point] as const))
-    if (points.length === 0) return yield* write("no call measured yet\n")
-    yield* write(
-      table(
-        ["EXECUTORS", "LOAD", "CALLS", "P50 MS", "P95 MS", "P99 MS", "CALLS/S"],
-        points.map(([executors, point]) => [
-          String(executors),
-          point.levelFrom === point.levelTo ? String(point.levelTo) : `${point.levelFrom}-${point.levelTo}`,
-          String(point.calls),
-          String(point.p50Ms),
-          String(point.p95Ms),
-          String(point.p99Ms),
-          String(point.callsPerSecond)
-        ])
-      )
+    const recorded = decodeRecorded(profile.recorded ?? null)
+    if (Either.isLeft(recorded))
+      return yield* new CliFailure({ message: "the gateway's recorded profile is not one this client reads" })
+    if (recorded.right !== null) yield* write(`\n${recordedSection(recorded.right)}`)
+  })
+
+const decodeLevel = Schema.decodeUnknownSync(Schema.parseJson(LevelMeasured))
+const decodeDone = Schema.decodeUnknownSync(Schema.parseJson(RecordingDone))
+
+/**
+ * `tasks profile ID --record`: the platform drives a load sweep against the task's executors; each
+ * level's measure is told as it ends (on stderr), then the recorded curve is printed (or, with
+ * `--json`, the recorded profile).
+ */
+export const recordTaskProfile = (
+  target: GatewayTarget,
+  taskId: string,
+  sweep: typeof RecordRequest.Encoded,
+  json: boolean
+) =>
+  Effect.gen(function* () {
+    const response = yield* Effect.flatMap(
+      request(target, "POST", `tasks/${encodeURIComponent(taskId)}/profile/record`, sweep),
+      expectOk
     )
+    process.stderr.write(
+      `recording task ${taskId}` +
+        `${sweep.levels === undefined ? "" : ` at load ${sweep.levels.join(", ")}`}` +
+        `${sweep.secondsPerLevel === undefined ? "" : `, ${sweep.secondsPerLevel} s each`}\n`
+    )
+    let event = "message"
+    const outcome = yield* Effect.promise(async () => {
+      for await (const line of responseLines(response)) {
+        if (line.startsWith("event: ")) event = line.slice("event: ".length)
+        else if (line.startsWith("data: ")) {
+          const data = line.slice("data: ".length)
+          if (event === "progress") {
+            const level = decodeLevel(data)
+            process.stderr.write(
+              `  load ${level.level} (${level.executors} executor(s)): ${level.calls} call(s), ${level.failed} failed ` +
+                `in ${level.seconds} s; ${level.callsPerSecond} calls/s, p50 ${Number.isNaN(level.p50Ms) ? "-" : level.p50Ms} ms\n`
+            )
+          } else if (event === "final") return { done: decodeDone(data) }
+          else if (event === "error") {
+            const failure = JSON.parse(data) as { error?: { code?: string; message?: string } }
+            return { failed: `${failure.error?.message ?? "unknown error"} (${failure.error?.code ?? "?"})` }
+          }
+        }
+      }
+      return { failed: "the gateway closed the recording's stream without an outcome" }
+    })
+    if ("failed" in outcome)
+      return yield* new CliFailure({ message: `recording the profile of ${taskId} failed: ${outcome.failed}` })
+    const { done } = outcome
+    if (json) return yield* write(`${JSON.stringify(Schema.encodeSync(RecordedProfile)(done.recorded))}\n`)
+    process.stderr.write(`${done.message}\n`)
+    yield* write(recordedSection(done.recorded))
   })
 
 export const listNodes = (target: GatewayTarget) =>

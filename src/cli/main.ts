@@ -3,8 +3,9 @@ import { join } from "node:path"
 import { Args, Command, HelpDoc, Options, ValidationError } from "@effect/cli"
 import * as NodeContext from "@effect/platform-node/NodeContext"
 import * as NodeRuntime from "@effect/platform-node/NodeRuntime"
-import { Cause, Config, Console, Effect, Exit, Option } from "effect"
+import { Array as Arr, Cause, Config, Console, Effect, Exit, Option } from "effect"
 import { defaultMaxJsonDepth } from "../control/gateway/JsonBody.js"
+import { defaultLevels, defaultSecondsPerLevel } from "../control/task-manager/ProfileRecording.js"
 import { dtypes } from "../models/Dtype.js"
 import { parseDevices } from "../node/Devices.js"
 import { defaultMaxMediaItems, defaultMediaLimits } from "../executors/common/media/MediaLimits.js"
@@ -15,6 +16,7 @@ import {
   listApps,
   listNodes,
   listTasks,
+  recordTaskProfile,
   scaleTask,
   showTaskProfile,
   registerApp,
@@ -411,12 +413,55 @@ const tasks = Command.make("tasks").pipe(
       {
         taskId: Args.text({ name: "task-id" }).pipe(Args.withDescription("The task's id, as tasks list shows it.")),
         json: Options.boolean("json").pipe(Options.withDescription("Print the profile as JSON.")),
+        record: Options.boolean("record").pipe(
+          Options.withDescription(
+            "Record the task's profile now: keep each load level of synthetic calls in flight against its executors for a while, measuring each; the curve is kept in the state dir (admin token from CORNSERVE_ADMIN_TOKEN)."
+          )
+        ),
+        levels: Options.text("levels").pipe(
+          Options.withDescription(
+            `With --record: the load levels, calls in flight, comma-separated (default ${defaultLevels.join(",")}).`
+          ),
+          Options.filterMap((text) => {
+            const words = text.split(",").map((level) => level.trim())
+            const levels = words.map(Number)
+            return words.every((word) => /^[1-9]\d{0,3}$/.test(word)) &&
+              levels.every((level) => level <= 1024) &&
+              Arr.isNonEmptyArray(levels)
+              ? Option.some(levels)
+              : Option.none()
+          }, "--levels must be whole numbers from 1 to 1024, comma-separated, such as 1,2,4,8"),
+          Options.optional
+        ),
+        secondsPerLevel: Options.float("seconds-per-level").pipe(
+          Options.withDescription(
+            `With --record: how long each load level is kept, in seconds (default ${defaultSecondsPerLevel}).`
+          ),
+          Options.filterMap(
+            (value) => (value > 0 && value <= 600 ? Option.some(value) : Option.none()),
+            "--seconds-per-level must be a number of seconds over 0, at most 600"
+          ),
+          Options.optional
+        ),
         gateway: gatewayOption
       },
-      ({ taskId, json, gateway }) => showTaskProfile(target(gateway), taskId, json)
+      ({ taskId, json, record, levels, secondsPerLevel, gateway }) =>
+        Effect.gen(function* () {
+          const sweep = {
+            ...Option.match(levels, { onNone: () => ({}), onSome: (value) => ({ levels: value }) }),
+            ...Option.match(secondsPerLevel, { onNone: () => ({}), onSome: (value) => ({ secondsPerLevel: value }) })
+          }
+          if (record) return yield* recordTaskProfile(target(gateway), taskId, sweep, json)
+          if (Object.keys(sweep).length > 0) {
+            const misuse = "--levels and --seconds-per-level go with --record"
+            yield* Console.error(`cornserve: ${misuse}`)
+            return yield* Effect.fail(ValidationError.invalidValue(HelpDoc.p(misuse)))
+          }
+          return yield* showTaskProfile(target(gateway), taskId, json)
+        })
     ).pipe(
       Command.withDescription(
-        "What a task's calls have shown: latency by load level per executor count (the throughput–latency curve), calls/s, queue depth."
+        "What a task's calls have shown: latency by load level per executor count (the throughput–latency curve), calls/s, queue depth; and the curve recorded ahead of time (--record records one)."
       )
     )
   ])

@@ -7,7 +7,7 @@ import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
 import * as NodeHttpServerRequest from "@effect/platform-node/NodeHttpServerRequest"
 import { ServeError } from "@effect/platform/HttpServerError"
-import { Effect, Queue, Schema, Stream } from "effect"
+import { Effect, Fiber, Queue, Schema, Stream } from "effect"
 import { AppManager } from "../app-manager/AppManager.js"
 import { AdmissionOverride } from "../app-manager/AppStore.js"
 import {
@@ -21,6 +21,8 @@ import {
   Unauthorized
 } from "../errors.js"
 import { ResourceManager } from "../resource-manager/ResourceManager.js"
+import { ProfileRecorder } from "../task-manager/ProfileRecorder.js"
+import { LevelMeasured, RecordedProfile, RecordingDone, RecordRequest } from "../task-manager/ProfileRecording.js"
 import { ServeConfig } from "../ServeConfig.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
 import { adminRequestRefusal } from "./AdminGuard.js"
@@ -51,7 +53,7 @@ const sseEvent = (event: string, data: unknown) => `event: ${event}\ndata: ${JSO
 
 /**
  * The platform's HTTP front door: app registration (SSE), invocation (JSON or NDJSON), listing,
- * task scaling and health. On shutdown it stops taking requests and lets those in flight finish
+ * task scaling, task profiles (recording one: SSE) and health. On shutdown it stops taking requests and lets those in flight finish
  * within the grace period.
  */
 export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
@@ -59,6 +61,7 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
     const config = yield* ServeConfig
     const appManager = yield* AppManager
     const resources = yield* ResourceManager
+    const recorder = yield* ProfileRecorder
     const agent = yield* NodeAgent
     let draining = false
     let inFlight = 0
@@ -196,6 +199,74 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       return HttpServerResponse.unsafeJson({ taskId: body.taskId, tasks: resources.tasks() })
     })
 
+    /** A task's profile: what its calls measured, and the one recorded ahead of time (null: none). */
+    const profile = Effect.gen(function* () {
+      const taskId = yield* param("id")
+      const measured = yield* resources.profile(taskId)
+      const recorded = recorder.recorded(taskId)
+      return HttpServerResponse.unsafeJson({
+        ...measured,
+        recorded: recorded === undefined ? null : Schema.encodeSync(RecordedProfile)(recorded)
+      })
+    })
+
+    /**
+     * Records a task's profile ahead of time (a load sweep against its executors). Refusals are
+     * answered at once; then Server-Sent Events: `progress` as each load level ends, and `final`
+     * with the recorded profile, or `error`. A client that goes away stops the recording.
+     */
+    const recordProfile = Effect.gen(function* () {
+      yield* requireAdmin
+      const taskId = yield* param("id")
+      const body = yield* readJson(RecordRequest)
+      const events = yield* Queue.unbounded<string | undefined>()
+      const recording = yield* recorder.record(taskId, body, (measured) =>
+        events.unsafeOffer(sseEvent("progress", Schema.encodeSync(LevelMeasured)(measured)))
+      )
+      yield* Fiber.join(recording).pipe(
+        Effect.matchEffect({
+          onSuccess: ({ profile, notKept }) =>
+            events.offer(
+              sseEvent(
+                "final",
+                Schema.encodeSync(RecordingDone)({
+                  taskId,
+                  message:
+                    notKept === undefined
+                      ? `the profile of task ${taskId} is recorded and kept in the state dir`
+                      : `the profile of task ${taskId} is recorded, but not kept: ${notKept}`,
+                  recorded: profile,
+                  kept: notKept === undefined
+                })
+              )
+            ),
+          onFailure: (error) => events.offer(sseEvent("error", { taskId, ...errorBody(error) }))
+        }),
+        Effect.ensuring(events.offer(undefined)),
+        Effect.forkDaemon
+      )
+      const stream = Stream.fromQueue(events).pipe(
+        Stream.takeWhile((event): event is string => event !== undefined),
+        Stream.map((event) => Buffer.from(event)),
+        Stream.ensuring(Fiber.interrupt(recording))
+      )
+      return HttpServerResponse.stream(stream, {
+        contentType: "text/event-stream",
+        headers: { "cache-control": "no-cache", connection: "keep-alive" }
+      })
+    }).pipe(
+      // A recording of the task is running already: 409, answered here while the one table of
+      // statuses (src/errors/HttpStatus.ts) does not name this error.
+      Effect.catchTag("RecordingInProgress", (error) =>
+        Effect.succeed(
+          HttpServerResponse.unsafeJson(
+            { error: { code: error._tag, message: error.message, taskId: error.taskId } },
+            { status: 409 }
+          )
+        )
+      )
+    )
+
     const health = Effect.sync(() =>
       HttpServerResponse.unsafeJson(
         { status: draining ? "shutting-down" : "ok", role: config.role, apps: appManager.list().length },
@@ -239,12 +310,8 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
         "/nodes/list",
         Effect.sync(() => HttpServerResponse.unsafeJson({ nodes: resources.nodes() }))
       ),
-      HttpRouter.get(
-        "/tasks/:id/profile",
-        Effect.flatMap(param("id"), (taskId) =>
-          Effect.map(resources.profile(taskId), (profile) => HttpServerResponse.unsafeJson(profile))
-        )
-      ),
+      HttpRouter.get("/tasks/:id/profile", profile),
+      HttpRouter.post("/tasks/:id/profile/record", recordProfile),
       HttpRouter.post("/task/scale", scale),
       HttpRouter.get("/health", health),
       HttpRouter.get("/metrics", metrics)
@@ -296,5 +363,6 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       url: `http://${address.family === "IPv6" ? `[${address.address}]` : address.address}:${address.port}`,
       port: address.port
     }
-  })
+  }),
+  dependencies: [ProfileRecorder.Default]
 }) {}

@@ -1,0 +1,439 @@
+import { randomUUID } from "node:crypto"
+import { join } from "node:path"
+import { Effect, Schema } from "effect"
+import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
+import { EncoderConfig } from "../../app-runtime/tasks/EncoderTask.js"
+import { GeneratorConfig } from "../../app-runtime/tasks/GeneratorTask.js"
+import type { TaskInvocationWire } from "../../app-runtime/tasks/TaskGraph.js"
+import { NodeAgent } from "../../node/NodeAgent.js"
+import { Tensor } from "../../sidecar/Tensor.js"
+import { eitherSignal } from "../dispatcher/EitherSignal.js"
+import { type CallContext, executorCalls } from "../dispatcher/ExecutorCalls.js"
+import { BadRequest, DispatchFailed, TaskInputRejected, TaskNotFound, TaskUnavailable } from "../errors.js"
+import type { LevelMeasured, RecordedProfile, RecordRequest } from "./ProfileRecording.js"
+import { type ExecutorLease, type TaskManager, TaskManagers, TaskQueueBound } from "./TaskManagers.js"
+import { TaskProfile } from "./TaskProfile.js"
+
+/** A recording of the task's profile is running already. */
+export class RecordingInProgress extends Schema.TaggedError<RecordingInProgress>()("RecordingInProgress", {
+  taskId: Schema.String
+}) {
+  override get message() {
+    return `a profile of task ${this.taskId} is being recorded already; wait for it to end`
+  }
+}
+
+export type RecordingError = TaskUnavailable | TaskInputRejected | DispatchFailed
+
+/** How a recording ended: its profile, and whether the state dir keeps it (else why not). */
+export interface RecordingOutcome {
+  readonly profile: RecordedProfile
+  readonly notKept: string | undefined
+}
+
+/** One synthetic call on a leased executor: resolves with the milliseconds it took once its answer (or stream) ended. */
+type SyntheticCall = (lease: ExecutorLease, signal: AbortSignal) => Promise<number>
+
+/** A worker that could not lease, or whose call failed, waits this long before it tries again. */
+const retryPauseMs = 100
+/** How long an encoder's output may take to be in this node's sidecar, to be taken out, once the encoder answered. */
+const discardWaitMs = 3_000
+
+const prompts = [
+  "What colour is the sky?",
+  "Name a colour.",
+  "Say hello in one word.",
+  "Count from one to three.",
+  "What is two plus two?"
+]
+
+/** Nearest-rank median of sorted values (NaN of none). */
+const median = (sorted: ReadonlyArray<number>) =>
+  sorted.length === 0 ? Number.NaN : sorted[Math.max(0, Math.ceil(0.5 * sorted.length) - 1)]!
+
+const round = (value: number) => (Number.isFinite(value) ? Number(value.toFixed(2)) : value)
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
+
+const dataUrl = (mimeType: string, bytes: Uint8Array) =>
+  `data:${mimeType};base64,${Buffer.from(bytes).toString("base64")}`
+
+/** An RGB square of one colour, as PNG. */
+const squarePng = async (size: number, [red, green, blue]: readonly [number, number, number]) => {
+  const { default: sharp } = await import("sharp")
+  const pixels = Buffer.alloc(size * size * 3)
+  for (let at = 0; at < pixels.length; at += 3) pixels.set([red, green, blue], at)
+  return sharp(pixels, { raw: { width: size, height: size, channels: 3 } })
+    .png()
+    .toBuffer()
+}
+
+/** A small media item of the modality, as a `data:` URL: what an encoder embeds in a profile's calls. */
+const syntheticMedia = async (modality: string): Promise<string> => {
+  if (modality === "image") return dataUrl("image/png", await squarePng(64, [200, 40, 40]))
+  if (modality === "video") {
+    const { default: sharp } = await import("sharp")
+    const colours = [
+      [200, 40, 40],
+      [40, 200, 40],
+      [40, 40, 200],
+      [200, 200, 40]
+    ] as const
+    const frames = await Promise.all(colours.map((colour) => squarePng(64, colour)))
+    return dataUrl(
+      "image/gif",
+      await sharp(frames, { join: { animated: true } })
+        .gif()
+        .toBuffer()
+    )
+  }
+  // A second of a 440 Hz tone.
+  const { wavFile } = await import("../../executors/geri/router.js")
+  const sampleRate = 16_000
+  const samples = Int16Array.from({ length: sampleRate }, (_, index) =>
+    Math.round(8_000 * Math.sin((2 * Math.PI * 440 * index) / sampleRate))
+  )
+  return dataUrl("audio/wav", wavFile([samples], sampleRate))
+}
+
+/**
+ * What a generator's model takes, read from its config.json on this machine: the width of its
+ * prompt embeddings and its own image size; or why it cannot be read here.
+ */
+const generatorModel = async (
+  model: string
+): Promise<
+  { readonly hidden: number; readonly image: { readonly width: number; readonly height: number } | undefined } | string
+> => {
+  const { benchModelNames, builtinModelNames, modelCacheDir, resolveModel } = await import("../../models/ModelStore.js")
+  const { loadModelDirectory } = await import("../../models/ModelDirectory.js")
+  try {
+    // A recipe is built by the node that runs it; it is read here only if this machine has it.
+    const dir =
+      builtinModelNames.includes(model) || benchModelNames.includes(model)
+        ? join(modelCacheDir(), model)
+        : await resolveModel(model, { offline: true })
+    const { config } = await loadModelDirectory(dir)
+    if (config.prompt_embeddings === undefined)
+      return `the config.json of model ${model} says nothing of the prompt embeddings it takes`
+    const generator = config.generator
+    return {
+      hidden: config.prompt_embeddings.hidden_size,
+      image: generator?.modality === "image" ? { width: generator.width, height: generator.height } : undefined
+    }
+  } catch (error) {
+    return `model ${model} is not on the control plane's machine, where the shape of its input is read (${error instanceof Error ? error.message : String(error)})`
+  }
+}
+
+const freshId = () => `profile-${randomUUID().replaceAll("-", "")}`
+
+const invocation = (spec: UnitTaskSpec, operation: string, input: unknown, output: unknown): TaskInvocationWire => ({
+  taskId: spec.id,
+  kind: spec.kind,
+  operation,
+  config: spec.config,
+  input,
+  output,
+  streams: false
+})
+
+const drain = async (stream: AsyncIterable<unknown> | undefined) => {
+  if (stream === undefined) return
+  for await (const _ of stream);
+}
+
+/** An executor's error as one the recording answers with (anything unexpected is the executor's failure). */
+const recordingError = (error: unknown): RecordingError =>
+  error instanceof TaskUnavailable || error instanceof TaskInputRejected || error instanceof DispatchFailed
+    ? error
+    : new DispatchFailed({ message: error instanceof Error ? error.message : String(error) })
+
+/** The same error, its message told where it happened. */
+const saidWhere = (error: RecordingError, where: string): RecordingError => {
+  const message = `${where}: ${error.message}`
+  switch (error._tag) {
+    case "TaskUnavailable":
+      return new TaskUnavailable({ message })
+    case "TaskInputRejected":
+      return new TaskInputRejected({ message })
+    case "DispatchFailed":
+      return new DispatchFailed({ message })
+  }
+}
+
+/**
+ * Records a task's profile ahead of time: a closed-loop load sweep against its executors. At each
+ * load level L, L synthetic calls are kept in flight for the level's seconds, each a real call to
+ * an executor the task's manager leases (as the dispatcher's calls are), with an input of the
+ * task's kind; their latencies, by level and executor count, make a fresh TaskProfile. The summary
+ * becomes the task's recorded profile and is kept in the state dir.
+ *
+ * - LLM: short chat prompts, a few tokens each.
+ * - Encoder: a small generated image, audio clip or video (an animated GIF) of its modality, as a
+ *   `data:` URL; its embedding is sent to this node's sidecar and taken out of it there.
+ * - Generator: prompt embeddings of the shape its model takes ([rows, hidden] float32, hidden from
+ *   its config.json's `prompt_embeddings`), put into its node's sidecar from this node's.
+ */
+export class ProfileRecorder extends Effect.Service<ProfileRecorder>()("cornserve/ProfileRecorder", {
+  scoped: Effect.gen(function* () {
+    const taskManagers = yield* TaskManagers
+    const agent = yield* NodeAgent
+    const queueBound = yield* TaskQueueBound
+    const scope = yield* Effect.scope
+    /** Tasks whose profile is being recorded. */
+    const recording = new Set<string>()
+
+    /** Takes an encoder's output for a profile's call out of this node's sidecar. */
+    const discard = async (id: string) => {
+      const client = await agent.sidecarClient()
+      await client.recv(id, 0, { timeoutMs: discardWaitMs }).then(
+        () => client.markDone(id),
+        () => undefined
+      )
+    }
+
+    /** The synthetic call of the task's kind, with its input made once; BadRequest when the kind cannot be recorded. */
+    const syntheticCall = (spec: UnitTaskSpec): Effect.Effect<SyntheticCall, BadRequest> =>
+      Effect.gen(function* () {
+        /** The task's config, read as its kind writes it. */
+        const configOf = <A, I>(schema: Schema.Schema<A, I>) =>
+          Schema.decodeUnknown(schema)(spec.config).pipe(
+            Effect.mapError(
+              () =>
+                new BadRequest({ message: `task ${spec.id} cannot be recorded: its config is not a ${spec.kind}'s` })
+            )
+          )
+        const context = (signal: AbortSignal, receivers: ReadonlyArray<string>): CallContext => ({
+          receivers,
+          modalities: new Map(),
+          signal
+        })
+        switch (spec.kind) {
+          case "llm": {
+            let next = 0
+            return async (lease, signal) => {
+              const input = { messages: [{ role: "user", content: prompts[next++ % prompts.length] }], max_tokens: 8 }
+              const began = performance.now()
+              const result = await executorCalls.chat!(
+                lease.url,
+                invocation(spec, "chat", input, {}),
+                context(signal, [])
+              )
+              await drain(result.stream)
+              return performance.now() - began
+            }
+          }
+          case "encoder": {
+            const { modality } = yield* configOf(EncoderConfig)
+            const url = yield* Effect.promise(() => syntheticMedia(modality))
+            return async (lease, signal) => {
+              const id = freshId()
+              const began = performance.now()
+              try {
+                await executorCalls.embed!(
+                  lease.url,
+                  invocation(spec, "embed", { urls: [url] }, { embeddings: [{ $dataForward: id }] }),
+                  context(signal, [agent.nodeId])
+                )
+              } catch (error) {
+                void discard(id).catch(() => undefined)
+                throw error
+              }
+              const tookMs = performance.now() - began
+              await discard(id).catch(() => undefined)
+              return tookMs
+            }
+          }
+          case "image-generator":
+          case "audio-generator": {
+            const generator = yield* configOf(GeneratorConfig)
+            const model = yield* Effect.promise(() => generatorModel(generator.model))
+            if (typeof model === "string")
+              return yield* new BadRequest({ message: `task ${spec.id} (${spec.kind}) cannot be recorded: ${model}` })
+            const rows = 8
+            const embeddings = new Tensor(
+              "float32",
+              [rows, model.hidden],
+              Float32Array.from({ length: rows * model.hidden }, (_, index) => Math.sin(index) / 4)
+            )
+            const operation = spec.kind === "image-generator" ? "generate-image" : "generate-audio"
+            const size = model.image ?? { width: 64, height: 64 }
+            return async (lease, signal) => {
+              const id = freshId()
+              const client = await agent.sidecarClient()
+              await client.send(id, embeddings, { to: [lease.node] })
+              const input =
+                operation === "generate-image"
+                  ? { embeddings: { $dataForward: id }, width: size.width, height: size.height }
+                  : { embeddings: { $dataForward: id } }
+              const began = performance.now()
+              const result = await executorCalls[operation]!(
+                lease.url,
+                invocation(spec, operation, input, {}),
+                context(signal, [lease.node])
+              )
+              await drain(result.stream)
+              return performance.now() - began
+            }
+          }
+          default:
+            return yield* new BadRequest({
+              message: `task ${spec.id} cannot be recorded: no synthetic input is known for its kind (${spec.kind})`
+            })
+        }
+      })
+
+    /**
+     * `level` workers, each making calls one after another until the level's time is up; every call
+     * is measured into `profile`. An input the executor rejects fails at once (every call would);
+     * other failures are counted and the worker goes on after a pause.
+     */
+    const runLevel = async (
+      task: TaskManager,
+      call: SyntheticCall,
+      level: number,
+      seconds: number,
+      profile: TaskProfile,
+      signal: AbortSignal
+    ): Promise<LevelMeasured> => {
+      const began = performance.now()
+      const deadline = began + seconds * 1000
+      const stop = new AbortController()
+      const stopped = eitherSignal(signal, stop.signal)
+      const latencies: Array<number> = []
+      let failed = 0
+      let lastFailure: unknown
+      const worker = async () => {
+        while (performance.now() < deadline && !stopped.signal.aborted) {
+          let lease: ExecutorLease
+          try {
+            lease = await task.lease({ signal: stopped.signal, synthetic: true })
+          } catch (error) {
+            if (stopped.signal.aborted || task.state === "tearing-down") throw error
+            // The task is full (its own calls besides these), or has no healthy executor for now.
+            lastFailure = error
+            await sleep(retryPauseMs)
+            continue
+          }
+          const executors = task.executors().length
+          const callSignal = eitherSignal(stopped.signal, lease.signal)
+          try {
+            const latencyMs = await call(lease, callSignal.signal)
+            lease.release("ok")
+            latencies.push(latencyMs)
+            profile.record({ endedAt: Date.now(), latencyMs, level, executors, ok: true })
+          } catch (error) {
+            const unavailable = error instanceof TaskUnavailable && !stopped.signal.aborted
+            lease.release(unavailable ? "unavailable" : "failed")
+            if (stopped.signal.aborted || error instanceof TaskInputRejected) throw error
+            failed++
+            lastFailure = error
+            profile.record({ endedAt: Date.now(), latencyMs: 0, level, executors, ok: false })
+            await sleep(retryPauseMs)
+          } finally {
+            callSignal.dispose()
+          }
+        }
+      }
+      try {
+        await Promise.all(
+          Array.from({ length: level }, () =>
+            worker().catch((error: unknown) => {
+              stop.abort()
+              throw error
+            })
+          )
+        )
+      } finally {
+        stopped.dispose()
+      }
+      if (latencies.length === 0)
+        throw saidWhere(recordingError(lastFailure ?? new Error("no call was made")), "no call succeeded")
+      const elapsed = (performance.now() - began) / 1000
+      return {
+        level,
+        executors: task.executors().length,
+        seconds: round(elapsed),
+        calls: latencies.length + failed,
+        failed,
+        p50Ms: round(median(latencies.sort((a, b) => a - b))),
+        callsPerSecond: round(latencies.length / elapsed)
+      }
+    }
+
+    const sweep = (
+      task: TaskManager,
+      call: SyntheticCall,
+      request: RecordRequest,
+      onLevel: (measured: LevelMeasured) => void
+    ) =>
+      Effect.gen(function* () {
+        const profile = new TaskProfile(Date.now())
+        for (const level of request.levels) {
+          const measured = yield* Effect.tryPromise({
+            try: (signal) => runLevel(task, call, level, request.secondsPerLevel, profile, signal),
+            catch: (error) => saidWhere(recordingError(error), `recording task ${task.spec.id} at load ${level}`)
+          })
+          onLevel(measured)
+        }
+        const recorded: RecordedProfile = {
+          ...profile.summary(Date.now()),
+          recordedAt: new Date().toISOString(),
+          levels: request.levels,
+          secondsPerLevel: request.secondsPerLevel
+        }
+        const notKept = yield* taskManagers.keepRecorded(task.spec.id, recorded).pipe(
+          Effect.as(undefined),
+          Effect.catchAll((error) =>
+            Effect.as(
+              Effect.logWarning(`the recorded profile of task ${task.spec.id} is not kept: ${error.message}`),
+              error.message
+            )
+          )
+        )
+        return { profile: recorded, notKept } satisfies RecordingOutcome
+      })
+
+    /**
+     * Starts recording the task's profile: fails at once when the task is not deployed (or not
+     * ready), is being recorded already, or asks more calls in flight than it takes; else answers the
+     * running recording, told of each level as it ends. It ends with the platform, or when interrupted.
+     */
+    const record = Effect.fn("ProfileRecorder.record")(function* (
+      taskId: string,
+      request: RecordRequest,
+      onLevel: (measured: LevelMeasured) => void
+    ) {
+      const task = taskManagers.get(taskId)
+      if (task === undefined) return yield* new TaskNotFound({ taskId })
+      if (recording.has(taskId)) return yield* new RecordingInProgress({ taskId })
+      if (task.state !== "ready") return yield* new TaskUnavailable({ message: `task ${taskId} is ${task.state}` })
+      const inRotation = task.executors().filter((executor) => executor.healthy).length
+      const limit = queueBound * Math.max(1, inRotation)
+      const highest = Math.max(...request.levels)
+      if (highest > limit) {
+        return yield* new BadRequest({
+          message: `load ${highest} is more than task ${taskId} takes: ${limit} call(s) in flight (${queueBound} per executor in rotation, serve --task-queue)`
+        })
+      }
+      recording.add(taskId)
+      return yield* syntheticCall(task.spec).pipe(
+        Effect.flatMap((call) =>
+          sweep(task, call, request, onLevel).pipe(
+            Effect.ensuring(Effect.sync(() => recording.delete(taskId))),
+            Effect.forkIn(scope)
+          )
+        ),
+        Effect.onError(() => Effect.sync(() => recording.delete(taskId)))
+      )
+    })
+
+    return {
+      record,
+      /** The task's recorded profile, with when and how it was recorded; undefined when none was. */
+      recorded: (taskId: string): RecordedProfile | undefined => taskManagers.recordedProfile(taskId)
+    }
+  }),
+  dependencies: [TaskManagers.Default, NodeAgent.Default]
+}) {}
