@@ -1,5 +1,11 @@
 import { describe, expect, it } from "vitest"
-import { levelGroup, recentWindowMs, TaskProfile } from "../../src/control/task-manager/TaskProfile.js"
+import {
+  capacityOf,
+  levelGroup,
+  recentWindowMs,
+  sustainedOf,
+  TaskProfile
+} from "../../src/control/task-manager/TaskProfile.js"
 
 describe("TaskProfile: a task's calls as a throughput–latency curve", () => {
   it("groups load levels by powers of two", () => {
@@ -92,5 +98,25 @@ describe("TaskProfile: a task's calls as a throughput–latency curve", () => {
     expect(summary).toMatchObject({ calls: 0, failed: 0, curves: [], queueDepth: { mean: 0, max: 0, reports: 0 } })
     expect(summary.recent.calls).toBe(0)
     expect(summary.recent.callsPerSecond).toBe(0)
+  })
+
+  it("reads what executors sustain only from curves that went past saturation", () => {
+    const profile = new TaskProfile(0)
+    // One executor: 40 calls at each level 1, 2, 4, 8 taking 10, 20, 40, 80 ms: 100 calls/s from
+    // level 1 on, saturated. Two executors: 10 ms at levels 1 and 2: still rising, not saturated.
+    let t = 0
+    for (const [level, latencyMs] of [
+      [1, 10],
+      [2, 20],
+      [4, 40],
+      [8, 80]
+    ] as const)
+      for (let i = 0; i < 40; i++) profile.record({ endedAt: ++t, latencyMs, level, executors: 1, ok: true })
+    for (const level of [1, 2])
+      for (let i = 0; i < 40; i++) profile.record({ endedAt: ++t, latencyMs: 10, level, executors: 2, ok: true })
+    const summary = profile.summary(t)
+    expect(sustainedOf(summary)).toEqual([{ executors: 1, callsPerSecond: 100, calls: 160 }])
+    expect(capacityOf(summary)).toBe(100)
+    expect(capacityOf(new TaskProfile(0).summary(0))).toBeUndefined()
   })
 })

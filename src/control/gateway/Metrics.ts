@@ -107,8 +107,10 @@ export const renderMetrics = (state: {
       metric(
         "cornserve_rebalance_moves_total",
         "counter",
-        "Executors rebalancing gave to a bottleneck task: on a free device, or on one taken from a task with slack.",
-        ["free_device", "taken_from_slack"].map((kind) => [{ kind }, state.rebalanceMoves!.get(kind) ?? 0] as const)
+        "Executors rebalancing moved: given to a bottleneck task on a free device or on one taken from a task with slack, or released because the task's profile showed no gain from them.",
+        ["free_device", "taken_from_slack", "released"].map(
+          (kind) => [{ kind }, state.rebalanceMoves!.get(kind) ?? 0] as const
+        )
       )
     )
   }

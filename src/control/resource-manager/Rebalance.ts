@@ -1,14 +1,25 @@
 /**
- * Which device moves next between the tasks of a fixed pool: a pure policy over plain data (the
- * tasks' executors and bounds, their load, free devices, when each was last changed), answering at
- * most one move per round, with its reason.
+ * Which devices move between the tasks of a fixed pool: a pure policy over plain data (the tasks'
+ * executors and bounds, their load and profiles, free devices, when each was last changed),
+ * answering the moves of one round, each with its reason. The live resource manager and the
+ * simulator (Simulator.ts) both run it.
  *
- * A task's pressure is the calls it had in flight on average over the last window, per executor.
- * Above `high` it is a bottleneck; below `low` it has slack. The widest bottleneck grows first: on
- * a free device when there is one, else on a device taken from the task with the most slack (that
- * executor drains first). Hysteresis: the gap between `low` and `high`, and a cooldown during which
- * a task just changed is not changed again, so that one burst does not move devices back and
- * forth. Bounds: a task keeps `min` executors and never exceeds `max`.
+ * A task's need is measured one of two ways:
+ *
+ * - **By its profile**, when the profile knows what one executor sustains (`capacity`, calls/s):
+ *   its utilisation is the arrival rate over what its executors sustain. Above `growAbove` it is a
+ *   bottleneck and needs executors enough to run at `targetUtilization`; below `shrinkBelow` it has
+ *   slack down to that same utilisation. One round can move many devices: a task that needs ten
+ *   more gets ten.
+ * - **By its load alone**, when it does not: calls in flight per executor. Above `high` it is a
+ *   bottleneck and needs one executor more (it cannot be sized without a profile); below `low` it
+ *   has one executor of slack.
+ *
+ * Bottlenecks are served widest first (the highest utilisation, or pressure): on free devices while
+ * there are any, then on devices taken from the tasks with the most slack (their executors drain
+ * first). Hysteresis: the gap between the thresholds, and a cooldown during which a task just
+ * changed is not changed again, so that one burst does not move devices back and forth. Bounds: a
+ * task keeps `min` executors and never exceeds `max`.
  */
 
 export interface RebalanceTask {
@@ -19,6 +30,15 @@ export interface RebalanceTask {
   readonly maxExecutors: number
   /** Mean calls in flight in the task over the last window (all its executors together). */
   readonly meanLoad: number
+  /** Calls per second that arrived over the last window, those refused included. */
+  readonly rate?: number | undefined
+  /** Calls per second one executor sustains, from the task's profile; undefined: not known. */
+  readonly capacity?: number | undefined
+  /**
+   * Calls per second the whole task sustained at each executor count its profile measured to
+   * saturation: where more executors did not raise it, the task does not grow past them.
+   */
+  readonly sustained?: ReadonlyArray<readonly [executors: number, callsPerSecond: number]> | undefined
   /** When the task was last grown or shrunk (by this policy or by hand), ms; undefined: never. */
   readonly changedAt: number | undefined
 }
@@ -31,58 +51,214 @@ export interface RebalanceState {
 }
 
 export interface RebalancePolicy {
-  /** Calls in flight per executor above which a task is a bottleneck. */
+  /** Without a profile: calls in flight per executor above which a task is a bottleneck. */
   readonly high: number
-  /** Calls in flight per executor below which a task has slack to give. */
+  /** Without a profile: calls in flight per executor below which a task has slack to give. */
   readonly low: number
+  /** With a profile: the utilisation above which a task is a bottleneck. */
+  readonly growAbove: number
+  /** With a profile: the utilisation below which a task has slack to give. */
+  readonly shrinkBelow: number
+  /** With a profile: the utilisation a task is sized for when it grows or gives. */
+  readonly targetUtilization: number
   /** How long a task just changed is left alone. */
   readonly cooldownMs: number
+  /** The gain in sustained calls/s an executor more must have shown for a task to grow past it. */
+  readonly minGain: number
 }
 
-export const defaultRebalancePolicy: RebalancePolicy = { high: 2, low: 0.5, cooldownMs: 15_000 }
+export const defaultRebalancePolicy: RebalancePolicy = {
+  high: 2,
+  low: 0.5,
+  growAbove: 0.85,
+  shrinkBelow: 0.5,
+  targetUtilization: 0.7,
+  cooldownMs: 15_000,
+  minGain: 0.1
+}
 
 export type Move =
   | { readonly _tag: "Grow"; readonly task: string; readonly reason: string }
-  | { readonly _tag: "Take"; readonly from: string; readonly to: string; readonly reason: string }
+  /** The task gives back one executor that did not raise its throughput (it drains first). */
+  | { readonly _tag: "Release"; readonly task: string; readonly reason: string }
+  /** Each task of `from` gives one executor (it drains first); `to` grows by one on their devices. */
+  | { readonly _tag: "Take"; readonly from: ReadonlyArray<string>; readonly to: string; readonly reason: string }
 
 export const pressureOf = (task: RebalanceTask) => task.meanLoad / Math.max(1, task.executors)
 
+const profiled = (task: RebalanceTask): task is RebalanceTask & { rate: number; capacity: number } =>
+  task.rate !== undefined && task.capacity !== undefined && task.capacity > 0
+
+/** Arrivals over what `executors` executors sustain. */
+const utilizationAt = (task: RebalanceTask & { rate: number; capacity: number }, executors: number) =>
+  task.rate / (task.capacity * Math.max(1, executors))
+
 const fixed = (value: number) => value.toFixed(2)
 
-export const decideMove = (
-  state: RebalanceState,
-  policy: RebalancePolicy = defaultRebalancePolicy
-): Move | undefined => {
-  const settled = (task: RebalanceTask) =>
-    task.changedAt === undefined || state.now - task.changedAt >= policy.cooldownMs
-  const bottlenecks = state.tasks
-    .filter((task) => settled(task) && task.executors < task.maxExecutors && pressureOf(task) > policy.high)
-    .sort((a, b) => pressureOf(b) - pressureOf(a) || (a.id < b.id ? -1 : 1))
-  for (const task of bottlenecks) {
-    const pressure = `${fixed(pressureOf(task))} calls in flight per executor (above ${policy.high})`
-    if (state.freeDevices >= task.devicesPerExecutor) {
-      return { _tag: "Grow", task: task.id, reason: `${task.id} is a bottleneck: ${pressure}; a free device takes it` }
-    }
-    // A donor gives one executor's devices; they must be enough for one executor of the bottleneck.
-    const donors = state.tasks
-      .filter(
-        (donor) =>
-          donor.id !== task.id &&
-          settled(donor) &&
-          donor.executors > donor.minExecutors &&
-          pressureOf(donor) < policy.low &&
-          donor.devicesPerExecutor + state.freeDevices >= task.devicesPerExecutor
-      )
-      .sort((a, b) => pressureOf(a) - pressureOf(b) || (a.id < b.id ? -1 : 1))
-    const donor = donors[0]
-    if (donor !== undefined) {
+interface Assessed {
+  readonly task: RebalanceTask
+  /** Executors past what its profile showed any gain from, and why; 0: none. */
+  readonly past: number
+  readonly ceilingWhy: string
+  /** Executors more it wants (bottlenecks) or can give (slack); 0: neither. */
+  readonly wants: number
+  readonly gives: number
+  /**
+   * Executors it can lend to an overloaded task (arrivals above what its executors sustain) when
+   * slack is not enough: as many as leave it under `growAbove` with a margin.
+   */
+  readonly spares: number
+  /** How hard it is pressed: utilisation, or calls in flight per executor over `high`. */
+  readonly severity: number
+  /** Why it wants or gives, for the log. */
+  readonly why: string
+}
+
+/**
+ * The executors past which the task's profile showed no gain: the fewest that sustained within
+ * `minGain` of every larger count it measured. Undefined when no larger count was measured.
+ */
+export const ceilingOf = (
+  sustained: ReadonlyArray<readonly [number, number]>,
+  minGain: number
+): { readonly executors: number; readonly why: string } | undefined => {
+  const sorted = [...sustained].sort(([a], [b]) => a - b)
+  for (const [index, [executors, rate]] of sorted.entries()) {
+    const larger = sorted.slice(index + 1)
+    if (larger.length === 0) return undefined
+    if (larger.every(([, more]) => more <= (1 + minGain) * rate)) {
+      const [most, mostRate] = larger.reduce((top, entry) => (entry[1] > top[1] ? entry : top))
       return {
-        _tag: "Take",
-        from: donor.id,
-        to: task.id,
-        reason: `${task.id} is a bottleneck: ${pressure}; ${donor.id} has slack: ${fixed(pressureOf(donor))} per executor (below ${policy.low})`
+        executors,
+        why: `${executors} executor(s) sustained ${fixed(rate)} calls/s and ${most} sustained ${fixed(mostRate)}`
       }
     }
   }
   return undefined
 }
+
+const assess = (task: RebalanceTask, policy: RebalancePolicy): Assessed => {
+  const ceiling = task.sustained === undefined ? undefined : ceilingOf(task.sustained, policy.minGain)
+  const top = Math.min(task.maxExecutors, Math.max(task.minExecutors, ceiling?.executors ?? Number.POSITIVE_INFINITY))
+  const bounded = (executors: number) => Math.min(top, Math.max(task.minExecutors, executors))
+  const past = Math.max(0, task.executors - top)
+  const nothing = { task, wants: 0, gives: 0, spares: 0, past, ceilingWhy: ceiling?.why ?? "" }
+  if (profiled(task)) {
+    const utilization = utilizationAt(task, task.executors)
+    const sized = bounded(Math.ceil(task.rate / (task.capacity * policy.targetUtilization)))
+    const why = `${fixed(task.rate)} calls/s against ${fixed(task.capacity)} per executor (${task.executors} executor(s), utilisation ${fixed(utilization)})`
+    if (past > 0) return { ...nothing, severity: utilization, why }
+    let spares = 0
+    while (
+      task.executors - spares > task.minExecutors &&
+      utilizationAt(task, task.executors - spares - 1) <= spareBelow * policy.growAbove
+    )
+      spares++
+    return {
+      ...nothing,
+      wants: utilization > policy.growAbove ? Math.max(0, sized - task.executors) : 0,
+      gives: utilization < policy.shrinkBelow ? Math.max(0, task.executors - sized) : 0,
+      spares,
+      severity: utilization,
+      why
+    }
+  }
+  const pressure = pressureOf(task)
+  const above = pressure > policy.high
+  const why = above
+    ? `${fixed(pressure)} calls in flight per executor (above ${policy.high})`
+    : `${fixed(pressure)} per executor (below ${policy.low})`
+  if (past > 0) return { ...nothing, severity: pressure / policy.high, why }
+  return {
+    ...nothing,
+    wants: above && task.executors < top ? 1 : 0,
+    gives: pressure < policy.low && task.executors > task.minExecutors ? 1 : 0,
+    severity: pressure / policy.high,
+    why
+  }
+}
+
+/** A task lends executors only while it stays this far under `growAbove`: it must not become a bottleneck. */
+const spareBelow = 0.95
+
+const byId = (a: RebalanceTask, b: RebalanceTask) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0)
+
+/**
+ * The moves of one round, in the order to make them: first the executors that did not raise their
+ * task's throughput go back to the pool; then every bottleneck's executors, on free devices
+ * first, then on devices taken from slack. A donor's executor gives its devices to the pool; they
+ * go to a bottleneck once the pool holds enough for one executor of it.
+ */
+export const planMoves = (
+  state: RebalanceState,
+  policy: RebalancePolicy = defaultRebalancePolicy
+): ReadonlyArray<Move> => {
+  const settled = (task: RebalanceTask) =>
+    task.changedAt === undefined || state.now - task.changedAt >= policy.cooldownMs
+  const assessed = state.tasks.filter(settled).map((task) => assess(task, policy))
+  const bottlenecks = assessed
+    .filter((entry) => entry.wants > 0)
+    .sort((a, b) => b.severity - a.severity || byId(a.task, b.task))
+  const donors = assessed
+    .filter((entry) => entry.gives > 0 || entry.spares > 0)
+    .sort((a, b) => a.severity - b.severity || byId(a.task, b.task))
+  const given = new Map<string, number>()
+  let free = state.freeDevices
+  const moves: Array<Move> = []
+  for (const entry of assessed) {
+    for (let released = 0; released < entry.past; released++) {
+      free += entry.task.devicesPerExecutor
+      moves.push({
+        _tag: "Release",
+        task: entry.task.id,
+        reason: `${entry.task.id} gains nothing from its ${entry.task.executors} executors: ${entry.ceilingWhy}; one goes back to the pool`
+      })
+    }
+  }
+  for (const bottleneck of bottlenecks) {
+    const { task } = bottleneck
+    const needs = task.devicesPerExecutor
+    for (let grown = 0; grown < bottleneck.wants; grown++) {
+      if (free >= needs) {
+        free -= needs
+        moves.push({
+          _tag: "Grow",
+          task: task.id,
+          reason: `${task.id} is a bottleneck: ${bottleneck.why}; a free device takes it`
+        })
+        continue
+      }
+      // Donors, least pressed first, each giving executors while it has slack (or, to a task that
+      // is overloaded, spare), until the pool holds one executor's devices of the bottleneck.
+      const overloaded = profiled(task) && utilizationAt(task, task.executors + grown) > 1
+      const taken: Array<Assessed> = []
+      let pool = free
+      for (const donor of donors) {
+        if (donor.task.id === task.id) continue
+        let left = (overloaded ? Math.max(donor.gives, donor.spares) : donor.gives) - (given.get(donor.task.id) ?? 0)
+        while (left > 0 && pool < needs) {
+          taken.push(donor)
+          pool += donor.task.devicesPerExecutor
+          left--
+        }
+        if (pool >= needs) break
+      }
+      if (pool < needs) break
+      for (const donor of taken) given.set(donor.task.id, (given.get(donor.task.id) ?? 0) + 1)
+      free = pool - needs
+      moves.push({
+        _tag: "Take",
+        from: taken.map((donor) => donor.task.id),
+        to: task.id,
+        reason: `${task.id} is a bottleneck: ${bottleneck.why}; ${[...new Set(taken)]
+          .map((donor) => `${donor.task.id} has ${donor.gives > 0 ? "slack" : "executors to spare"}: ${donor.why}`)
+          .join("; ")}`
+      })
+    }
+  }
+  return moves
+}
+
+/** The first move of the round, if any: for callers that make one move at a time. */
+export const decideMove = (state: RebalanceState, policy: RebalancePolicy = defaultRebalancePolicy): Move | undefined =>
+  planMoves(state, policy)[0]

@@ -6,6 +6,7 @@ import { NodeRegistry, type NodeSummary } from "../cluster/NodeRegistry.js"
 import { BadRequest, DeploymentFailed, DevicesExhausted, NoExecutorForKind, TaskNotFound } from "../errors.js"
 import { ServeConfig } from "../ServeConfig.js"
 import { type ExecutorSummary, TaskManagers } from "../task-manager/TaskManagers.js"
+import { capacityOf, sustainedOf } from "../task-manager/TaskProfile.js"
 import {
   freeDevices,
   type Holding,
@@ -14,7 +15,7 @@ import {
   type PlacementRequest,
   place
 } from "./Placement.js"
-import { decideMove, defaultRebalancePolicy, type Move, type RebalanceTask } from "./Rebalance.js"
+import { defaultRebalancePolicy, planMoves, type RebalanceTask } from "./Rebalance.js"
 import { makeScaleStore } from "./ScaleStore.js"
 
 export interface TaskSummary {
@@ -398,10 +399,11 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         })
       )
 
-    // Rebalancing (--autoscale): each round reads every task's mean load since the last round and
-    // makes the one move the policy asks for, if any.
+    // Rebalancing (--autoscale): each round reads every task's mean load and arrival rate since the
+    // last round, and what one executor sustains from its profile (recorded ahead of time, else
+    // measured online once it shows saturation), then makes the moves the policy asks for.
     const moves = new Map<string, number>()
-    const lastArea = new Map<string, { readonly area: number; readonly at: number }>()
+    const lastReading = new Map<string, { readonly area: number; readonly arrived: number; readonly at: number }>()
     const rebalanceTasks = (): ReadonlyArray<RebalanceTask> => {
       const now = performance.now()
       return taskManagers
@@ -409,21 +411,36 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         .filter((task) => task.state === "ready")
         .map((task) => {
           const area = task.loadArea()
-          const previous = lastArea.get(task.spec.id)
-          lastArea.set(task.spec.id, { area, at: now })
+          const online = task.profile()
+          const arrived = online.calls + task.shed
+          const previous = lastReading.get(task.spec.id)
+          lastReading.set(task.spec.id, { area, arrived, at: now })
+          const span = previous === undefined ? 0 : now - previous.at
           const bounds = task.spec.config as { readonly minExecutors?: unknown; readonly maxExecutors?: unknown }
+          const recorded = task.recorded()
+          const profiles = recorded === undefined ? [online] : [recorded, online]
           return {
             id: task.spec.id,
             executors: task.executors().length,
             devicesPerExecutor: perExecutorOf(task.spec),
             minExecutors: typeof bounds?.minExecutors === "number" ? Math.max(1, bounds.minExecutors) : 1,
             maxExecutors: typeof bounds?.maxExecutors === "number" ? bounds.maxExecutors : Number.POSITIVE_INFINITY,
-            meanLoad: previous === undefined || now <= previous.at ? 0 : (area - previous.area) / (now - previous.at),
+            meanLoad: span <= 0 ? 0 : (area - previous!.area) / span,
+            rate: span <= 0 ? undefined : ((arrived - previous!.arrived) * 1000) / span,
+            capacity: profiles.map(capacityOf).find((capacity) => capacity !== undefined),
+            // Online measurements where there are any, else the recorded ones, per executor count.
+            sustained: [
+              ...new Map(
+                profiles.flatMap((profile) =>
+                  sustainedOf(profile).map((curve) => [curve.executors, curve.callsPerSecond] as const)
+                )
+              )
+            ],
             changedAt: changedAt.get(task.spec.id)
           }
         })
     }
-    const moveKind = (move: Move) => (move._tag === "Grow" ? "free_device" : "taken_from_slack")
+    const count = (kind: string) => moves.set(kind, (moves.get(kind) ?? 0) + 1)
     const rebalance = Effect.gen(function* () {
       const tasksNow = rebalanceTasks()
       const free = [...freeDevices(placementNodes(), [...allocated.values()]).values()].reduce(
@@ -431,16 +448,29 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         0
       )
       // A task just changed waits three rounds: its new executor is measured before the next move.
-      const move = decideMove(
+      const plan = planMoves(
         { now: Date.now(), tasks: tasksNow, freeDevices: free },
         { ...defaultRebalancePolicy, cooldownMs: 3 * (config.autoscaleIntervalMs ?? 0) }
       )
-      if (move === undefined) return
-      yield* Effect.logInfo(`rebalancing: ${move.reason}`)
-      const grow = move._tag === "Grow" ? move.task : move.to
-      if (move._tag === "Take") yield* scaleNow(move.from, -perExecutorOf(taskManagers.get(move.from)!.spec))
-      yield* scaleNow(grow, perExecutorOf(taskManagers.get(grow)!.spec))
-      moves.set(moveKind(move), (moves.get(moveKind(move)) ?? 0) + 1)
+      const devicesOf = (taskId: string) => perExecutorOf(taskManagers.get(taskId)!.spec)
+      for (const move of plan) {
+        yield* Effect.logInfo(`rebalancing: ${move.reason}`)
+        switch (move._tag) {
+          case "Release":
+            yield* scaleNow(move.task, -devicesOf(move.task))
+            count("released")
+            break
+          case "Grow":
+            yield* scaleNow(move.task, devicesOf(move.task))
+            count("free_device")
+            break
+          case "Take":
+            for (const from of move.from) yield* scaleNow(from, -devicesOf(from))
+            yield* scaleNow(move.to, devicesOf(move.to))
+            count("taken_from_slack")
+            break
+        }
+      }
     }).pipe(
       Effect.catchAll((error) => Effect.logWarning(`rebalancing: the move failed: ${error.message}`)),
       (round) => lock.withPermits(1)(round)

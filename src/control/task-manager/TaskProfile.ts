@@ -177,3 +177,34 @@ export class TaskProfile {
     if (stale > 0) entries.splice(0, stale)
   }
 }
+
+/** Calls a curve's point must have measured to count towards a capacity. */
+const capacityCalls = 20
+
+/**
+ * What the task sustained at each executor count its profile measured to saturation: the best
+ * throughput of a curve whose load went past that point without throughput rising further. A curve
+ * whose throughput still rose at its highest load says nothing of what more load would get.
+ */
+export const sustainedOf = (
+  summary: Pick<ProfileSummary, "curves">
+): ReadonlyArray<{ readonly executors: number; readonly callsPerSecond: number; readonly calls: number }> =>
+  summary.curves.flatMap((curve) => {
+    const points = curve.points.filter((point) => point.calls >= capacityCalls && point.callsPerSecond > 0)
+    if (points.length < 2) return []
+    const peak = points.reduce((top, point) => (point.callsPerSecond > top.callsPerSecond ? point : top))
+    if (!points.some((point) => point.levelTo > peak.levelTo)) return []
+    const calls = points.reduce((sum, point) => sum + point.calls, 0)
+    return [{ executors: curve.executors, callsPerSecond: peak.callsPerSecond, calls }]
+  })
+
+/**
+ * Calls per second one executor sustains, as a profile shows it: from the saturated curve with the
+ * most calls, its throughput over its executors. Undefined when no curve shows saturation.
+ */
+export const capacityOf = (summary: Pick<ProfileSummary, "curves">): number | undefined => {
+  const curves = sustainedOf(summary)
+  if (curves.length === 0) return undefined
+  const best = curves.reduce((top, curve) => (curve.calls > top.calls ? curve : top))
+  return best.callsPerSecond / Math.max(1, best.executors)
+}
