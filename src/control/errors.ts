@@ -171,12 +171,22 @@ export class QueueTimeout extends Schema.TaggedError<QueueTimeout>()("QueueTimeo
   }
 }
 
+/** A recording of the task's profile is running already. */
+export class RecordingInProgress extends Schema.TaggedError<RecordingInProgress>()("RecordingInProgress", {
+  taskId: Schema.String
+}) {
+  override get message() {
+    return `a profile of task ${this.taskId} is being recorded already; wait for it to end`
+  }
+}
+
 export type RegistrationError = AppNameTaken | InvalidAppName | AppSyntaxError | ForbiddenImport | InvalidApp
 
 export type ControlPlaneError =
   | AppNotFound
   | AppNotReady
   | AppNameTaken
+  | RecordingInProgress
   | InvalidAppName
   | AppSyntaxError
   | ForbiddenImport

@@ -45,6 +45,7 @@ export const httpStatuses: { readonly [Tag in ErrorTag]: HttpStatus } = {
   // The body stalled: the connection is closed, as node:http does for stalled headers.
   RequestBodyTimeout: { status: 408 },
   AppNameTaken: { status: 409 },
+  RecordingInProgress: { status: 409 },
   // Over the app's own limit of running and queued requests.
   AppOverloaded: { status: 429, retryAfterSeconds: 1 },
   PayloadTooLarge: { status: 413 },

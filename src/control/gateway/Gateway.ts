@@ -212,7 +212,7 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
 
     /**
      * Records a task's profile ahead of time (a load sweep against its executors). Refusals are
-     * answered at once; then Server-Sent Events: `progress` as each load level ends, and `final`
+     * answered at once; then Server-Sent Events: `started` at once, `progress` as each load level ends, and `final`
      * with the recorded profile, or `error`. A client that goes away stops the recording.
      */
     const recordProfile = Effect.gen(function* () {
@@ -220,6 +220,8 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       const taskId = yield* param("id")
       const body = yield* readJson(RecordRequest)
       const events = yield* Queue.unbounded<string | undefined>()
+      // The first event goes at once, so that the client knows the recording began (and holds the task).
+      events.unsafeOffer(sseEvent("started", { taskId, levels: body.levels, secondsPerLevel: body.secondsPerLevel }))
       const recording = yield* recorder.record(taskId, body, (measured) =>
         events.unsafeOffer(sseEvent("progress", Schema.encodeSync(LevelMeasured)(measured)))
       )
@@ -254,18 +256,7 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
         contentType: "text/event-stream",
         headers: { "cache-control": "no-cache", connection: "keep-alive" }
       })
-    }).pipe(
-      // A recording of the task is running already: 409, answered here while the one table of
-      // statuses (src/errors/HttpStatus.ts) does not name this error.
-      Effect.catchTag("RecordingInProgress", (error) =>
-        Effect.succeed(
-          HttpServerResponse.unsafeJson(
-            { error: { code: error._tag, message: error.message, taskId: error.taskId } },
-            { status: 409 }
-          )
-        )
-      )
-    )
+    })
 
     const health = Effect.sync(() =>
       HttpServerResponse.unsafeJson(

@@ -9,19 +9,17 @@ import { NodeAgent } from "../../node/NodeAgent.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import { eitherSignal } from "../dispatcher/EitherSignal.js"
 import { type CallContext, executorCalls } from "../dispatcher/ExecutorCalls.js"
-import { BadRequest, DispatchFailed, TaskInputRejected, TaskNotFound, TaskUnavailable } from "../errors.js"
+import {
+  BadRequest,
+  DispatchFailed,
+  RecordingInProgress,
+  TaskInputRejected,
+  TaskNotFound,
+  TaskUnavailable
+} from "../errors.js"
 import type { LevelMeasured, RecordedProfile, RecordRequest } from "./ProfileRecording.js"
 import { type ExecutorLease, type TaskManager, TaskManagers, TaskQueueBound } from "./TaskManagers.js"
 import { TaskProfile } from "./TaskProfile.js"
-
-/** A recording of the task's profile is running already. */
-export class RecordingInProgress extends Schema.TaggedError<RecordingInProgress>()("RecordingInProgress", {
-  taskId: Schema.String
-}) {
-  override get message() {
-    return `a profile of task ${this.taskId} is being recorded already; wait for it to end`
-  }
-}
 
 export type RecordingError = TaskUnavailable | TaskInputRejected | DispatchFailed
 
