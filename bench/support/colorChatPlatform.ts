@@ -46,6 +46,9 @@ export async function startPlatform(options: {
   readonly modelDir: string
   readonly nodeId: string
   readonly onSpawn: (child: ChildProcess) => void
+  /** Devices other than color_chat's three, and more flags for serve. */
+  readonly devices?: string | undefined
+  readonly args?: ReadonlyArray<string> | undefined
 }): Promise<Platform> {
   const child = spawn(
     process.execPath,
@@ -59,14 +62,15 @@ export async function startPlatform(options: {
       "--state-dir",
       options.stateDir,
       "--devices",
-      DEVICES,
+      options.devices ?? DEVICES,
       "--node-id",
       options.nodeId,
       "--sidecar-arena-bytes",
       String(ARENA_BYTES),
       // Every request sends the same image: the cache of encoder outputs would leave the encoder idle.
       "--embedding-cache-bytes",
-      "0"
+      "0",
+      ...(options.args ?? [])
     ],
     {
       cwd: repoRoot,
@@ -176,19 +180,20 @@ export async function withBenchPlatform(
   label: string,
   app: string,
   body: (platform: BenchPlatform) => Promise<void>,
-  cleanup: () => void = () => undefined
+  cleanup: () => void = () => undefined,
+  serve: { readonly devices?: string; readonly args?: ReadonlyArray<string> } = {}
 ): Promise<void> {
   const stateDir = mkdtempSync(join(tmpdir(), `cornserve-bench-${label}-`))
   const modelDir = mkdtempSync(join(tmpdir(), `cornserve-bench-${label}-models-`))
   const load = new AbortController()
-  let serve: ChildProcess | undefined
+  let serveProcess: ChildProcess | undefined
   const reaper = platformReaper(app, label)
   let cleaning: Promise<void> | undefined
   const stop = () => {
     load.abort()
     cleaning ??= (async () => {
       cleanup()
-      await reaper.stop(serve)
+      await reaper.stop(serveProcess)
     })().finally(() => {
       rmSync(stateDir, { recursive: true, force: true })
       rmSync(modelDir, { recursive: true, force: true })
@@ -207,8 +212,9 @@ export async function withBenchPlatform(
       modelDir,
       nodeId: benchNodeId(label),
       onSpawn: (child) => {
-        serve = child
-      }
+        serveProcess = child
+      },
+      ...serve
     })
     await body({ ...platform, signal: load.signal, remember: reaper.remember, pids: reaper.pids })
   } finally {
