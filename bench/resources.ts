@@ -285,11 +285,7 @@ async function live(mode: "autoscale" | "even") {
       const executors = (await tasks())
         .map((task) => `${task.name.split("-tiny")[0]} ${task.executors.length}`)
         .join(", ")
-      const moveLog = platform
-        .tail()
-        .split("\n")
-        .filter((line) => line.includes("rebalancing:"))
-      for (const line of moveLog) console.error(`${mode}: ${line.slice(0, 400)}`)
+      for (const line of platform.rebalancing()) console.error(`${mode}: ${line.slice(0, 400)}`)
       result = { tallies, moves: moves || "none", executors, failures: [...failures] }
     },
     undefined,

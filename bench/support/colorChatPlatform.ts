@@ -33,6 +33,8 @@ export interface Platform {
   readonly url: string
   /** The platform's last lines of output, to explain a failure. */
   readonly tail: () => string
+  /** Every line of the platform's output that says `rebalancing:` (the moves of --autoscale), up to 500. */
+  readonly rebalancing: () => ReadonlyArray<string>
 }
 
 /**
@@ -80,7 +82,9 @@ export async function startPlatform(options: {
   )
   options.onSpawn(child)
   const lines: Array<string> = []
+  const moves: Array<string> = []
   const keep = (line: string) => {
+    if (moves.length < 500 && line.includes("rebalancing:")) moves.push(line)
     lines.push(line)
     if (lines.length > 60) lines.shift()
   }
@@ -110,7 +114,7 @@ export async function startPlatform(options: {
     child.once("exit", onExit)
     stdout.on("line", onLine)
   })
-  return { child, url, tail }
+  return { child, url, tail, rebalancing: () => moves }
 }
 
 /**
