@@ -1,7 +1,9 @@
 /**
  * Gateway overhead: what cornserve adds on top of a bare node:http server doing the same work.
  *
- * Starts the real platform (`bin/cornserve serve --examples`) and a bare server
+ * Starts the real platform (`bin/cornserve serve`, with only the hello example registered: the other
+ * examples' executors would share this machine's cores with the gateway, and what they cost is not
+ * the gateway's) and a bare server
  * (support/bare-hello-server.ts) as child processes, then drives both with an open-loop load
  * generator at fixed rates, alternating the two at each rate so machine noise hits both alike.
  * Prints a table, then (as the last line) one JSON object with the figures.
@@ -31,6 +33,7 @@ import { performance } from "node:perf_hooks"
 import { createInterface } from "node:readline"
 import { setTimeout as sleep } from "node:timers/promises"
 import { bundleScript } from "../test/support/bundle.js"
+import { repoRoot, runCli } from "../test/support/platform.js"
 
 const SECONDS = envNumber("BENCH_SECONDS", 5)
 const WARMUP_SECONDS = envNumber("BENCH_WARMUP_SECONDS", 1)
@@ -400,11 +403,14 @@ export default async function gatewayBench(): Promise<void> {
         "--port",
         "0",
         "--state-dir",
-        stateDir,
-        "--examples"
+        stateDir
       ]),
       startServer("bare server", [bareScript])
     ])
+    const registered = await runCli(["app", "register", join(repoRoot, "examples", `${APP}.ts`)], {
+      CORNSERVE_GATEWAY_URL: cornserve.url.origin
+    })
+    if (registered.code !== 0) throw new Error(`registering ${APP} failed: ${registered.stderr}`)
     await waitForApp(cornserve.url, APP)
 
     const target = (name: TargetName, url: URL): Target => {
