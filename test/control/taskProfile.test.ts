@@ -114,8 +114,18 @@ describe("TaskProfile: a task's calls as a throughput–latency curve", () => {
       for (let i = 0; i < 40; i++) profile.record({ endedAt: ++t, latencyMs, level, executors: 1, ok: true })
     for (const level of [1, 2])
       for (let i = 0; i < 40; i++) profile.record({ endedAt: ++t, latencyMs: 10, level, executors: 2, ok: true })
+    // Three executors: throughput still rising at the highest load, by 8% (under 10%): saturated.
+    for (const [level, latencyMs] of [
+      [1, 10],
+      [2, 10],
+      [4, 18.5]
+    ] as const)
+      for (let i = 0; i < 40; i++) profile.record({ endedAt: ++t, latencyMs, level, executors: 3, ok: true })
     const summary = profile.summary(t)
-    expect(sustainedOf(summary)).toEqual([{ executors: 1, callsPerSecond: 100, calls: 160 }])
+    expect(sustainedOf(summary)).toEqual([
+      { executors: 1, callsPerSecond: 100, calls: 160 },
+      { executors: 3, callsPerSecond: 216.22, calls: 120 }
+    ])
     expect(capacityOf(summary)).toBe(100)
     expect(capacityOf(new TaskProfile(0).summary(0))).toBeUndefined()
   })
