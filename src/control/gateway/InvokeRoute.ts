@@ -21,7 +21,7 @@ import { shortened } from "../../app-runtime/Shortened.js"
 import { jsonDepthWithin, tooDeepMessage } from "./JsonBody.js"
 import { type RequestBodyLimits, readRequestBody } from "./RequestBody.js"
 import type { Metrics } from "../metrics/PlatformMetrics.js"
-import { startSpan } from "../../tracing/Tracing.js"
+import { noSpan, startSpan, tracing } from "../../tracing/Tracing.js"
 
 export const invokePrefix = "/app/invoke/"
 /** `POST /app/:id/v1/chat/completions`: the OpenAI surface of apps that take chat requests. */
@@ -225,16 +225,19 @@ export const makeInvokeRoute =
     const arrived = performance.now()
     let appLabel = ""
     // The request's trace begins here, or goes on from the client's `traceparent`.
-    const span = startSpan(api === "chat" ? "POST /app/{id}/v1/chat/completions" : "POST /app/invoke/{id}", {
-      parent: typeof request.headers.traceparent === "string" ? request.headers.traceparent : undefined,
-      root: true,
-      kind: "server",
-      startTime: arrived,
-      attributes: {
-        "http.request.method": "POST",
-        "http.route": api === "chat" ? "/app/{id}/v1/chat/completions" : "/app/invoke/{id}"
-      }
-    })
+    // With tracing off, no span options are built: this is every request's path.
+    const span = !tracing()
+      ? noSpan
+      : startSpan(api === "chat" ? "POST /app/{id}/v1/chat/completions" : "POST /app/invoke/{id}", {
+          parent: typeof request.headers.traceparent === "string" ? request.headers.traceparent : undefined,
+          root: true,
+          kind: "server",
+          startTime: arrived,
+          attributes: {
+            "http.request.method": "POST",
+            "http.route": api === "chat" ? "/app/{id}/v1/chat/completions" : "/app/invoke/{id}"
+          }
+        })
     response.once("close", () => {
       const status = response.writableFinished ? response.statusCode : 499
       const code = errorCodes.get(response)
