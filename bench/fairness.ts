@@ -17,12 +17,15 @@
  *    through `steady`.
  *
  * Target (the issue on resources): the steady app's p50 while another floods at most 2x its p50
- * alone. The third phase shows what the fair queues save. The load generator runs on the same
- * machine and competes with the platform for CPU, in every phase alike.
+ * alone, judged apart for fair queues alone (phase 2) and for fair queues with the flood held to
+ * its per-task limit (phase 4). The third phase shows what the fair queues save. The load
+ * generator runs on the same machine and competes with the platform for CPU, in every phase
+ * alike: on a machine whose cores the flood saturates, the steady request waits for CPU in every
+ * process it crosses, which no executor queue can reorder; holding the flood at the dispatcher does.
  *
  * Prints a table, then (as the last line) one JSON object with the figures and the ratios.
  *
- * Env: BENCH_SECONDS (default 15), BENCH_FLOOD_CLIENTS (default 24), BENCH_FLOOD_LIMIT (default 4),
+ * Env: BENCH_SECONDS (default 15), BENCH_FLOOD_CLIENTS (default 24), BENCH_FLOOD_LIMIT (default 1),
  * BENCH_WARMUP_SECONDS (default 10).
  */
 import { join } from "node:path"
@@ -33,7 +36,7 @@ import { repoRoot, runCli } from "../test/support/platform.js"
 
 const SECONDS = envNumber("BENCH_SECONDS", 15)
 const FLOOD_CLIENTS = Math.floor(envNumber("BENCH_FLOOD_CLIENTS", 24))
-const FLOOD_LIMIT = Math.floor(envNumber("BENCH_FLOOD_LIMIT", 4))
+const FLOOD_LIMIT = Math.floor(envNumber("BENCH_FLOOD_LIMIT", 1))
 const WARMUP_SECONDS = envNumber("BENCH_WARMUP_SECONDS", 10)
 const TARGET = { maxFairP50Ratio: 2 } as const
 
@@ -159,9 +162,17 @@ export default function main(): Promise<void> {
       )
     }
     const errors = rows.reduce((sum, [, row]) => sum + (row?.errors ?? 0), 0)
-    const meetsTarget = fairRatio <= TARGET.maxFairP50Ratio && errors === 0
+    // Both of the platform's means, judged apart: fair queues alone, and fair queues with the
+    // flooding app held to its per-task limit at the dispatcher.
+    const meetsTarget = {
+      fairQueues: fairRatio <= TARGET.maxFairP50Ratio && errors === 0,
+      fairQueuesAndLimit: limitedRatio <= TARGET.maxFairP50Ratio && errors === 0
+    }
+    const verdict = (met: boolean) => (met ? "meets" : "misses")
     console.log(
-      `steady p50 with the flood: ${fairRatio}x alone with fair queues (target <= ${TARGET.maxFairP50Ratio}), ${oneQueueRatio}x in one queue, ${limitedRatio}x with the flood at ${FLOOD_LIMIT} calls per task; ${errors} errors: ${meetsTarget ? "meets" : "misses"} the target`
+      `steady p50 with the flood: ${fairRatio}x alone with fair queues (target <= ${TARGET.maxFairP50Ratio}: ${verdict(meetsTarget.fairQueues)}), ` +
+        `${limitedRatio}x with the flood also held to ${FLOOD_LIMIT} call(s) per task (${verdict(meetsTarget.fairQueuesAndLimit)}), ` +
+        `${oneQueueRatio}x in one queue; ${errors} errors`
     )
     console.log(
       JSON.stringify({
