@@ -276,6 +276,17 @@ export class SidecarClient {
   }
 
   /**
+   * Drops transfer `id` on this node: waits up to `timeoutMs` for its first chunk, then frees
+   * everything of it. Best effort: data that never arrives is left to the sidecar's time limit.
+   */
+  async drop(id: string, timeoutMs: number): Promise<void> {
+    await this.recv(id, 0, { timeoutMs }).then(
+      () => this.markDone(id),
+      () => undefined
+    )
+  }
+
+  /**
    * Ends a stream sent with `stream: true`: its receivers get undefined past the last chunk. By
    * default the chunk count and destinations are those of the chunks this client sent.
    */

@@ -661,16 +661,7 @@ export class Dispatcher extends Effect.Service<Dispatcher>()("cornserve/Dispatch
       // Best effort: data of a sidecar that went away went with it, and its successor's TTL reclaims the rest.
       void agent
         .sidecarClient()
-        .then((client) =>
-          Promise.all(
-            dataIds.map((id) =>
-              client.recv(id, 0, { timeoutMs: releaseWaitMs }).then(
-                () => client.markDone(id),
-                () => undefined
-              )
-            )
-          )
-        )
+        .then((client) => Promise.all(dataIds.map((id) => client.drop(id, releaseWaitMs))))
         .catch(() => undefined)
     }
     // On one node only: on a cluster, keeping and forwarding an output would take it through the

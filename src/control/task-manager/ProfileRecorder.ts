@@ -183,13 +183,7 @@ export class ProfileRecorder extends Effect.Service<ProfileRecorder>()("cornserv
     const recording = new Set<string>()
 
     /** Takes an encoder's output for a profile's call out of this node's sidecar. */
-    const discard = async (id: string) => {
-      const client = await agent.sidecarClient()
-      await client.recv(id, 0, { timeoutMs: discardWaitMs }).then(
-        () => client.markDone(id),
-        () => undefined
-      )
-    }
+    const discard = async (id: string) => (await agent.sidecarClient()).drop(id, discardWaitMs)
 
     /** The synthetic call of the task's kind, with its input made once; BadRequest when the kind cannot be recorded. */
     const syntheticCall = (spec: UnitTaskSpec): Effect.Effect<SyntheticCall, BadRequest> =>
