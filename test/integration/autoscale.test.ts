@@ -80,30 +80,34 @@ describe("cornserve serve --autoscale: devices follow the load", () => {
 
     expect(answers.length).toBeGreaterThan(0)
     expect(new Set(answers)).toEqual(new Set(["red"]))
-    expect(await moves("free_device")).toBe(1)
+    expect(await moves("free_device")).toBeGreaterThanOrEqual(1)
     // The LLM was the bottleneck first; the second move went to whichever task was then (on two
-    // cores, the image encoder as often as the LLM), on the audio encoder's second device.
+    // cores, the image encoder as often as the LLM), on the audio encoder's second device. A
+    // bottleneck is measured by its calls in flight, or by its profile once that shows what an
+    // executor sustains.
+    const pressed =
+      "(?:\\d+\\.\\d+ calls in flight per executor \\(above 2\\)|\\d+\\.\\d+ calls/s against \\d+\\.\\d+ per executor \\(\\d+ executor\\(s\\), utilisation \\d+\\.\\d+\\))"
     const output = platform.output()
+    expect(output).toMatch(new RegExp(`rebalancing: ${llm.id} is a bottleneck: ${pressed}; a free device takes it`))
     expect(output).toMatch(
       new RegExp(
-        `rebalancing: ${llm.id} is a bottleneck: \\d+\\.\\d+ calls in flight per executor \\(above 2\\); a free device takes it`
+        `rebalancing: \\S+ is a bottleneck: ${pressed}; ${audio.id} has slack: 0\\.00 per executor \\(below 0\\.5\\)`
       )
     )
-    const taken = new RegExp(
-      `rebalancing: (\\S+) is a bottleneck: \\d+\\.\\d+ calls in flight per executor \\(above 2\\); ${audio.id} has slack: 0\\.00 per executor \\(below 0\\.5\\)`
-    ).exec(output)
-    expect(taken).not.toBeNull()
     const after = await tasks()
-    const executorsOf = (id: string) => after.find((task) => task.id === id)!.executors.length
-    expect(executorsOf(audio.id)).toBe(1)
-    expect(executorsOf(llm.id)).toBe(taken![1] === llm.id ? 3 : 2)
-    expect(executorsOf(taken![1]!)).toBeGreaterThanOrEqual(2)
-    expect(after.reduce((sum, task) => sum + task.executors.length, 0)).toBe(5)
+    expect(after.find((task) => task.id === audio.id)!.executors).toHaveLength(1)
+    // Five devices; an executor the profile showed no gain from may have gone back to the pool.
+    expect(after.reduce((sum, task) => sum + task.executors.length, 0)).toBeLessThanOrEqual(5)
   }, 90_000)
 
   it("leaves the devices where they are once the load is gone", async () => {
     const before = (await tasks()).map((task) => [task.id, task.executors.length])
+    const given = [await moves("free_device"), await moves("taken_from_slack")]
+    const released = await moves("released")
     await new Promise((resolve) => setTimeout(resolve, 4_000))
-    expect((await tasks()).map((task) => [task.id, task.executors.length])).toEqual(before)
+    // No task grows without load. (An executor its profile showed no gain from may still go back.)
+    expect([await moves("free_device"), await moves("taken_from_slack")]).toEqual(given)
+    if ((await moves("released")) === released)
+      expect((await tasks()).map((task) => [task.id, task.executors.length])).toEqual(before)
   })
 })
