@@ -15,7 +15,7 @@ import {
   type PlacementRequest,
   place
 } from "./Placement.js"
-import { defaultRebalancePolicy, planMoves, type RebalanceTask } from "./Rebalance.js"
+import { defaultRebalancePolicy, type Move, planMoves, type RebalanceTask } from "./Rebalance.js"
 import { makeScaleStore } from "./ScaleStore.js"
 
 export interface TaskSummary {
@@ -412,7 +412,8 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         .map((task) => {
           const area = task.loadArea()
           const online = task.profile()
-          const arrived = online.calls + task.shed
+          // Counted as calls ask for an executor: a round in which no call ends still sees its arrivals.
+          const arrived = task.arrived
           const previous = lastReading.get(task.spec.id)
           lastReading.set(task.spec.id, { area, arrived, at: now })
           const span = previous === undefined ? 0 : now - previous.at
@@ -453,28 +454,33 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         { ...defaultRebalancePolicy, cooldownMs: 3 * (config.autoscaleIntervalMs ?? 0) }
       )
       const devicesOf = (taskId: string) => perExecutorOf(taskManagers.get(taskId)!.spec)
+      const make = (move: Move) =>
+        Effect.gen(function* () {
+          switch (move._tag) {
+            case "Release":
+              yield* scaleNow(move.task, -devicesOf(move.task))
+              count("released")
+              break
+            case "Grow":
+              yield* scaleNow(move.task, devicesOf(move.task))
+              count("free_device")
+              break
+            case "Take":
+              for (const from of move.from) yield* scaleNow(from, -devicesOf(from))
+              yield* scaleNow(move.to, devicesOf(move.to))
+              count("taken_from_slack")
+              break
+          }
+        })
+      // A move that fails (the devices it counted on are on different nodes, say) is logged, and
+      // the round goes on with the others.
       for (const move of plan) {
         yield* Effect.logInfo(`rebalancing: ${move.reason}`)
-        switch (move._tag) {
-          case "Release":
-            yield* scaleNow(move.task, -devicesOf(move.task))
-            count("released")
-            break
-          case "Grow":
-            yield* scaleNow(move.task, devicesOf(move.task))
-            count("free_device")
-            break
-          case "Take":
-            for (const from of move.from) yield* scaleNow(from, -devicesOf(from))
-            yield* scaleNow(move.to, devicesOf(move.to))
-            count("taken_from_slack")
-            break
-        }
+        yield* make(move).pipe(
+          Effect.catchAll((error) => Effect.logWarning(`rebalancing: the move failed: ${error.message}`))
+        )
       }
-    }).pipe(
-      Effect.catchAll((error) => Effect.logWarning(`rebalancing: the move failed: ${error.message}`)),
-      (round) => lock.withPermits(1)(round)
-    )
+    }).pipe((round) => lock.withPermits(1)(round))
     if (config.autoscaleIntervalMs !== undefined) {
       yield* rebalance.pipe(
         Effect.repeat(Schedule.spaced(Duration.millis(config.autoscaleIntervalMs))),

@@ -85,6 +85,8 @@ export interface TaskManager {
   loadArea(): number
   /** Calls refused since deployment because the task was full (see TaskQueueBound). */
   readonly shed: number
+  /** Calls that asked for an executor since deployment, those refused included (not synthetic ones). */
+  readonly arrived: number
 }
 
 /** One request's hold on an executor. */
@@ -118,6 +120,8 @@ class ManagedTask implements TaskManager {
   private readonly waiters: Array<() => void> = []
   /** Calls refused because the task was full. */
   shed = 0
+  /** Calls that asked for an executor, refused ones included. */
+  arrived = 0
 
   constructor(
     readonly spec: UnitTaskSpec,
@@ -234,6 +238,7 @@ class ManagedTask implements TaskManager {
     readonly synthetic?: boolean
   }): Promise<ExecutorLease> {
     const synthetic = options.synthetic === true
+    if (!synthetic) this.arrived++
     const inRotation = this.members.filter((member) => member.healthy && !member.draining).length
     const limit = this.queueBound * Math.max(1, inRotation)
     if (this.inFlight >= limit) {
