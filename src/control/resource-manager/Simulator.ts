@@ -453,8 +453,10 @@ export const simulate = (scenario: Scenario, options: RunOptions): SimResult => 
     const roundMs = options.policy!.roundMs
     const state = {
       now,
+      // A draining executor's devices are promised to the executors pending on them: what is free is
+      // what no executor holds, will hold, or waits for.
       freeDevices:
-        scenario.devices - held - tasks.reduce((sum, task) => sum + task.pending * task.spec.devicesPerExecutor, 0),
+        scenario.devices - tasks.reduce((sum, task) => sum + (task.live + task.pending) * task.spec.devicesPerExecutor, 0),
       tasks: reading.map((entry, index) => {
         const task = tasks[index]!
         const last = lastReading[index]!
