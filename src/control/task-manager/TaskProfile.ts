@@ -183,9 +183,9 @@ const capacityCalls = 20
 
 /**
  * What the task sustained at each executor count its profile measured to saturation: the best
- * throughput of a curve on which more load (a higher load group) raised throughput by less than
- * 10%. A curve whose throughput still rose with every step of load says nothing of what more load
- * would get.
+ * throughput of a curve whose highest load group raised throughput by less than 10% over the group
+ * below it. A curve whose throughput still rose at its top says nothing of what more load would
+ * get.
  */
 export const sustainedOf = (
   summary: Pick<ProfileSummary, "curves">
@@ -194,10 +194,9 @@ export const sustainedOf = (
     const points = curve.points.filter((point) => point.calls >= capacityCalls && point.callsPerSecond > 0)
     if (points.length < 2) return []
     const peak = points.reduce((top, point) => (point.callsPerSecond > top.callsPerSecond ? point : top))
-    const saturated = points.some((lower) =>
-      points.some((higher) => higher.levelTo > lower.levelTo && higher.callsPerSecond < 1.1 * lower.callsPerSecond)
-    )
-    if (!saturated) return []
+    // Judged at the top of the curve: its highest load against the group below it.
+    const [below, highest] = points.slice(-2) as [CurvePoint, CurvePoint]
+    if (highest.callsPerSecond >= 1.1 * below.callsPerSecond) return []
     const calls = points.reduce((sum, point) => sum + point.calls, 0)
     return [{ executors: curve.executors, callsPerSecond: peak.callsPerSecond, calls }]
   })
