@@ -225,37 +225,40 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       const recording = yield* recorder.record(taskId, body, (measured) =>
         events.unsafeOffer(sseEvent("progress", Schema.encodeSync(LevelMeasured)(measured)))
       )
-      yield* Fiber.join(recording).pipe(
-        Effect.matchEffect({
-          onSuccess: ({ profile, notKept }) =>
-            events.offer(
-              sseEvent(
-                "final",
-                Schema.encodeSync(RecordingDone)({
-                  taskId,
-                  message:
-                    notKept === undefined
-                      ? `the profile of task ${taskId} is recorded and kept in the state dir`
-                      : `the profile of task ${taskId} is recorded, but not kept: ${notKept}`,
-                  recorded: profile,
-                  kept: notKept === undefined
-                })
-              )
-            ),
-          onFailure: (error) => events.offer(sseEvent("error", { taskId, ...errorBody(error) }))
-        }),
-        Effect.ensuring(events.offer(undefined)),
-        Effect.forkDaemon
-      )
-      const stream = Stream.fromQueue(events).pipe(
-        Stream.takeWhile((event): event is string => event !== undefined),
-        Stream.map((event) => Buffer.from(event)),
-        Stream.ensuring(Fiber.interrupt(recording))
-      )
-      return HttpServerResponse.stream(stream, {
-        contentType: "text/event-stream",
-        headers: { "cache-control": "no-cache", connection: "keep-alive" }
-      })
+      // Until the response's stream is read, the request's end is what stops the recording.
+      return yield* Effect.gen(function* () {
+        yield* Fiber.join(recording).pipe(
+          Effect.matchEffect({
+            onSuccess: ({ profile, notKept }) =>
+              events.offer(
+                sseEvent(
+                  "final",
+                  Schema.encodeSync(RecordingDone)({
+                    taskId,
+                    message:
+                      notKept === undefined
+                        ? `the profile of task ${taskId} is recorded and kept in the state dir`
+                        : `the profile of task ${taskId} is recorded, but not kept: ${notKept}`,
+                    recorded: profile,
+                    kept: notKept === undefined
+                  })
+                )
+              ),
+            onFailure: (error) => events.offer(sseEvent("error", { taskId, ...errorBody(error) }))
+          }),
+          Effect.ensuring(events.offer(undefined)),
+          Effect.forkDaemon
+        )
+        const stream = Stream.fromQueue(events).pipe(
+          Stream.takeWhile((event): event is string => event !== undefined),
+          Stream.map((event) => Buffer.from(event)),
+          Stream.ensuring(Fiber.interrupt(recording))
+        )
+        return HttpServerResponse.stream(stream, {
+          contentType: "text/event-stream",
+          headers: { "cache-control": "no-cache", connection: "keep-alive" }
+        })
+      }).pipe(Effect.onInterrupt(() => Fiber.interrupt(recording)))
     })
 
     const health = Effect.sync(() =>
