@@ -456,7 +456,8 @@ export const simulate = (scenario: Scenario, options: RunOptions): SimResult => 
       // A draining executor's devices are promised to the executors pending on them: what is free is
       // what no executor holds, will hold, or waits for.
       freeDevices:
-        scenario.devices - tasks.reduce((sum, task) => sum + (task.live + task.pending) * task.spec.devicesPerExecutor, 0),
+        scenario.devices -
+        tasks.reduce((sum, task) => sum + (task.live + task.pending) * task.spec.devicesPerExecutor, 0),
       tasks: reading.map((entry, index) => {
         const task = tasks[index]!
         const last = lastReading[index]!
@@ -622,7 +623,7 @@ export const simulate = (scenario: Scenario, options: RunOptions): SimResult => 
     ),
     moves,
     devicesMoved,
-    meanSplit: phaseIndices.map((index, position) =>
+    meanSplit: phaseIndices.map((_index, position) =>
       Object.fromEntries(
         tasks.map((task) => [task.spec.id, splitArea[position]![task.index]! / Math.max(1, samples[position]!)])
       )
