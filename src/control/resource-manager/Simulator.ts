@@ -436,21 +436,23 @@ export const simulate = (scenario: Scenario, options: RunOptions): SimResult => 
   }
 
   const round = (rules: RebalancePolicy) => {
-    const reading = tasks.map((task): RebalanceTask => {
+    const roundMs = options.policy!.roundMs
+    const reading = tasks.map((task, index): RebalanceTask => {
       countLoad(task, 0)
+      const last = lastReading[index]!
+      lastReading[index] = { area: task.area, arrived: task.arrived }
       return {
         id: task.spec.id,
         executors: task.live + task.pending,
         devicesPerExecutor: task.spec.devicesPerExecutor,
         minExecutors: task.spec.minExecutors,
         maxExecutors: task.spec.maxExecutors,
-        meanLoad: 0,
-        rate: 0,
+        meanLoad: (task.area - last.area) / roundMs,
+        rate: ((task.arrived - last.arrived) * 1000) / roundMs,
         capacity: task.capacity,
         changedAt: task.changedAt
       }
     })
-    const roundMs = options.policy!.roundMs
     const state = {
       now,
       // A draining executor's devices are promised to the executors pending on them: what is free is
@@ -458,17 +460,7 @@ export const simulate = (scenario: Scenario, options: RunOptions): SimResult => 
       freeDevices:
         scenario.devices -
         tasks.reduce((sum, task) => sum + (task.live + task.pending) * task.spec.devicesPerExecutor, 0),
-      tasks: reading.map((entry, index) => {
-        const task = tasks[index]!
-        const last = lastReading[index]!
-        const result = {
-          ...entry,
-          meanLoad: (task.area - last.area) / roundMs,
-          rate: ((task.arrived - last.arrived) * 1000) / roundMs
-        }
-        lastReading[index] = { area: task.area, arrived: task.arrived }
-        return result
-      })
+      tasks: reading
     }
     /** One executor of the task leaves: a placed one not started yet, an idle one at once, else one drains. */
     const shrink = (taskId: string) => {
