@@ -1,7 +1,9 @@
 import { Either } from "effect"
 import { describe, expect, it } from "vitest"
 import {
+  executorsToGive,
   freeDevices,
+  type GivableExecutor,
   type Holding,
   type PlacedExecutor,
   type PlacementNode,
@@ -198,5 +200,58 @@ describe("placement: where a task's executors run", () => {
         .get("a")!
         .map((device) => device.id)
     ).toEqual(["cpu:1"])
+  })
+
+  it("gives up executors for a task only where it then fits: all on one node, the fewest, else none", () => {
+    // Two GPUs per node, each held by a one-GPU executor; the LLM needs two GPUs on one node.
+    const nodes = [node("a", "cuda:0,cuda:1"), node("b", "cuda:0,cuda:1")]
+    const holdings: Array<Holding> = [
+      { node: "a", device: "cuda:0", task: "enc" },
+      { node: "a", device: "cuda:1", task: "gen" },
+      { node: "b", device: "cuda:0", task: "enc" },
+      { node: "b", device: "cuda:1", task: "gen" }
+    ]
+    const executor = (task: string, id: string, at: string, device: string): GivableExecutor => ({
+      task,
+      id,
+      node: at,
+      devices: [device]
+    })
+    const enc = [executor("enc", "e2", "b", "cuda:0"), executor("enc", "e1", "a", "cuda:0")]
+    const gen = [executor("gen", "g2", "b", "cuda:1"), executor("gen", "g1", "a", "cuda:1")]
+    const llm = request("llm", { devicesPerExecutor: 2 })
+    // Each donor's latest executor is on b: giving both frees b whole.
+    expect(executorsToGive(nodes, holdings, [enc, gen], llm)).toEqual([enc[0], gen[0]])
+    // When one donor runs on b only and the other on a only, no node is freed whole: nothing is given.
+    const split: Array<Holding> = [
+      { node: "a", device: "cuda:0", task: "enc" },
+      { node: "a", device: "cuda:1", task: "other" },
+      { node: "b", device: "cuda:0", task: "other" },
+      { node: "b", device: "cuda:1", task: "gen" }
+    ]
+    expect(
+      executorsToGive(
+        nodes,
+        split,
+        [[executor("enc", "e1", "a", "cuda:0")], [executor("gen", "g1", "b", "cuda:1")]],
+        llm
+      )
+    ).toBeUndefined()
+    // A free device on the node counts: one executor given there is enough, and the fewest are chosen.
+    const roomy: Array<Holding> = [
+      { node: "a", device: "cuda:0", task: "enc" },
+      { node: "b", device: "cuda:0", task: "enc" },
+      { node: "b", device: "cuda:1", task: "gen" }
+    ]
+    expect(executorsToGive(nodes, roomy, [enc, gen], llm)).toEqual([enc[1]])
+    // A request that fits already needs nothing given.
+    expect(executorsToGive(nodes, holdings.slice(0, 2), [enc, gen], llm)).toEqual([])
+    // The same executor is never given twice for two asks of one donor.
+    const one = [executor("enc", "e1", "a", "cuda:0")]
+    const onlyEnc: Array<Holding> = [
+      { node: "a", device: "cuda:0", task: "enc" },
+      { node: "a", device: "cuda:1", task: "other" }
+    ]
+    expect(executorsToGive([nodes[0]!], onlyEnc, [one, one], llm)).toBeUndefined()
   })
 })

@@ -135,6 +135,62 @@ export const place = (
   return Either.right(placed)
 }
 
+/** A running executor some task could give up: its devices go back to the pool once it drains. */
+export interface GivableExecutor {
+  readonly task: string
+  readonly id: string
+  readonly node: string
+  readonly devices: ReadonlyArray<string>
+}
+
+/**
+ * Which executors to give up so that `request` places one executor: at most one from each list of
+ * `offers` (a list per executor a donor was asked for, its preferred first), all on one node, and
+ * the fewest that do it. `[]` when the request fits already; undefined when no choice makes it
+ * fit, so that nothing is given up for nothing (an executor of two devices needs both on one node:
+ * a device freed on another node does not help it).
+ */
+export const executorsToGive = (
+  nodes: ReadonlyArray<PlacementNode>,
+  holdings: ReadonlyArray<Holding>,
+  offers: ReadonlyArray<ReadonlyArray<GivableExecutor>>,
+  request: PlacementRequest
+): ReadonlyArray<GivableExecutor> | undefined => {
+  const one = { ...request, executors: 1 }
+  const fits = (left: ReadonlyArray<Holding>) => Either.isRight(place(nodes, left, [one]))
+  if (fits(holdings)) return []
+  // The fewest executors; between as few, those their donors would give first (lowest ranks).
+  let best: { readonly given: ReadonlyArray<GivableExecutor>; readonly rank: number } | undefined
+  for (const node of nodes) {
+    if (node.state !== "ready") continue
+    const chosen: Array<GivableExecutor> = []
+    let rank = 0
+    let left = holdings
+    for (const offer of offers) {
+      if (best !== undefined && chosen.length >= best.given.length) break
+      const index = offer.findIndex(
+        (candidate) =>
+          candidate.node === node.name &&
+          !chosen.some((other) => other.task === candidate.task && other.id === candidate.id)
+      )
+      if (index < 0) continue
+      const executor = offer[index]!
+      chosen.push(executor)
+      rank += index
+      left = left.filter(
+        (holding) =>
+          holding.task !== executor.task || holding.node !== executor.node || !executor.devices.includes(holding.device)
+      )
+      if (fits(left)) {
+        if (best === undefined || chosen.length < best.given.length || rank < best.rank)
+          best = { given: [...chosen], rank }
+        break
+      }
+    }
+  }
+  return best?.given
+}
+
 interface Ledger {
   /** Ready nodes' free devices in the node's order, in the order the nodes were given. */
   readonly free: Map<string, Array<Device>>

@@ -8,6 +8,7 @@ import { ServeConfig } from "../ServeConfig.js"
 import { type ExecutorSummary, TaskManagers } from "../task-manager/TaskManagers.js"
 import { capacityOf, sustainedOf } from "../task-manager/TaskProfile.js"
 import {
+  executorsToGive,
   freeDevices,
   type Holding,
   type PlacedExecutor,
@@ -316,15 +317,25 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
             Effect.onError(() => Effect.sync(() => freeHoldings(taskId, placed)))
           )
         } else {
-          const executors = Math.ceil(-deltaDevices / perExecutor)
-          if (executors >= task.executors().length) {
-            return yield* new BadRequest({
-              message: `task ${taskId} has ${task.executors().length} executor(s); it keeps at least one (unregister its apps to stop it)`
-            })
-          }
-          const freed = yield* taskManagers.shrink(taskId, executors)
-          freeHoldings(taskId, freed)
+          return yield* shrinkNow(taskId, Math.ceil(-deltaDevices / perExecutor))
         }
+        yield* scales.set(taskId, task.wanted)
+        changedAt.set(taskId, Date.now())
+      })
+
+    /** Fewer executors of a task: how many (its latest), or which; they drain, then their devices are free. */
+    const shrinkNow = (taskId: string, executors: number | ReadonlyArray<string>) =>
+      Effect.gen(function* () {
+        const task = taskManagers.get(taskId)
+        if (task === undefined) return yield* new TaskNotFound({ taskId })
+        const leaving = typeof executors === "number" ? executors : executors.length
+        if (leaving >= task.executors().length) {
+          return yield* new BadRequest({
+            message: `task ${taskId} has ${task.executors().length} executor(s); it keeps at least one (unregister its apps to stop it)`
+          })
+        }
+        const freed = yield* taskManagers.shrink(taskId, executors)
+        freeHoldings(taskId, freed)
         yield* scales.set(taskId, task.wanted)
         changedAt.set(taskId, Date.now())
       })
@@ -442,45 +453,83 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         })
     }
     const count = (kind: string) => moves.set(kind, (moves.get(kind) ?? 0) + 1)
-    const rebalance = Effect.gen(function* () {
-      const tasksNow = rebalanceTasks()
-      const free = [...freeDevices(placementNodes(), [...allocated.values()]).values()].reduce(
-        (sum, devices) => sum + devices.length,
-        0
-      )
-      // A task just changed waits three rounds: its new executor is measured before the next move.
-      const plan = planMoves(
-        { now: Date.now(), tasks: tasksNow, freeDevices: free },
-        { ...defaultRebalancePolicy, cooldownMs: 3 * (config.autoscaleIntervalMs ?? 0) }
-      )
-      const devicesOf = (taskId: string) => perExecutorOf(taskManagers.get(taskId)!.spec)
-      const make = (move: Move) =>
-        Effect.gen(function* () {
-          switch (move._tag) {
-            case "Release":
-              yield* scaleNow(move.task, -devicesOf(move.task))
-              count("released")
-              break
-            case "Grow":
-              yield* scaleNow(move.task, devicesOf(move.task))
-              count("free_device")
-              break
-            case "Take":
-              for (const from of move.from) yield* scaleNow(from, -devicesOf(from))
-              yield* scaleNow(move.to, devicesOf(move.to))
-              count("taken_from_slack")
-              break
+    const devicesOf = (taskId: string) => perExecutorOf(taskManagers.get(taskId)!.spec)
+
+    /**
+     * The executors a Take gives up: for each donor asked, one of its executors (its latest first),
+     * chosen so that the bottleneck's executor then fits on one node. None is given up when no
+     * choice would make it fit.
+     */
+    const givenFor = (move: Extract<Move, { _tag: "Take" }>) =>
+      Effect.suspend(() => {
+        const offers = move.from.map((donor) =>
+          (taskManagers.get(donor)?.executors() ?? [])
+            .map((executor) => ({ task: donor, id: executor.id, node: executor.node, devices: executor.devices }))
+            .reverse()
+        )
+        const request = {
+          task: move.to,
+          executors: 1,
+          devicesPerExecutor: devicesOf(move.to),
+          related: relatedTo(move.to)
+        }
+        const given = executorsToGive(placementNodes(), [...allocated.values()], offers, request)
+        return given === undefined
+          ? Effect.fail(
+              new DevicesExhausted({
+                message: `no node would hold an executor of ${move.to} (${request.devicesPerExecutor} device(s) on one node) once ${[...new Set(move.from)].join(", ")} gave theirs; nothing was taken`
+              })
+            )
+          : Effect.succeed(given)
+      })
+
+    const make = (move: Move) =>
+      Effect.gen(function* () {
+        switch (move._tag) {
+          case "Release":
+            yield* shrinkNow(move.task, 1)
+            count("released")
+            break
+          case "Grow":
+            yield* scaleNow(move.task, devicesOf(move.task))
+            count("free_device")
+            break
+          case "Take": {
+            const given = yield* givenFor(move)
+            for (const executor of given) yield* shrinkNow(executor.task, [executor.id])
+            yield* scaleNow(move.to, devicesOf(move.to))
+            count("taken_from_slack")
+            break
           }
+        }
+      })
+
+    // A round reads the tasks and plans under the lock, then makes its moves one at a time, each
+    // under the lock for its own drain and start only: a registration or a `tasks scale` waits for
+    // one move, not for the whole round. A move that fails (a registration took the devices it
+    // counted on, say) is logged, and the round goes on with the others.
+    const rebalance = Effect.gen(function* () {
+      const plan = yield* lock.withPermits(1)(
+        Effect.sync(() => {
+          const tasksNow = rebalanceTasks()
+          const free = [...freeDevices(placementNodes(), [...allocated.values()]).values()].reduce(
+            (sum, devices) => sum + devices.length,
+            0
+          )
+          // A task just changed waits three rounds: its new executor is measured before the next move.
+          return planMoves(
+            { now: Date.now(), tasks: tasksNow, freeDevices: free },
+            { ...defaultRebalancePolicy, cooldownMs: 3 * (config.autoscaleIntervalMs ?? 0) }
+          )
         })
-      // A move that fails (the devices it counted on are on different nodes, say) is logged, and
-      // the round goes on with the others.
+      )
       for (const move of plan) {
         yield* Effect.logInfo(`rebalancing: ${move.reason}`)
-        yield* make(move).pipe(
-          Effect.catchAll((error) => Effect.logWarning(`rebalancing: the move failed: ${error.message}`))
-        )
+        yield* lock
+          .withPermits(1)(make(move))
+          .pipe(Effect.catchAll((error) => Effect.logWarning(`rebalancing: the move failed: ${error.message}`)))
       }
-    }).pipe((round) => lock.withPermits(1)(round))
+    })
     if (config.autoscaleIntervalMs !== undefined) {
       yield* rebalance.pipe(
         Effect.repeat(Schedule.spaced(Duration.millis(config.autoscaleIntervalMs))),

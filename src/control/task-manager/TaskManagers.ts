@@ -421,11 +421,17 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
         )
       })
 
-    /** Fewer executors: each leaves rotation, finishes its requests, then stops. Answers where they ran. */
-    const shrink = (taskId: string, executors: number) =>
+    /**
+     * Fewer executors: each leaves rotation, finishes its requests, then stops. `executors` is how
+     * many (the latest started), or which, by id. Answers where they ran.
+     */
+    const shrink = (taskId: string, executors: number | ReadonlyArray<string>) =>
       Effect.gen(function* () {
         const task = tasks.get(taskId)!
-        const leaving = task.members.slice(-executors)
+        const leaving =
+          typeof executors === "number"
+            ? task.members.slice(-executors)
+            : task.members.filter((member) => executors.includes(member.id))
         task.wanted -= leaving.length
         yield* Effect.forEach(
           leaving,
