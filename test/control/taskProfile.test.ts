@@ -93,6 +93,29 @@ describe("TaskProfile: a task's calls as a throughput–latency curve", () => {
     expect(point!.p99Ms).toBe(1)
   })
 
+  it("forgets calls older than its window: a curve follows the load of the last minutes", () => {
+    const profile = new TaskProfile(0, 100_000)
+    // Level 8 at 50 calls/s, long ago; then levels 1 and 2 only, recently.
+    for (let i = 0; i < 40; i++)
+      profile.record({ endedAt: 1_000 + i, latencyMs: 160, level: 8, executors: 1, ok: true })
+    for (const level of [1, 2])
+      for (let i = 0; i < 40; i++)
+        profile.record({ endedAt: 150_000 + level * 100 + i, latencyMs: 10, level, executors: 1, ok: true })
+    const points = profile.summary(160_000).curves[0]!.points
+    expect(points.map((point) => [point.levelTo, point.calls])).toEqual([
+      [1, 40],
+      [2, 40]
+    ])
+    // The whole curve leaves once its calls are all out of the window; the call counts stay.
+    const later = profile.summary(300_000)
+    expect(later.curves).toEqual([])
+    expect(later.calls).toBe(120)
+    // A profile kept for good (a recording) forgets nothing.
+    const kept = new TaskProfile(0, Number.POSITIVE_INFINITY)
+    kept.record({ endedAt: 1, latencyMs: 5, level: 1, executors: 1, ok: true })
+    expect(kept.summary(1e12).curves[0]!.points[0]!.calls).toBe(1)
+  })
+
   it("answers an empty profile before any call", () => {
     const summary = new TaskProfile(0).summary(5_000)
     expect(summary).toMatchObject({ calls: 0, failed: 0, curves: [], queueDepth: { mean: 0, max: 0, reports: 0 } })

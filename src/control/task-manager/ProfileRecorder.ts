@@ -361,7 +361,8 @@ export class ProfileRecorder extends Effect.Service<ProfileRecorder>()("cornserv
       onLevel: (measured: LevelMeasured) => void
     ) =>
       Effect.gen(function* () {
-        const profile = new TaskProfile(Date.now())
+        // A recording's calls count for good: its levels are measured one after another.
+        const profile = new TaskProfile(Date.now(), Number.POSITIVE_INFINITY)
         for (const level of request.levels) {
           const measured = yield* Effect.tryPromise({
             try: (signal) => runLevel(task, call, level, request.secondsPerLevel, profile, signal),

@@ -7,13 +7,19 @@
  * included. By Little's law a level L served at a mean latency W gives L / W calls per second: the
  * curve's throughput. Levels are grouped by powers of two (1, 2, 3–4, 5–8, ...). Each group keeps
  * its count and the latencies of its latest calls (bounded), so that the percentiles follow the
- * task as it is now. Everything here is plain data and a clock passed in: no I/O, no timers.
+ * task as it is now, and a curve holds only the calls of the last `curveWindowMs` (ten minutes by
+ * default): a throughput measured under a load mix long gone does not decide for the one now.
+ * Everything here is plain data and a clock passed in: no I/O, no timers.
  */
 
 /** Latencies kept per (executor count, load group): enough for a p99, bounded in memory. */
 const latenciesKept = 512
 /** The window of the recent rate and of the queue depth. */
 export const recentWindowMs = 60_000
+/** How long a call counts in the curves, by default. */
+export const curveWindowMs = 600_000
+/** A curve's counts are kept in this many slices of its window, so that old calls leave it a slice at a time. */
+const curveSlices = 10
 
 export interface CallSample {
   /** When the call ended, ms on the caller's clock. */
@@ -32,6 +38,7 @@ export interface CurvePoint {
   readonly levelTo: number
   /** The mean level of the calls measured in the group. */
   readonly meanLevel: number
+  /** Calls of the group in the window (to the nearest slice of it). */
   readonly calls: number
   readonly p50Ms: number
   readonly p95Ms: number
@@ -74,17 +81,34 @@ const percentile = (sorted: ReadonlyArray<number>, p: number) =>
 
 const round = (value: number, digits = 2) => (Number.isFinite(value) ? Number(value.toFixed(digits)) : value)
 
-interface Group {
+interface Slice {
+  /** The slice's index: its calls ended in [index × slice, (index + 1) × slice). */
+  readonly index: number
   calls: number
   levelSum: number
-  /** The latest latencies, a ring of `latenciesKept`. */
-  readonly latencies: Array<number>
+}
+
+interface Group {
+  /** Calls and their levels by slice of the window, oldest first. */
+  readonly slices: Array<Slice>
+  /** The latest calls' [endedAt, latencyMs], a ring of `latenciesKept`. */
+  readonly latencies: Array<readonly [number, number]>
   next: number
 }
 
 export class TaskProfile {
-  /** `startedAt`: when measuring began, on the clock `record` and `summary` are given. */
-  constructor(private readonly startedAt: number) {}
+  private readonly sliceMs: number
+
+  /**
+   * `startedAt`: when measuring began, on the clock `record` and `summary` are given. `windowMs`:
+   * how long a call counts in the curves (Infinity: for good, as in a recording).
+   */
+  constructor(
+    private readonly startedAt: number,
+    private readonly windowMs: number = curveWindowMs
+  ) {
+    this.sliceMs = windowMs / curveSlices
+  }
 
   private calls = 0
   private failed = 0
@@ -104,12 +128,20 @@ export class TaskProfile {
     this.recentCalls.push([sample.endedAt, sample.latencyMs])
     const [, to] = levelGroup(sample.level)
     const key = `${sample.executors}/${to}`
-    const group = this.groups.get(key) ?? { calls: 0, levelSum: 0, latencies: [], next: 0 }
+    const group = this.groups.get(key) ?? { slices: [], latencies: [], next: 0 }
     this.groups.set(key, group)
-    group.calls++
-    group.levelSum += sample.level
-    if (group.latencies.length < latenciesKept) group.latencies.push(sample.latencyMs)
-    else group.latencies[group.next] = sample.latencyMs
+    const index = Number.isFinite(this.sliceMs) ? Math.floor(sample.endedAt / this.sliceMs) : 0
+    let slice = group.slices[group.slices.length - 1]
+    if (slice === undefined || slice.index < index) {
+      slice = { index, calls: 0, levelSum: 0 }
+      group.slices.push(slice)
+      while (group.slices[0]!.index <= index - curveSlices - 1) group.slices.shift()
+    }
+    slice.calls++
+    slice.levelSum += sample.level
+    const entry = [sample.endedAt, sample.latencyMs] as const
+    if (group.latencies.length < latenciesKept) group.latencies.push(entry)
+    else group.latencies[group.next] = entry
     group.next = (group.next + 1) % latenciesKept
   }
 
@@ -126,19 +158,26 @@ export class TaskProfile {
     const spanMs = Math.min(recentWindowMs, Math.max(1, now - this.startedAt))
     const depths = this.queueReports.map(([, depth]) => depth)
     const curves = new Map<number, Array<CurvePoint>>()
+    const since = now - this.windowMs
     for (const [key, group] of this.groups) {
+      // The slices the window reaches, and the latencies in it: a group with none has left the curve.
+      const slices = group.slices.filter((slice) => (slice.index + 1) * this.sliceMs > since)
+      const calls = slices.reduce((sum, slice) => sum + slice.calls, 0)
+      const sorted = group.latencies
+        .flatMap(([endedAt, latency]) => (endedAt >= since ? [latency] : []))
+        .sort((a, b) => a - b)
+      if (calls === 0 || sorted.length === 0) continue
       const [executors, to] = key.split("/").map(Number) as [number, number]
       const [from] = levelGroup(to)
-      const sorted = [...group.latencies].sort((a, b) => a - b)
       const meanMs = sorted.reduce((sum, value) => sum + value, 0) / sorted.length
-      const meanLevel = group.levelSum / group.calls
+      const meanLevel = slices.reduce((sum, slice) => sum + slice.levelSum, 0) / calls
       const points = curves.get(executors) ?? []
       curves.set(executors, points)
       points.push({
         levelFrom: from,
         levelTo: to,
         meanLevel: round(meanLevel),
-        calls: group.calls,
+        calls,
         p50Ms: round(percentile(sorted, 0.5)),
         p95Ms: round(percentile(sorted, 0.95)),
         p99Ms: round(percentile(sorted, 0.99)),
