@@ -182,7 +182,7 @@ export class ProfileRecorder extends Effect.Service<ProfileRecorder>()("cornserv
     /** Tasks whose profile is being recorded. */
     const recording = new Set<string>()
 
-    /** Takes an encoder's output for a profile's call out of this node's sidecar. */
+    /** Takes a profile's call's data (an encoder's output, a generator's input) out of this node's sidecar. */
     const discard = async (id: string) => (await agent.sidecarClient()).drop(id, discardWaitMs)
 
     /** The synthetic call of the task's kind, with its input made once; BadRequest when the kind cannot be recorded. */
@@ -260,12 +260,19 @@ export class ProfileRecorder extends Effect.Service<ProfileRecorder>()("cornserv
                   ? { embeddings: { $dataForward: id }, width: size.width, height: size.height }
                   : { embeddings: { $dataForward: id } }
               const began = performance.now()
-              const result = await executorCalls[operation]!(
-                lease.url,
-                invocation(spec, operation, input, {}),
-                context(signal, [lease.node])
-              )
-              await drain(result.stream)
+              try {
+                const result = await executorCalls[operation]!(
+                  lease.url,
+                  invocation(spec, operation, input, {}),
+                  context(signal, [lease.node])
+                )
+                await drain(result.stream)
+              } catch (error) {
+                // Embeddings the executor never took are taken back here; on another node, its
+                // sidecar's time limit reclaims them.
+                if (lease.node === agent.nodeId) void discard(id).catch(() => undefined)
+                throw error
+              }
               return performance.now() - began
             }
           }
