@@ -303,6 +303,8 @@ export class ProfileRecorder extends Effect.Service<ProfileRecorder>()("cornserv
       const latencies: Array<number> = []
       let failed = 0
       let lastFailure: unknown
+      /** Synthetic calls holding a lease: fewer than `level` while leases are refused and retried. */
+      let inFlight = 0
       const worker = async () => {
         while (performance.now() < deadline && !stopped.signal.aborted) {
           let lease: ExecutorLease
@@ -317,18 +319,20 @@ export class ProfileRecorder extends Effect.Service<ProfileRecorder>()("cornserv
           }
           const executors = task.executors().length
           const callSignal = eitherSignal(stopped.signal, lease.signal)
+          // Each call is measured at the load it met, as the online profile measures calls.
+          const load = ++inFlight
           try {
-            const latencyMs = await call(lease, callSignal.signal)
+            const latencyMs = await call(lease, callSignal.signal).finally(() => inFlight--)
             lease.release("ok")
             latencies.push(latencyMs)
-            profile.record({ endedAt: Date.now(), latencyMs, level, executors, ok: true })
+            profile.record({ endedAt: Date.now(), latencyMs, level: load, executors, ok: true })
           } catch (error) {
             const unavailable = error instanceof TaskUnavailable && !stopped.signal.aborted
             lease.release(unavailable ? "unavailable" : "failed")
             if (stopped.signal.aborted || error instanceof TaskInputRejected) throw error
             failed++
             lastFailure = error
-            profile.record({ endedAt: Date.now(), latencyMs: 0, level, executors, ok: false })
+            profile.record({ endedAt: Date.now(), latencyMs: 0, level: load, executors, ok: false })
             await sleep(retryPauseMs)
           } finally {
             callSignal.dispose()
