@@ -62,6 +62,26 @@ describe("rebalancing policy without profiles: which device moves next, by load"
     expect(move).toMatchObject({ _tag: "Grow", task: "b" })
   })
 
+  it("grows on free devices only where one node has all of an executor's", () => {
+    const llm = task("llm", 1, 6, { devicesPerExecutor: 2 })
+    // Two free devices, one on each node: no executor of two fits on them.
+    expect(
+      planMoves({ now: 0, freeDevices: 2, freeByNode: [1, 1], tasks: [llm, task("encoder", 1, 1)] }, policy)
+    ).toEqual([])
+    // Two on one node: it grows there.
+    expect(
+      planMoves({ now: 0, freeDevices: 3, freeByNode: [1, 2], tasks: [llm, task("encoder", 1, 1)] }, policy)
+    ).toMatchObject([{ _tag: "Grow", task: "llm" }])
+    // A donor's device joins one node's free device: a Take, with the donor named.
+    expect(
+      planMoves({ now: 0, freeDevices: 2, freeByNode: [1, 1], tasks: [llm, task("encoder", 2, 0.2)] }, policy)
+    ).toMatchObject([{ _tag: "Take", from: ["encoder"], to: "llm" }])
+    // One node: every free device is that node's, as before.
+    expect(planMoves({ now: 0, freeDevices: 2, tasks: [llm, task("encoder", 1, 1)] }, policy)).toMatchObject([
+      { _tag: "Grow", task: "llm" }
+    ])
+  })
+
   it("does nothing between the watermarks: hysteresis", () => {
     expect(
       decideMove({ now: 0, freeDevices: 3, tasks: [task("llm", 1, 2), task("encoder", 2, 1.5)] }, policy)

@@ -48,6 +48,11 @@ export interface RebalanceState {
   readonly tasks: ReadonlyArray<RebalanceTask>
   /** Devices no task holds, on all ready nodes. */
   readonly freeDevices: number
+  /**
+   * The same, node by node, when there are several: an executor's devices must all be on one node,
+   * so a task grows on free devices only where one node has enough. Absent: one node.
+   */
+  readonly freeByNode?: ReadonlyArray<number>
 }
 
 export interface RebalancePolicy {
@@ -204,10 +209,26 @@ export const planMoves = (
     .sort((a, b) => a.severity - b.severity || byId(a.task, b.task))
   const given = new Map<string, number>()
   let free = state.freeDevices
+  // Free devices per node, for growing on them: the node that fits an executor most tightly gives
+  // its devices. On several nodes, devices released or given by donors this round count in `free`
+  // only (which node they come back on is the resource manager's choice), and no node counts more
+  // than `free`; on one node they are that node's.
+  const nodesFree = [...(state.freeByNode ?? [state.freeDevices])]
+  const oneNode = nodesFree.length === 1
+  const takeFree = (needs: number): boolean => {
+    let chosen = -1
+    for (const [index, count] of nodesFree.entries())
+      if (count >= needs && (chosen < 0 || count < nodesFree[chosen]!)) chosen = index
+    if (chosen < 0 || free < needs) return false
+    nodesFree[chosen]! -= needs
+    free -= needs
+    return true
+  }
   const moves: Array<Move> = []
   for (const entry of assessed) {
     for (let released = 0; released < entry.past; released++) {
       free += entry.task.devicesPerExecutor
+      if (oneNode) nodesFree[0]! += entry.task.devicesPerExecutor
       moves.push({
         _tag: "Release",
         task: entry.task.id,
@@ -219,8 +240,7 @@ export const planMoves = (
     const { task } = bottleneck
     const needs = task.devicesPerExecutor
     for (let grown = 0; grown < bottleneck.wants; grown++) {
-      if (free >= needs) {
-        free -= needs
+      if (takeFree(needs)) {
         moves.push({
           _tag: "Grow",
           task: task.id,
@@ -232,7 +252,13 @@ export const planMoves = (
       // is overloaded, spare), until the pool holds one executor's devices of the bottleneck.
       const overloaded = profiled(task) && utilizationAt(task, task.executors + grown) > 1
       const taken: Array<Assessed> = []
-      let pool = free
+      // The free devices that can join the donors' in one executor: on several nodes, one node's
+      // at most (the roomiest: donors' executors there are the resource manager's first choice).
+      const roomiest = oneNode
+        ? 0
+        : nodesFree.reduce((best, count, index) => (count > nodesFree[best]! ? index : best), 0)
+      const start = Math.min(free, nodesFree[roomiest] ?? 0)
+      let pool = start
       for (const donor of donors) {
         if (donor.task.id === task.id) continue
         let left = (overloaded ? Math.max(donor.gives, donor.spares) : donor.gives) - (given.get(donor.task.id) ?? 0)
@@ -245,7 +271,15 @@ export const planMoves = (
       }
       if (pool < needs) break
       for (const donor of taken) given.set(donor.task.id, (given.get(donor.task.id) ?? 0) + 1)
-      free = pool - needs
+      // The executor takes the donors' devices first, then free ones; donors' devices left over are free.
+      const donated = pool - start
+      const usedFree = Math.max(0, needs - donated)
+      free += donated - needs
+      if (oneNode) nodesFree[0] = free
+      else {
+        if (nodesFree.length > 0) nodesFree[roomiest]! -= usedFree
+        for (const [index, count] of nodesFree.entries()) nodesFree[index] = Math.min(count, free)
+      }
       moves.push({
         _tag: "Take",
         from: taken.map((donor) => donor.task.id),

@@ -512,13 +512,17 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
       const plan = yield* lock.withPermits(1)(
         Effect.sync(() => {
           const tasksNow = rebalanceTasks()
-          const free = [...freeDevices(placementNodes(), [...allocated.values()]).values()].reduce(
-            (sum, devices) => sum + devices.length,
-            0
+          const freeByNode = [...freeDevices(placementNodes(), [...allocated.values()]).values()].map(
+            (devices) => devices.length
           )
           // A task just changed waits three rounds: its new executor is measured before the next move.
           return planMoves(
-            { now: Date.now(), tasks: tasksNow, freeDevices: free },
+            {
+              now: Date.now(),
+              tasks: tasksNow,
+              freeDevices: freeByNode.reduce((sum, count) => sum + count, 0),
+              freeByNode
+            },
             { ...defaultRebalancePolicy, cooldownMs: 3 * (config.autoscaleIntervalMs ?? 0) }
           )
         })
