@@ -96,4 +96,37 @@ describe("the resource simulator", () => {
     expect(devicesOf(scenario, found.split)).toBeLessThanOrEqual(scenario.devices)
     expect(found.result.good).toBeGreaterThanOrEqual(simulate(scenario, { phases: [1], split: start }).phases[0]!.good)
   })
+
+  it("gives back executors that added nothing: a task whose executors share two executors' worth", () => {
+    // 100 calls/s per executor, but never more than two executors' worth at once; 400 calls/s arrive.
+    const shared: Scenario = {
+      devices: 12,
+      tasks: [
+        spec("cpu", { maxBatch: 1, baseMs: 10, perItemMs: 0, startupMs: 500, effectiveExecutors: 2 }),
+        spec("other")
+      ],
+      apps: [
+        { id: "busy", stages: ["cpu"], targetMs: 1_000 },
+        { id: "quiet", stages: ["other"], targetMs: 1_000 }
+      ],
+      phases: [
+        { name: "first", durationMs: 30_000, rates: { busy: 400, quiet: 1 }, bursts: [] },
+        { name: "then", durationMs: 30_000, rates: { busy: 400, quiet: 1 }, bursts: [] }
+      ],
+      queuePerExecutor: 32,
+      seed: 3
+    }
+    const split = { cpu: 3, other: 1 }
+    const run = simulate(shared, { split, policy: defaultSimPolicy(1_000) })
+    // It grew for the load, saw that three executors and six sustained the same, and gave three back.
+    expect(run.released).toBe(3)
+    expect(run.meanSplit[1]!.cpu!).toBeCloseTo(3, 5)
+    // Executors that each add their own are never given back.
+    const linear = simulate(
+      { ...shared, tasks: [spec("cpu", { maxBatch: 1, baseMs: 10, perItemMs: 0, startupMs: 500 }), spec("other")] },
+      { split, policy: defaultSimPolicy(1_000) }
+    )
+    expect(linear.released).toBe(0)
+    expect(linear.meanSplit[1]!.cpu!).toBeGreaterThan(5)
+  })
 })

@@ -16,6 +16,11 @@
  *   run of a phase sees the very same requests.
  * - **Moves** take time, as they do live: a device leaves a task only after its executor has
  *   drained, and a new executor takes calls only `startupMs` after it was placed.
+ * - **Shared capacity** (optional, `effectiveExecutors`): a task whose executors share what limits
+ *   them (a host's cores or memory bandwidth) serves no faster with more than that many busy at
+ *   once: each batch takes longer by busy executors over `effectiveExecutors`. The policy then sees
+ *   what the task sustained at each executor count it ran, as a live profile shows it, and gives
+ *   back the executors that added nothing.
  * - **The policy** runs every `roundMs`, reading each task's mean calls in flight and arrival rate
  *   over the round, and the capacity its profile shows (`capacityOf` over the profile's curve, as
  *   live), with a cooldown of three rounds, as live.
@@ -33,6 +38,8 @@ export interface SimTaskSpec {
   readonly maxExecutors: number
   /** From placement to taking calls: the executor starts and loads its model. */
   readonly startupMs: number
+  /** Executors past this many, busy at once, add no throughput; absent: every executor adds its own. */
+  readonly effectiveExecutors?: number
 }
 
 export interface SimApp {
@@ -89,9 +96,11 @@ export interface TaskResult {
 export interface SimResult {
   readonly phases: ReadonlyArray<PhaseResult>
   readonly tasks: Readonly<Record<string, TaskResult>>
-  /** Moves the policy made (Grow and Take), and devices moved. */
+  /** Moves the policy made (Grow, Take and Release), and devices moved. */
   readonly moves: number
   readonly devicesMoved: number
+  /** Executors given back by Release moves: they had added no throughput. */
+  readonly released: number
   /** Mean executors per task over each phase. */
   readonly meanSplit: ReadonlyArray<Split>
   readonly events: number
@@ -238,6 +247,10 @@ interface TaskState {
   busyMs: number
   lost: number
   changedAt: number | undefined
+  /** Executors busy now. */
+  busy: number
+  /** The executor counts the task has run at (kept for tasks of shared capacity only). */
+  readonly ranAt: Set<number>
 }
 
 type Event =
@@ -328,7 +341,9 @@ export const simulate = (scenario: Scenario, options: RunOptions): SimResult => 
     arrived: 0,
     busyMs: 0,
     lost: 0,
-    changedAt: undefined
+    changedAt: undefined,
+    busy: 0,
+    ranAt: new Set()
   }))
   const apps = scenario.apps.map((app) => ({ ...app, stageIndex: app.stages.map((stage) => taskIndex.get(stage)!) }))
   const events = new EventQueue()
@@ -337,6 +352,7 @@ export const simulate = (scenario: Scenario, options: RunOptions): SimResult => 
   let handled = 0
   let moves = 0
   let devicesMoved = 0
+  let released = 0
   const phaseCounts = phaseIndices.map(() => ({ requests: 0, good: 0, refused: 0 }))
   const splitArea = phaseIndices.map(() => new Float64Array(tasks.length))
 
@@ -409,7 +425,15 @@ export const simulate = (scenario: Scenario, options: RunOptions): SimResult => 
     executor.busy = true
     executor.batch = batch
     executor.busySince = now
-    events.push({ t: now + task.spec.baseMs + task.spec.perItemMs * size, seq: seq++, kind: "done", executor })
+    task.busy++
+    const shared = task.spec.effectiveExecutors
+    const slowdown = shared === undefined ? 1 : Math.max(1, task.busy / shared)
+    events.push({
+      t: now + (task.spec.baseMs + task.spec.perItemMs * size) * slowdown,
+      seq: seq++,
+      kind: "done",
+      executor
+    })
   }
 
   const finish = (request: Request, good: boolean) => {
@@ -441,6 +465,8 @@ export const simulate = (scenario: Scenario, options: RunOptions): SimResult => 
       countLoad(task, 0)
       const last = lastReading[index]!
       lastReading[index] = { area: task.area, arrived: task.arrived }
+      const shared = task.spec.effectiveExecutors
+      if (shared !== undefined && task.live > 0) task.ranAt.add(task.live)
       return {
         id: task.spec.id,
         executors: task.live + task.pending,
@@ -450,6 +476,11 @@ export const simulate = (scenario: Scenario, options: RunOptions): SimResult => 
         meanLoad: (task.area - last.area) / roundMs,
         rate: ((task.arrived - last.arrived) * 1000) / roundMs,
         capacity: task.capacity,
+        // What the task sustained at each executor count it ran, as its live profile would show it.
+        sustained:
+          shared === undefined
+            ? undefined
+            : [...task.ranAt].map((count) => [count, task.capacity * Math.min(count, shared)] as const),
         changedAt: task.changedAt
       }
     })
@@ -491,6 +522,7 @@ export const simulate = (scenario: Scenario, options: RunOptions): SimResult => 
       moves++
       switch (move._tag) {
         case "Release":
+          released++
           shrink(move.task)
           break
         case "Grow":
@@ -567,6 +599,7 @@ export const simulate = (scenario: Scenario, options: RunOptions): SimResult => 
         const { executor } = event
         const { task } = executor
         executor.busy = false
+        task.busy--
         task.busyMs += now - executor.busySince
         countLoad(task, -executor.batch.length)
         for (const request of executor.batch) {
@@ -615,6 +648,7 @@ export const simulate = (scenario: Scenario, options: RunOptions): SimResult => 
     ),
     moves,
     devicesMoved,
+    released,
     meanSplit: phaseIndices.map((_index, position) =>
       Object.fromEntries(
         tasks.map((task) => [task.spec.id, splitArea[position]![task.index]! / Math.max(1, samples[position]!)])
