@@ -10,9 +10,11 @@
  *    split of that phase, moving executors to the tasks that lose requests, each candidate
  *    simulated over the whole phase). Goodput: requests answered within their target.
  * 2. Live: `cornserve serve` on ten CPU devices with color_chat and color_studio registered (five
- *    tasks), under the same open-loop trace twice: with `--autoscale` (every task starts with one
- *    executor; five devices free), and with the devices split evenly (two executors per task) and
- *    fixed. The trace's mix shifts: image chats (color_chat), then paintings, then sung tones
+ *    tasks), under the same open-loop trace twice: with the devices split evenly (two executors per
+ *    task) and `--autoscale` moving them from there, as in the simulation, and with the same split
+ *    fixed. (BENCH_AUTOSCALE_START=one starts the autoscaled run from one executor per task and
+ *    five devices free instead: it then pays executors' start-ups during the trace, which the
+ *    fixed split paid before it.) The trace's mix shifts: image chats (color_chat), then paintings, then sung tones
  *    (color_studio), each phase with the other two kinds at a sixth of their rate. Arrival times
  *    come from a seeded generator, the same for both runs.
  *
@@ -24,7 +26,8 @@
  * Env: BENCH_SIM_PHASE_SECONDS (default 300), BENCH_SEARCH_EVALUATIONS (default 30),
  * BENCH_LIVE=0 (simulation only), BENCH_PHASE_SECONDS (live, default 40), BENCH_WARMUP_SECONDS
  * (default 15), BENCH_CHAT_RATE (default 100), BENCH_PAINT_RATE (default 45), BENCH_SING_RATE
- * (default 40) in requests per second, BENCH_AUTOSCALE_INTERVAL (seconds, default 2).
+ * (default 40) in requests per second, BENCH_AUTOSCALE_INTERVAL (seconds, default 2),
+ * BENCH_AUTOSCALE_START (even or one, default even).
  */
 import { join } from "node:path"
 import { performance } from "node:perf_hooks"
@@ -250,6 +253,8 @@ async function live(mode: "autoscale" | "even") {
     sing: envNumber("BENCH_SING_RATE", 40)
   }
   const interval = String(envNumber("BENCH_AUTOSCALE_INTERVAL", 2))
+  const start = process.env.BENCH_AUTOSCALE_START ?? "even"
+  if (start !== "even" && start !== "one") throw new Error(`BENCH_AUTOSCALE_START must be even or one, got ${start}`)
   let result: { tallies: Array<Tally>; moves: string; executors: string; failures: Array<string> } | undefined
   failures.length = 0
   await withBenchPlatform(
@@ -263,7 +268,7 @@ async function live(mode: "autoscale" | "even") {
       }
       const tasks = async () =>
         ((await (await fetch(`${platform.url}/tasks/list`)).json()) as { tasks: Array<TaskRow> }).tasks
-      if (mode === "even") {
+      if (mode === "even" || start === "even") {
         const listed = await tasks()
         const each = Math.floor(10 / listed.length)
         for (const task of listed) {
@@ -332,7 +337,7 @@ export default async function main() {
     (goodAuto / Math.max(1, goodEven)).toFixed(3)
   ])
   console.log(
-    "live: color_chat and color_studio on 10 CPU devices; good = answered whole within its target (chat 1 s, paint and sing 2.5 s)"
+    `live: color_chat and color_studio on 10 CPU devices, autoscaled from ${process.env.BENCH_AUTOSCALE_START === "one" ? "one executor per task" : "the even split"}; good = answered whole within its target (chat 1 s, paint and sing 2.5 s)`
   )
   printTable(rows)
   for (const [label, run] of [
@@ -353,6 +358,7 @@ export default async function main() {
         autoscale: autoscale.tallies,
         even: even.tallies,
         moves: autoscale.moves,
+        autoscaleStart: process.env.BENCH_AUTOSCALE_START ?? "even",
         ratio: round(liveRatio, 3)
       },
       meetsTarget: { simulated: sim.minRatio >= TARGET.simulatedPerPhase, live: liveRatio >= TARGET.live }
