@@ -453,7 +453,12 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         })
     }
     const count = (kind: string) => moves.set(kind, (moves.get(kind) ?? 0) + 1)
-    const devicesOf = (taskId: string) => perExecutorOf(taskManagers.get(taskId)!.spec)
+    /** Devices per executor of a task the round planned for; it may have been torn down since. */
+    const devicesOf = (taskId: string) =>
+      Effect.suspend(() => {
+        const task = taskManagers.get(taskId)
+        return task === undefined ? Effect.fail(new TaskNotFound({ taskId })) : Effect.succeed(perExecutorOf(task.spec))
+      })
 
     /**
      * The executors a Take gives up: for each donor asked, one of its executors (its latest first),
@@ -461,7 +466,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
      * choice would make it fit.
      */
     const givenFor = (move: Extract<Move, { _tag: "Take" }>) =>
-      Effect.suspend(() => {
+      Effect.gen(function* () {
         const offers = move.from.map((donor) =>
           (taskManagers.get(donor)?.executors() ?? [])
             .map((executor) => ({ task: donor, id: executor.id, node: executor.node, devices: executor.devices }))
@@ -470,17 +475,15 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         const request = {
           task: move.to,
           executors: 1,
-          devicesPerExecutor: devicesOf(move.to),
+          devicesPerExecutor: yield* devicesOf(move.to),
           related: relatedTo(move.to)
         }
         const given = executorsToGive(placementNodes(), [...allocated.values()], offers, request)
-        return given === undefined
-          ? Effect.fail(
-              new DevicesExhausted({
-                message: `no node would hold an executor of ${move.to} (${request.devicesPerExecutor} device(s) on one node) once ${[...new Set(move.from)].join(", ")} gave theirs; nothing was taken`
-              })
-            )
-          : Effect.succeed(given)
+        if (given === undefined)
+          return yield* new DevicesExhausted({
+            message: `no node would hold an executor of ${move.to} (${request.devicesPerExecutor} device(s) on one node) once ${[...new Set(move.from)].join(", ")} gave theirs; nothing was taken`
+          })
+        return given
       })
 
     const make = (move: Move) =>
@@ -491,13 +494,13 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
             count("released")
             break
           case "Grow":
-            yield* scaleNow(move.task, devicesOf(move.task))
+            yield* scaleNow(move.task, yield* devicesOf(move.task))
             count("free_device")
             break
           case "Take": {
             const given = yield* givenFor(move)
             for (const executor of given) yield* shrinkNow(executor.task, [executor.id])
-            yield* scaleNow(move.to, devicesOf(move.to))
+            yield* scaleNow(move.to, yield* devicesOf(move.to))
             count("taken_from_slack")
             break
           }
@@ -536,6 +539,8 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
     })
     if (config.autoscaleIntervalMs !== undefined) {
       yield* rebalance.pipe(
+        // A round that dies of a defect is logged; the next round runs all the same.
+        Effect.catchAllCause((cause) => Effect.logError("rebalancing: the round failed", cause)),
         Effect.repeat(Schedule.spaced(Duration.millis(config.autoscaleIntervalMs))),
         Effect.forkScoped
       )
