@@ -39,67 +39,84 @@ export const fleetScenario = (
   options: { readonly phaseSeconds?: number; readonly seed?: number; readonly load?: number } = {}
 ): Scenario => {
   const phaseMs = (options.phaseSeconds ?? 300) * 1000
+  // Each family: its tasks' count, devices per executor, largest batch, ranges of the cost per
+  // batch and per item (drawn per task, in this order), and start-up.
+  const families: ReadonlyArray<{
+    readonly prefix: string
+    readonly count: number
+    readonly devices: (index: number) => number
+    readonly maxBatch: number
+    readonly baseMs: readonly [number, number]
+    readonly perItemMs: readonly [number, number]
+    readonly startupMs: number
+  }> = [
+    {
+      prefix: "enc-image",
+      count: 8,
+      devices: () => 1,
+      maxBatch: 16,
+      baseMs: [30, 50],
+      perItemMs: [8, 12],
+      startupMs: 10_000
+    },
+    {
+      prefix: "enc-video",
+      count: 4,
+      devices: () => 1,
+      maxBatch: 4,
+      baseMs: [80, 120],
+      perItemMs: [120, 180],
+      startupMs: 10_000
+    },
+    {
+      prefix: "enc-audio",
+      count: 4,
+      devices: () => 1,
+      maxBatch: 16,
+      baseMs: [15, 25],
+      perItemMs: [5, 7],
+      startupMs: 10_000
+    },
+    {
+      prefix: "llm",
+      count: 10,
+      devices: (i) => (i < 6 ? 2 : 4),
+      maxBatch: 32,
+      baseMs: [1500, 2500],
+      perItemMs: [90, 150],
+      startupMs: 30_000
+    },
+    {
+      prefix: "gen-image",
+      count: 6,
+      devices: () => 1,
+      maxBatch: 4,
+      baseMs: [600, 1000],
+      perItemMs: [450, 750],
+      startupMs: 20_000
+    },
+    {
+      prefix: "gen-audio",
+      count: 4,
+      devices: () => 1,
+      maxBatch: 8,
+      baseMs: [250, 350],
+      perItemMs: [80, 120],
+      startupMs: 20_000
+    }
+  ]
   const tasks: Array<SimTaskSpec> = []
-  for (let i = 0; i < 8; i++)
-    tasks.push(
-      task(`enc-image-${i}`, {
-        devicesPerExecutor: 1,
-        maxBatch: 16,
-        baseMs: between(30, 50),
-        perItemMs: between(8, 12),
-        startupMs: 10_000
-      })
-    )
-  for (let i = 0; i < 4; i++)
-    tasks.push(
-      task(`enc-video-${i}`, {
-        devicesPerExecutor: 1,
-        maxBatch: 4,
-        baseMs: between(80, 120),
-        perItemMs: between(120, 180),
-        startupMs: 10_000
-      })
-    )
-  for (let i = 0; i < 4; i++)
-    tasks.push(
-      task(`enc-audio-${i}`, {
-        devicesPerExecutor: 1,
-        maxBatch: 16,
-        baseMs: between(15, 25),
-        perItemMs: between(5, 7),
-        startupMs: 10_000
-      })
-    )
-  for (let i = 0; i < 10; i++)
-    tasks.push(
-      task(`llm-${i}`, {
-        devicesPerExecutor: i < 6 ? 2 : 4,
-        maxBatch: 32,
-        baseMs: between(1500, 2500),
-        perItemMs: between(90, 150),
-        startupMs: 30_000
-      })
-    )
-  for (let i = 0; i < 6; i++)
-    tasks.push(
-      task(`gen-image-${i}`, {
-        devicesPerExecutor: 1,
-        maxBatch: 4,
-        baseMs: between(600, 1000),
-        perItemMs: between(450, 750),
-        startupMs: 20_000
-      })
-    )
-  for (let i = 0; i < 4; i++)
-    tasks.push(
-      task(`gen-audio-${i}`, {
-        devicesPerExecutor: 1,
-        maxBatch: 8,
-        baseMs: between(250, 350),
-        perItemMs: between(80, 120),
-        startupMs: 20_000
-      })
-    )
+  for (const family of families)
+    for (let i = 0; i < family.count; i++)
+      tasks.push(
+        task(`${family.prefix}-${i}`, {
+          devicesPerExecutor: family.devices(i),
+          maxBatch: family.maxBatch,
+          baseMs: between(...family.baseMs),
+          perItemMs: between(...family.perItemMs),
+          startupMs: family.startupMs
+        })
+      )
 
   const fullBatchMs = new Map(tasks.map((spec) => [spec.id, spec.baseMs + spec.perItemMs * spec.maxBatch]))
   const app = (id: string, stages: ReadonlyArray<string>): SimApp => ({
