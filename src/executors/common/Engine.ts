@@ -10,7 +10,7 @@ import { exitWithParent } from "./ChildProcesses.js"
 import { bindEngineSockets } from "./EngineSockets.js"
 import type { ExecutorConfig } from "./ExecutorConfig.js"
 import { type ScheduledItem, Scheduler } from "./Scheduler.js"
-import { type BatchItem, decode, type ToEngine, type ToWorker, type WorkItem } from "./wire.js"
+import { type BatchItem, messagesOf, type ToEngine, type ToWorker, type WorkItem } from "./wire.js"
 import { startWorkerGroup } from "./WorkerGroup.js"
 import { startSpan } from "../../tracing/Tracing.js"
 
@@ -196,8 +196,7 @@ export const runEngine = (config: ExecutorConfig) =>
     }
 
     const receiveRequests = async () => {
-      for await (const [frame] of fromRouter) {
-        const message = decode<ToEngine>(frame!)
+      for await (const message of messagesOf<ToEngine>(fromRouter)) {
         if (message.t === "cancel") {
           if (requests.delete(message.id)) scheduler.remove(message.id)
         } else if (!workers.healthy) {

@@ -4,7 +4,7 @@ import * as zmq from "zeromq"
 import { startChild } from "./ChildProcesses.js"
 import { EngineRejected, EngineUnavailable, ExecutorFailed } from "./errors.js"
 import { configEnvName, type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
-import { decode, type FromEngine, orderedSender, type ToEngine, type WorkItem } from "./wire.js"
+import { messagesOf, type FromEngine, orderedSender, type ToEngine, type WorkItem } from "./wire.js"
 
 /** Why the engine refused or could not finish a request. */
 export type EngineFailure = EngineUnavailable | EngineRejected | ExecutorFailed
@@ -135,8 +135,7 @@ export class EngineClient {
 
   private async receive(socket: zmq.Pull) {
     try {
-      for await (const [frame] of socket) {
-        const message = decode<FromEngine>(frame!)
+      for await (const message of messagesOf<FromEngine>(socket)) {
         switch (message.t) {
           case "ready":
             if (this.current._tag === "Starting") this.current = { _tag: "Ready", workers: message.workers }

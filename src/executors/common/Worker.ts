@@ -8,7 +8,7 @@ import { BatchBuffer, batchBufferEnvName } from "./BatchBuffer.js"
 import { exitWithParent } from "./ChildProcesses.js"
 import { type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
 import type { LoadWorkerModel } from "./WorkerModel.js"
-import { type BatchItem, type BatchMessage, decode, type FromWorker, orderedSender, type ToWorker } from "./wire.js"
+import { type BatchItem, type BatchMessage, messagesOf, type FromWorker, orderedSender, type ToWorker } from "./wire.js"
 import { type Span, startSpan } from "../../tracing/Tracing.js"
 
 /** Each kind's worker module is `executors/<kind>/worker.ts`, loaded only in that kind's workers. */
@@ -35,8 +35,7 @@ export const runWorker = async (config: ExecutorConfig, rank: number): Promise<v
   toEngine.connect(ipcPath(config, "workers-out"))
   const send = orderedSender<FromWorker>(toEngine)
   await send({ t: "ready", rank })
-  for await (const [frame] of fromEngine) {
-    const message = decode<ToWorker>(frame!)
+  for await (const message of messagesOf<ToWorker>(fromEngine)) {
     if (message.t === "stop") break
     const [from, to] = message.shard
     const items = message.items.slice(from, to)

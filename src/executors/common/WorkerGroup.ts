@@ -9,7 +9,7 @@ import { batchBufferEnvName } from "./BatchBuffer.js"
 import { startChild } from "./ChildProcesses.js"
 import type { EngineSockets } from "./EngineSockets.js"
 import { configEnvName, type ExecutorConfig } from "./ExecutorConfig.js"
-import { decode, type FromWorker, type ToWorker } from "./wire.js"
+import { messagesOf, type FromWorker, type ToWorker } from "./wire.js"
 
 /** What an engine does with its workers' replies. */
 export interface WorkerReplies {
@@ -69,8 +69,7 @@ export const startWorkerGroup = (options: {
 
     const receive = async () => {
       let ready = 0
-      for await (const [frame] of sockets.fromWorkers) {
-        const message = decode<FromWorker>(frame!)
+      for await (const message of messagesOf<FromWorker>(sockets.fromWorkers)) {
         switch (message.t) {
           case "ready":
             if (++ready === config.devices.length) void sockets.sendRouter({ t: "ready", workers: ready })

@@ -12,18 +12,34 @@ export const encode = (message: unknown): Buffer => packr.pack(message)
 export const decode = <T>(bytes: Uint8Array): T => packr.unpack(bytes) as T
 
 /**
- * Sends messages on a ZeroMQ socket one at a time, in order. A socket takes one send at a time:
- * after a run of sends that completed at once it defers the next, and a send issued meanwhile
- * throws EBUSY, which under load (hundreds of tokens or chunks a second) would drop messages.
+ * Sends messages on a ZeroMQ socket in order. A socket takes one send at a time: after a run of
+ * sends that completed at once it defers the next, and a send issued meanwhile throws EBUSY, which
+ * under load (hundreds of tokens or chunks a second) would drop messages. Messages sent while the
+ * previous frame is still going out (or in one tick, as a batch's tokens are) travel as one frame,
+ * so a decode step of many requests costs each process one wakeup, not one per token.
  */
 export const orderedSender = <M>(socket: { send(frame: Buffer): Promise<void> }): ((message: M) => Promise<void>) => {
   let previous: Promise<void> = Promise.resolve()
+  let open: { readonly messages: Array<M>; readonly sent: Promise<void> } | undefined
   return (message) => {
-    const frame = encode(message)
-    const sent = previous.then(() => socket.send(frame))
+    if (open !== undefined) {
+      open.messages.push(message)
+      return open.sent
+    }
+    const messages = [message]
+    const sent = previous.then(() => {
+      open = undefined
+      return socket.send(encode(messages))
+    })
+    open = { messages, sent }
     previous = sent.catch(() => undefined)
     return sent
   }
+}
+
+/** The messages an `orderedSender` sent on a socket, one by one, in order. */
+export async function* messagesOf<M>(socket: AsyncIterable<ReadonlyArray<Buffer>>): AsyncGenerator<M> {
+  for await (const [frame] of socket) yield* decode<ReadonlyArray<M>>(frame!)
 }
 
 /** A tensor inside a message (router → engine): it is stacked with others along its first axis. */

@@ -10,7 +10,7 @@ import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { exitWithParent } from "../common/ChildProcesses.js"
 import { bindEngineSockets } from "../common/EngineSockets.js"
 import type { ExecutorConfig } from "../common/ExecutorConfig.js"
-import { type BatchItem, decode, type ToEngine, type ToWorker } from "../common/wire.js"
+import { type BatchItem, messagesOf, type ToEngine, type ToWorker } from "../common/wire.js"
 import { startWorkerGroup } from "../common/WorkerGroup.js"
 import type { LlmStats } from "./api.js"
 import { kvCacheTokens } from "./Limits.js"
@@ -256,8 +256,7 @@ export const runEngine = (config: ExecutorConfig) =>
     })
 
     const receiveRequests = async () => {
-      for await (const [frame] of fromRouter) {
-        const message = decode<ToEngine>(frame!)
+      for await (const message of messagesOf<ToEngine>(fromRouter)) {
         if (message.t === "cancel") cancel(message.id)
         else if (!workers.healthy)
           void sendRouter({ t: "failed", id: message.id, status: 503, message: "the executor is unhealthy" })
