@@ -17,6 +17,8 @@ export interface ChildOptions {
   readonly stopGraceMs?: number
   /** How much less CPU priority than this process the child gets (a nice increment). */
   readonly lowerPriority?: number
+  /** Node and V8 flags for the child's runtime. */
+  readonly nodeFlags?: ReadonlyArray<string>
 }
 
 /**
@@ -36,7 +38,7 @@ const getPriorityOfSelf = (): number | undefined => {
 export const startChild = (options: ChildOptions): Effect.Effect<ChildProcess, never, import("effect").Scope.Scope> =>
   Effect.acquireRelease(
     Effect.sync(() => {
-      const child = spawn(process.execPath, [binPath, "internal", ...options.args], {
+      const child = spawn(process.execPath, [...(options.nodeFlags ?? []), binPath, "internal", ...options.args], {
         stdio: ["pipe", "inherit", "inherit"],
         env: lifelineEnv({ ...process.env, ...options.env })
       })

@@ -32,6 +32,14 @@ export interface WorkerGroup {
 /** How much lower a worker's CPU priority is than its engine's (a nice increment). */
 const workerNiceness = 5
 
+/**
+ * A worker's garbage is mostly ONNX Runtime's outputs (a decode step's KV cache is tens of MB of
+ * fresh ArrayBuffers), so V8 collects every step or two. Its background GC threads would then run
+ * on the cores the session's intra-op threads are computing on, and a step waits for whichever
+ * thread they preempted; collecting on the worker's own thread, between runs, costs less.
+ */
+const workerNodeFlags = ["--single-threaded-gc"]
+
 export const startWorkerGroup = (options: {
   readonly config: ExecutorConfig
   readonly sockets: EngineSockets
@@ -56,6 +64,7 @@ export const startWorkerGroup = (options: {
           // A worker computes as fast as its threads let it; the gateway, the dispatcher and the
           // routers answer requests and refusals in between, so a busy worker yields to them.
           lowerPriority: workerNiceness,
+          nodeFlags: workerNodeFlags,
           onUnexpectedExit: (code, signal) => {
             if (!healthy) return
             healthy = false
