@@ -10,11 +10,12 @@
  *   transformers.js one after another: aggregate tokens/s, and time to first token from when all 8
  *   arrive.
  *
- * Runs alternate between the two so that the machine's drift hits both; the ratios are medians.
+ * Each workload runs once untimed first. Runs alternate between the two so that the machine's drift
+ * hits both; the ratios are medians.
  * Greedy tokens through the API are checked against transformers.js's. Prints a table, then (as
  * the last line) one JSON object.
  *
- * Env: BENCH_TOKENS (tokens per request, default 64), BENCH_ROUNDS (default 3), BENCH_THREADS
+ * Env: BENCH_TOKENS (tokens per request, default 64), BENCH_ROUNDS (default 5), BENCH_THREADS
  * (ONNX Runtime threads, default 2).
  */
 import { benchPrompts, figuresOf, mean, median, printTable, type Run, round, streamed } from "./support/chat-stream.js"
@@ -26,7 +27,7 @@ import { ChatTokenizer } from "../src/models/Tokenizer.js"
 import { startExecutor } from "../test/support/executors.js"
 
 const tokens = Number(process.env.BENCH_TOKENS ?? 64)
-const rounds = Number(process.env.BENCH_ROUNDS ?? 3)
+const rounds = Number(process.env.BENCH_ROUNDS ?? 5)
 const threads = Number(process.env.BENCH_THREADS ?? 2)
 const concurrency = 8
 const model = "bench/smollm2-135m"
@@ -104,9 +105,12 @@ export default async function main(): Promise<void> {
     }
     const expect = (index: number, run: Run) => expected.set(index, run.text)
 
-    // Warm-up: first runs pay for allocations and caches.
+    // Warm-up, one run of each workload that is measured: first runs pay for allocations, caches
+    // and compilation (transformers.js at batch 1, the executor at every batch size it meets).
     await generate(promptIds[0]!)
     await streamed(executor.url, model, prompts[0]!, tokens, performance.now())
+    for (const ids of promptIds) await generate(ids)
+    await Promise.all(prompts.map((prompt) => streamed(executor.url, model, prompt, tokens, performance.now())))
 
     const singleRatios: Array<number> = []
     const concurrentRatios: Array<number> = []
