@@ -10,8 +10,9 @@
  *   transformers.js one after another: aggregate tokens/s, and time to first token from when all 8
  *   arrive.
  *
- * Each workload runs once untimed first. Runs alternate between the two so that the machine's drift
- * hits both; the ratios are medians.
+ * Each workload runs once untimed first, and every run starts after a full collection of this
+ * process's heap. Runs alternate between the two so that the machine's drift hits both; the ratios
+ * are medians.
  * Greedy tokens through the API are checked against transformers.js's. Prints a table, then (as
  * the last line) one JSON object.
  *
@@ -21,6 +22,8 @@
 import { benchPrompts, figuresOf, mean, median, printTable, type Run, round, streamed } from "./support/chat-stream.js"
 import { AutoModelForCausalLM, env, Tensor } from "@huggingface/transformers"
 import { basename, dirname } from "node:path"
+import { setFlagsFromString } from "node:v8"
+import { runInNewContext } from "node:vm"
 import { loadModelDirectory } from "../src/models/ModelDirectory.js"
 import { resolveModel } from "../src/models/ModelStore.js"
 import { ChatTokenizer } from "../src/models/Tokenizer.js"
@@ -34,6 +37,14 @@ const model = "bench/smollm2-135m"
 const targets = { singleDecodeRatio: 1.0, concurrentOverSequential: 3 }
 
 const prompts = benchPrompts
+
+setFlagsFromString("--expose-gc")
+/**
+ * A full collection of this process's heap. transformers.js runs in this process and leaves tens of
+ * MB of tensors behind; without it they would be collected (on this process's GC threads) during
+ * whatever runs next, the executor's turn included.
+ */
+const collect = runInNewContext("gc") as () => void
 
 const decodeRate = (run: Run) => (run.tokens - 1) / (run.decodeMs / 1000)
 
@@ -118,11 +129,15 @@ export default async function main(): Promise<void> {
       for (let pair = 0; pair < 2; pair++) {
         const which = (r * 2 + pair) % prompts.length
         const runReference = async () => {
+          collect()
           const run = await generate(promptIds[which]!)
           expect(which, run)
           return run
         }
-        const runApi = () => streamed(executor.url, model, prompts[which]!, tokens, performance.now())
+        const runApi = () => {
+          collect()
+          return streamed(executor.url, model, prompts[which]!, tokens, performance.now())
+        }
         const [referenceRun, apiRun] =
           pair % 2 === 0
             ? [await runReference(), await runApi()]
@@ -136,6 +151,7 @@ export default async function main(): Promise<void> {
       }
 
       const runSequential = async () => {
+        collect()
         const start = performance.now()
         const ttft: Array<number> = []
         for (const [index, ids] of promptIds.entries()) {
@@ -146,6 +162,7 @@ export default async function main(): Promise<void> {
         return { rate: (concurrency * tokens) / ((performance.now() - start) / 1000), ttft: mean(ttft) }
       }
       const runConcurrent = async () => {
+        collect()
         const start = performance.now()
         const runs = await Promise.all(prompts.map((prompt) => streamed(executor.url, model, prompt, tokens, start)))
         return {
