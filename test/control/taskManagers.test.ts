@@ -47,6 +47,17 @@ describe("TaskManagers: leasing executors of a task, by their health", () => {
     expect(task.executors().map((executor) => executor.outstanding)).toEqual([0, 0])
   })
 
+  it("tells each lease the load it met: the calls in flight when it was granted, synthetic ones included", async () => {
+    const synthetic = await task.lease({ synthetic: true })
+    const live = await task.lease({})
+    expect([synthetic.level, live.level]).toEqual([1, 2])
+    synthetic.release("ok")
+    const next = await task.lease({ synthetic: true })
+    expect(next.level).toBe(2)
+    live.release("ok")
+    next.release("ok")
+  })
+
   it("avoids the executor a retry excludes", async () => {
     const first = await task.lease({})
     first.release("ok")

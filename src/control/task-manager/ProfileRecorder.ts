@@ -303,8 +303,6 @@ export class ProfileRecorder extends Effect.Service<ProfileRecorder>()("cornserv
       const latencies: Array<number> = []
       let failed = 0
       let lastFailure: unknown
-      /** Synthetic calls holding a lease: fewer than `level` while leases are refused and retried. */
-      let inFlight = 0
       const worker = async () => {
         while (performance.now() < deadline && !stopped.signal.aborted) {
           let lease: ExecutorLease
@@ -319,10 +317,12 @@ export class ProfileRecorder extends Effect.Service<ProfileRecorder>()("cornserv
           }
           const executors = task.executors().length
           const callSignal = eitherSignal(stopped.signal, lease.signal)
-          // Each call is measured at the load it met, as the online profile measures calls.
-          const load = ++inFlight
+          // Each call is measured at the load it met, as the online profile measures calls: the
+          // task's calls in flight, this recording's (fewer than `level` while leases are refused
+          // and retried) and any the task's apps make meanwhile.
+          const load = lease.level
           try {
-            const latencyMs = await call(lease, callSignal.signal).finally(() => inFlight--)
+            const latencyMs = await call(lease, callSignal.signal)
             lease.release("ok")
             latencies.push(latencyMs)
             profile.record({ endedAt: Date.now(), latencyMs, level: load, executors, ok: true })

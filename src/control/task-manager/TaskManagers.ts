@@ -97,6 +97,8 @@ export interface ExecutorLease {
   readonly node: string
   /** Aborted when the executor's node is lost. */
   readonly signal: AbortSignal
+  /** The task's calls in flight when it was granted, this one and synthetic ones included: the load it met. */
+  readonly level: number
   /**
    * "unavailable": the executor could not take it, so it leaves rotation until its health check
    * passes; "unused": no call was made (the graph failed first), so the profile does not count it.
@@ -262,6 +264,7 @@ class ManagedTask implements TaskManager {
       url: member.executor.url()!,
       node: member.node,
       signal: member.gone.signal,
+      level,
       release: (outcome) => {
         if (released) return
         released = true
