@@ -2,7 +2,6 @@ import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { dirname, join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { prefillGroups } from "../../src/executors/llm/PrefillGroups.js"
 import type { SamplingParams } from "../../src/executors/llm/protocol.js"
 import { Runner } from "../../src/executors/llm/Runner.js"
 import { decodeImageProcessorConfig, pixelValues } from "../../src/models/ImageProcessor.js"
@@ -111,31 +110,6 @@ describe("Runner", () => {
       expect(batched.get(request.id), request.id).toEqual(alone.get(request.id))
       expect(batched.get(request.id)).toHaveLength(request.sampling.maxNewTokens)
     }
-    expect(runner.held).toEqual([])
-    await runner.close()
-  })
-
-  it("prefills prompts of far apart lengths that join together in separate runs, with the same tokens as alone", async () => {
-    const runner = await Runner.open(decoder, "cpu:0", 1)
-    const tokenizer = new ChatTokenizer(decoder)
-    const texts = [
-      "hi",
-      "Tell me, in as many words as you like, about the colours of the sea at dawn, at noon and at dusk, " +
-        "the red of a zebra's shadow in Zürich, and why a low tone sounds blue to some and green to others.",
-      "blue green"
-    ]
-    const requests: Array<Scripted> = texts.map((text, i) => ({
-      id: `r${i}`,
-      prompt: { inputIds: Int32Array.from(tokenizer.encode(text)), media: [] },
-      sampling: greedy(5),
-      joinAt: 0
-    }))
-    // The long prompt runs on its own: padding the short ones to it would cost more than a run.
-    expect(prefillGroups(requests.map((request) => request.prompt.inputIds.length))).toEqual([[0, 2], [1]])
-    const alone = new Map<string, ReadonlyArray<number>>()
-    for (const request of requests) alone.set(request.id, (await drive(runner, [request])).get(request.id)!)
-    const together = await drive(runner, requests)
-    for (const request of requests) expect(together.get(request.id), request.id).toEqual(alone.get(request.id))
     expect(runner.held).toEqual([])
     await runner.close()
   })

@@ -13,7 +13,6 @@ import { floatsOf, halvesOf } from "../../models/Float16.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { createSession } from "../common/Sessions.js"
 import { type CacheArray, type CachedRow, gatherRows, type PastData, rightAlignedMask } from "./PastCache.js"
-import { prefillGroups } from "./PrefillGroups.js"
 import type { MediaInput, PromptInput, SamplingParams, StepOp, TokenPartial } from "./protocol.js"
 import { Sampler } from "./Sampler.js"
 
@@ -158,19 +157,7 @@ export class Runner {
     )
   }
 
-  /** Prefills the joining requests in the runs that pad their prompts least (see PrefillGroups). */
   private async prefill(
-    joining: ReadonlyArray<{ readonly id: string; readonly prompt: PromptInput; readonly sampling: SamplingParams }>,
-    take: (id: string, partial: TokenPartial) => void
-  ): Promise<void> {
-    for (const group of prefillGroups(joining.map((request) => request.prompt.inputIds.length)))
-      await this.prefillRun(
-        group.map((index) => joining[index]!),
-        take
-      )
-  }
-
-  private async prefillRun(
     joining: ReadonlyArray<{ readonly id: string; readonly prompt: PromptInput; readonly sampling: SamplingParams }>,
     take: (id: string, partial: TokenPartial) => void
   ): Promise<void> {
