@@ -228,7 +228,9 @@ async function drive(url: string, arrivals: ReadonlyArray<Arrival>, phases: numb
         else tally.good++
       } catch (error) {
         tally.failed++
-        noteFailure(`${arrival.kind} at ${Math.round(arrival.at)} ms: ${String(error)}`)
+        // fetch says only "fetch failed"; why (a reset, a refusal, a closed socket) is its cause.
+        const cause = error instanceof Error && error.cause !== undefined ? ` (${String(error.cause)})` : ""
+        noteFailure(`${arrival.kind} at ${Math.round(arrival.at)} ms: ${String(error)}${cause}`)
       }
     })()
     inFlight.add(call)
