@@ -118,9 +118,8 @@ export default async function main(): Promise<void> {
 
     // Warm-up, one run of each workload that is measured: first runs pay for allocations, caches
     // and compilation (transformers.js at batch 1, the executor at every batch size it meets).
-    await generate(promptIds[0]!)
-    await streamed(executor.url, model, prompts[0]!, tokens, performance.now())
     for (const ids of promptIds) await generate(ids)
+    await streamed(executor.url, model, prompts[0]!, tokens, performance.now())
     await Promise.all(prompts.map((prompt) => streamed(executor.url, model, prompt, tokens, performance.now())))
 
     const singleRatios: Array<number> = []
