@@ -27,7 +27,8 @@
  * BENCH_LIVE=0 (simulation only), BENCH_PHASE_SECONDS (live, default 40), BENCH_WARMUP_SECONDS
  * (default 15), BENCH_CHAT_RATE (default 100), BENCH_PAINT_RATE (default 45), BENCH_SING_RATE
  * (default 40) in requests per second, BENCH_AUTOSCALE_INTERVAL (seconds, default 2),
- * BENCH_AUTOSCALE_START (even or one, default even).
+ * BENCH_AUTOSCALE_START (even or one, default even), BENCH_DEVICES (live, default cpu:0 to cpu:9;
+ * the even split gives each task as many of them as divide evenly, at least one).
  */
 import { join } from "node:path"
 import { performance } from "node:perf_hooks"
@@ -151,7 +152,7 @@ function printTable(rows: ReadonlyArray<ReadonlyArray<string>>) {
 
 type Kind = "chat" | "paint" | "sing"
 const KINDS: ReadonlyArray<Kind> = ["chat", "paint", "sing"]
-const DEVICES = Array.from({ length: 10 }, (_, index) => `cpu:${index}`).join(",")
+const DEVICES = process.env.BENCH_DEVICES ?? Array.from({ length: 10 }, (_, index) => `cpu:${index}`).join(",")
 /** Answer within this, whole, or it does not count. */
 const TARGET_MS: Record<Kind, number> = { chat: 1_000, paint: 2_500, sing: 2_500 }
 
@@ -272,7 +273,7 @@ async function live(mode: "autoscale" | "even") {
         ((await (await fetch(`${platform.url}/tasks/list`)).json()) as { tasks: Array<TaskRow> }).tasks
       if (mode === "even" || start === "even") {
         const listed = await tasks()
-        const each = Math.floor(10 / listed.length)
+        const each = Math.floor(DEVICES.split(",").length / listed.length)
         for (const task of listed) {
           if (each <= 1) continue
           const scaled = await runCli(["tasks", "scale", task.id, `+${each - 1}`], env)
@@ -339,7 +340,7 @@ export default async function main() {
     (goodAuto / Math.max(1, goodEven)).toFixed(3)
   ])
   console.log(
-    `live: color_chat and color_studio on 10 CPU devices, autoscaled from ${process.env.BENCH_AUTOSCALE_START === "one" ? "one executor per task" : "the even split"}; good = answered whole within its target (chat 1 s, paint and sing 2.5 s)`
+    `live: color_chat and color_studio on ${DEVICES}, autoscaled from ${process.env.BENCH_AUTOSCALE_START === "one" ? "one executor per task" : "the even split"}; good = answered whole within its target (chat 1 s, paint and sing 2.5 s)`
   )
   printTable(rows)
   for (const [label, run] of [

@@ -297,3 +297,76 @@ describe("rebalancing policy: executors that did not raise throughput", () => {
     expect(withBottleneck.map((move) => move._tag)).toEqual(["Release", "Release", "Grow", "Grow"])
   })
 })
+
+describe("rebalancing policy on shared CPU devices: a bottleneck gets a core its calm neighbours leave idle", () => {
+  // Two cores, five tasks: each device holds some of them, and none is free.
+  const cpuDevices = [
+    { node: "n", id: "cpu:0", tasks: ["encoder", "llm"] },
+    { node: "n", id: "cpu:1", tasks: ["painter", "tones", "audio"] }
+  ]
+  const onCpu = (id: string, executors: number, meanLoad: number, sharing = executors) =>
+    task(id, executors, meanLoad, { mayShare: true, sharing })
+
+  it("grows a bottleneck onto a CPU device it does not hold where every task is calm", () => {
+    const moves = planMoves(
+      {
+        now: 0,
+        freeDevices: 0,
+        cpuDevices,
+        tasks: [
+          onCpu("encoder", 1, 1),
+          onCpu("llm", 1, 6),
+          onCpu("painter", 1, 0),
+          onCpu("tones", 1, 0.2),
+          onCpu("audio", 1, 0)
+        ]
+      },
+      policy
+    )
+    expect(moves).toEqual([
+      {
+        _tag: "Share",
+        task: "llm",
+        node: "n",
+        devices: ["cpu:1"],
+        reason:
+          "llm is a bottleneck: 6.00 calls in flight per executor (above 2); no device is free or taken from slack, and cpu:1 holds only calm tasks (painter, tones, audio): it shares it"
+      }
+    ])
+  })
+
+  it("leaves a device alone while a task on it is busy, and never shares a GPU task onto a CPU", () => {
+    const busy = { now: 0, freeDevices: 0, cpuDevices }
+    const tasks = [onCpu("encoder", 1, 1), onCpu("llm", 1, 6), onCpu("tones", 1, 0.2), onCpu("audio", 1, 0)]
+    // The painter is not a bottleneck, but it is not calm either: its core is in use.
+    expect(planMoves({ ...busy, tasks: [...tasks, onCpu("painter", 1, 0.8)] }, policy)).toEqual([])
+    const onGpu = task("llm", 1, 6, { sharing: 0 })
+    expect(planMoves({ ...busy, tasks: [onCpu("encoder", 1, 1), onGpu, onCpu("painter", 1, 0)] }, policy)).toEqual([])
+  })
+
+  it("gives back an executor on a shared device once the task has slack, never its last", () => {
+    const tasks = [onCpu("encoder", 1, 0), onCpu("llm", 2, 0.2), onCpu("painter", 1, 0), onCpu("tones", 1, 0)]
+    expect(planMoves({ now: 0, freeDevices: 0, cpuDevices, tasks }, policy)).toEqual([
+      {
+        _tag: "Unshare",
+        task: "llm",
+        reason: "llm has slack: 0.10 per executor (below 0.5); an executor it runs on a shared device goes back"
+      }
+    ])
+    // One executor, on a shared device: it stays.
+    expect(planMoves({ now: 0, freeDevices: 0, cpuDevices, tasks: [onCpu("llm", 1, 0)] }, policy)).toEqual([])
+    // Settles: back at one executor, the same load asks for nothing.
+    const after = tasks.map((entry) => (entry.id === "llm" ? onCpu("llm", 1, 0.2) : entry))
+    expect(planMoves({ now: 0, freeDevices: 0, cpuDevices, tasks: after }, policy)).toEqual([])
+  })
+
+  it("takes from a donor only an executor that holds its devices alone: a shared one frees none", () => {
+    // The encoder has two executors with slack, both on shared devices; the painter is busy.
+    const tasks = [onCpu("encoder", 2, 0), onCpu("llm", 1, 6, 1), onCpu("painter", 1, 0.8)]
+    const moves = planMoves({ now: 0, freeDevices: 0, cpuDevices, tasks }, policy)
+    expect(moves.map((move) => move._tag)).toEqual(["Unshare"])
+    // With one executor on a device of its own, that one is taken.
+    const alone = [onCpu("encoder", 2, 0, 1), onCpu("llm", 1, 6, 1), onCpu("painter", 1, 0.8)]
+    expect(planMoves({ now: 0, freeDevices: 0, tasks: alone }, policy).map((move) => move._tag)).toEqual(["Take"])
+  })
+})

@@ -111,3 +111,80 @@ describe("cornserve serve --autoscale: devices follow the load", () => {
       expect((await tasks()).map((task) => [task.id, task.executors.length])).toEqual(before)
   })
 })
+
+/**
+ * On a host whose CPU devices are all shared (two devices, color_chat's three tasks), no device is
+ * ever free: under color_chat load the LLM, the bottleneck, grows onto the CPU device it does not
+ * hold, whose only task (an encoder) is calm, and gives that executor back once the load is gone.
+ * No request fails meanwhile.
+ */
+describe("cornserve serve --autoscale on shared CPU devices: a bottleneck takes the core calm tasks leave idle", () => {
+  let platform: RunningPlatform
+  let modelDir: string
+
+  const tasks = async () =>
+    (
+      (await (await fetch(`${platform.url}/tasks/list`)).json()) as {
+        tasks: Array<TaskRow & { devices: Array<string> }>
+      }
+    ).tasks
+  const moves = async (kind: string) => {
+    const text = await (await fetch(`${platform.url}/metrics`)).text()
+    return Number(new RegExp(`^cornserve_rebalance_moves_total\\{kind="${kind}"\\} (\\d+)$`, "m").exec(text)?.[1])
+  }
+
+  beforeAll(async () => {
+    modelDir = await mkdtemp(join(tmpdir(), "cornserve-models-"))
+    platform = await startPlatform({
+      args: ["--devices", "cpu:0,cpu:1", "--autoscale", "--autoscale-interval", "1"],
+      env: { CORNSERVE_MODEL_DIR: modelDir }
+    })
+    const registered = await runCli(["app", "register", join(repoRoot, "examples", "color_chat.ts")], {
+      CORNSERVE_GATEWAY_URL: platform.url
+    })
+    expect(registered.code, registered.stderr).toBe(0)
+  })
+
+  afterAll(async () => {
+    await platform?.stop()
+    if (platform !== undefined) await removeStateDir(platform.stateDir)
+    await rm(modelDir, { recursive: true, force: true })
+  })
+
+  it("grows the LLM onto the other core under load, and gives it back when the load is gone", async () => {
+    const before = await tasks()
+    const llm = before.find((task) => task.name.startsWith("llm"))!
+    expect(llm.executors).toHaveLength(1)
+    const [held] = llm.devices
+    const other = held === "cpu:0" ? "cpu:1" : "cpu:0"
+
+    let loading = true
+    const answers: Array<string> = []
+    const clients = Array.from({ length: 8 }, async () => {
+      while (loading) answers.push(await invoke(platform.url, "color_chat", chatRequest).then(streamedText))
+    })
+    try {
+      await eventually(async () => ((await moves("shared_device")) >= 1 ? true : undefined), 60_000)
+      // The load goes on for a while with the LLM on both cores.
+      const served = answers.length
+      await eventually(async () => (answers.length >= served + 16 ? true : undefined), 30_000)
+    } finally {
+      loading = false
+      await Promise.all(clients)
+    }
+    expect(new Set(answers)).toEqual(new Set(["red"]))
+    expect(platform.output()).toMatch(
+      new RegExp(
+        `rebalancing: ${llm.id} is a bottleneck: [^\\n]*; no device is free or taken from slack, and ${other} holds only calm tasks \\(encoder-[^)]*\\): it shares it`
+      )
+    )
+    expect(await moves("free_device")).toBe(0)
+
+    await eventually(async () => ((await moves("unshared")) >= 1 ? true : undefined), 30_000)
+    expect(platform.output()).toMatch(
+      new RegExp(`rebalancing: ${llm.id} has slack: [^\\n]*; an executor it runs on a shared device goes back`)
+    )
+    const after = (await tasks()).find((task) => task.id === llm.id)!
+    expect(after.executors).toHaveLength(1)
+  }, 150_000)
+})

@@ -107,8 +107,8 @@ export const renderMetrics = (state: {
       metric(
         "cornserve_rebalance_moves_total",
         "counter",
-        "Executors rebalancing moved: given to a bottleneck task on a free device or on one taken from a task with slack, or released because the task's profile showed no gain from them.",
-        ["free_device", "taken_from_slack", "released"].map(
+        "Executors rebalancing moved: given to a bottleneck task on a free device, on one taken from a task with slack or on a CPU device it shares with calm tasks; released because the task's profile showed no gain from them, or given back from a shared device because the task had slack.",
+        ["free_device", "taken_from_slack", "shared_device", "released", "unshared"].map(
           (kind) => [{ kind }, state.rebalanceMoves!.get(kind) ?? 0] as const
         )
       )

@@ -43,6 +43,8 @@ export interface PlacementRequest {
    * hold (never a GPU, never a device the task holds already), the least shared first.
    */
   readonly share?: boolean
+  /** With `share`: the only devices it may share (rebalancing chose them), all on `node`. */
+  readonly shareOn?: { readonly node: string; readonly devices: ReadonlyArray<string> }
 }
 
 export interface PlacedExecutor {
@@ -125,7 +127,7 @@ export const place = (
       const executor =
         takePreferred(ledger, request, size, avoided) ??
         takeBest(ledger, request.task, size, avoided, related) ??
-        (request.share === true ? takeShared(ledger, request.task, size, avoided, related) : undefined)
+        (request.share === true ? takeShared(ledger, request.task, size, avoided, related, request.shareOn) : undefined)
       if (executor === undefined) {
         return Either.left(shortfall(ledger, request, size, avoided, request.executors - placedOfRequest, placed))
       }
@@ -367,7 +369,8 @@ const takeShared = (
   task: string,
   size: number,
   avoided: ReadonlySet<string>,
-  related: ReadonlySet<string>
+  related: ReadonlySet<string>,
+  only?: PlacementRequest["shareOn"]
 ): PlacedExecutor | undefined => {
   const candidates: Array<{
     readonly node: string
@@ -377,10 +380,15 @@ const takeShared = (
     readonly affinity: number
   }> = []
   for (const [node, devices] of ledger.all) {
-    if (avoided.has(node)) continue
+    if (avoided.has(node) || (only !== undefined && only.node !== node)) continue
     const held = ledger.holders.get(node)!
     const open = devices
-      .filter((device) => device.type === "cpu" && !(held.get(device.id)?.has(task) ?? false))
+      .filter(
+        (device) =>
+          device.type === "cpu" &&
+          !(held.get(device.id)?.has(task) ?? false) &&
+          (only === undefined || only.devices.includes(device.id))
+      )
       .map((device, order) => ({ device, order, sharers: held.get(device.id)?.size ?? 0 }))
       .sort((a, b) => a.sharers - b.sharers || a.order - b.order)
       .slice(0, size)

@@ -17,7 +17,11 @@
  *
  * Bottlenecks are served widest first (the highest utilisation, or pressure): on free devices while
  * there are any, then on devices taken from the tasks with the most slack (their executors drain
- * first). Hysteresis: the gap between the thresholds, and a cooldown during which a task just
+ * first), then, for a task on CPU devices, by sharing a CPU device it does not hold yet where every
+ * task already on it is calm (below `shrinkBelow`, or `low`): on a host whose cores are all shared,
+ * that is how a bottleneck gets another core while the tasks on it idle. An executor a task runs on
+ * a shared device goes back once the task has slack, so that its calls batch in fewer executors
+ * again. Hysteresis: the gap between the thresholds, and a cooldown during which a task just
  * changed is not changed again, so that one burst does not move devices back and forth. Bounds: a
  * task keeps `min` executors and never exceeds `max`.
  */
@@ -41,6 +45,17 @@ export interface RebalanceTask {
   readonly sustained?: ReadonlyArray<readonly [executors: number, callsPerSecond: number]> | undefined
   /** When the task was last grown or shrunk (by this policy or by hand), ms; undefined: never. */
   readonly changedAt: number | undefined
+  /** Its executors on devices that other tasks hold too (they free no device when they go); 0 when absent. */
+  readonly sharing?: number | undefined
+  /** Its executors run on CPU devices: it may grow onto a CPU device other tasks hold. */
+  readonly mayShare?: boolean | undefined
+}
+
+/** A CPU device executors of several tasks may share, and the tasks holding it. */
+export interface SharedDevice {
+  readonly node: string
+  readonly id: string
+  readonly tasks: ReadonlyArray<string>
 }
 
 export interface RebalanceState {
@@ -53,6 +68,8 @@ export interface RebalanceState {
    * so a task grows on free devices only where one node has enough. Absent: one node.
    */
   readonly freeByNode?: ReadonlyArray<number>
+  /** CPU devices on ready nodes, in each node's order, with the tasks holding them: where a task may share. */
+  readonly cpuDevices?: ReadonlyArray<SharedDevice>
 }
 
 export interface RebalancePolicy {
@@ -88,6 +105,16 @@ export type Move =
   | { readonly _tag: "Release"; readonly task: string; readonly reason: string }
   /** Each task of `from` gives one executor (it drains first); `to` grows by one on their devices. */
   | { readonly _tag: "Take"; readonly from: ReadonlyArray<string>; readonly to: string; readonly reason: string }
+  /** The task grows by one executor on `devices` of `node`, which calm tasks hold: it shares them. */
+  | {
+      readonly _tag: "Share"
+      readonly task: string
+      readonly node: string
+      readonly devices: ReadonlyArray<string>
+      readonly reason: string
+    }
+  /** The task has slack and gives back one executor it runs on a shared device (it drains first). */
+  | { readonly _tag: "Unshare"; readonly task: string; readonly reason: string }
 
 export const pressureOf = (task: RebalanceTask) => task.meanLoad / Math.max(1, task.executors)
 
@@ -115,6 +142,8 @@ interface Assessed {
   readonly spares: number
   /** How hard it is pressed: utilisation, or calls in flight per executor over `high`. */
   readonly severity: number
+  /** Below `shrinkBelow` (or `low`): a device it holds may take a bottleneck's executor too. */
+  readonly calm: boolean
   /** Why it wants or gives, for the log. */
   readonly why: string
 }
@@ -152,7 +181,8 @@ const assess = (task: RebalanceTask, policy: RebalancePolicy): Assessed => {
     const utilization = utilizationAt(task, task.executors)
     const sized = bounded(Math.ceil(task.rate / (task.capacity * policy.targetUtilization)))
     const why = `${fixed(task.rate)} calls/s against ${fixed(task.capacity)} per executor (${task.executors} executor(s), utilisation ${fixed(utilization)})`
-    if (past > 0) return { ...nothing, severity: utilization, why }
+    const calm = utilization < policy.shrinkBelow
+    if (past > 0) return { ...nothing, severity: utilization, calm, why }
     let spares = 0
     while (
       task.executors - spares > task.minExecutors &&
@@ -165,6 +195,7 @@ const assess = (task: RebalanceTask, policy: RebalancePolicy): Assessed => {
       gives: utilization < policy.shrinkBelow ? Math.max(0, task.executors - sized) : 0,
       spares,
       severity: utilization,
+      calm,
       why
     }
   }
@@ -173,12 +204,14 @@ const assess = (task: RebalanceTask, policy: RebalancePolicy): Assessed => {
   const why = above
     ? `${fixed(pressure)} calls in flight per executor (above ${policy.high})`
     : `${fixed(pressure)} per executor (below ${policy.low})`
-  if (past > 0) return { ...nothing, severity: pressure / policy.high, why }
+  const calm = pressure < policy.low
+  if (past > 0) return { ...nothing, severity: pressure / policy.high, calm, why }
   return {
     ...nothing,
     wants: above && task.executors < top ? 1 : 0,
-    gives: pressure < policy.low && task.executors > task.minExecutors ? 1 : 0,
+    gives: calm && task.executors > task.minExecutors ? 1 : 0,
     severity: pressure / policy.high,
+    calm,
     why
   }
 }
@@ -190,9 +223,11 @@ const byId = (a: RebalanceTask, b: RebalanceTask) => (a.id < b.id ? -1 : a.id > 
 
 /**
  * The moves of one round, in the order to make them: first the executors that did not raise their
- * task's throughput go back to the pool; then every bottleneck's executors, on free devices
- * first, then on devices taken from slack. A donor's executor gives its devices to the pool; they
- * go to a bottleneck once the pool holds enough for one executor of it.
+ * task's throughput go back to the pool; then every bottleneck's executors, on free devices first,
+ * then on devices taken from slack, then on CPU devices shared with calm tasks; last, tasks with
+ * slack left give back executors they run on shared devices. A donor's executor gives its devices
+ * to the pool (only one that holds its devices alone frees any); they go to a bottleneck once the
+ * pool holds enough for one executor of it.
  */
 export const planMoves = (
   state: RebalanceState,
@@ -200,7 +235,9 @@ export const planMoves = (
 ): ReadonlyArray<Move> => {
   const settled = (task: RebalanceTask) =>
     task.changedAt === undefined || state.now - task.changedAt >= policy.cooldownMs
-  const assessed = state.tasks.filter(settled).map((task) => assess(task, policy))
+  const everyTask = state.tasks.map((task) => assess(task, policy))
+  const assessed = everyTask.filter((entry) => settled(entry.task))
+  const calm = new Set(everyTask.filter((entry) => entry.calm).map((entry) => entry.task.id))
   const bottlenecks = assessed
     .filter((entry) => entry.wants > 0)
     .sort((a, b) => b.severity - a.severity || byId(a.task, b.task))
@@ -236,6 +273,31 @@ export const planMoves = (
       })
     }
   }
+  // The tasks on each CPU device, with the bottlenecks that share it this round: a device a
+  // bottleneck just took is no longer calm.
+  const holders = new Map<SharedDevice, Set<string>>(
+    (state.cpuDevices ?? []).map((device) => [device, new Set(device.tasks)])
+  )
+  /** `needs` CPU devices on one node that `taskId` does not hold and only calm tasks do, the least shared. */
+  const shareFor = (taskId: string, needs: number) => {
+    type Open = { readonly device: SharedDevice; readonly held: Set<string> }
+    const byNode = new Map<string, Array<Open>>()
+    for (const [device, held] of holders) {
+      if (held.has(taskId) || [...held].some((other) => !calm.has(other))) continue
+      byNode.set(device.node, [...(byNode.get(device.node) ?? []), { device, held }])
+    }
+    let best: { readonly node: string; readonly chosen: ReadonlyArray<Open>; readonly sharers: number } | undefined
+    for (const [node, candidates] of byNode) {
+      if (candidates.length < needs) continue
+      const chosen = [...candidates].sort((a, b) => a.held.size - b.held.size).slice(0, needs)
+      const sharers = chosen.reduce((sum, entry) => sum + entry.held.size, 0)
+      if (best === undefined || sharers < best.sharers) best = { node, chosen, sharers }
+    }
+    if (best === undefined) return undefined
+    const tasksOn = [...new Set(best.chosen.flatMap((entry) => [...entry.held]))]
+    for (const entry of best.chosen) entry.held.add(taskId)
+    return { node: best.node, devices: best.chosen.map((entry) => entry.device.id), tasksOn }
+  }
   for (const bottleneck of bottlenecks) {
     const { task } = bottleneck
     const needs = task.devicesPerExecutor
@@ -261,7 +323,10 @@ export const planMoves = (
       let pool = start
       for (const donor of donors) {
         if (donor.task.id === task.id) continue
-        let left = (overloaded ? Math.max(donor.gives, donor.spares) : donor.gives) - (given.get(donor.task.id) ?? 0)
+        // Only an executor it holds its devices alone with frees any.
+        const alone = donor.task.executors - (donor.task.sharing ?? 0)
+        const asked = given.get(donor.task.id) ?? 0
+        let left = Math.min((overloaded ? Math.max(donor.gives, donor.spares) : donor.gives) - asked, alone - asked)
         while (left > 0 && pool < needs) {
           taken.push(donor)
           pool += donor.task.devicesPerExecutor
@@ -269,7 +334,18 @@ export const planMoves = (
         }
         if (pool >= needs) break
       }
-      if (pool < needs) break
+      if (pool < needs) {
+        const shared = task.mayShare === true ? shareFor(task.id, needs) : undefined
+        if (shared === undefined) break
+        moves.push({
+          _tag: "Share",
+          task: task.id,
+          node: shared.node,
+          devices: shared.devices,
+          reason: `${task.id} is a bottleneck: ${bottleneck.why}; no device is free or taken from slack, and ${shared.devices.join(", ")} ${shared.tasksOn.length === 0 ? "is free" : `holds only calm tasks (${shared.tasksOn.join(", ")})`}: it shares ${shared.devices.length === 1 ? "it" : "them"}`
+        })
+        continue
+      }
       for (const donor of taken) given.set(donor.task.id, (given.get(donor.task.id) ?? 0) + 1)
       // The executor takes the donors' devices first, then free ones; donors' devices left over are free.
       const donated = pool - start
@@ -287,6 +363,17 @@ export const planMoves = (
         reason: `${task.id} is a bottleneck: ${bottleneck.why}; ${[...new Set(taken)]
           .map((donor) => `${donor.task.id} has ${donor.gives > 0 ? "slack" : "executors to spare"}: ${donor.why}`)
           .join("; ")}`
+      })
+    }
+  }
+  // What slack is left after the bottlenecks took theirs: executors on shared devices go back.
+  for (const entry of assessed) {
+    const back = Math.min(entry.gives - (given.get(entry.task.id) ?? 0), entry.task.sharing ?? 0)
+    for (let index = 0; index < back; index++) {
+      moves.push({
+        _tag: "Unshare",
+        task: entry.task.id,
+        reason: `${entry.task.id} has slack: ${entry.why}; an executor it runs on a shared device goes back`
       })
     }
   }

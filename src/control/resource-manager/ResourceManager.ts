@@ -292,7 +292,8 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
      */
     const scale = (taskId: string, deltaDevices: number) => lock.withPermits(1)(scaleNow(taskId, deltaDevices))
 
-    const scaleNow = (taskId: string, deltaDevices: number) =>
+    /** `shareOn`: the executors may share those CPU devices (rebalancing chose them) when none is free. */
+    const scaleNow = (taskId: string, deltaDevices: number, shareOn?: PlacementRequest["shareOn"]) =>
       Effect.gen(function* () {
         const task = taskManagers.get(taskId)
         if (task === undefined) return yield* new TaskNotFound({ taskId })
@@ -303,7 +304,8 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
               task: taskId,
               executors: Math.ceil(deltaDevices / perExecutor),
               devicesPerExecutor: perExecutor,
-              related: relatedTo(taskId)
+              related: relatedTo(taskId),
+              ...(shareOn === undefined ? {} : { share: true, shareOn })
             }
           ])
           yield* logPlacement(placed)
@@ -429,12 +431,17 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
           lastReading.set(task.spec.id, { area, arrived, at: now })
           const span = previous === undefined ? 0 : now - previous.at
           const bounds = task.spec.config as { readonly minExecutors?: unknown; readonly maxExecutors?: unknown }
+          const executors = task.executors()
           const recorded = task.recorded()
           const profiles = recorded === undefined ? [online] : [recorded, online]
           return {
             id: task.spec.id,
-            executors: task.executors().length,
+            executors: executors.length,
             devicesPerExecutor: perExecutorOf(task.spec),
+            sharing: executors.filter(sharesADevice).length,
+            mayShare:
+              executors.length > 0 &&
+              executors.every((executor) => executor.devices.every((device) => cpuDevice(executor.node, device))),
             minExecutors: typeof bounds?.minExecutors === "number" ? Math.max(1, bounds.minExecutors) : 1,
             maxExecutors: typeof bounds?.maxExecutors === "number" ? bounds.maxExecutors : Number.POSITIVE_INFINITY,
             meanLoad: span <= 0 ? 0 : (area - previous!.area) / span,
@@ -452,6 +459,23 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
           }
         })
     }
+    /** An executor on a device that other tasks hold too. */
+    const sharesADevice = (executor: { readonly node: string; readonly devices: ReadonlyArray<string> }) =>
+      executor.devices.some((device) => holdersOf(executor.node, device).length > 1)
+    const cpuDevice = (node: string, device: string) =>
+      registry
+        .nodes()
+        .find((entry) => entry.name === node)
+        ?.devices.some((entry) => entry.id === device && entry.type === "cpu") ?? false
+    /** Every CPU device of the ready nodes, with the tasks holding it. */
+    const cpuDevices = () =>
+      placementNodes()
+        .filter((node) => node.state === "ready")
+        .flatMap((node) =>
+          node.devices
+            .filter((device) => device.type === "cpu")
+            .map((device) => ({ node: node.name, id: device.id, tasks: holdersOf(node.name, device.id) }))
+        )
     const count = (kind: string) => moves.set(kind, (moves.get(kind) ?? 0) + 1)
     /** Devices per executor of a task the round planned for; it may have been torn down since. */
     const devicesOf = (taskId: string) =>
@@ -504,6 +528,18 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
             count("taken_from_slack")
             break
           }
+          case "Share":
+            yield* scaleNow(move.task, yield* devicesOf(move.task), { node: move.node, devices: move.devices })
+            count("shared_device")
+            break
+          case "Unshare": {
+            // Its latest executor on a shared device.
+            const leaving = (taskManagers.get(move.task)?.executors() ?? []).filter(sharesADevice).at(-1)
+            if (leaving === undefined) return yield* new TaskNotFound({ taskId: move.task })
+            yield* shrinkNow(move.task, [leaving.id])
+            count("unshared")
+            break
+          }
         }
       })
 
@@ -524,7 +560,8 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
               now: Date.now(),
               tasks: tasksNow,
               freeDevices: freeByNode.reduce((sum, count) => sum + count, 0),
-              freeByNode
+              freeByNode,
+              cpuDevices: cpuDevices()
             },
             { ...defaultRebalancePolicy, cooldownMs: 3 * (config.autoscaleIntervalMs ?? 0) }
           )
