@@ -2,6 +2,7 @@ import type * as ort from "onnxruntime-node"
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { dirname, join } from "node:path"
+import onnxProto from "onnx-proto"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { loadModelDirectory, onnxPath } from "../../src/models/ModelDirectory.js"
 import { Graph } from "../../src/models/onnx/Graph.js"
@@ -176,5 +177,28 @@ describe("Graph", () => {
       return Buffer.from(g.toBytes())
     }
     expect(build().equals(build())).toBe(true)
+  })
+
+  it("names a computed output after the graph's output, as exporters do; an input or a second name goes through Identity", async () => {
+    const g = new Graph("outputs")
+    const x = g.input("x", "float32", [2])
+    const doubled = g.op("Add", [x, x])
+    const tripled = g.op("Add", [doubled, x])
+    g.output(doubled, "present", "float32", [2])
+    g.output(doubled, "again", "float32", [2])
+    g.output(tripled, "out", "float32", [2])
+    g.output(x, "echo", "float32", [2])
+    const path = join(root, "outputs.onnx")
+    await writeFile(path, g.toBytes())
+    const model = onnxProto.onnx.ModelProto.decode(g.toBytes())
+    const nodes = model.graph!.node!.map(
+      (node) => `${node.opType}(${node.input!.join(",")})->${node.output!.join(",")}`
+    )
+    expect(nodes).toEqual(["Add(x,x)->present", "Add(present,x)->out", "Identity(present)->again", "Identity(x)->echo"])
+    const outputs = await (await session(path)).run({ x: floatTensor(Float32Array.of(1, 2), [2]) })
+    expect([...numbers(outputs.present!)]).toEqual([2, 4])
+    expect([...numbers(outputs.again!)]).toEqual([2, 4])
+    expect([...numbers(outputs.out!)]).toEqual([3, 6])
+    expect([...numbers(outputs.echo!)]).toEqual([1, 2])
   })
 })

@@ -108,6 +108,10 @@ export class Graph {
   private readonly inputs: Array<onnxProto.onnx.IValueInfoProto> = []
   private readonly outputs: Array<onnxProto.onnx.IValueInfoProto> = []
   private readonly usedNames = new Set<string>()
+  /** Values that nodes compute (not inputs or initializers). */
+  private readonly computed = new Set<string>()
+  /** Computed values renamed to the graph output they are, as exporters name them. */
+  private readonly renamed = new Map<string, string>()
   private readonly domains = new Set<string>()
   private scopePath: ReadonlyArray<string> = []
   private counter = 0
@@ -131,11 +135,17 @@ export class Graph {
     return { name }
   }
 
-  /** Declares `value` as a graph output called `name` (through an Identity node if it has another name). */
+  /**
+   * Declares `value` as a graph output called `name`. A value a node computes takes that name, as
+   * exporters write it (an Identity node would copy the tensor on every run: a KV cache, each
+   * step); an input, an initializer or a value already output under another name goes through an
+   * Identity node.
+   */
   output(value: Value, name: string, dataType: DataType, shape: ReadonlyArray<Dim>): void {
     if (value.name !== name) {
       this.claim(name)
-      this.nodes.push({ opType: "Identity", name: `${name}/Identity`, input: [value.name], output: [name] })
+      if (this.computed.has(value.name) && !this.renamed.has(value.name)) this.renamed.set(value.name, name)
+      else this.nodes.push({ opType: "Identity", name: `${name}/Identity`, input: [value.name], output: [name] })
     }
     this.outputs.push(valueInfo(name, dataType, shape))
   }
@@ -200,6 +210,7 @@ export class Graph {
     const outputs = Array.from({ length: outputCount }, (_, index) => {
       const name = outputCount === 1 ? nodeName : `${nodeName}:${index}`
       this.claim(name)
+      this.computed.add(name)
       return { name }
     })
     this.nodes.push({
@@ -260,7 +271,7 @@ export class Graph {
       docString: options.docString ?? "",
       graph: {
         name: this.name,
-        node: this.nodes,
+        node: this.renamed.size === 0 ? this.nodes : this.nodes.map((node) => this.withOutputNames(node)),
         initializer: initializers,
         input: this.inputs,
         output: this.outputs
@@ -275,6 +286,11 @@ export class Graph {
       at += chunk.byteLength
     }
     return { model: bytes, data }
+  }
+
+  private withOutputNames(node: onnxProto.onnx.INodeProto): onnxProto.onnx.INodeProto {
+    const named = (value: string) => this.renamed.get(value) ?? value
+    return { ...node, input: (node.input ?? []).map(named), output: (node.output ?? []).map(named) }
   }
 
   private scoped(name: string): string {

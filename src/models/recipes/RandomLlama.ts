@@ -114,13 +114,14 @@ export const smolLm2Geometry: LlamaConfig = {
 /** bench/smollm2-135m: random weights at SmolLM2-135M's size, in the decoder-only layout (fp32). */
 export const benchSmolLm2: ModelRecipe = {
   name: "bench/smollm2-135m",
-  version: 1,
+  // 2: graph outputs are named at the node that computes them (no Identity copy of the cache).
+  version: 2,
   build: () =>
     randomLlamaFiles({
       config: smolLm2Geometry,
       layout: "decoder-only",
       dtypes: ["fp32"],
       seed: 135,
-      extraConfig: { cornserve: recipeStamp({ name: "bench/smollm2-135m", version: 1 }) }
+      extraConfig: { cornserve: recipeStamp({ name: "bench/smollm2-135m", version: 2 }) }
     })
 }
