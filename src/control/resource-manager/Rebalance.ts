@@ -323,7 +323,7 @@ export const planMoves = (
       let pool = start
       for (const donor of donors) {
         if (donor.task.id === task.id) continue
-        // Only an executor it holds its devices alone with frees any.
+        // Only an executor that holds its devices alone frees any.
         const alone = donor.task.executors - (donor.task.sharing ?? 0)
         const asked = given.get(donor.task.id) ?? 0
         let left = Math.min((overloaded ? Math.max(donor.gives, donor.spares) : donor.gives) - asked, alone - asked)

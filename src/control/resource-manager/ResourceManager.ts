@@ -533,9 +533,12 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
             count("shared_device")
             break
           case "Unshare": {
-            // Its latest executor on a shared device.
-            const leaving = (taskManagers.get(move.task)?.executors() ?? []).filter(sharesADevice).at(-1)
-            if (leaving === undefined) return yield* new TaskNotFound({ taskId: move.task })
+            const task = taskManagers.get(move.task)
+            if (task === undefined) return yield* new TaskNotFound({ taskId: move.task })
+            // Its latest executor on a shared device; the other tasks there may have gone since the round planned.
+            const leaving = task.executors().filter(sharesADevice).at(-1)
+            if (leaving === undefined)
+              return yield* Effect.logInfo(`rebalancing: ${move.task} shares no device any more; nothing goes back`)
             yield* shrinkNow(move.task, [leaving.id])
             count("unshared")
             break
