@@ -40,6 +40,9 @@ export interface NodeListing extends Omit<NodeSummary, "devices"> {
 /** One task's hold on one device (a shared CPU device has one per task). */
 const holdingKey = (node: string, device: string, task: string) => `${node}/${device}/${task}`
 
+/** The tasks holding a device of a node. */
+type Holders = (node: string, device: string) => ReadonlyArray<string>
+
 /**
  * Which unit tasks are deployed, who uses them, and which devices of which nodes they hold.
  * Deployment is usage-counted: equal tasks (same id) deploy once and are torn down when their
@@ -417,8 +420,15 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
     // measured online once it shows saturation), then makes the moves the policy asks for.
     const moves = new Map<string, number>()
     const lastReading = new Map<string, { readonly area: number; readonly arrived: number; readonly at: number }>()
-    const rebalanceTasks = (): ReadonlyArray<RebalanceTask> => {
+    const rebalanceTasks = (holders: Holders): ReadonlyArray<RebalanceTask> => {
       const now = performance.now()
+      const cpu = new Set(
+        registry
+          .nodes()
+          .flatMap((node) =>
+            node.devices.filter((device) => device.type === "cpu").map((device) => `${node.name}/${device.id}`)
+          )
+      )
       return taskManagers
         .list()
         .filter((task) => task.state === "ready")
@@ -438,10 +448,10 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
             id: task.spec.id,
             executors: executors.length,
             devicesPerExecutor: perExecutorOf(task.spec),
-            sharing: executors.filter(sharesADevice).length,
+            sharing: executors.filter((executor) => sharesADevice(executor, holders)).length,
             mayShare:
               executors.length > 0 &&
-              executors.every((executor) => executor.devices.every((device) => cpuDevice(executor.node, device))),
+              executors.every((executor) => executor.devices.every((device) => cpu.has(`${executor.node}/${device}`))),
             minExecutors: typeof bounds?.minExecutors === "number" ? Math.max(1, bounds.minExecutors) : 1,
             maxExecutors: typeof bounds?.maxExecutors === "number" ? bounds.maxExecutors : Number.POSITIVE_INFINITY,
             meanLoad: span <= 0 ? 0 : (area - previous!.area) / span,
@@ -459,22 +469,28 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
           }
         })
     }
+    /** The tasks holding each device now, read in one pass over the holdings (a round asks for every device's). */
+    const holdersNow = (): Holders => {
+      const byDevice = new Map<string, Array<string>>()
+      for (const holding of allocated.values()) {
+        const key = `${holding.node}/${holding.device}`
+        byDevice.set(key, [...(byDevice.get(key) ?? []), holding.task])
+      }
+      return (node, device) => byDevice.get(`${node}/${device}`) ?? []
+    }
     /** An executor on a device that other tasks hold too. */
-    const sharesADevice = (executor: { readonly node: string; readonly devices: ReadonlyArray<string> }) =>
-      executor.devices.some((device) => holdersOf(executor.node, device).length > 1)
-    const cpuDevice = (node: string, device: string) =>
-      registry
-        .nodes()
-        .find((entry) => entry.name === node)
-        ?.devices.some((entry) => entry.id === device && entry.type === "cpu") ?? false
+    const sharesADevice = (
+      executor: { readonly node: string; readonly devices: ReadonlyArray<string> },
+      holders: Holders
+    ) => executor.devices.some((device) => holders(executor.node, device).length > 1)
     /** Every CPU device of the ready nodes, with the tasks holding it. */
-    const cpuDevices = () =>
+    const cpuDevices = (holders: Holders) =>
       placementNodes()
         .filter((node) => node.state === "ready")
         .flatMap((node) =>
           node.devices
             .filter((device) => device.type === "cpu")
-            .map((device) => ({ node: node.name, id: device.id, tasks: holdersOf(node.name, device.id) }))
+            .map((device) => ({ node: node.name, id: device.id, tasks: holders(node.name, device.id) }))
         )
     const count = (kind: string) => moves.set(kind, (moves.get(kind) ?? 0) + 1)
     /** Devices per executor of a task the round planned for; it may have been torn down since. */
@@ -536,7 +552,10 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
             const task = taskManagers.get(move.task)
             if (task === undefined) return yield* new TaskNotFound({ taskId: move.task })
             // Its latest executor on a shared device; the other tasks there may have gone since the round planned.
-            const leaving = task.executors().filter(sharesADevice).at(-1)
+            const leaving = task
+              .executors()
+              .filter((executor) => sharesADevice(executor, holdersOf))
+              .at(-1)
             if (leaving === undefined)
               return yield* Effect.logInfo(`rebalancing: ${move.task} shares no device any more; nothing goes back`)
             yield* shrinkNow(move.task, [leaving.id])
@@ -553,7 +572,8 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
     const rebalance = Effect.gen(function* () {
       const plan = yield* lock.withPermits(1)(
         Effect.sync(() => {
-          const tasksNow = rebalanceTasks()
+          const holders = holdersNow()
+          const tasksNow = rebalanceTasks(holders)
           const freeByNode = [...freeDevices(placementNodes(), [...allocated.values()]).values()].map(
             (devices) => devices.length
           )
@@ -564,7 +584,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
               tasks: tasksNow,
               freeDevices: freeByNode.reduce((sum, count) => sum + count, 0),
               freeByNode,
-              cpuDevices: cpuDevices()
+              cpuDevices: cpuDevices(holders)
             },
             { ...defaultRebalancePolicy, cooldownMs: 3 * (config.autoscaleIntervalMs ?? 0) }
           )
