@@ -2,14 +2,14 @@ import { mkdtempSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { Effect, Runtime, type Scope } from "effect"
-import { ServeConfig } from "../control/ServeConfig.js"
+import { ServeConfig } from "../config/ServeConfig.js"
 import type { ModelDownloadEvent } from "../models/Hub.js"
 import type { Dtype } from "../models/Dtype.js"
 import { SidecarClient } from "../sidecar/SidecarClient.js"
 import type { SidecarReady } from "../sidecar/SidecarProcess.js"
 import { removeAbandonedFiles, runDirPrefix } from "./AbandonedFiles.js"
 import { type Device, parseDevices } from "./Devices.js"
-import { type ProcessState, SupervisedProcess } from "./SupervisedProcess.js"
+import { type ProcessState, SupervisedProcess } from "../process/SupervisedProcess.js"
 
 const sidecarReadyPattern = /cornserve sidecar: ready (\{.*\})/
 const executorReadyPattern = /executor: serving at (http:\/\/\S+)[\s\S]*executor: ready/

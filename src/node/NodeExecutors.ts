@@ -1,8 +1,8 @@
 import { Effect, ExecutionStrategy, Exit, Scope } from "effect"
-import type { ExecutorReport } from "../control/rpc/ClusterRpcs.js"
-import type { ExecutorPlacement } from "../control/rpc/NodeRpcs.js"
+import type { ExecutorReport } from "../contracts/ClusterRpcs.js"
+import type { ExecutorPlacement } from "../contracts/NodeRpcs.js"
 import type { NodeAgent } from "./NodeAgent.js"
-import type { SupervisedProcess } from "./SupervisedProcess.js"
+import type { SupervisedProcess } from "../process/SupervisedProcess.js"
 
 /**
  * The executors a data-plane node runs for the control plane, by the control plane's ids.

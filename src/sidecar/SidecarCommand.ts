@@ -1,6 +1,6 @@
 import { join } from "node:path"
 import { Console, Duration, Effect, ParseResult, Schedule, Schema } from "effect"
-import { exitWithParent } from "../node/Lifeline.js"
+import { exitWithParent } from "../process/Lifeline.js"
 import { traceProcess } from "../tracing/Tracing.js"
 import { Arena, arenaFilePrefix } from "./Arena.js"
 import { parsePeers, PeerTransport } from "./PeerTransport.js"

@@ -1,5 +1,5 @@
 import { type ChildProcess, spawn } from "node:child_process"
-import { lifelineEnv } from "../node/Lifeline.js"
+import { lifelineEnv } from "../process/Lifeline.js"
 
 /**
  * Starting a sidecar as a child process (`cornserve internal sidecar`), the way the node agent

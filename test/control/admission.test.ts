@@ -1,5 +1,5 @@
 import { afterEach, describe, expect, it, vi } from "vitest"
-import { Admission, type AdmissionOutcome, unlimitedAdmission } from "../../src/control/gateway/Admission.js"
+import { Admission, type AdmissionOutcome, unlimitedAdmission } from "../../src/control/app-manager/Admission.js"
 
 const outcomes = (admission: Admission, count: number) => {
   const seen: Array<AdmissionOutcome | undefined> = Array.from({ length: count }, () => undefined)

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest"
-import { BusyClock } from "../../src/control/metrics/BusyClock.js"
+import { BusyClock } from "../../src/metrics/BusyClock.js"
 
 describe("BusyClock", () => {
   it("counts overlapping activities once", () => {

@@ -8,7 +8,7 @@ import {
   type TaskInvocationWire
 } from "../../src/app-runtime/tasks/TaskGraph.js"
 import { makeDispatch, wireDataForwards } from "../../src/control/dispatcher/Dispatcher.js"
-import { BusyClock } from "../../src/control/metrics/BusyClock.js"
+import { BusyClock } from "../../src/metrics/BusyClock.js"
 import { TaskManagers } from "../../src/control/task-manager/TaskManagers.js"
 import { answerJson, cpuGroups, refuse, StandInExecutor, standInKind } from "../support/standInExecutors.js"
 

@@ -1,6 +1,6 @@
 import { getEventListeners } from "node:events"
 import { describe, expect, it } from "vitest"
-import { eitherSignal } from "../../src/control/dispatcher/EitherSignal.js"
+import { eitherSignal } from "../../src/control/executor-calls/EitherSignal.js"
 
 describe("eitherSignal", () => {
   it("aborts when either source aborts, and then listens to neither", () => {

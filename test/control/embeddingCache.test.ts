@@ -5,7 +5,7 @@ import {
   type EmbeddingCacheStats,
   embeddingKey,
   ownedPayload
-} from "../../src/control/dispatcher/EmbeddingCache.js"
+} from "../../src/control/executor-calls/EmbeddingCache.js"
 import { Tensor } from "../../src/sidecar/Tensor.js"
 
 const entry = (bytes: number) => cachedEmbedding([new Tensor("float32", [bytes / 4], new Float32Array(bytes / 4))])

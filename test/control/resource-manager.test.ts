@@ -7,9 +7,9 @@ import { Effect, Exit, Layer } from "effect"
 import type { UnitTaskSpec } from "../../src/app-runtime/driver/protocol.js"
 import { NodeRegistry } from "../../src/control/cluster/NodeRegistry.js"
 import { ResourceManager } from "../../src/control/resource-manager/ResourceManager.js"
-import { ServeConfig, type ServeOptions } from "../../src/control/ServeConfig.js"
+import { ServeConfig, type ServeOptions } from "../../src/config/ServeConfig.js"
 import { TaskManagers } from "../../src/control/task-manager/TaskManagers.js"
-import { type ExecutorKind, ExecutorKinds } from "../../src/executors/ExecutorKinds.js"
+import { type ExecutorKind, ExecutorKinds } from "../../src/control/task-manager/ExecutorKinds.js"
 
 const options = (stateDir: string, devices: string): ServeOptions => ({
   role: "all",

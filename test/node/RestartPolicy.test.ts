@@ -1,6 +1,6 @@
 import { Chunk, Duration, Effect, Schedule } from "effect"
 import { describe, expect, it } from "vitest"
-import { healthyAfter, restartPolicy } from "../../src/node/RestartPolicy.js"
+import { healthyAfter, restartPolicy } from "../../src/process/RestartPolicy.js"
 
 /** The waits the policy picks for runs that stayed up as long as `uptimes`, in milliseconds. */
 const delaysAfter = (uptimes: ReadonlyArray<Duration.Duration>) =>

@@ -3,8 +3,8 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { Chunk, Clock, Duration, Effect, Queue, TestClock, TestContext } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { healthyAfter } from "../../src/node/RestartPolicy.js"
-import { type ProcessState, SupervisedProcess } from "../../src/node/SupervisedProcess.js"
+import { healthyAfter } from "../../src/process/RestartPolicy.js"
+import { type ProcessState, SupervisedProcess } from "../../src/process/SupervisedProcess.js"
 import { arenaFilePrefix } from "../../src/sidecar/Arena.js"
 
 const nodeId = `supervised-test-${process.pid}`

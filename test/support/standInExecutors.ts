@@ -4,7 +4,7 @@ import { Effect } from "effect"
 import { healthWatchPeriodMs } from "../../src/executors/common/Health.js"
 import type { NodeHandle } from "../../src/control/cluster/NodeHandle.js"
 import type { ExecutorGroup } from "../../src/control/task-manager/TaskManagers.js"
-import type { Executor, ExecutorKind } from "../../src/executors/ExecutorKinds.js"
+import type { Executor, ExecutorKind } from "../../src/control/task-manager/ExecutorKinds.js"
 import { type Device, parseDevices } from "../../src/node/Devices.js"
 
 /** One request a stand-in executor received: its path, its JSON body, and whether its client hung up early. */

@@ -1,6 +1,6 @@
 import { Duration, Effect, Fiber, Schedule, Schema } from "effect"
 import type { AdmissionSettings } from "../../app-runtime/App.js"
-import { Admission, unlimitedAdmission } from "../gateway/Admission.js"
+import { Admission, unlimitedAdmission } from "./Admission.js"
 import type { TaskGraphWire } from "../../app-runtime/tasks/TaskGraph.js"
 import {
   type FromWorker,
@@ -19,9 +19,9 @@ import {
   SendWindow
 } from "../../app-runtime/driver/StreamWindow.js"
 import { AppProcess, type AppProcessLimits } from "./AppProcess.js"
-import { restartPolicy } from "../../node/RestartPolicy.js"
-import { dispatchFailureOf } from "../dispatcher/Dispatcher.js"
-import { BusyClock, type RequestTiming } from "../metrics/BusyClock.js"
+import { restartPolicy } from "../../process/RestartPolicy.js"
+import { type AppShare, dispatchFailureOf, type GraphDispatcher, type RequestObserver } from "../DispatchContract.js"
+import { BusyClock, type RequestTiming } from "../../metrics/BusyClock.js"
 import { type Span, startSpan } from "../../tracing/Tracing.js"
 
 /**
@@ -35,46 +35,6 @@ export interface ReplyHandlers {
   onChunk(json: string): void
   onEnd(): void
   onFailed(code: InvokeFailureCode | "WorkerStopped", message: string, issues?: ReadonlyArray<SchemaIssue>): void
-}
-
-export interface DispatchOutcome {
-  readonly outputs: ReadonlyArray<unknown>
-  readonly stream?: AsyncIterable<unknown>
-}
-
-/** An app's claim on the tasks it shares with others: its weight, and its limit on calls per task. */
-export interface AppShare {
-  readonly app: string
-  /** Its share of a shared task's executors against the other apps' (default 1). */
-  readonly weight: number
-  /** Calls it may have in flight to one task; more wait at the dispatcher. */
-  readonly maxCallsPerTask?: number
-}
-
-/** What a request's dispatches carry besides the graph. */
-export interface DispatchRequest {
-  /** Counts the request's time inside executors. */
-  readonly timing?: RequestTiming
-  /** The request's span in the app: the dispatches' spans are its children. */
-  readonly span?: Span
-  readonly share?: AppShare
-}
-
-/** Runs a recorded graph for the app (the task dispatcher). */
-export type GraphDispatcher = (
-  graph: TaskGraphWire,
-  requestId: string,
-  signal: AbortSignal,
-  request?: DispatchRequest
-) => Promise<DispatchOutcome>
-
-/** Told where each request's time went once it ends (for the metrics). */
-export interface RequestObserver {
-  /**
-   * `seconds` from the request's hand-over to the app until its answer ended, of which
-   * `dispatchSeconds` inside task dispatches and `executorSeconds` inside executor calls.
-   */
-  ended(appId: string, seconds: number, dispatchSeconds: number, executorSeconds: number): void
 }
 
 interface RequestClock {

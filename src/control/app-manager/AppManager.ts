@@ -15,11 +15,12 @@ import {
   InvalidAppName
 } from "../errors.js"
 import { ResourceManager } from "../resource-manager/ResourceManager.js"
-import { ServeConfig } from "../ServeConfig.js"
-import { AppDriver, type AppShare, type GraphDispatcher } from "./AppDriver.js"
+import { ServeConfig } from "../../config/ServeConfig.js"
+import { AppDriver } from "./AppDriver.js"
+import type { AppShare, GraphDispatcher } from "../DispatchContract.js"
 import { type AdmissionOverride, AppStore } from "./AppStore.js"
 import { type AdmissionSettings, admissionProblems } from "../../app-runtime/App.js"
-import { Admission, type AdmissionLimits, unlimitedAdmission } from "../gateway/Admission.js"
+import { Admission, type AdmissionLimits, unlimitedAdmission } from "./Admission.js"
 
 export type AppState = "registering" | "ready" | "unregistering" | "failed"
 

@@ -1,7 +1,7 @@
 import { mkdir, readdir, readFile, rename, rm, writeFile } from "node:fs/promises"
 import { join } from "node:path"
 import { Effect, Schema } from "effect"
-import { ServeConfig } from "../ServeConfig.js"
+import { ServeConfig } from "../../config/ServeConfig.js"
 
 /** Admission settings a registration sets over those of the app's definition. */
 export const AdmissionOverride = Schema.Struct({

@@ -1,7 +1,7 @@
 import type { Effect, Scope } from "effect"
 import type { Dtype } from "../../models/Dtype.js"
 import type { Device } from "../../node/Devices.js"
-import type { ExecutorPlacement } from "../rpc/NodeRpcs.js"
+import type { ExecutorPlacement } from "../../contracts/NodeRpcs.js"
 
 /** An executor some node runs for the control plane. */
 export interface RunningExecutor {

@@ -8,7 +8,7 @@ import { RpcClient, type RpcGroup, RpcSerialization, RpcServer } from "@effect/r
 import type { RpcClientError } from "@effect/rpc/RpcClientError"
 import { Console, Effect, Layer, Runtime, Schedule, Scope } from "effect"
 import type { Device } from "../../node/Devices.js"
-import { listening } from "../../node/Listening.js"
+import { listening } from "../../process/Listening.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
 import {
   ClusterRpcs,
@@ -17,10 +17,10 @@ import {
   type NodeInfo,
   NodeNameTaken,
   NotJoined
-} from "../rpc/ClusterRpcs.js"
-import { NodeRpcs } from "../rpc/NodeRpcs.js"
+} from "../../contracts/ClusterRpcs.js"
+import { NodeRpcs } from "../../contracts/NodeRpcs.js"
 import type { NodeHandle, RunningExecutor } from "./NodeHandle.js"
-import { ServeConfig } from "../ServeConfig.js"
+import { ServeConfig } from "../../config/ServeConfig.js"
 
 /**
  * The control plane's view of the platform's nodes: its own (when it has devices) and the

@@ -1,29 +1,34 @@
 import { randomUUID } from "node:crypto"
 import { Effect } from "effect"
-import type { DispatchFailure } from "../../app-runtime/driver/protocol.js"
 import { collectDataForwards, dataForwardId, renameDataForwards } from "../../app-runtime/tasks/DataForward.js"
 import type { TaskGraphWire, TaskInvocationWire } from "../../app-runtime/tasks/TaskGraph.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
-import type { AppShare, DispatchOutcome, DispatchRequest } from "../app-manager/AppDriver.js"
+import {
+  type AppShare,
+  type CallObserver,
+  type DispatchError,
+  type DispatchOutcome,
+  type DispatchRequest,
+  isDispatchError
+} from "../DispatchContract.js"
 import { CallPermits } from "./CallPermits.js"
 import { DispatchFailed, InvalidTaskGraph, RequestCancelled, TaskInputRejected, TaskUnavailable } from "../errors.js"
 import type { LlmChunk } from "../../executors/llm/api.js"
 import { type ExecutorLease, type TaskManager, TaskManagers } from "../task-manager/TaskManagers.js"
-import { eitherSignal } from "./EitherSignal.js"
+import { eitherSignal } from "../executor-calls/EitherSignal.js"
 import { PlatformMetrics } from "../metrics/PlatformMetrics.js"
-import { ServeConfig } from "../ServeConfig.js"
+import { ServeConfig } from "../../config/ServeConfig.js"
 import type { Payload } from "../../sidecar/SidecarClient.js"
-import { EmbeddingCache, ownedPayload } from "./EmbeddingCache.js"
-import type { BusyClock } from "../metrics/BusyClock.js"
+import { EmbeddingCache, ownedPayload } from "../executor-calls/EmbeddingCache.js"
+import type { BusyClock } from "../../metrics/BusyClock.js"
 import { type Span, startSpan } from "../../tracing/Tracing.js"
 import {
   type CallResult,
   type EmbeddingCaching,
   embedFromCache,
-  type ExecutorCallError,
   executorCalls,
   producedModalities
-} from "./ExecutorCalls.js"
+} from "../executor-calls/ExecutorCalls.js"
 
 /** For each forwarded datum: which invocation produces it and which consume it. */
 export interface DataWiring {
@@ -63,26 +68,6 @@ export const wireDataForwards = (graph: TaskGraphWire): ReadonlyArray<DataWiring
 /** How long a cancelled graph's leftovers are looked for in the sidecar before they are left to its TTL. */
 const releaseWaitMs = 3_000
 
-export type DispatchError = ExecutorCallError | InvalidTaskGraph | RequestCancelled
-
-const dispatchErrorTags = new Set<string>([
-  "TaskInputRejected",
-  "TaskUnavailable",
-  "DispatchFailed",
-  "InvalidTaskGraph",
-  "RequestCancelled"
-] satisfies ReadonlyArray<DispatchError["_tag"]>)
-
-const isDispatchError = (error: unknown): error is DispatchError =>
-  typeof (error as { readonly _tag?: unknown } | null)?._tag === "string" &&
-  dispatchErrorTags.has((error as { readonly _tag: string })._tag)
-
-/** A dispatch's failure as the app's worker learns it; anything unexpected is the platform's failure. */
-export const dispatchFailureOf = (error: unknown): DispatchFailure =>
-  isDispatchError(error)
-    ? { code: error._tag, message: error.message }
-    : { code: "DispatchFailed", message: error instanceof Error ? error.message : String(error) }
-
 /** What the dispatcher needs of the platform: the deployed tasks and this node's sidecar. */
 export interface DispatchEnvironment {
   readonly task: (taskId: string) => TaskManager | undefined
@@ -96,22 +81,6 @@ export interface DispatchEnvironment {
   readonly observer?: CallObserver
   /** The cache of encoder outputs, when the platform keeps one. */
   readonly embeddings?: EmbeddingCaching
-}
-
-/** What the dispatcher reports of executor calls. */
-export interface CallObserver {
-  /** A call ended: `seconds` from its start to its answer (to its last chunk for a stream). */
-  readonly call: (taskId: string, operation: string, outcome: "ok" | "error", seconds: number) => void
-  /** A streamed call's first chunk came `seconds` after the call began. */
-  readonly firstChunk: (taskId: string, seconds: number) => void
-  /** A streamed call's next chunk came `seconds` after the one before it. */
-  readonly nextChunk: (taskId: string, seconds: number) => void
-  /** An executor of the task was leased `seconds` after it was asked for (waiting for a healthy one). */
-  readonly leaseWait: (taskId: string, seconds: number) => void
-  /** A graph is run again as a whole, for `reason`. */
-  readonly retried: (reason: "unavailable") => void
-  /** An LLM stream of the task broke off and is carried on by a fresh run. */
-  readonly failover: (taskId: string) => void
 }
 
 /**

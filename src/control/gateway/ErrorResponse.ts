@@ -1,9 +1,15 @@
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
-import { errorHeaders, httpStatusOf } from "../../errors/HttpStatus.js"
+import { type ErrorTag, errorHeaders, httpStatusOf } from "../../errors/HttpStatus.js"
+import type { ExecutorErrorTag } from "../../executors/common/errors.js"
 import { type ControlPlaneError, echoedChars } from "../errors.js"
 import { shortened } from "../../app-runtime/Shortened.js"
 
 export type GatewayError = ControlPlaneError
+
+/** Compiles only while the status table lists exactly the tags of the platform's errors, no more, no fewer. */
+type PlatformErrorTag = ControlPlaneError["_tag"] | ExecutorErrorTag
+type BothEmpty<Unlisted extends never, Unknown extends never> = [Unlisted, Unknown]
+export type EveryTagHasAStatus = BothEmpty<Exclude<PlatformErrorTag, ErrorTag>, Exclude<ErrorTag, PlatformErrorTag>>
 
 /** `{ error: { code, message, ...details } }` as JSON. */
 export const errorBody = (error: GatewayError): Record<string, unknown> => {

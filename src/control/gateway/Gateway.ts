@@ -23,7 +23,7 @@ import {
 import { ResourceManager } from "../resource-manager/ResourceManager.js"
 import { ProfileRecorder } from "../task-manager/ProfileRecorder.js"
 import { LevelMeasured, RecordedProfile, RecordingDone, RecordRequest } from "../task-manager/ProfileRecording.js"
-import { ServeConfig } from "../ServeConfig.js"
+import { ServeConfig } from "../../config/ServeConfig.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
 import { adminRequestRefusal } from "./AdminGuard.js"
 import { errorBody, errorResponse } from "./ErrorResponse.js"

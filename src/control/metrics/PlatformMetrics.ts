@@ -6,9 +6,8 @@
  */
 import { Effect } from "effect"
 import { Counter, Gauge, Histogram, Registry } from "prom-client"
-import type { RequestObserver } from "../app-manager/AppDriver.js"
-import type { CallObserver } from "../dispatcher/Dispatcher.js"
-import type { EmbeddingCacheStats } from "../dispatcher/EmbeddingCache.js"
+import type { CallObserver, RequestObserver } from "../DispatchContract.js"
+import type { EmbeddingCacheStats } from "../executor-calls/EmbeddingCache.js"
 
 /** From half a millisecond (the gateway's own overhead) to a minute (a long generation). */
 const latencyBuckets = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]

@@ -1,10 +1,10 @@
 import { Duration, Effect, Either, Runtime, Schedule } from "effect"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
-import { ExecutorKinds } from "../../executors/ExecutorKinds.js"
+import { ExecutorKinds } from "../task-manager/ExecutorKinds.js"
 import type { Device } from "../../node/Devices.js"
 import { NodeRegistry, type NodeSummary } from "../cluster/NodeRegistry.js"
 import { BadRequest, DeploymentFailed, DevicesExhausted, NoExecutorForKind, TaskNotFound } from "../errors.js"
-import { ServeConfig } from "../ServeConfig.js"
+import { ServeConfig } from "../../config/ServeConfig.js"
 import { type ExecutorSummary, TaskManagers } from "../task-manager/TaskManagers.js"
 import { capacityOf, sustainedOf } from "../task-manager/TaskProfile.js"
 import {

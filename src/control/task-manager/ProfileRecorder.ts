@@ -7,8 +7,8 @@ import { GeneratorConfig } from "../../app-runtime/tasks/GeneratorTask.js"
 import type { TaskInvocationWire } from "../../app-runtime/tasks/TaskGraph.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
 import { Tensor } from "../../sidecar/Tensor.js"
-import { eitherSignal } from "../dispatcher/EitherSignal.js"
-import { type CallContext, executorCalls } from "../dispatcher/ExecutorCalls.js"
+import { eitherSignal } from "../executor-calls/EitherSignal.js"
+import { type CallContext, executorCalls } from "../executor-calls/ExecutorCalls.js"
 import {
   BadRequest,
   DispatchFailed,

@@ -6,7 +6,7 @@
 import { join } from "node:path"
 import { Effect } from "effect"
 import { BatchBuffer, batchBufferPrefix } from "./BatchBuffer.js"
-import { exitWithParent } from "./ChildProcesses.js"
+import { exitWithParent } from "../../process/ChildProcesses.js"
 import { bindEngineSockets } from "./EngineSockets.js"
 import type { ExecutorConfig } from "./ExecutorConfig.js"
 import { type ScheduledItem, Scheduler } from "./Scheduler.js"

@@ -1,7 +1,7 @@
 import { randomUUID } from "node:crypto"
 import { Effect, type Scope } from "effect"
 import * as zmq from "zeromq"
-import { startChild } from "./ChildProcesses.js"
+import { startChild } from "../../process/ChildProcesses.js"
 import { EngineRejected, EngineUnavailable, ExecutorFailed } from "./errors.js"
 import { configEnvName, type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
 import { messagesOf, type FromEngine, orderedSender, type ToEngine, type WorkItem } from "./wire.js"

@@ -7,7 +7,7 @@
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { Effect } from "effect"
-import { exitWithParent } from "./ChildProcesses.js"
+import { exitWithParent } from "../../process/ChildProcesses.js"
 import { traceProcess } from "../../tracing/Tracing.js"
 import { configEnvName, decodeConfig, type ExecutorConfig } from "./ExecutorConfig.js"
 

@@ -5,7 +5,7 @@
  */
 import * as zmq from "zeromq"
 import { BatchBuffer, batchBufferEnvName } from "./BatchBuffer.js"
-import { exitWithParent } from "./ChildProcesses.js"
+import { exitWithParent } from "../../process/ChildProcesses.js"
 import { type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
 import type { LoadWorkerModel } from "./WorkerModel.js"
 import { type BatchItem, type BatchMessage, messagesOf, type FromWorker, orderedSender, type ToWorker } from "./wire.js"

@@ -6,7 +6,7 @@
  */
 import { Effect, type Scope } from "effect"
 import { batchBufferEnvName } from "./BatchBuffer.js"
-import { startChild } from "./ChildProcesses.js"
+import { startChild } from "../../process/ChildProcesses.js"
 import type { EngineSockets } from "./EngineSockets.js"
 import { configEnvName, type ExecutorConfig } from "./ExecutorConfig.js"
 import { messagesOf, type FromWorker, type ToWorker } from "./wire.js"

@@ -7,7 +7,7 @@
  */
 import { Effect } from "effect"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
-import { exitWithParent } from "../common/ChildProcesses.js"
+import { exitWithParent } from "../../process/ChildProcesses.js"
 import { bindEngineSockets } from "../common/EngineSockets.js"
 import type { ExecutorConfig } from "../common/ExecutorConfig.js"
 import { type BatchItem, messagesOf, type ToEngine, type ToWorker } from "../common/wire.js"

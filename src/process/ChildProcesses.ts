@@ -2,11 +2,11 @@ import { type ChildProcess, spawn } from "node:child_process"
 import { getPriority, setPriority } from "node:os"
 import { fileURLToPath } from "node:url"
 import { Effect } from "effect"
-import { lifelineEnv } from "../../node/Lifeline.js"
+import { lifelineEnv } from "./Lifeline.js"
 
-export { exitWithParent } from "../../node/Lifeline.js"
+export { exitWithParent } from "./Lifeline.js"
 
-const binPath = fileURLToPath(new URL("../../../bin/cornserve", import.meta.url))
+const binPath = fileURLToPath(new URL("../../bin/cornserve", import.meta.url))
 
 export interface ChildOptions {
   /** `cornserve internal <command>` with these arguments. */

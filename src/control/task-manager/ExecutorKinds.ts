@@ -1,8 +1,8 @@
-import type { Dtype } from "../models/Dtype.js"
+import type { Dtype } from "../../models/Dtype.js"
 import { Effect, type Scope } from "effect"
-import type { UnitTaskSpec } from "../app-runtime/driver/protocol.js"
-import type { Device } from "../node/Devices.js"
-import type { NodeHandle } from "../control/cluster/NodeHandle.js"
+import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
+import type { Device } from "../../node/Devices.js"
+import type { NodeHandle } from "../cluster/NodeHandle.js"
 
 /** A running executor (a process group) that serves one unit task on its devices. */
 export interface Executor {
