@@ -1,0 +1,58 @@
+import { describe, expect, it } from "vitest"
+import {
+  cachedEmbedding,
+  EmbeddingCache,
+  type EmbeddingCacheStats,
+  embeddingKey,
+  ownedPayload
+} from "../../../src/control/executor-calls/EmbeddingCache.js"
+import { Tensor } from "../../../src/sidecar/Tensor.js"
+
+const entry = (bytes: number) => cachedEmbedding([new Tensor("float32", [bytes / 4], new Float32Array(bytes / 4))])
+
+describe("the cache of encoder outputs", () => {
+  it("keys an item by task, modality and the SHA-256 of its decoded bytes; only data: URLs have one", () => {
+    const png = Buffer.from([0x89, 0x50, 0x4e, 0x47, 1, 2, 3])
+    const base64 = `data:image/png;base64,${png.toString("base64")}`
+    // The same bytes under another media type, or written out percent-encoded, are the same content.
+    expect(embeddingKey("enc", "image", base64)).toBe(
+      embeddingKey("enc", "image", `data:;base64,${png.toString("base64")}`)
+    )
+    expect(embeddingKey("enc", "image", "data:text/plain,%41%42")).toBe(embeddingKey("enc", "image", "data:,AB"))
+    expect(embeddingKey("enc", "image", base64)).not.toBe(embeddingKey("other", "image", base64))
+    expect(embeddingKey("enc", "image", base64)).not.toBe(embeddingKey("enc", "video", base64))
+    expect(embeddingKey("enc", "image", base64)).not.toBe(
+      embeddingKey("enc", "image", `data:image/png;base64,${Buffer.from([1]).toString("base64")}`)
+    )
+    expect(embeddingKey("enc", "image", "https://example.com/a.png")).toBeUndefined()
+    expect(embeddingKey("enc", "image", "file:///tmp/a.png")).toBeUndefined()
+    expect(embeddingKey("enc", "image", "data:,%E0%A4%A")).toBeUndefined()
+  })
+
+  it("keeps entries up to its bytes, dropping the least recently used first", () => {
+    const sizes: Array<EmbeddingCacheStats> = []
+    const cache = new EmbeddingCache(1000, (stats) => sizes.push(stats))
+    cache.set("a", entry(400))
+    cache.set("b", entry(400))
+    expect(cache.get("a")).toBeDefined() // a is now the most recently used
+    cache.set("c", entry(400)) // over 1000: b goes
+    expect(cache.has("b")).toBe(false)
+    expect(cache.has("a") && cache.has("c")).toBe(true)
+    expect(cache.stats).toEqual({ bytes: 800, entries: 2, maxBytes: 1000 })
+    // An entry larger than the whole cache is not kept, and evicts nothing.
+    cache.set("huge", entry(2000))
+    expect(cache.stats.entries).toBe(2)
+    // Setting a key again replaces it.
+    cache.set("a", entry(100))
+    expect(cache.stats.bytes).toBe(500)
+    expect(sizes.at(-1)).toEqual({ bytes: 500, entries: 2, maxBytes: 1000 })
+  })
+
+  it("copies what it keeps out of the memory it was received in", () => {
+    const arena = new Float32Array([1, 2, 3])
+    const owned = ownedPayload(new Tensor("float32", [3], arena)) as Tensor<"float32">
+    arena[0] = 9
+    expect([...owned.data]).toEqual([1, 2, 3])
+    expect(cachedEmbedding([owned, "grid", 7]).bytes).toBe(12 + 4 + 8)
+  })
+})

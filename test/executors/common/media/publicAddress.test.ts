@@ -1,0 +1,83 @@
+import { networkInterfaces } from "node:os"
+import { describe, expect, it } from "vitest"
+import { isPublicAddress, nonPublicReason } from "../../../../src/executors/common/media/PublicAddress.js"
+
+/** The host part of a URL as the WHATWG parser (and so the media fetcher) normalizes it. */
+const hostOf = (url: string) => new URL(url).hostname
+
+describe("the media fetcher's address policy", () => {
+  it("accepts public unicast addresses, IPv4 and IPv6", () => {
+    for (const address of ["8.8.8.8", "1.1.1.1", "151.101.1.69", "2606:4700:4700::1111", "2a00:1450:4001:82f::200e"]) {
+      expect(nonPublicReason(address), address).toBeUndefined()
+    }
+  })
+
+  it.each([
+    ["loopback", "127.0.0.1"],
+    ["loopback, elsewhere in 127/8", "127.45.6.7"],
+    ["this network", "0.0.0.0"],
+    ["private 10/8", "10.1.2.3"],
+    ["private 172.16/12", "172.31.255.1"],
+    ["private 192.168/16", "192.168.1.1"],
+    ["carrier-grade NAT", "100.64.0.1"],
+    ["link-local (cloud metadata)", "169.254.169.254"],
+    ["IETF protocol assignments 192.0.0.0/24", "192.0.0.1"],
+    ["benchmarking 198.18.0.0/15", "198.18.0.1"],
+    ["benchmarking, upper half", "198.19.255.255"],
+    ["documentation", "203.0.113.9"],
+    ["multicast", "224.0.0.251"],
+    ["reserved and broadcast", "255.255.255.255"]
+  ])("refuses IPv4 %s (%s)", (_, address) => {
+    expect(isPublicAddress(address)).toBe(false)
+  })
+
+  it.each([
+    ["loopback", "::1"],
+    ["unspecified", "::"],
+    ["IPv4-compatible loopback, as written", "::127.0.0.1"],
+    ["IPv4-compatible loopback, as the URL parser writes it", hostOf("http://[::127.0.0.1]/")],
+    ["IPv4-compatible link-local", "::a9fe:a9fe"],
+    ["IPv4-mapped loopback, dotted", "::ffff:127.0.0.1"],
+    ["IPv4-mapped loopback, as the URL parser writes it", hostOf("http://[::ffff:127.0.0.1]/")],
+    ["IPv4-mapped private", "::ffff:c0a8:101"],
+    ["NAT64 of link-local", "64:ff9b::a9fe:a9fe"],
+    ["NAT64 of a private address, dotted", "64:ff9b::10.0.0.1"],
+    ["local-use NAT64", "64:ff9b:1::8.8.8.8"],
+    ["6to4 of link-local", "2002:a9fe:a9fe::1"],
+    ["6to4 of loopback", "2002:7f00:1::"],
+    ["Teredo with an obfuscated private client", "2001:0:4136:e378:8000:63bf:3fff:fdfe"],
+    ["Teredo with a private server", "2001:0:a00:1::1"],
+    ["unique local", "fd12:3456:789a::1"],
+    ["link-local", "fe80::1"],
+    ["link-local with a zone", "fe80::1%eth0"],
+    ["site-local", "fec0::1"],
+    ["multicast", "ff02::1"],
+    ["documentation", "2001:db8::1"]
+  ])("refuses IPv6 %s (%s)", (_, address) => {
+    expect(nonPublicReason(address)).toBeDefined()
+  })
+
+  it("names the embedded IPv4 address it refuses", () => {
+    expect(nonPublicReason("64:ff9b::a9fe:a9fe")).toContain("169.254.169.254")
+    expect(nonPublicReason("2002:a9fe:a9fe::1")).toContain("169.254.169.254")
+  })
+
+  it("accepts transition forms of public IPv4 addresses", () => {
+    expect(nonPublicReason("::ffff:8.8.8.8")).toBeUndefined()
+    expect(nonPublicReason("64:ff9b::808:808")).toBeUndefined()
+    expect(nonPublicReason("2002:808:808::1")).toBeUndefined()
+  })
+
+  it("refuses every address of this host's own interfaces", () => {
+    const own = Object.values(networkInterfaces())
+      .flatMap((entries) => entries ?? [])
+      .map((entry) => entry.address)
+    expect(own.length).toBeGreaterThan(0)
+    for (const address of own) expect(isPublicAddress(address), address).toBe(false)
+  })
+
+  it("refuses what is not an IP address literal", () => {
+    expect(isPublicAddress("example.com")).toBe(false)
+    expect(isPublicAddress("")).toBe(false)
+  })
+})
