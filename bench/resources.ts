@@ -2,7 +2,7 @@
  * Resources that follow load: the rebalancing policy (src/control/resource-manager/Rebalance.ts)
  * against fixed splits of the same devices, simulated at fleet scale and measured live.
  *
- * 1. Simulated (Simulator.ts, the fleet of bench/support/fleetScenario.ts): 1,000 devices, three
+ * 1. Simulated (bench/support/Simulator.ts, on the fleet of fleetScenario.ts): 1,000 devices, three
  *    dozen tasks and 38 apps under a load that is image-heavy, then text-heavy, then
  *    generation-heavy, with bursts. The policy starts from the devices split evenly and runs every
  *    5 s, with executors that take time to start and drain. For every phase, the best static split
@@ -41,7 +41,7 @@ import {
   type Split,
   searchStaticSplit,
   simulate
-} from "../src/control/resource-manager/Simulator.js"
+} from "./support/Simulator.js"
 import { chatRequest } from "../test/support/colorChatRequest.js"
 import { repoRoot, runCli } from "../test/support/platform.js"
 import { round, withBenchPlatform } from "./support/colorChatPlatform.js"

@@ -10,14 +10,7 @@
  * stage. Rates are scaled so that the heaviest phase, sized at 70% utilisation, needs `load` of the
  * devices (85% by default).
  */
-import {
-  capacityOfTask,
-  type LoadPhase,
-  type Scenario,
-  type SimApp,
-  type SimTaskSpec,
-  taskRates
-} from "../../src/control/resource-manager/Simulator.js"
+import { capacityOfTask, type LoadPhase, type Scenario, type SimApp, type SimTaskSpec, taskRates } from "./Simulator.js"
 
 const random = (() => {
   let state = 20261123

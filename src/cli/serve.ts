@@ -7,6 +7,7 @@ import { AppManager, type AppSummary } from "../control/app-manager/AppManager.j
 import type { NotSupported } from "../control/errors.js"
 import { Gateway } from "../control/gateway/Gateway.js"
 import { PlatformMetrics } from "../control/metrics/PlatformMetrics.js"
+import { Rebalancer } from "../control/resource-manager/Rebalancer.js"
 import { ResourceManager } from "../control/resource-manager/ResourceManager.js"
 import { ServeConfig, type ServeOptions } from "../config/ServeConfig.js"
 import { TaskQueueBound } from "../control/task-manager/TaskManagers.js"
@@ -30,6 +31,7 @@ export const platformLayer = (options: ServeOptions) =>
       Layer.mergeAll(
         AppManager.Default,
         ResourceManager.Default,
+        Rebalancer.Default,
         NodeAgent.Default,
         NodeRegistry.Default,
         PlatformMetrics.Default

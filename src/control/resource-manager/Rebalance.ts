@@ -1,8 +1,8 @@
 /**
  * Which devices move between the tasks of a fixed pool: a pure policy over plain data (the tasks'
  * executors and bounds, their load and profiles, free devices, when each was last changed),
- * answering the moves of one round, each with its reason. The live resource manager and the
- * simulator (Simulator.ts) both run it.
+ * answering the moves of one round, each with its reason. The live rebalancer (Rebalancer.ts) and
+ * the bench's simulation of a fleet (`npm run bench -- resources`) both run it.
  *
  * A task's need is measured one of two ways:
  *

@@ -1,47 +1,18 @@
-import { Duration, Effect, Either, Runtime, Schedule } from "effect"
+import { Effect, Either, Runtime } from "effect"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
 import { ExecutorKinds } from "../task-manager/ExecutorKinds.js"
-import type { Device } from "../../node/Devices.js"
-import { NodeRegistry, type NodeSummary } from "../cluster/NodeRegistry.js"
+import { NodeRegistry } from "../cluster/NodeRegistry.js"
 import { BadRequest, DeploymentFailed, DevicesExhausted, NoExecutorForKind, TaskNotFound } from "../errors.js"
 import { ServeConfig } from "../../config/ServeConfig.js"
-import { type ExecutorSummary, TaskManagers } from "../task-manager/TaskManagers.js"
-import { capacityOf, sustainedOf } from "../task-manager/TaskProfile.js"
-import {
-  executorsToGive,
-  freeDevices,
-  type Holding,
-  type PlacedExecutor,
-  type PlacementNode,
-  type PlacementRequest,
-  place
-} from "./Placement.js"
-import { defaultRebalancePolicy, type Move, planMoves, type RebalanceTask } from "./Rebalance.js"
+import { TaskManagers } from "../task-manager/TaskManagers.js"
+import { makeDeviceHoldings } from "./DeviceHoldings.js"
+import { makeListings } from "./Listings.js"
+import { type PlacedExecutor, type PlacementNode, type PlacementRequest, place } from "./Placement.js"
+import type { Move } from "./Rebalance.js"
+import { type Fleet, makeRebalanceMoves } from "./RebalanceMoves.js"
 import { makeScaleStore } from "./ScaleStore.js"
 
-export interface TaskSummary {
-  readonly id: string
-  readonly kind: string
-  readonly name: string
-  readonly config: unknown
-  readonly state: string
-  readonly usedBy: ReadonlyArray<string>
-  readonly devices: ReadonlyArray<string>
-  readonly executors: ReadonlyArray<ExecutorSummary>
-  /** Calls refused since deployment because the task was full. */
-  readonly callsShed: number
-}
-
-/** A node as /nodes/list shows it: what holds each of its devices. */
-export interface NodeListing extends Omit<NodeSummary, "devices"> {
-  readonly devices: ReadonlyArray<{ readonly id: string; readonly type: string; readonly task: string | null }>
-}
-
-/** One task's hold on one device (a shared CPU device has one per task). */
-const holdingKey = (node: string, device: string, task: string) => `${node}/${device}/${task}`
-
-/** The tasks holding a device of a node. */
-type Holders = (node: string, device: string) => ReadonlyArray<string>
+export type { TaskSummary } from "./Listings.js"
 
 /**
  * Which unit tasks are deployed, who uses them, and which devices of which nodes they hold.
@@ -50,7 +21,8 @@ type Holders = (node: string, device: string) => ReadonlyArray<string>
  * it deployed. Where executors go is the placement policy's answer (Placement.ts). When a node is
  * lost, its executors leave their tasks at once and are replaced on free devices of ready nodes;
  * a task that finds no room stays short and is made whole when room appears (a node joins or
- * comes back).
+ * comes back). Every change to the devices is made under one lock, the rebalancer's moves
+ * (Rebalancer.ts) included.
  */
 export class ResourceManager extends Effect.Service<ResourceManager>()("cornserve/ResourceManager", {
   scoped: Effect.gen(function* () {
@@ -59,13 +31,14 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
     const registry = yield* NodeRegistry
     const { kinds } = yield* ExecutorKinds
     const runtime = yield* Effect.runtime<never>()
-    /** Which task holds each device, by `node/device`. */
-    const allocated = new Map<string, Holding>()
+    const holdings = makeDeviceHoldings()
     const users = new Map<string, Set<string>>()
     const lock = yield* Effect.makeSemaphore(1)
     const scales = yield* makeScaleStore(config.stateDir)
     /** Tasks told to be short of executors, so that the same shortfall is logged once. */
     const toldShort = new Map<string, string>()
+    /** When each task last grew or shrank: the rebalancing policy leaves it alone for a while. */
+    const changedAt = new Map<string, number>()
 
     const placementNodes = (): ReadonlyArray<PlacementNode> =>
       registry.nodes().map((node) => ({ name: node.name, state: node.state, devices: node.devices }))
@@ -95,32 +68,14 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
       requests: ReadonlyArray<PlacementRequest>
     ): Effect.Effect<ReadonlyArray<PlacedExecutor>, DevicesExhausted> =>
       Effect.suspend(() =>
-        Either.match(place(placementNodes(), [...allocated.values()], requests), {
+        Either.match(place(placementNodes(), holdings.all(), requests), {
           onLeft: (shortfall) => Effect.fail(new DevicesExhausted({ message: shortfall.message })),
           onRight: (placed) => {
-            for (const executor of placed)
-              for (const device of executor.devices)
-                allocated.set(holdingKey(executor.node, device.id, executor.task), {
-                  node: executor.node,
-                  device: device.id,
-                  task: executor.task
-                })
+            holdings.take(placed)
             return Effect.succeed(placed)
           }
         })
       )
-
-    const freeHoldings = (
-      taskId: string,
-      placed: ReadonlyArray<{ readonly node: string; readonly devices: ReadonlyArray<Device> }>
-    ) => {
-      for (const group of placed)
-        for (const device of group.devices) allocated.delete(holdingKey(group.node, device.id, taskId))
-    }
-
-    const freeTaskDevices = (taskId: string) => {
-      for (const [key, holding] of allocated) if (holding.task === taskId) allocated.delete(key)
-    }
 
     /** The placed executors as the task manager starts them: each with its node's handle. */
     const groupsOf = (placed: ReadonlyArray<PlacedExecutor>) =>
@@ -185,10 +140,10 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
               (error) => new DeploymentFailed({ message: `task ${spec.id} failed to start: ${error.message}` })
             )
           )
-      }).pipe(Effect.onError(() => Effect.sync(() => freeTaskDevices(spec.id))))
+      }).pipe(Effect.onError(() => Effect.sync(() => holdings.giveAllOf(spec.id))))
 
     const teardown = (taskId: string) =>
-      taskManagers.teardown(taskId).pipe(Effect.ensuring(Effect.sync(() => freeTaskDevices(taskId))))
+      taskManagers.teardown(taskId).pipe(Effect.ensuring(Effect.sync(() => holdings.giveAllOf(taskId))))
 
     const perExecutorOf = (spec: UnitTaskSpec) => Math.max(1, kinds.get(spec.kind)!.devicesPerExecutor(spec))
 
@@ -256,7 +211,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
           ).pipe(
             Effect.onError(() =>
               Effect.forEach(fresh, (spec) => teardown(spec.id), { discard: true }).pipe(
-                Effect.ensuring(Effect.sync(() => fresh.forEach((spec) => freeTaskDevices(spec.id))))
+                Effect.ensuring(Effect.sync(() => fresh.forEach((spec) => holdings.giveAllOf(spec.id))))
               )
             )
           )
@@ -285,9 +240,6 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
           { discard: true }
         )
       )
-
-    /** When each task last grew or shrank: the rebalancing policy leaves it alone for a while. */
-    const changedAt = new Map<string, number>()
 
     /**
      * Adds devices (new executors, on free devices: a task's second executor on a device it shares
@@ -319,7 +271,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
             Effect.mapError(
               (error) => new DeploymentFailed({ message: `task ${taskId} could not grow: ${error.message}` })
             ),
-            Effect.onError(() => Effect.sync(() => freeHoldings(taskId, placed)))
+            Effect.onError(() => Effect.sync(() => holdings.give(taskId, placed)))
           )
         } else {
           return yield* shrinkNow(taskId, Math.ceil(-deltaDevices / perExecutor))
@@ -340,7 +292,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
           })
         }
         const freed = yield* taskManagers.shrink(taskId, executors)
-        freeHoldings(taskId, freed)
+        holdings.give(taskId, freed)
         yield* scales.set(taskId, task.wanted)
         changedAt.set(taskId, Date.now())
       })
@@ -392,7 +344,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         }).pipe(
           Effect.catchAll((error) =>
             Effect.zipRight(
-              Effect.sync(() => freeHoldings(task.spec.id, placed)),
+              Effect.sync(() => holdings.give(task.spec.id, placed)),
               Effect.logWarning(`task ${task.spec.id} could not replace its executors: ${error.message}`)
             )
           )
@@ -405,7 +357,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
       lock.withPermits(1)(
         Effect.gen(function* () {
           const dropped = yield* taskManagers.dropNode(name)
-          for (const [key, holding] of allocated) if (holding.node === name) allocated.delete(key)
+          holdings.dropNode(name)
           if (dropped.length > 0) {
             yield* Effect.logWarning(
               `node ${name} is gone (${reason}): its executors of ${[...new Set(dropped.map((entry) => entry.taskId))].join(", ")} left their tasks; replacing them`
@@ -415,266 +367,42 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         })
       )
 
-    // Rebalancing (--autoscale): each round reads every task's mean load and arrival rate since the
-    // last round, and what one executor sustains from its profile (recorded ahead of time, else
-    // measured online once it shows saturation), then makes the moves the policy asks for.
-    const moves = new Map<string, number>()
-    const lastReading = new Map<string, { readonly area: number; readonly arrived: number; readonly at: number }>()
-    const rebalanceTasks = (holders: Holders): ReadonlyArray<RebalanceTask> => {
-      const now = performance.now()
-      const cpu = new Set(
-        registry
-          .nodes()
-          .flatMap((node) =>
-            node.devices.filter((device) => device.type === "cpu").map((device) => `${node.name}/${device.id}`)
-          )
-      )
-      return taskManagers
-        .list()
-        .filter((task) => task.state === "ready")
-        .map((task) => {
-          const area = task.loadArea()
-          const online = task.profile()
-          // Counted as calls ask for an executor: a round in which no call ends still sees its arrivals.
-          const arrived = task.arrived
-          const previous = lastReading.get(task.spec.id)
-          lastReading.set(task.spec.id, { area, arrived, at: now })
-          const span = previous === undefined ? 0 : now - previous.at
-          const bounds = task.spec.config as { readonly minExecutors?: unknown; readonly maxExecutors?: unknown }
-          const executors = task.executors()
-          const recorded = task.recorded()
-          const profiles = recorded === undefined ? [online] : [recorded, online]
-          return {
-            id: task.spec.id,
-            executors: executors.length,
-            devicesPerExecutor: perExecutorOf(task.spec),
-            sharing: executors.filter((executor) => sharesADevice(executor, holders)).length,
-            mayShare:
-              executors.length > 0 &&
-              executors.every((executor) => executor.devices.every((device) => cpu.has(`${executor.node}/${device}`))),
-            minExecutors: typeof bounds?.minExecutors === "number" ? Math.max(1, bounds.minExecutors) : 1,
-            maxExecutors: typeof bounds?.maxExecutors === "number" ? bounds.maxExecutors : Number.POSITIVE_INFINITY,
-            meanLoad: span <= 0 ? 0 : (area - previous!.area) / span,
-            rate: span <= 0 ? undefined : ((arrived - previous!.arrived) * 1000) / span,
-            capacity: profiles.map(capacityOf).find((capacity) => capacity !== undefined),
-            // Online measurements where there are any, else the recorded ones, per executor count.
-            sustained: [
-              ...new Map(
-                profiles.flatMap((profile) =>
-                  sustainedOf(profile).map((curve) => [curve.executors, curve.callsPerSecond] as const)
-                )
-              )
-            ],
-            changedAt: changedAt.get(task.spec.id)
-          }
-        })
-    }
-    /** The tasks holding each device now, read in one pass over the holdings (a round asks for every device's). */
-    const holdersNow = (): Holders => {
-      const byDevice = new Map<string, Array<string>>()
-      for (const holding of allocated.values()) {
-        const key = `${holding.node}/${holding.device}`
-        byDevice.set(key, [...(byDevice.get(key) ?? []), holding.task])
-      }
-      return (node, device) => byDevice.get(`${node}/${device}`) ?? []
-    }
-    /** An executor on a device that other tasks hold too. */
-    const sharesADevice = (
-      executor: { readonly node: string; readonly devices: ReadonlyArray<string> },
-      holders: Holders
-    ) => executor.devices.some((device) => holders(executor.node, device).length > 1)
-    /** Every CPU device of the ready nodes, with the tasks holding it. */
-    const cpuDevices = (holders: Holders) =>
-      placementNodes()
-        .filter((node) => node.state === "ready")
-        .flatMap((node) =>
-          node.devices
-            .filter((device) => device.type === "cpu")
-            .map((device) => ({ node: node.name, id: device.id, tasks: holders(node.name, device.id) }))
-        )
-    const count = (kind: string) => moves.set(kind, (moves.get(kind) ?? 0) + 1)
-    /** Devices per executor of a task the round planned for; it may have been torn down since. */
-    const devicesOf = (taskId: string) =>
-      Effect.suspend(() => {
-        const task = taskManagers.get(taskId)
-        return task === undefined ? Effect.fail(new TaskNotFound({ taskId })) : Effect.succeed(perExecutorOf(task.spec))
-      })
-
-    /**
-     * The executors a Take gives up: for each donor asked, one of its executors (its latest first),
-     * chosen so that the bottleneck's executor then fits on one node. None is given up when no
-     * choice would make it fit.
-     */
-    const givenFor = (move: Extract<Move, { _tag: "Take" }>) =>
-      Effect.gen(function* () {
-        const offers = move.from.map((donor) =>
-          (taskManagers.get(donor)?.executors() ?? [])
-            .map((executor) => ({ task: donor, id: executor.id, node: executor.node, devices: executor.devices }))
-            .reverse()
-        )
-        const request = {
-          task: move.to,
-          executors: 1,
-          devicesPerExecutor: yield* devicesOf(move.to),
-          related: relatedTo(move.to)
-        }
-        const given = executorsToGive(placementNodes(), [...allocated.values()], offers, request)
-        if (given === undefined)
-          return yield* new DevicesExhausted({
-            message: `no node would hold an executor of ${move.to} (${request.devicesPerExecutor} device(s) on one node) once ${[...new Set(move.from)].join(", ")} gave theirs; nothing was taken`
-          })
-        return given
-      })
-
-    const make = (move: Move) =>
-      Effect.gen(function* () {
-        switch (move._tag) {
-          case "Release":
-            yield* shrinkNow(move.task, 1)
-            count("released")
-            break
-          case "Grow":
-            yield* scaleNow(move.task, yield* devicesOf(move.task))
-            count("free_device")
-            break
-          case "Take": {
-            const given = yield* givenFor(move)
-            for (const executor of given) yield* shrinkNow(executor.task, [executor.id])
-            yield* scaleNow(move.to, yield* devicesOf(move.to))
-            count("taken_from_slack")
-            break
-          }
-          case "Share":
-            yield* scaleNow(move.task, yield* devicesOf(move.task), { node: move.node, devices: move.devices })
-            count("shared_device")
-            break
-          case "Unshare": {
-            const task = taskManagers.get(move.task)
-            if (task === undefined) return yield* new TaskNotFound({ taskId: move.task })
-            // Its latest executor on a shared device; the other tasks there may have gone since the round planned.
-            const leaving = task
-              .executors()
-              .filter((executor) => sharesADevice(executor, holdersOf))
-              .at(-1)
-            if (leaving === undefined)
-              return yield* Effect.logInfo(`rebalancing: ${move.task} shares no device any more; nothing goes back`)
-            yield* shrinkNow(move.task, [leaving.id])
-            count("unshared")
-            break
-          }
-        }
-      })
-
-    // A round reads the tasks and plans under the lock, then makes its moves one at a time, each
-    // under the lock for its own drain and start only: a registration or a `tasks scale` waits for
-    // one move, not for the whole round. A move that fails (a registration took the devices it
-    // counted on, say) is logged, and the round goes on with the others.
-    const rebalance = Effect.gen(function* () {
-      const plan = yield* lock.withPermits(1)(
-        Effect.sync(() => {
-          const holders = holdersNow()
-          const tasksNow = rebalanceTasks(holders)
-          const freeByNode = [...freeDevices(placementNodes(), [...allocated.values()]).values()].map(
-            (devices) => devices.length
-          )
-          // A task just changed waits three rounds: its new executor is measured before the next move.
-          return planMoves(
-            {
-              now: Date.now(),
-              tasks: tasksNow,
-              freeDevices: freeByNode.reduce((sum, count) => sum + count, 0),
-              freeByNode,
-              cpuDevices: cpuDevices(holders)
-            },
-            { ...defaultRebalancePolicy, cooldownMs: 3 * (config.autoscaleIntervalMs ?? 0) }
-          )
-        })
-      )
-      for (const move of plan) {
-        yield* Effect.logInfo(`rebalancing: ${move.reason}`)
-        yield* lock
-          .withPermits(1)(make(move))
-          .pipe(Effect.catchAll((error) => Effect.logWarning(`rebalancing: the move failed: ${error.message}`)))
-      }
-    })
-    if (config.autoscaleIntervalMs !== undefined) {
-      yield* rebalance.pipe(
-        // A round that dies of a defect is logged; the next round runs all the same.
-        Effect.catchAllCause((cause) => Effect.logError("rebalancing: the round failed", cause)),
-        Effect.repeat(Schedule.spaced(Duration.millis(config.autoscaleIntervalMs))),
-        Effect.forkScoped
-      )
-    }
-
     const unsubscribe = registry.subscribe((event) => {
       const work = event._tag === "Gone" ? nodeGone(event.name, event.reason) : lock.withPermits(1)(reconcile)
       Runtime.runFork(runtime)(work)
     })
     yield* Effect.addFinalizer(() => Effect.sync(unsubscribe))
 
-    const deviceName = (node: string, device: string) => (config.role === "all" ? device : `${node}/${device}`)
+    const rebalancing = makeRebalanceMoves({
+      taskManagers,
+      holdings,
+      placementNodes,
+      devicesPerExecutor: perExecutorOf,
+      relatedTo,
+      changedAt: (taskId) => changedAt.get(taskId),
+      grow: scaleNow,
+      shrink: shrinkNow
+    })
 
-    const tasks = (): ReadonlyArray<TaskSummary> =>
-      taskManagers.list().map((task) => ({
-        id: task.spec.id,
-        kind: task.spec.kind,
-        name: task.spec.name,
-        config: task.spec.config,
-        state: task.state,
-        usedBy: [...(users.get(task.spec.id) ?? [])].map((user) => user.split("#")[0]!),
-        devices: task.executors().flatMap((executor) => executor.devices.map((id) => deviceName(executor.node, id))),
-        executors: task.executors(),
-        callsShed: task.shed
-      }))
+    /**
+     * Runs `plan` on the fleet as it stands, under the lock: no deployment, scaling or move is
+     * half done while a rebalancing round reads the tasks and plans its moves.
+     */
+    const survey = <A>(plan: (fleet: Fleet) => A): Effect.Effect<A> =>
+      lock.withPermits(1)(Effect.sync(() => plan(rebalancing.fleet())))
 
-    /** The tasks holding a device of a node (several on a shared CPU device), in the order they took it. */
-    const holdersOf = (node: string, device: string) =>
-      [...allocated.values()]
-        .filter((holding) => holding.node === node && holding.device === device)
-        .map((holding) => holding.task)
+    /** Makes one move a round planned, under the lock for its own drains and start only. */
+    const move = (planned: Move) => lock.withPermits(1)(rebalancing.make(planned))
 
-    /** A device as listed: `task` the first of its tasks (null: free), `tasks` all of them. */
-    const deviceListing = (node: string, device: Device) => {
-      const tasks = holdersOf(node, device.id)
-      return { type: device.type, threads: device.threads, task: tasks[0] ?? null, tasks }
-    }
+    const listings = makeListings({
+      role: config.role,
+      registry,
+      taskManagers,
+      holdings,
+      usersOf: (taskId) => users.get(taskId) ?? []
+    })
 
-    const devices = () =>
-      registry
-        .nodes()
-        .flatMap((node) =>
-          node.devices.map((device) => ({ id: deviceName(node.name, device.id), ...deviceListing(node.name, device) }))
-        )
-
-    const nodes = (): ReadonlyArray<NodeListing> => {
-      const byName = new Map(registry.nodes().map((node) => [node.name, node]))
-      return registry.list().map((summary) => ({
-        ...summary,
-        devices: (byName.get(summary.name)?.devices ?? []).map((device) => ({
-          id: device.id,
-          ...deviceListing(summary.name, device)
-        }))
-      }))
-    }
-
-    /** What a task's calls have shown: its throughput–latency curve per executor count, rate, queues. */
-    const profile = (taskId: string) =>
-      Effect.suspend(() => {
-        const task = taskManagers.get(taskId)
-        if (task === undefined) return Effect.fail(new TaskNotFound({ taskId }))
-        return Effect.succeed({
-          taskId,
-          name: task.spec.name,
-          kind: task.spec.kind,
-          executors: task.executors().length,
-          ...task.profile()
-        })
-      })
-
-    /** Devices moved by rebalancing, by kind of move. */
-    const rebalanceMoves = (): ReadonlyMap<string, number> => new Map(moves)
-
-    return { acquire, release, scale, tasks, devices, nodes, profile, rebalanceMoves }
+    return { acquire, release, scale, ...listings, rebalanceMoves: rebalancing.counts, survey, move }
   }),
   dependencies: [TaskManagers.Default, ExecutorKinds.Default, NodeRegistry.Default]
 }) {}

@@ -9,7 +9,7 @@ import {
   type SimTaskSpec,
   searchStaticSplit,
   simulate
-} from "../../../src/control/resource-manager/Simulator.js"
+} from "../../../bench/support/Simulator.js"
 
 const spec = (id: string, overrides: Partial<SimTaskSpec> = {}): SimTaskSpec => ({
   id,

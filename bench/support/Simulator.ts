@@ -1,6 +1,6 @@
 /**
  * A discrete-event simulation of a fixed device pool under a shifting load, driven by the same
- * rebalancing policy as the live resource manager (`planMoves` of Rebalance.ts), and the search for
+ * rebalancing policy as the live rebalancer (`planMoves` of Rebalance.ts), and the search for
  * the best static split it is weighed against.
  *
  * The model:
@@ -25,8 +25,13 @@
  *   over the round, and the capacity its profile shows (`capacityOf` over the profile's curve, as
  *   live), with a cooldown of three rounds, as live.
  */
-import { type CurvePoint, capacityOf } from "../task-manager/TaskProfile.js"
-import { defaultRebalancePolicy, planMoves, type RebalancePolicy, type RebalanceTask } from "./Rebalance.js"
+import { type CurvePoint, capacityOf } from "../../src/control/task-manager/TaskProfile.js"
+import {
+  defaultRebalancePolicy,
+  planMoves,
+  type RebalancePolicy,
+  type RebalanceTask
+} from "../../src/control/resource-manager/Rebalance.js"
 
 export interface SimTaskSpec {
   readonly id: string
