@@ -1,6 +1,17 @@
 import { readFile } from "node:fs/promises"
 import { basename, extname } from "node:path"
-import { Effect, Either, Schema } from "effect"
+import { Effect, Either, ParseResult, Schema } from "effect"
+import {
+  AppList,
+  ErrorAnswer,
+  NodeList,
+  RegistrationFailed,
+  RegistrationProgress,
+  ScaleAnswer,
+  TaskList,
+  TaskProfileAnswer,
+  UnregisterAnswer
+} from "../control/gateway/GatewayAnswers.js"
 import { responseLines } from "../control/ResponseLines.js"
 import {
   LevelMeasured,
@@ -8,7 +19,6 @@ import {
   RecordingDone,
   type RecordRequest
 } from "../control/task-manager/ProfileRecording.js"
-import type { ProfileSummary } from "../control/task-manager/TaskProfile.js"
 
 /** A failed command: its message is printed as is and the process exits non-zero. */
 export class CliFailure extends Schema.TaggedError<CliFailure>()("CliFailure", { message: Schema.String }) {}
@@ -38,29 +48,46 @@ const request = (target: GatewayTarget, method: string, path: string, body?: unk
 
 const readText = (response: Response) => Effect.promise(() => response.text())
 
-/** The server's own message for a failed response. */
-const failureOf = (response: Response) =>
-  Effect.flatMap(readText(response), (text) => {
-    let message = text
-    try {
-      const parsed = JSON.parse(text) as { error?: { code?: string; message?: string } }
-      if (parsed.error?.message !== undefined)
-        message = `${parsed.error.message} (${parsed.error.code ?? response.status})`
-    } catch {
-      // not JSON: the text itself is the message
-    }
-    return Effect.fail(new CliFailure({ message: `error ${response.status}: ${message}` }))
+/** What a client makes of an answer that is not what the route answers: a gateway of another version. */
+const unreadable = (what: string, error: ParseResult.ParseError) =>
+  new CliFailure({
+    message: `the gateway's ${what} is not one this client reads: ${ParseResult.TreeFormatter.formatErrorSync(error)}`
   })
+
+/** A JSON text as the route's answer, or a failure that says which answer did not decode, and why. */
+const decodeText = <A, I>(schema: Schema.Schema<A, I>, what: string) => {
+  const decode = Schema.decodeUnknownEither(Schema.parseJson(schema))
+  return (text: string): Either.Either<A, CliFailure> =>
+    Either.mapLeft(decode(text), (error) => unreadable(what, error))
+}
+
+/** A response's body as the route's answer. */
+const readAnswer = <A, I>(schema: Schema.Schema<A, I>, what: string) => {
+  const decode = decodeText(schema, what)
+  return (response: Response) => Effect.flatMap(readText(response), decode)
+}
+
+const decodeErrorAnswer = Schema.decodeUnknownEither(Schema.parseJson(ErrorAnswer))
+
+/** An error answer as `message (code)`; undefined when the text is not one. */
+const errorAnswerOf = (text: string): string | undefined =>
+  Either.match(decodeErrorAnswer(text), {
+    onLeft: () => undefined,
+    onRight: ({ error }) => `${error.message} (${error.code})`
+  })
+
+/** The server's own message for a failed response (its text, when it is not an error answer). */
+const failureOf = (response: Response) =>
+  Effect.flatMap(readText(response), (text) =>
+    Effect.fail(new CliFailure({ message: `error ${response.status}: ${errorAnswerOf(text) ?? text}` }))
+  )
 
 const expectOk = (response: Response) => (response.ok ? Effect.succeed(response) : failureOf(response))
 
 const write = (text: string) => Effect.sync(() => process.stdout.write(text))
 
-/** The data of one Server-Sent Event of a registration. */
-interface RegistrationEvent {
-  readonly message?: string
-  readonly error?: { readonly code?: string; readonly message?: string }
-}
+const decodeRegistrationProgress = decodeText(RegistrationProgress, "registration event")
+const decodeRegistrationFailed = decodeText(RegistrationFailed, "registration failure")
 
 export const registerApp = (
   target: GatewayTarget,
@@ -91,26 +118,28 @@ export const registerApp = (
       expectOk
     )
     let event = "message"
-    let outcome: { ok: boolean; data: RegistrationEvent } | undefined
-    yield* Effect.promise(async () => {
+    const outcome = yield* Effect.promise(async (): Promise<Either.Either<string, CliFailure> | undefined> => {
       for await (const line of responseLines(response)) {
         if (line.startsWith("event: ")) event = line.slice("event: ".length)
         else if (line.startsWith("data: ")) {
-          const data = JSON.parse(line.slice("data: ".length)) as RegistrationEvent
-          if (event === "progress") process.stderr.write(`  ${data.message}\n`)
-          else if (event === "final") outcome = { ok: true, data }
-          else if (event === "error") outcome = { ok: false, data }
+          const data = line.slice("data: ".length)
+          if (event === "progress") {
+            const progress = decodeRegistrationProgress(data)
+            if (Either.isLeft(progress)) return Either.left(progress.left)
+            process.stderr.write(`  ${progress.right.message}\n`)
+          } else if (event === "final") return Either.map(decodeRegistrationProgress(data), (final) => final.message)
+          else if (event === "error")
+            return Either.flatMap(decodeRegistrationFailed(data), ({ error }) =>
+              Either.left(new CliFailure({ message: `registration of ${appName} failed: ${error.message}` }))
+            )
         }
       }
+      return undefined
     })
     if (outcome === undefined)
       return yield* new CliFailure({ message: "the gateway closed the registration stream without an outcome" })
-    if (!outcome.ok) {
-      return yield* new CliFailure({
-        message: `registration of ${appName} failed: ${outcome.data.error?.message ?? "unknown error"}`
-      })
-    }
-    yield* write(`${outcome.data.message}\n`)
+    const message = yield* outcome
+    yield* write(`${message}\n`)
   })
 
 export const unregisterApp = (target: GatewayTarget, appId: string) =>
@@ -119,7 +148,7 @@ export const unregisterApp = (target: GatewayTarget, appId: string) =>
       request(target, "POST", `app/unregister/${encodeURIComponent(appId)}`),
       expectOk
     )
-    const body = JSON.parse(yield* readText(response)) as { message: string }
+    const body = yield* readAnswer(UnregisterAnswer, "answer to unregister")(response)
     yield* write(`${body.message}\n`)
   })
 
@@ -136,9 +165,7 @@ const table = (header: ReadonlyArray<string>, rows: ReadonlyArray<ReadonlyArray<
 export const listApps = (target: GatewayTarget) =>
   Effect.gen(function* () {
     const response = yield* Effect.flatMap(request(target, "GET", "app/list"), expectOk)
-    const { apps } = JSON.parse(yield* readText(response)) as {
-      apps: Array<{ id: string; state: string; tasks: Array<{ name: string }>; inFlight: number; error?: string }>
-    }
+    const { apps } = yield* readAnswer(AppList, "list of apps")(response)
     if (apps.length === 0) return yield* write("no apps are registered\n")
     yield* write(
       table(
@@ -156,17 +183,7 @@ export const listApps = (target: GatewayTarget) =>
 export const listTasks = (target: GatewayTarget) =>
   Effect.gen(function* () {
     const response = yield* Effect.flatMap(request(target, "GET", "tasks/list"), expectOk)
-    const { tasks } = JSON.parse(yield* readText(response)) as {
-      tasks: Array<{
-        id: string
-        name: string
-        kind: string
-        state: string
-        usedBy: Array<string>
-        devices: Array<string>
-        executors: Array<{ id: string; node: string; healthy: boolean }>
-      }>
-    }
+    const { tasks } = yield* readAnswer(TaskList, "list of tasks")(response)
     if (tasks.length === 0) return yield* write("no tasks are deployed\n")
     yield* write(
       table(
@@ -190,9 +207,7 @@ export const listTasks = (target: GatewayTarget) =>
 export const scaleTask = (target: GatewayTarget, taskId: string, devices: number) =>
   Effect.gen(function* () {
     const response = yield* Effect.flatMap(request(target, "POST", "task/scale", { taskId, devices }), expectOk)
-    const { tasks } = JSON.parse(yield* readText(response)) as {
-      tasks: Array<{ id: string; devices: Array<string>; executors: Array<{ id: string; node: string }> }>
-    }
+    const { tasks } = yield* readAnswer(ScaleAnswer, "answer to scale")(response)
     const task = tasks.find((entry) => entry.id === taskId)
     if (task === undefined) return yield* write(`task ${taskId} is scaled\n`)
     yield* write(
@@ -201,7 +216,7 @@ export const scaleTask = (target: GatewayTarget, taskId: string, devices: number
   })
 
 /** A throughput–latency curve per executor count, as a table; undefined when it has no point. */
-const curveTable = (curves: ProfileSummary["curves"]): string | undefined => {
+const curveTable = (curves: RecordedProfile["curves"]): string | undefined => {
   const points = curves.flatMap((curve) => curve.points.map((point) => [curve.executors, point] as const))
   if (points.length === 0) return undefined
   return table(
@@ -224,7 +239,10 @@ const recordedSection = (recorded: RecordedProfile): string =>
   `${recorded.calls} call(s), ${recorded.failed} failed\n` +
   (curveTable(recorded.curves) ?? "no call succeeded\n")
 
-const decodeRecorded = Schema.decodeUnknownEither(Schema.NullOr(RecordedProfile))
+const decodeProfile = decodeText(TaskProfileAnswer, "task profile")
+
+/** A latency of no call at all (NaN, null in JSON) as a dash. */
+const milliseconds = (value: number) => (Number.isNaN(value) ? "-" : String(value))
 
 /**
  * `tasks profile ID`: the task's throughput–latency curve per executor count as its calls measured
@@ -238,25 +256,16 @@ export const showTaskProfile = (target: GatewayTarget, taskId: string, json: boo
     )
     const text = yield* readText(response)
     if (json) return yield* write(`${text}\n`)
-    const profile = JSON.parse(text) as ProfileSummary & {
-      taskId: string
-      name: string
-      kind: string
-      executors: number
-      recorded?: unknown
-    }
+    const profile = yield* decodeProfile(text)
     const { recent, queueDepth } = profile
     yield* write(
       `task ${profile.taskId} (${profile.name}, ${profile.kind}): ${profile.executors} executor(s); ` +
         `${profile.calls} call(s), ${profile.failed} failed\n` +
-        `last ${recent.windowSeconds} s: ${recent.callsPerSecond} calls/s, p50 ${recent.p50Ms ?? "-"} ms, ` +
-        `p99 ${recent.p99Ms ?? "-"} ms; in the executors: mean ${queueDepth.mean}, max ${queueDepth.max} call(s)\n` +
+        `last ${recent.windowSeconds} s: ${recent.callsPerSecond} calls/s, p50 ${milliseconds(recent.p50Ms)} ms, ` +
+        `p99 ${milliseconds(recent.p99Ms)} ms; in the executors: mean ${queueDepth.mean}, max ${queueDepth.max} call(s)\n` +
         (curveTable(profile.curves) ?? "no call measured yet\n")
     )
-    const recorded = decodeRecorded(profile.recorded ?? null)
-    if (Either.isLeft(recorded))
-      return yield* new CliFailure({ message: "the gateway's recorded profile is not one this client reads" })
-    if (recorded.right !== null) yield* write(`\n${recordedSection(recorded.right)}`)
+    if (profile.recorded !== null) yield* write(`\n${recordedSection(profile.recorded)}`)
   })
 
 const decodeLevel = Schema.decodeUnknownSync(Schema.parseJson(LevelMeasured))
@@ -296,10 +305,8 @@ export const recordTaskProfile = (
                 `in ${level.seconds} s; ${level.callsPerSecond} calls/s, p50 ${Number.isNaN(level.p50Ms) ? "-" : level.p50Ms} ms\n`
             )
           } else if (event === "final") return { done: decodeDone(data) }
-          else if (event === "error") {
-            const failure = JSON.parse(data) as { error?: { code?: string; message?: string } }
-            return { failed: `${failure.error?.message ?? "unknown error"} (${failure.error?.code ?? "?"})` }
-          }
+          else if (event === "error")
+            return { failed: errorAnswerOf(data) ?? `the gateway's failure is not one this client reads: ${data}` }
         }
       }
       return { failed: "the gateway closed the recording's stream without an outcome" }
@@ -315,15 +322,7 @@ export const recordTaskProfile = (
 export const listNodes = (target: GatewayTarget) =>
   Effect.gen(function* () {
     const response = yield* Effect.flatMap(request(target, "GET", "nodes/list"), expectOk)
-    const { nodes } = JSON.parse(yield* readText(response)) as {
-      nodes: Array<{
-        name: string
-        role: string
-        address: string
-        state: string
-        devices: Array<{ id: string; task: string | null; tasks?: Array<string> }>
-      }>
-    }
+    const { nodes } = yield* readAnswer(NodeList, "list of nodes")(response)
     if (nodes.length === 0) return yield* write("no nodes: the control plane has no devices and no node has joined\n")
     yield* write(
       table(
@@ -378,6 +377,12 @@ export const valueAt = (value: unknown, path: string): unknown =>
       value
     )
 
+const isErrorAnswer = Schema.is(ErrorAnswer)
+
+/** A streamed line that is only an error answer (an app's own lines may carry an `error` of theirs) ends the stream. */
+const streamFailure = (line: unknown): string | undefined =>
+  isErrorAnswer(line) && Object.keys(line).length === 1 ? `${line.error.message} (${line.error.code})` : undefined
+
 export const invokeApp = (target: GatewayTarget, appId: string, data: string, aggregate: string | undefined) =>
   Effect.gen(function* () {
     const body = yield* readData(data)
@@ -392,9 +397,9 @@ export const invokeApp = (target: GatewayTarget, appId: string, data: string, ag
     const failure = yield* Effect.promise(async () => {
       for await (const line of responseLines(response)) {
         if (line.trim().length === 0) continue
-        const parsed = JSON.parse(line) as { error?: { code?: string; message?: string } }
-        if (parsed.error !== undefined && Object.keys(parsed).length === 1)
-          return `${parsed.error.message} (${parsed.error.code})`
+        const parsed: unknown = JSON.parse(line)
+        const failure = streamFailure(parsed)
+        if (failure !== undefined) return failure
         if (aggregate === undefined) process.stdout.write(`${line}\n`)
         else {
           const piece = valueAt(parsed, aggregate)

@@ -118,7 +118,7 @@ export class SidecarServer {
     const fail = (error: unknown) => {
       if (session.closed.signal.aborted) return
       const sidecarError = toSidecarError(error)
-      if (sidecarError._tag === "InternalError") this.options.log.warn(sidecarError.reason)
+      if (sidecarError._tag === "SidecarInternalError") this.options.log.warn(sidecarError.reason)
       if (rid === undefined) {
         this.options.log.warn(`dropping a client connection: ${sidecarError.message}`)
         session.socket.destroy()

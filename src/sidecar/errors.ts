@@ -102,7 +102,7 @@ export class InvalidRequest extends Schema.TaggedError<InvalidRequest>()("Invali
 }
 
 /** A fault of the sidecar itself, reported rather than crashing it. */
-export class InternalError extends Schema.TaggedError<InternalError>()("InternalError", {
+export class SidecarInternalError extends Schema.TaggedError<SidecarInternalError>()("SidecarInternalError", {
   reason: Schema.String
 }) {
   override get message() {
@@ -120,7 +120,7 @@ export const SidecarError = Schema.Union(
   PeerUnavailable,
   DuplicateChunk,
   InvalidRequest,
-  InternalError
+  SidecarInternalError
 )
 export type SidecarError = typeof SidecarError.Type
 
@@ -130,4 +130,4 @@ const isSidecarError = Schema.is(SidecarError)
 export const toSidecarError = (error: unknown): SidecarError =>
   isSidecarError(error)
     ? error
-    : new InternalError({ reason: error instanceof Error ? (error.stack ?? error.message) : String(error) })
+    : new SidecarInternalError({ reason: error instanceof Error ? (error.stack ?? error.message) : String(error) })

@@ -1,33 +1,39 @@
-import type { DispatchFailureCode, TaskGraphWire } from "../tasks/TaskGraph.js"
-import type { AdmissionSettings } from "../App.js"
+import { Schema } from "effect"
+import { type DispatchFailureCode, TaskGraphWire } from "../tasks/TaskGraph.js"
 
 /** A unit task an app needs deployed, as the control plane sees it. */
-export interface UnitTaskSpec {
-  readonly id: string
-  readonly kind: string
-  readonly name: string
-  readonly config: unknown
-}
+export const UnitTaskSpec = Schema.Struct({
+  id: Schema.String,
+  kind: Schema.String,
+  name: Schema.String,
+  config: Schema.Unknown
+})
+export type UnitTaskSpec = typeof UnitTaskSpec.Type
 
-export type InvokeFailureCode =
-  | "BadJson"
-  | "RequestSchemaMismatch"
-  | "TaskInputRejected"
-  | "TaskUnavailable"
-  | "DispatchFailed"
-  | "AppError"
-  | "ResponseSchemaMismatch"
-  | "ResponseTooLarge"
+/** Why an app's request failed, as its process reports it. */
+export const InvokeFailureCode = Schema.Literal(
+  "BadJson",
+  "RequestSchemaMismatch",
+  "TaskInputRejected",
+  "TaskUnavailable",
+  "DispatchFailed",
+  "AppError",
+  "ResponseSchemaMismatch",
+  "ResponseTooLarge"
+)
+export type InvokeFailureCode = typeof InvokeFailureCode.Type
 
 export interface DispatchFailure {
   readonly code: DispatchFailureCode
   readonly message: string
 }
 
-export interface SchemaIssue {
-  readonly path: ReadonlyArray<PropertyKey>
-  readonly message: string
-}
+/** Where a request did not match its app's schema (a JSON body's keys are strings and indices), and why. */
+export const SchemaIssue = Schema.Struct({
+  path: Schema.Array(Schema.Union(Schema.String, Schema.Number)),
+  message: Schema.String
+})
+export type SchemaIssue = typeof SchemaIssue.Type
 
 /** Messages from the platform to an app's process. */
 export type ToWorker =
@@ -46,32 +52,52 @@ export type ToWorker =
   | { readonly t: "dispatch-end"; readonly did: number }
   | { readonly t: "dispatch-failed"; readonly did: number; readonly failure: DispatchFailure }
 
-/** Messages from an app's process to the platform. */
-export type FromWorker =
-  | {
-      readonly t: "loaded"
-      readonly tasks: ReadonlyArray<UnitTaskSpec>
-      readonly example: unknown
-      readonly description: string | undefined
-      readonly admission: AdmissionSettings | undefined
-    }
-  | { readonly t: "load-failed"; readonly message: string }
-  | { readonly t: "pong"; readonly nonce: number }
-  | { readonly t: "value"; readonly rid: number; readonly json: string }
-  | { readonly t: "stream-start"; readonly rid: number }
-  | { readonly t: "chunk"; readonly rid: number; readonly json: string }
-  | { readonly t: "end"; readonly rid: number }
-  | {
-      readonly t: "failed"
-      readonly rid: number
-      readonly code: InvokeFailureCode
-      readonly message: string
-      readonly issues?: ReadonlyArray<SchemaIssue>
-    }
-  | { readonly t: "dispatch"; readonly did: number; readonly requestId: string; readonly graph: TaskGraphWire }
-  | { readonly t: "dispatch-cancel"; readonly did: number }
+const Rid = Schema.Int
+const Did = Schema.Int
+const Count = Schema.Int.pipe(Schema.greaterThanOrEqualTo(0))
+/** Absent rather than undefined: an app's settings keep the shape `defineApp` gave them. */
+const exactOptional = <S extends Schema.Schema.Any>(schema: S) => Schema.optionalWith(schema, { exact: true })
+
+const AdmissionSettingsWire = Schema.Struct({
+  maxConcurrency: exactOptional(Schema.Number),
+  maxQueue: exactOptional(Schema.Number),
+  queueTimeoutMs: exactOptional(Schema.Number),
+  weight: exactOptional(Schema.Number),
+  maxCallsPerTask: exactOptional(Schema.Number)
+})
+
+/**
+ * Messages from an app's process to the platform. The process runs the app's code, so the
+ * platform decodes each one before acting on it. Its IPC channel carries JSON: an undefined field
+ * arrives absent.
+ */
+export const FromWorker = Schema.Union(
+  Schema.Struct({
+    t: Schema.Literal("loaded"),
+    tasks: Schema.Array(UnitTaskSpec),
+    example: Schema.Unknown,
+    description: Schema.optional(Schema.String),
+    admission: Schema.optional(AdmissionSettingsWire)
+  }),
+  Schema.Struct({ t: Schema.Literal("load-failed"), message: Schema.String }),
+  Schema.Struct({ t: Schema.Literal("pong"), nonce: Count }),
+  Schema.Struct({ t: Schema.Literal("value"), rid: Rid, json: Schema.String }),
+  Schema.Struct({ t: Schema.Literal("stream-start"), rid: Rid }),
+  Schema.Struct({ t: Schema.Literal("chunk"), rid: Rid, json: Schema.String }),
+  Schema.Struct({ t: Schema.Literal("end"), rid: Rid }),
+  Schema.Struct({
+    t: Schema.Literal("failed"),
+    rid: Rid,
+    code: InvokeFailureCode,
+    message: Schema.String,
+    issues: exactOptional(Schema.Array(SchemaIssue))
+  }),
+  Schema.Struct({ t: Schema.Literal("dispatch"), did: Did, requestId: Schema.String, graph: TaskGraphWire }),
+  Schema.Struct({ t: Schema.Literal("dispatch-cancel"), did: Did }),
   /** Room for this many more chunks of a dispatch's stream (the app's code took them). */
-  | { readonly t: "dispatch-credit"; readonly did: number; readonly chunks: number }
+  Schema.Struct({ t: Schema.Literal("dispatch-credit"), did: Did, chunks: Count })
+)
+export type FromWorker = typeof FromWorker.Type
 
 /** The first message an app's process gets: the app's compiled code, to load, and its answers' bound. */
 export interface LoadApp {

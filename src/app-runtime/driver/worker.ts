@@ -74,6 +74,9 @@ class ServeContext {
   }
 }
 
+/** A key of a path into a JSON body; a symbol (never in JSON) by its description. */
+const jsonKey = (key: PropertyKey): string | number => (typeof key === "symbol" ? String(key) : key)
+
 /** Schema issues reported for one request; a request with more has more than a client needs to see. */
 const maxIssues = 20
 
@@ -174,7 +177,7 @@ function serveApp(app: App, maxResponseBytes: number) {
       // Each message is cut short: schema messages quote the offending value, which may be huge.
       const issues = ParseResult.ArrayFormatter.formatErrorSync(decoded.left)
         .slice(0, maxIssues)
-        .map(({ path, message }) => ({ path, message: shortened(message) }))
+        .map(({ path, message }) => ({ path: path.map(jsonKey), message: shortened(message) }))
       const summary = issues.map(
         (issue) => `${issue.path.length > 0 ? issue.path.join(".") : "(body)"}: ${issue.message}`
       )

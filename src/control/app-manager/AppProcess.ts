@@ -5,7 +5,8 @@ import { dirname, join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { createRequire } from "node:module"
 import { constants } from "node:os"
-import type { FromWorker, ToAppProcess, ToWorker } from "../../app-runtime/driver/protocol.js"
+import { Either, ParseResult, Schema } from "effect"
+import { FromWorker, type ToAppProcess, type ToWorker } from "../../app-runtime/driver/protocol.js"
 
 const hostEntry = realpathSync(fileURLToPath(new URL("../../app-runtime/driver/worker.js", import.meta.url)))
 const appRuntimeDir = fileURLToPath(new URL("../../app-runtime/", import.meta.url))
@@ -59,6 +60,9 @@ const packageClosure = (packageDir: string): ReadonlyArray<string> => {
   return [...found]
 }
 
+/** Compiled once: every message an app's process sends goes through it. */
+const decodeFromWorker = Schema.decodeUnknownEither(FromWorker)
+
 /** How often the resident memory of an app's process is read. */
 const memoryCheckPeriodMs = 200
 const pageBytes = 4096
@@ -106,7 +110,7 @@ export class AppProcess extends EventEmitter<{
       serialization: "json",
       stdio: ["ignore", "inherit", "inherit", "ipc"]
     })
-    this.child.on("message", (message: FromWorker) => this.emit("message", message))
+    this.child.on("message", (message: unknown) => this.receive(message))
     this.child.on("error", (error) => this.emit("error", error))
     this.exitedPromise = new Promise((resolve) =>
       this.child.once("exit", (code, signal) => {
@@ -145,6 +149,24 @@ export class AppProcess extends EventEmitter<{
   async terminate(): Promise<void> {
     if (!this.exited) this.child.kill("SIGKILL")
     await this.exitedPromise
+  }
+
+  /**
+   * A message that is not one of the protocol's breaks it: only an app that replaced the SDK's
+   * sending code sends one, and whatever it meant cannot be acted on. The process is failed and
+   * killed, as one over its memory limit is; its exit fails the requests it held and restarts it.
+   */
+  private receive(message: unknown) {
+    const decoded = decodeFromWorker(message)
+    if (Either.isRight(decoded)) return void this.emit("message", decoded.right)
+    if (this.exited) return
+    // Cut short: the issue quotes the message, which may be as large as the app likes.
+    const issue = ParseResult.TreeFormatter.formatErrorSync(decoded.left).slice(0, 1_000)
+    this.emit(
+      "error",
+      new Error(`the app's process broke the protocol with a message the platform cannot read: ${issue}`)
+    )
+    this.child.kill("SIGKILL")
   }
 
   private post(message: ToAppProcess) {

@@ -11,7 +11,7 @@ import { AudioGeneratorInput, ImageGeneratorInput } from "../../app-runtime/task
 import { LLMConfig } from "../../app-runtime/tasks/LLMTask.js"
 import type { TaskInvocationWire } from "../../app-runtime/tasks/TaskGraph.js"
 import { ChatCompletionRequest as OpenAIChatRequest } from "../../app-runtime/schemas/OpenAI.js"
-import { ErrorBody, type ExecutorErrorTag } from "../../executors/common/errors.js"
+import { ErrorBody } from "../../executors/common/errors.js"
 import { EmbeddingsRequest, EmbeddingsResponse } from "../../executors/eric/api.js"
 import { AudioChunkLine, AudioDoneLine, GenerateRequest, ImageAnswer } from "../../executors/geri/api.js"
 import {
@@ -21,7 +21,8 @@ import {
   PromptEmbeddingsRequest,
   PromptEmbeddingsResponse
 } from "../../executors/llm/api.js"
-import { DispatchFailed, InvalidTaskGraph, TaskInputRejected, TaskUnavailable } from "../errors.js"
+import { DispatchFailed, InvalidTaskGraph, TaskUnavailable } from "../errors.js"
+import { type ExecutorCallError, fromExecutor, remoteError } from "../RemoteError.js"
 import { responseLines } from "../ResponseLines.js"
 import type { Payload } from "../../sidecar/SidecarClient.js"
 import { type Share, shareHeaders } from "../../executors/common/FairShare.js"
@@ -107,57 +108,13 @@ export interface CallResult {
   readonly stream?: AsyncIterable<unknown>
 }
 
-/** What an executor's refusal means for the request that caused it. */
-type Blame = "input" | "capacity" | "executor"
-
-/**
- * Whose fault each executor error is. The request's input is the client's to fix; capacity is
- * retried on another executor; anything else (the platform's wiring included, such as a data id
- * that never arrived or a model the dispatcher named wrong) fails the request as the executor's.
- */
-const blameOf: { readonly [Tag in ExecutorErrorTag]: Blame } = {
-  BadRequest: "input",
-  UnsupportedModality: "input",
-  ContextLengthExceeded: "input",
-  EmptyPrompt: "input",
-  PromptError: "input",
-  MediaError: "input",
-  MediaTooLarge: "input",
-  EngineRejected: "input",
-  EngineUnavailable: "capacity",
-  SidecarUnavailable: "capacity",
-  RouteNotFound: "executor",
-  ModelNotFound: "executor",
-  NoSidecar: "executor",
-  EmbeddingMissing: "executor",
-  ExecutorFailed: "executor",
-  InternalError: "executor"
-}
-
-const isExecutorErrorTag = (code: string): code is ExecutorErrorTag => Object.hasOwn(blameOf, code)
-
-export type ExecutorCallError = TaskInputRejected | TaskUnavailable | DispatchFailed
-
-/** An executor's error answer as the control plane's error; a code it does not know is the executor's fault. */
-export const executorCallError = (code: string, message: string): ExecutorCallError => {
-  switch (isExecutorErrorTag(code) ? blameOf[code] : "executor") {
-    case "input":
-      return new TaskInputRejected({ message })
-    case "capacity":
-      // An executor whose sidecar could not reach another node's: that node is likely gone.
-      return new TaskUnavailable({ message, ...(code === "SidecarUnavailable" ? { unreachable: true } : {}) })
-    case "executor":
-      return new DispatchFailed({ message: `${code}: ${message}` })
-  }
-}
-
 const decodeErrorBody = Schema.decodeUnknownEither(Schema.parseJson(ErrorBody))
 
 /** A failed answer's error: its body's code when it has one, else what its status says. */
 const failedAnswer = async (response: ExecutorAnswer): Promise<ExecutorCallError> => {
   const text = await response.text()
   const body = decodeErrorBody(text)
-  if (Either.isRight(body)) return executorCallError(body.right.error.code, body.right.error.message)
+  if (Either.isRight(body)) return remoteError(body.right.error, fromExecutor)
   const message = `the executor answered HTTP ${response.status}: ${text.slice(0, 200)}`
   return response.status === 503 ? new TaskUnavailable({ message }) : new DispatchFailed({ message })
 }
@@ -314,7 +271,7 @@ async function* chatChunks(response: ExecutorAnswer): AsyncIterable<LlmChunk> {
     const data = line.slice("data:".length).trim()
     if (data === "[DONE]") return
     const failure = decodeStreamError(data)
-    if (Either.isRight(failure)) throw executorCallError(failure.right.error.code, failure.right.error.message)
+    if (Either.isRight(failure)) throw remoteError(failure.right.error, fromExecutor)
     yield decodeChunk(data)
   }
 }
@@ -385,7 +342,7 @@ async function* audioChunks(response: ExecutorAnswer): AsyncIterable<unknown> {
   for await (const line of responseLines(response)) {
     if (line.trim().length === 0) continue
     const parsed = decodeAudioLine(line)
-    if ("error" in parsed) throw executorCallError(parsed.error.code, parsed.error.message)
+    if ("error" in parsed) throw remoteError(parsed.error, fromExecutor)
     if ("done" in parsed) return
     yield { audio: parsed.audio, sampleRate: parsed.sampleRate }
   }

@@ -17,6 +17,7 @@ import {
   TaskNotFound,
   TaskUnavailable
 } from "../errors.js"
+import { saidWhere } from "../RemoteError.js"
 import type { LevelMeasured, RecordedProfile, RecordRequest } from "./ProfileRecording.js"
 import { type ExecutorLease, type TaskManager, TaskManagers, TaskQueueBound } from "./TaskManagers.js"
 import { TaskProfile } from "./TaskProfile.js"
@@ -146,19 +147,6 @@ const recordingError = (error: unknown): RecordingError =>
   error instanceof TaskUnavailable || error instanceof TaskInputRejected || error instanceof DispatchFailed
     ? error
     : new DispatchFailed({ message: error instanceof Error ? error.message : String(error) })
-
-/** The same error, its message told where it happened. */
-const saidWhere = (error: RecordingError, where: string): RecordingError => {
-  const message = `${where}: ${error.message}`
-  switch (error._tag) {
-    case "TaskUnavailable":
-      return new TaskUnavailable({ message })
-    case "TaskInputRejected":
-      return new TaskInputRejected({ message })
-    case "DispatchFailed":
-      return new DispatchFailed({ message })
-  }
-}
 
 /**
  * Records a task's profile ahead of time: a closed-loop load sweep against its executors. At each

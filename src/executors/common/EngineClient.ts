@@ -2,27 +2,13 @@ import { randomUUID } from "node:crypto"
 import { Effect, type Scope } from "effect"
 import * as zmq from "zeromq"
 import { startChild } from "../../process/ChildProcesses.js"
-import { EngineRejected, EngineUnavailable, ExecutorFailed } from "./errors.js"
+import { EngineUnavailable, type ExecutorError } from "./errors.js"
 import { configEnvName, type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
-import { messagesOf, type FromEngine, orderedSender, type ToEngine, type WorkItem } from "./wire.js"
-
-/** Why the engine refused or could not finish a request. */
-export type EngineFailure = EngineUnavailable | EngineRejected | ExecutorFailed
-
-/**
- * The engine's `failed` message as a tagged error. The engine reports a status-like number (503:
- * it cannot take the request now, 400: the request does not fit, 500: a worker failed running
- * it); it is read here, once, and goes no further.
- */
-const engineFailure = (status: number, message: string): EngineFailure => {
-  if (status === 503) return new EngineUnavailable({ message })
-  if (status >= 400 && status < 500) return new EngineRejected({ message })
-  return new ExecutorFailed({ message })
-}
+import { failureOf, messagesOf, type FromEngine, orderedSender, type ToEngine, type WorkItem } from "./wire.js"
 
 interface Pending {
   readonly resolve: (results: ReadonlyArray<unknown>) => void
-  readonly reject: (error: EngineFailure) => void
+  readonly reject: (error: ExecutorError) => void
   readonly onPartial: ((item: number, value: unknown) => void) | undefined
 }
 
@@ -152,7 +138,7 @@ export class EngineClient {
             this.pending.delete(message.id)
             break
           case "failed":
-            this.pending.get(message.id)?.reject(engineFailure(message.status, message.message))
+            this.pending.get(message.id)?.reject(failureOf(message.error))
             this.pending.delete(message.id)
             break
         }

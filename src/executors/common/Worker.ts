@@ -8,7 +8,15 @@ import { BatchBuffer, batchBufferEnvName } from "./BatchBuffer.js"
 import { exitWithParent } from "../../process/ChildProcesses.js"
 import { type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
 import type { LoadWorkerModel } from "./WorkerModel.js"
-import { type BatchItem, type BatchMessage, messagesOf, type FromWorker, orderedSender, type ToWorker } from "./wire.js"
+import {
+  type BatchItem,
+  type BatchMessage,
+  messagesOf,
+  type FromWorker,
+  orderedSender,
+  type ToWorker,
+  workerFailedMessage
+} from "./wire.js"
 import { type Span, startSpan } from "../../tracing/Tracing.js"
 
 /** Each kind's worker module is `executors/<kind>/worker.ts`, loaded only in that kind's workers. */
@@ -59,13 +67,14 @@ export const runWorker = async (config: ExecutorConfig, rank: number): Promise<v
       await send({ t: "done", batch: message.batch, rank, results })
     } catch (error) {
       for (const span of spans.values()) span.end(error)
-      await send({
-        t: "failed",
-        batch: message.batch,
-        rank,
-        message: error instanceof Error ? error.message : String(error),
-        status: receiverGone(error) ? 503 : 500
-      })
+      await send(
+        workerFailedMessage(
+          message.batch,
+          rank,
+          error instanceof Error ? error.message : String(error),
+          receiverGone(error)
+        )
+      )
     }
   }
   await model.close()

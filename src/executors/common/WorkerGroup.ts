@@ -9,7 +9,8 @@ import { batchBufferEnvName } from "./BatchBuffer.js"
 import { startChild } from "../../process/ChildProcesses.js"
 import type { EngineSockets } from "./EngineSockets.js"
 import { configEnvName, type ExecutorConfig } from "./ExecutorConfig.js"
-import { messagesOf, type FromWorker, type ToWorker } from "./wire.js"
+import type { ExecutorError } from "./errors.js"
+import { failureOf, messagesOf, type FromWorker, type ToWorker } from "./wire.js"
 
 /** What an engine does with its workers' replies. */
 export interface WorkerReplies {
@@ -17,7 +18,8 @@ export interface WorkerReplies {
   readonly partial: (batch: number, item: number, value: unknown) => void
   /** Worker `rank` ran its shard of batch `batch`: one result per item of the shard. */
   readonly done: (batch: number, rank: number, results: ReadonlyArray<unknown>) => void
-  readonly failed: (batch: number, rank: number, message: string, status: 500 | 503) => void
+  /** Worker `rank` failed its shard of batch `batch` with `error` (decoded from its message). */
+  readonly failed: (batch: number, rank: number, error: ExecutorError) => void
   /** A worker exited while the engine ran, and the router has been told so. Called once. */
   readonly lost: (reason: string) => void
 }
@@ -90,7 +92,7 @@ export const startWorkerGroup = (options: {
             replies.done(message.batch, message.rank, message.results)
             break
           case "failed":
-            replies.failed(message.batch, message.rank, message.message, message.status)
+            replies.failed(message.batch, message.rank, failureOf(message.error))
             break
         }
       }

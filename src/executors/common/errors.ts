@@ -68,22 +68,25 @@ export class InternalError extends Schema.TaggedError<InternalError>()("Internal
   message: Schema.String
 }) {}
 
-export type ExecutorError =
-  | BadRequest
-  | RouteNotFound
-  | ModelNotFound
-  | UnsupportedModality
-  | NoSidecar
-  | ContextLengthExceeded
-  | EmptyPrompt
-  | EmbeddingMissing
-  | MediaError
-  | MediaTooLarge
-  | EngineUnavailable
-  | SidecarUnavailable
-  | EngineRejected
-  | ExecutorFailed
-  | InternalError
+/** Every error an executor answers with, as it travels between its processes (encoded) and to the router. */
+export const ExecutorError = Schema.Union(
+  BadRequest,
+  RouteNotFound,
+  ModelNotFound,
+  UnsupportedModality,
+  NoSidecar,
+  ContextLengthExceeded,
+  EmptyPrompt,
+  EmbeddingMissing,
+  MediaError,
+  MediaTooLarge,
+  EngineUnavailable,
+  SidecarUnavailable,
+  EngineRejected,
+  ExecutorFailed,
+  InternalError
+)
+export type ExecutorError = typeof ExecutorError.Type
 
 /**
  * Tags of errors raised by modules that define their own classes (media reading, prompt
@@ -116,21 +119,7 @@ const byName = (error: Error): AnsweredError | undefined => {
 }
 
 const executorErrorTags = new Set<string>([
-  "BadRequest",
-  "RouteNotFound",
-  "ModelNotFound",
-  "UnsupportedModality",
-  "NoSidecar",
-  "ContextLengthExceeded",
-  "EmptyPrompt",
-  "EmbeddingMissing",
-  "MediaError",
-  "MediaTooLarge",
-  "EngineUnavailable",
-  "SidecarUnavailable",
-  "EngineRejected",
-  "ExecutorFailed",
-  "InternalError",
+  ...ExecutorError.members.map((member) => member._tag),
   ...foreignErrorTags
 ] satisfies ReadonlyArray<ExecutorErrorTag>)
 

@@ -1,5 +1,7 @@
+import { Either, ParseResult, Schema } from "effect"
 import { Packr } from "msgpackr"
 import type { DType, TensorData } from "../../sidecar/Tensor.js"
+import { EngineUnavailable, ExecutorError, ExecutorFailed, InternalError } from "./errors.js"
 import type { Share } from "./FairShare.js"
 
 /**
@@ -73,8 +75,31 @@ export type FromEngine =
   | { readonly t: "ready"; readonly workers: number }
   | { readonly t: "result"; readonly id: string; readonly results: ReadonlyArray<unknown> }
   | { readonly t: "partial"; readonly id: string; readonly item: number; readonly value: unknown }
-  | { readonly t: "failed"; readonly id: string; readonly status: number; readonly message: string }
+  | { readonly t: "failed"; readonly id: string; readonly error: typeof ExecutorError.Encoded }
   | { readonly t: "unhealthy"; readonly reason: string }
+
+const encodeError = Schema.encodeSync(ExecutorError)
+const decodeError = Schema.decodeUnknownEither(ExecutorError)
+
+/** Engine → router: request `id` failed with `error`, which travels encoded. */
+export const failedMessage = (id: string, error: ExecutorError): FromEngine => ({
+  t: "failed",
+  id,
+  error: encodeError(error)
+})
+
+/**
+ * The error a `failed` message carries, decoded; one that does not decode is a fault of the
+ * executor's own processes (they disagree on the wire), never the client's.
+ */
+export const failureOf = (encoded: unknown): ExecutorError =>
+  Either.getOrElse(
+    decodeError(encoded),
+    (issue) =>
+      new InternalError({
+        message: `an engine's failure does not decode: ${ParseResult.TreeFormatter.formatErrorSync(issue)}`
+      })
+  )
 
 /** Where one input of a batch lies in the batch buffer: rows of every item, back to back. */
 export interface BatchInput {
@@ -117,7 +142,26 @@ export type FromWorker =
       readonly t: "failed"
       readonly batch: number
       readonly rank: number
-      readonly message: string
-      /** 503 when the batch could not be delivered (a receiving node's sidecar is gone), else 500. */
-      readonly status: 500 | 503
+      readonly error: typeof ExecutorError.Encoded
     }
+
+/**
+ * Worker → engine: worker `rank` failed its shard of batch `batch`. Unavailable when the output could
+ * not reach a receiving node (the work can be done again elsewhere); else its model run failed.
+ */
+export const workerFailedMessage = (
+  batch: number,
+  rank: number,
+  message: string,
+  receiverGone: boolean
+): FromWorker => {
+  const failure = `worker ${rank} failed: ${message}`
+  return {
+    t: "failed",
+    batch,
+    rank,
+    error: encodeError(
+      receiverGone ? new EngineUnavailable({ message: failure }) : new ExecutorFailed({ message: failure })
+    )
+  }
+}
