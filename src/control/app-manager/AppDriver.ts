@@ -1,4 +1,4 @@
-import { Duration, Effect, Fiber, Schedule, Schema } from "effect"
+import { Duration, Effect, ExecutionStrategy, Exit, Fiber, Schedule, Schema, Scope } from "effect"
 import type { AdmissionSettings } from "../../app-runtime/App.js"
 import { Admission, unlimitedAdmission } from "./Admission.js"
 import type { TaskGraphWire } from "../../app-runtime/tasks/TaskGraph.js"
@@ -91,7 +91,6 @@ export class AppDriver {
   private closing = false
   private idleWaiters: Array<() => void> = []
   private restarting: Promise<void> | undefined
-  private restartFiber: Fiber.RuntimeFiber<void> | undefined
   private loadedAt = 0
   /** Remembers the crashes in a row, so that each restart waits longer than the one before. */
   private readonly restarts = Effect.runSync(
@@ -115,7 +114,9 @@ export class AppDriver {
     private readonly limits: AppLimits,
     private readonly dispatch: GraphDispatcher,
     private readonly log: (message: string) => void,
-    private readonly observer: RequestObserver | undefined
+    private readonly observer: RequestObserver | undefined,
+    /** Where its worker's restarts run: closed when the driver closes, or with its owner's scope. */
+    private readonly scope: Scope.CloseableScope
   ) {
     this.share = { app: appId, weight: 1 }
     this.watchdog = setInterval(() => {
@@ -136,6 +137,8 @@ export class AppDriver {
     readonly dispatch: GraphDispatcher
     readonly log: (message: string) => void
     readonly observer?: RequestObserver
+    /** The owner's scope (the app manager's): the driver's work ends with it at the latest. */
+    readonly scope: Scope.Scope
   }): Promise<{ readonly driver: AppDriver; readonly loaded: LoadedApp }> {
     const driver = new AppDriver(
       options.appId,
@@ -144,10 +147,12 @@ export class AppDriver {
       options.limits,
       options.dispatch,
       options.log,
-      options.observer
+      options.observer,
+      Effect.runSync(Scope.fork(options.scope, ExecutionStrategy.sequential))
     )
-    const loaded = await driver.spawn().catch((error: unknown) => {
+    const loaded = await driver.spawn().catch(async (error: unknown) => {
       clearInterval(driver.watchdog)
+      await Effect.runPromise(Scope.close(driver.scope, Exit.void))
       throw error
     })
     return { driver, loaded }
@@ -232,7 +237,8 @@ export class AppDriver {
   async close(): Promise<void> {
     this.closing = true
     clearInterval(this.watchdog)
-    if (this.restartFiber !== undefined) await Effect.runPromise(Fiber.interrupt(this.restartFiber))
+    // A restart under way stops here: its fiber is the scope's.
+    await Effect.runPromise(Scope.close(this.scope, Exit.void))
     for (const controller of this.dispatches.values()) controller.abort()
     this.failAll("the app was unloaded")
     await this.worker.terminate()
@@ -295,11 +301,11 @@ export class AppDriver {
     this.dispatches.clear()
     this.dispatchWindows.clear()
     this.log(`app ${this.appId}: its process exited with code ${exitCode}`)
-    const restartFiber = Effect.runFork(this.respawnAfter(Duration.millis(Date.now() - this.loadedAt)))
-    this.restartFiber = restartFiber
-    this.restarting = Effect.runPromise(Fiber.await(restartFiber)).then(() => {
+    const respawning = Effect.runSync(
+      Effect.forkIn(this.respawnAfter(Duration.millis(Date.now() - this.loadedAt)), this.scope)
+    )
+    this.restarting = Effect.runPromise(Fiber.await(respawning)).then(() => {
       this.restarting = undefined
-      this.restartFiber = undefined
     })
   }
 

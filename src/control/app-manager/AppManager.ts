@@ -125,6 +125,8 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
     const dispatcher = yield* Dispatcher
     const { metrics } = yield* PlatformMetrics
     const runtime = yield* Effect.runtime<never>()
+    /** The drivers' restarts end with the manager, at the latest. */
+    const scope = yield* Effect.scope
     const apps = new Map<string, AppEntry>()
     const pending = new Set<string>()
 
@@ -168,7 +170,8 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
               limits: config.appLimits,
               dispatch,
               log,
-              observer: metrics.requestObserver
+              observer: metrics.requestObserver,
+              scope
             }),
           catch: (error) => new InvalidApp({ message: error instanceof Error ? error.message : String(error) })
         })

@@ -4,24 +4,15 @@ import { Either, ParseResult, Schema } from "effect"
 import { responseTooLargeMessage, type SchemaIssue } from "../../app-runtime/driver/protocol.js"
 import { ChatCompletion, ChatCompletionChunk } from "../../app-runtime/schemas/OpenAI.js"
 import type { AppDriver, ReplyHandlers } from "../app-manager/AppDriver.js"
-import {
-  AppFailed,
-  AppOverloaded,
-  QueueTimeout,
-  BadRequest,
-  DispatchFailed,
-  RequestSchemaMismatch,
-  RequestTimeout,
-  ShuttingDown,
-  TaskInputRejected,
-  TaskUnavailable
-} from "../errors.js"
+import { AppFailed, AppOverloaded, QueueTimeout, BadRequest, RequestTimeout, ShuttingDown } from "../errors.js"
 import { errorBody, errorHead, type GatewayError } from "./ErrorResponse.js"
+import { remoteError } from "../RemoteError.js"
 import { shortened } from "../../app-runtime/Shortened.js"
 import { jsonDepthWithin, tooDeepMessage } from "./JsonBody.js"
 import { type RequestBodyLimits, readRequestBody } from "./RequestBody.js"
 import type { Metrics } from "../metrics/PlatformMetrics.js"
 import { noSpan, startSpan, tracing } from "../../tracing/Tracing.js"
+import { RequestScope } from "../RequestScope.js"
 
 export const invokePrefix = "/app/invoke/"
 /** `POST /app/:id/v1/chat/completions`: the OpenAI surface of apps that take chat requests. */
@@ -160,28 +151,7 @@ const invokeFailure = (
   code: Parameters<ReplyHandlers["onFailed"]>[0],
   message: string,
   issues?: ReadonlyArray<SchemaIssue>
-): GatewayError => {
-  switch (code) {
-    case "BadJson":
-      return new BadRequest({ message })
-    case "RequestSchemaMismatch":
-      return new RequestSchemaMismatch({
-        message,
-        issues: (issues ?? []).map((issue) => ({ path: [...issue.path], message: issue.message }))
-      })
-    case "TaskInputRejected":
-      return new TaskInputRejected({ message })
-    case "TaskUnavailable":
-      return new TaskUnavailable({ message })
-    case "DispatchFailed":
-      return new DispatchFailed({ message })
-    case "AppError":
-    case "ResponseSchemaMismatch":
-    case "ResponseTooLarge":
-    case "WorkerStopped":
-      return new AppFailed({ appId, message })
-  }
-}
+): GatewayError => remoteError({ code, message, ...(issues === undefined ? {} : { issues }) }, { _tag: "App", appId })
 
 /** The error each failed request was answered with, for the metrics. */
 const errorCodes = new WeakMap<ServerResponse, string>()
@@ -238,6 +208,9 @@ export const makeInvokeRoute =
             "http.route": api === "chat" ? "/app/{id}/v1/chat/completions" : "/app/invoke/{id}"
           }
         })
+    // What the request holds until its response closes: its place in the app's admission, its
+    // timeout, its call into the app.
+    const scope = new RequestScope()
     response.once("close", () => {
       const status = response.writableFinished ? response.statusCode : 499
       const code = errorCodes.get(response)
@@ -245,6 +218,7 @@ export const makeInvokeRoute =
       span.attribute("http.response.status_code", status)
       if (appLabel !== "") span.attribute("cornserve.app", appLabel)
       span.end(status >= 500 ? { _tag: code ?? "InternalError", message: `answered ${status}` } : undefined)
+      scope.close()
     })
     if (options.draining()) return sendError(response, new ShuttingDown())
     const appId = decodePathSegment(encodedAppId)
@@ -273,7 +247,6 @@ export const makeInvokeRoute =
               ? chatStreamFormat
               : chatCompletionFormat(appId, options.maxResponseBytes)
         const requestId = randomUUID()
-        let settled = false
         let streaming = false
         /** Characters of lines written while the response's buffer is full: the app hears of them on `drain`. */
         let awaitingDrain = 0
@@ -282,17 +255,12 @@ export const makeInvokeRoute =
           awaitingDrain = 0
           driver.delivered(rid, chars)
         }
-        const timer = setTimeout(() => {
-          if (settled) return
-          settled = true
+        // The reply's first sign (its value, its stream's start, its failure) settles the request in time.
+        const settle = scope.timeout(options.requestTimeoutMs, () => {
           driver.cancel(rid)
           void driver.ensureResponsive(1_000)
           sendError(response, new RequestTimeout({ timeoutMs: options.requestTimeoutMs }))
-        }, options.requestTimeoutMs)
-        const settle = () => {
-          settled = true
-          clearTimeout(timer)
-        }
+        })
         span.attribute("cornserve.request_id", requestId)
         const rid = driver.invoke(
           requestId,
@@ -324,8 +292,7 @@ export const makeInvokeRoute =
           },
           span
         )
-        response.once("close", () => {
-          clearTimeout(timer)
+        scope.defer(() => {
           if (!response.writableFinished) driver.cancel(rid)
         })
       })
@@ -344,9 +311,9 @@ export const makeInvokeRoute =
           return sendError(response, new QueueTimeout({ appId, waitedMs: outcome.waitedMs }))
         case "Admitted":
           if (response.destroyed) return outcome.release()
-          response.once("close", outcome.release)
+          scope.defer(outcome.release)
           return run()
       }
     })
-    if (leaveQueue !== undefined) response.once("close", leaveQueue)
+    if (leaveQueue !== undefined) scope.defer(leaveQueue)
   }

@@ -4,6 +4,7 @@ import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
 import type { Executor, ExecutorKind } from "./ExecutorKinds.js"
 import type { NodeHandle } from "../cluster/NodeHandle.js"
 import { type HealthReport, healthWatchPeriodMs } from "../../executors/common/Health.js"
+import { Wakeup } from "../../executors/common/Wakeup.js"
 import type { Device } from "../../node/Devices.js"
 import { TaskUnavailable } from "../errors.js"
 import { ServeConfig } from "../../config/ServeConfig.js"
@@ -119,7 +120,8 @@ class ManagedTask implements TaskManager {
   private areaAt = performance.now()
   readonly members: Array<ManagedExecutor> = []
   private nextExecutor = 0
-  private readonly waiters: Array<() => void> = []
+  /** Raised whenever an executor may have become free: one joined or is healthy again, a lease ended, the task is going. */
+  private readonly mayBeFree = new Wakeup()
   /** Calls refused because the task was full. */
   shed = 0
   /** Calls that asked for an executor, refused ones included. */
@@ -131,6 +133,12 @@ class ManagedTask implements TaskManager {
     readonly scope: Scope.CloseableScope,
     private readonly queueBound: number
   ) {}
+
+  /** The task is going: calls waiting for an executor fail at once. */
+  tearDown() {
+    this.state = "tearing-down"
+    this.mayBeFree.wakeAll()
+  }
 
   profile(): ProfileSummary {
     return this.profileOf.summary(Date.now())
@@ -186,17 +194,13 @@ class ManagedTask implements TaskManager {
       idle: []
     }
     this.members.push(member)
-    this.wake()
+    this.mayBeFree.wakeAll()
     return member
   }
 
   setHealth(member: ManagedExecutor, healthy: boolean) {
     member.healthy = healthy
-    if (healthy) this.wake()
-  }
-
-  private wake() {
-    for (const waiter of this.waiters.splice(0)) waiter()
+    if (healthy) this.mayBeFree.wakeAll()
   }
 
   private pick(exclude: ManagedExecutor | undefined): ManagedExecutor | undefined {
@@ -211,7 +215,10 @@ class ManagedTask implements TaskManager {
     )
   }
 
-  /** A healthy executor, waiting a bounded time for one to come back if none is. */
+  /**
+   * A healthy executor, waiting a bounded time for one to come back if none is: each time one may
+   * have (see `mayBeFree`), until the deadline or the caller's signal.
+   */
   private async choose(
     exclude: ManagedExecutor | undefined,
     signal: AbortSignal | undefined
@@ -222,15 +229,10 @@ class ManagedTask implements TaskManager {
       if (member !== undefined) return member
       if (this.state === "tearing-down")
         throw new TaskUnavailable({ message: `task ${this.spec.id} is being torn down` })
-      if (Date.now() > deadline || signal?.aborted)
+      const left = deadline - Date.now()
+      if (left <= 0 || signal?.aborted)
         throw new TaskUnavailable({ message: `task ${this.spec.id} has no healthy executor` })
-      await new Promise<void>((resolve) => {
-        const timer = setTimeout(resolve, 100)
-        this.waiters.push(() => {
-          clearTimeout(timer)
-          resolve()
-        })
-      })
+      await this.mayBeFree.wait(left, signal)
     }
   }
 
@@ -280,6 +282,7 @@ class ManagedTask implements TaskManager {
         if (outcome === "unavailable") member.healthy = false
         member.outstanding--
         if (member.outstanding === 0) for (const wake of member.idle.splice(0)) wake()
+        this.mayBeFree.wakeAll()
       }
     }
   }
@@ -367,7 +370,7 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
       Effect.suspend(() => {
         const task = tasks.get(taskId)
         if (task === undefined) return Effect.void
-        task.state = "tearing-down"
+        task.tearDown()
         return Scope.close(task.scope, Exit.void).pipe(Effect.ensuring(Effect.sync(() => tasks.delete(taskId))))
       })
 

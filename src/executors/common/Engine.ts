@@ -10,9 +10,12 @@ import { exitWithParent } from "../../process/ChildProcesses.js"
 import { bindEngineSockets } from "./EngineSockets.js"
 import type { ExecutorConfig } from "./ExecutorConfig.js"
 import { type ScheduledItem, Scheduler } from "./Scheduler.js"
-import { type BatchItem, messagesOf, type ToEngine, type ToWorker, type WorkItem } from "./wire.js"
+import { EngineRejected, EngineUnavailable, type ExecutorError } from "./errors.js"
+import { type BatchItem, failedMessage, messagesOf, type ToEngine, type ToWorker, type WorkItem } from "./wire.js"
 import { startWorkerGroup } from "./WorkerGroup.js"
 import { startSpan } from "../../tracing/Tracing.js"
+import { runEngineLoops } from "./EngineLoops.js"
+import { Wakeup } from "./Wakeup.js"
 
 interface OpenRequest {
   readonly items: ReadonlyArray<WorkItem>
@@ -29,25 +32,6 @@ interface RunningBatch {
   readonly results: Array<unknown>
   readonly pendingRanks: Set<number>
   readonly shards: Map<number, readonly [number, number]>
-}
-
-/** One wake-up for whoever waits: a new request, a finished batch, or a timer. */
-class Signal {
-  private waiter: (() => void) | undefined
-  notify() {
-    const waiter = this.waiter
-    this.waiter = undefined
-    waiter?.()
-  }
-  wait(timeoutMs?: number): Promise<void> {
-    return new Promise((resolve) => {
-      const timer = timeoutMs === undefined ? undefined : setTimeout(resolve, timeoutMs)
-      this.waiter = () => {
-        if (timer !== undefined) clearTimeout(timer)
-        resolve()
-      }
-    })
-  }
 }
 
 /**
@@ -90,23 +74,24 @@ export const runEngine = (config: ExecutorConfig) =>
     const requests = new Map<string, OpenRequest>()
     const batches = new Map<number, RunningBatch>()
     const outstanding = config.devices.map(() => 0)
-    const signal = new Signal()
+    /** Wakes the scheduling loop: a new request, a finished batch. */
+    const wakeup = new Wakeup()
     let nextBatch = 0
 
-    const failRequest = (id: string, status: number, message: string) => {
+    const failRequest = (id: string, error: ExecutorError) => {
       if (!requests.delete(id)) return
       scheduler.remove(id)
-      void sendRouter({ t: "failed", id, status, message })
+      void sendRouter(failedMessage(id, error))
     }
 
-    const finishBatch = (id: number, failure?: string, status: 500 | 503 = 500) => {
+    const finishBatch = (id: number, failure?: ExecutorError) => {
       const batch = batches.get(id)
       if (batch === undefined) return
       batches.delete(id)
       for (const [rank, [from, to]] of batch.shards) outstanding[rank]! -= to - from
       buffer.release(batch.slot)
       if (failure !== undefined) {
-        for (const item of batch.scheduled) failRequest(item.requestId, status, failure)
+        for (const item of batch.scheduled) failRequest(item.requestId, failure)
       } else {
         batch.scheduled.forEach((item, position) => {
           const request = requests.get(item.requestId)
@@ -118,7 +103,7 @@ export const runEngine = (config: ExecutorConfig) =>
           if (request !== undefined) void sendRouter({ t: "result", id, results: request.results })
         }
       }
-      signal.notify()
+      wakeup.wakeAll()
     }
 
     const workers = yield* startWorkerGroup({
@@ -140,9 +125,10 @@ export const runEngine = (config: ExecutorConfig) =>
           batch.pendingRanks.delete(rank)
           if (batch.pendingRanks.size === 0) finishBatch(batchId)
         },
-        failed: (batchId, rank, message, status) => finishBatch(batchId, `worker ${rank} failed: ${message}`, status),
+        failed: (batchId, _rank, error) => finishBatch(batchId, error),
         lost: (reason) => {
-          for (const id of [...requests.keys()]) failRequest(id, 503, `the executor failed: ${reason}`)
+          for (const id of [...requests.keys()])
+            failRequest(id, new EngineUnavailable({ message: `the executor failed: ${reason}` }))
         }
       }
     })
@@ -158,7 +144,8 @@ export const runEngine = (config: ExecutorConfig) =>
         )
       } catch (error) {
         buffer.release(slot)
-        for (const item of scheduled) failRequest(item.requestId, 400, (error as Error).message)
+        for (const item of scheduled)
+          failRequest(item.requestId, new EngineRejected({ message: (error as Error).message }))
         return
       }
       const items: Array<BatchItem> = scheduled.map((item, position) => ({
@@ -195,12 +182,13 @@ export const runEngine = (config: ExecutorConfig) =>
       }
     }
 
-    const receiveRequests = async () => {
+    const receiveRequests = async (stop: AbortSignal) => {
       for await (const message of messagesOf<ToEngine>(fromRouter)) {
+        if (stop.aborted) return
         if (message.t === "cancel") {
           if (requests.delete(message.id)) scheduler.remove(message.id)
         } else if (!workers.healthy) {
-          void sendRouter({ t: "failed", id: message.id, status: 503, message: "the executor is unhealthy" })
+          void sendRouter(failedMessage(message.id, new EngineUnavailable({ message: "the executor is unhealthy" })))
         } else if (
           !scheduler.enqueue(
             message.id,
@@ -209,7 +197,7 @@ export const runEngine = (config: ExecutorConfig) =>
             message.items[0]?.share
           )
         ) {
-          void sendRouter({ t: "failed", id: message.id, status: 503, message: "the executor's queue is full" })
+          void sendRouter(failedMessage(message.id, new EngineUnavailable({ message: "the executor's queue is full" })))
         } else {
           requests.set(message.id, {
             items: message.items,
@@ -217,24 +205,23 @@ export const runEngine = (config: ExecutorConfig) =>
             received: performance.now(),
             waiting: true
           })
-          signal.notify()
+          wakeup.wakeAll()
         }
       }
     }
 
-    const schedule = async () => {
-      for (;;) {
+    const schedule = async (stop: AbortSignal) => {
+      stop.addEventListener("abort", () => wakeup.wakeAll(), { once: true })
+      while (!stop.aborted) {
         if (batches.size >= buffer.slots) {
-          await signal.wait()
+          await wakeup.wait()
           continue
         }
         const decision = scheduler.next(Date.now())
         if (decision._tag === "Batch") await dispatch(decision.items)
-        else await signal.wait(decision._tag === "Wait" ? Math.max(1, Math.ceil(decision.ms)) : undefined)
+        else await wakeup.wait(decision._tag === "Wait" ? Math.max(1, Math.ceil(decision.ms)) : undefined)
       }
     }
 
-    void receiveRequests()
-    void schedule()
-    return yield* Effect.never
+    return yield* runEngineLoops([receiveRequests, schedule])
   })

@@ -10,7 +10,8 @@ import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { exitWithParent } from "../../process/ChildProcesses.js"
 import { bindEngineSockets } from "../common/EngineSockets.js"
 import type { ExecutorConfig } from "../common/ExecutorConfig.js"
-import { type BatchItem, messagesOf, type ToEngine, type ToWorker } from "../common/wire.js"
+import { EngineRejected, EngineUnavailable, type ExecutorError, ExecutorFailed } from "../common/errors.js"
+import { type BatchItem, failedMessage, messagesOf, type ToEngine, type ToWorker } from "../common/wire.js"
 import { startWorkerGroup } from "../common/WorkerGroup.js"
 import type { LlmStats } from "./api.js"
 import { kvCacheTokens } from "./Limits.js"
@@ -26,19 +27,8 @@ import type {
 import { ContinuousScheduler } from "./Scheduler.js"
 import type { Share } from "../common/FairShare.js"
 import { startSpan } from "../../tracing/Tracing.js"
-
-/** Wakes every lane that waits for work. */
-class Wakeup {
-  private waiters: Array<() => void> = []
-  wait(): Promise<void> {
-    return new Promise((resolve) => this.waiters.push(resolve))
-  }
-  wakeAll() {
-    const waiters = this.waiters
-    this.waiters = []
-    for (const wake of waiters) wake()
-  }
-}
+import { runEngineLoops } from "../common/EngineLoops.js"
+import { Wakeup } from "../common/Wakeup.js"
 
 /** Steps a lane has sent to its worker and not seen end, at most. */
 const stepsAhead = 2
@@ -79,6 +69,7 @@ export const runEngine = (config: ExecutorConfig) =>
     /** Requests whose cache a lane's worker may still hold though they left the batch. */
     const frees = config.devices.map(() => new Set<string>())
     const steps = new Map<number, RunningStep>()
+    /** Wakes every lane that waits for work. */
     const wakeup = new Wakeup()
     const counts = { finished: 0, cancelled: 0, largestBatch: 0 }
     let nextStep = 0
@@ -91,13 +82,13 @@ export const runEngine = (config: ExecutorConfig) =>
       wakeup.wakeAll()
     }
 
-    const fail = (id: string, status: number, message: string) => {
+    const fail = (id: string, error: ExecutorError) => {
       const request = requests.get(id)
       if (request === undefined) return
       requests.delete(id)
       const placement = scheduler.release(id)
       if (placement?._tag === "Running") frees[placement.lane]!.add(id)
-      void sendRouter({ t: "failed", id, status, message })
+      void sendRouter(failedMessage(id, error))
       wakeup.wakeAll()
     }
 
@@ -113,7 +104,9 @@ export const runEngine = (config: ExecutorConfig) =>
           return void sendRouter({ t: "result", id, results: [stats()] })
         case "embed": {
           if (requests.size >= config.maxQueuedRequests)
-            return void sendRouter({ t: "failed", id, status: 503, message: "the executor's queue is full" })
+            return void sendRouter(
+              failedMessage(id, new EngineUnavailable({ message: "the executor's queue is full" }))
+            )
           requests.set(id, { op: "embed", meta, trace, received })
           embedQueue.push(id)
           return wakeup.wakeAll()
@@ -121,10 +114,12 @@ export const runEngine = (config: ExecutorConfig) =>
         case "generate": {
           const admission = scheduler.enqueue(id, meta.prompt.inputIds.length + meta.sampling.maxNewTokens, share)
           if (admission._tag === "QueueFull")
-            return void sendRouter({ t: "failed", id, status: 503, message: "the executor's queue is full" })
+            return void sendRouter(
+              failedMessage(id, new EngineUnavailable({ message: "the executor's queue is full" }))
+            )
           if (admission._tag === "TooLarge") {
             const message = `the request needs ${meta.prompt.inputIds.length + meta.sampling.maxNewTokens} KV cache positions (prompt and max_tokens); a device has ${admission.kvCacheTokens}`
-            return void sendRouter({ t: "failed", id, status: 400, message })
+            return void sendRouter(failedMessage(id, new EngineRejected({ message })))
           }
           requests.set(id, { op: "generate", meta, generated: 0, trace, received })
           return wakeup.wakeAll()
@@ -193,9 +188,10 @@ export const runEngine = (config: ExecutorConfig) =>
      * goes from step to step without waiting for the engine. A step planned before the previous
      * one ended may name requests that ended in it: the worker skips those.
      */
-    const runLane = async (lane: number) => {
+    const runLane = async (lane: number, stop: AbortSignal) => {
+      stop.addEventListener("abort", () => wakeup.wakeAll(), { once: true })
       const outstanding: Array<Promise<void>> = []
-      while (workers.healthy) {
+      while (workers.healthy && !stop.aborted) {
         if (outstanding.length >= stepsAhead) {
           await outstanding.shift()
           continue
@@ -223,7 +219,7 @@ export const runEngine = (config: ExecutorConfig) =>
         const result = results[index] as EmbedResult
         requests.delete(item.requestId)
         if (result.error !== undefined)
-          void sendRouter({ t: "failed", id: item.requestId, status: 400, message: result.error })
+          void sendRouter(failedMessage(item.requestId, new EngineRejected({ message: result.error })))
         else void sendRouter({ t: "result", id: item.requestId, results: [result] })
       })
       step.done()
@@ -241,25 +237,28 @@ export const runEngine = (config: ExecutorConfig) =>
           const running = steps.get(step)
           if (running !== undefined) onStepDone(running, results)
         },
-        failed: (step, rank, message) => {
+        failed: (step, _rank, error) => {
           const running = steps.get(step)
           if (running === undefined) return
-          for (const item of running.items) fail(item.requestId, 500, `worker ${rank} failed: ${message}`)
+          // A step's failure fails its requests for good: the dispatcher's failover carries a broken stream on.
+          for (const item of running.items) fail(item.requestId, new ExecutorFailed({ message: error.message }))
           running.done()
         },
         lost: (reason) => {
-          for (const id of [...requests.keys()]) fail(id, 503, `the executor failed: ${reason}`)
+          for (const id of [...requests.keys()])
+            fail(id, new EngineUnavailable({ message: `the executor failed: ${reason}` }))
           for (const step of steps.values()) step.done()
           wakeup.wakeAll()
         }
       }
     })
 
-    const receiveRequests = async () => {
+    const receiveRequests = async (stop: AbortSignal) => {
       for await (const message of messagesOf<ToEngine>(fromRouter)) {
+        if (stop.aborted) return
         if (message.t === "cancel") cancel(message.id)
         else if (!workers.healthy)
-          void sendRouter({ t: "failed", id: message.id, status: 503, message: "the executor is unhealthy" })
+          void sendRouter(failedMessage(message.id, new EngineUnavailable({ message: "the executor is unhealthy" })))
         else {
           const item = message.items[0]!
           accept(message.id, item.meta as LlmRequestMeta, item.trace, item.share)
@@ -267,7 +266,8 @@ export const runEngine = (config: ExecutorConfig) =>
       }
     }
 
-    void receiveRequests()
-    config.devices.forEach((_, lane) => void runLane(lane))
-    return yield* Effect.never
+    return yield* runEngineLoops([
+      receiveRequests,
+      ...config.devices.map((_, lane) => (stop: AbortSignal) => runLane(lane, stop))
+    ])
   })

@@ -144,3 +144,42 @@ describe("TaskManagers: a task's bound on calls in flight", () => {
     expect(task.executors()[0]!.outstanding).toBe(0)
   })
 })
+
+describe("TaskManagers: a call waiting for an executor", () => {
+  const runtime = ManagedRuntime.make(TaskManagers.Default)
+  let executor: StandInExecutor
+
+  beforeAll(async () => {
+    executor = await StandInExecutor.start()
+  })
+
+  afterAll(async () => {
+    await runtime.dispose()
+    await executor.close()
+  })
+
+  it("is refused as soon as its task is torn down, not at the end of its wait", async () => {
+    const managers = await runtime.runPromise(TaskManagers)
+    const task = await runtime.runPromise(
+      managers.deploy(
+        { id: "encoder-going", kind: "encoder", name: "encoder", config: {} },
+        standInKind("encoder", [executor]),
+        cpuGroups(1)
+      )
+    )
+    executor.health = 503
+    const deadline = Date.now() + 5_000
+    while (task.executors().some((member) => member.healthy)) {
+      if (Date.now() > deadline) throw new Error("the executor did not leave rotation within 5 s")
+      await new Promise((resolve) => setTimeout(resolve, 25))
+    }
+    const waiting = task.lease({})
+    const asked = Date.now()
+    await runtime.runPromise(managers.teardown("encoder-going"))
+    await expect(waiting).rejects.toMatchObject({
+      _tag: "TaskUnavailable",
+      message: "task encoder-going is being torn down"
+    })
+    expect(Date.now() - asked).toBeLessThan(5_000)
+  })
+})

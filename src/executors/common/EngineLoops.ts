@@ -1,0 +1,21 @@
+import { Effect } from "effect"
+
+/** A loop of an engine: plain async code that ends when `stop` aborts (it checks at each turn). */
+export type EngineLoop = (stop: AbortSignal) => Promise<void>
+
+/**
+ * Runs an engine's loops as the engine command's own work, for as long as the command runs: a loop
+ * that fails fails the command, and so ends the engine's process with the loop's error; the command
+ * ending (interrupted, its scope closing, another loop failing) aborts every loop's `stop`. A loop
+ * that returns (its socket closed) leaves the others running.
+ */
+export const runEngineLoops = (loops: ReadonlyArray<EngineLoop>): Effect.Effect<never, Error> =>
+  Effect.forEach(
+    loops,
+    (loop) =>
+      Effect.tryPromise({
+        try: (stop) => loop(stop),
+        catch: (error) => (error instanceof Error ? error : new Error(String(error)))
+      }),
+    { concurrency: "unbounded", discard: true }
+  ).pipe(Effect.zipRight(Effect.never))
