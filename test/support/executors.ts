@@ -3,6 +3,7 @@ import { readdirSync, readFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { binPath, repoRoot } from "./platform.js"
+import { reaperActive, trackGroup } from "./reaper/registry.js"
 
 export interface RunningProcess {
   readonly process: ChildProcess
@@ -16,8 +17,11 @@ export const startInternal = (args: ReadonlyArray<string>, ready: RegExp, env: R
     const child = spawn(process.execPath, [binPath, "internal", ...args], {
       cwd: repoRoot,
       env: { ...process.env, ...env },
-      stdio: ["ignore", "pipe", "pipe"]
+      stdio: ["ignore", "pipe", "pipe"],
+      // A group of its own, which the test run's reaper kills if this worker goes without stopping it.
+      detached: reaperActive()
     })
+    trackGroup(child)
     let output = ""
     const exited = new Promise<void>((done) => child.once("exit", () => done()))
     const timer = setTimeout(

@@ -1,5 +1,6 @@
 import { type ChildProcess, execFile, type SpawnOptions, spawn, spawnSync } from "node:child_process"
 import { isRunning } from "../../src/node/AbandonedFiles.js"
+import { trackGroup, trackLink, trackNamespace, untrackLink, untrackNamespace } from "./reaper/registry.js"
 
 /**
  * A small virtual network on this machine for multi-node tests: one Linux network namespace per
@@ -182,8 +183,12 @@ export const makeNetwork = async (options: { readonly nodes: number }): Promise<
     )
     // Deleting the hub takes its veth pairs, the uplink's included, with it; the uplink is
     // deleted by name as well, since a namespace is destroyed in the background.
-    for (const name of namespaces.reverse()) await ipQuietly(["netns", "del", name])
+    for (const name of namespaces.reverse()) {
+      await ipQuietly(["netns", "del", name])
+      untrackNamespace(name)
+    }
     await ipQuietly(["link", "del", uplink])
+    untrackLink(uplink)
     process.off("exit", teardownSync)
   }
 
@@ -196,6 +201,8 @@ export const makeNetwork = async (options: { readonly nodes: number }): Promise<
   process.on("exit", teardownSync)
 
   const addNamespace = async (name: string) => {
+    // Registered first: the test run's reaper deletes it if this worker is gone before `close`.
+    trackNamespace(name)
     await ip(["netns", "add", name])
     namespaces.push(name)
     await ip(["-n", name, "link", "set", "lo", "up"])
@@ -205,6 +212,7 @@ export const makeNetwork = async (options: { readonly nodes: number }): Promise<
     await addNamespace(hub)
     await ip(["-n", hub, "link", "add", "bridge", "type", "bridge"])
     await ip(["-n", hub, "link", "set", "bridge", "up"])
+    trackLink(uplink)
     await ip(["link", "add", uplink, "type", "veth", "peer", "name", "uplink", "netns", hub])
     await ip(["-n", hub, "link", "set", "uplink", "master", "bridge", "up"])
     await ip(["addr", "add", `${subnet}.1/24`, "dev", uplink])
@@ -253,6 +261,7 @@ export const makeNetwork = async (options: { readonly nodes: number }): Promise<
               ...spawnOptions,
               detached: true
             })
+      trackGroup(child)
       const entry: Spawned = {
         child,
         exited: new Promise((resolve) => {

@@ -5,6 +5,7 @@ import { createServer } from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
+import { reaperActive, trackGroup, trackPath } from "./reaper/registry.js"
 
 export const repoRoot = fileURLToPath(new URL("../../", import.meta.url))
 export const binPath = join(repoRoot, "bin", "cornserve")
@@ -33,15 +34,20 @@ export const startPlatform = async (
 ): Promise<RunningPlatform> => {
   const ownStateDir = options.stateDir === undefined
   const stateDir = options.stateDir ?? (await makeStateDir())
+  if (ownStateDir) trackPath(stateDir)
   const child = spawn(
     process.execPath,
     [binPath, "serve", "--port", "0", "--state-dir", stateDir, ...(options.args ?? [])],
     {
       cwd: repoRoot,
       env: { ...process.env, ...options.env },
-      stdio: ["ignore", "pipe", "pipe"]
+      stdio: ["ignore", "pipe", "pipe"],
+      // A group of its own (it and the sidecars and executors it starts), which the test run's
+      // reaper kills if this worker goes without stopping it: `serve` does not watch its parent.
+      detached: reaperActive()
     }
   )
+  trackGroup(child)
   let output = ""
   const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)))
   const url = await new Promise<string>((resolve, reject) => {

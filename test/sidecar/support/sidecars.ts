@@ -7,6 +7,7 @@ import { bundleScript } from "../../support/bundle.js"
 import { arenaFilePrefix } from "../../../src/sidecar/Arena.js"
 import { type RunningSidecar, startSidecar, type StartSidecarOptions } from "../../../src/sidecar/SidecarProcess.js"
 import { binPath, repoRoot } from "../../support/platform.js"
+import { reaperActive, trackGroup, trackPath, trackSharedMemoryPrefix } from "../../support/reaper/registry.js"
 
 /**
  * Real sidecar processes (`bin/cornserve internal sidecar`) and executor processes for the sidecar
@@ -46,10 +47,11 @@ let bundled: Promise<string> | undefined
 /** test/sidecar/support/executor.ts, bundled once, so that a child can run it with plain node. */
 const executorScript = () => {
   // Under node_modules so that the bundle's external imports resolve; stopAll removes it.
-  bundled ??= bundleScript(
-    join(repoRoot, "test/sidecar/support/executor.ts"),
-    join(repoRoot, "node_modules/.cache/cornserve-test", `sidecar-executor-${process.pid}.mjs`)
-  )
+  if (bundled === undefined) {
+    const outfile = join(repoRoot, "node_modules/.cache/cornserve-test", `sidecar-executor-${process.pid}.mjs`)
+    trackPath(outfile)
+    bundled = bundleScript(join(repoRoot, "test/sidecar/support/executor.ts"), outfile)
+  }
   return bundled
 }
 
@@ -62,6 +64,10 @@ export interface TestSidecars {
 export const testSidecars = async (): Promise<TestSidecars> => {
   checkBuildIsFresh()
   const socketDir = await mkdtemp(join(tmpdir(), "cornserve-sidecar-"))
+  // The sidecars stop with this worker (their stdin is their lifeline); what they leave, and what
+  // a SIGKILL leaves, the test run's reaper removes once this worker is gone.
+  trackPath(socketDir)
+  trackSharedMemoryPrefix(testArenaPrefix)
   const running: Array<RunningSidecar> = []
   return {
     start: async (nodeId, options = {}) => {
@@ -100,8 +106,11 @@ export interface ExecutorProcess {
 export const startExecutor = async (args: ReadonlyArray<string>): Promise<ExecutorProcess> => {
   const child = spawn(process.execPath, [await executorScript(), ...args], {
     cwd: repoRoot,
-    stdio: ["ignore", "pipe", "pipe"]
+    stdio: ["ignore", "pipe", "pipe"],
+    // A group of its own, which the test run's reaper kills if this worker goes without ending it.
+    detached: reaperActive()
   })
+  trackGroup(child)
   let output = ""
   const listeners = new Set<() => void>()
   child.stdout!.on("data", (chunk: Buffer) => {
