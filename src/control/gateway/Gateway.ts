@@ -1,4 +1,5 @@
 import { timingSafeEqual } from "node:crypto"
+import { AppList, NodeList, ScaleAnswer, TaskList, TaskProfileAnswer, UnregisterAnswer } from "./GatewayAnswers.js"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
 import * as HttpRouter from "@effect/platform/HttpRouter"
@@ -189,14 +190,20 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       yield* requireAdmin
       const appId = yield* param("id")
       yield* appManager.unregister(appId)
-      return HttpServerResponse.unsafeJson({ appId, message: `app ${appId} is unregistered` })
+      return HttpServerResponse.unsafeJson({
+        appId,
+        message: `app ${appId} is unregistered`
+      } satisfies typeof UnregisterAnswer.Encoded)
     })
 
     const scale = Effect.gen(function* () {
       yield* requireAdmin
       const body = yield* readJson(ScaleRequest)
       yield* resources.scale(body.taskId, body.devices)
-      return HttpServerResponse.unsafeJson({ taskId: body.taskId, tasks: resources.tasks() })
+      return HttpServerResponse.unsafeJson({
+        taskId: body.taskId,
+        tasks: resources.tasks()
+      } satisfies typeof ScaleAnswer.Encoded)
     })
 
     /** A task's profile: what its calls measured, and the one recorded ahead of time (null: none). */
@@ -207,7 +214,7 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       return HttpServerResponse.unsafeJson({
         ...measured,
         recorded: recorded === undefined ? null : Schema.encodeSync(RecordedProfile)(recorded)
-      })
+      } satisfies typeof TaskProfileAnswer.Encoded)
     })
 
     /**
@@ -294,15 +301,20 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       HttpRouter.post("/app/unregister/:id", unregister),
       HttpRouter.get(
         "/app/list",
-        Effect.sync(() => HttpServerResponse.unsafeJson({ apps: appManager.list() }))
+        Effect.sync(() => HttpServerResponse.unsafeJson({ apps: appManager.list() } satisfies typeof AppList.Encoded))
       ),
       HttpRouter.get(
         "/tasks/list",
-        Effect.sync(() => HttpServerResponse.unsafeJson({ tasks: resources.tasks(), devices: resources.devices() }))
+        Effect.sync(() =>
+          HttpServerResponse.unsafeJson({
+            tasks: resources.tasks(),
+            devices: resources.devices()
+          } satisfies typeof TaskList.Encoded)
+        )
       ),
       HttpRouter.get(
         "/nodes/list",
-        Effect.sync(() => HttpServerResponse.unsafeJson({ nodes: resources.nodes() }))
+        Effect.sync(() => HttpServerResponse.unsafeJson({ nodes: resources.nodes() } satisfies typeof NodeList.Encoded))
       ),
       HttpRouter.get("/tasks/:id/profile", profile),
       HttpRouter.post("/tasks/:id/profile/record", recordProfile),

@@ -39,8 +39,17 @@ const TaskListing = Schema.Struct({
   executors: Schema.Array(Schema.Struct({ id: Schema.String, node: Schema.String, healthy: Schema.Boolean }))
 })
 
+/** A device of the platform: the first task holding it (null: free), and every task sharing it. */
+const DeviceListing = Schema.Struct({
+  id: Schema.String,
+  type: Schema.String,
+  threads: Schema.Number,
+  task: Schema.NullOr(Schema.String),
+  tasks: Schema.Array(Schema.String)
+})
+
 /** `GET /tasks/list` */
-export const TaskList = Schema.Struct({ tasks: Schema.Array(TaskListing) })
+export const TaskList = Schema.Struct({ tasks: Schema.Array(TaskListing), devices: Schema.Array(DeviceListing) })
 
 /** `POST /task/scale`: the tasks once scaled. */
 export const ScaleAnswer = Schema.Struct({ taskId: Schema.String, tasks: Schema.Array(TaskListing) })
