@@ -14,7 +14,8 @@
  *
  * Env: BENCH_SECONDS (measured seconds per phase, default 5), BENCH_WARMUP_SECONDS (default 1),
  * BENCH_RATES (comma-separated requests/s, default 100,500,1000,2000), BENCH_ROUNDS (default 3),
- * BENCH_STARTUP_SECONDS (default 25).
+ * BENCH_STARTUP_SECONDS (default 25), BENCH_EXAMPLES=1 (serve every example app, as `npm start` does,
+ * so that their executors run beside the gateway: the platform as a user first meets it).
  *
  * The figures are for servers in their steady state. Before the first phase both servers take
  * BENCH_STARTUP_SECONDS of light load, together: a Node process that has just started spends its
@@ -45,6 +46,7 @@ const RATES = envRates("BENCH_RATES", [100, 500, 1000, 2000])
 const ROUNDS = envNumber("BENCH_ROUNDS", 3)
 const STARTUP_SECONDS = envNumber("BENCH_STARTUP_SECONDS", 25)
 const STARTUP_RATE = 100
+const EXAMPLES = process.env.BENCH_EXAMPLES === "1"
 /** What the gateway may add to the bare server's latency, at every rate and one request after another. */
 const TARGET = { p50AddedMs: 0.5, p99AddedMs: 1 } as const
 const SERIAL_TARGET = { p99AddedMs: 1 } as const
@@ -432,14 +434,17 @@ export default async function gatewayBench(): Promise<void> {
         "--port",
         "0",
         "--state-dir",
-        stateDir
+        stateDir,
+        ...(EXAMPLES ? ["--examples"] : [])
       ]),
       startServer("bare server", [bareScript])
     ])
-    const registered = await runCli(["app", "register", join(repoRoot, "examples", `${APP}.ts`)], {
-      CORNSERVE_GATEWAY_URL: cornserve.url.origin
-    })
-    if (registered.code !== 0) throw new Error(`registering ${APP} failed: ${registered.stderr}`)
+    if (!EXAMPLES) {
+      const registered = await runCli(["app", "register", join(repoRoot, "examples", `${APP}.ts`)], {
+        CORNSERVE_GATEWAY_URL: cornserve.url.origin
+      })
+      if (registered.code !== 0) throw new Error(`registering ${APP} failed: ${registered.stderr}`)
+    }
     await waitForApp(cornserve.url, APP)
 
     const target = (name: TargetName, url: URL): Target => {

@@ -9,7 +9,8 @@ const dashboardPath = join(repoRoot, "deploy", "grafana", "cornserve.json")
 const datasourceUid = `\${DS_PROMETHEUS}`
 const metricSources = [
   join(repoRoot, "src", "control", "metrics", "PlatformMetrics.ts"),
-  join(repoRoot, "src", "control", "gateway", "Metrics.ts")
+  join(repoRoot, "src", "control", "gateway", "Metrics.ts"),
+  join(repoRoot, "src", "sidecar", "SidecarMetrics.ts")
 ]
 
 interface DataSourceRef {
