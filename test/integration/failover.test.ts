@@ -12,13 +12,18 @@ import { eventually, invoke, type RunningPlatform, runCli, startPlatform } from 
  * client has, and every client reads the text it reads when nothing fails.
  */
 
+/**
+ * Large enough that the 59 tokens after the 5th take a good part of a second even batched: the kill
+ * must land while the streams are still decoding, also when a loaded machine makes this test's
+ * reading of the streams lag behind the executor.
+ */
 const config = {
-  hiddenSize: 128,
-  intermediateSize: 256,
-  layers: 4,
+  hiddenSize: 256,
+  intermediateSize: 512,
+  layers: 8,
   heads: 4,
   kvHeads: 2,
-  headDim: 32,
+  headDim: 64,
   vocabSize: 512,
   maxPositions: 512,
   ropeTheta: 10000,
