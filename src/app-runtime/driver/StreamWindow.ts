@@ -1,6 +1,6 @@
 /**
  * Flow control for the streams that cross the IPC channel between the platform and an app's process
- * (the app's streamed answer one way, a task's streamed output the other). Node's IPC channel has no
+ * (the app's streamed answer one way, a task's streamed output the other). The app's channel has no
  * back-pressure of its own: the reading side takes every message as it arrives. So the sender may
  * have at most a window of unacknowledged items in flight, and the receiver acknowledges them as
  * they leave it (written to the HTTP client, taken by the app's code). A slow consumer thus pauses

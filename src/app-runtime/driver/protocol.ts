@@ -68,7 +68,7 @@ const AdmissionSettingsWire = Schema.Struct({
 
 /**
  * Messages from an app's process to the platform. The process runs the app's code, so the
- * platform decodes each one before acting on it. Its IPC channel carries JSON: an undefined field
+ * platform decodes each one before acting on it. Its channel carries JSON: an undefined field
  * arrives absent.
  */
 export const FromWorker = Schema.Union(
@@ -99,13 +99,21 @@ export const FromWorker = Schema.Union(
 )
 export type FromWorker = typeof FromWorker.Type
 
-/** The first message an app's process gets: the app's compiled code, to load, and its answers' bound. */
+/** The first message an app's process gets: the app's compiled code, to load, and its bounds. */
 export interface LoadApp {
   readonly t: "load"
   readonly code: string
   /** The largest answer (or streamed line) the app may send, in bytes of JSON. */
   readonly maxResponseBytes: number
+  /** The largest message the app's process may send; the platform stops a process that sends a larger one. */
+  readonly maxMessageBytes: number
 }
+
+/**
+ * The largest message the platform takes from an app's process: an answer as large as the limit
+ * allows, its JSON escaped once more inside the message (at most twice as long), and room for the rest.
+ */
+export const appMessageLimitBytes = (maxResponseBytes: number) => 2 * maxResponseBytes + 1024 * 1024
 
 /** The message an app's answer (or streamed line) larger than the limit fails with. */
 export const responseTooLargeMessage = (maxResponseBytes: number) =>
@@ -116,3 +124,68 @@ export const jsonExceeds = (json: string, limitBytes: number): boolean =>
   json.length > limitBytes || (json.length * 3 > limitBytes && Buffer.byteLength(json) > limitBytes)
 
 export type ToAppProcess = ToWorker | LoadApp
+
+/** Bytes of a frame's header: the length of its body, big-endian. */
+export const frameHeaderBytes = 4
+
+/**
+ * An app's channel (a pipe on the app process's fd 3) carries frames: a 4-byte length, then that
+ * many bytes of JSON. The length comes first so that the platform refuses a message over its bound
+ * before buffering it, and the platform parses every byte itself: nothing an app writes reaches
+ * Node's own IPC handling.
+ */
+export const encodeFrame = (message: unknown): Buffer => {
+  const json = JSON.stringify(message)
+  const bodyBytes = Buffer.byteLength(json)
+  const frame = Buffer.allocUnsafe(frameHeaderBytes + bodyBytes)
+  frame.writeUInt32BE(bodyBytes, 0)
+  frame.write(json, frameHeaderBytes, "utf8")
+  return frame
+}
+
+/** Cuts the bytes read from a channel into frames and parses each frame's JSON. */
+export class FrameReader {
+  private chunks: Array<Buffer> = []
+  private buffered = 0
+  /** The length of the frame being read, once its header has arrived. */
+  private bodyBytes: number | undefined
+
+  constructor(private readonly maxBodyBytes: number) {}
+
+  /**
+   * Hands each message `chunk` completes to `deliver`, in order. Answers why the channel is broken
+   * (a frame over the bound, by its header alone, or one that is not JSON); nothing more can be read
+   * from it then.
+   */
+  read(chunk: Buffer, deliver: (message: unknown) => void): string | undefined {
+    this.chunks.push(chunk)
+    this.buffered += chunk.length
+    for (;;) {
+      if (this.bodyBytes === undefined) {
+        if (this.buffered < frameHeaderBytes) return undefined
+        this.bodyBytes = this.take(frameHeaderBytes).readUInt32BE(0)
+        if (this.bodyBytes > this.maxBodyBytes)
+          return `a message of ${this.bodyBytes} bytes, over the limit of ${this.maxBodyBytes} bytes`
+      }
+      if (this.buffered < this.bodyBytes) return undefined
+      const body = this.take(this.bodyBytes)
+      this.bodyBytes = undefined
+      let message: unknown
+      try {
+        message = JSON.parse(body.toString("utf8"))
+      } catch {
+        return "a message that is not JSON"
+      }
+      deliver(message)
+    }
+  }
+
+  /** The next `bytes` bytes read; the chunks are joined once, when a frame is complete. */
+  private take(bytes: number): Buffer {
+    const joined = this.chunks.length === 1 ? this.chunks[0]! : Buffer.concat(this.chunks, this.buffered)
+    const rest = joined.subarray(bytes)
+    this.chunks = rest.length > 0 ? [rest] : []
+    this.buffered = rest.length
+    return joined.subarray(0, bytes)
+  }
+}

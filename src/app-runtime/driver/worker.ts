@@ -1,10 +1,11 @@
 /**
  * The process one app runs in (started by the platform's AppProcess, under Node's permission model):
  * evaluates the app's module, validates its export, and runs its `serve` for each request the
- * platform hands over through the IPC channel. The app never shares a heap, a process or a secret
- * with the platform.
+ * platform hands over through its channel (frames on a pipe, fd 3). The app never shares a heap, a
+ * process or a secret with the platform.
  */
 import { AsyncLocalStorage } from "node:async_hooks"
+import { Socket } from "node:net"
 import { constants } from "node:os"
 import { ParseResult, Schema } from "effect"
 import { type App, appDefinitionProblems, appUnitTasks, isApp } from "../App.js"
@@ -12,6 +13,9 @@ import { shortened } from "../Shortened.js"
 import { type DispatchResult, setTaskDispatcher, TaskExecutionError, TaskInputError } from "../tasks/TaskGraph.js"
 import {
   type DispatchFailure,
+  encodeFrame,
+  FrameReader,
+  frameHeaderBytes,
   type FromWorker,
   type InvokeFailureCode,
   jsonExceeds,
@@ -23,13 +27,23 @@ import {
 import { Cancellation } from "./Cancellation.js"
 import { answerWindowChars, dispatchWindowChunks, ReceiveLedger, SendWindow } from "./StreamWindow.js"
 
-const send = process.send!.bind(process)
+/** The platform's channel: a pipe on fd 3 carrying frames (protocol.ts). */
+const channel = new Socket({ fd: 3, readable: true, writable: true })
 const post = (message: FromWorker) => {
-  send(message)
+  channel.write(encodeFrame(message))
 }
 
+/** Where the platform's messages go: first to the loader, then to the app's server. */
+let onPlatformMessage: (message: ToAppProcess) => void = () => undefined
+const fromPlatform = new FrameReader(Number.MAX_SAFE_INTEGER)
+const deliver = (message: unknown) => onPlatformMessage(message as ToAppProcess)
+channel.on("data", (chunk: Buffer) => {
+  // The platform is trusted: a frame of its that does not parse means the channel is broken.
+  if (fromPlatform.read(chunk, deliver) !== undefined) process.exit(1)
+})
 // The platform going away, however it goes, takes the app with it.
-process.on("disconnect", () => process.exit(0))
+channel.on("close", () => process.exit(0))
+channel.on("error", () => process.exit(0))
 
 /**
  * The permission model leaves signals alone, so an app could still kill the platform (or any process
@@ -94,11 +108,10 @@ const errorMessage = (error: unknown): string => {
   }
 }
 
-const loadMessage = await new Promise<LoadApp>((resolve) =>
-  process.once("message", (message: ToAppProcess) =>
-    resolve(message.t === "load" ? message : { t: "load", code: "", maxResponseBytes: 0 })
-  )
-)
+const loadMessage = await new Promise<LoadApp>((resolve) => {
+  onPlatformMessage = (message) =>
+    resolve(message.t === "load" ? message : { t: "load", code: "", maxResponseBytes: 0, maxMessageBytes: 0 })
+})
 
 const loadApp = async (code: string): Promise<App | string> => {
   confineSignals()
@@ -123,17 +136,19 @@ const app = await loadApp(loadMessage.code)
 if (typeof app === "string") {
   post({ t: "load-failed", message: app })
 } else {
-  serveApp(app, loadMessage.maxResponseBytes)
+  serveApp(app, loadMessage.maxResponseBytes, loadMessage.maxMessageBytes)
 }
 
-function serveApp(app: App, maxResponseBytes: number) {
+function serveApp(app: App, maxResponseBytes: number, maxMessageBytes: number) {
   const decodeRequest = Schema.decodeUnknownEither(app.request)
   const encodeResponse = app.response === undefined ? undefined : Schema.encodeEither(app.response)
   const running = new Map<number, Cancellation>()
   // Only an app that declares tasks can dispatch, and only a dispatch needs to know its request:
   // the others run without the request context, whose async hooks cost every promise in the
   // process (a tenth of a millisecond per request on an idle machine).
-  const callsTasks = appUnitTasks(app).length > 0
+  const unitTasks = appUnitTasks(app)
+  const callsTasks = unitTasks.length > 0
+  const declaredTasks = new Set(unitTasks.map((task) => task.id))
   const answerWindows = new Map<number, SendWindow>()
   const dispatches = new Map<number, PendingDispatch>()
   let nextDispatchId = 0
@@ -244,7 +259,23 @@ function serveApp(app: App, maxResponseBytes: number) {
             )
           )
         if (context.cancellation.aborted) return reject(new Error("the request was cancelled"))
+        // The platform stops a process that dispatches a task its app did not declare.
+        const undeclared = graph.invocations.find((invocation) => !declaredTasks.has(invocation.taskId))
+        if (undeclared !== undefined)
+          return reject(
+            new Error(
+              `task ${undeclared.taskId} is not one the app declares: list the tasks it invokes in defineApp's tasks`
+            )
+          )
         const did = nextDispatchId++
+        // Refused here, as the platform would refuse it: it stops a process that sends a larger message.
+        const frame = encodeFrame({ t: "dispatch", did, requestId: context.requestId, graph } satisfies FromWorker)
+        if (frame.length - frameHeaderBytes > maxMessageBytes)
+          return reject(
+            new TaskInputError({
+              message: `the task graph takes ${frame.length - frameHeaderBytes} bytes, over the limit of ${maxMessageBytes} bytes`
+            })
+          )
         const pending = new PendingDispatch(resolve, reject, (chunks) => post({ t: "dispatch-credit", did, chunks }))
         dispatches.set(did, pending)
         context.cancellation.onAbort(() => {
@@ -253,11 +284,11 @@ function serveApp(app: App, maxResponseBytes: number) {
             pending.fail({ code: "RequestCancelled", message: "the request was cancelled" })
           }
         })
-        post({ t: "dispatch", did, requestId: context.requestId, graph })
+        channel.write(frame)
       })
   )
 
-  process.on("message", (message: ToAppProcess) => {
+  onPlatformMessage = (message) => {
     switch (message.t) {
       case "invoke":
         void invoke(message.rid, message.requestId, message.body)
@@ -287,11 +318,11 @@ function serveApp(app: App, maxResponseBytes: number) {
         dispatches.delete(message.did)
         return
     }
-  })
+  }
 
   post({
     t: "loaded",
-    tasks: appUnitTasks(app).map((task) => ({ id: task.id, kind: task.kind, name: task.name, config: task.config })),
+    tasks: unitTasks.map((task) => ({ id: task.id, kind: task.kind, name: task.name, config: task.config })),
     example: app.example,
     description: app.description,
     admission: app.admission

@@ -4,10 +4,8 @@ import { Admission, unlimitedAdmission } from "./Admission.js"
 import type { TaskGraphWire } from "../../app-runtime/tasks/TaskGraph.js"
 import {
   type FromWorker,
-  type InvokeFailureCode,
   jsonExceeds,
   responseTooLargeMessage,
-  type SchemaIssue,
   type ToWorker,
   type UnitTaskSpec
 } from "../../app-runtime/driver/protocol.js"
@@ -21,30 +19,9 @@ import {
 import { AppProcess, type AppProcessLimits } from "./AppProcess.js"
 import { restartPolicy } from "../../process/RestartPolicy.js"
 import { type AppShare, dispatchFailureOf, type GraphDispatcher, type RequestObserver } from "../DispatchContract.js"
-import { BusyClock, type RequestTiming } from "../../metrics/BusyClock.js"
-import { type Span, startSpan } from "../../tracing/Tracing.js"
-
-/**
- * How a reply to one request unfolds; exactly one of value / stream-start+end / failed happens.
- * Each chunk handed to `onChunk` must be reported back with `AppDriver.delivered` once it has left
- * (the app pauses when too many characters are undelivered).
- */
-export interface ReplyHandlers {
-  onValue(json: string): void
-  onStreamStart(): void
-  onChunk(json: string): void
-  onEnd(): void
-  onFailed(code: InvokeFailureCode | "WorkerStopped", message: string, issues?: ReadonlyArray<SchemaIssue>): void
-}
-
-interface RequestClock {
-  readonly requestId: string
-  readonly started: number
-  /** Made at the request's first dispatch: a request that dispatches nothing (an app without tasks) needs none. */
-  timing: RequestTiming | undefined
-  /** The request's time in the app, in its trace. */
-  readonly span: Span
-}
+import type { Span } from "../../tracing/Tracing.js"
+import { RequestClocks } from "./RequestClocks.js"
+import type { ReplyHandlers } from "./ReplyHandlers.js"
 
 export interface LoadedApp {
   readonly tasks: ReadonlyArray<UnitTaskSpec>
@@ -83,9 +60,14 @@ export class AppDriver {
   private readonly dispatches = new Map<number, AbortController>()
   private readonly dispatchWindows = new Map<number, SendWindow>()
   /** Where each request's time goes, by rid and by request id (dispatches name their request by id). */
-  private readonly clocks = new Map<number, RequestClock>()
-  private readonly clocksById = new Map<string, RequestClock>()
+  private readonly clocks: RequestClocks
   private nextRid = 0
+  /** The lowest dispatch id the app's current process has not used: its ids only grow. */
+  private nextDispatchId = 0
+  /** The unit tasks the app declared when it loaded: the only ones it may dispatch. */
+  private declaredTasks: ReadonlySet<string> = new Set()
+  /** Why the app's current process is being stopped, when the platform stops it (its memory, the protocol). */
+  private stopReason: string | undefined
   private nextNonce = 0
   private readonly pongs = new Map<number, () => void>()
   private closing = false
@@ -114,11 +96,12 @@ export class AppDriver {
     private readonly limits: AppLimits,
     private readonly dispatch: GraphDispatcher,
     private readonly log: (message: string) => void,
-    private readonly observer: RequestObserver | undefined,
+    observer: RequestObserver | undefined,
     /** Where its worker's restarts run: closed when the driver closes, or with its owner's scope. */
     private readonly scope: Scope.CloseableScope
   ) {
     this.share = { app: appId, weight: 1 }
+    this.clocks = new RequestClocks(appId, observer)
     this.watchdog = setInterval(() => {
       if (this.watchdogPinging || this.replies.size === 0) return
       this.watchdogPinging = true
@@ -166,13 +149,7 @@ export class AppDriver {
   invoke(requestId: string, body: string, handlers: ReplyHandlers, parent?: Span): number {
     const rid = this.nextRid++
     this.replies.set(rid, handlers)
-    const span = startSpan(`app ${this.appId}`, {
-      parent,
-      attributes: { "cornserve.app": this.appId, "cornserve.request_id": requestId }
-    })
-    const clock: RequestClock = { requestId, started: performance.now(), timing: undefined, span }
-    this.clocks.set(rid, clock)
-    this.clocksById.set(requestId, clock)
+    this.clocks.start(rid, requestId, parent)
     if (this.restarting !== undefined) {
       void this.restarting.then(
         () => this.replies.has(rid) && this.post({ t: "invoke", rid, requestId, body }),
@@ -193,7 +170,7 @@ export class AppDriver {
   /** The client went away or the request timed out: stop waiting for it and tell the app. */
   cancel(rid: number): void {
     this.answerLedgers.delete(rid)
-    this.stopClock(rid, "cancelled")
+    this.clocks.stop(rid, "cancelled")
     if (this.replies.delete(rid)) {
       this.post({ t: "cancel", rid })
       this.notifyIfIdle()
@@ -251,6 +228,8 @@ export class AppDriver {
   private spawn(): Promise<LoadedApp> {
     const worker = new AppProcess(this.code, this.limits)
     this.worker = worker
+    this.nextDispatchId = 0
+    this.stopReason = undefined
     return new Promise<LoadedApp>((resolve, reject) => {
       let loaded = false
       const timer = setTimeout(() => {
@@ -258,9 +237,13 @@ export class AppDriver {
         void worker.terminate()
       }, this.loadTimeoutMs)
       worker.on("message", (message: FromWorker) => {
-        if (message.t === "loaded") {
+        if (this.worker !== worker) return
+        if (loaded && (message.t === "loaded" || message.t === "load-failed")) {
+          this.violation(`it sent "${message.t}" after its app had loaded`)
+        } else if (message.t === "loaded") {
           loaded = true
           this.loadedAt = Date.now()
+          this.declaredTasks = new Set(message.tasks.map((task) => task.id))
           clearTimeout(timer)
           resolve({
             tasks: message.tasks,
@@ -272,6 +255,8 @@ export class AppDriver {
           clearTimeout(timer)
           reject(new AppLoadError({ message: message.message }))
           void worker.terminate()
+        } else if (!loaded) {
+          this.violation(`it sent "${message.t}" before its app had loaded`)
         } else {
           this.onMessage(message)
         }
@@ -280,8 +265,9 @@ export class AppDriver {
         if (!loaded) {
           clearTimeout(timer)
           reject(new AppLoadError({ message: `the app failed while loading: ${error.message}` }))
-        } else {
-          this.log(`app ${this.appId}: its worker failed: ${error.stack ?? error.message}`)
+        } else if (this.worker === worker) {
+          this.stopReason = error.message
+          this.log(`app ${this.appId}: its worker failed: ${error.message}`)
         }
       })
       worker.on("exit", (code) => {
@@ -296,7 +282,7 @@ export class AppDriver {
   }
 
   private restart(exitCode: number) {
-    this.failAll(`the app's worker stopped (exit code ${exitCode}); it is being restarted`)
+    this.failAll(`${this.stopReason ?? `the app's worker stopped (exit code ${exitCode})`}; it is being restarted`)
     for (const controller of this.dispatches.values()) controller.abort()
     this.dispatches.clear()
     this.dispatchWindows.clear()
@@ -325,7 +311,7 @@ export class AppDriver {
   }
 
   private failAll(message: string) {
-    for (const rid of this.replies.keys()) this.stopClock(rid, { _tag: "WorkerStopped", message })
+    for (const rid of this.replies.keys()) this.clocks.stop(rid, { _tag: "WorkerStopped", message })
     const handlers = [...this.replies.values()]
     this.replies.clear()
     this.answerLedgers.clear()
@@ -340,33 +326,11 @@ export class AppDriver {
     for (const wake of waiters) wake()
   }
 
-  /**
-   * A request ended (failed with `failure`, or cancelled by its client): its span ends, where its
-   * time went goes to the observer.
-   */
-  private stopClock(rid: number, failure?: { readonly _tag: string; readonly message: string } | "cancelled") {
-    const clock = this.clocks.get(rid)
-    if (clock === undefined) return
-    this.clocks.delete(rid)
-    this.clocksById.delete(clock.requestId)
-    if (failure === "cancelled") {
-      clock.span.attribute("cornserve.cancelled", true)
-      clock.span.end()
-    } else clock.span.end(failure)
-    const now = performance.now()
-    this.observer?.ended(
-      this.appId,
-      (now - clock.started) / 1000,
-      (clock.timing?.dispatches.busyMs(now) ?? 0) / 1000,
-      (clock.timing?.executors.busyMs(now) ?? 0) / 1000
-    )
-  }
-
   private settle(
     rid: number,
     failure?: { readonly _tag: string; readonly message: string }
   ): ReplyHandlers | undefined {
-    this.stopClock(rid, failure)
+    this.clocks.stop(rid, failure)
     const handlers = this.replies.get(rid)
     this.replies.delete(rid)
     this.answerLedgers.delete(rid)
@@ -374,55 +338,109 @@ export class AppDriver {
     return handlers
   }
 
+  /**
+   * Acts on a message of the app's process, which runs the app's code: a message that does not fit
+   * what the process was asked (a request it was not given, a stream out of order, a task its app did
+   * not declare, a dispatch it did not make) breaks the protocol, and the process is stopped.
+   */
   private onMessage(message: FromWorker) {
     switch (message.t) {
-      case "value":
-        if (this.oversized(message.rid, message.json)) return
+      case "value": {
+        const standing = this.standing(message.rid, message.t)
+        if (standing === "streaming")
+          return this.violation(`it sent a value for request ${message.rid}, whose stream had started`)
+        if (standing !== "waiting" || this.oversized(message.rid, message.json)) return
         this.settle(message.rid)?.onValue(message.json)
         return
-      case "stream-start":
-        if (!this.replies.has(message.rid)) return
+      }
+      case "stream-start": {
+        const standing = this.standing(message.rid, message.t)
+        if (standing === "streaming") return this.violation(`it started the stream of request ${message.rid} twice`)
+        if (standing !== "waiting") return
         this.answerLedgers.set(message.rid, new ReceiveLedger(answerWindowChars))
         this.replies.get(message.rid)?.onStreamStart()
         return
+      }
       case "chunk": {
+        const standing = this.standing(message.rid, message.t)
+        if (standing === "waiting")
+          return this.violation(`it sent a chunk for request ${message.rid} before starting its stream`)
         const ledger = this.answerLedgers.get(message.rid)
-        if (ledger === undefined) return
-        if (!ledger.received(message.json.length)) {
-          // Only an app that replaced the SDK's sending code gets here; it would fill the platform's heap.
-          this.log(`app ${this.appId}: its process streamed past its window; restarting it`)
-          void this.worker.terminate()
-          return
-        }
+        if (standing !== "streaming" || ledger === undefined) return
+        // Only an app that replaced the SDK's sending code gets here; it would fill the platform's heap.
+        if (!ledger.received(message.json.length))
+          return this.violation(`it streamed request ${message.rid} past its window`)
         if (this.oversized(message.rid, message.json)) return
         this.replies.get(message.rid)?.onChunk(message.json)
         return
       }
-      case "end":
-        this.settle(message.rid)?.onEnd()
+      case "end": {
+        const standing = this.standing(message.rid, message.t)
+        if (standing === "waiting")
+          return this.violation(`it ended the stream of request ${message.rid}, which it had not started`)
+        if (standing === "streaming") this.settle(message.rid)?.onEnd()
         return
-      case "failed":
+      }
+      case "failed": {
+        const standing = this.standing(message.rid, message.t)
+        if (standing !== "waiting" && standing !== "streaming") return
         this.settle(message.rid, { _tag: message.code, message: message.message })?.onFailed(
           message.code,
           message.message,
           message.issues
         )
         return
+      }
       case "pong":
         this.pongs.get(message.nonce)?.()
         this.pongs.delete(message.nonce)
         return
-      case "dispatch":
+      case "dispatch": {
+        if (message.did < this.nextDispatchId) return this.violation(`it used dispatch id ${message.did} again`)
+        const undeclared = message.graph.invocations.find((invocation) => !this.declaredTasks.has(invocation.taskId))
+        if (undeclared !== undefined)
+          return this.violation(`it dispatched task ${undeclared.taskId.slice(0, 200)}, which its app does not declare`)
+        this.nextDispatchId = message.did + 1
         void this.runDispatch(message.did, message.requestId, message.graph)
         return
+      }
       case "dispatch-cancel":
+        if (this.unknownDispatch(message.did, message.t)) return
         this.dispatches.get(message.did)?.abort()
         this.dispatches.delete(message.did)
+        this.dispatchWindows.delete(message.did)
         return
       case "dispatch-credit":
+        if (this.unknownDispatch(message.did, message.t)) return
         this.dispatchWindows.get(message.did)?.acknowledged(message.chunks)
         return
     }
+  }
+
+  /**
+   * Where request `rid` stands, for a message of the app's about it: waiting for its answer, streaming
+   * it, or ended (a cancelled request's late messages cross the cancel). A request the app was never
+   * given breaks the protocol: undefined.
+   */
+  private standing(rid: number, kind: FromWorker["t"]): "waiting" | "streaming" | "ended" | undefined {
+    if (rid < 0 || rid >= this.nextRid) {
+      this.violation(`it sent "${kind}" for request ${rid}, which it was never given`)
+      return undefined
+    }
+    if (!this.replies.has(rid)) return "ended"
+    return this.answerLedgers.has(rid) ? "streaming" : "waiting"
+  }
+
+  /** Whether `did` names no dispatch the app's process made (which breaks the protocol); an ended one is known. */
+  private unknownDispatch(did: number, kind: FromWorker["t"]): boolean {
+    if (did >= 0 && did < this.nextDispatchId) return false
+    this.violation(`it sent "${kind}" for dispatch ${did}, which it never made`)
+    return true
+  }
+
+  /** The app's process broke the protocol: it is stopped, its requests fail, it is restarted. */
+  private violation(reason: string) {
+    this.worker.stop(`the app's process broke the protocol: ${reason}`)
   }
 
   /**
@@ -440,16 +458,10 @@ export class AppDriver {
   private async runDispatch(did: number, requestId: string, graph: TaskGraphWire) {
     const controller = new AbortController()
     this.dispatches.set(did, controller)
-    const request = this.clocksById.get(requestId)
-    if (request !== undefined) request.timing ??= { dispatches: new BusyClock(), executors: new BusyClock() }
-    const clock = request?.timing
-    clock?.dispatches.enter()
+    const request = this.clocks.dispatchOf(requestId)
+    request.timing?.dispatches.enter()
     try {
-      const outcome = await this.dispatch(graph, requestId, controller.signal, {
-        ...(clock === undefined ? {} : { timing: clock }),
-        ...(request === undefined ? {} : { span: request.span }),
-        share: this.share
-      })
+      const outcome = await this.dispatch(graph, requestId, controller.signal, { ...request, share: this.share })
       if (controller.signal.aborted) return
       this.post({ t: "dispatched", did, outputs: outcome.outputs, streams: outcome.stream !== undefined })
       if (outcome.stream !== undefined) {
@@ -470,9 +482,12 @@ export class AppDriver {
         this.post({ t: "dispatch-failed", did, failure: dispatchFailureOf(error) })
       }
     } finally {
-      clock?.dispatches.leave()
-      this.dispatches.delete(did)
-      this.dispatchWindows.delete(did)
+      request.timing?.dispatches.leave()
+      // A restarted process numbers its dispatches from 0 again: leave its dispatch of the same id alone.
+      if (this.dispatches.get(did) === controller) {
+        this.dispatches.delete(did)
+        this.dispatchWindows.delete(did)
+      }
     }
   }
 }

@@ -1,4 +1,4 @@
-import { type ChildProcess, fork } from "node:child_process"
+import { type ChildProcess, spawn } from "node:child_process"
 import { EventEmitter } from "node:events"
 import { existsSync, readFileSync, realpathSync } from "node:fs"
 import { dirname, join } from "node:path"
@@ -6,7 +6,15 @@ import { fileURLToPath } from "node:url"
 import { createRequire } from "node:module"
 import { constants } from "node:os"
 import { Either, ParseResult, Schema } from "effect"
-import { FromWorker, type ToAppProcess, type ToWorker } from "../../app-runtime/driver/protocol.js"
+import type { Socket } from "node:net"
+import {
+  appMessageLimitBytes,
+  encodeFrame,
+  FrameReader,
+  FromWorker,
+  type ToAppProcess,
+  type ToWorker
+} from "../../app-runtime/driver/protocol.js"
 
 const hostEntry = realpathSync(fileURLToPath(new URL("../../app-runtime/driver/worker.js", import.meta.url)))
 const appRuntimeDir = fileURLToPath(new URL("../../app-runtime/", import.meta.url))
@@ -80,7 +88,14 @@ const residentBytes = (pid: number): number | undefined => {
  * One app's code, running in a child process of its own under Node's permission model: it may read
  * only the SDK and its packages, and may not write files, start processes or threads, or load native
  * addons. Its environment carries no platform secret, its heap and resident memory are capped, and
- * whatever it does (exit, kill itself, crash, run out of memory) ends this process only.
+ * whatever it does (exit, kill itself, crash, run out of memory, write anything to its channel) ends
+ * this process only.
+ *
+ * Its channel is a pipe on its fd 3 carrying length-prefixed frames (protocol.ts), not Node's IPC
+ * channel: Node parses an IPC channel's JSON in this process without a bound on a message's size,
+ * throws here on a line that is not JSON, and acts on its own messages (`{ cmd: "NODE_..." }`) before
+ * any decoder sees them; an app's code can write to the fd whatever the SDK does. Here every frame is
+ * refused by its length before it is buffered, then parsed and decoded, and a bad one stops the app.
  *
  * It has the shape of a worker thread (`postMessage`, `message`/`error`/`exit` events, `terminate`),
  * so the app driver runs it as it ran one.
@@ -91,31 +106,48 @@ export class AppProcess extends EventEmitter<{
   exit: [number]
 }> {
   private readonly child: ChildProcess
+  private readonly channel: Socket
   private readonly memoryCheck: NodeJS.Timeout
   private exited = false
+  /** Set once the process broke a rule: it is being killed, and nothing more it sent is acted on. */
+  private stopped = false
   private readonly exitedPromise: Promise<void>
 
   constructor(code: string, limits: AppProcessLimits) {
     super()
     const readable = readablePaths().map((path) => `--allow-fs-read=${path}`)
-    this.child = fork(hostEntry, [], {
-      execArgv: [
+    this.child = spawn(
+      process.execPath,
+      [
         "--experimental-permission",
         ...readable,
         `--allow-fs-read=${hostEntry}`,
         `--max-old-space-size=${limits.heapMiB}`,
-        "--no-warnings=ExperimentalWarning"
+        "--no-warnings=ExperimentalWarning",
+        hostEntry
       ],
-      env: { NODE_ENV: process.env.NODE_ENV ?? "production" },
-      serialization: "json",
-      stdio: ["ignore", "inherit", "inherit", "ipc"]
+      {
+        env: { NODE_ENV: process.env.NODE_ENV ?? "production" },
+        stdio: ["ignore", "inherit", "inherit", "pipe"]
+      }
+    )
+    this.channel = this.child.stdio[3] as Socket
+    const maxMessageBytes = appMessageLimitBytes(limits.maxResponseBytes)
+    const frames = new FrameReader(maxMessageBytes)
+    const receive = (message: unknown) => this.receive(message)
+    this.channel.on("data", (chunk: Buffer) => {
+      if (this.stopped || this.exited) return
+      const broken = frames.read(chunk, receive)
+      if (broken !== undefined) this.stop(`the app's process broke the protocol with ${broken}`)
     })
-    this.child.on("message", (message: unknown) => this.receive(message))
+    // The pipe fails or closes when the process goes; its exit says what happened.
+    this.channel.on("error", () => this.stop("the app's channel failed"))
     this.child.on("error", (error) => this.emit("error", error))
     this.exitedPromise = new Promise((resolve) =>
       this.child.once("exit", (code, signal) => {
         this.exited = true
         clearInterval(this.memoryCheck)
+        this.channel.destroy()
         resolve()
         this.emit("exit", code ?? (signal === null ? 1 : 128 + signalNumber(signal)))
       })
@@ -124,17 +156,13 @@ export class AppProcess extends EventEmitter<{
       const pid = this.child.pid
       const resident = pid === undefined ? undefined : residentBytes(pid)
       if (resident !== undefined && resident > limits.rssMiB * 1024 * 1024) {
-        this.emit(
-          "error",
-          new Error(
-            `the app's process used ${Math.round(resident / 1048576)} MiB, over its limit of ${limits.rssMiB} MiB`
-          )
+        this.stop(
+          `the app's process used ${Math.round(resident / 1048576)} MiB, over its limit of ${limits.rssMiB} MiB`
         )
-        this.child.kill("SIGKILL")
       }
     }, memoryCheckPeriodMs)
     this.memoryCheck.unref()
-    this.post({ t: "load", code, maxResponseBytes: limits.maxResponseBytes })
+    this.post({ t: "load", code, maxResponseBytes: limits.maxResponseBytes, maxMessageBytes })
   }
 
   get pid(): number | undefined {
@@ -147,34 +175,47 @@ export class AppProcess extends EventEmitter<{
 
   /** Kills the process and resolves once it is gone. */
   async terminate(): Promise<void> {
+    this.stopped = true
     if (!this.exited) this.child.kill("SIGKILL")
     await this.exitedPromise
   }
 
   /**
-   * A message that is not one of the protocol's breaks it: only an app that replaced the SDK's
-   * sending code sends one, and whatever it meant cannot be acted on. The process is failed and
-   * killed, as one over its memory limit is; its exit fails the requests it held and restarts it.
+   * The process broke a rule (its memory, the protocol): it is failed with `reason` and killed; its
+   * exit fails the requests it held and restarts it. Whatever it sends from now on is dropped.
    */
-  private receive(message: unknown) {
-    const decoded = decodeFromWorker(message)
-    if (Either.isRight(decoded)) return void this.emit("message", decoded.right)
-    if (this.exited) return
-    // Cut short: the issue quotes the message, which may be as large as the app likes.
-    const issue = ParseResult.TreeFormatter.formatErrorSync(decoded.left).slice(0, 1_000)
-    this.emit(
-      "error",
-      new Error(`the app's process broke the protocol with a message the platform cannot read: ${issue}`)
-    )
+  stop(reason: string): void {
+    if (this.stopped || this.exited) return
+    this.stopped = true
+    this.emit("error", new Error(reason))
     this.child.kill("SIGKILL")
   }
 
+  /**
+   * A message that is not one of the protocol's breaks it: only an app that replaced the SDK's
+   * sending code sends one, and whatever it meant cannot be acted on.
+   */
+  private receive(message: unknown) {
+    if (this.stopped || this.exited) return
+    const decoded = decodeFromWorker(message)
+    if (Either.isRight(decoded)) {
+      try {
+        this.emit("message", decoded.right)
+      } catch (error) {
+        // Whatever acting on a message throws ends this app's requests, not the platform.
+        this.stop(`the platform could not act on a message of the app's process: ${String(error).slice(0, 1_000)}`)
+      }
+      return
+    }
+    // Cut short: the issue quotes the message, which may be as large as the app likes.
+    const issue = ParseResult.TreeFormatter.formatErrorSync(decoded.left).slice(0, 1_000)
+    this.stop(`the app's process broke the protocol with a message the platform cannot read: ${issue}`)
+  }
+
   private post(message: ToAppProcess) {
-    if (this.exited || !this.child.connected) return
-    this.child.send(message, (error) => {
-      // A process that is going away cannot take messages; its exit fails what it held.
-      if (error !== null && error !== undefined && !this.exited) this.child.kill("SIGKILL")
-    })
+    if (this.exited || this.stopped || !this.channel.writable) return
+    // A process that is going away cannot take messages; its exit fails what it held.
+    this.channel.write(encodeFrame(message))
   }
 }
 

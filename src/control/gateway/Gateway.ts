@@ -1,5 +1,5 @@
 import { timingSafeEqual } from "node:crypto"
-import { AppList, NodeList, ScaleAnswer, TaskList, TaskProfileAnswer, UnregisterAnswer } from "./GatewayAnswers.js"
+import type { AppList, NodeList, ScaleAnswer, TaskList, TaskProfileAnswer, UnregisterAnswer } from "./GatewayAnswers.js"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
 import * as HttpRouter from "@effect/platform/HttpRouter"
