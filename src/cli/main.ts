@@ -7,6 +7,7 @@ import { Array as Arr, Cause, Config, Console, Effect, Exit, Option } from "effe
 import { defaultMaxJsonDepth } from "../control/gateway/JsonBody.js"
 import { defaultLevels, defaultSecondsPerLevel } from "../control/task-manager/ProfileRecording.js"
 import { dtypes } from "../models/Dtype.js"
+import { internalSecretOf } from "../contracts/Credentials.js"
 import { parseDevices } from "../node/Devices.js"
 import { defaultMaxMediaItems, defaultMediaLimits } from "../executors/common/media/MediaLimits.js"
 import {
@@ -268,6 +269,7 @@ const serveCommand = Command.make(
         devices: Option.getOrElse(options.devices, () => (options.role === "control-plane" ? "" : "auto")),
         nodeId: options.nodeId,
         clusterToken,
+        internalSecret: internalSecretOf(clusterToken),
         clusterPort: options.clusterPort,
         join: Option.getOrUndefined(options.join),
         advertiseHost: Option.getOrElse(options.advertiseHost, () => options.host),

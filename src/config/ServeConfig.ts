@@ -13,6 +13,11 @@ export interface ServeOptions {
   readonly nodeId: string
   /** CORNSERVE_CLUSTER_TOKEN: the secret nodes join with (required by both multi-node roles). */
   readonly clusterToken: string | undefined
+  /**
+   * The secret executors' routes and sidecar peers' handshakes check (src/contracts/Credentials.ts):
+   * derived from the cluster token on a cluster, random per `serve` on one machine.
+   */
+  readonly internalSecret: string
   /** control-plane: the port data-plane nodes join on. */
   readonly clusterPort: number
   /** data-plane: the control plane's cluster URL. */

@@ -1,11 +1,12 @@
-import { randomUUID, timingSafeEqual } from "node:crypto"
+import { randomUUID } from "node:crypto"
 import { createServer } from "node:http"
-import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
 import { RpcClient, RpcSerialization, RpcServer } from "@effect/rpc"
 import { Console, Duration, Effect, Layer, Runtime, Schedule } from "effect"
 import { ClusterRpcs, ClusterTokenRefused } from "../contracts/ClusterRpcs.js"
+import { sameSecret } from "../contracts/Credentials.js"
 import { NodeCallFailed, NodeRpcs } from "../contracts/NodeRpcs.js"
+import { authorizedHttpClient, gatedRpc, refusedForToken } from "../contracts/RpcGate.js"
 import type { Dtype } from "../models/Dtype.js"
 import { makeNodeExecutors } from "./NodeExecutors.js"
 import { renderNodeMetrics } from "../sidecar/SidecarMetrics.js"
@@ -20,13 +21,6 @@ import { NodeAgent } from "./NodeAgent.js"
  * a name another running node has) ends the process with the reason. On --port it serves the
  * control plane's node calls (/rpc), /health for probes, and its sidecar's /metrics.
  */
-
-/** Constant-time comparison, so that a wrong token's timing tells nothing of the right one. */
-const sameToken = (given: string, expected: string): boolean => {
-  const a = Buffer.from(given)
-  const b = Buffer.from(expected)
-  return a.length === b.length && timingSafeEqual(a, b)
-}
 
 /** The control plane's cluster URL as its RPC endpoint. */
 const rpcUrl = (join: string) => `${join.replace(/\/+$/, "")}/rpc`
@@ -51,7 +45,7 @@ export const runDataPlane = Effect.gen(function* () {
 
   // What the control plane asks of this node: each call carries the cluster token.
   const checkToken = (given: string) =>
-    sameToken(given, token)
+    sameSecret(given, token)
       ? Effect.void
       : Effect.zipRight(
           Effect.logWarning("refused a node call: its cluster token is not CORNSERVE_CLUSTER_TOKEN"),
@@ -77,10 +71,14 @@ export const runDataPlane = Effect.gen(function* () {
   const rpcApp = yield* RpcServer.toHttpApp(NodeRpcs).pipe(
     Effect.provide(Layer.merge(handlers, RpcSerialization.layerMsgPack))
   )
-  const rpcHandler = yield* NodeHttpServer.makeHandler(rpcApp)
+  const gatedRpcHandler = gatedRpc(token, yield* NodeHttpServer.makeHandler(rpcApp), (caller) =>
+    Runtime.runFork(runtime)(
+      Effect.logWarning(`refused a node call from ${caller}: its cluster token is not CORNSERVE_CLUSTER_TOKEN`)
+    )
+  )
 
   const server = createServer((request, response) => {
-    if (request.url === "/rpc") return rpcHandler(request, response)
+    if (request.url === "/rpc") return gatedRpcHandler(request, response)
     if (request.url === "/metrics" && request.method === "GET") {
       return void agent
         .sidecarClient()
@@ -127,6 +125,13 @@ export const runDataPlane = Effect.gen(function* () {
     ...(agent.sidecarPeerPort() === undefined ? {} : { sidecarPeerPort: agent.sidecarPeerPort()! })
   })
   const joinOnce = Effect.suspend(() => client.Join({ token, node: node() })).pipe(
+    Effect.catchIf(
+      (error) => error._tag === "RpcClientError" && refusedForToken(error),
+      () =>
+        new ClusterTokenRefused({
+          message: "the control plane refused this node: its CORNSERVE_CLUSTER_TOKEN is not the cluster's"
+        })
+    ),
     Effect.tapErrorTag("RpcClientError", (error) =>
       Effect.logWarning(
         `the control plane at ${join} is not reachable (${error.message}); retrying, waiting longer each time (up to 8 s)`
@@ -203,7 +208,7 @@ export const runDataPlane = Effect.gen(function* () {
     Layer.unwrapEffect(
       Effect.map(ServeConfig, (config) =>
         RpcClient.layerProtocolHttp({ url: rpcUrl(config.join!) }).pipe(
-          Layer.provide([NodeHttpClient.layer, RpcSerialization.layerMsgPack])
+          Layer.provide([authorizedHttpClient(config.clusterToken!, config.nodeId), RpcSerialization.layerMsgPack])
         )
       )
     )

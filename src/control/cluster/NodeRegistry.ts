@@ -1,17 +1,11 @@
-import { timingSafeEqual } from "node:crypto"
 import { readFile, writeFile } from "node:fs/promises"
-import { createServer } from "node:http"
 import { join as joinPath } from "node:path"
-import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
-import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
-import { RpcClient, type RpcGroup, RpcSerialization, RpcServer } from "@effect/rpc"
+import { RpcClient, type RpcGroup, RpcSerialization } from "@effect/rpc"
 import type { RpcClientError } from "@effect/rpc/RpcClientError"
-import { Console, Effect, Layer, Runtime, Schedule, Scope } from "effect"
+import { Effect, Layer, Runtime, Schedule, Scope } from "effect"
 import type { Device } from "../../node/Devices.js"
-import { listening } from "../../process/Listening.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
 import {
-  ClusterRpcs,
   ClusterTokenRefused,
   type ExecutorReport,
   type NodeInfo,
@@ -19,6 +13,8 @@ import {
   NotJoined
 } from "../../contracts/ClusterRpcs.js"
 import { NodeRpcs } from "../../contracts/NodeRpcs.js"
+import { authorizedHttpClient } from "../../contracts/RpcGate.js"
+import { sameSecret } from "../../contracts/Credentials.js"
 import type { NodeHandle, RunningExecutor } from "./NodeHandle.js"
 import { ServeConfig } from "../../config/ServeConfig.js"
 
@@ -65,13 +61,6 @@ export type NodeEvent =
   /** Its executors are gone or out of reach: a lost node, or one whose process started again. */
   | { readonly _tag: "Gone"; readonly name: string; readonly reason: string }
   | { readonly _tag: "Back"; readonly name: string }
-
-/** Constant-time comparison, so that a wrong token's timing tells nothing of the right one. */
-const sameToken = (given: string, expected: string): boolean => {
-  const a = Buffer.from(given)
-  const b = Buffer.from(expected)
-  return a.length === b.length && timingSafeEqual(a, b)
-}
 
 const toDevice = (device: NodeInfo["devices"][number]): Device => ({
   id: device.id,
@@ -162,7 +151,7 @@ export class NodeRegistry extends Effect.Service<NodeRegistry>()("cornserve/Node
     const checkToken = (token: string, who: string) =>
       Effect.suspend(() => {
         const expected = config.clusterToken
-        if (expected !== undefined && sameToken(token, expected)) return Effect.void
+        if (expected !== undefined && sameSecret(token, expected)) return Effect.void
         return Effect.zipRight(
           Effect.logWarning(`refused ${who}: its cluster token is not CORNSERVE_CLUSTER_TOKEN`),
           Effect.fail(
@@ -265,7 +254,7 @@ export class NodeRegistry extends Effect.Service<NodeRegistry>()("cornserve/Node
         if (cached !== undefined) return cached
         const protocol = yield* Layer.build(
           RpcClient.layerProtocolHttp({ url: `http://${hostInUrl(node.address)}:${node.rpcPort}/rpc` }).pipe(
-            Layer.provide([NodeHttpClient.layer, RpcSerialization.layerMsgPack])
+            Layer.provide([authorizedHttpClient(config.clusterToken ?? ""), RpcSerialization.layerMsgPack])
           )
         ).pipe(Scope.extend(scope))
         const client = yield* RpcClient.make(NodeRpcs).pipe(Effect.provide(protocol), Scope.extend(scope))
@@ -405,26 +394,3 @@ type NodeClient = RpcClient.RpcClient<RpcGroup.Rpcs<typeof NodeRpcs>, RpcClientE
 
 /** An IPv6 literal in brackets, as a URL needs it. */
 const hostInUrl = (host: string) => (host.includes(":") && !host.startsWith("[") ? `[${host}]` : host)
-
-/**
- * The cluster port of a control plane: ClusterRpcs over HTTP (msgpack) at /rpc, on --host and
- * --cluster-port. Absent on a one-machine platform.
- */
-export const ClusterServer = Layer.scopedDiscard(
-  Effect.gen(function* () {
-    const config = yield* ServeConfig
-    if (config.role !== "control-plane") return
-    const registry = yield* NodeRegistry
-    const handlers = ClusterRpcs.toLayer({
-      Join: ({ token, node }) => registry.join(token, node),
-      Heartbeat: ({ token, name, instance, executors }) => registry.heartbeat(token, name, instance, executors)
-    })
-    const app = yield* RpcServer.toHttpApp(ClusterRpcs).pipe(
-      Effect.provide(Layer.merge(handlers, RpcSerialization.layerMsgPack))
-    )
-    const handler = yield* NodeHttpServer.makeHandler(app)
-    const server = createServer(handler)
-    const bound = yield* listening(server, config.clusterPort, config.host)
-    yield* Console.log(`cornserve: cluster port open on ${config.host}:${bound.port}`)
-  })
-)

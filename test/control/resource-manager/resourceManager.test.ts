@@ -19,6 +19,7 @@ const options = (stateDir: string, devices: string): ServeOptions => ({
   devices,
   nodeId: "local",
   clusterToken: undefined,
+  internalSecret: "test-internal-secret",
   clusterPort: 0,
   join: undefined,
   advertiseHost: "127.0.0.1",
