@@ -1,6 +1,7 @@
 import { createHash } from "node:crypto"
 import type { Payload } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
+import { readDataUrl } from "../../executors/common/media/DataUrl.js"
 
 /**
  * Encoder outputs by content: the chunks an encoder task sent for one media item, keyed by the
@@ -37,20 +38,16 @@ export const cachedEmbedding = (chunks: ReadonlyArray<Payload>): CachedEmbedding
   bytes: chunks.reduce<number>((sum, chunk) => sum + payloadBytes(chunk), 0)
 })
 
-const dataUrlPattern = /^data:([^,]*?)(;base64)?,/i
-
 /**
  * The cache key of an encoder's item: the task, the modality, and the SHA-256 of the media's
- * decoded bytes. Only `data:` URLs carry their bytes; an item fetched from elsewhere (whose bytes
- * could change under the same URL) has none and is not cached.
+ * bytes exactly as the encoder decodes them (the same reader, `readDataUrl`). Only `data:` URLs
+ * carry their bytes; an item fetched from elsewhere (whose bytes could change under the same URL)
+ * has none and is not cached, nor is one the encoder would refuse.
  */
 export const embeddingKey = (taskId: string, modality: string, url: string): string | undefined => {
-  const match = dataUrlPattern.exec(url)
-  if (match === null) return undefined
-  const body = url.slice(match[0].length)
   let bytes: Buffer
   try {
-    bytes = match[2] === undefined ? Buffer.from(decodeURIComponent(body), "utf8") : Buffer.from(body, "base64")
+    bytes = readDataUrl(url, Number.MAX_SAFE_INTEGER).bytes
   } catch {
     return undefined
   }

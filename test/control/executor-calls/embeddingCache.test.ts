@@ -6,6 +6,8 @@ import {
   embeddingKey,
   ownedPayload
 } from "../../../src/control/executor-calls/EmbeddingCache.js"
+import { readDataUrl } from "../../../src/executors/common/media/DataUrl.js"
+import { MediaError } from "../../../src/executors/common/media/errors.js"
 import { Tensor } from "../../../src/sidecar/Tensor.js"
 
 const entry = (bytes: number) => cachedEmbedding([new Tensor("float32", [bytes / 4], new Float32Array(bytes / 4))])
@@ -27,6 +29,28 @@ describe("the cache of encoder outputs", () => {
     expect(embeddingKey("enc", "image", "https://example.com/a.png")).toBeUndefined()
     expect(embeddingKey("enc", "image", "file:///tmp/a.png")).toBeUndefined()
     expect(embeddingKey("enc", "image", "data:,%E0%A4%A")).toBeUndefined()
+  })
+
+  it("keys on exactly the bytes the encoder decodes: a URL the encoder would read otherwise, or refuse, has no key", () => {
+    const green = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0, 0xff, 0])
+    const blue = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0, 0, 0xff])
+    // `;Base64` is base64 to both readers alike.
+    const mixedCase = `data:image/png;Base64,${green.toString("base64")}`
+    expect(readDataUrl(mixedCase, 1 << 20).bytes).toEqual(green)
+    expect(embeddingKey("enc", "image", mixedCase)).toBe(
+      embeddingKey("enc", "image", `data:image/png;base64,${green.toString("base64")}`)
+    )
+    // Data after padding once hashed as one image while another was decoded: now refused by both.
+    const smuggled = `data:image/png;base64,${green.toString("base64")}${blue.toString("base64")}`
+    expect(green.toString("base64")).toContain("=")
+    expect(() => readDataUrl(smuggled, 1 << 20)).toThrow(MediaError)
+    expect(embeddingKey("enc", "image", smuggled)).toBeUndefined()
+    for (const malformed of ["data:;base64,AAAA AAAA", "data:;base64,A", "data:;base64,AB=C", "data:;base64,AA-_"]) {
+      expect(() => readDataUrl(malformed, 1 << 20)).toThrow(MediaError)
+      expect(embeddingKey("enc", "image", malformed)).toBeUndefined()
+    }
+    // Whatever has a key decodes, by the encoder's own reader, to the bytes it was hashed from.
+    expect(readDataUrl("data:;base64,AAE", 1 << 20).bytes).toEqual(Buffer.from([0, 1]))
   })
 
   it("keeps entries up to its bytes, dropping the least recently used first", () => {

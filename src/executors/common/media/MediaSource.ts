@@ -5,6 +5,7 @@ import * as Https from "node:https"
 import { isIP, type LookupFunction } from "node:net"
 import { sep } from "node:path"
 import { fileURLToPath } from "node:url"
+import { readDataUrl } from "./DataUrl.js"
 import { MediaError, MediaTooLarge } from "./errors.js"
 import { nonPublicReason } from "./PublicAddress.js"
 
@@ -35,22 +36,6 @@ export const mediaSourceOptionsOf = (config: {
 export interface Media {
   readonly bytes: Buffer
   readonly mimeType: string | undefined
-}
-
-const decodeDataUrl = (url: string, maxBytes: number): Media => {
-  const comma = url.indexOf(",")
-  if (comma < 0) throw new MediaError({ message: "a data: URL needs a comma before its data" })
-  const header = url.slice("data:".length, comma)
-  const data = url.slice(comma + 1)
-  const base64 = header.endsWith(";base64")
-  const mimeType = (base64 ? header.slice(0, -";base64".length) : header).split(";")[0] || undefined
-  if ((base64 ? Math.floor((data.length * 3) / 4) : data.length) > maxBytes + 3) {
-    throw new MediaTooLarge({ message: `the media is larger than the limit of ${maxBytes} bytes` })
-  }
-  const bytes = base64 ? Buffer.from(data, "base64") : Buffer.from(decodeURIComponent(data))
-  if (bytes.length > maxBytes)
-    throw new MediaTooLarge({ message: `the media is larger than the limit of ${maxBytes} bytes` })
-  return { bytes, mimeType }
 }
 
 const readAllowedFile = async (url: string, options: MediaSourceOptions): Promise<Media> => {
@@ -148,7 +133,7 @@ const fetchHttp = (url: URL, options: MediaSourceOptions, redirectsLeft: number)
 
 /** The bytes behind a media URL: a data: URL, a file under the allowed root, or http(s). */
 export const readMedia = (url: string, options: MediaSourceOptions): Promise<Media> => {
-  if (url.startsWith("data:")) return Promise.resolve().then(() => decodeDataUrl(url, options.maxBytes))
+  if (url.startsWith("data:")) return Promise.resolve().then(() => readDataUrl(url, options.maxBytes))
   if (url.startsWith("file:")) return readAllowedFile(url, options)
   let parsed: URL
   try {
