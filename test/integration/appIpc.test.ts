@@ -125,6 +125,11 @@ describe("an app's process cannot crash the platform with what it writes on its 
     expectBrokeProtocol(await attack({ texts: ['{"t":"value",'] }), "not JSON")
   }, 60_000)
 
+  it("stops an app that nests a message 100,000 deep, before parsing it", async () => {
+    const deep = `{"t":"pong","nonce":0,"x":${"[".repeat(100_000)}${"]".repeat(100_000)}}`
+    expectBrokeProtocol(await attack({ texts: [deep] }), "nested deeper than the limit of 64")
+  }, 60_000)
+
   it.each([
     ["a value for a request it was never given", [{ t: "value", rid: 999_999, json: "null" }], "never given"],
     [

@@ -1,5 +1,6 @@
 import { Schema } from "effect"
 import { type DispatchFailureCode, TaskGraphWire } from "../tasks/TaskGraph.js"
+import { jsonDepthWithin } from "../JsonDepth.js"
 
 /** A unit task an app needs deployed, as the control plane sees it. */
 export const UnitTaskSpec = Schema.Struct({
@@ -143,6 +144,12 @@ export const encodeFrame = (message: unknown): Buffer => {
   return frame
 }
 
+/**
+ * How deeply a message on an app's channel may nest arrays and objects (answers travel inside it
+ * as strings and do not count): deeper is refused before it is parsed.
+ */
+export const maxMessageDepth = 64
+
 /** Cuts the bytes read from a channel into frames and parses each frame's JSON. */
 export class FrameReader {
   private chunks: Array<Buffer> = []
@@ -150,11 +157,14 @@ export class FrameReader {
   /** The length of the frame being read, once its header has arrived. */
   private bodyBytes: number | undefined
 
-  constructor(private readonly maxBodyBytes: number) {}
+  constructor(
+    private readonly maxBodyBytes: number,
+    private readonly maxDepth: number = maxMessageDepth
+  ) {}
 
   /**
    * Hands each message `chunk` completes to `deliver`, in order. Answers why the channel is broken
-   * (a frame over the bound, by its header alone, or one that is not JSON); nothing more can be read
+   * (a frame over the bound, by its header alone, one nested too deeply, or one that is not JSON); nothing more can be read
    * from it then.
    */
   read(chunk: Buffer, deliver: (message: unknown) => void): string | undefined {
@@ -170,9 +180,12 @@ export class FrameReader {
       if (this.buffered < this.bodyBytes) return undefined
       const body = this.take(this.bodyBytes)
       this.bodyBytes = undefined
+      const text = body.toString("utf8")
+      if (jsonDepthWithin(text, this.maxDepth) === undefined)
+        return `a message nested deeper than the limit of ${this.maxDepth}`
       let message: unknown
       try {
-        message = JSON.parse(body.toString("utf8"))
+        message = JSON.parse(text)
       } catch {
         return "a message that is not JSON"
       }

@@ -1,3 +1,4 @@
+import { jsonDepthWithin } from "../../app-runtime/JsonDepth.js"
 import { shortened } from "../../app-runtime/Shortened.js"
 
 /**
@@ -6,28 +7,10 @@ import { shortened } from "../../app-runtime/Shortened.js"
  * threads) can run out of stack on it.
  */
 
-export const defaultMaxJsonDepth = 64
+/** The gateway counts with the app runtime's reader: one depth rule for every JSON that crosses in. */
+export { jsonDepthWithin }
 
-/** How deeply `text` nests arrays and objects, or `undefined` as soon as it passes `limit`. Strings are skipped. */
-export const jsonDepthWithin = (text: string, limit: number): number | undefined => {
-  let depth = 0
-  let deepest = 0
-  let inString = false
-  for (let index = 0; index < text.length; index++) {
-    const code = text.charCodeAt(index)
-    if (inString) {
-      if (code === 0x5c)
-        index++ // backslash: skip the escaped character
-      else if (code === 0x22) inString = false
-    } else if (code === 0x22) inString = true
-    else if (code === 0x5b || code === 0x7b) {
-      depth++
-      if (depth > limit) return undefined
-      if (depth > deepest) deepest = depth
-    } else if (code === 0x5d || code === 0x7d) depth--
-  }
-  return deepest
-}
+export const defaultMaxJsonDepth = 64
 
 export const tooDeepMessage = (maxDepth: number) =>
   `the request body nests arrays and objects deeper than the limit of ${maxDepth}`
