@@ -10,6 +10,6 @@ export default defineConfig({
     // A reaper ends what a test started once its worker or the whole run is gone, however it
     // ends (a timeout, a crash, a kill): test/support/reaper/.
     globalSetup: ["test/support/reaper/globalSetup.ts"],
-    setupFiles: ["test/support/reaper/workerSetup.ts"]
+    setupFiles: ["test/support/reaper/workerSetup.ts", "test/support/testEnv.ts"]
   }
 })

@@ -132,7 +132,9 @@ async function waitForApp(url: string, app: string): Promise<AppState> {
 
 /** The app's requests shed by the platform, by reason, from `cornserve_requests_shed_total` in /metrics. */
 async function shedMetric(url: string): Promise<Record<string, number>> {
-  const text = await fetch(`${url}/metrics`)
+  const text = await fetch(`${url}/metrics`, {
+    headers: { authorization: `Bearer ${process.env.CORNSERVE_ADMIN_TOKEN}` }
+  })
     .then((response) => (response.ok ? response.text() : ""))
     .catch(() => "")
   const shed: Record<string, number> = {}

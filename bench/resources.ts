@@ -286,7 +286,11 @@ async function live(mode: "autoscale" | "even") {
       await drive(platform.url, warm, 1, platform.signal)
       const phases: Array<Kind> = ["chat", "paint", "sing"]
       const tallies = await drive(platform.url, trace(phaseMs, rates, phases), phases.length, platform.signal)
-      const metrics = await (await fetch(`${platform.url}/metrics`)).text()
+      const metrics = await (
+        await fetch(`${platform.url}/metrics`, {
+          headers: { authorization: `Bearer ${process.env.CORNSERVE_ADMIN_TOKEN}` }
+        })
+      ).text()
       const moves = [...metrics.matchAll(/^cornserve_rebalance_moves_total\{kind="(\w+)"\} (\d+)$/gm)]
         .map((match) => `${match[1]} ${match[2]}`)
         .join(", ")

@@ -44,6 +44,12 @@ async function bundle(name) {
   return outfile
 }
 
+/**
+ * The admin token of the platforms a bench starts and the CLI commands it runs (inherited through the
+ * environment), and of its /metrics reads.
+ */
+process.env.CORNSERVE_ADMIN_TOKEN ||= "cornserve-bench-admin-token"
+
 async function main(name) {
   const benches = await listBenches()
   if (name === undefined || !benches.includes(name)) {

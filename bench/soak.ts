@@ -169,7 +169,9 @@ function metricValue(text: string, name: string): number | null {
 async function sampleSidecar(url: string): Promise<SidecarSample> {
   const started = performance.now()
   for (;;) {
-    const text = await fetch(`${url}/metrics`)
+    const text = await fetch(`${url}/metrics`, {
+      headers: { authorization: `Bearer ${process.env.CORNSERVE_ADMIN_TOKEN}` }
+    })
       .then((response) => (response.ok ? response.text() : ""))
       .catch(() => "")
     const sample = {

@@ -7,6 +7,7 @@ import { Array as Arr, Cause, Config, Console, Effect, Exit, Option } from "effe
 import { defaultMaxJsonDepth } from "../control/gateway/JsonBody.js"
 import { defaultLevels, defaultSecondsPerLevel } from "../control/task-manager/ProfileRecording.js"
 import { dtypes } from "../models/Dtype.js"
+import { adminTokenPath, ensureAdminToken, readAdminToken } from "../config/AdminTokenFile.js"
 import { internalSecretOf } from "../contracts/Credentials.js"
 import { parseDevices } from "../node/Devices.js"
 import { defaultMaxMediaItems, defaultMediaLimits } from "../executors/common/media/MediaLimits.js"
@@ -27,20 +28,38 @@ import {
 const version = "0.1.0"
 
 /** Whether the gateway bound to `host` can be reached only from this machine. */
-const isLoopbackHost = (host: string) =>
-  host === "localhost" || host === "::1" || host === "[::1]" || /^127\.\d+\.\d+\.\d+$/.test(host)
-
 const gatewayOption = Options.text("gateway").pipe(
   Options.withDescription("The gateway's URL (or CORNSERVE_GATEWAY_URL)."),
   Options.withFallbackConfig(Config.string("CORNSERVE_GATEWAY_URL")),
   Options.withDefault("http://127.0.0.1:8000")
 )
 
-const target = (gateway: string): GatewayTarget => ({ url: gateway, token: process.env.CORNSERVE_ADMIN_TOKEN })
-
 const defaultStateDir = process.env.XDG_STATE_HOME
   ? join(process.env.XDG_STATE_HOME, "cornserve")
   : join(homedir(), ".local", "state", "cornserve")
+
+/**
+ * Where a client command sends its requests, with the admin token: CORNSERVE_ADMIN_TOKEN, else the
+ * one a platform on this machine made in its state dir (CORNSERVE_STATE_DIR, or the default).
+ */
+const target = (gateway: string): GatewayTarget => ({
+  url: gateway,
+  token: process.env.CORNSERVE_ADMIN_TOKEN || readAdminToken(process.env.CORNSERVE_STATE_DIR || defaultStateDir)
+})
+
+/** The admin token kept in `stateDir` (made on first start), and where, said once at start. */
+const madeAdminToken = (stateDir: string) =>
+  Effect.gen(function* () {
+    const made = yield* Effect.try({
+      try: () => ensureAdminToken(stateDir),
+      catch: (cause) => new Error(`cannot keep the admin token in ${stateDir}: ${String(cause)}`)
+    })
+    yield* Console.log(
+      `cornserve: admin token ${made.created ? "made in" : "read from"} ${adminTokenPath(stateDir)} (mode 0600; ` +
+        "the CLI on this machine reads it there, others send it as Authorization: Bearer)"
+    )
+    return made.token
+  })
 
 const seconds = (name: string, fallback: number, description: string) =>
   Options.float(name).pipe(
@@ -214,7 +233,21 @@ const serveCommand = Command.make(
     ),
     insecureNoAuth: Options.boolean("insecure-no-auth").pipe(
       Options.withDescription(
-        "Listen on a non-loopback --host without CORNSERVE_ADMIN_TOKEN: anyone who reaches the port may register code."
+        "Run the admin routes without a token (none from CORNSERVE_ADMIN_TOKEN, none made in the state dir): " +
+          "anyone who reaches the port may register code. For a throwaway machine only."
+      )
+    ),
+    apiKeys: Options.text("api-key").pipe(
+      Options.withDescription(
+        "A key the invoke and OpenAI routes need as `Authorization: Bearer KEY` (repeatable; or CORNSERVE_API_KEY, " +
+          "which other users of this machine cannot read from the process list)."
+      ),
+      Options.repeated
+    ),
+    publicMetrics: Options.boolean("public-metrics").pipe(
+      Options.withDescription(
+        "Serve /metrics to anyone. Otherwise it needs CORNSERVE_METRICS_TOKEN or the admin token: its counters " +
+          "(the encoder cache's hits) tell whether someone sent a given image before."
       )
     )
   },
@@ -242,20 +275,16 @@ const serveCommand = Command.make(
           `--role ${options.role} needs CORNSERVE_CLUSTER_TOKEN: the shared secret nodes join the control plane with`
         )
       }
-      const adminToken = process.env.CORNSERVE_ADMIN_TOKEN || undefined
       // A data-plane node serves no admin route: only the gateway takes code to run.
-      if (
-        options.role !== "data-plane" &&
-        !isLoopbackHost(options.host) &&
-        adminToken === undefined &&
-        !options.insecureNoAuth
-      ) {
+      const adminToken =
+        options.role === "data-plane"
+          ? undefined
+          : process.env.CORNSERVE_ADMIN_TOKEN ||
+            (options.insecureNoAuth ? undefined : yield* madeAdminToken(options.stateDir))
+      if (options.role !== "data-plane" && adminToken === undefined) {
         yield* Console.error(
-          `--host ${options.host} is reachable from other machines, and without CORNSERVE_ADMIN_TOKEN anyone who ` +
-            "reaches it may register and run code: set the token, or pass --insecure-no-auth to accept that"
+          "cornserve: --insecure-no-auth: the admin routes take no token; anyone who reaches the gateway may register and run code"
         )
-        process.exitCode = 2
-        return
       }
       // In the environment, so that the executors this process starts refuse to download too.
       if (options.offline) process.env.HF_HUB_OFFLINE = "1"
@@ -276,6 +305,9 @@ const serveCommand = Command.make(
         sidecarArenaBytes: options.sidecarArenaBytes,
         examples: options.examples,
         adminToken,
+        metricsToken: process.env.CORNSERVE_METRICS_TOKEN || undefined,
+        publicMetrics: options.publicMetrics,
+        apiKeys: [...options.apiKeys, ...(process.env.CORNSERVE_API_KEY ? [process.env.CORNSERVE_API_KEY] : [])],
         allowedHosts: options.allowedHosts,
         maxBodyBytes: options.maxBodyBytes,
         headersTimeoutMs: Math.round(options.headersTimeout * 1000),

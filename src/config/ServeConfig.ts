@@ -25,7 +25,14 @@ export interface ServeOptions {
   /** data-plane: where other nodes reach this node's executors and sidecar. */
   readonly advertiseHost: string
   readonly sidecarArenaBytes: number
+  /** The admin routes' token: CORNSERVE_ADMIN_TOKEN, or the one `serve` keeps in the state dir; undefined only with --insecure-no-auth. */
   readonly adminToken: string | undefined
+  /** The token `/metrics` needs (CORNSERVE_METRICS_TOKEN); the admin token serves too. */
+  readonly metricsToken: string | undefined
+  /** `/metrics` open to anyone (--public-metrics): its counters then tell who sent what media before. */
+  readonly publicMetrics: boolean
+  /** API keys the invoke and OpenAI routes need (--api-key, CORNSERVE_API_KEY); none: open. */
+  readonly apiKeys: ReadonlyArray<string>
   /** Host names besides the bound one and IP literals under which admin requests are taken (DNS rebinding). */
   readonly allowedHosts: ReadonlyArray<string>
   readonly maxBodyBytes: number

@@ -3,7 +3,7 @@ import { tmpdir } from "node:os"
 import { join, relative } from "node:path"
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest"
 import { type FakeHub, type FixtureRepo, smolRepo, startFakeHub } from "../support/fakeHub.js"
-import { runCli, startPlatform } from "../support/platform.js"
+import { adminHeaders, runCli, startPlatform } from "../support/platform.js"
 
 const id = "onnx-community/SmolLM2-135M-Instruct"
 
@@ -92,7 +92,7 @@ export default defineApp({ tasks: { llm }, request: ChatCompletionRequest, serve
       // stand-in bytes, so the executor that starts afterwards cannot load them.
       const response = await fetch(`${platform.url}/app/register`, {
         method: "POST",
-        headers: { "content-type": "application/json" },
+        headers: adminHeaders({ "content-type": "application/json" }),
         body: JSON.stringify({ source: appSource, name: "smol_chat", replace: false }),
         signal: controller.signal
       })

@@ -2,6 +2,7 @@ import { readFileSync } from "node:fs"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import {
+  adminHeaders,
   invoke,
   registerRaw,
   removeStateDir,
@@ -73,7 +74,7 @@ describe("admission control: an app's maxConcurrency and maxQueue", () => {
       admission: { maxConcurrency: 1, maxQueue: 1, queueTimeoutMs: 60_000 }
     })
 
-    const metrics = await (await fetch(`${platform.url}/metrics`)).text()
+    const metrics = await (await fetch(`${platform.url}/metrics`, { headers: adminHeaders() })).text()
     expect(metrics).toContain('cornserve_requests_shed_total{app="gated",reason="app_overloaded"} 1')
     expect(metrics).toContain('cornserve_request_errors_total{app="gated",code="AppOverloaded"} 1')
     expect(metrics).toContain('cornserve_request_duration_seconds_count{app="gated",status="200"} 2')
@@ -93,7 +94,7 @@ describe("admission control: an app's maxConcurrency and maxQueue", () => {
     expect(waited.headers.get("retry-after")).toBe("1")
     expect(((await waited.json()) as { error: { code: string } }).error.code).toBe("QueueTimeout")
     expect((await first).status).toBe(200)
-    expect(await (await fetch(`${platform.url}/metrics`)).text()).toContain(
+    expect(await (await fetch(`${platform.url}/metrics`, { headers: adminHeaders() })).text()).toContain(
       'cornserve_requests_shed_total{app="gated_short_queue",reason="queue_timeout"} 1'
     )
   })

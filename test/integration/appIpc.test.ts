@@ -2,6 +2,7 @@ import { readFileSync } from "node:fs"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import {
+  adminHeaders,
   appState,
   eventually,
   invoke,
@@ -89,7 +90,7 @@ describe("an app's process cannot crash the platform with what it writes on its 
     expect(await appState(platform.url, name)).toBe("ready")
     const unregistered = await fetch(`${platform.url}/app/unregister/${name}`, {
       method: "POST",
-      headers: { "content-type": "application/json" }
+      headers: adminHeaders({ "content-type": "application/json" })
     })
     expect(unregistered.status).toBe(200)
     return failure

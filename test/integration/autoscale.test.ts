@@ -1,6 +1,7 @@
 import { mkdtemp, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import { adminHeaders } from "../support/platform.js"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { chatRequest, streamedText } from "../support/colorChatRequest.js"
 import {
@@ -46,7 +47,7 @@ function autoscaledColorChat(
     tasks,
     named: async (prefix: string) => (await tasks()).find((task) => task.name.startsWith(prefix))!,
     moves: async (kind: string) => {
-      const text = await (await fetch(`${platform.url}/metrics`)).text()
+      const text = await (await fetch(`${platform.url}/metrics`, { headers: adminHeaders() })).text()
       return Number(new RegExp(`^cornserve_rebalance_moves_total\\{kind="${kind}"\\} (\\d+)$`, "m").exec(text)?.[1])
     },
     /** color_chat's answers from eight clients, each sending its next request when answered, until `until` settles. */

@@ -4,7 +4,7 @@ import { dirname, join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { randomLlamaFiles } from "../../src/models/recipes/RandomLlama.js"
 import { descendants } from "../support/executors.js"
-import { eventually, invoke, type RunningPlatform, runCli, startPlatform } from "../support/platform.js"
+import { adminHeaders, eventually, invoke, type RunningPlatform, runCli, startPlatform } from "../support/platform.js"
 
 /**
  * LLM failover through the real binary: the LLM executor's worker is killed while eight greedy
@@ -126,7 +126,7 @@ describe("an LLM executor's worker dies mid-stream", () => {
     const texts = await Promise.all(disturbed.map((stream) => stream.text))
 
     expect(texts).toEqual(undisturbed)
-    const metrics = await (await fetch(`${platform.url}/metrics`)).text()
+    const metrics = await (await fetch(`${platform.url}/metrics`, { headers: adminHeaders() })).text()
     const failovers = Number(/^cornserve_llm_failovers_total\{task="[^"]+"\} (\d+)/m.exec(metrics)?.[1] ?? 0)
     expect(failovers).toBeGreaterThanOrEqual(1)
     // The executor was restarted, and the task is whole again.

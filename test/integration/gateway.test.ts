@@ -227,7 +227,7 @@ describe("cornserve serve: apps registered at run time and invoked over HTTP", (
 
     it("answers 401 for a missing or wrong admin token", async () => {
       const source = await readFile(example("hello"), "utf8")
-      const missing = await registerRaw(platform.url, { name: "hello3", source })
+      const missing = await registerRaw(platform.url, { name: "hello3", source }, null)
       expect(missing.status).toBe(401)
       const wrong = await registerRaw(platform.url, { name: "hello3", source }, "not-the-token")
       expect(wrong.status).toBe(401)

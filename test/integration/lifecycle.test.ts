@@ -5,6 +5,7 @@ import { arenaFilePrefix } from "../../src/sidecar/Arena.js"
 import { type ColorChatPlatform, chatRequest, colorChatArenaBytes, startColorChat } from "../support/colorChat.js"
 import { descendants } from "../support/executors.js"
 import {
+  adminHeaders,
   eventually,
   invoke,
   removeStateDir,
@@ -29,7 +30,7 @@ describe("cornserve serve: the node's sidecar is restarted, and the control plan
 
   /** The sidecar's section of /metrics, or undefined when it has none. */
   const sidecarMetrics = async () => {
-    const text = await (await fetch(`${platform.url}/metrics`)).text()
+    const text = await (await fetch(`${platform.url}/metrics`, { headers: adminHeaders() })).text()
     const sample = (name: string) => {
       const match = new RegExp(`^${name}\\{node="${nodeId}"\\} (\\d+)$`, "m").exec(text)
       return match === null ? undefined : Number(match[1])
@@ -92,7 +93,7 @@ describe("cornserve serve: the node's sidecar is restarted, and the control plan
 
   it("measures each executor call, and the LLM stream's first token and the gaps between tokens, in /metrics", async () => {
     expect(await colourOfRedPixel()).toBe("red")
-    const text = await (await fetch(`${platform.url}/metrics`)).text()
+    const text = await (await fetch(`${platform.url}/metrics`, { headers: adminHeaders() })).text()
     expect(text).toMatch(
       /^cornserve_executor_call_seconds_count\{task="encoder-[^"]+",operation="[^"]+",outcome="ok"\} [1-9]/m
     )

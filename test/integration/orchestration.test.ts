@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { streamedText } from "../support/colorChatRequest.js"
 import { descendants } from "../support/executors.js"
 import {
+  adminHeaders,
   eventually,
   invoke,
   removeStateDir,
@@ -59,7 +60,7 @@ describe("orchestration: apps' tasks run on executors, shared, supervised and wi
       devices: Array<{ id: string; task: string | null }>
     }
   const sidecarBytesInUse = async () => {
-    const text = await (await fetch(`${platform.url}/metrics`)).text()
+    const text = await (await fetch(`${platform.url}/metrics`, { headers: adminHeaders() })).text()
     return Number(/^cornserve_sidecar_bytes_in_use\{[^}]*\} (\d+)$/m.exec(text)![1])
   }
 
@@ -149,7 +150,7 @@ describe("orchestration: apps' tasks run on executors, shared, supervised and wi
     const encoder = (await tasks()).tasks.find((task) => task.name === "encoder-image-tiny-color-vlm")!
     const scaled = await fetch(`${platform.url}/task/scale`, {
       method: "POST",
-      headers: { "content-type": "application/json" },
+      headers: adminHeaders({ "content-type": "application/json" }),
       body: JSON.stringify({ taskId: encoder.id, devices: 1 })
     })
     expect(scaled.status).toBe(200)
@@ -189,7 +190,7 @@ describe("orchestration: apps' tasks run on executors, shared, supervised and wi
     )
     const shrunk = await fetch(`${platform.url}/task/scale`, {
       method: "POST",
-      headers: { "content-type": "application/json" },
+      headers: adminHeaders({ "content-type": "application/json" }),
       body: JSON.stringify({ taskId: encoder.id, devices: -1 })
     })
     expect(shrunk.status).toBe(200)
@@ -205,6 +206,7 @@ describe("orchestration: apps' tasks run on executors, shared, supervised and wi
         const controller = new AbortController()
         const pending = fetch(`${platform.url}/app/invoke/color_chat`, {
           method: "POST",
+          headers: { "content-type": "application/json" },
           body: JSON.stringify(chatRequest(yellow)),
           signal: controller.signal
         }).then(

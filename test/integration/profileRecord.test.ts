@@ -3,6 +3,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import {
+  adminHeaders,
   appState,
   eventually,
   makeStateDir,
@@ -60,7 +61,7 @@ describe("cornserve tasks profile --record: a load sweep recorded ahead of time,
   const record = (taskId: string, body: unknown) =>
     fetch(`${platform.url}/tasks/${taskId}/profile/record`, {
       method: "POST",
-      headers: { "content-type": "application/json" },
+      headers: adminHeaders({ "content-type": "application/json" }),
       body: JSON.stringify(body)
     })
   /** Each point of the curve at one executor: its load group and whether it measured calls. */
@@ -128,7 +129,7 @@ describe("cornserve tasks profile --record: a load sweep recorded ahead of time,
     expect((await profileOf(encoderId)).recorded).toEqual(printed)
     expect(JSON.parse(await readFile(join(stateDir, "profiles", `${encoderId}.json`), "utf8"))).toEqual(printed)
     await eventually(async () => {
-      const metrics = await (await fetch(`${platform.url}/metrics`)).text()
+      const metrics = await (await fetch(`${platform.url}/metrics`, { headers: adminHeaders() })).text()
       return /^cornserve_sidecar_bytes_in_use\{[^}]*\} 0$/m.test(metrics) ? true : undefined
     })
   })

@@ -9,6 +9,7 @@ import { mkdtemp, rm } from "node:fs/promises"
 import sharp from "sharp"
 import { availableParallelism, tmpdir } from "node:os"
 import { join } from "node:path"
+import { adminHeaders } from "../support/platform.js"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { chatRequest, streamedText } from "../support/colorChatRequest.js"
 import { descendants } from "../support/executors.js"
@@ -51,7 +52,7 @@ const solidImageRequest = async (r: number, g: number, b: number) => {
 
 /** One sample of the gateway's /metrics, by its name and labels as written. */
 const metricValue = async (url: string, pattern: RegExp): Promise<number> => {
-  const text = await (await fetch(`${url}/metrics`)).text()
+  const text = await (await fetch(`${url}/metrics`, { headers: adminHeaders() })).text()
   return text
     .split("\n")
     .filter((line) => pattern.test(line))
@@ -146,7 +147,9 @@ describe("shared CPU devices, shared encoder outputs", () => {
     expect(await metricValue(platform.url, /^cornserve_embedding_cache_entries /)).toBeGreaterThan(0)
     expect(await metricValue(platform.url, /^cornserve_embedding_cache_bytes /)).toBeGreaterThan(0)
     // Nothing of it stays in the sidecar: the copies taken for the cache and the forwards were all released.
-    expect(await (await fetch(`${platform.url}/metrics`)).text()).toMatch(/^cornserve_sidecar_transfers_active\{/m)
+    expect(await (await fetch(`${platform.url}/metrics`, { headers: adminHeaders() })).text()).toMatch(
+      /^cornserve_sidecar_transfers_active\{/m
+    )
     await eventually(async () =>
       (await metricValue(platform.url, /^cornserve_sidecar_transfers_active\{/)) === 0 ? true : undefined
     )

@@ -8,6 +8,15 @@ import { fileURLToPath } from "node:url"
 import { reaperActive, trackGroup, trackPath } from "./reaper/registry.js"
 
 export const repoRoot = fileURLToPath(new URL("../../", import.meta.url))
+
+/** The admin token the test run's platforms and CLI commands share (set by test/support/testEnv.ts). */
+export const testAdminToken = "cornserve-test-admin-token"
+
+/** Headers of an admin request (and a /metrics read) with the test run's token. */
+export const adminHeaders = (headers: Record<string, string> = {}): Record<string, string> => ({
+  authorization: `Bearer ${testAdminToken}`,
+  ...headers
+})
 export const binPath = join(repoRoot, "bin", "cornserve")
 
 export interface RunningPlatform {
@@ -119,12 +128,13 @@ export const appState = async (url: string, appId: string): Promise<string | und
 }
 
 /** POSTs an app's source to /app/register and reads the whole SSE answer. */
-export const registerRaw = async (url: string, body: unknown, token?: string) => {
+/** POSTs with the test run's admin token, another `token`, or none (`null`). */
+export const registerRaw = async (url: string, body: unknown, token: string | null = testAdminToken) => {
   const response = await fetch(`${url}/app/register`, {
     method: "POST",
     headers: {
       "content-type": "application/json",
-      ...(token === undefined ? {} : { authorization: `Bearer ${token}` })
+      ...(token === null ? {} : { authorization: `Bearer ${token}` })
     },
     body: JSON.stringify(body)
   })

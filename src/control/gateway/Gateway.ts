@@ -1,4 +1,3 @@
-import { timingSafeEqual } from "node:crypto"
 import type { AppList, NodeList, ScaleAnswer, TaskList, TaskProfileAnswer, UnregisterAnswer } from "./GatewayAnswers.js"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
@@ -25,9 +24,11 @@ import { ResourceManager } from "../resource-manager/ResourceManager.js"
 import { ProfileRecorder } from "../task-manager/ProfileRecorder.js"
 import { LevelMeasured, RecordedProfile, RecordingDone, RecordRequest } from "../task-manager/ProfileRecording.js"
 import { ServeConfig } from "../../config/ServeConfig.js"
+import { adminTokenPath } from "../../config/AdminTokenFile.js"
+import { bearerOf, sameSecret } from "../../contracts/Credentials.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
 import { adminRequestRefusal } from "./AdminGuard.js"
-import { errorBody, errorResponse } from "./ErrorResponse.js"
+import { errorBody, errorHead, errorResponse } from "./ErrorResponse.js"
 import { shortened } from "../../app-runtime/Shortened.js"
 import { parseJsonBody } from "./JsonBody.js"
 import { renderMetrics } from "./Metrics.js"
@@ -133,22 +134,36 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
         )
       })
 
-    const tokenBytes = config.adminToken === undefined ? undefined : Buffer.from(config.adminToken)
     const guardOptions = { boundHost: config.host, allowedHosts: config.allowedHosts }
     const requireAdmin = Effect.gen(function* () {
       const request = yield* HttpServerRequest.HttpServerRequest
-      if (tokenBytes !== undefined) {
-        const header = request.headers.authorization
-        if (header === undefined || !header.startsWith("Bearer ")) {
-          return yield* new Unauthorized({ message: "this route needs an admin token: Authorization: Bearer <token>" })
+      if (config.adminToken !== undefined) {
+        const given = bearerOf(request.headers.authorization)
+        if (given === undefined) {
+          return yield* new Unauthorized({
+            message: `this route needs the admin token: Authorization: Bearer <token> (on the platform's machine: ${adminTokenPath(config.stateDir)})`
+          })
         }
-        const given = Buffer.from(header.slice("Bearer ".length).trim())
-        if (given.length !== tokenBytes.length || !timingSafeEqual(given, tokenBytes)) {
+        if (!sameSecret(given, config.adminToken))
           return yield* new Unauthorized({ message: "the admin token is wrong" })
-        }
       }
       const refusal = adminRequestRefusal(request.headers, guardOptions)
       if (refusal !== undefined) return yield* new Forbidden({ message: refusal })
+    })
+
+    /** `/metrics` needs the metrics token or the admin token, unless the operator made it public. */
+    const requireMetricsReader = Effect.gen(function* () {
+      if (config.publicMetrics) return
+      const tokens = [config.metricsToken, config.adminToken].filter((token) => token !== undefined)
+      if (tokens.length === 0) return
+      const request = yield* HttpServerRequest.HttpServerRequest
+      const given = bearerOf(request.headers.authorization)
+      if (given === undefined || !tokens.some((token) => sameSecret(given, token))) {
+        return yield* new Unauthorized({
+          message:
+            "/metrics needs CORNSERVE_METRICS_TOKEN or the admin token as Authorization: Bearer (or serve --public-metrics)"
+        })
+      }
     })
 
     const param = (name: string) => Effect.map(HttpRouter.params, (params) => params[name] ?? "")
@@ -278,6 +293,7 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
     const { metrics: requestMetrics } = yield* PlatformMetrics
 
     const metrics = Effect.gen(function* () {
+      yield* requireMetricsReader
       const sidecar = yield* Effect.tryPromise(() => agent.sidecarClient().then((client) => client.stats())).pipe(
         Effect.orElseSucceed(() => undefined)
       )
@@ -339,6 +355,25 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       Effect.catchAll((error) => Effect.succeed(errorResponse(error)))
     )
 
+    /** With API keys configured, the invoke and OpenAI routes need one of them (or the admin token). */
+    const apiKeyAccepted = (header: string | undefined): boolean => {
+      if (config.apiKeys.length === 0) return true
+      const given = bearerOf(header)
+      return (
+        given !== undefined &&
+        [...config.apiKeys, ...(config.adminToken === undefined ? [] : [config.adminToken])].some((key) =>
+          sameSecret(given, key)
+        )
+      )
+    }
+    const refuseApiKey = (response: Http.ServerResponse) => {
+      const error = new Unauthorized({ message: "this route needs an API key: Authorization: Bearer <key>" })
+      const head = errorHead(error)
+      // The body is not read: the connection cannot carry another request.
+      response.writeHead(head.status, { ...head.headers, "content-type": "application/json", connection: "close" })
+      response.end(JSON.stringify(errorBody(error)))
+    }
+
     const effectRoutes = yield* NodeHttpServer.makeHandler(app)
     const invokeRoute = makeInvokeRoute({
       lookup: appManager.lookup,
@@ -357,6 +392,8 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       })
       if (request.method === "POST") {
         const path = request.url!.split("?", 1)[0]!
+        const invoking = path.startsWith(invokePrefix) || chatCompletionsPattern.test(path)
+        if (invoking && !apiKeyAccepted(request.headers.authorization)) return refuseApiKey(response)
         if (path.startsWith(invokePrefix))
           return invokeRoute(request, response, path.slice(invokePrefix.length), "native")
         const chat = chatCompletionsPattern.exec(path)

@@ -1,0 +1,8 @@
+import { testAdminToken } from "./platform.js"
+
+/**
+ * vitest's setup file: every platform a test starts, and every CLI command it runs, share one admin
+ * token through the environment, as an operator's would. (What `serve` does without one, making a
+ * token in its state dir that the CLI reads, is tested on its own in test/integration/adminToken.test.ts.)
+ */
+process.env.CORNSERVE_ADMIN_TOKEN = testAdminToken
