@@ -70,21 +70,41 @@ export const appDefinitionProblems = (definition: unknown): Array<string> => {
   return problems
 }
 
-/** Declares an app: the default export of an app file. */
-/** What is wrong with admission settings (each, when given, a whole number: at least 1, or 0 for the queue). */
+/**
+ * The most each admission setting may be. A queue timeout is a Node timer, which fires at once when
+ * given more than 2^31-1 ms (and so would refuse every queued request); a day is far below that and
+ * far above any sane wait. The counts bound what one app may hold in memory and in flight.
+ */
+export const admissionMaxima = {
+  maxConcurrency: 100_000,
+  maxQueue: 100_000,
+  queueTimeoutMs: 86_400_000,
+  maxCallsPerTask: 100_000
+} as const
+
+/** The least each admission setting may be: one request running, an empty queue, one millisecond. */
+export const admissionMinima = {
+  maxConcurrency: 1,
+  maxQueue: 0,
+  queueTimeoutMs: 1,
+  maxCallsPerTask: 1
+} as const
+
+/** What is wrong with admission settings (each, when given, a whole number within its bounds). */
 export const admissionProblems = (limits: unknown, where: string): Array<string> => {
   if (typeof limits !== "object" || limits === null) return [`\`${where}\` must be an object`]
   const problems: Array<string> = []
-  const check = (name: keyof AdmissionSettings, least: number) => {
+  for (const name of Object.keys(admissionMaxima) as Array<keyof typeof admissionMaxima>) {
     const value = (limits as Record<string, unknown>)[name]
-    if (value !== undefined && !(Number.isSafeInteger(value) && (value as number) >= least)) {
-      problems.push(`\`${where}.${name}\` must be a whole number of at least ${least}`)
+    const least = admissionMinima[name]
+    const most = admissionMaxima[name]
+    if (
+      value !== undefined &&
+      !(Number.isSafeInteger(value) && (value as number) >= least && (value as number) <= most)
+    ) {
+      problems.push(`\`${where}.${name}\` must be a whole number from ${least} to ${most}`)
     }
   }
-  check("maxConcurrency", 1)
-  check("maxQueue", 0)
-  check("queueTimeoutMs", 1)
-  check("maxCallsPerTask", 1)
   const weight = (limits as Record<string, unknown>).weight
   if (weight !== undefined && !(typeof weight === "number" && weight > 0 && weight <= 1000)) {
     problems.push(`\`${where}.weight\` must be a number above 0, at most 1000`)
@@ -92,6 +112,7 @@ export const admissionProblems = (limits: unknown, where: string): Array<string>
   return problems
 }
 
+/** Declares an app: the default export of an app file. */
 export const defineApp = <Req, ReqEncoded, Res = unknown, ResEncoded = Res>(
   definition: AppDefinition<Req, ReqEncoded, Res, ResEncoded>
 ): App<Req, ReqEncoded, Res, ResEncoded> => {

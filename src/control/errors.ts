@@ -79,6 +79,11 @@ export class RequestTimeout extends Schema.TaggedError<RequestTimeout>()("Reques
   }
 }
 
+/** A body the route does not take by its content-type: an app's routes take JSON only. */
+export class UnsupportedMediaType extends Schema.TaggedError<UnsupportedMediaType>()("UnsupportedMediaType", {
+  message: Schema.String
+}) {}
+
 export class PayloadTooLarge extends Schema.TaggedError<PayloadTooLarge>()("PayloadTooLarge", {
   limitBytes: Schema.Number
 }) {
@@ -199,6 +204,7 @@ export type ControlPlaneError =
   | TaskUnavailable
   | RequestTimeout
   | PayloadTooLarge
+  | UnsupportedMediaType
   | RequestBodyTimeout
   | Unauthorized
   | Forbidden

@@ -47,6 +47,8 @@ export const httpStatuses = {
   AppOverloaded: { status: 429, retryAfterSeconds: 1 },
   PayloadTooLarge: { status: 413 },
   MediaTooLarge: { status: 413 },
+  // A body in a media type the route does not take (an app's routes take JSON only).
+  UnsupportedMediaType: { status: 415 },
   RequestSchemaMismatch: { status: 422 },
   // The client went away; nobody reads the answer, but it must not look like a failure.
   RequestCancelled: { status: 499 },

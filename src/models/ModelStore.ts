@@ -2,8 +2,10 @@ import { mkdir, mkdtemp, readFile, rename, rm, stat, writeFile } from "node:fs/p
 import { homedir } from "node:os"
 import { basename, dirname, join, resolve } from "node:path"
 import type { Dtype } from "./Dtype.js"
-import { type ModelDownloadEvent, parseHubId, resolveHubModel } from "./Hub.js"
+import { shortened } from "../app-runtime/Shortened.js"
+import { huggingFaceCacheDir, type ModelDownloadEvent, parseHubId, resolveHubModel } from "./Hub.js"
 import { UnknownModel } from "./ModelErrors.js"
+import { isUnderModelRoots, modelRootsFromEnvironment } from "./ModelRoots.js"
 import { benchDecoder125m } from "./recipes/BenchDecoder125m.js"
 import { benchVitB16 } from "./recipes/BenchVitB16.js"
 import { benchSmolLm2 } from "./recipes/RandomLlama.js"
@@ -107,12 +109,49 @@ export interface ResolveOptions {
   readonly refresh?: boolean | undefined
   /** For hub models: what a download is doing. */
   readonly onProgress?: ((event: ModelDownloadEvent) => void) | undefined
+  /**
+   * Directories the operator allows model paths in, besides the model cache and the Hugging Face
+   * cache (default: those CORNSERVE_MODEL_ROOTS names). A model path anywhere else is refused.
+   */
+  readonly modelRoots?: ReadonlyArray<string> | undefined
 }
+
+/** Every directory a model path may be in: the model cache, the Hugging Face cache and the operator's roots. */
+export const allowedModelRoots = (operatorRoots: ReadonlyArray<string> = modelRootsFromEnvironment()) => [
+  modelCacheDir(),
+  huggingFaceCacheDir(),
+  ...operatorRoots
+]
+
+/**
+ * The refusal of a model id that is no recipe, no hub id and no path below an allowed root. It is
+ * the same whatever is at that path, so that it tells nothing of the host's directories.
+ */
+const unknownModel = (id: string) =>
+  new UnknownModel({
+    id: shortened(id),
+    reason:
+      `not a built-in model (${builtinModelNames.join(", ")}), not a hub id (org/name), and not a model ` +
+      "directory this node allows: a model given by path must be below CORNSERVE_MODEL_DIR, the Hugging Face " +
+      "cache or a model root the operator allows (serve --model-root, CORNSERVE_MODEL_ROOTS)"
+  })
+
+/**
+ * The refusal of model `id` when it names a path this node does not allow (see `allowedModelRoots`),
+ * decided by the id alone, before any file is looked at: for a registration to refuse an app at
+ * once. `undefined` for a recipe name, a hub id and an allowed path.
+ */
+export const disallowedModelPath = (id: string, modelRoots?: ReadonlyArray<string>): UnknownModel | undefined =>
+  recipes.has(id) || parseHubId(id) !== undefined || isUnderModelRoots(id, allowedModelRoots(modelRoots))
+    ? undefined
+    : unknownModel(id)
 
 /**
  * The directory of model `id`: a recipe name resolves into the cache, built there on first use
- * (or when the cached build is from an older recipe); an existing directory is used as it is; a
- * hub id (`org/name`, `org/name@revision`) is looked up on this machine and downloaded when absent.
+ * (or when the cached build is from an older recipe); a directory below an allowed root (see
+ * `allowedModelRoots`) is used as it is; a hub id (`org/name`, `org/name@revision`) is looked up on
+ * this machine and downloaded when absent. Any other id is refused before the file system is asked
+ * about it.
  */
 export const resolveModel = async (id: string, options: ResolveOptions = {}): Promise<string> => {
   const recipe = recipes.get(id)
@@ -121,8 +160,9 @@ export const resolveModel = async (id: string, options: ResolveOptions = {}): Pr
     if (!(await isCurrentBuild(target, recipe))) await install(recipe, target, true)
     return target
   }
+  const allowed = isUnderModelRoots(id, allowedModelRoots(options.modelRoots))
   const path = resolve(id)
-  const info = await stat(path).catch(() => undefined)
+  const info = allowed ? await stat(path).catch(() => undefined) : undefined
   const hubRef = parseHubId(id)
   if (hubRef !== undefined && (info === undefined || !info.isDirectory())) {
     return resolveHubModel(id, hubRef, modelCacheDir(), {
@@ -132,6 +172,7 @@ export const resolveModel = async (id: string, options: ResolveOptions = {}): Pr
       onEvent: options.onProgress
     })
   }
+  if (!allowed) throw unknownModel(id)
   if (info === undefined || !info.isDirectory()) {
     throw new UnknownModel({
       id,

@@ -336,7 +336,7 @@ describe("resolveModel with a hub id", () => {
     expect(hub.requests).toEqual([])
   })
 
-  it("uses a directory placed under the model directory by hand, and a local directory before the hub", async () => {
+  it("uses a directory placed under the model directory by hand, and an allowed local directory before the hub", async () => {
     const placed = join(modelDir, "onnx-community", "SmolLM2-135M-Instruct")
     await mkdir(join(placed, "onnx"), { recursive: true })
     await writeFile(join(placed, "config.json"), "{}")
@@ -349,11 +349,13 @@ describe("resolveModel with a hub id", () => {
     try {
       await mkdir(join(root, "local", "model"), { recursive: true })
       await writeFile(join(root, "local", "model", "config.json"), "{}")
-      expect(await resolveModel("local/model")).toBe(join(root, "local", "model"))
+      expect(await resolveModel("local/model", { modelRoots: [root] })).toBe(join(root, "local", "model"))
+      expect(hub.requests).toEqual([])
+      // Outside the allowed roots the directory is not looked at: the id is a hub id.
+      await expect(resolveModel("local/model")).rejects.toThrow(/not found on/)
     } finally {
       process.chdir(cwd)
     }
-    expect(hub.requests).toEqual([])
   })
 
   it("lets two concurrent resolutions share one download", async () => {

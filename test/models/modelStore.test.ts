@@ -2,13 +2,14 @@ import * as esbuild from "esbuild"
 import { execFile } from "node:child_process"
 import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises"
 import { homedir, tmpdir } from "node:os"
-import { join, relative } from "node:path"
+import { delimiter, join, relative } from "node:path"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
 import { InvalidModelDirectory, loadModelDirectory, onnxPath } from "../../src/models/ModelDirectory.js"
 import {
   benchModelNames,
   buildModel,
   builtinModelNames,
+  disallowedModelPath,
   modelCacheDir,
   resolveModel,
   UnknownModel
@@ -154,16 +155,87 @@ describe("resolveModel", () => {
     expect(await readFile(configPath, "utf8")).toBe(current)
   })
 
-  it("takes any other id as the path of a local model directory", async () => {
+  it("takes any other id as the path of a local model directory below an allowed root", async () => {
+    const modelRoots = [root]
     const local = join(root, "my-model")
     await mkdir(join(local, "onnx"), { recursive: true })
     await writeFile(join(local, "config.json"), JSON.stringify({ model_type: "mine" }))
-    expect(await resolveModel(local)).toBe(local)
-    expect(await resolveModel(relative(process.cwd(), local))).toBe(local)
+    expect(await resolveModel(local, { modelRoots })).toBe(local)
+    expect(await resolveModel(relative(process.cwd(), local), { modelRoots })).toBe(local)
 
-    await expect(resolveModel(join(root, "missing"))).rejects.toThrow(/no directory exists/)
+    await expect(resolveModel(join(root, "missing"), { modelRoots })).rejects.toThrow(/no directory exists/)
     await mkdir(join(root, "empty"))
-    await expect(resolveModel(join(root, "empty"))).rejects.toThrow(/holds no config\.json/)
+    await expect(resolveModel(join(root, "empty"), { modelRoots })).rejects.toThrow(/holds no config\.json/)
+  })
+
+  it("takes model directories below the model cache and CORNSERVE_MODEL_ROOTS without being told", async () => {
+    const cache = join(root, "roots-cache")
+    const operator = join(root, "roots-operator")
+    for (const dir of [join(cache, "mine"), join(operator, "mine")]) {
+      await mkdir(dir, { recursive: true })
+      await writeFile(join(dir, "config.json"), JSON.stringify({ model_type: "mine" }))
+    }
+    process.env.CORNSERVE_MODEL_DIR = cache
+    expect(await resolveModel(join(cache, "mine"))).toBe(join(cache, "mine"))
+    await expect(resolveModel(join(operator, "mine"))).rejects.toThrow(/not a model directory this node allows/)
+    process.env.CORNSERVE_MODEL_ROOTS = ["/nowhere", operator].join(delimiter)
+    try {
+      expect(await resolveModel(join(operator, "mine"))).toBe(join(operator, "mine"))
+    } finally {
+      delete process.env.CORNSERVE_MODEL_ROOTS
+    }
+  })
+
+  it("refuses a path outside the allowed roots with one message, whatever is there", async () => {
+    const modelRoots = [join(root, "allowed")]
+    const model = join(root, "elsewhere")
+    await mkdir(join(model, "onnx"), { recursive: true })
+    await writeFile(join(model, "config.json"), JSON.stringify({ model_type: "mine" }))
+    await writeFile(join(root, "a-file"), "")
+    const refusal = async (id: string) => {
+      const error = await resolveModel(id, { modelRoots }).then(
+        () => undefined,
+        (e: unknown) => e
+      )
+      expect(error, id).toBeInstanceOf(UnknownModel)
+      return (error as UnknownModel).message.replace(id, "ID")
+    }
+    const messages = await Promise.all(
+      [
+        model, // a whole model directory
+        join(root, "a-file"),
+        join(root, "no-such-dir"),
+        "/",
+        "/etc",
+        "/no/such/directory",
+        join(root, "allowed", "..", "elsewhere"), // out through ..
+        join(root, "allowed-not"), // a sibling whose name starts like the root's
+        relative(process.cwd(), model)
+      ].map(refusal)
+    )
+    expect(new Set(messages).size).toBe(1)
+    expect(messages[0]).not.toMatch(/exist|config\.json|directory at/)
+    expect(messages[0]).toContain("--model-root")
+  })
+
+  it("tells by the id alone, as a registration asks, which model paths it would refuse", async () => {
+    const modelRoots = [join(root, "allowed")]
+    expect(disallowedModelPath("cornserve/tiny-color-vlm", modelRoots)).toBeUndefined()
+    expect(disallowedModelPath("onnx-community/SmolLM2-135M-Instruct@main", modelRoots)).toBeUndefined()
+    expect(disallowedModelPath(join(root, "allowed", "mine"), modelRoots)).toBeUndefined()
+    const refusal = disallowedModelPath("/etc", modelRoots)
+    expect(refusal).toBeInstanceOf(UnknownModel)
+    expect(refusal?.message.replace("/etc", "ID")).toBe(
+      disallowedModelPath("/no/such/dir", modelRoots)?.message.replace("/no/such/dir", "ID")
+    )
+  })
+
+  it("does not echo a long model id whole", async () => {
+    const error = await resolveModel(`/${"x".repeat(5_000)}`).then(
+      () => undefined,
+      (e: unknown) => e as UnknownModel
+    )
+    expect(error?.message.length).toBeLessThan(1_000)
   })
 })
 

@@ -30,11 +30,39 @@ interface Waiter {
   readonly timer: NodeJS.Timeout
 }
 
+/** The longest delay a Node timer keeps: a longer one fires at once. */
+const longestTimerMs = 2 ** 31 - 1
+
+/** A count of at least `least`, or `least` itself for anything that is not a number (NaN included). */
+const atLeast = (value: number, least: number) => (Number.isNaN(value) ? least : Math.max(value, least))
+
+/**
+ * Limits that cannot misbehave, whatever they were given: registration bounds them already, but a
+ * queue timeout past a timer's range would refuse every queued request at once, and a NaN count
+ * would queue without end. Sound limits are kept as they are (the same object: `unlimitedAdmission`
+ * is told apart by identity).
+ */
+const saneLimits = (limits: AdmissionLimits): AdmissionLimits => {
+  const sane = {
+    maxConcurrency: atLeast(limits.maxConcurrency, 1),
+    maxQueue: atLeast(limits.maxQueue, 0),
+    queueTimeoutMs: Math.min(atLeast(limits.queueTimeoutMs, 0), longestTimerMs)
+  }
+  const unchanged =
+    sane.maxConcurrency === limits.maxConcurrency &&
+    sane.maxQueue === limits.maxQueue &&
+    sane.queueTimeoutMs === limits.queueTimeoutMs
+  return unchanged ? limits : sane
+}
+
 export class Admission {
   private running = 0
   private readonly queue: Array<Waiter> = []
+  readonly limits: AdmissionLimits
 
-  constructor(readonly limits: AdmissionLimits) {}
+  constructor(limits: AdmissionLimits) {
+    this.limits = saneLimits(limits)
+  }
 
   /** No limit: every request runs at once, and none needs to be counted. */
   get unlimited(): boolean {

@@ -1,15 +1,20 @@
 import { mkdir, readdir, readFile, rename, rm, writeFile } from "node:fs/promises"
 import { join } from "node:path"
 import { Effect, Schema } from "effect"
+import { admissionMaxima, admissionMinima } from "../../app-runtime/App.js"
 import { ServeConfig } from "../../config/ServeConfig.js"
+
+/** A whole number within an admission setting's bounds, the same as an app's own settings are held to. */
+const admissionCount = (name: keyof typeof admissionMaxima) =>
+  Schema.Int.pipe(Schema.between(admissionMinima[name], admissionMaxima[name]))
 
 /** Admission settings a registration sets over those of the app's definition. */
 export const AdmissionOverride = Schema.Struct({
-  maxConcurrency: Schema.optional(Schema.Int.pipe(Schema.greaterThanOrEqualTo(1))),
-  maxQueue: Schema.optional(Schema.Int.pipe(Schema.greaterThanOrEqualTo(0))),
-  queueTimeoutMs: Schema.optional(Schema.Int.pipe(Schema.greaterThanOrEqualTo(1))),
+  maxConcurrency: Schema.optional(admissionCount("maxConcurrency")),
+  maxQueue: Schema.optional(admissionCount("maxQueue")),
+  queueTimeoutMs: Schema.optional(admissionCount("queueTimeoutMs")),
   weight: Schema.optional(Schema.Number.pipe(Schema.greaterThan(0), Schema.lessThanOrEqualTo(1000))),
-  maxCallsPerTask: Schema.optional(Schema.Int.pipe(Schema.greaterThanOrEqualTo(1)))
+  maxCallsPerTask: Schema.optional(admissionCount("maxCallsPerTask"))
 })
 export type AdmissionOverride = typeof AdmissionOverride.Type
 

@@ -5,12 +5,20 @@ import { responseTooLargeMessage, type SchemaIssue } from "../../app-runtime/dri
 import { ChatCompletion, ChatCompletionChunk } from "../../app-runtime/schemas/OpenAI.js"
 import type { AppDriver } from "../app-manager/AppDriver.js"
 import type { ReplyHandlers } from "../app-manager/ReplyHandlers.js"
-import { AppFailed, AppOverloaded, QueueTimeout, BadRequest, RequestTimeout, ShuttingDown } from "../errors.js"
+import {
+  AppFailed,
+  AppOverloaded,
+  QueueTimeout,
+  BadRequest,
+  RequestTimeout,
+  ShuttingDown,
+  UnsupportedMediaType
+} from "../errors.js"
 import { errorBody, errorHead, type GatewayError } from "./ErrorResponse.js"
 import { remoteError } from "../RemoteError.js"
 import { shortened } from "../../app-runtime/Shortened.js"
 import { jsonDepthWithin, tooDeepMessage } from "./JsonBody.js"
-import { type RequestBodyLimits, readRequestBody } from "./RequestBody.js"
+import { notJsonContentType, type RequestBodyLimits, readRequestBody } from "./RequestBody.js"
 import type { Metrics } from "../metrics/PlatformMetrics.js"
 import { noSpan, startSpan, tracing } from "../../tracing/Tracing.js"
 import { RequestScope } from "../RequestScope.js"
@@ -233,6 +241,12 @@ export const makeInvokeRoute =
       return sendError(response, driver)
     }
     appLabel = appId
+    // Refused before admission and before the body is read: a cross-site form never reaches the app.
+    const notJson = notJsonContentType(request.headers["content-type"])
+    if (notJson !== undefined) {
+      request.resume()
+      return sendError(response, new UnsupportedMediaType({ message: notJson }))
+    }
     const run = () =>
       readRequestBody(request, options.bodyLimits, (body) => {
         if (typeof body !== "string") return sendError(response, body)

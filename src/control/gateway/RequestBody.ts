@@ -1,4 +1,5 @@
 import type { IncomingMessage } from "node:http"
+import { shortened } from "../../app-runtime/Shortened.js"
 import { BadRequest, PayloadTooLarge, RequestBodyTimeout } from "../errors.js"
 
 export interface RequestBodyLimits {
@@ -52,4 +53,29 @@ export const readRequestBody = (
   // A client that goes away mid-body gets no answer; its timer must not outlive it.
   request.once("close", () => clearTimeout(idle))
   request.once("error", (error) => finish(new BadRequest({ message: `reading the body failed: ${error.message}` })))
+}
+
+/**
+ * Why a request's `content-type` is not JSON, or `undefined` when it is (`application/json`, with
+ * any parameters but a charset other than UTF-8). An app's routes take JSON only: a browser sends
+ * `text/plain` and form bodies cross-site without asking the server first, so a page on any site
+ * could otherwise drive an app with its visitors' network position; `application/json` makes the
+ * browser ask (CORS preflight), which the gateway never grants.
+ */
+export const notJsonContentType = (contentType: string | undefined): string | undefined => {
+  const [type = "", ...parameters] = (contentType ?? "").split(";")
+  const essence = type.trim().toLowerCase()
+  if (essence !== "application/json") {
+    return essence === ""
+      ? "the request has no content-type; send its JSON body with content-type: application/json"
+      : `the request's content-type is ${shortened(essence, 100)}; send its JSON body with content-type: application/json`
+  }
+  const charset = parameters
+    .map((parameter) => parameter.trim().toLowerCase())
+    .find((parameter) => parameter.startsWith("charset="))
+  const encoding = charset?.slice("charset=".length).replace(/^"|"$/g, "")
+  if (encoding !== undefined && encoding !== "utf-8" && encoding !== "utf8") {
+    return `the request's charset is ${shortened(encoding, 100)}; send its JSON body in UTF-8 with content-type: application/json`
+  }
+  return undefined
 }

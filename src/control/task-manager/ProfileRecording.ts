@@ -13,9 +13,27 @@ const SecondsPerLevel = Schema.Number.pipe(Schema.greaterThan(0), Schema.lessTha
 
 export const defaultLevels = [1, 2, 4, 8] as const
 export const defaultSecondsPerLevel = 5
+/** Levels one recording may sweep: each runs for its seconds, one after another. */
+export const maxLevels = 64
+
+/**
+ * A sweep's levels: its length is checked before its items, so that a huge array is refused at
+ * once with one short message rather than checked item by item.
+ */
+const Levels = Schema.Array(Schema.Unknown).pipe(
+  Schema.filter(
+    (levels) =>
+      (levels.length >= 1 && levels.length <= maxLevels) ||
+      `a recording sweeps from 1 to ${maxLevels} levels, not ${levels.length}`,
+    {
+      identifier: "Levels"
+    }
+  ),
+  Schema.compose(Schema.NonEmptyArray(Level))
+)
 
 export const RecordRequest = Schema.Struct({
-  levels: Schema.optionalWith(Schema.NonEmptyArray(Level), { default: () => [...defaultLevels] }),
+  levels: Schema.optionalWith(Levels, { default: () => [...defaultLevels] }),
   secondsPerLevel: Schema.optionalWith(SecondsPerLevel, { default: () => defaultSecondsPerLevel })
 })
 export type RecordRequest = typeof RecordRequest.Type

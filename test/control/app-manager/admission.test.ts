@@ -53,4 +53,22 @@ describe("Admission", () => {
     release(seen[0])
     expect([admission.inFlight, admission.queued]).toEqual([0, 0])
   })
+
+  it("keeps a queued request waiting under a queue timeout past a timer's range, rather than refusing it at once", () => {
+    vi.useFakeTimers()
+    const admission = new Admission({ maxConcurrency: 1, maxQueue: 1, queueTimeoutMs: 2 ** 31 })
+    expect(admission.limits.queueTimeoutMs).toBe(2 ** 31 - 1)
+    const { seen } = outcomes(admission, 2)
+    vi.advanceTimersByTime(60_000)
+    expect(seen[1]).toBeUndefined()
+    release(seen[0])
+    expect(seen[1]?._tag).toBe("Admitted")
+  })
+
+  it("refuses at once rather than queueing without end when its counts are not numbers", () => {
+    const admission = new Admission({ maxConcurrency: Number.NaN, maxQueue: Number.NaN, queueTimeoutMs: 1_000 })
+    const { seen } = outcomes(admission, 2)
+    expect(seen.map((outcome) => outcome?._tag)).toEqual(["Admitted", "Overloaded"])
+    release(seen[0])
+  })
 })

@@ -71,6 +71,23 @@ const guardedLookup: LookupFunction = (hostname, options, callback) => {
   })
 }
 
+/**
+ * Where a redirect leads, or why it is not followed: only to http(s). A server must not turn a
+ * fetch into a read of the executor's files or a `data:` URL it chose.
+ */
+const redirectTarget = (from: URL, location: string): URL | MediaError => {
+  let target: URL
+  try {
+    target = new URL(location, from)
+  } catch {
+    return new MediaError({ message: `${from.href} redirects to something that is not a URL` })
+  }
+  if (target.protocol === "http:" || target.protocol === "https:") return target
+  return new MediaError({
+    message: `${from.href} redirects to a ${target.protocol} URL; only redirects to http: and https: are followed`
+  })
+}
+
 const fetchHttp = (url: URL, options: MediaSourceOptions, redirectsLeft: number): Promise<Media> =>
   new Promise((resolve, reject) => {
     const literal = url.hostname.replace(/^\[|\]$/g, "")
@@ -90,7 +107,9 @@ const fetchHttp = (url: URL, options: MediaSourceOptions, redirectsLeft: number)
         if (status >= 300 && status < 400 && response.headers.location !== undefined) {
           response.resume()
           if (redirectsLeft === 0) return reject(new MediaError({ message: `${url.href} redirects too many times` }))
-          return resolve(fetchHttp(new URL(response.headers.location, url), options, redirectsLeft - 1))
+          const target = redirectTarget(url, response.headers.location)
+          if (target instanceof MediaError) return reject(target)
+          return resolve(fetchHttp(target, options, redirectsLeft - 1))
         }
         if (status !== 200) {
           response.resume()

@@ -2,10 +2,13 @@ import { networkInterfaces } from "node:os"
 import { BlockList, isIPv4, isIPv6 } from "node:net"
 
 /**
- * Which IP addresses a media fetch may connect to: only public unicast ones. Everything else (loopback,
- * private, link-local, shared, benchmarking, documentation, multicast, reserved, this host's own
- * interfaces) is refused, and so is any IPv6 form that carries such an IPv4 address inside it
- * (IPv4-mapped, IPv4-compatible, NAT64, 6to4, Teredo), since the network may route those to it.
+ * Which IP addresses a media fetch may connect to: only public unicast ones, as IANA's IPv4 and IPv6
+ * Special-Purpose Address Registries tell them. Everything else (loopback, private, link-local,
+ * shared, benchmarking, documentation, multicast, reserved, this host's own interfaces) is refused.
+ * IPv6 is held to an allow-list: only global unicast (2000::/3) is public, less the special blocks
+ * in it, so that a block assigned outside it later (as SRv6's 5f00::/16 was) is refused already. An
+ * IPv6 form that stands for an IPv4 address (IPv4-mapped, IPv4-translated, NAT64, 6to4, Teredo) is
+ * judged by that IPv4 address, since the network may route it there.
  */
 
 const nonPublicIpv4 = new BlockList()
@@ -16,10 +19,13 @@ for (const [network, prefix] of [
   ["127.0.0.0", 8],
   ["169.254.0.0", 16], // link-local, cloud metadata services
   ["172.16.0.0", 12],
-  ["192.0.0.0", 24], // IETF protocol assignments
+  ["192.0.0.0", 24], // IETF protocol assignments (DS-Lite, NAT64 discovery, PCP and TURN anycast)
   ["192.0.2.0", 24], // documentation
+  ["192.31.196.0", 24], // AS112 DNS sinks
+  ["192.52.193.0", 24], // AMT relays
   ["192.88.99.0", 24], // 6to4 relay anycast
   ["192.168.0.0", 16],
+  ["192.175.48.0", 24], // AS112 direct delegation
   ["198.18.0.0", 15], // benchmarking
   ["198.51.100.0", 24], // documentation
   ["203.0.113.0", 24], // documentation
@@ -29,20 +35,19 @@ for (const [network, prefix] of [
   nonPublicIpv4.addSubnet(network, prefix, "ipv4")
 }
 
-const nonPublicIpv6 = new BlockList()
+/** Global unicast: the only IPv6 space that holds public addresses. */
+const globalUnicast = new BlockList()
+globalUnicast.addSubnet("2000::", 3, "ipv6")
+
+/** Blocks inside global unicast that are not public (those that carry an IPv4 address are judged by it). */
+const nonPublicGlobalIpv6 = new BlockList()
 for (const [network, prefix] of [
-  ["::", 96], // unspecified, loopback, IPv4-compatible (checked again by their embedded IPv4 below)
-  ["100::", 64], // discard
-  ["64:ff9b:1::", 48], // local-use NAT64
+  ["2001::", 23], // IETF protocol assignments: Teredo, benchmarking (2001:2::/48), ORCHID, AMT, AS112, anycasts
   ["2001:db8::", 32], // documentation
-  ["2001:10::", 28], // ORCHID
-  ["2001:20::", 28], // ORCHIDv2
-  ["fc00::", 7], // unique local
-  ["fe80::", 10], // link-local
-  ["fec0::", 10], // site-local (deprecated, still routed by some stacks)
-  ["ff00::", 8] // multicast
+  ["2620:4f:8000::", 48], // AS112 direct delegation
+  ["3fff::", 20] // documentation
 ] as const) {
-  nonPublicIpv6.addSubnet(network, prefix, "ipv6")
+  nonPublicGlobalIpv6.addSubnet(network, prefix, "ipv6")
 }
 
 /** The eight 16-bit groups of an IPv6 address (zone id dropped, embedded dotted IPv4 expanded). */
@@ -63,19 +68,44 @@ const ipv6Groups = (address: string): ReadonlyArray<number> => {
 
 const ipv4Of = (high: number, low: number) => `${high >>> 8}.${high & 0xff}.${low >>> 8}.${low & 0xff}`
 
-/** The IPv4 addresses an IPv6 address stands for, by the transition mechanisms that embed one. */
-const embeddedIpv4 = (groups: ReadonlyArray<number>): ReadonlyArray<string> => {
+/**
+ * The IPv4 address an IPv6 address outside global unicast stands for: IPv4-mapped
+ * (`::ffff:a.b.c.d`), IPv4-translated (`::ffff:0:a.b.c.d`) and NAT64's well-known prefix
+ * (`64:ff9b::a.b.c.d`); `undefined` for any other.
+ */
+const translatedIpv4 = (groups: ReadonlyArray<number>): string | undefined => {
   const [g0, g1, g2, g3, g4, g5, g6, g7] = groups as [number, number, number, number, number, number, number, number]
-  const found: Array<string> = []
-  const leadingZeros = g0 === 0 && g1 === 0 && g2 === 0 && g3 === 0 && g4 === 0
-  if (leadingZeros && (g5 === 0xffff || g5 === 0)) found.push(ipv4Of(g6, g7)) // IPv4-mapped, IPv4-compatible
-  if (g0 === 0x64 && g1 === 0xff9b) found.push(ipv4Of(g6, g7)) // NAT64 well-known prefix
-  if (g0 === 0x2002) found.push(ipv4Of(g1, g2)) // 6to4
-  if (g0 === 0x2001 && g1 === 0) {
-    found.push(ipv4Of(g2, g3)) // Teredo server
-    found.push(ipv4Of(g6 ^ 0xffff, g7 ^ 0xffff)) // Teredo client, obfuscated
+  const middleZeros = g2 === 0 && g3 === 0
+  if (g0 === 0 && g1 === 0 && middleZeros && ((g4 === 0 && g5 === 0xffff) || (g4 === 0xffff && g5 === 0))) {
+    return ipv4Of(g6, g7)
   }
-  return found
+  if (g0 === 0x64 && g1 === 0xff9b && middleZeros && g4 === 0 && g5 === 0) return ipv4Of(g6, g7)
+  return undefined
+}
+
+/** The IPv4 addresses a global unicast IPv6 address carries: 6to4's, Teredo's server and client. */
+const carriedIpv4 = (groups: ReadonlyArray<number>): ReadonlyArray<string> => {
+  const [g0, g1, g2, g3, , , g6, g7] = groups as [number, number, number, number, number, number, number, number]
+  if (g0 === 0x2002) return [ipv4Of(g1, g2)]
+  if (g0 === 0x2001 && g1 === 0) return [ipv4Of(g2, g3), ipv4Of(g6 ^ 0xffff, g7 ^ 0xffff)]
+  return []
+}
+
+/** Why an IPv6 address may not be fetched from, or `undefined` when it is public. */
+const nonPublicIpv6Reason = (bare: string): string | undefined => {
+  const groups = ipv6Groups(bare)
+  const translated = translatedIpv4(groups)
+  if (translated !== undefined) {
+    return nonPublicIpv4.check(translated, "ipv4")
+      ? `${bare} carries the non-public IPv4 address ${translated}`
+      : undefined
+  }
+  const normal = groups.map((group) => group.toString(16)).join(":")
+  if (!globalUnicast.check(normal, "ipv6")) return `${bare} is not a public address`
+  const inner = carriedIpv4(groups).find((ipv4) => nonPublicIpv4.check(ipv4, "ipv4"))
+  if (inner !== undefined) return `${bare} carries the non-public IPv4 address ${inner}`
+  if (nonPublicGlobalIpv6.check(normal, "ipv6")) return `${bare} is not a public address`
+  return undefined
 }
 
 /** The addresses of this host's own interfaces, loopback included. */
@@ -103,12 +133,8 @@ export const nonPublicReason = (address: string): string | undefined => {
   if (isIPv4(bare)) {
     if (nonPublicIpv4.check(bare, "ipv4")) return `${bare} is not a public address`
   } else if (isIPv6(bare.split("%", 1)[0]!)) {
-    const groups = ipv6Groups(bare)
-    if (nonPublicIpv6.check(groups.map((group) => group.toString(16)).join(":"), "ipv6")) {
-      return `${bare} is not a public address`
-    }
-    const inner = embeddedIpv4(groups).find((ipv4) => nonPublicIpv4.check(ipv4, "ipv4"))
-    if (inner !== undefined) return `${bare} carries the non-public IPv4 address ${inner}`
+    const reason = nonPublicIpv6Reason(bare)
+    if (reason !== undefined) return reason
   } else {
     return `${address} is not an IP address`
   }

@@ -87,6 +87,10 @@ describe("readMedia", () => {
         response.write(Buffer.alloc(800))
         response.end(Buffer.alloc(800))
       } else if (request.url === "/redirect") response.writeHead(302, { location: "/small" }).end()
+      else if (request.url === "/to-file") response.writeHead(302, { location: "file:///etc/passwd" }).end()
+      else if (request.url === "/to-data") response.writeHead(301, { location: "data:text/plain,planted" }).end()
+      else if (request.url === "/to-ftp") response.writeHead(307, { location: "ftp://example.com/a.png" }).end()
+      else if (request.url === "/to-nowhere") response.writeHead(302, { location: "http://[::1" }).end()
       else if (request.url === "/slow") setTimeout(() => response.end("late"), 3_000)
       else response.writeHead(404).end()
     })
@@ -149,6 +153,23 @@ describe("readMedia", () => {
     await expectMediaError(readMedia(`${base}/chunked`, allowed), MediaTooLarge, /larger than the limit/)
     await expectMediaError(readMedia(`${base}/slow`, allowed), MediaError, /took longer than 300 ms/)
     await expectMediaError(readMedia(`${base}/missing`, allowed), MediaError, /HTTP 404/)
+  })
+
+  it("follows a redirect only to http(s), with a MediaError (400) naming the scheme otherwise", async () => {
+    // Even where file: URLs may be read (the root is /), a server's redirect may not lead to one.
+    const allowed = options({ allowPrivateHosts: true, allowedRoot: "/" })
+    await expectMediaError(
+      readMedia(`${base}/to-file`, allowed),
+      MediaError,
+      /redirects to a file: URL; only redirects to http: and https: are followed/
+    )
+    await expectMediaError(readMedia(`${base}/to-data`, allowed), MediaError, /redirects to a data: URL/)
+    await expectMediaError(readMedia(`${base}/to-ftp`, allowed), MediaError, /redirects to a ftp: URL/)
+    await expectMediaError(
+      readMedia(`${base}/to-nowhere`, allowed),
+      MediaError,
+      /redirects to something that is not a URL/
+    )
   })
 
   it("refuses other schemes and things that are not URLs", async () => {

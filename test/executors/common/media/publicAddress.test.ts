@@ -52,7 +52,29 @@ describe("the media fetcher's address policy", () => {
     ["link-local with a zone", "fe80::1%eth0"],
     ["site-local", "fec0::1"],
     ["multicast", "ff02::1"],
-    ["documentation", "2001:db8::1"]
+    ["documentation", "2001:db8::1"],
+    ["IPv4-translated loopback", "::ffff:0:127.0.0.1"],
+    ["IPv4-translated private, as the URL parser writes it", hostOf("http://[::ffff:0:10.0.0.1]/")],
+    ["IPv4-translated link-local, hex", "::ffff:0:a9fe:a9fe"],
+    ["benchmarking 2001:2::/48", "2001:2::1"],
+    ["benchmarking, its last address", "2001:2:0:ffff:ffff:ffff:ffff:ffff"],
+    ["documentation 3fff::/20", "3fff::1"],
+    ["documentation 3fff::/20, its last /32", "3fff:fff::1"],
+    ["SRv6 SIDs 5f00::/16", "5f00::1"],
+    ["discard-only", "100::1"],
+    ["dummy prefix", "100:0:0:1::1"],
+    ["IETF protocol assignments 2001::/23 (PCP anycast)", "2001:1::1"],
+    ["AMT 2001:3::/32", "2001:3::1"],
+    ["ORCHIDv2", "2001:20::1"],
+    ["AS112 direct delegation", "2620:4f:8000::1"],
+    ["6to4 of a private address", "2002:c0a8:101::1"],
+    ["6to4 of carrier-grade NAT", "2002:6440:1::1"],
+    ["IPv4-compatible private", "::10.0.0.1"],
+    ["IPv4-compatible public (deprecated form, no longer routed)", "::8.8.8.8"],
+    ["NAT64 outside its /96", "64:ff9b:0:1::808:808"],
+    ["reserved by the IETF, outside global unicast", "4000::1"],
+    ["unique local, fc00::/8 half", "fc00::1"],
+    ["link-local, its far end", "febf::1"]
   ])("refuses IPv6 %s (%s)", (_, address) => {
     expect(nonPublicReason(address)).toBeDefined()
   })
@@ -62,7 +84,27 @@ describe("the media fetcher's address policy", () => {
     expect(nonPublicReason("2002:a9fe:a9fe::1")).toContain("169.254.169.254")
   })
 
+  it("names the IPv4 address inside an IPv4-translated address", () => {
+    expect(nonPublicReason("::ffff:0:127.0.0.1")).toContain("127.0.0.1")
+    expect(nonPublicReason("::ffff:0:c0a8:101")).toContain("192.168.1.1")
+  })
+
+  it.each([
+    ["AS112 DNS sinks", "192.31.196.1"],
+    ["AMT relays", "192.52.193.1"],
+    ["AS112 direct delegation", "192.175.48.1"]
+  ])("refuses IPv4 special-purpose %s (%s)", (_, address) => {
+    expect(isPublicAddress(address)).toBe(false)
+  })
+
+  it("accepts public addresses next to the special blocks", () => {
+    for (const address of ["2001:4860:4860::8888", "2001:200::1", "3ffe::1", "3fff:1000::1", "2620:4f:8001::1"]) {
+      expect(nonPublicReason(address), address).toBeUndefined()
+    }
+  })
+
   it("accepts transition forms of public IPv4 addresses", () => {
+    expect(nonPublicReason("::ffff:0:8.8.8.8")).toBeUndefined()
     expect(nonPublicReason("::ffff:8.8.8.8")).toBeUndefined()
     expect(nonPublicReason("64:ff9b::808:808")).toBeUndefined()
     expect(nonPublicReason("2002:808:808::1")).toBeUndefined()
