@@ -1,5 +1,6 @@
+import { readFileSync } from "node:fs"
 import { homedir } from "node:os"
-import { join } from "node:path"
+import { join, delimiter as pathDelimiter, resolve as resolvePath } from "node:path"
 import { Args, Command, HelpDoc, Options, ValidationError } from "@effect/cli"
 import * as NodeContext from "@effect/platform-node/NodeContext"
 import * as NodeRuntime from "@effect/platform-node/NodeRuntime"
@@ -7,6 +8,7 @@ import { Array as Arr, Cause, Config, Console, Effect, Exit, Option } from "effe
 import { defaultMaxJsonDepth } from "../control/gateway/JsonBody.js"
 import { defaultLevels, defaultSecondsPerLevel } from "../control/task-manager/ProfileRecording.js"
 import { dtypes } from "../models/Dtype.js"
+import { modelRootsEnvName, modelRootsFromEnvironment } from "../models/ModelRoots.js"
 import { adminTokenPath, ensureAdminToken, readAdminToken } from "../config/AdminTokenFile.js"
 import { internalSecretOf } from "../contracts/Credentials.js"
 import { parseDevices } from "../node/Devices.js"
@@ -244,6 +246,29 @@ const serveCommand = Command.make(
       ),
       Options.repeated
     ),
+    tlsCert: Options.file("tls-cert", { exists: "yes" }).pipe(
+      Options.withDescription(
+        "A certificate (PEM) to serve the gateway and the cluster port over HTTPS (with --tls-key)."
+      ),
+      Options.optional
+    ),
+    tlsKey: Options.file("tls-key", { exists: "yes" }).pipe(
+      Options.withDescription("The private key (PEM) of --tls-cert."),
+      Options.optional
+    ),
+    tlsCa: Options.file("tls-ca", { exists: "yes" }).pipe(
+      Options.withDescription(
+        "data-plane: the CA certificate (PEM) the control plane's --tls-cert is checked against (a https --join)."
+      ),
+      Options.optional
+    ),
+    modelRoots: Options.directory("model-root", { exists: "yes" }).pipe(
+      Options.withDescription(
+        "A directory whose model directories tasks may name by path (repeatable; also CORNSERVE_MODEL_ROOTS, " +
+          "':'-separated). CORNSERVE_MODEL_DIR and the Hugging Face cache always are; any other path is refused."
+      ),
+      Options.repeated
+    ),
     publicMetrics: Options.boolean("public-metrics").pipe(
       Options.withDescription(
         "Serve /metrics to anyone. Otherwise it needs CORNSERVE_METRICS_TOKEN or the admin token: its counters " +
@@ -275,6 +300,27 @@ const serveCommand = Command.make(
           `--role ${options.role} needs CORNSERVE_CLUSTER_TOKEN: the shared secret nodes join the control plane with`
         )
       }
+      if (Option.isSome(options.tlsCert) !== Option.isSome(options.tlsKey)) {
+        return yield* usage("--tls-cert and --tls-key go together")
+      }
+      if (Option.isSome(options.tlsCert) && options.role === "data-plane") {
+        return yield* usage("--tls-cert is for the gateway and the cluster port; a data-plane node takes --tls-ca")
+      }
+      if (Option.isSome(options.tlsCa) && options.role !== "data-plane") {
+        return yield* usage("--tls-ca is for --role data-plane")
+      }
+      const pem = (path: Option.Option<string>) =>
+        Option.match(path, {
+          onNone: () => Effect.succeed(undefined),
+          onSome: (file) =>
+            Effect.try({
+              try: () => readFileSync(file, "utf8"),
+              catch: (cause) => new Error(`cannot read ${file}: ${String(cause)}`)
+            })
+        })
+      const tlsCert = yield* pem(options.tlsCert)
+      const tlsKey = yield* pem(options.tlsKey)
+      const tlsCa = yield* pem(options.tlsCa)
       // A data-plane node serves no admin route: only the gateway takes code to run.
       const adminToken =
         options.role === "data-plane"
@@ -288,6 +334,13 @@ const serveCommand = Command.make(
       }
       // In the environment, so that the executors this process starts refuse to download too.
       if (options.offline) process.env.HF_HUB_OFFLINE = "1"
+      // In the environment, so that the node agent and the executors this process starts allow the same roots.
+      if (options.modelRoots.length > 0) {
+        process.env[modelRootsEnvName] = [
+          ...modelRootsFromEnvironment(),
+          ...options.modelRoots.map((root) => resolvePath(root))
+        ].join(pathDelimiter)
+      }
       // Loaded on demand: the client commands start faster without the whole control plane.
       const { serve } = yield* Effect.promise(() => import("./serve.js"))
       return yield* serve({
@@ -306,6 +359,8 @@ const serveCommand = Command.make(
         examples: options.examples,
         adminToken,
         metricsToken: process.env.CORNSERVE_METRICS_TOKEN || undefined,
+        tls: tlsCert === undefined || tlsKey === undefined ? undefined : { cert: tlsCert, key: tlsKey },
+        tlsCa,
         publicMetrics: options.publicMetrics,
         apiKeys: [...options.apiKeys, ...(process.env.CORNSERVE_API_KEY ? [process.env.CORNSERVE_API_KEY] : [])],
         allowedHosts: options.allowedHosts,

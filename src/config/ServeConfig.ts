@@ -33,6 +33,10 @@ export interface ServeOptions {
   readonly publicMetrics: boolean
   /** API keys the invoke and OpenAI routes need (--api-key, CORNSERVE_API_KEY); none: open. */
   readonly apiKeys: ReadonlyArray<string>
+  /** The gateway's and the cluster port's certificate and key (PEM), from --tls-cert and --tls-key: HTTPS when given. */
+  readonly tls: { readonly cert: string; readonly key: string } | undefined
+  /** data-plane: the CA (PEM, --tls-ca) the control plane's certificate is checked against. */
+  readonly tlsCa: string | undefined
   /** Host names besides the bound one and IP literals under which admin requests are taken (DNS rebinding). */
   readonly allowedHosts: ReadonlyArray<string>
   readonly maxBodyBytes: number

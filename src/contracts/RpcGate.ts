@@ -60,9 +60,10 @@ export const gatedRpc =
 
 /**
  * Node's HTTP client, each request carrying `secret` as its bearer token (and the calling node's
- * name, when a node calls); an answer other than 2xx fails the call (`refusedForToken` tells a 401).
+ * name, when a node calls; `ca` checks an https server's certificate); an answer other than 2xx fails
+ * the call (`refusedForToken` tells a 401).
  */
-export const authorizedHttpClient = (secret: string, nodeName?: string) =>
+export const authorizedHttpClient = (secret: string, nodeName?: string, ca?: string) =>
   Layer.effect(
     HttpClient.HttpClient,
     Effect.map(HttpClient.HttpClient, (client) =>
@@ -74,7 +75,13 @@ export const authorizedHttpClient = (secret: string, nodeName?: string) =>
         HttpClient.filterStatusOk
       )
     )
-  ).pipe(Layer.provide(NodeHttpClient.layer))
+  ).pipe(
+    Layer.provide(
+      ca === undefined
+        ? NodeHttpClient.layer
+        : NodeHttpClient.layerWithoutAgent.pipe(Layer.provide(NodeHttpClient.makeAgentLayer({ ca })))
+    )
+  )
 
 /** Whether a failed cluster call (an `RpcClientError`) was refused for its token. */
 export const refusedForToken = (error: { readonly cause?: unknown }): boolean => {

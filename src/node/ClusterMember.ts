@@ -22,6 +22,18 @@ import { NodeAgent } from "./NodeAgent.js"
  * control plane's node calls (/rpc), /health for probes, and its sidecar's /metrics.
  */
 
+/** The innermost cause's message of a failed call: the socket's or TLS's own words, not the client's wrapper. */
+const rootCause = (error: { readonly message: string; readonly cause?: unknown }): string => {
+  let message = error.message
+  let cause: unknown = error.cause
+  for (let depth = 0; depth < 8 && typeof cause === "object" && cause !== null; depth++) {
+    const inner = cause as { readonly message?: unknown; readonly cause?: unknown }
+    if (typeof inner.message === "string" && inner.message.length > 0) message = inner.message
+    cause = inner.cause
+  }
+  return message
+}
+
 /** The control plane's cluster URL as its RPC endpoint. */
 const rpcUrl = (join: string) => `${join.replace(/\/+$/, "")}/rpc`
 
@@ -134,7 +146,7 @@ export const runDataPlane = Effect.gen(function* () {
     ),
     Effect.tapErrorTag("RpcClientError", (error) =>
       Effect.logWarning(
-        `the control plane at ${join} is not reachable (${error.message}); retrying, waiting longer each time (up to 8 s)`
+        `the control plane at ${join} is not reachable (${rootCause(error)}); retrying, waiting longer each time (up to 8 s)`
       )
     )
   )
@@ -208,7 +220,7 @@ export const runDataPlane = Effect.gen(function* () {
     Layer.unwrapEffect(
       Effect.map(ServeConfig, (config) =>
         RpcClient.layerProtocolHttp({ url: rpcUrl(config.join!) }).pipe(
-          Layer.provide([authorizedHttpClient(config.clusterToken!, config.nodeId), RpcSerialization.layerMsgPack])
+          Layer.provide([authorizedHttpClient(config.clusterToken!, config.nodeId, config.tlsCa), RpcSerialization.layerMsgPack])
         )
       )
     )

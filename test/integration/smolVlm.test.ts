@@ -78,7 +78,8 @@ describe("SmolVLM (Idefics3) end to end", () => {
     // A wide image (split into tiles) and a small one (one tile).
     images.set("wide", await gradient(150, 60))
     images.set("small", await gradient(20, 24))
-    platform = await startPlatform({ args: ["--devices", "cpu:0,cpu:1,cpu:2"] })
+    // The model is a directory of the test's own: the operator allows its root for tasks to name.
+    platform = await startPlatform({ args: ["--devices", "cpu:0,cpu:1,cpu:2", "--model-root", root] })
     for (const fission of [true, false]) {
       const file = join(root, `smolvlm_${fission ? "fission" : "local"}.ts`)
       await writeFile(file, appSource(model, fission))

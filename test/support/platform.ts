@@ -62,7 +62,7 @@ export const startPlatform = async (
   const url = await new Promise<string>((resolve, reject) => {
     const onData = (chunk: Buffer) => {
       output += chunk.toString()
-      const match = /serving at (http:\/\/\S+)/.exec(output)
+      const match = /serving at (https?:\/\/\S+)/.exec(output)
       if (match !== null) resolve(match[1]!)
     }
     child.stdout!.on("data", onData)

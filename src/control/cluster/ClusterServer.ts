@@ -1,4 +1,5 @@
 import { createServer } from "node:http"
+import { createServer as createHttpsServer } from "node:https"
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
 import { RpcSerialization, RpcServer } from "@effect/rpc"
 import { Console, Effect, Layer, Runtime } from "effect"
@@ -28,8 +29,12 @@ export const ClusterServer = Layer.scopedDiscard(
     const runtime = yield* Effect.runtime<never>()
     const refused = (caller: string) =>
       Runtime.runFork(runtime)(Effect.logWarning(`refused ${caller}: its cluster token is not CORNSERVE_CLUSTER_TOKEN`))
-    const server = createServer(gatedRpc(config.clusterToken!, yield* NodeHttpServer.makeHandler(app), refused))
+    const handler = gatedRpc(config.clusterToken!, yield* NodeHttpServer.makeHandler(app), refused)
+    const server =
+      config.tls === undefined ? createServer(handler) : createHttpsServer({ ...config.tls }, handler)
     const bound = yield* listening(server, config.clusterPort, config.host)
-    yield* Console.log(`cornserve: cluster port open on ${config.host}:${bound.port}`)
+    yield* Console.log(
+      `cornserve: cluster port open on ${config.host}:${bound.port}${config.tls === undefined ? "" : " (HTTPS)"}`
+    )
   })
 )

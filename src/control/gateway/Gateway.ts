@@ -1,5 +1,6 @@
 import type { AppList, NodeList, ScaleAnswer, TaskList, TaskProfileAnswer, UnregisterAnswer } from "./GatewayAnswers.js"
 import * as Http from "node:http"
+import * as Https from "node:https"
 import type { AddressInfo } from "node:net"
 import * as HttpRouter from "@effect/platform/HttpRouter"
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
@@ -70,7 +71,7 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
     let idle: (() => void) | undefined
 
     const bodyLimits = { limitBytes: config.maxBodyBytes, idleTimeoutMs: config.bodyIdleTimeoutMs }
-    const nodeServer = Http.createServer({
+    const serverOptions: Http.ServerOptions = {
       keepAliveTimeout: 65_000,
       // node:http answers 408 and closes a connection whose headers, or whole request, come too slowly.
       // It refuses a headers timeout longer than the request's; the request's then bounds both.
@@ -78,7 +79,11 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       requestTimeout: config.receiveTimeoutMs,
       // How often those timeouts are checked (30 s by default, which would stretch a 10 s timeout to 40).
       connectionsCheckingInterval: 1_000
-    })
+    }
+    const nodeServer: Http.Server =
+      config.tls === undefined
+        ? Http.createServer(serverOptions)
+        : Https.createServer({ ...serverOptions, cert: config.tls.cert, key: config.tls.key })
     yield* Effect.acquireRelease(
       Effect.async<void, ServeError>((resume) => {
         nodeServer.once("error", (cause) => resume(Effect.fail(new ServeError({ cause }))))
@@ -403,7 +408,7 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
     })
     const address = nodeServer.address() as AddressInfo
     return {
-      url: `http://${address.family === "IPv6" ? `[${address.address}]` : address.address}:${address.port}`,
+      url: `${config.tls === undefined ? "http" : "https"}://${address.family === "IPv6" ? `[${address.address}]` : address.address}:${address.port}`,
       port: address.port
     }
   }),

@@ -28,6 +28,8 @@ const options = (stateDir: string, devices: string): ServeOptions => ({
   metricsToken: undefined,
   publicMetrics: false,
   apiKeys: [],
+  tls: undefined,
+  tlsCa: undefined,
   maxBodyBytes: 1 << 20,
   headersTimeoutMs: 30_000,
   receiveTimeoutMs: 300_000,
