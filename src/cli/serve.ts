@@ -4,6 +4,7 @@ import { fileURLToPath } from "node:url"
 import type { ServeError } from "@effect/platform/HttpServerError"
 import { Console, Effect, Layer } from "effect"
 import { AppManager, type AppSummary } from "../control/app-manager/AppManager.js"
+import { appSandbox } from "../control/app-manager/AppSandbox.js"
 import type { NotSupported } from "../control/errors.js"
 import { Gateway } from "../control/gateway/Gateway.js"
 import { PlatformMetrics } from "../control/metrics/PlatformMetrics.js"
@@ -92,6 +93,8 @@ const runPlatform = (options: ServeOptions & { readonly examples: boolean }) =>
   Effect.gen(function* () {
     const gateway = yield* Gateway
     const apps = yield* AppManager
+    // Said once, before anything else: what the machine does not let the platform keep apps from doing.
+    for (const gap of appSandbox().unprotected) yield* Effect.logWarning(gap)
     yield* Console.log(`cornserve: serving at ${gateway.url} (state in ${options.stateDir})`)
     // Nodes that were members come back within a heartbeat or two: the restored apps' tasks go to them.
     if (options.role === "control-plane") yield* (yield* NodeRegistry).awaitKnownNodes(2 * lostAfterMs)

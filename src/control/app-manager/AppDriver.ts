@@ -16,6 +16,7 @@ import {
   ReceiveLedger,
   SendWindow
 } from "../../app-runtime/driver/StreamWindow.js"
+import { AppLog } from "./AppLog.js"
 import { AppProcess, type AppProcessLimits } from "./AppProcess.js"
 import { restartPolicy } from "../../process/RestartPolicy.js"
 import { type AppShare, dispatchFailureOf, type GraphDispatcher, type RequestObserver } from "../DispatchContract.js"
@@ -85,6 +86,9 @@ export class AppDriver {
     )
   )
 
+  /** What the app writes to its stdout and stderr, across its processes. */
+  private readonly output: AppLog
+
   /** Asks the app's process for a sign of life, whether or not any client is still waiting on it. */
   private readonly watchdog: NodeJS.Timeout
   private watchdogPinging = false
@@ -101,6 +105,7 @@ export class AppDriver {
     private readonly scope: Scope.CloseableScope
   ) {
     this.share = { app: appId, weight: 1 }
+    this.output = new AppLog(appId)
     this.clocks = new RequestClocks(appId, observer)
     this.watchdog = setInterval(() => {
       if (this.watchdogPinging || this.replies.size === 0) return
@@ -211,6 +216,11 @@ export class AppDriver {
     })
   }
 
+  /** The last lines the app wrote to its stdout and stderr, across its restarts. */
+  logTail(): string {
+    return this.output.tail()
+  }
+
   async close(): Promise<void> {
     this.closing = true
     clearInterval(this.watchdog)
@@ -226,7 +236,7 @@ export class AppDriver {
   }
 
   private spawn(): Promise<LoadedApp> {
-    const worker = new AppProcess(this.code, this.limits)
+    const worker = new AppProcess(this.code, this.limits, this.output)
     this.worker = worker
     this.nextDispatchId = 0
     this.stopReason = undefined

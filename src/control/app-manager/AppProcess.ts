@@ -1,9 +1,6 @@
 import { type ChildProcess, spawn } from "node:child_process"
 import { EventEmitter } from "node:events"
-import { existsSync, readFileSync, realpathSync } from "node:fs"
-import { dirname, join } from "node:path"
-import { fileURLToPath } from "node:url"
-import { createRequire } from "node:module"
+import { readFileSync } from "node:fs"
 import { constants } from "node:os"
 import { Either, ParseResult, Schema } from "effect"
 import type { Socket } from "node:net"
@@ -15,9 +12,8 @@ import {
   type ToAppProcess,
   type ToWorker
 } from "../../app-runtime/driver/protocol.js"
-
-const hostEntry = realpathSync(fileURLToPath(new URL("../../app-runtime/driver/worker.js", import.meta.url)))
-const appRuntimeDir = fileURLToPath(new URL("../../app-runtime/", import.meta.url))
+import { AppLog } from "./AppLog.js"
+import { appSandbox } from "./AppSandbox.js"
 
 export interface AppProcessLimits {
   /** V8's old-generation heap limit, in MiB (`--max-old-space-size`). */
@@ -26,46 +22,6 @@ export interface AppProcessLimits {
   readonly rssMiB: number
   /** The largest answer (or streamed line) the app may send, in bytes of JSON; checked before it is sent. */
   readonly maxResponseBytes: number
-}
-
-/**
- * The directories an app's process may read: the SDK (the app runtime) and the packages it and the
- * app import (`effect` and what `effect` depends on). Nothing else: not the state directory, not the
- * platform's configuration, not the rest of the file system.
- */
-let readable: ReadonlyArray<string> | undefined
-const readablePaths = (): ReadonlyArray<string> => {
-  // Real paths: the permission model checks the files the loader opens, after links are resolved.
-  readable ??= [
-    appRuntimeDir,
-    ...packageClosure(dirname(createRequire(import.meta.url).resolve("effect/package.json")))
-  ].map((dir) => `${realpathSync(dir)}/`)
-  return readable
-}
-
-/** A package's directory and those of everything it depends on, found where Node would find them. */
-const packageClosure = (packageDir: string): ReadonlyArray<string> => {
-  const found = new Set<string>()
-  const visit = (dir: string) => {
-    if (found.has(dir) || !existsSync(join(dir, "package.json"))) return
-    found.add(dir)
-    const manifest = JSON.parse(readFileSync(join(dir, "package.json"), "utf8")) as {
-      readonly dependencies?: Readonly<Record<string, string>>
-    }
-    for (const name of Object.keys(manifest.dependencies ?? {})) {
-      // Node's lookup: the node_modules of the dependent's directory, then of each directory above it.
-      for (let ancestor = dir; ; ancestor = dirname(ancestor)) {
-        const candidate = join(ancestor, "node_modules", name)
-        if (existsSync(candidate)) {
-          visit(candidate)
-          break
-        }
-        if (dirname(ancestor) === ancestor) break
-      }
-    }
-  }
-  visit(packageDir)
-  return [...found]
 }
 
 /** Compiled once: every message an app's process sends goes through it. */
@@ -91,6 +47,11 @@ const residentBytes = (pid: number): number | undefined => {
  * whatever it does (exit, kill itself, crash, run out of memory, write anything to its channel) ends
  * this process only.
  *
+ * Around it, the operating system's boundary (AppSandbox.ts): a network namespace with no network,
+ * and a user of its own where the platform runs as root. Its stdout and stderr are pipes this
+ * process reads into the app's log (AppLog.ts), bounded and marked as the app's; it holds no fd of
+ * the platform's but those pipes and its channel.
+ *
  * Its channel is a pipe on its fd 3 carrying length-prefixed frames (protocol.ts), not Node's IPC
  * channel: Node parses an IPC channel's JSON in this process without a bound on a message's size,
  * throws here on a line that is not JSON, and acts on its own messages (`{ cmd: "NODE_..." }`) before
@@ -112,25 +73,37 @@ export class AppProcess extends EventEmitter<{
   /** Set once the process broke a rule: it is being killed, and nothing more it sent is acted on. */
   private stopped = false
   private readonly exitedPromise: Promise<void>
+  private readonly log: AppLog
 
-  constructor(code: string, limits: AppProcessLimits) {
+  /**
+   * `log` is the app's, kept across its processes; without one, the process has a log of its own,
+   * named by its pid.
+   */
+  constructor(code: string, limits: AppProcessLimits, log?: AppLog) {
     super()
-    const readable = readablePaths().map((path) => `--allow-fs-read=${path}`)
-    this.child = spawn(
-      process.execPath,
-      [
-        "--experimental-permission",
-        ...readable,
-        `--allow-fs-read=${hostEntry}`,
-        `--max-old-space-size=${limits.heapMiB}`,
-        "--no-warnings=ExperimentalWarning",
-        hostEntry
-      ],
-      {
-        env: { NODE_ENV: process.env.NODE_ENV ?? "production" },
-        stdio: ["ignore", "inherit", "inherit", "pipe"]
-      }
-    )
+    const sandbox = appSandbox()
+    const { runtime } = sandbox
+    const launch = sandbox.launch([
+      "--experimental-permission",
+      ...runtime.readableDirs.map((dir) => `--allow-fs-read=${dir}`),
+      `--max-old-space-size=${limits.heapMiB}`,
+      "--no-warnings=ExperimentalWarning",
+      runtime.hostEntry
+    ])
+    this.child = spawn(launch.command, launch.args, {
+      env: { NODE_ENV: process.env.NODE_ENV ?? "production" },
+      // A directory every user may enter: the platform's own may be closed to the app's user.
+      cwd: "/",
+      stdio: ["ignore", "pipe", "pipe", "pipe"],
+      ...(launch.user === undefined ? {} : { uid: launch.user.uid, gid: launch.user.gid })
+    })
+    this.log = log ?? new AppLog(`process ${this.child.pid ?? "(not started)"}`)
+    for (const stream of [this.child.stdout!, this.child.stderr!]) {
+      const reader = this.log.reader()
+      stream.on("data", (chunk: Buffer) => reader.write(chunk))
+      stream.once("end", () => reader.end())
+      stream.on("error", () => undefined)
+    }
     this.channel = this.child.stdio[3] as Socket
     const maxMessageBytes = appMessageLimitBytes(limits.maxResponseBytes)
     const frames = new FrameReader(maxMessageBytes)
@@ -162,11 +135,21 @@ export class AppProcess extends EventEmitter<{
       }
     }, memoryCheckPeriodMs)
     this.memoryCheck.unref()
-    this.post({ t: "load", code, maxResponseBytes: limits.maxResponseBytes, maxMessageBytes })
+    this.post({
+      t: "load",
+      code: runtime.relocate(code),
+      maxResponseBytes: limits.maxResponseBytes,
+      maxMessageBytes
+    })
   }
 
   get pid(): number | undefined {
     return this.child.pid
+  }
+
+  /** The last lines the app wrote to its stdout and stderr (its log's, across its processes). */
+  logTail(): string {
+    return this.log.tail()
   }
 
   postMessage(message: ToWorker): void {
