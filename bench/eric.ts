@@ -15,7 +15,7 @@ import { decodeImageProcessorConfig, normalizePixels, resizeTarget } from "../sr
 import { loadModelDirectory, onnxPath } from "../src/models/ModelDirectory.js"
 import { resolveModel } from "../src/models/ModelStore.js"
 import { SidecarClient } from "../src/sidecar/SidecarClient.js"
-import { startExecutor, startSidecar } from "../test/support/executors.js"
+import { executorHeaders, startExecutor, startSidecar } from "../test/support/executors.js"
 
 const seconds = Number(process.env.BENCH_SECONDS ?? 20)
 const latencyRequests = Number(process.env.BENCH_LATENCY_REQUESTS ?? 12)
@@ -115,7 +115,7 @@ export default async function ericBench(): Promise<void> {
     const id = `bench-${next++}`
     const response = await fetch(`${eric.url}/embeddings`, {
       method: "POST",
-      headers: { "content-type": "application/json" },
+      headers: executorHeaders({ "content-type": "application/json" }),
       body: JSON.stringify({ items: [{ id, modality: "image", url: urls[index % urls.length] }] })
     })
     if (response.status !== 200) throw new Error(`Eric answered ${response.status}: ${await response.text()}`)

@@ -1,3 +1,4 @@
+import { executorHeaders } from "../../test/support/executors.js"
 import http from "node:http"
 
 /**
@@ -56,7 +57,7 @@ export const streamed = (url: string, model: string, prompt: string, maxTokens: 
     })
     const request = http.request(
       new URL("/v1/chat/completions", url),
-      { method: "POST", agent, headers: { "content-type": "application/json" } },
+      { method: "POST", agent, headers: executorHeaders({ "content-type": "application/json" }) },
       (response) => {
         response.setEncoding("utf8")
         if (response.statusCode !== 200) {

@@ -6,6 +6,7 @@ import { ServeConfig } from "../config/ServeConfig.js"
 import type { ModelDownloadEvent } from "../models/Hub.js"
 import type { Dtype } from "../models/Dtype.js"
 import { SidecarClient } from "../sidecar/SidecarClient.js"
+import { internalSecretEnv } from "../sidecar/InternalSecret.js"
 import type { SidecarReady } from "../sidecar/SidecarProcess.js"
 import { removeAbandonedFiles, runDirPrefix } from "./AbandonedFiles.js"
 import { type Device, parseDevices } from "./Devices.js"
@@ -64,6 +65,8 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
         // A node of a cluster takes its peers' chunks on its own address; one machine alone keeps to loopback.
         ...(config.role === "all" ? [] : ["--peer-host", config.host])
       ],
+      // What its peers prove in their handshake: in the environment, which other users cannot read.
+      env: internalSecretEnv(config.internalSecret),
       parseReady: (output) => {
         const match = sidecarReadyPattern.exec(output)
         return match === null ? undefined : (JSON.parse(match[1]!) as SidecarReady)
@@ -201,6 +204,8 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
           ...(config.role === "data-plane" ? ["--host", config.host] : []),
           ...(launch.args ?? [])
         ],
+        // What the control plane's calls carry: in the environment, which other users cannot read.
+        env: internalSecretEnv(config.internalSecret),
         parseReady: (output) => executorReadyPattern.exec(output)?.[1],
         startTimeoutMs: 120_000,
         log,

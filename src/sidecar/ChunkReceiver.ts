@@ -11,10 +11,12 @@ import type { TransferTable } from "./TransferTable.js"
  * Headers land in a small scratch buffer; once a chunk's slot is allocated, the socket reads its
  * payload directly into the slot, so a large tensor crosses from the kernel into shared memory
  * with no copy in between. While the arena is full the socket is paused, which pushes back on the
- * sending sidecar through TCP flow control.
+ * sending sidecar through TCP flow control. The first frame is the sender's welcome, which proves
+ * it holds the internal secret; nothing before it is stored.
  */
 
 type PeerChunk = Extract<typeof PeerData.Type, { _tag: "PeerChunk" }>
+export type PeerWelcome = Extract<typeof PeerData.Type, { _tag: "PeerWelcome" }>
 
 type State =
   | { readonly kind: "frame" }
@@ -38,6 +40,11 @@ export interface ChunkReceiverOptions {
   readonly resume: () => void
   /** Drops the connection: what arrived after a pause is corrupt. */
   readonly fail: (error: Error) => void
+  /**
+   * Checks the sending node's welcome, the first frame on the connection (see PeerHandshake);
+   * throws when it does not prove the secret. Nothing it sends is taken before.
+   */
+  readonly welcome: (message: PeerWelcome) => void
 }
 
 /** Headers are small records; a larger one means the stream is corrupt. */
@@ -57,6 +64,7 @@ export class ChunkReceiver {
   private end = 0
   private state: State = { kind: "frame" }
   private closed = false
+  private welcomed = false
 
   constructor(private readonly options: ChunkReceiverOptions) {}
 
@@ -133,7 +141,13 @@ export class ChunkReceiver {
           const body = this.scratch.subarray(this.start + frameLengthBytes, this.start + frameLengthBytes + length)
           this.start += frameLengthBytes + length
           const message = decodeBody(PeerData, body)
-          if (message._tag === "PeerClose") {
+          if (message._tag === "PeerWelcome") {
+            if (this.welcomed) throw new Error("a second welcome on one connection")
+            this.options.welcome(message)
+            this.welcomed = true
+          } else if (!this.welcomed) {
+            throw new Error(`a ${message._tag} before the handshake`)
+          } else if (message._tag === "PeerClose") {
             this.settle(message.seq, () => this.options.table.close(message.id, message.numChunks))
           } else {
             this.begin(message)

@@ -1,7 +1,7 @@
 import net from "node:net"
 import { Effect } from "effect"
 import type { Arena } from "./Arena.js"
-import { ChunkReceiver } from "./ChunkReceiver.js"
+import { ChunkReceiver, type PeerWelcome } from "./ChunkReceiver.js"
 import { PeerUnavailable, type SidecarError, UnknownNode } from "./errors.js"
 import {
   decodeBody,
@@ -12,6 +12,7 @@ import {
   PeerReply,
   payloadBytes
 } from "./protocol.js"
+import { freshNonce, handshakeTimeoutMs, receiverProof, sameProof, senderProof } from "./PeerHandshake.js"
 import type { SidecarLog } from "./SidecarLog.js"
 import type { SlotPool } from "./SlotPool.js"
 import type { TransferTable } from "./TransferTable.js"
@@ -26,6 +27,10 @@ import type { TransferTable } from "./TransferTable.js"
  * bytes directly from its arena, keeps writing the next chunks without waiting (pipelining), and
  * the receiver acknowledges each chunk once stored; the acknowledgement completes the executor's
  * send.
+ *
+ * Before any of that, both sides prove the internal secret (see PeerHandshake): a connection that
+ * does not is dropped and logged, and the links already there go on untouched. Without the proof,
+ * anyone who reaches the port could name itself another node and take the chunks meant for it.
  */
 
 export interface PeerAddress {
@@ -70,6 +75,10 @@ interface OutboundLink {
 }
 
 const redialMs = 250
+/** After a connection that did not get through the handshake: the peer is not what it should be. */
+const refusedRedialMs = 2_000
+/** A peer's replies are small records: acknowledgements, and the handshake's. */
+const maxReplyBytes = 64 * 1024
 
 export interface PeerTransportOptions {
   readonly nodeId: string
@@ -82,6 +91,8 @@ export interface PeerTransportOptions {
   readonly slots: SlotPool
   readonly table: TransferTable
   readonly log: SidecarLog
+  /** The internal secret both ends of a link prove (never send). */
+  readonly secret: string
 }
 
 export class PeerTransport {
@@ -235,35 +246,61 @@ export class PeerTransport {
     })
   }
 
-  /** A peer dialled in: it says who it is, then acknowledges what we send it. */
+  /**
+   * A peer dialled in: it says who it is and sends its challenge, which this node answers with its
+   * own proof and challenge; once the peer's proof is right, chunks for that node go over this
+   * connection, and the peer acknowledges them.
+   */
   private accept(socket: net.Socket) {
     this.track(socket)
     socket.setNoDelay(true)
     socket.on("error", () => undefined)
-    const reader = new FrameReader()
+    const { nodeId: self, secret, log } = this.options
+    const reader = new FrameReader(maxReplyBytes)
+    let hello: { readonly nodeId: string; readonly nonce: Buffer } | undefined
     let link: OutboundLink | undefined
+    const drop = (reason: string) => {
+      const claim = hello === undefined ? "" : ` (it says it is node ${JSON.stringify(hello.nodeId.slice(0, 64))})`
+      log.warn(`dropping a peer connection from ${socket.remoteAddress}${claim}: ${reason}`)
+      socket.destroy()
+    }
+    const deadline = setTimeout(
+      () => drop(`it did not prove the internal secret within ${handshakeTimeoutMs} ms`),
+      handshakeTimeoutMs
+    ).unref()
     socket.on("data", (data: Buffer) => {
       try {
         for (const body of reader.push(data)) {
           const message = decodeBody(PeerReply, body)
-          if (message._tag === "PeerHello") {
-            if (link !== undefined) throw new Error("a second hello on one connection")
-            link = { nodeId: message.nodeId, socket, pending: new Map() }
-            this.register(link)
+          if (link !== undefined) {
+            if (message._tag !== "PeerAck" && message._tag !== "PeerNack")
+              throw new Error(`a ${message._tag} after the handshake`)
+            const pending = link.pending.get(message.seq)
+            link.pending.delete(message.seq)
+            if (message._tag === "PeerAck") pending?.resolve()
+            else pending?.reject(message.error)
             continue
           }
-          if (link === undefined) throw new Error("a reply before the hello")
-          const pending = link.pending.get(message.seq)
-          link.pending.delete(message.seq)
-          if (message._tag === "PeerAck") pending?.resolve()
-          else pending?.reject(message.error)
+          if (hello === undefined) {
+            if (message._tag !== "PeerHello") throw new Error(`a ${message._tag} before the hello`)
+            hello = { nodeId: message.nodeId, nonce: freshNonce() }
+            const proof = senderProof(secret, message.nonce, self, message.nodeId)
+            socket.write(encodeFrame({ _tag: "PeerWelcome", nodeId: self, nonce: hello.nonce, proof }))
+            continue
+          }
+          if (message._tag !== "PeerProof") throw new Error(`a ${message._tag} before its proof`)
+          if (!sameProof(message.proof, receiverProof(secret, hello.nonce, hello.nodeId, self)))
+            return drop("its proof of the internal secret is wrong")
+          clearTimeout(deadline)
+          link = { nodeId: hello.nodeId, socket, pending: new Map() }
+          this.register(link)
         }
       } catch (error) {
-        this.options.log.warn(`dropping a peer connection from ${socket.remoteAddress}: ${(error as Error).message}`)
-        socket.destroy()
+        drop((error as Error).message)
       }
     })
     socket.once("close", () => {
+      clearTimeout(deadline)
       if (link !== undefined) this.unregister(link)
     })
   }
@@ -300,7 +337,10 @@ class Dialer {
   private socket: net.Socket | undefined
   private timer: NodeJS.Timeout | undefined
   private stopped = false
-  private wasConnected = false
+  /** Whether the current connection got through the handshake. */
+  private linked = false
+  /** Whether the last connection failed its handshake; said once until one gets through. */
+  private refused = false
 
   constructor(
     readonly nodeId: string,
@@ -318,10 +358,24 @@ class Dialer {
   }
 
   private connect() {
-    const { arena, slots, table, log, nodeId } = this.options
+    const { arena, slots, table, log, nodeId, secret } = this.options
     const drop = (error: Error) => {
       log.warn(`dropping the connection to node "${this.nodeId}": ${error.message}`)
       socket.destroy()
+    }
+    const nonce = freshNonce()
+    let connected = false
+    let deadline: NodeJS.Timeout | undefined
+    /** The sending node proves the secret over this connection's challenge, then gets this node's proof. */
+    const welcome = (message: PeerWelcome) => {
+      if (message.nodeId !== this.nodeId)
+        throw new Error(`it says it is node ${JSON.stringify(message.nodeId.slice(0, 64))}`)
+      if (!sameProof(message.proof, senderProof(secret, nonce, this.nodeId, nodeId)))
+        throw new Error("its proof of the internal secret is wrong")
+      clearTimeout(deadline)
+      socket.write(encodeFrame({ _tag: "PeerProof", proof: receiverProof(secret, message.nonce, nodeId, this.nodeId) }))
+      this.linked = true
+      this.refused = false
     }
     const receiver: ChunkReceiver = new ChunkReceiver({
       arena,
@@ -335,7 +389,8 @@ class Dialer {
         )
       },
       resume: () => socket.resume(),
-      fail: drop
+      fail: drop,
+      welcome
     })
     const socket = net.connect({
       host: this.address.host,
@@ -356,19 +411,28 @@ class Dialer {
     this.track(socket)
     socket.setNoDelay(true)
     socket.once("connect", () => {
-      this.wasConnected = true
-      socket.write(encodeFrame({ _tag: "PeerHello", nodeId }))
+      connected = true
+      socket.write(encodeFrame({ _tag: "PeerHello", nodeId, nonce }))
+      deadline = setTimeout(
+        () => drop(new Error(`it did not prove the internal secret within ${handshakeTimeoutMs} ms`)),
+        handshakeTimeoutMs
+      ).unref()
     })
     socket.on("error", () => undefined)
     socket.once("close", () => {
+      clearTimeout(deadline)
       receiver.close()
+      const { linked } = this
+      this.linked = false
       if (this.stopped) return
-      if (this.wasConnected)
-        log.warn(
-          `lost the connection to node "${this.nodeId}" at ${this.address.host}:${this.address.port}; redialling`
-        )
-      this.wasConnected = false
-      this.timer = setTimeout(() => this.connect(), redialMs)
+      const at = `node "${this.nodeId}" at ${this.address.host}:${this.address.port}`
+      if (linked) log.warn(`lost the connection to ${at}; redialling`)
+      // Connected, then closed before a proof: the other side refused this node's (or this node refused its).
+      const refusedNow = connected && !linked
+      if (refusedNow && !this.refused)
+        log.warn(`the connection to ${at} did not get through the handshake; redialling every ${refusedRedialMs} ms`)
+      this.refused = refusedNow
+      this.timer = setTimeout(() => this.connect(), refusedNow ? refusedRedialMs : redialMs)
     })
   }
 }

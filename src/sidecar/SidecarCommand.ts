@@ -1,8 +1,10 @@
 import { join } from "node:path"
 import { Console, Duration, Effect, ParseResult, Schedule, Schema } from "effect"
+import { freshSecret } from "../contracts/Credentials.js"
 import { exitWithParent } from "../process/Lifeline.js"
 import { traceProcess } from "../tracing/Tracing.js"
 import { Arena, arenaFilePrefix } from "./Arena.js"
+import { internalSecretEnvName, takeInternalSecret } from "./InternalSecret.js"
 import { parsePeers, PeerTransport } from "./PeerTransport.js"
 import { makeSidecarLog } from "./SidecarLog.js"
 import { formatReadyLine } from "./SidecarProcess.js"
@@ -14,7 +16,9 @@ import { TransferTable } from "./TransferTable.js"
 /**
  * `cornserve internal sidecar`: the process that owns a node's arena and its peer port. The node
  * agent starts one per node and stops it with SIGTERM; it also stops by itself when the process
- * that started it is gone, and in every case it removes its /dev/shm file on the way out.
+ * that started it is gone, and in every case it removes its /dev/shm file on the way out. Its peers
+ * prove the internal secret it finds in its environment (CORNSERVE_INTERNAL_SECRET); started
+ * without one, it makes its own, which no peer can prove: it then serves its own node only.
  */
 
 export const SidecarOptions = Schema.Struct({
@@ -75,6 +79,8 @@ const serve = (options: SidecarOptions) =>
       catch: (error) => invalid((error as Error).message)
     })
     const log = yield* makeSidecarLog
+    const given = takeInternalSecret()
+    if (given === undefined) log.info(`no ${internalSecretEnvName} in the environment: no peer can connect`)
     const arenaPath = options.arenaPath ?? join("/dev/shm", `${arenaFilePrefix}${options.nodeId}-${process.pid}`)
     const arena = yield* Arena.create(arenaPath, options.arenaBytes)
     const slots = new SlotPool(
@@ -91,7 +97,8 @@ const serve = (options: SidecarOptions) =>
       arena,
       slots,
       table,
-      log
+      log,
+      secret: given ?? freshSecret()
     })
     yield* SidecarServer.listen({
       nodeId: options.nodeId,

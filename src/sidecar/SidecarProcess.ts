@@ -1,5 +1,7 @@
 import { type ChildProcess, spawn } from "node:child_process"
+import { freshSecret } from "../contracts/Credentials.js"
 import { lifelineEnv } from "../process/Lifeline.js"
+import { internalSecretEnv } from "./InternalSecret.js"
 
 /**
  * Starting a sidecar as a child process (`cornserve internal sidecar`), the way the node agent
@@ -36,7 +38,16 @@ export interface StartSidecarOptions {
   readonly ttlSeconds?: number
   readonly peerTimeoutSeconds?: number
   readonly startTimeoutMs?: number
+  /**
+   * The internal secret its peers prove. By default one secret shared by every sidecar this
+   * process starts, so that they link with each other and with nothing else.
+   */
+  readonly secret?: string
 }
+
+let ownSecret: string | undefined
+/** The secret of the sidecars this process starts without one. */
+const sharedSecret = (): string => (ownSecret ??= freshSecret())
 
 export interface RunningSidecar extends SidecarReady {
   readonly process: ChildProcess
@@ -72,7 +83,7 @@ export const startSidecar = async (options: StartSidecarOptions): Promise<Runnin
   const child = spawn(process.execPath, [options.binPath, ...sidecarArgs(options)], {
     // Its stdin is its lifeline: the sidecar stops with the process that started it.
     stdio: ["pipe", "pipe", "pipe"],
-    env: lifelineEnv(process.env)
+    env: lifelineEnv({ ...process.env, ...internalSecretEnv(options.secret ?? sharedSecret()) })
   })
   let output = ""
   const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)))

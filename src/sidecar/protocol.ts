@@ -172,8 +172,25 @@ export const ServerFrame = Schema.Union(
 
 // ---------------------------------------------------------------------------------------------
 // Sidecar ⇄ sidecar (TCP). The node that receives dials the node that sends (see PeerTransport).
+// Before any data, each side proves the internal secret over the other's challenge (see
+// PeerHandshake): hello (the receiver's challenge), welcome (the sender's proof and challenge),
+// proof (the receiver's).
 
-const PeerHello = Schema.TaggedStruct("PeerHello", { nodeId: NodeId })
+/** A challenge, and an HMAC-SHA256 proof over one. */
+export const handshakeBytes = 32
+const HandshakeBytes = Schema.Uint8ArrayFromSelf.pipe(
+  Schema.filter((bytes) => bytes.length === handshakeBytes || `${handshakeBytes} bytes, not ${bytes.length}`)
+)
+/** A node's name as a handshake carries it: a name is short (see SidecarOptions). */
+const PeerName = NodeId.pipe(Schema.maxLength(256))
+
+const PeerHello = Schema.TaggedStruct("PeerHello", { nodeId: PeerName, nonce: HandshakeBytes })
+export const PeerWelcome = Schema.TaggedStruct("PeerWelcome", {
+  nodeId: PeerName,
+  nonce: HandshakeBytes,
+  proof: HandshakeBytes
+})
+const PeerProof = Schema.TaggedStruct("PeerProof", { proof: HandshakeBytes })
 /** Followed on the wire by payloadBytes(meta) raw bytes. */
 export const PeerChunk = Schema.TaggedStruct("PeerChunk", {
   seq: Count,
@@ -187,10 +204,10 @@ const PeerClose = Schema.TaggedStruct("PeerClose", { seq: Count, id: TransferId,
 const PeerAck = Schema.TaggedStruct("PeerAck", { seq: Count })
 const PeerNack = Schema.TaggedStruct("PeerNack", { seq: Count, error: SidecarError })
 
-/** What the sending side reads: the receiver's hello, then acknowledgements. */
-export const PeerReply = Schema.Union(PeerHello, PeerAck, PeerNack)
-/** What the receiving side reads. */
-export const PeerData = Schema.Union(PeerChunk, PeerClose)
+/** What the sending side reads: the receiver's hello and proof, then acknowledgements. */
+export const PeerReply = Schema.Union(PeerHello, PeerProof, PeerAck, PeerNack)
+/** What the receiving side reads: the sender's welcome, then data. */
+export const PeerData = Schema.Union(PeerWelcome, PeerChunk, PeerClose)
 
 // ---------------------------------------------------------------------------------------------
 // Framing
@@ -206,6 +223,8 @@ export type WireMessage =
   | typeof ClientFrame.Encoded
   | typeof ServerFrame.Encoded
   | typeof PeerHello.Encoded
+  | typeof PeerWelcome.Encoded
+  | typeof PeerProof.Encoded
   | typeof PeerChunk.Encoded
   | typeof PeerClose.Encoded
   | typeof PeerAck.Encoded
@@ -348,15 +367,18 @@ export const decodeServerFrame = (raw: unknown): typeof ServerFrame.Type => {
 export class FrameReader {
   private pending: Buffer = Buffer.alloc(0)
 
-  /** The complete bodies in the bytes received so far. Throws on a body over maxBodyBytes. */
+  /** `maxBytes`: the largest body taken (a peer's replies are small; a client's inline values less so). */
+  constructor(private readonly maxBytes: number = maxBodyBytes) {}
+
+  /** The complete bodies in the bytes received so far. Throws on a body over maxBytes. */
   push(bytes: Buffer): Array<Buffer> {
     this.pending = this.pending.length === 0 ? bytes : Buffer.concat([this.pending, bytes])
     const bodies: Array<Buffer> = []
     let start = 0
     while (this.pending.length - start >= frameLengthBytes) {
       const length = this.pending.readUInt32LE(start)
-      if (length > maxBodyBytes)
-        throw new InvalidRequest({ reason: `a frame of ${length} bytes exceeds ${maxBodyBytes}` })
+      if (length > this.maxBytes)
+        throw new InvalidRequest({ reason: `a frame of ${length} bytes exceeds ${this.maxBytes}` })
       if (this.pending.length - start < frameLengthBytes + length) break
       bodies.push(this.pending.subarray(start + frameLengthBytes, start + frameLengthBytes + length))
       start += frameLengthBytes + length

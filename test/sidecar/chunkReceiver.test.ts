@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest"
-import { ChunkReceiver } from "../../src/sidecar/ChunkReceiver.js"
+import { ChunkReceiver, type PeerWelcome } from "../../src/sidecar/ChunkReceiver.js"
 import type { SidecarError } from "../../src/sidecar/errors.js"
-import { encodeFrame, type PayloadMeta, payloadBytes } from "../../src/sidecar/protocol.js"
+import { encodeFrame, handshakeBytes, type PayloadMeta, payloadBytes } from "../../src/sidecar/protocol.js"
 import { SizeClassAllocator } from "../../src/sidecar/SizeClassAllocator.js"
 import { SlotPool } from "../../src/sidecar/SlotPool.js"
 import { TransferTable } from "../../src/sidecar/TransferTable.js"
@@ -14,7 +14,15 @@ import { TransferTable } from "../../src/sidecar/TransferTable.js"
 
 const KiB = 1024
 
-const makeNode = (arenaBytes: number) => {
+/** The sending node's welcome, which opens every stream (the proof itself is PeerTransport's to check). */
+const welcomeFrame = encodeFrame({
+  _tag: "PeerWelcome",
+  nodeId: "node-a",
+  nonce: Buffer.alloc(handshakeBytes, 1),
+  proof: Buffer.alloc(handshakeBytes, 2)
+})
+
+const makeNode = (arenaBytes: number, welcome: (message: PeerWelcome) => void = () => undefined) => {
   const memory = Buffer.alloc(arenaBytes)
   const slots = new SlotPool("node-b", new SizeClassAllocator(arenaBytes))
   const table = new TransferTable(slots, 60_000, () => undefined)
@@ -28,11 +36,13 @@ const makeNode = (arenaBytes: number) => {
     resume: () => resume(),
     fail: (error) => {
       throw error
-    }
+    },
+    welcome
   })
-  /** Feeds the stream in reads of the given sizes (cycled); resolves when all of it was read. */
-  const feed = (stream: Buffer, readSizes: ReadonlyArray<number>) =>
+  /** Feeds the stream (after the welcome, unless told) in reads of the given sizes (cycled); resolves when all of it was read. */
+  const feed = (data: Buffer, readSizes: ReadonlyArray<number>, { welcomed = true } = {}) =>
     new Promise<void>((done) => {
+      const stream = welcomed ? Buffer.concat([welcomeFrame, data]) : data
       let position = 0
       let reads = 0
       let target = receiver.nextBuffer()
@@ -117,6 +127,35 @@ describe("ChunkReceiver", () => {
       expect(sameBytes(await node.stored("b", 0), second)).toBe(true)
     }
   )
+
+  it("takes nothing before the sender's welcome", async () => {
+    const node = makeNode(64 * KiB)
+    const bytes = payload(10, 1)
+    await expect(
+      node.feed(chunkFrame(0, "early", 0, bytesMeta(10), bytes), [4096], { welcomed: false })
+    ).rejects.toThrow("a PeerChunk before the handshake")
+    expect(node.replies).toEqual([])
+    expect(node.slots.stats.bytesInUse).toBe(0)
+  })
+
+  it("stores nothing after a welcome its check refuses", async () => {
+    const welcomes: Array<string> = []
+    const node = makeNode(64 * KiB, (message) => {
+      welcomes.push(message.nodeId)
+      throw new Error("its proof of the internal secret is wrong")
+    })
+    await expect(node.feed(chunkFrame(0, "x", 0, bytesMeta(10), payload(10, 1)), [4096])).rejects.toThrow(
+      "its proof of the internal secret is wrong"
+    )
+    expect(welcomes).toEqual(["node-a"])
+    expect(node.replies).toEqual([])
+    expect(node.slots.stats.bytesInUse).toBe(0)
+  })
+
+  it("refuses a second welcome on one connection", async () => {
+    const node = makeNode(64 * KiB)
+    await expect(node.feed(welcomeFrame, [4096])).rejects.toThrow("a second welcome on one connection")
+  })
 
   it("skips a chunk it refuses, says why, and reads on", async () => {
     const node = makeNode(64 * KiB)

@@ -3,6 +3,8 @@ import { readdirSync, readFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { binPath, repoRoot } from "./platform.js"
+import { credentialHeaders } from "../../src/control/executor-calls/ExecutorHttp.js"
+import { internalSecretEnv } from "../../src/sidecar/InternalSecret.js"
 import { reaperActive, trackGroup } from "./reaper/registry.js"
 
 export interface RunningProcess {
@@ -62,11 +64,21 @@ export const startSidecar = async (nodeId: string, env: Readonly<Record<string, 
   return { ...running, socket, nodeId }
 }
 
+/** The internal secret executors started by `startExecutor` take calls with, unless given another. */
+export const executorSecret = "cornserve-test-internal-secret"
+
+/** The headers of a call to an executor started by `startExecutor`. */
+export const executorHeaders = (headers: Record<string, string> = {}): Record<string, string> => ({
+  ...credentialHeaders(executorSecret),
+  ...headers
+})
+
 export const startExecutor = async (args: ReadonlyArray<string>, env: Readonly<Record<string, string>> = {}) => {
   const running = await startInternal(
     ["executor", "--port", "0", ...args],
     /executor: serving at (http:\/\/\S+)[\s\S]*executor: ready/,
-    env
+    // The internal secret, as the node agent gives it (unless the caller gives its own).
+    { ...internalSecretEnv(executorSecret), ...env }
   )
   return { ...running, url: running.match[1]! }
 }

@@ -46,6 +46,8 @@ export interface DispatchEnvironment {
   readonly observer?: CallObserver
   /** The cache of encoder outputs, when the platform keeps one. */
   readonly embeddings?: EmbeddingCaching
+  /** The internal secret executors take calls with (ServeConfig's `internalSecret`). */
+  readonly credential?: string
 }
 
 /**
@@ -243,6 +245,7 @@ const runGraph =
           receivers: receivers(index),
           modalities,
           signal: callSignal.signal,
+          ...(environment.credential === undefined ? {} : { credential: environment.credential }),
           ...(callSpan.traceparent === undefined ? {} : { traceparent: callSpan.traceparent }),
           ...(caching === undefined ? {} : { embeddings: caching }),
           ...(share === undefined ? {} : { share: { app: share.app, weight: share.weight } }),
@@ -370,6 +373,7 @@ export class Dispatcher extends Effect.Service<Dispatcher>()("cornserve/Dispatch
             discard: (ids) => release(ids)
           }
     const dispatch = makeDispatch({
+      credential: config.internalSecret,
       observer: metrics.callObserver,
       ...(embeddings === undefined ? {} : { embeddings }),
       task: taskManagers.get,

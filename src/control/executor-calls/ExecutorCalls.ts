@@ -27,9 +27,14 @@ import { responseLines } from "../ResponseLines.js"
 import type { Payload } from "../../sidecar/SidecarClient.js"
 import { type Share, shareHeaders } from "../../executors/common/FairShare.js"
 import { cachedEmbedding, type EmbeddingCache, embeddingKey } from "./EmbeddingCache.js"
-import { type ExecutorAnswer, postJson } from "./ExecutorHttp.js"
+import { credentialHeaders, type ExecutorAnswer, postJson } from "./ExecutorHttp.js"
 
 export interface CallContext {
+  /**
+   * The internal secret (ServeConfig's `internalSecret`), which executors take calls with: a call
+   * without it is refused (401).
+   */
+  readonly credential?: string
   /** The node whose executors consume forwarded data (one node for now). */
   readonly receivers: ReadonlyArray<string>
   /** The modality of each forwarded datum an encoder produces, by id. */
@@ -147,11 +152,12 @@ const post = async <A, I>(
   url: string,
   schema: Schema.Schema<A, I>,
   body: A,
-  { signal, traceparent, share }: CallContext
+  { signal, traceparent, share, credential }: CallContext
 ): Promise<ExecutorAnswer> => {
   let response: ExecutorAnswer
   try {
     response = await postJson(url, JSON.stringify(Schema.encodeSync(schema)(body)), signal, {
+      ...(credential === undefined ? {} : credentialHeaders(credential)),
       ...(traceparent === undefined ? {} : { traceparent }),
       ...(share === undefined ? {} : { [shareHeaders.app]: share.app, [shareHeaders.weight]: String(share.weight) })
     })

@@ -12,6 +12,11 @@ export interface ExecutorAnswer {
   json(): Promise<unknown>
 }
 
+/** The header that carries the internal secret, which every executor route but its health probes checks. */
+export const credentialHeaders = (secret: string): Readonly<Record<string, string>> => ({
+  authorization: `Bearer ${secret}`
+})
+
 /** Connections to executors stay open between calls. */
 const agent = new Http.Agent({ keepAlive: true })
 
@@ -20,7 +25,7 @@ const agent = new Http.Agent({ keepAlive: true })
  * listener on it) in a FinalizationRegistry until its cleanup runs, which under steady load comes
  * late, so every call's signal piled up in the platform's heap. Rejects with the connection's
  * error when nothing answers; `signal` aborts the call, its answer's body included. `headers` go
- * with the request (a trace's `traceparent`).
+ * with the request (the credential, a trace's `traceparent`).
  */
 export const postJson = (
   url: string,

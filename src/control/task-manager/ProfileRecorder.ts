@@ -2,6 +2,7 @@ import { randomUUID } from "node:crypto"
 import { join } from "node:path"
 import { Effect, Schema } from "effect"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
+import { ServeConfig } from "../../config/ServeConfig.js"
 import { EncoderConfig } from "../../app-runtime/tasks/EncoderTask.js"
 import { GeneratorConfig } from "../../app-runtime/tasks/GeneratorTask.js"
 import type { TaskInvocationWire } from "../../app-runtime/tasks/TaskGraph.js"
@@ -166,6 +167,7 @@ export class ProfileRecorder extends Effect.Service<ProfileRecorder>()("cornserv
     const taskManagers = yield* TaskManagers
     const agent = yield* NodeAgent
     const queueBound = yield* TaskQueueBound
+    const config = yield* ServeConfig
     const scope = yield* Effect.scope
     /** Tasks whose profile is being recorded. */
     const recording = new Set<string>()
@@ -187,7 +189,8 @@ export class ProfileRecorder extends Effect.Service<ProfileRecorder>()("cornserv
         const context = (signal: AbortSignal, receivers: ReadonlyArray<string>): CallContext => ({
           receivers,
           modalities: new Map(),
-          signal
+          signal,
+          credential: config.internalSecret
         })
         switch (spec.kind) {
           case "llm": {

@@ -8,6 +8,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { Effect } from "effect"
 import { exitWithParent } from "../../process/ChildProcesses.js"
+import { internalSecretEnvName, takeInternalSecret } from "../../sidecar/InternalSecret.js"
 import { traceProcess } from "../../tracing/Tracing.js"
 import { configEnvName, decodeConfig, type ExecutorConfig } from "./ExecutorConfig.js"
 
@@ -31,6 +32,13 @@ const traceExecutorProcess = (
 export const runExecutor = (options: ExecutorOptions) =>
   Effect.gen(function* () {
     exitWithParent()
+    const secret = takeInternalSecret()
+    if (secret === undefined)
+      return yield* Effect.fail(
+        new Error(
+          `${internalSecretEnvName} is not set: an executor takes calls only from the platform that started it, which gives it that secret`
+        )
+      )
     yield* traceExecutorProcess(options, "router")
     const { resolveModel } = yield* Effect.promise(() => import("../../models/ModelStore.js"))
     const modelDir = yield* Effect.tryPromise({
@@ -43,7 +51,7 @@ export const runExecutor = (options: ExecutorOptions) =>
       runDir: options.runDir ?? join(tmpdir(), `cornserve-executor-${process.pid}`)
     }
     const { runRouter } = yield* Effect.promise(() => import("./Router.js"))
-    return yield* runRouter(config)
+    return yield* runRouter(config, secret)
   }).pipe(Effect.scoped)
 
 const configFromEnvironment = (): ExecutorConfig => {

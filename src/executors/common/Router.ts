@@ -5,7 +5,6 @@
  */
 import { mkdir, rm } from "node:fs/promises"
 import * as Http from "node:http"
-import type { AddressInfo } from "node:net"
 import type * as HttpApp from "@effect/platform/HttpApp"
 import * as HttpBody from "@effect/platform/HttpBody"
 import * as HttpRouter from "@effect/platform/HttpRouter"
@@ -14,11 +13,13 @@ import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
 import { Console, Context, Effect, Schedule, type Scope, Stream } from "effect"
 import { errorHeaders, httpStatusOf } from "../../errors/HttpStatus.js"
+import { listening } from "../../process/Listening.js"
 import { noSpan, type Span, startSpan } from "../../tracing/Tracing.js"
 import { EngineClient } from "./EngineClient.js"
 import { type HealthReport, healthWatchPeriodMs } from "./Health.js"
 import { type AnsweredError, answeredErrorOf, type ErrorBody, RouteNotFound } from "./errors.js"
 import type { ExecutorConfig } from "./ExecutorConfig.js"
+import { gatedExecutor } from "./ExecutorGate.js"
 import { ThreadPool } from "./ThreadPool.js"
 import { defaultShare, type Share, shareOfHeaders } from "./FairShare.js"
 import type { WorkItemContext } from "./wire.js"
@@ -134,7 +135,8 @@ const traced = <E, R>(app: HttpApp.Default<E, R>): HttpApp.Default<E, R> =>
 const loadKind = (kind: ExecutorConfig["kind"]): Promise<{ readonly routerKind: RouterKind }> =>
   import(new URL(`../${kind}/router.js`, import.meta.url).href)
 
-export const runRouter = (config: ExecutorConfig) =>
+/** `secret`: the internal secret every call but a health probe carries (see ExecutorGate). */
+export const runRouter = (config: ExecutorConfig, secret: string) =>
   Effect.gen(function* () {
     yield* Effect.acquireRelease(
       Effect.promise(() => mkdir(config.runDir, { recursive: true })),
@@ -194,12 +196,9 @@ export const runRouter = (config: ExecutorConfig) =>
       ),
       Effect.catchTag("RouteNotFound", () => errorAnswer(new RouteNotFound({ message: "no such route" })))
     )
-    const nodeServer = Http.createServer({ keepAliveTimeout: 65_000 })
-    const server = yield* NodeHttpServer.make(() => nodeServer, { port: config.port, host: config.host })
-    // Runs before the server's own close, which would otherwise wait for every client to hang up.
-    yield* Effect.addFinalizer(() => Effect.sync(() => nodeServer.closeAllConnections()))
-    yield* server.serve(traced(app))
-    const address = nodeServer.address() as AddressInfo
+    // The secret is checked from the headers, before the body is read: see ExecutorGate.
+    const handler = gatedExecutor(secret, yield* NodeHttpServer.makeHandler(traced(app)))
+    const address = yield* listening(Http.createServer({ keepAliveTimeout: 65_000 }, handler), config.port, config.host)
     yield* Console.log(
       `executor: serving at http://${config.host}:${address.port} (${config.kind}, ${config.model}, ${config.devices.join(",")})`
     )

@@ -1,3 +1,4 @@
+import net from "node:net"
 import { randomBytes } from "node:crypto"
 import { cp, mkdir, mkdtemp, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
@@ -15,6 +16,7 @@ import { buildModel } from "../../../src/models/ModelStore.js"
 import { SidecarClient } from "../../../src/sidecar/SidecarClient.js"
 import { Tensor } from "../../../src/sidecar/Tensor.js"
 import { descendants, startExecutor, startSidecar } from "../../support/executors.js"
+import { authorized, secretEnv } from "../executorSecret.js"
 
 const png = (r: number, g: number, b: number, size = 40) =>
   sharp({ create: { width: size, height: size, channels: 3, background: { r, g, b } } })
@@ -63,7 +65,7 @@ describe("Eric: the multimodal encoder executor", () => {
   const embed = (body: unknown) =>
     fetch(`${eric.url}/embeddings`, {
       method: "POST",
-      headers: { "content-type": "application/json" },
+      headers: { ...authorized, "content-type": "application/json" },
       body: JSON.stringify(body)
     })
 
@@ -71,7 +73,7 @@ describe("Eric: the multimodal encoder executor", () => {
     root = await mkdtemp(join(tmpdir(), "cornserve-eric-"))
     mediaRoot = join(root, "media")
     await mkdir(mediaRoot)
-    env = { CORNSERVE_MODEL_DIR: join(root, "models") }
+    env = { CORNSERVE_MODEL_DIR: join(root, "models"), ...secretEnv }
     vlmDir = await buildModel("cornserve/tiny-color-vlm", env.CORNSERVE_MODEL_DIR)
     const model = await loadModelDirectory(vlmDir)
     vision = await ort.InferenceSession.create(onnxPath(model, "vision_encoder"))
@@ -112,13 +114,31 @@ describe("Eric: the multimodal encoder executor", () => {
   }
 
   it("reports its model, modalities and devices", async () => {
-    const info = (await (await fetch(`${eric.url}/info`)).json()) as Record<string, unknown>
+    const info = (await (await fetch(`${eric.url}/info`, { headers: authorized })).json()) as Record<string, unknown>
     expect(info).toMatchObject({
       kind: "eric",
       model: "cornserve/tiny-color-vlm",
       devices: ["cpu:0", "cpu:1"],
       modalities: ["image", "video", "audio"]
     })
+    expect((await fetch(`${eric.url}/health`)).status).toBe(200)
+  })
+
+  it("takes calls only with the platform's secret, refusing from the headers alone; its health answers anyone", async () => {
+    // Headers that announce a 10 MB body, and no body: the refusal comes without it, and the connection closes.
+    const socket = net.connect(Number(new URL(eric.url).port), "127.0.0.1")
+    socket.write(
+      "POST /embeddings HTTP/1.1\r\nHost: executor\r\nContent-Type: application/json\r\nContent-Length: 10000000\r\n\r\n"
+    )
+    let answer = ""
+    socket.on("data", (chunk: Buffer) => (answer += chunk.toString()))
+    await new Promise((resolve) => socket.once("close", resolve))
+    expect(answer).toMatch(/^HTTP\/1\.1 401 /)
+    expect(answer).toMatch(/connection: close/i)
+    expect(JSON.parse(answer.slice(answer.indexOf("\r\n\r\n") + 4))).toMatchObject({ error: { code: "Unauthorized" } })
+
+    const wrong = await fetch(`${eric.url}/info`, { headers: { authorization: "Bearer not-the-secret" } })
+    expect(wrong.status).toBe(401)
     expect((await fetch(`${eric.url}/health`)).status).toBe(200)
   })
 
@@ -284,7 +304,7 @@ describe("Eric: the multimodal encoder executor", () => {
     try {
       const response = await fetch(`${executor.url}/embeddings`, {
         method: "POST",
-        headers: { "content-type": "application/json" },
+        headers: { ...authorized, "content-type": "application/json" },
         body: JSON.stringify({
           items: [{ id: "a", modality: "audio", url: dataUrl("audio/wav", wavTone(300, 16_000, 0.5)) }],
           return: "inline"

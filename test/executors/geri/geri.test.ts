@@ -12,6 +12,7 @@ import { SidecarClient } from "../../../src/sidecar/SidecarClient.js"
 import { Tensor } from "../../../src/sidecar/Tensor.js"
 import { peakFrequency } from "../../models/support/Spectrum.js"
 import { startExecutor, startSidecar } from "../../support/executors.js"
+import { authorized, secretEnv } from "../executorSecret.js"
 
 const hidden = 64
 
@@ -70,13 +71,13 @@ describe("Geri: the generator executor", () => {
   const generate = (url: string, body: unknown) =>
     fetch(`${url}/generate`, {
       method: "POST",
-      headers: { "content-type": "application/json" },
+      headers: { ...authorized, "content-type": "application/json" },
       body: JSON.stringify(body)
     })
 
   beforeAll(async () => {
     root = await mkdtemp(join(tmpdir(), "cornserve-geri-"))
-    env = { CORNSERVE_MODEL_DIR: root }
+    env = { CORNSERVE_MODEL_DIR: root, ...secretEnv }
     const vlm = await loadModelDirectory(await buildModel("cornserve/tiny-color-vlm", root))
     tokenizer = new ChatTokenizer(vlm)
     embedTokens = await ort.InferenceSession.create(onnxPath(vlm, "embed_tokens"))

@@ -17,6 +17,7 @@ import { colors, type NamedColor } from "../../../src/models/recipes/ColorChanne
 import { ChatTokenizer } from "../../../src/models/Tokenizer.js"
 import { colorImage, tone } from "../../models/support/Synthetic.js"
 import { descendants, startExecutor } from "../../support/executors.js"
+import { authorized, secretEnv, testSecret } from "../executorSecret.js"
 
 /**
  * The LLM executor as a user meets it: the real process group (router, engine, worker) serving
@@ -65,12 +66,12 @@ const imageQuestion = (url: string): OpenAI.Chat.ChatCompletionMessageParam => (
 const post = (path: string, body: unknown) =>
   fetch(`${executor.url}${path}`, {
     method: "POST",
-    headers: { "content-type": "application/json" },
+    headers: { ...authorized, "content-type": "application/json" },
     body: JSON.stringify(body)
   })
 
 const stats = async (): Promise<LlmStats> =>
-  (await (await fetch(`${executor.url}/v1/cornserve/stats`)).json()) as LlmStats
+  (await (await fetch(`${executor.url}/v1/cornserve/stats`, { headers: authorized })).json()) as LlmStats
 
 /** Polls the executor's stats until `done` holds (the test's timeout bounds it). */
 const statsWhen = async (done: (stats: LlmStats) => boolean): Promise<LlmStats> => {
@@ -89,7 +90,7 @@ const openRequest = (body: unknown) => {
   const request = http.request(`${executor.url}/v1/chat/completions`, {
     method: "POST",
     agent: false,
-    headers: { "content-type": "application/json" }
+    headers: { ...authorized, "content-type": "application/json" }
   })
   const response = new Promise<{ readonly status: number; readonly first: string }>((resolve, reject) => {
     request.once("response", (incoming) =>
@@ -117,9 +118,9 @@ beforeAll(async () => {
   vlm = await loadModelDirectory(await buildModel(model, root))
   executor = await startExecutor(
     ["--kind", "llm", "--model", model, "--devices", "cpu:0", "--max-batch-size", "8", "--max-queue", "8"],
-    { CORNSERVE_MODEL_DIR: root }
+    { CORNSERVE_MODEL_DIR: root, ...secretEnv }
   )
-  client = new OpenAI({ baseURL: `${executor.url}/v1`, apiKey: "not-needed", maxRetries: 0 })
+  client = new OpenAI({ baseURL: `${executor.url}/v1`, apiKey: testSecret, maxRetries: 0 })
 })
 
 afterAll(async () => {
@@ -338,9 +339,10 @@ describe("the LLM executor's answers to bad input", () => {
       expect(response.status, JSON.stringify(messages)).toBe(400)
       expect(((await response.json()) as { error: { code: string } }).error.code).toBe("BadRequest")
     }
-    expect((await fetch(`${executor.url}/v1/chat/completions`, { method: "POST", body: "{ not json" })).status).toBe(
-      400
-    )
+    expect(
+      (await fetch(`${executor.url}/v1/chat/completions`, { method: "POST", headers: authorized, body: "{ not json" }))
+        .status
+    ).toBe(400)
   })
 
   it("400 for a modality the model cannot take", async () => {

@@ -4,6 +4,7 @@ import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { buildModel } from "../../../src/models/ModelStore.js"
 import { startExecutor } from "../../support/executors.js"
+import { authorized, secretEnv } from "../executorSecret.js"
 
 /**
  * The sampling fields and the model's own files as the LLM executor honours them:
@@ -29,7 +30,8 @@ beforeAll(async () => {
   )
   await writeFile(join(dir, "generation_config.json"), JSON.stringify({ do_sample: true, top_k: 1 }))
   executor = await startExecutor(["--kind", "llm", "--model", model, "--devices", "cpu:0", "--max-batch-size", "8"], {
-    CORNSERVE_MODEL_DIR: root
+    CORNSERVE_MODEL_DIR: root,
+    ...secretEnv
   })
 })
 
@@ -47,7 +49,7 @@ interface Answer {
 const chat = async (body: Record<string, unknown>) => {
   const response = await fetch(`${executor.url}/v1/chat/completions`, {
     method: "POST",
-    headers: { "content-type": "application/json" },
+    headers: { ...authorized, "content-type": "application/json" },
     body: JSON.stringify({
       model,
       messages: [{ role: "user", content: "Tell me about a zebra in Zürich 🦓" }],

@@ -13,6 +13,7 @@ import { Random } from "../../../src/models/Random.js"
 import { colors } from "../../../src/models/recipes/ColorChannels.js"
 import { colorImage, tone } from "../../models/support/Synthetic.js"
 import { startExecutor, startSidecar } from "../../support/executors.js"
+import { authorized, secretEnv, testSecret } from "../executorSecret.js"
 
 /**
  * The LLM executor among the others on one node, as real processes on loopback: Eric sends image
@@ -33,7 +34,7 @@ let sidecarClient: SidecarClient
 const post = async <T>(url: string, body: unknown): Promise<{ readonly status: number; readonly body: T }> => {
   const response = await fetch(url, {
     method: "POST",
-    headers: { "content-type": "application/json" },
+    headers: { ...authorized, "content-type": "application/json" },
     body: JSON.stringify(body)
   })
   return { status: response.status, body: (await response.json()) as T }
@@ -54,7 +55,7 @@ const audioBase64 = (hertz: number) =>
 
 beforeAll(async () => {
   root = await mkdtemp(join(tmpdir(), "cornserve-llm-sidecar-"))
-  const env = { CORNSERVE_MODEL_DIR: root }
+  const env = { CORNSERVE_MODEL_DIR: root, ...secretEnv }
   sidecar = await startSidecar("llm-node", env)
   const common = ["--devices", "cpu:0", "--sidecar-socket", sidecar.socket, "--embedding-wait-ms", "500"]
   ;[eric, llm, painter] = await Promise.all([
@@ -62,7 +63,7 @@ beforeAll(async () => {
     startExecutor(["--kind", "llm", "--model", model, ...common], env),
     startExecutor(["--kind", "geri", "--model", "cornserve/tiny-color-painter", ...common], env)
   ])
-  client = new OpenAI({ baseURL: `${llm.url}/v1`, apiKey: "not-needed", maxRetries: 0 })
+  client = new OpenAI({ baseURL: `${llm.url}/v1`, apiKey: testSecret, maxRetries: 0 })
   sidecarClient = await SidecarClient.connect(sidecar.socket)
 })
 

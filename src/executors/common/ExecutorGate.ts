@@ -1,0 +1,43 @@
+import type { IncomingMessage, RequestListener, ServerResponse } from "node:http"
+import { carriesSecret } from "../../contracts/Credentials.js"
+
+/**
+ * The door of an executor's HTTP server. A node's executors listen where other nodes (and, on one
+ * machine, the apps' processes) can reach them, and `/tasks/list` tells their addresses: a call
+ * that does not come from the platform would take the node's sidecar arena and the executor's
+ * queue without passing admission. Every route but the health probes needs the internal secret as
+ * its bearer token, checked from the headers before a byte of the body is read; a caller without
+ * it gets a small 401 and its connection closed.
+ */
+
+/**
+ * Routes a stranger may call: what they answer is whether the executor is ready, and they read no
+ * body. The control plane follows `/health/watch` of each executor it holds.
+ */
+const openRoutes: ReadonlySet<string> = new Set(["/health", "/health/watch"])
+
+const isOpen = (request: IncomingMessage): boolean =>
+  (request.method === "GET" || request.method === "HEAD") && openRoutes.has((request.url ?? "").split("?", 1)[0]!)
+
+const refusal = JSON.stringify({
+  error: { code: "Unauthorized", message: "an executor takes calls from its platform only (a bearer token)" }
+})
+
+const refuse = (response: ServerResponse) => {
+  response.writeHead(401, {
+    "content-type": "application/json",
+    "content-length": Buffer.byteLength(refusal),
+    "www-authenticate": "Bearer",
+    // The body is never read; closing the connection keeps an unread body from reaching a next request.
+    connection: "close"
+  })
+  response.end(refusal)
+}
+
+/** `handler` behind the internal secret: only the health probes answer without it. */
+export const gatedExecutor =
+  (secret: string, handler: RequestListener): RequestListener =>
+  (request, response) =>
+    isOpen(request) || carriesSecret(request.headers.authorization, secret)
+      ? handler(request, response)
+      : refuse(response)
