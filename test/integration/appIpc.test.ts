@@ -194,6 +194,15 @@ describe("an app's process cannot crash the platform with what it writes on its 
     )
   }, 60_000)
 
+  it("refuses at registration an app whose process says it loaded with admission settings out of bounds", async () => {
+    const registered = await registerRaw(platform.url, { name: "forger_adm", source: fixture("ipc_forger_admission") })
+    expect(registered.status).toBe(400)
+    expect(JSON.parse(registered.text).error.message).toContain("admission settings are out of bounds")
+    expect(JSON.parse(registered.text).error.message).toContain("queueTimeoutMs")
+    expect(await appState(platform.url, "forger_adm")).toBeUndefined()
+    await stillServing()
+  }, 60_000)
+
   it("refuses at registration an app whose top-level code forges a message", async () => {
     const registered = await registerRaw(platform.url, { name: "forger_top", source: fixture("ipc_forger_top_level") })
     expect(registered.status).toBe(400)

@@ -1,5 +1,5 @@
 import { Duration, Effect, ExecutionStrategy, Exit, Fiber, Schedule, Schema, Scope } from "effect"
-import type { AdmissionSettings } from "../../app-runtime/App.js"
+import { type AdmissionSettings, admissionProblems } from "../../app-runtime/App.js"
 import { Admission, unlimitedAdmission } from "./Admission.js"
 import type { TaskGraphWire } from "../../app-runtime/tasks/TaskGraph.js"
 import {
@@ -42,6 +42,13 @@ export interface AppLimits extends AppProcessLimits {
 
 /** How often the watchdog pings an app that has requests in flight. */
 const watchdogPeriodMs = 1_000
+
+/** Why an app's own admission settings, as its process sent them, are refused; undefined when they are in bounds. */
+const admissionRefusal = (admission: unknown): string | undefined => {
+  if (admission === undefined) return undefined
+  const problems = admissionProblems(admission, "admission")
+  return problems.length === 0 ? undefined : `the app's admission settings are out of bounds: ${problems.join("; ")}`
+}
 
 /**
  * The platform's side of one app's process. Requests are tagged with a number and their
@@ -250,6 +257,11 @@ export class AppDriver {
         if (this.worker !== worker) return
         if (loaded && (message.t === "loaded" || message.t === "load-failed")) {
           this.violation(`it sent "${message.t}" after its app had loaded`)
+        } else if (message.t === "loaded" && admissionRefusal(message.admission) !== undefined) {
+          // defineApp checks them in the app's process; a process that skips it is checked here.
+          clearTimeout(timer)
+          reject(new AppLoadError({ message: admissionRefusal(message.admission)! }))
+          void worker.terminate()
         } else if (message.t === "loaded") {
           loaded = true
           this.loadedAt = Date.now()
