@@ -50,6 +50,28 @@ const solidImageRequest = async (r: number, g: number, b: number) => {
   })
 }
 
+/** A chat request for color_chat and color_studio whose image is `url`, as written. */
+const imageUrlRequest = (url: string) =>
+  JSON.stringify({
+    messages: [
+      {
+        role: "user",
+        content: [
+          { type: "text", text: "What colour is this?" },
+          { type: "image_url", image_url: { url } }
+        ]
+      }
+    ],
+    max_tokens: 8
+  })
+
+const solidPngBase64 = async (r: number, g: number, b: number) =>
+  (
+    await sharp({ create: { width: 8, height: 8, channels: 3, background: { r, g, b } } })
+      .png()
+      .toBuffer()
+  ).toString("base64")
+
 /** One sample of the gateway's /metrics, by its name and labels as written. */
 const metricValue = async (url: string, pattern: RegExp): Promise<number> => {
   const text = await (await fetch(`${url}/metrics`, { headers: adminHeaders() })).text()
@@ -154,5 +176,37 @@ describe("shared CPU devices, shared encoder outputs", () => {
       (await metricValue(platform.url, /^cornserve_sidecar_transfers_active\{/)) === 0 ? true : undefined
     )
     expect(await metricValue(platform.url, /^cornserve_sidecar_bytes_in_use\{/)).toBe(0)
+  })
+
+  it("cannot be poisoned by a data: URL that two readers would read differently", async () => {
+    const green = await solidPngBase64(20, 230, 30)
+    const blue = await solidPngBase64(20, 30, 235)
+    expect(green.endsWith("=")).toBe(true)
+    // Each crafted URL names one image to a lenient reader of the key and another to the encoder's.
+    const crafted = [
+      `data:image/png;Base64,${green}${blue}`,
+      `data:image/png;base64,${green}${blue}`,
+      `data:image/png;BASE64,${blue}`,
+      `data:image/png;base64,${green.replace(/=+$/, "")}=${blue}`
+    ]
+    for (const url of crafted) {
+      const response = await invoke(platform.url, "color_chat", imageUrlRequest(url))
+      // Refused whole (the one reader finds it malformed), or read as the one image it is.
+      if (response.status === 200) expect(await streamedText(response)).toBe("blue")
+      else expect(response.status, url.slice(0, 40)).toBe(400)
+    }
+    // Every client still gets the colour of the image it sent, from either app on the encoder.
+    for (const app of ["color_chat", "color_studio"]) {
+      for (const [name, base64] of [
+        ["green", green],
+        ["blue", blue]
+      ] as const) {
+        const response = await invoke(platform.url, app, imageUrlRequest(`data:image/png;base64,${base64}`))
+        expect(response.status).toBe(200)
+        const colour =
+          app === "color_chat" ? await streamedText(response) : ((await response.json()) as { colour: string }).colour
+        expect(colour, `${app} for ${name}`).toBe(name)
+      }
+    }
   })
 })
