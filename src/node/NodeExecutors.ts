@@ -11,7 +11,9 @@ import type { SupervisedProcess } from "../process/SupervisedProcess.js"
  * One the control plane no longer holds (it restarted and did not place that task here again, or
  * it moved the task away while this node was out of reach) keeps running for the grace period,
  * so that a restarted control plane can take it back without a restart, and is stopped after it.
- * A control plane that cannot be reached holds nothing.
+ * A control plane that cannot be reached holds nothing. Executors on the same devices run side by
+ * side (the control plane shares a CPU device between tasks): a new one never stops another the
+ * control plane still holds.
  */
 
 interface Held {
@@ -30,6 +32,9 @@ const samePlacement = (a: ExecutorPlacement, b: ExecutorPlacement) =>
   a.model === b.model &&
   a.devices.join(",") === b.devices.join(",") &&
   a.args.join("\0") === b.args.join("\0")
+
+const overlaps = (executor: Held, placement: ExecutorPlacement) =>
+  executor.placement.devices.some((id) => placement.devices.includes(id))
 
 /** The executor's address as other machines reach it. */
 const advertised = (url: string, host: string) => {
@@ -76,10 +81,14 @@ export const makeNodeExecutors = (
         const report = reportOf(same)
         if (report.url !== undefined) return { url: report.url, kept: true }
       }
-      // Devices the control plane gives to this executor are no longer another's.
+      // On devices it shares with others, an executor starts beside them: the control plane shares
+      // CPU devices between tasks. Only one the control plane has said it no longer holds gives way.
       for (const executor of [...held.values()]) {
-        if (executor.id !== placement.id && executor.placement.devices.some((id) => placement.devices.includes(id)))
-          yield* stop(executor, `its devices now go to task ${placement.taskId}`)
+        if (executor.id !== placement.id && executor.unheldSince !== undefined && overlaps(executor, placement))
+          yield* stop(
+            executor,
+            `the control plane no longer holds it, and its devices now go to task ${placement.taskId}`
+          )
       }
       const previous = held.get(placement.id)
       if (previous !== undefined) yield* stop(previous, "the control plane starts it again")

@@ -1,6 +1,11 @@
 import { type ChildProcess, spawn } from "node:child_process"
+import { mkdtemp, readFile, rm } from "node:fs/promises"
+import { tmpdir } from "node:os"
+import { join as joinPath } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { joinOnce, type LyingNode, startLyingNode } from "../fixtures/cluster/forgedNode.js"
 import {
+  adminHeaders,
   dataPlaneArgs,
   eventually,
   repoRoot,
@@ -109,6 +114,60 @@ describe("cluster: a control plane and data-plane nodes", () => {
     expect(await stateOf("node-x")).toBeUndefined()
   })
 
+  it("a node name that is not a name is refused before anything of it is kept, and the node says why", async () => {
+    const node = (name: string) => ({
+      name,
+      instance: "forged",
+      devices: [{ id: "cpu:0", type: "cpu" as const, index: 0, threads: 1 }],
+      advertiseHost: "127.0.0.1",
+      rpcPort: 9,
+      executors: []
+    })
+    const refusals = await Promise.all(
+      ["../../x", "a".repeat(5_000), "__proto__", "Node-A"].map((name) => joinOnce(join, token, node(name)))
+    )
+    for (const refusal of refusals) {
+      expect(refusal.refused).toBe("NodeNameInvalid")
+      expect(refusal.message).toMatch(/is not 1 to 63 lowercase letters, digits, "-", "_" or "\."/)
+    }
+    // The real binary, under the default name: it prints the refusal and exits 1.
+    const unnamed = dataPlane("local")
+    expect(await unnamed.exited).toBe(1)
+    expect(unnamed.output()).toMatch(/the node name "local" is reserved .*give it another --node-name/)
+    const known = await readFile(joinPath(controlPlane.stateDir, "nodes.json"), "utf8")
+    expect(JSON.parse(known)).toEqual({ nodes: ["node-a", "node-b"] })
+    expect((await nodesList()).map((listed) => listed.name)).toEqual(["node-a", "node-b"])
+  })
+
+  it("a node's account of its devices is checked: ids that are not its devices' are refused", async () => {
+    const forged = (
+      devices: ReadonlyArray<{ id: string; index: number }>,
+      executorDevices: ReadonlyArray<string> = []
+    ) =>
+      joinOnce(join, token, {
+        name: "node-forged",
+        instance: "forged",
+        devices: devices.map((device) => ({ ...device, type: "cpu" as const, threads: 1 })),
+        advertiseHost: "127.0.0.1",
+        rpcPort: 9,
+        executors:
+          executorDevices.length === 0
+            ? []
+            : [{ id: "x-0", taskId: "x", devices: executorDevices, state: "ready" as const }]
+      })
+    const twice = await forged([
+      { id: "cpu:0", index: 0 },
+      { id: "cpu:0", index: 0 }
+    ])
+    expect(twice).toEqual({ refused: "NodeDevicesInvalid", message: expect.stringMatching(/names device cpu:0 twice/) })
+    const misnamed = await forged([{ id: "../cpu", index: 0 }])
+    expect(misnamed.refused).toBe("NodeDevicesInvalid")
+    expect(misnamed.message).toMatch(/its device "\.\.\/cpu" is not cpu:0/)
+    const foreign = await forged([{ id: "cpu:0", index: 0 }], ["cpu:7"])
+    expect(foreign.message).toMatch(/reports executor x-0 on devices it does not have \(cpu:7\)/)
+    expect(await stateOf("node-forged")).toBeUndefined()
+  })
+
   it("a second node under a running node's name is refused", async () => {
     const twin = dataPlane("node-a")
     expect(await twin.exited).toBe(1)
@@ -161,4 +220,65 @@ describe("cluster: a control plane and data-plane nodes", () => {
     await eventually(async () => ((await stateOf("node-b")) === "ready" ? true : undefined), 20_000)
     expect(started.find((node) => node.output().includes("node-b"))!.output()).toMatch(/joining again/)
   })
+})
+
+describe("cluster: a node that lies about its devices", () => {
+  const liarToken = "lying-node-test-token"
+  let controlPlane: RunningPlatform
+  let honest: ChildProcess
+  let liar: LyingNode
+  let modelDir: string
+
+  beforeAll(async () => {
+    modelDir = await mkdtemp(joinPath(tmpdir(), "cornserve-models-"))
+    controlPlane = await startPlatform({
+      args: ["--role", "control-plane", "--cluster-port", "0"],
+      env: { CORNSERVE_CLUSTER_TOKEN: liarToken }
+    })
+    const port = await eventually(async () => /cluster port open on \S+:(\d+)/.exec(controlPlane.output())?.[1])
+    const clusterUrl = `http://127.0.0.1:${port}`
+    honest = spawn(process.execPath, dataPlaneArgs(clusterUrl, "node-honest", "cpu:0,cpu:1,cpu:2"), {
+      cwd: repoRoot,
+      env: { ...process.env, CORNSERVE_CLUSTER_TOKEN: liarToken, CORNSERVE_MODEL_DIR: modelDir },
+      stdio: "ignore"
+    })
+    liar = await startLyingNode(clusterUrl, liarToken, "node-liar", 64)
+    await eventually(async () => {
+      const { nodes } = (await (await fetch(`${controlPlane.url}/nodes/list`, { headers: adminHeaders() })).json()) as {
+        nodes: Array<{ state: string }>
+      }
+      return nodes.filter((node) => node.state === "ready").length === 2 ? true : undefined
+    })
+  })
+
+  afterAll(async () => {
+    await liar?.stop()
+    if (honest?.exitCode === null) {
+      honest.kill("SIGTERM")
+      await new Promise((resolve) => honest.once("exit", resolve))
+    }
+    await controlPlane?.stop()
+    await rm(modelDir, { recursive: true, force: true })
+  })
+
+  it("takes the placement, fails every start, and the apps are placed on the honest node instead", async () => {
+    const env = { CORNSERVE_GATEWAY_URL: controlPlane.url }
+    const chat = await runCli(["app", "register", joinPath(repoRoot, "examples", "color_chat.ts")], env)
+    expect(chat.code, chat.stderr).toBe(0)
+    expect(liar.startsAsked()).toBeGreaterThan(0)
+    expect(chat.stderr).toMatch(/placing again, avoiding node\(s\) node-liar/)
+    expect(controlPlane.output()).toMatch(/node node-liar failed a start; placement avoids it for a while/)
+    const startsAfterChat = liar.startsAsked()
+    // The next registration goes to the honest node at once, sharing its CPU devices.
+    const studio = await runCli(["app", "register", joinPath(repoRoot, "examples", "color_studio.ts")], env)
+    expect(studio.code, studio.stderr).toBe(0)
+    expect(liar.startsAsked()).toBe(startsAfterChat)
+    const { tasks } = (await (await fetch(`${controlPlane.url}/tasks/list`, { headers: adminHeaders() })).json()) as {
+      tasks: Array<{ executors: Array<{ node: string }> }>
+    }
+    expect(tasks).toHaveLength(5)
+    expect(new Set(tasks.flatMap((task) => task.executors.map((executor) => executor.node)))).toEqual(
+      new Set(["node-honest"])
+    )
+  }, 240_000)
 })

@@ -18,7 +18,7 @@ import { ResourceManager } from "../resource-manager/ResourceManager.js"
 import { ServeConfig } from "../../config/ServeConfig.js"
 import { AppDriver } from "./AppDriver.js"
 import type { AppShare, GraphDispatcher } from "../DispatchContract.js"
-import { type AdmissionOverride, AppStore } from "./AppStore.js"
+import { type AdmissionOverride, AppStore, type StoredApp } from "./AppStore.js"
 import { type AdmissionSettings, admissionProblems } from "../../app-runtime/App.js"
 import { Admission, type AdmissionLimits, unlimitedAdmission } from "./Admission.js"
 
@@ -249,7 +249,8 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
           registeredAt: entry.registeredAt,
           ...(entry.admission === undefined ? {} : { admission: entry.admission })
         })
-        if (previous !== undefined) yield* Effect.forkDaemon(retire(previous))
+        // A stored app waiting to be restored holds nothing to retire.
+        if (previous?.driver !== undefined) yield* Effect.forkDaemon(retire(previous))
         return summarize(entry)
       })
 
@@ -290,40 +291,56 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       return entry.driver
     }
 
-    /** Brings back every app of the state directory, as it was registered. */
+    /** The last lines an app's processes wrote to stdout and stderr (none before its process started). */
+    const logsOf = (id: string): string | AppNotFound => {
+      const entry = apps.get(id)
+      if (entry === undefined) return new AppNotFound({ appId: id })
+      return entry.driver?.logTail() ?? ""
+    }
+
+    /** A stored app as it stands before (or without) its process: registering, or failed with why. */
+    const storedEntry = (app: StoredApp, state: "registering" | "failed", error?: string): AppEntry => ({
+      id: app.id,
+      state,
+      source: app.source,
+      registeredAt: app.registeredAt,
+      tasks: [],
+      user: app.id,
+      driver: undefined,
+      error,
+      example: undefined,
+      description: undefined,
+      admission: app.admission
+    })
+
+    /**
+     * Brings back every app of the state directory, as it was registered. Until each is back it
+     * answers as registering (503), not as unknown; each comes back as soon as its own tasks are
+     * placed, so that an app without tasks is ready at once and one whose tasks find no place
+     * fails with the reason, without waiting for the others. At most four compile at a time.
+     */
     const restore = Effect.gen(function* () {
       const stored = yield* store.loadAll
+      for (const app of stored) if (!apps.has(app.id)) apps.set(app.id, storedEntry(app, "registering"))
+      const compiling = yield* Effect.makeSemaphore(4)
       yield* Effect.forEach(
         stored,
-        (app) =>
-          register(
-            app.id,
-            app.source,
-            false,
-            (message) => Effect.logInfo(`restoring ${app.id}: ${message}`),
-            app.admission
-          ).pipe(
-            Effect.tap(() => Effect.logInfo(`restored app ${app.id}`)),
-            Effect.catchAll((error) =>
-              Effect.gen(function* () {
-                yield* Effect.logError(`app ${app.id} could not be restored: ${error.message}`)
-                apps.set(app.id, {
-                  id: app.id,
-                  state: "failed",
-                  source: app.source,
-                  registeredAt: app.registeredAt,
-                  tasks: [],
-                  user: app.id,
-                  driver: undefined,
-                  error: error.message,
-                  example: undefined,
-                  description: undefined,
-                  admission: app.admission
-                })
-              })
+        (app) => {
+          const onProgress = (message: string) => Effect.logInfo(`restoring ${app.id}: ${message}`)
+          return compiling
+            .withPermits(1)(prepare(app.id, app.source, true, app.admission))
+            .pipe(
+              Effect.flatMap((prepared) => deploy(prepared, onProgress)),
+              Effect.tap(() => Effect.logInfo(`restored app ${app.id}`)),
+              Effect.catchAll((error) =>
+                Effect.zipRight(
+                  Effect.logError(`app ${app.id} could not be restored: ${error.message}`),
+                  Effect.sync(() => apps.set(app.id, storedEntry(app, "failed", error.message)))
+                )
+              )
             )
-          ),
-        { concurrency: 4, discard: true }
+        },
+        { concurrency: "unbounded", discard: true }
       )
       return stored.length
     })
@@ -335,6 +352,7 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       register,
       unregister,
       lookup,
+      logsOf,
       restore,
       has: (id: string) => apps.has(id) || pending.has(id),
       list: (): ReadonlyArray<AppSummary> => [...apps.values()].map(summarize),

@@ -1,4 +1,4 @@
-import type { Effect, Scope } from "effect"
+import { Data, type Effect, type Scope } from "effect"
 import type { Dtype } from "../../models/Dtype.js"
 import type { Device } from "../../node/Devices.js"
 import type { ExecutorPlacement } from "../../contracts/NodeRpcs.js"
@@ -10,6 +10,16 @@ export interface RunningExecutor {
   /** Kills it so that its node's supervisor starts it again (its health check failed). */
   restart(reason: string): void
 }
+
+/**
+ * A data-plane node did not do what it was asked (start an executor, make a model present): it
+ * answered a failure, or nothing in time. Placement avoids such a node for a while and places the
+ * task elsewhere.
+ */
+export class NodeCallError extends Data.TaggedError("NodeCallError")<{
+  readonly node: string
+  readonly message: string
+}> {}
 
 /**
  * What the control plane can ask of one node, wherever it runs: this process's own node agent,

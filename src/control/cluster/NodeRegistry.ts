@@ -2,20 +2,24 @@ import { readFile, writeFile } from "node:fs/promises"
 import { join as joinPath } from "node:path"
 import { RpcClient, type RpcGroup, RpcSerialization } from "@effect/rpc"
 import type { RpcClientError } from "@effect/rpc/RpcClientError"
-import { Effect, Layer, Runtime, Schedule, Scope } from "effect"
+import { Duration, Effect, Layer, Runtime, Schedule, Scope } from "effect"
 import type { Device } from "../../node/Devices.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
 import {
   ClusterTokenRefused,
   type ExecutorReport,
+  NodeDevicesInvalid,
   type NodeInfo,
+  NodeNameInvalid,
   NodeNameTaken,
-  NotJoined
+  NotJoined,
+  nodeDevicesProblem,
+  nodeNameProblem
 } from "../../contracts/ClusterRpcs.js"
 import { NodeRpcs } from "../../contracts/NodeRpcs.js"
 import { authorizedHttpClient } from "../../contracts/RpcGate.js"
 import { sameSecret } from "../../contracts/Credentials.js"
-import type { NodeHandle, RunningExecutor } from "./NodeHandle.js"
+import { NodeCallError, type NodeHandle, type RunningExecutor } from "./NodeHandle.js"
 import { ServeConfig } from "../../config/ServeConfig.js"
 
 /**
@@ -68,6 +72,12 @@ const toDevice = (device: NodeInfo["devices"][number]): Device => ({
   index: device.index,
   threads: device.threads
 })
+
+/**
+ * How long a StartExecutor may take: longer than a node waits for an executor to be ready (it
+ * answers a failure then), so that only a node that never answers runs into it.
+ */
+const startTimeout = Duration.minutes(3)
 
 /** How long a StopExecutor may take before the control plane gives up on it (the node's grace stops it anyway). */
 const stopTimeout = "3 seconds"
@@ -162,9 +172,32 @@ export class NodeRegistry extends Effect.Service<NodeRegistry>()("cornserve/Node
         )
       })
 
+    /** A node whose name or devices cannot be taken is refused before anything of it is kept. */
+    const checkNode = (node: NodeInfo) =>
+      Effect.suspend((): Effect.Effect<void, NodeNameInvalid | NodeDevicesInvalid> => {
+        const nameProblem = nodeNameProblem(node.name)
+        if (nameProblem !== undefined) {
+          return Effect.zipRight(
+            Effect.logWarning(`refused a node from ${printable(node.advertiseHost)}: ${nameProblem}`),
+            Effect.fail(
+              new NodeNameInvalid({
+                message: `the control plane refused this node: ${nameProblem}; give it another --node-name`
+              })
+            )
+          )
+        }
+        const devicesProblem = nodeDevicesProblem(node.devices, node.executors)
+        if (devicesProblem === undefined) return Effect.void
+        return Effect.zipRight(
+          Effect.logWarning(`refused node ${node.name} (${printable(node.advertiseHost)}): ${devicesProblem}`),
+          Effect.fail(new NodeDevicesInvalid({ message: `the control plane refused this node: ${devicesProblem}` }))
+        )
+      })
+
     const join = (token: string, node: NodeInfo) =>
       Effect.gen(function* () {
-        yield* checkToken(token, `node ${node.name} (${node.advertiseHost})`)
+        yield* checkToken(token, `node ${printable(node.name)} (${printable(node.advertiseHost)})`)
+        yield* checkNode(node)
         const previous = nodes.get(node.name)
         if (previous !== undefined && previous.state === "ready" && previous.instance !== node.instance) {
           yield* Effect.logWarning(
@@ -263,7 +296,7 @@ export class NodeRegistry extends Effect.Service<NodeRegistry>()("cornserve/Node
       })
 
     const nodeCallError = (node: string) => (error: { readonly message: string }) =>
-      new Error(`node ${node}: ${error.message}`)
+      new NodeCallError({ node, message: `node ${node}: ${error.message}` })
 
     const own = (node: string, id: string, held: boolean) => {
       const set = owned.get(node) ?? new Set<string>()
@@ -296,6 +329,12 @@ export class NodeRegistry extends Effect.Service<NodeRegistry>()("cornserve/Node
             own(name, placement.id, true)
             const started = yield* Effect.acquireRelease(
               withClient((client, token) => client.StartExecutor({ token, executor: placement })).pipe(
+                Effect.timeoutFail({
+                  duration: startTimeout,
+                  onTimeout: () => ({
+                    message: `executor ${placement.id} did not start within ${Duration.format(startTimeout)}`
+                  })
+                }),
                 Effect.mapError(nodeCallError(name)),
                 Effect.tapError(() => Effect.sync(() => own(name, placement.id, false)))
               ),
@@ -391,6 +430,12 @@ export class NodeRegistry extends Effect.Service<NodeRegistry>()("cornserve/Node
 }) {}
 
 type NodeClient = RpcClient.RpcClient<RpcGroup.Rpcs<typeof NodeRpcs>, RpcClientError>
+
+/** What a node said, bounded and printable, for a log line about a node that was refused. */
+const printable = (text: string) => {
+  const shown = text.replace(/[^\w.:@[\]-]/g, "?")
+  return shown.length > 80 ? `${shown.slice(0, 80)}…` : shown
+}
 
 /** An IPv6 literal in brackets, as a URL needs it. */
 const hostInUrl = (host: string) => (host.includes(":") && !host.startsWith("[") ? `[${host}]` : host)

@@ -431,11 +431,13 @@ const shortfall = (
   unplaced: number,
   placed: ReadonlyArray<PlacedExecutor>
 ): PlacementShortfall => {
-  // Devices this request already took in the call count as free again: the whole call is undone.
+  // Free devices this request already took in the call count as free again: the whole call is
+  // undone. Those it took to share were not free (their other holders keep them).
   const ownThisCall = new Map<string, number>()
   for (const executor of placed) {
     if (executor.task !== request.task) continue
-    ownThisCall.set(executor.node, (ownThisCall.get(executor.node) ?? 0) + executor.devices.length)
+    const wasFree = executor.devices.filter((device) => sharersOf(ledger, executor.node, device.id) === 1).length
+    ownThisCall.set(executor.node, (ownThisCall.get(executor.node) ?? 0) + wasFree)
   }
   const takenByEarlier = placedDevices(placed.filter((executor) => executor.task !== request.task))
   const room: Array<NodeRoom> = [...ledger.free].map(([node, free]) => ({

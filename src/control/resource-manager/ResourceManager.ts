@@ -1,6 +1,7 @@
 import { Effect, Either, Runtime } from "effect"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
 import { ExecutorKinds } from "../task-manager/ExecutorKinds.js"
+import { NodeCallError } from "../cluster/NodeHandle.js"
 import { NodeRegistry } from "../cluster/NodeRegistry.js"
 import { BadRequest, DeploymentFailed, DevicesExhausted, NoExecutorForKind, TaskNotFound } from "../errors.js"
 import { ServeConfig } from "../../config/ServeConfig.js"
@@ -13,6 +14,9 @@ import { type Fleet, makeRebalanceMoves } from "./RebalanceMoves.js"
 import { makeScaleStore } from "./ScaleStore.js"
 
 export type { TaskSummary } from "./Listings.js"
+
+/** How long a node that failed a start is avoided by placement (while other nodes have room). */
+const troubledForMs = 5 * 60_000
 
 /**
  * Which unit tasks are deployed, who uses them, and which devices of which nodes they hold.
@@ -39,6 +43,11 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
     const toldShort = new Map<string, string>()
     /** When each task last grew or shrank: the rebalancing policy leaves it alone for a while. */
     const changedAt = new Map<string, number>()
+    /**
+     * Nodes that failed to start an executor or make a model present, until when: placement goes
+     * elsewhere while another node has room (a node that lies about its devices takes nothing).
+     */
+    const troubled = new Map<string, number>()
 
     const placementNodes = (): ReadonlyArray<PlacementNode> =>
       registry.nodes().map((node) => ({ name: node.name, state: node.state, devices: node.devices }))
@@ -64,18 +73,47 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
             .map((executor) => ({ node: node.name, devices: executor.devices }))
         )
 
+    /** Nodes placement avoids now: those that failed a start lately. */
+    const troubledNodes = () => {
+      const at = Date.now()
+      for (const [node, until] of troubled) if (until <= at) troubled.delete(node)
+      return [...troubled.keys()]
+    }
+
+    /** The node an executor or model failed on: avoided for a while. */
+    const noteFailure = (error: unknown, failedOn?: Set<string>) =>
+      Effect.suspend(() => {
+        if (!(error instanceof NodeCallError)) return Effect.void
+        troubled.set(error.node, Date.now() + troubledForMs)
+        failedOn?.add(error.node)
+        return Effect.logWarning(`node ${error.node} failed a start; placement avoids it for a while: ${error.message}`)
+      })
+
+    /** Placement as the policy answers it, avoiding troubled nodes while the others have room. */
     const placeExecutors = (
       requests: ReadonlyArray<PlacementRequest>
     ): Effect.Effect<ReadonlyArray<PlacedExecutor>, DevicesExhausted> =>
-      Effect.suspend(() =>
-        Either.match(place(placementNodes(), holdings.all(), requests), {
+      Effect.suspend(() => {
+        const nodes = placementNodes()
+        const held = holdings.all()
+        const avoiding = troubledNodes()
+        const elsewhere =
+          avoiding.length === 0
+            ? undefined
+            : place(
+                nodes,
+                held,
+                requests.map((request) => ({ ...request, avoidNodes: [...(request.avoidNodes ?? []), ...avoiding] }))
+              )
+        const answer = elsewhere === undefined || Either.isLeft(elsewhere) ? place(nodes, held, requests) : elsewhere
+        return Either.match(answer, {
           onLeft: (shortfall) => Effect.fail(new DevicesExhausted({ message: shortfall.message })),
           onRight: (placed) => {
             holdings.take(placed)
             return Effect.succeed(placed)
           }
         })
-      )
+      })
 
     /** The placed executors as the task manager starts them: each with its node's handle. */
     const groupsOf = (placed: ReadonlyArray<PlacedExecutor>) =>
@@ -101,7 +139,8 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
     const prepareOn = (
       spec: UnitTaskSpec,
       placed: ReadonlyArray<PlacedExecutor>,
-      onProgress: (message: string) => Effect.Effect<void>
+      onProgress: (message: string) => Effect.Effect<void>,
+      failedOn?: Set<string>
     ) =>
       Effect.suspend(() => {
         const kind = kinds.get(spec.kind)!
@@ -115,6 +154,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
             return node === undefined
               ? Effect.fail(new DeploymentFailed({ message: `task ${spec.id} failed to start: node ${name} is gone` }))
               : prepare(spec, node, onProgress).pipe(
+                  Effect.tapError((error) => noteFailure(error, failedOn)),
                   Effect.mapError(
                     (error) => new DeploymentFailed({ message: `task ${spec.id} failed to start: ${error.message}` })
                   )
@@ -124,22 +164,23 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         )
       })
 
+    /** `failedOn` hears of the nodes it failed on. */
     const deployOne = (
       spec: UnitTaskSpec,
       placed: ReadonlyArray<PlacedExecutor>,
-      onProgress: (message: string) => Effect.Effect<void>
+      onProgress: (message: string) => Effect.Effect<void>,
+      failedOn: Set<string>
     ) =>
       Effect.gen(function* () {
         const kind = kinds.get(spec.kind)!
-        yield* prepareOn(spec, placed, onProgress)
+        yield* prepareOn(spec, placed, onProgress, failedOn)
         const groups = yield* groupsOf(placed)
-        yield* taskManagers
-          .deploy(spec, kind, groups)
-          .pipe(
-            Effect.mapError(
-              (error) => new DeploymentFailed({ message: `task ${spec.id} failed to start: ${error.message}` })
-            )
+        yield* taskManagers.deploy(spec, kind, groups).pipe(
+          Effect.tapError((error) => noteFailure(error, failedOn)),
+          Effect.mapError(
+            (error) => new DeploymentFailed({ message: `task ${spec.id} failed to start: ${error.message}` })
           )
+        )
       }).pipe(Effect.onError(() => Effect.sync(() => holdings.giveAllOf(spec.id))))
 
     const teardown = (taskId: string) =>
@@ -147,81 +188,121 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
 
     const perExecutorOf = (spec: UnitTaskSpec) => Math.max(1, kinds.get(spec.kind)!.devicesPerExecutor(spec))
 
-    /** `user` now uses `specs`; deploys those not yet deployed, all or none. */
+    /**
+     * Places the new tasks and starts them, all or none. Where every new task goes is decided at
+     * once, so that an app's tasks land together; a task scaled before a restart gets its
+     * executors back when they all fit on free devices, else one. A task's one executor shares a
+     * CPU device when no device is free. `failedOn` hears of the nodes a start failed on.
+     */
+    const placeAndStart = (
+      fresh: ReadonlyArray<UnitTaskSpec>,
+      ids: ReadonlyArray<string>,
+      onProgress: (message: string) => Effect.Effect<void>,
+      failedOn: Set<string>
+    ) =>
+      Effect.gen(function* () {
+        const requestsAt = (executorsOf: (spec: UnitTaskSpec) => number, share: boolean) =>
+          fresh.map((spec) => ({
+            task: spec.id,
+            executors: executorsOf(spec),
+            devicesPerExecutor: perExecutorOf(spec),
+            related: relatedTo(spec.id, ids),
+            preferred: preferredFor(spec.id),
+            share
+          }))
+        const scaled = fresh.filter((spec) => scales.executorsOf(spec.id) > 1)
+        const placed = yield* placeExecutors(
+          requestsAt((spec) => scales.executorsOf(spec.id), scaled.length === 0)
+        ).pipe(
+          Effect.catchTag("DevicesExhausted", (error) =>
+            scaled.length === 0
+              ? Effect.fail(error)
+              : Effect.zipRight(
+                  Effect.logWarning(
+                    `task(s) ${scaled.map((spec) => `${spec.id} (${scales.executorsOf(spec.id)} executors)`).join(", ")} do not fit at the scale they had (${error.message}): starting one executor each`
+                  ),
+                  placeExecutors(requestsAt(() => 1, true))
+                )
+          )
+        )
+        yield* logPlacement(placed)
+        // The new tasks start side by side; if one fails, every one that started is torn down.
+        yield* Effect.forEach(
+          fresh,
+          (spec) =>
+            Effect.zipRight(
+              onProgress(`deploying task ${spec.name} (${spec.id})`),
+              deployOne(
+                spec,
+                placed.filter((executor) => executor.task === spec.id),
+                onProgress,
+                failedOn
+              )
+            ),
+          { concurrency: "unbounded", discard: true }
+        ).pipe(
+          Effect.onError(() =>
+            Effect.forEach(fresh, (spec) => teardown(spec.id), { discard: true }).pipe(
+              Effect.ensuring(Effect.sync(() => fresh.forEach((spec) => holdings.giveAllOf(spec.id))))
+            )
+          )
+        )
+        for (const executor of placed) troubled.delete(executor.node)
+      })
+
+    /**
+     * `placeAndStart`, placed again without the nodes a start failed on while others have room:
+     * each node is given one chance per deployment, so that a node that cannot start what it is
+     * given (or lies about its devices) does not fail every registration.
+     */
+    const deployFresh = (
+      fresh: ReadonlyArray<UnitTaskSpec>,
+      ids: ReadonlyArray<string>,
+      onProgress: (message: string) => Effect.Effect<void>,
+      tried: ReadonlySet<string>
+    ): Effect.Effect<void, DevicesExhausted | DeploymentFailed> =>
+      Effect.gen(function* () {
+        const failedOn = new Set<string>()
+        const attempt = yield* Effect.either(placeAndStart(fresh, ids, onProgress, failedOn))
+        if (Either.isRight(attempt)) return
+        const newly = [...failedOn].filter((node) => !tried.has(node))
+        if (newly.length === 0) return yield* Effect.fail(attempt.left)
+        yield* onProgress(`${attempt.left.message}; placing again, avoiding node(s) ${newly.join(", ")}`)
+        return yield* deployFresh(fresh, ids, onProgress, new Set([...tried, ...newly]))
+      })
+
+    /** `user` now uses `specs`; deploys those not yet deployed, all or none. An app with no tasks waits for nothing. */
     const acquire = (
       user: string,
       specs: ReadonlyArray<UnitTaskSpec>,
       onProgress: (message: string) => Effect.Effect<void>
-    ) =>
-      lock.withPermits(1)(
-        Effect.gen(function* () {
-          for (const spec of specs) {
-            if (!kinds.has(spec.kind)) return yield* new NoExecutorForKind({ kind: spec.kind, taskId: spec.id })
-          }
-          const fresh = specs.filter((spec) => taskManagers.get(spec.id) === undefined)
-          for (const spec of specs) {
-            if (!fresh.includes(spec))
-              yield* onProgress(`task ${spec.name} (${spec.id}) is already deployed; sharing it`)
-          }
-          const ids = specs.map((spec) => spec.id)
-          // Where every new task goes is decided at once, so that an app's tasks land together; a
-          // task scaled before a restart gets its executors back when they all fit on free devices,
-          // else one. A task's one executor shares a CPU device when no device is free.
-          const requestsAt = (executorsOf: (spec: UnitTaskSpec) => number, share: boolean) =>
-            fresh.map((spec) => ({
-              task: spec.id,
-              executors: executorsOf(spec),
-              devicesPerExecutor: perExecutorOf(spec),
-              related: relatedTo(spec.id, ids),
-              preferred: preferredFor(spec.id),
-              share
-            }))
-          const scaled = fresh.filter((spec) => scales.executorsOf(spec.id) > 1)
-          const placed = yield* placeExecutors(
-            requestsAt((spec) => scales.executorsOf(spec.id), scaled.length === 0)
-          ).pipe(
-            Effect.catchTag("DevicesExhausted", (error) =>
-              scaled.length === 0
-                ? Effect.fail(error)
-                : Effect.zipRight(
-                    Effect.logWarning(
-                      `task(s) ${scaled.map((spec) => `${spec.id} (${scales.executorsOf(spec.id)} executors)`).join(", ")} do not fit at the scale they had (${error.message}): starting one executor each`
-                    ),
-                    placeExecutors(requestsAt(() => 1, true))
-                  )
-            )
-          )
-          yield* logPlacement(placed)
-          // The new tasks start side by side; if one fails, every one that started is torn down.
-          yield* Effect.forEach(
-            fresh,
-            (spec) =>
-              Effect.zipRight(
-                onProgress(`deploying task ${spec.name} (${spec.id})`),
-                deployOne(
-                  spec,
-                  placed.filter((executor) => executor.task === spec.id),
-                  onProgress
+    ): Effect.Effect<void, NoExecutorForKind | DevicesExhausted | DeploymentFailed> =>
+      specs.length === 0
+        ? Effect.void
+        : lock.withPermits(1)(
+            Effect.gen(function* () {
+              for (const spec of specs) {
+                if (!kinds.has(spec.kind)) return yield* new NoExecutorForKind({ kind: spec.kind, taskId: spec.id })
+              }
+              const fresh = specs.filter((spec) => taskManagers.get(spec.id) === undefined)
+              for (const spec of specs) {
+                if (!fresh.includes(spec))
+                  yield* onProgress(`task ${spec.name} (${spec.id}) is already deployed; sharing it`)
+              }
+              if (fresh.length > 0)
+                yield* deployFresh(
+                  fresh,
+                  specs.map((spec) => spec.id),
+                  onProgress,
+                  new Set()
                 )
-              ),
-            {
-              concurrency: "unbounded",
-              discard: true
-            }
-          ).pipe(
-            Effect.onError(() =>
-              Effect.forEach(fresh, (spec) => teardown(spec.id), { discard: true }).pipe(
-                Effect.ensuring(Effect.sync(() => fresh.forEach((spec) => holdings.giveAllOf(spec.id))))
-              )
-            )
+              for (const spec of specs) {
+                const set = users.get(spec.id) ?? new Set<string>()
+                set.add(user)
+                users.set(spec.id, set)
+              }
+            })
           )
-          for (const spec of specs) {
-            const set = users.get(spec.id) ?? new Set<string>()
-            set.add(user)
-            users.set(spec.id, set)
-          }
-        })
-      )
 
     /** `user` no longer uses `specs`; tasks nobody uses any more are torn down. */
     const release = (user: string, specs: ReadonlyArray<UnitTaskSpec>) =>
@@ -242,31 +323,41 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
       )
 
     /**
-     * Adds devices (new executors, on free devices: a task's second executor on a device it shares
-     * would add no cores) to a task, or takes some away: those executors drain first.
+     * Adds devices to a task (new executors, on free devices; when none is free, on CPU devices
+     * other tasks hold, as the autoscaler shares them, never one the task holds: a second executor
+     * there would add no cores), or takes some away: those executors drain first.
      */
-    const scale = (taskId: string, deltaDevices: number) => lock.withPermits(1)(scaleNow(taskId, deltaDevices))
+    const scale = (taskId: string, deltaDevices: number) =>
+      lock.withPermits(1)(scaleNow(taskId, deltaDevices, "when-full"))
 
-    /** `shareOn`: the executors may share those CPU devices (rebalancing chose them) when none is free. */
-    const scaleNow = (taskId: string, deltaDevices: number, shareOn?: PlacementRequest["shareOn"]) =>
+    /**
+     * `sharing`: "when-full", the executors may share CPU devices other tasks hold when none is
+     * free; or only those devices (rebalancing chose them); or none.
+     */
+    const scaleNow = (taskId: string, deltaDevices: number, sharing?: "when-full" | PlacementRequest["shareOn"]) =>
       Effect.gen(function* () {
         const task = taskManagers.get(taskId)
         if (task === undefined) return yield* new TaskNotFound({ taskId })
         const perExecutor = perExecutorOf(task.spec)
         if (deltaDevices > 0) {
-          const placed = yield* placeExecutors([
-            {
-              task: taskId,
-              executors: Math.ceil(deltaDevices / perExecutor),
-              devicesPerExecutor: perExecutor,
-              related: relatedTo(taskId),
-              ...(shareOn === undefined ? {} : { share: true, shareOn })
-            }
-          ])
+          const request: PlacementRequest = {
+            task: taskId,
+            executors: Math.ceil(deltaDevices / perExecutor),
+            devicesPerExecutor: perExecutor,
+            related: relatedTo(taskId),
+            ...(sharing === undefined || sharing === "when-full" ? {} : { share: true, shareOn: sharing })
+          }
+          const placed = yield* placeExecutors([request]).pipe(
+            Effect.catchTag("DevicesExhausted", (error) =>
+              sharing === "when-full" ? placeExecutors([{ ...request, share: true }]) : Effect.fail(error)
+            )
+          )
           yield* logPlacement(placed)
           yield* Effect.gen(function* () {
             yield* prepareOn(task.spec, placed, () => Effect.void)
-            yield* taskManagers.grow(taskId, yield* groupsOf(placed))
+            yield* taskManagers
+              .grow(taskId, yield* groupsOf(placed))
+              .pipe(Effect.tapError((error) => noteFailure(error)))
           }).pipe(
             Effect.mapError(
               (error) => new DeploymentFailed({ message: `task ${taskId} could not grow: ${error.message}` })
@@ -338,7 +429,9 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         yield* logPlacement(placed)
         yield* Effect.gen(function* () {
           yield* prepareOn(task.spec, placed, () => Effect.void)
-          yield* taskManagers.grow(task.spec.id, yield* groupsOf(placed), true)
+          yield* taskManagers
+            .grow(task.spec.id, yield* groupsOf(placed), true)
+            .pipe(Effect.tapError((error) => noteFailure(error)))
           toldShort.delete(task.spec.id)
           yield* Effect.logInfo(`task ${task.spec.id} has its ${task.wanted} executor(s) again`)
         }).pipe(

@@ -254,4 +254,19 @@ describe("placement: where a task's executors run", () => {
     ]
     expect(executorsToGive([nodes[0]!], onlyEnc, [one, one], llm)).toBeUndefined()
   })
+
+  it("tells the free devices of a shortfall, not counting the shared ones the request took before it fell short", () => {
+    const held: ReadonlyArray<Holding> = [
+      { node: "local", device: "cpu:0", task: "enc" },
+      { node: "local", device: "cpu:1", task: "llm" },
+      { node: "local", device: "cpu:2", task: "gen" }
+    ]
+    const answer = place([node("local", "cpu:0,cpu:1,cpu:2,cpu:3")], held, [
+      request("enc", { executors: 9, share: true })
+    ])
+    if (Either.isRight(answer)) throw new Error("expected a shortfall")
+    expect(answer.left.room).toEqual([{ node: "local", free: 1, total: 4, avoided: false }])
+    expect(answer.left.unplaced).toBe(6)
+    expect(answer.left.message).toMatch(/free: local 1 of 4 \(6 executor\(s\) short\)/)
+  })
 })
