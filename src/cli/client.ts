@@ -162,6 +162,13 @@ const table = (header: ReadonlyArray<string>, rows: ReadonlyArray<ReadonlyArray<
   return `${[format(header), ...rows.map(format)].join("\n")}\n`
 }
 
+/** An app's log as the gateway keeps it: text, printed as it is. */
+export const appLogs = (target: GatewayTarget, appId: string) =>
+  Effect.gen(function* () {
+    const response = yield* Effect.flatMap(request(target, "GET", `app/logs/${encodeURIComponent(appId)}`), expectOk)
+    yield* write(yield* readText(response))
+  })
+
 export const listApps = (target: GatewayTarget) =>
   Effect.gen(function* () {
     const response = yield* Effect.flatMap(request(target, "GET", "app/list"), expectOk)

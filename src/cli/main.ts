@@ -17,6 +17,7 @@ import {
   CliFailure,
   type GatewayTarget,
   invokeApp,
+  appLogs,
   listApps,
   listNodes,
   listTasks,
@@ -450,6 +451,10 @@ const list = Command.make("list", { gateway: gatewayOption }, ({ gateway }) => l
   Command.withDescription("List registered apps and their states.")
 )
 
+const logs = Command.make("logs", { appId: Args.text({ name: "ID" }), gateway: gatewayOption }, ({ appId, gateway }) =>
+  appLogs(target(gateway), appId)
+).pipe(Command.withDescription("Print the last lines an app wrote to its stdout and stderr (the last 64 KiB)."))
+
 const invoke = Command.make(
   "invoke",
   {
@@ -467,8 +472,8 @@ const invoke = Command.make(
 ).pipe(Command.withDescription("Call an app; prints its JSON answer, or its lines as they stream."))
 
 const app = Command.make("app").pipe(
-  Command.withDescription("Register, list, call and unregister apps."),
-  Command.withSubcommands([register, unregister, list, invoke])
+  Command.withDescription("Register, list, call and unregister apps, and read their logs."),
+  Command.withSubcommands([register, unregister, list, logs, invoke])
 )
 
 const tasks = Command.make("tasks").pipe(

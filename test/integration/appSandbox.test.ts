@@ -5,6 +5,8 @@ import { getPriority, networkInterfaces } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import {
+  adminHeaders,
+  runCli,
   appState,
   childPids,
   eventually,
@@ -213,6 +215,21 @@ describe("an app's process runs inside the operating system's boundary", () => {
     expect(shown).not.toContain("\u001b")
     expect(shown).not.toContain("\r")
     expect(shown).toContain("harmless\\u000d\\u001b[2Kcornserve: ready")
+    // The app's own log keeps its last 64 KiB, for the admin: over HTTP and by the CLI.
+    const logs = await eventually(async () => {
+      const response = await fetch(`${platform.url}/app/logs/sandbox_flood`, { headers: adminHeaders() })
+      const text = await response.text()
+      // Full once the flood is in: its stdout and stderr arrive side by side, so which line is last varies.
+      return text.length > 60 * 1024 ? { status: response.status, text } : undefined
+    })
+    expect(logs.status).toBe(200)
+    expect(logs.text.length).toBeLessThanOrEqual(64 * 1024)
+    expect(logs.text).toMatch(/flood x+\n/)
+    expect((await fetch(`${platform.url}/app/logs/sandbox_flood`)).status).toBe(401)
+    expect((await fetch(`${platform.url}/app/logs/nobody`, { headers: adminHeaders() })).status).toBe(404)
+    const cli = await runCli(["app", "logs", "sandbox_flood"], { CORNSERVE_GATEWAY_URL: platform.url })
+    expect(cli.code, cli.stderr).toBe(0)
+    expect(cli.stdout).toMatch(/flood x+\n/)
   }, 120_000)
 })
 

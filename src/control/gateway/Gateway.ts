@@ -140,9 +140,10 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       })
 
     const guardOptions = { boundHost: config.host, allowedHosts: config.allowedHosts }
-    const requireAdmin = Effect.gen(function* () {
-      const request = yield* HttpServerRequest.HttpServerRequest
-      if (config.adminToken !== undefined) {
+    /** The admin token, when the platform has one (all but --insecure-no-auth). */
+    const requireAdminToken = (request: HttpServerRequest.HttpServerRequest) =>
+      Effect.gen(function* () {
+        if (config.adminToken === undefined) return
         const given = bearerOf(request.headers.authorization)
         if (given === undefined) {
           return yield* new Unauthorized({
@@ -151,7 +152,10 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
         }
         if (!sameSecret(given, config.adminToken))
           return yield* new Unauthorized({ message: "the admin token is wrong" })
-      }
+      })
+    const requireAdmin = Effect.gen(function* () {
+      const request = yield* HttpServerRequest.HttpServerRequest
+      yield* requireAdminToken(request)
       const refusal = adminRequestRefusal(request.headers, guardOptions)
       if (refusal !== undefined) return yield* new Forbidden({ message: refusal })
     })
@@ -204,6 +208,16 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
         contentType: "text/event-stream",
         headers: { "cache-control": "no-cache", connection: "keep-alive" }
       })
+    })
+
+    /** What an app wrote to its stdout and stderr: an admin route, since an app's log may hold its clients' data. */
+    const logs = Effect.gen(function* () {
+      const request = yield* HttpServerRequest.HttpServerRequest
+      // A GET carries no body: the admin guard's content-type rule is for the routes that take one.
+      yield* requireAdminToken(request)
+      const tail = appManager.logsOf(yield* param("id"))
+      if (typeof tail !== "string") return yield* tail
+      return HttpServerResponse.text(tail, { contentType: "text/plain; charset=utf-8" })
     })
 
     const unregister = Effect.gen(function* () {
@@ -320,6 +334,7 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
     const router = HttpRouter.empty.pipe(
       HttpRouter.post("/app/register", register),
       HttpRouter.post("/app/unregister/:id", unregister),
+      HttpRouter.get("/app/logs/:id", logs),
       HttpRouter.get(
         "/app/list",
         Effect.sync(() => HttpServerResponse.unsafeJson({ apps: appManager.list() } satisfies typeof AppList.Encoded))
