@@ -10,6 +10,7 @@ import { defaultLevels, defaultSecondsPerLevel } from "../control/task-manager/P
 import { dtypes } from "../models/Dtype.js"
 import { modelRootsEnvName, modelRootsFromEnvironment } from "../models/ModelRoots.js"
 import { adminTokenPath, ensureAdminToken, readAdminToken } from "../config/AdminTokenFile.js"
+import { nodeNameProblem } from "../contracts/ClusterRpcs.js"
 import { internalSecretOf } from "../contracts/Credentials.js"
 import { parseDevices } from "../node/Devices.js"
 import { defaultMaxMediaItems, defaultMediaLimits } from "../executors/common/media/MediaLimits.js"
@@ -292,6 +293,9 @@ const serveCommand = Command.make(
       if (options.role === "data-plane" && Option.isNone(options.join)) {
         return yield* usage("--role data-plane needs --join http://CONTROL-PLANE-HOST:CLUSTER-PORT")
       }
+      // The control plane refuses such a name at join; said here, before anything starts.
+      const nameProblem = options.role === "data-plane" ? nodeNameProblem(options.nodeId) : undefined
+      if (nameProblem !== undefined) return yield* usage(`--node-name: ${nameProblem}`)
       if (Option.isSome(options.advertiseHost) && options.role !== "data-plane") {
         return yield* usage("--advertise-host is for --role data-plane")
       }

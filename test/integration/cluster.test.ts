@@ -130,10 +130,12 @@ describe("cluster: a control plane and data-plane nodes", () => {
       expect(refusal.refused).toBe("NodeNameInvalid")
       expect(refusal.message).toMatch(/is not 1 to 63 lowercase letters, digits, "-", "_" or "\."/)
     }
-    // The real binary, under the default name: it prints the refusal and exits 1.
+    // The real binary, under the default name: it refuses the name before it starts, and exits 2.
     const unnamed = dataPlane("local")
-    expect(await unnamed.exited).toBe(1)
-    expect(unnamed.output()).toMatch(/the node name "local" is reserved .*give it another --node-name/)
+    expect(await unnamed.exited).toBe(2)
+    expect(unnamed.output()).toMatch(
+      /--node-name: the node name "local" is reserved \(it is the default of --node-name\)/
+    )
     const known = await readFile(joinPath(controlPlane.stateDir, "nodes.json"), "utf8")
     expect(JSON.parse(known)).toEqual({ nodes: ["node-a", "node-b"] })
     expect((await nodesList()).map((listed) => listed.name)).toEqual(["node-a", "node-b"])

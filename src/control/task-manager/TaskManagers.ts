@@ -301,7 +301,7 @@ class ManagedTask implements TaskManager {
  * comes again; the stream ending (the executor gone or restarting) takes it out until a new watch
  * sees it ready. An executor that reports itself unhealthy is restarted.
  */
-const watchHealth = (member: ManagedExecutor, task: ManagedTask) =>
+const watchHealth = (member: ManagedExecutor, task: ManagedTask, secret: string | undefined) =>
   Effect.async<void>((resume) => {
     const url = member.executor.url()
     if (url === undefined) {
@@ -323,7 +323,8 @@ const watchHealth = (member: ManagedExecutor, task: ManagedTask) =>
       request.destroy()
       resume(Effect.void)
     }
-    const request = Http.get(`${url}/health/watch`, { agent: false }, (response) => {
+    const headers = secret === undefined ? {} : { authorization: `Bearer ${secret}` }
+    const request = Http.get(`${url}/health/watch`, { agent: false, headers }, (response) => {
       if (response.statusCode !== 200) return end()
       response.setEncoding("utf8")
       let pending = ""
@@ -363,7 +364,10 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
   scoped: Effect.gen(function* () {
     const queueBound = yield* TaskQueueBound
     // Recorded profiles are kept in the state dir; task managers without one (in a test) keep none.
-    const profiles = Option.map(yield* Effect.serviceOption(ServeConfig), (config) => makeProfileStore(config.stateDir))
+    const config = yield* Effect.serviceOption(ServeConfig)
+    const profiles = Option.map(config, (served) => makeProfileStore(served.stateDir))
+    // The internal secret executors take calls with, their health watch included.
+    const secret = Option.getOrUndefined(Option.map(config, (served) => served.internalSecret))
     const tasks = new Map<string, ManagedTask>()
 
     const teardown = (taskId: string) =>
@@ -385,7 +389,7 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
           scope
         ).pipe(Effect.onError(() => Scope.close(scope, Exit.void)))
         const member = task.add(id, group.node.name, executor, scope)
-        yield* watchHealth(member, task).pipe(
+        yield* watchHealth(member, task, secret).pipe(
           Effect.zipRight(Effect.sleep(healthWatchPeriodMs)),
           Effect.forever,
           Effect.forkIn(scope)

@@ -5,16 +5,16 @@ import { carriesSecret } from "../../contracts/Credentials.js"
  * The door of an executor's HTTP server. A node's executors listen where other nodes (and, on one
  * machine, the apps' processes) can reach them, and `/tasks/list` tells their addresses: a call
  * that does not come from the platform would take the node's sidecar arena and the executor's
- * queue without passing admission. Every route but the health probes needs the internal secret as
+ * queue without passing admission. Every route but `/health` needs the internal secret as
  * its bearer token, checked from the headers before a byte of the body is read; a caller without
  * it gets a small 401 and its connection closed.
  */
 
 /**
- * Routes a stranger may call: what they answer is whether the executor is ready, and they read no
- * body. The control plane follows `/health/watch` of each executor it holds.
+ * The one route a stranger may call: it answers whether the executor is ready, and reads no body.
+ * `/health/watch`, which the control plane follows and which tells the executor's load, is not.
  */
-const openRoutes: ReadonlySet<string> = new Set(["/health", "/health/watch"])
+const openRoutes: ReadonlySet<string> = new Set(["/health"])
 
 const isOpen = (request: IncomingMessage): boolean =>
   (request.method === "GET" || request.method === "HEAD") && openRoutes.has((request.url ?? "").split("?", 1)[0]!)
