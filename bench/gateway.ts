@@ -47,6 +47,12 @@ const ROUNDS = envNumber("BENCH_ROUNDS", 3)
 const STARTUP_SECONDS = envNumber("BENCH_STARTUP_SECONDS", 25)
 const STARTUP_RATE = 100
 const EXAMPLES = process.env.BENCH_EXAMPLES === "1"
+/**
+ * BENCH_API_KEY: the platform takes invocations with this API key only (CORNSERVE_API_KEY, which
+ * the platform started here inherits), and every request carries it, as the bare server's do too.
+ */
+const API_KEY = process.env.BENCH_API_KEY || undefined
+if (API_KEY !== undefined) process.env.CORNSERVE_API_KEY = API_KEY
 /** What the gateway may add to the bare server's latency, at every rate and one request after another. */
 const TARGET = { p50AddedMs: 0.5, p99AddedMs: 1 } as const
 const SERIAL_TARGET = { p99AddedMs: 1 } as const
@@ -208,7 +214,11 @@ function sendRequest(target: Target, onDone: (ok: boolean) => void): http.Client
     port: target.url.port,
     method: "POST",
     path: INVOKE_PATH,
-    headers: { "content-type": "application/json", "content-length": Buffer.byteLength(REQUEST_BODY) }
+    headers: {
+      "content-type": "application/json",
+      "content-length": Buffer.byteLength(REQUEST_BODY),
+      ...(API_KEY === undefined ? {} : { authorization: `Bearer ${API_KEY}` })
+    }
   })
   request.on("response", (response) => {
     let body = ""
