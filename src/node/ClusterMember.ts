@@ -220,7 +220,10 @@ export const runDataPlane = Effect.gen(function* () {
     Layer.unwrapEffect(
       Effect.map(ServeConfig, (config) =>
         RpcClient.layerProtocolHttp({ url: rpcUrl(config.join!) }).pipe(
-          Layer.provide([authorizedHttpClient(config.clusterToken!, config.nodeId, config.tlsCa), RpcSerialization.layerMsgPack])
+          Layer.provide([
+            authorizedHttpClient(config.clusterToken!, config.nodeId, config.tlsCa),
+            RpcSerialization.layerMsgPack
+          ])
         )
       )
     )
