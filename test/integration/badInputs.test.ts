@@ -182,6 +182,8 @@ describe("bad input to cornserve serve: a clear 4xx, nothing changed", () => {
         await failure("model_escape", join(modelDir, "..", "..", "etc"))
       ]
       expect(new Set(messages).size, messages.join("\n")).toBe(1)
+      // On one machine the refusal is the registration's own answer, before anything is deployed.
+      expect((await register({ name: "model_dir_again", source: llmApp("/etc") })).status).toBe(400)
       expect(messages[0]).toContain("not a model directory this node allows")
       expect(messages[0]).not.toMatch(/exists|no such|config\.json|ENOENT|ENOTDIR/)
       expect(await appIds(platform.url)).toEqual(before)

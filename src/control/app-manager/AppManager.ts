@@ -19,7 +19,8 @@ import { ServeConfig } from "../../config/ServeConfig.js"
 import { AppDriver } from "./AppDriver.js"
 import type { AppShare, GraphDispatcher } from "../DispatchContract.js"
 import { type AdmissionOverride, AppStore, type StoredApp } from "./AppStore.js"
-import { type AdmissionSettings, admissionProblems } from "../../app-runtime/App.js"
+import type { AdmissionSettings } from "../../app-runtime/App.js"
+import { disallowedModelPath } from "../../models/ModelStore.js"
 import { Admission, type AdmissionLimits, unlimitedAdmission } from "./Admission.js"
 
 export type AppState = "registering" | "ready" | "unregistering" | "failed"
@@ -175,12 +176,19 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
             }),
           catch: (error) => new InvalidApp({ message: error instanceof Error ? error.message : String(error) })
         })
-        // Checked here too: an app's process could report settings that defineApp would refuse.
-        const problems =
-          started.loaded.admission === undefined ? [] : admissionProblems(started.loaded.admission, "admission")
-        if (problems.length > 0) {
+        // (The driver has checked the admission settings the app's process sent: see AppDriver.)
+        // On one machine the node's model roots are this process's: a model path it would refuse is
+        // refused now, as a 400, rather than when the node prepares the model.
+        const refusedModel =
+          config.role === "all"
+            ? started.loaded.tasks
+                .map((task) => (task.config as { readonly model?: unknown }).model)
+                .flatMap((model) => (typeof model === "string" ? [disallowedModelPath(model)] : []))
+                .find((refusal) => refusal !== undefined)
+            : undefined
+        if (refusedModel !== undefined) {
           yield* Effect.promise(() => started.driver.close())
-          return yield* new InvalidApp({ message: `the app's ${problems.join("; ")}` })
+          return yield* new InvalidApp({ message: refusedModel.message })
         }
         started.driver.admission = new Admission(admissionLimits(started.loaded.admission, admission))
         started.driver.share = appShare(name, started.loaded.admission, admission)
