@@ -100,7 +100,8 @@ export const registerApp = (
     readonly queueTimeoutMs?: number
     readonly weight?: number
     readonly maxCallsPerTask?: number
-  }
+  },
+  apiKeys: ReadonlyArray<string> = []
 ) =>
   Effect.gen(function* () {
     const source = yield* Effect.tryPromise({
@@ -113,7 +114,8 @@ export const registerApp = (
         source,
         name: appName,
         replace,
-        ...(admission === undefined ? {} : { admission })
+        ...(admission === undefined ? {} : { admission }),
+        ...(apiKeys.length === 0 ? {} : { apiKeys })
       }),
       expectOk
     )

@@ -425,9 +425,16 @@ const register = Command.make(
       Options.withDescription("Calls the app may have in flight to any one task; more wait at the dispatcher."),
       Options.optional
     ),
+    apiKeys: Options.text("api-key").pipe(
+      Options.withDescription(
+        "A key this app's invoke and OpenAI routes take as `Authorization: Bearer KEY`, besides the platform's " +
+          "(repeatable; 16 to 256 printable characters); the platform keeps only its SHA-256."
+      ),
+      Options.repeated
+    ),
     gateway: gatewayOption
   },
-  ({ file, name, replace, maxConcurrency, maxQueue, queueTimeout, weight, maxCallsPerTask, gateway }) => {
+  ({ file, name, replace, maxConcurrency, maxQueue, queueTimeout, weight, maxCallsPerTask, apiKeys, gateway }) => {
     const admission = {
       ...Option.match(maxConcurrency, { onNone: () => ({}), onSome: (value) => ({ maxConcurrency: value }) }),
       ...Option.match(maxQueue, { onNone: () => ({}), onSome: (value) => ({ maxQueue: value }) }),
@@ -440,7 +447,8 @@ const register = Command.make(
       file,
       Option.getOrUndefined(name),
       replace,
-      Object.keys(admission).length > 0 ? admission : undefined
+      Object.keys(admission).length > 0 ? admission : undefined,
+      apiKeys
     )
   }
 ).pipe(Command.withDescription("Register an app (admin token from CORNSERVE_ADMIN_TOKEN)."))

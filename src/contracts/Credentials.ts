@@ -1,4 +1,4 @@
-import { createHmac, randomBytes, timingSafeEqual } from "node:crypto"
+import { createHash, createHmac, randomBytes, timingSafeEqual } from "node:crypto"
 
 /**
  * The platform's secrets on the wire. Every port a stranger may reach checks one of these before it
@@ -30,6 +30,9 @@ export const carriesSecret = (header: string | ReadonlyArray<string> | undefined
   const given = bearerOf(header)
   return given !== undefined && sameSecret(given, expected)
 }
+
+/** How an API key is kept (in the state dir, in memory): its SHA-256, never the key. */
+export const keyDigest = (key: string): string => createHash("sha256").update(key).digest("hex")
 
 /** A fresh random secret, URL-safe. */
 export const freshSecret = (): string => randomBytes(32).toString("base64url")

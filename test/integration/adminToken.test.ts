@@ -1,3 +1,4 @@
+import { createHash } from "node:crypto"
 import { readFile, stat } from "node:fs/promises"
 import { join } from "node:path"
 import { afterAll, describe, expect, it } from "vitest"
@@ -111,10 +112,61 @@ describe("tokens: the admin token made in the state dir, the metrics token and A
     // Restored from the state dir, and open without a key.
     await eventually(async () => ((await appState(platform.url, "hello")) === "ready" ? true : undefined))
     expect((await invoke(platform.url, "hello", JSON.stringify({ name: "Ada" }))).status).toBe(200)
+
+    // An app's own keys, from its registration: its routes need one, other apps stay open.
+    const appKey = "app-own-key-0123456789"
+    const registered = await runCli(["app", "register", hello, "--name", "keyed", "--api-key", appKey], {
+      CORNSERVE_GATEWAY_URL: platform.url,
+      CORNSERVE_STATE_DIR: stateDir,
+      CORNSERVE_ADMIN_TOKEN: ""
+    })
+    expect(registered.code, registered.stderr).toBe(0)
+    const keyed = (key?: string) =>
+      fetch(`${platform.url}/app/invoke/keyed`, {
+        method: "POST",
+        headers: {
+          "content-type": "application/json",
+          ...(key === undefined ? {} : { authorization: `Bearer ${key}` })
+        },
+        body: JSON.stringify({ name: "Ada" })
+      })
+    expect((await keyed()).status).toBe(401)
+    expect((await keyed("not-the-app-key-000")).status).toBe(401)
+    expect((await keyed(appKey)).status).toBe(200)
+    expect((await invoke(platform.url, "hello", JSON.stringify({ name: "Ada" }))).status).toBe(200)
+    // Kept as its digest only (and still asked for after a restart: below).
+    const stored = await readFile(join(stateDir, "apps", "keyed.json"), "utf8")
+    expect(stored).not.toContain(appKey)
+    expect(stored).toContain(createHash("sha256").update(appKey).digest("hex"))
+    const tooShort = await registerRaw(
+      platform.url,
+      { name: "short", source: await readFile(hello, "utf8"), apiKeys: ["short"] },
+      token
+    )
+    expect(tooShort.status).toBe(400)
+    expect(tooShort.text).toContain("16 to 256 printable ASCII characters")
+
     const unregister = await fetch(`${platform.url}/app/unregister/hello`, {
       method: "POST",
       headers: { "content-type": "application/json", authorization: `Bearer ${token}` }
     })
     expect(unregister.status).toBe(200)
+    await platform.stop()
+  })
+
+  it("asks an app's own key again after a restart, from the digest it kept", async () => {
+    const platform = await start([], {})
+    await eventually(async () => ((await appState(platform.url, "keyed")) === "ready" ? true : undefined))
+    const keyed = (key?: string) =>
+      fetch(`${platform.url}/app/invoke/keyed`, {
+        method: "POST",
+        headers: {
+          "content-type": "application/json",
+          ...(key === undefined ? {} : { authorization: `Bearer ${key}` })
+        },
+        body: JSON.stringify({ name: "Ada" })
+      })
+    expect((await keyed()).status).toBe(401)
+    expect((await keyed("app-own-key-0123456789")).status).toBe(200)
   })
 })

@@ -38,6 +38,8 @@ interface AppEntry {
   readonly example: unknown
   readonly description: string | undefined
   readonly admission: AdmissionOverride | undefined
+  /** The SHA-256 of each API key the app's own registration set (empty: none). */
+  readonly apiKeyDigests: ReadonlyArray<string>
 }
 
 export interface AppSummary {
@@ -64,6 +66,8 @@ export interface PreparedApp {
   readonly description: string | undefined
   /** What the registration set over the app's admission settings. */
   readonly admission: AdmissionOverride | undefined
+  /** The SHA-256 of each API key the registration set for the app's invoke routes. */
+  readonly apiKeyDigests: ReadonlyArray<string>
 }
 
 /** Queued requests wait this long by default before they are refused. */
@@ -143,7 +147,13 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       })
     )
 
-    const prepare = (name: string, source: string, replace: boolean, admission?: AdmissionOverride) =>
+    const prepare = (
+      name: string,
+      source: string,
+      replace: boolean,
+      admission?: AdmissionOverride,
+      apiKeyDigests: ReadonlyArray<string> = []
+    ) =>
       Effect.gen(function* () {
         if (!appNamePattern.test(name)) return yield* new InvalidAppName({ name })
         if (pending.has(name)) {
@@ -199,7 +209,8 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
           tasks: started.loaded.tasks,
           example: started.loaded.example,
           description: started.loaded.description,
-          admission
+          admission,
+          apiKeyDigests
         } satisfies PreparedApp
       }).pipe(Effect.onError(() => Effect.sync(() => pending.delete(name))))
 
@@ -247,7 +258,8 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
           error: undefined,
           example: prepared.example,
           description: prepared.description,
-          admission: prepared.admission
+          admission: prepared.admission,
+          apiKeyDigests: prepared.apiKeyDigests
         }
         apps.set(prepared.id, entry)
         pending.delete(prepared.id)
@@ -255,7 +267,8 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
           id: entry.id,
           source: entry.source,
           registeredAt: entry.registeredAt,
-          ...(entry.admission === undefined ? {} : { admission: entry.admission })
+          ...(entry.admission === undefined ? {} : { admission: entry.admission }),
+          ...(entry.apiKeyDigests.length === 0 ? {} : { apiKeyDigests: entry.apiKeyDigests })
         })
         // A stored app waiting to be restored holds nothing to retire.
         if (previous?.driver !== undefined) yield* Effect.forkDaemon(retire(previous))
@@ -267,8 +280,12 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       source: string,
       replace: boolean,
       onProgress: (message: string) => Effect.Effect<void>,
-      admission?: AdmissionOverride
-    ) => Effect.flatMap(prepare(name, source, replace, admission), (prepared) => deploy(prepared, onProgress))
+      admission?: AdmissionOverride,
+      apiKeyDigests?: ReadonlyArray<string>
+    ) =>
+      Effect.flatMap(prepare(name, source, replace, admission, apiKeyDigests), (prepared) =>
+        deploy(prepared, onProgress)
+      )
 
     const unregister = (id: string) =>
       Effect.gen(function* () {
@@ -299,6 +316,12 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       return entry.driver
     }
 
+    /**
+     * The digests of the API keys an app's own registration set (empty: none), for the invoke routes;
+     * synchronous, since every request asks. A stored app being restored has them already.
+     */
+    const apiKeyDigestsOf = (id: string): ReadonlyArray<string> => apps.get(id)?.apiKeyDigests ?? []
+
     /** The last lines an app's processes wrote to stdout and stderr (none before its process started). */
     const logsOf = (id: string): string | AppNotFound => {
       const entry = apps.get(id)
@@ -318,7 +341,8 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       error,
       example: undefined,
       description: undefined,
-      admission: app.admission
+      admission: app.admission,
+      apiKeyDigests: app.apiKeyDigests ?? []
     })
 
     /**
@@ -336,7 +360,7 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
         (app) => {
           const onProgress = (message: string) => Effect.logInfo(`restoring ${app.id}: ${message}`)
           return compiling
-            .withPermits(1)(prepare(app.id, app.source, true, app.admission))
+            .withPermits(1)(prepare(app.id, app.source, true, app.admission, app.apiKeyDigests))
             .pipe(
               Effect.flatMap((prepared) => deploy(prepared, onProgress)),
               Effect.tap(() => Effect.logInfo(`restored app ${app.id}`)),
@@ -361,6 +385,7 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       unregister,
       lookup,
       logsOf,
+      apiKeyDigestsOf,
       restore,
       has: (id: string) => apps.has(id) || pending.has(id),
       list: (): ReadonlyArray<AppSummary> => [...apps.values()].map(summarize),

@@ -24,7 +24,9 @@ export const StoredApp = Schema.Struct({
   source: Schema.String,
   registeredAt: Schema.String,
   /** Admission settings given at registration, over the app's own. */
-  admission: Schema.optional(AdmissionOverride)
+  admission: Schema.optional(AdmissionOverride),
+  /** The SHA-256 of each API key the app's invoke routes take (given at registration); the keys are not kept. */
+  apiKeyDigests: Schema.optional(Schema.Array(Schema.String.pipe(Schema.pattern(/^[0-9a-f]{64}$/))))
 })
 export type StoredApp = typeof StoredApp.Type
 

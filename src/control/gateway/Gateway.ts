@@ -26,7 +26,7 @@ import { ProfileRecorder } from "../task-manager/ProfileRecorder.js"
 import { LevelMeasured, RecordedProfile, RecordingDone, RecordRequest } from "../task-manager/ProfileRecording.js"
 import { ServeConfig } from "../../config/ServeConfig.js"
 import { adminTokenPath } from "../../config/AdminTokenFile.js"
-import { bearerOf, sameSecret } from "../../contracts/Credentials.js"
+import { bearerOf, keyDigest, sameSecret } from "../../contracts/Credentials.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
 import { adminRequestRefusal } from "./AdminGuard.js"
 import { errorBody, errorHead, errorResponse } from "./ErrorResponse.js"
@@ -42,7 +42,17 @@ export const RegisterRequest = Schema.Struct({
   name: Schema.String,
   replace: Schema.optionalWith(Schema.Boolean, { default: () => false }),
   /** Admission settings over the app's own (defineApp's `admission`). */
-  admission: Schema.optional(AdmissionOverride)
+  admission: Schema.optional(AdmissionOverride),
+  /** Keys this app's invoke and OpenAI routes take, besides the platform's (`--api-key`); kept as digests. */
+  apiKeys: Schema.optional(
+    Schema.Array(
+      Schema.String.pipe(
+        Schema.pattern(/^[\x21-\x7e]{16,256}$/, {
+          message: () => "an API key is 16 to 256 printable ASCII characters, no spaces"
+        })
+      )
+    ).pipe(Schema.maxItems(16))
+  )
 })
 
 export const ScaleRequest = Schema.Struct({
@@ -180,7 +190,13 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
     const register = Effect.gen(function* () {
       yield* requireAdmin
       const body = yield* readJson(RegisterRequest)
-      const prepared = yield* appManager.prepare(body.name, body.source, body.replace, body.admission)
+      const prepared = yield* appManager.prepare(
+        body.name,
+        body.source,
+        body.replace,
+        body.admission,
+        (body.apiKeys ?? []).map(keyDigest)
+      )
       const events = yield* Queue.unbounded<string | undefined>()
       yield* events.offer(
         sseEvent("progress", {
@@ -375,16 +391,23 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       Effect.catchAll((error) => Effect.succeed(errorResponse(error)))
     )
 
-    /** With API keys configured, the invoke and OpenAI routes need one of them (or the admin token). */
-    const apiKeyAccepted = (header: string | undefined): boolean => {
-      if (config.apiKeys.length === 0) return true
+    /**
+     * With API keys configured (the platform's, or the app's own from its registration), an app's
+     * invoke and OpenAI routes need one of them (or the admin token).
+     */
+    const apiKeyAccepted = (header: string | undefined, appId: string): boolean => {
+      const own = appManager.apiKeyDigestsOf(appId)
+      if (config.apiKeys.length === 0 && own.length === 0) return true
       const given = bearerOf(header)
-      return (
-        given !== undefined &&
+      if (given === undefined) return false
+      if (
         [...config.apiKeys, ...(config.adminToken === undefined ? [] : [config.adminToken])].some((key) =>
           sameSecret(given, key)
         )
       )
+        return true
+      const digest = keyDigest(given)
+      return own.some((kept) => sameSecret(digest, kept))
     }
     const refuseApiKey = (response: Http.ServerResponse) => {
       const error = new Unauthorized({ message: "this route needs an API key: Authorization: Bearer <key>" })
@@ -412,12 +435,13 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       })
       if (request.method === "POST") {
         const path = request.url!.split("?", 1)[0]!
-        const invoking = path.startsWith(invokePrefix) || chatCompletionsPattern.test(path)
-        if (invoking && !apiKeyAccepted(request.headers.authorization)) return refuseApiKey(response)
-        if (path.startsWith(invokePrefix))
-          return invokeRoute(request, response, path.slice(invokePrefix.length), "native")
-        const chat = chatCompletionsPattern.exec(path)
-        if (chat !== null) return invokeRoute(request, response, chat[1]!, "chat")
+        const chat = path.startsWith(invokePrefix) ? null : chatCompletionsPattern.exec(path)
+        const appId =
+          chat !== null ? chat[1]! : path.startsWith(invokePrefix) ? path.slice(invokePrefix.length) : undefined
+        if (appId !== undefined) {
+          if (!apiKeyAccepted(request.headers.authorization, appId)) return refuseApiKey(response)
+          return invokeRoute(request, response, appId, chat === null ? "native" : "chat")
+        }
       }
       effectRoutes(request, response)
     })
