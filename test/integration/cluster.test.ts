@@ -3,7 +3,7 @@ import { mkdtemp, readFile, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join as joinPath } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { joinOnce, type LyingNode, startLyingNode } from "../fixtures/cluster/forgedNode.js"
+import { joinAndBeat, joinOnce, type LyingNode, startLyingNode } from "../fixtures/cluster/forgedNode.js"
 import {
   adminHeaders,
   dataPlaneArgs,
@@ -168,6 +168,28 @@ describe("cluster: a control plane and data-plane nodes", () => {
     const foreign = await forged([{ id: "cpu:0", index: 0 }], ["cpu:7"])
     expect(foreign.message).toMatch(/reports executor x-0 on devices it does not have \(cpu:7\)/)
     expect(await stateOf("node-forged")).toBeUndefined()
+    // Joined honestly, it cannot slip a foreign executor in through a heartbeat either.
+    const beat = await joinAndBeat(
+      join,
+      token,
+      {
+        name: "node-beating",
+        instance: "beating",
+        devices: [{ id: "cpu:0", index: 0, type: "cpu", threads: 1 }],
+        advertiseHost: "127.0.0.1",
+        rpcPort: 9,
+        executors: []
+      },
+      [{ id: "y-0", taskId: "y", devices: ["cpu:7"], state: "ready", url: "http://127.0.0.1:9" }]
+    )
+    expect(beat).toBeUndefined()
+    await eventually(async () =>
+      /node node-beating reports 1 executor\(s\) on devices it does not have; they are ignored/.test(
+        controlPlane.output()
+      )
+        ? true
+        : undefined
+    )
   })
 
   it("a second node under a running node's name is refused", async () => {

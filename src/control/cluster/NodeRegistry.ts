@@ -42,6 +42,8 @@ export interface ClusterNode {
   /** "all": the one node of a one-machine platform. */
   readonly role: "all" | "control-plane" | "data-plane"
   state: "ready" | "lost"
+  /** Whether it was told, once, that its heartbeats report executors on devices it does not have. */
+  warnedOfForeignExecutors?: boolean
   joinedAt: number
   lastSeenAt: number
   /** Its executors as its last heartbeat (or its join) told them, by id. */
@@ -243,7 +245,16 @@ export class NodeRegistry extends Effect.Service<NodeRegistry>()("cornserve/Node
           return yield* new NotJoined({ message: `node ${name} is not a member of this cluster: join again` })
         }
         node.lastSeenAt = Date.now()
-        node.executors = new Map(executors.map((executor) => [executor.id, executor]))
+        // Only executors on the node's own devices are taken, as at join: a report of others is not believed.
+        const own = new Set(node.devices.map((device) => device.id))
+        const believed = executors.filter((executor) => executor.devices.every((id) => own.has(id)))
+        if (believed.length < executors.length && !node.warnedOfForeignExecutors) {
+          node.warnedOfForeignExecutors = true
+          yield* Effect.logWarning(
+            `node ${name} reports ${executors.length - believed.length} executor(s) on devices it does not have; they are ignored`
+          )
+        }
+        node.executors = new Map(believed.map((executor) => [executor.id, executor]))
         if (node.state === "lost") {
           node.state = "ready"
           yield* Effect.logInfo(`node ${name} is back`)
