@@ -14,9 +14,20 @@ import { carriesSecret } from "./Credentials.js"
 /** The largest body a cluster call carries: a node's report of its executors, a placement. */
 export const maxRpcBodyBytes = 4 << 20
 
-const refuse = (response: ServerResponse, status: number, code: string, message: string) => {
-  response.writeHead(status, { "content-type": "application/json", connection: "close" })
-  response.end(JSON.stringify({ error: { code, message } }))
+/**
+ * Answers a request refused from its headers, `{ error: { code, message } }`, without reading its
+ * body: the connection is closed after, so that the unread body cannot reach a next request. (The
+ * door of every port that checks a credential: cluster calls, executors, the gateway's API keys.)
+ */
+export const refuseUnread = (response: ServerResponse, status: number, code: string, message: string) => {
+  const body = JSON.stringify({ error: { code, message } })
+  response.writeHead(status, {
+    "content-type": "application/json",
+    "content-length": Buffer.byteLength(body),
+    ...(status === 401 ? { "www-authenticate": "Bearer" } : {}),
+    connection: "close"
+  })
+  response.end(body)
 }
 
 /** The header a node names itself in, so that a refusal can say who was refused. */
@@ -44,15 +55,15 @@ export const gatedRpc =
   (request: IncomingMessage, response: ServerResponse) => {
     if (!carriesSecret(request.headers.authorization, secret)) {
       onRefused(callerOf(request))
-      return refuse(response, 401, "Unauthorized", "this endpoint needs the cluster token")
+      return refuseUnread(response, 401, "Unauthorized", "this endpoint needs the cluster token")
     }
     if (request.method === "POST") {
       const length = Number(request.headers["content-length"])
       if (request.headers["content-length"] === undefined || !Number.isSafeInteger(length)) {
-        return refuse(response, 411, "LengthRequired", "a cluster call says its body's length")
+        return refuseUnread(response, 411, "LengthRequired", "a cluster call says its body's length")
       }
       if (length > maxBytes) {
-        return refuse(response, 413, "PayloadTooLarge", `a cluster call's body is at most ${maxBytes} bytes`)
+        return refuseUnread(response, 413, "PayloadTooLarge", `a cluster call's body is at most ${maxBytes} bytes`)
       }
     }
     return handler(request, response)

@@ -23,6 +23,14 @@ import {
 
 const hello = join(repoRoot, "examples", "hello.ts")
 
+/** Invokes `app` with `key` as its bearer token, or with none. */
+const invokeWithKey = (url: string, app: string, key?: string) =>
+  fetch(`${url}/app/invoke/${app}`, {
+    method: "POST",
+    headers: { "content-type": "application/json", ...(key === undefined ? {} : { authorization: `Bearer ${key}` }) },
+    body: JSON.stringify({ name: "Ada" })
+  })
+
 describe("tokens: the admin token made in the state dir, the metrics token and API keys", () => {
   const started: Array<RunningPlatform> = []
   let stateDir: string
@@ -79,21 +87,12 @@ describe("tokens: the admin token made in the state dir, the metrics token and A
     }
 
     // API keys: either key (or the admin token) invokes; none or another is refused, unread.
-    const body = JSON.stringify({ name: "Ada" })
-    const withKey = (key?: string) =>
-      fetch(`${platform.url}/app/invoke/hello`, {
-        method: "POST",
-        headers: {
-          "content-type": "application/json",
-          ...(key === undefined ? {} : { authorization: `Bearer ${key}` })
-        },
-        body
-      })
-    expect((await invoke(platform.url, "hello", body)).status).toBe(401)
-    const wrongKey = await withKey("key-three")
+    expect((await invokeWithKey(platform.url, "hello")).status).toBe(401)
+    const wrongKey = await invokeWithKey(platform.url, "hello", "key-three")
     expect(wrongKey.status).toBe(401)
     expect(((await wrongKey.json()) as { error: { code: string } }).error.code).toBe("Unauthorized")
-    for (const key of ["key-one", "key-two", token]) expect((await withKey(key)).status).toBe(200)
+    for (const key of ["key-one", "key-two", token])
+      expect((await invokeWithKey(platform.url, "hello", key)).status).toBe(200)
     const chat = await fetch(`${platform.url}/app/hello/v1/chat/completions`, {
       method: "POST",
       headers: { "content-type": "application/json" },
@@ -121,18 +120,9 @@ describe("tokens: the admin token made in the state dir, the metrics token and A
       CORNSERVE_ADMIN_TOKEN: ""
     })
     expect(registered.code, registered.stderr).toBe(0)
-    const keyed = (key?: string) =>
-      fetch(`${platform.url}/app/invoke/keyed`, {
-        method: "POST",
-        headers: {
-          "content-type": "application/json",
-          ...(key === undefined ? {} : { authorization: `Bearer ${key}` })
-        },
-        body: JSON.stringify({ name: "Ada" })
-      })
-    expect((await keyed()).status).toBe(401)
-    expect((await keyed("not-the-app-key-000")).status).toBe(401)
-    expect((await keyed(appKey)).status).toBe(200)
+    expect((await invokeWithKey(platform.url, "keyed")).status).toBe(401)
+    expect((await invokeWithKey(platform.url, "keyed", "not-the-app-key-000")).status).toBe(401)
+    expect((await invokeWithKey(platform.url, "keyed", appKey)).status).toBe(200)
     expect((await invoke(platform.url, "hello", JSON.stringify({ name: "Ada" }))).status).toBe(200)
     // Kept as its digest only (and still asked for after a restart: below).
     const stored = await readFile(join(stateDir, "apps", "keyed.json"), "utf8")
@@ -157,16 +147,7 @@ describe("tokens: the admin token made in the state dir, the metrics token and A
   it("asks an app's own key again after a restart, from the digest it kept", async () => {
     const platform = await start([], {})
     await eventually(async () => ((await appState(platform.url, "keyed")) === "ready" ? true : undefined))
-    const keyed = (key?: string) =>
-      fetch(`${platform.url}/app/invoke/keyed`, {
-        method: "POST",
-        headers: {
-          "content-type": "application/json",
-          ...(key === undefined ? {} : { authorization: `Bearer ${key}` })
-        },
-        body: JSON.stringify({ name: "Ada" })
-      })
-    expect((await keyed()).status).toBe(401)
-    expect((await keyed("app-own-key-0123456789")).status).toBe(200)
+    expect((await invokeWithKey(platform.url, "keyed")).status).toBe(401)
+    expect((await invokeWithKey(platform.url, "keyed", "app-own-key-0123456789")).status).toBe(200)
   })
 })

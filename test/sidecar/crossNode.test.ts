@@ -1,32 +1,24 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { SidecarClient } from "../../src/sidecar/SidecarClient.js"
+import type { SidecarClient } from "../../src/sidecar/SidecarClient.js"
 import type { RunningSidecar } from "../../src/sidecar/SidecarProcess.js"
 import { Tensor } from "../../src/sidecar/Tensor.js"
 import { eventually } from "../support/platform.js"
-import { leftoverArenas, MiB, testSidecars, type TestSidecars } from "./support/sidecars.js"
+import { leftoverArenas, linkedPair, MiB, testSidecars, type TestSidecars } from "./support/sidecars.js"
 
 /** Two sidecars on this machine, with their own ports and arena files, standing for two nodes. */
 
 let sidecars: TestSidecars
-let nodeA: RunningSidecar
 let nodeB: RunningSidecar
 let onA: SidecarClient
 let onB: SidecarClient
 
 beforeAll(async () => {
   sidecars = await testSidecars()
-  ;[nodeA, nodeB] = await Promise.all([
-    sidecars.start("node-a", { arenaBytes: 128 * MiB, peerTimeoutSeconds: 1 }),
-    sidecars.start("node-b", { arenaBytes: 64 * MiB })
-  ])
-  onA = await SidecarClient.connect(nodeA.socketPath)
-  onB = await SidecarClient.connect(nodeB.socketPath)
-  // Ports are known only once both run, as when the node agent learns of a node joining.
-  await onA.setPeers({ "node-b": `127.0.0.1:${nodeB.peerPort}` })
-  await onB.setPeers({ "node-a": `127.0.0.1:${nodeA.peerPort}` })
-  await eventually(async () =>
-    (await onA.stats()).peersConnected === 1 && (await onB.stats()).peersConnected === 1 ? true : undefined
-  )
+  ;({ nodeB, onA, onB } = await linkedPair(
+    sidecars,
+    { arenaBytes: 128 * MiB, peerTimeoutSeconds: 1 },
+    { arenaBytes: 64 * MiB }
+  ))
 })
 
 afterAll(async () => {

@@ -7,7 +7,7 @@ import type { RunningSidecar } from "../../src/sidecar/SidecarProcess.js"
 import { FrameReader, handshakeBytes, unpackBody } from "../../src/sidecar/protocol.js"
 import { Tensor } from "../../src/sidecar/Tensor.js"
 import { eventually } from "../support/platform.js"
-import { leftoverArenas, MiB, testSidecars, type TestSidecars } from "./support/sidecars.js"
+import { leftoverArenas, linkedPair, MiB, testSidecars, type TestSidecars } from "./support/sidecars.js"
 
 /**
  * The peer port of real sidecar processes, as a stranger reaches it: it names itself another node
@@ -23,17 +23,7 @@ let onB: SidecarClient
 
 beforeAll(async () => {
   sidecars = await testSidecars()
-  ;[nodeA, nodeB] = await Promise.all([
-    sidecars.start("node-a", { peerTimeoutSeconds: 2 }),
-    sidecars.start("node-b", { peerTimeoutSeconds: 2 })
-  ])
-  onA = await SidecarClient.connect(nodeA.socketPath)
-  onB = await SidecarClient.connect(nodeB.socketPath)
-  await onA.setPeers({ "node-b": `127.0.0.1:${nodeB.peerPort}` })
-  await onB.setPeers({ "node-a": `127.0.0.1:${nodeA.peerPort}` })
-  await eventually(async () =>
-    (await onA.stats()).peersConnected === 1 && (await onB.stats()).peersConnected === 1 ? true : undefined
-  )
+  ;({ nodeA, nodeB, onA, onB } = await linkedPair(sidecars, { peerTimeoutSeconds: 2 }, { peerTimeoutSeconds: 2 }))
 })
 
 afterAll(async () => {

@@ -27,9 +27,10 @@ import { LevelMeasured, RecordedProfile, RecordingDone, RecordRequest } from "..
 import { ServeConfig } from "../../config/ServeConfig.js"
 import { adminTokenPath } from "../../config/AdminTokenFile.js"
 import { bearerOf, keyDigest, sameSecret } from "../../contracts/Credentials.js"
+import { refuseUnread } from "../../contracts/RpcGate.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
 import { adminRequestRefusal } from "./AdminGuard.js"
-import { errorBody, errorHead, errorResponse } from "./ErrorResponse.js"
+import { errorBody, errorResponse } from "./ErrorResponse.js"
 import { shortened } from "../../app-runtime/Shortened.js"
 import { parseJsonBody } from "./JsonBody.js"
 import { renderMetrics } from "./Metrics.js"
@@ -395,27 +396,18 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
      * With API keys configured (the platform's, or the app's own from its registration), an app's
      * invoke and OpenAI routes need one of them (or the admin token).
      */
+    const platformKeys = [...config.apiKeys, ...(config.adminToken === undefined ? [] : [config.adminToken])]
     const apiKeyAccepted = (header: string | undefined, appId: string): boolean => {
       const own = appManager.apiKeyDigestsOf(appId)
       if (config.apiKeys.length === 0 && own.length === 0) return true
       const given = bearerOf(header)
       if (given === undefined) return false
-      if (
-        [...config.apiKeys, ...(config.adminToken === undefined ? [] : [config.adminToken])].some((key) =>
-          sameSecret(given, key)
-        )
-      )
-        return true
+      if (platformKeys.some((key) => sameSecret(given, key))) return true
       const digest = keyDigest(given)
       return own.some((kept) => sameSecret(digest, kept))
     }
-    const refuseApiKey = (response: Http.ServerResponse) => {
-      const error = new Unauthorized({ message: "this route needs an API key: Authorization: Bearer <key>" })
-      const head = errorHead(error)
-      // The body is not read: the connection cannot carry another request.
-      response.writeHead(head.status, { ...head.headers, "content-type": "application/json", connection: "close" })
-      response.end(JSON.stringify(errorBody(error)))
-    }
+    const refuseApiKey = (response: Http.ServerResponse) =>
+      refuseUnread(response, 401, "Unauthorized", "this route needs an API key: Authorization: Bearer <key>")
 
     const effectRoutes = yield* NodeHttpServer.makeHandler(app)
     const invokeRoute = makeInvokeRoute({

@@ -1,5 +1,6 @@
-import type { IncomingMessage, RequestListener, ServerResponse } from "node:http"
+import type { IncomingMessage, RequestListener } from "node:http"
 import { carriesSecret } from "../../contracts/Credentials.js"
+import { refuseUnread } from "../../contracts/RpcGate.js"
 
 /**
  * The door of an executor's HTTP server. A node's executors listen where other nodes (and, on one
@@ -19,25 +20,10 @@ const openRoutes: ReadonlySet<string> = new Set(["/health"])
 const isOpen = (request: IncomingMessage): boolean =>
   (request.method === "GET" || request.method === "HEAD") && openRoutes.has((request.url ?? "").split("?", 1)[0]!)
 
-const refusal = JSON.stringify({
-  error: { code: "Unauthorized", message: "an executor takes calls from its platform only (a bearer token)" }
-})
-
-const refuse = (response: ServerResponse) => {
-  response.writeHead(401, {
-    "content-type": "application/json",
-    "content-length": Buffer.byteLength(refusal),
-    "www-authenticate": "Bearer",
-    // The body is never read; closing the connection keeps an unread body from reaching a next request.
-    connection: "close"
-  })
-  response.end(refusal)
-}
-
 /** `handler` behind the internal secret: only the health probes answer without it. */
 export const gatedExecutor =
   (secret: string, handler: RequestListener): RequestListener =>
   (request, response) =>
     isOpen(request) || carriesSecret(request.headers.authorization, secret)
       ? handler(request, response)
-      : refuse(response)
+      : refuseUnread(response, 401, "Unauthorized", "an executor takes calls from its platform only (a bearer token)")

@@ -6,7 +6,8 @@ import { join } from "node:path"
 import { bundleScript } from "../../support/bundle.js"
 import { arenaFilePrefix } from "../../../src/sidecar/Arena.js"
 import { type RunningSidecar, startSidecar, type StartSidecarOptions } from "../../../src/sidecar/SidecarProcess.js"
-import { binPath, repoRoot } from "../../support/platform.js"
+import { SidecarClient } from "../../../src/sidecar/SidecarClient.js"
+import { binPath, eventually, repoRoot } from "../../support/platform.js"
 import { reaperActive, trackGroup, trackPath, trackSharedMemoryPrefix } from "../../support/reaper/registry.js"
 
 /**
@@ -90,6 +91,24 @@ export const testSidecars = async (): Promise<TestSidecars> => {
       bundled = undefined
     }
   }
+}
+
+/** Two sidecars standing for two nodes, each told of the other's peer port, once their link is up. */
+export const linkedPair = async (
+  sidecars: TestSidecars,
+  optionsA: Partial<StartSidecarOptions>,
+  optionsB: Partial<StartSidecarOptions>
+) => {
+  const [nodeA, nodeB] = await Promise.all([sidecars.start("node-a", optionsA), sidecars.start("node-b", optionsB)])
+  const onA = await SidecarClient.connect(nodeA.socketPath)
+  const onB = await SidecarClient.connect(nodeB.socketPath)
+  // Ports are known only once both run, as when the node agent learns of a node joining.
+  await onA.setPeers({ "node-b": `127.0.0.1:${nodeB.peerPort}` })
+  await onB.setPeers({ "node-a": `127.0.0.1:${nodeA.peerPort}` })
+  await eventually(async () =>
+    (await onA.stats()).peersConnected === 1 && (await onB.stats()).peersConnected === 1 ? true : undefined
+  )
+  return { nodeA, nodeB, onA, onB }
 }
 
 /** Arena files of this test process still in /dev/shm. */
