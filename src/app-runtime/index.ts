@@ -3,6 +3,7 @@
  * OpenAI chat schemas for chat apps.
  */
 export { defineApp, type AdmissionSettings, type App, type AppDefinition, type ServeContext } from "./App.js"
+export { outbound, OutboundError, type OutboundRequestInit } from "./Outbound.js"
 export { DataForward, type ForwardedDataType } from "./tasks/DataForward.js"
 export { TaskStream } from "./tasks/TaskStream.js"
 export { Task, UnitTask, CompositeTask, TaskConfigError, type UnitTaskKind } from "./tasks/Task.js"

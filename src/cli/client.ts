@@ -101,7 +101,8 @@ export const registerApp = (
     readonly weight?: number
     readonly maxCallsPerTask?: number
   },
-  apiKeys: ReadonlyArray<string> = []
+  apiKeys: ReadonlyArray<string> = [],
+  allowHosts: ReadonlyArray<string> = []
 ) =>
   Effect.gen(function* () {
     const source = yield* Effect.tryPromise({
@@ -115,7 +116,8 @@ export const registerApp = (
         name: appName,
         replace,
         ...(admission === undefined ? {} : { admission }),
-        ...(apiKeys.length === 0 ? {} : { apiKeys })
+        ...(apiKeys.length === 0 ? {} : { apiKeys }),
+        ...(allowHosts.length === 0 ? {} : { allowHosts })
       }),
       expectOk
     )

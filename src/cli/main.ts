@@ -248,6 +248,12 @@ const serveCommand = Command.make(
       ),
       Options.repeated
     ),
+    allowPrivateOutbound: Options.boolean("allow-private-outbound").pipe(
+      Options.withDescription(
+        "Let the hosts an app's registration allows (--allow-host) resolve to loopback and private addresses " +
+          "(an internal database, a service on this machine); without it only public addresses are reached."
+      )
+    ),
     tlsCert: Options.file("tls-cert", { exists: "yes" }).pipe(
       Options.withDescription(
         "A certificate (PEM) to serve the gateway and the cluster port over HTTPS (with --tls-key)."
@@ -367,6 +373,7 @@ const serveCommand = Command.make(
         tls: tlsCert === undefined || tlsKey === undefined ? undefined : { cert: tlsCert, key: tlsKey },
         tlsCa,
         publicMetrics: options.publicMetrics,
+        allowPrivateOutbound: options.allowPrivateOutbound,
         apiKeys: [...options.apiKeys, ...(process.env.CORNSERVE_API_KEY ? [process.env.CORNSERVE_API_KEY] : [])],
         allowedHosts: options.allowedHosts,
         maxBodyBytes: options.maxBodyBytes,
@@ -432,9 +439,28 @@ const register = Command.make(
       ),
       Options.repeated
     ),
+    allowHosts: Options.text("allow-host").pipe(
+      Options.withDescription(
+        "A host the app may connect to through `outbound.fetch` or `outbound.connect` of `cornserve/app`: " +
+          "HOST (any port) or HOST:PORT (repeatable, at most 32). Apps reach no other network."
+      ),
+      Options.repeated
+    ),
     gateway: gatewayOption
   },
-  ({ file, name, replace, maxConcurrency, maxQueue, queueTimeout, weight, maxCallsPerTask, apiKeys, gateway }) => {
+  ({
+    file,
+    name,
+    replace,
+    maxConcurrency,
+    maxQueue,
+    queueTimeout,
+    weight,
+    maxCallsPerTask,
+    apiKeys,
+    allowHosts,
+    gateway
+  }) => {
     const admission = {
       ...Option.match(maxConcurrency, { onNone: () => ({}), onSome: (value) => ({ maxConcurrency: value }) }),
       ...Option.match(maxQueue, { onNone: () => ({}), onSome: (value) => ({ maxQueue: value }) }),
@@ -448,7 +474,8 @@ const register = Command.make(
       Option.getOrUndefined(name),
       replace,
       Object.keys(admission).length > 0 ? admission : undefined,
-      apiKeys
+      apiKeys,
+      allowHosts
     )
   }
 ).pipe(Command.withDescription("Register an app (admin token from CORNSERVE_ADMIN_TOKEN)."))

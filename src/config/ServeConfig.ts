@@ -37,6 +37,11 @@ export interface ServeOptions {
   readonly tls: { readonly cert: string; readonly key: string } | undefined
   /** data-plane: the CA (PEM, --tls-ca) the control plane's certificate is checked against. */
   readonly tlsCa: string | undefined
+  /**
+   * Whether the hosts an app's registration allows may resolve to loopback, private and other
+   * non-public addresses (--allow-private-outbound): an internal database, a service on this host.
+   */
+  readonly allowPrivateOutbound: boolean
   /** Host names besides the bound one and IP literals under which admin requests are taken (DNS rebinding). */
   readonly allowedHosts: ReadonlyArray<string>
   readonly maxBodyBytes: number

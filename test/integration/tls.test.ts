@@ -1,5 +1,5 @@
-import { type ChildProcess, execFileSync, spawn } from "node:child_process"
-import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises"
+import { type ChildProcess, spawn } from "node:child_process"
+import { mkdtemp, readFile, rm } from "node:fs/promises"
 import { request } from "node:https"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -13,6 +13,7 @@ import {
   runCli,
   startPlatform
 } from "../support/platform.js"
+import { hasOpenssl, makeCertificates } from "../support/certificates.js"
 
 /**
  * --tls-cert/--tls-key serve the gateway and the cluster port over HTTPS; a data-plane node checks
@@ -21,66 +22,6 @@ import {
  */
 
 const token = "tls-test-cluster-token"
-
-const hasOpenssl = (() => {
-  try {
-    execFileSync("openssl", ["version"], { stdio: "ignore" })
-    return true
-  } catch {
-    return false
-  }
-})()
-
-/** A CA, and a certificate for 127.0.0.1 it signed, in `dir`. */
-const makeCertificates = (dir: string) => {
-  const openssl = (...args: Array<string>) => execFileSync("openssl", args, { cwd: dir, stdio: "ignore" })
-  openssl(
-    "req",
-    "-x509",
-    "-newkey",
-    "rsa:2048",
-    "-nodes",
-    "-keyout",
-    "ca.key",
-    "-out",
-    "ca.pem",
-    "-days",
-    "2",
-    "-subj",
-    "/CN=cornserve-test-ca"
-  )
-  openssl(
-    "req",
-    "-newkey",
-    "rsa:2048",
-    "-nodes",
-    "-keyout",
-    "server.key",
-    "-out",
-    "server.csr",
-    "-subj",
-    "/CN=127.0.0.1"
-  )
-  return writeFile(join(dir, "san.ext"), "subjectAltName=IP:127.0.0.1\n").then(() =>
-    openssl(
-      "x509",
-      "-req",
-      "-in",
-      "server.csr",
-      "-CA",
-      "ca.pem",
-      "-CAkey",
-      "ca.key",
-      "-CAcreateserial",
-      "-out",
-      "server.pem",
-      "-days",
-      "2",
-      "-extfile",
-      "san.ext"
-    )
-  )
-}
 
 /** GET over HTTPS, checking the server against `ca`. */
 const getJson = (url: string, ca: string | undefined, headers: Record<string, string> = {}) =>

@@ -127,8 +127,10 @@ export const appState = async (url: string, appId: string): Promise<string | und
   return apps.find((app) => app.id === appId)?.state
 }
 
-/** POSTs an app's source to /app/register and reads the whole SSE answer. */
-/** POSTs with the test run's admin token, another `token`, or none (`null`). */
+/**
+ * POSTs an app's registration to /app/register and reads the whole SSE answer, with the test run's
+ * admin token, another `token`, or none (`null`).
+ */
 export const registerRaw = async (url: string, body: unknown, token: string | null = testAdminToken) => {
   const response = await fetch(`${url}/app/register`, {
     method: "POST",

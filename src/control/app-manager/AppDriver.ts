@@ -17,6 +17,7 @@ import {
   SendWindow
 } from "../../app-runtime/driver/StreamWindow.js"
 import { AppLog } from "./AppLog.js"
+import type { OutboundRules } from "./OutboundProxy.js"
 import { AppProcess, type AppProcessLimits } from "./AppProcess.js"
 import { restartPolicy } from "../../process/RestartPolicy.js"
 import { type AppShare, dispatchFailureOf, type GraphDispatcher, type RequestObserver } from "../DispatchContract.js"
@@ -109,7 +110,9 @@ export class AppDriver {
     private readonly log: (message: string) => void,
     observer: RequestObserver | undefined,
     /** Where its worker's restarts run: closed when the driver closes, or with its owner's scope. */
-    private readonly scope: Scope.CloseableScope
+    private readonly scope: Scope.CloseableScope,
+    /** The hosts its processes may connect to. */
+    private readonly outbound: OutboundRules | undefined
   ) {
     this.share = { app: appId, weight: 1 }
     this.output = new AppLog(appId)
@@ -134,6 +137,8 @@ export class AppDriver {
     readonly observer?: RequestObserver
     /** The owner's scope (the app manager's): the driver's work ends with it at the latest. */
     readonly scope: Scope.Scope
+    /** The hosts the app's registration allows it to connect to. */
+    readonly outbound?: OutboundRules
   }): Promise<{ readonly driver: AppDriver; readonly loaded: LoadedApp }> {
     const driver = new AppDriver(
       options.appId,
@@ -143,7 +148,8 @@ export class AppDriver {
       options.dispatch,
       options.log,
       options.observer,
-      Effect.runSync(Scope.fork(options.scope, ExecutionStrategy.sequential))
+      Effect.runSync(Scope.fork(options.scope, ExecutionStrategy.sequential)),
+      options.outbound
     )
     const loaded = await driver.spawn().catch(async (error: unknown) => {
       clearInterval(driver.watchdog)
@@ -243,7 +249,7 @@ export class AppDriver {
   }
 
   private spawn(): Promise<LoadedApp> {
-    const worker = new AppProcess(this.code, this.limits, this.output)
+    const worker = new AppProcess(this.code, this.limits, this.output, this.outbound)
     this.worker = worker
     this.nextDispatchId = 0
     this.stopReason = undefined

@@ -103,6 +103,11 @@ export class AppLog {
     }
   }
 
+  /** A line of the platform's about the app (an outbound connection it refused), marked as the platform's. */
+  note(text: string): void {
+    this.line(`(platform) ${text}`)
+  }
+
   /** The last lines the app wrote, oldest first, each ending with a newline. */
   tail(): string {
     return this.kept.map((line) => `${line}\n`).join("")

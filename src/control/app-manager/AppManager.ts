@@ -22,6 +22,7 @@ import { type AdmissionOverride, AppStore, type StoredApp } from "./AppStore.js"
 import type { AdmissionSettings } from "../../app-runtime/App.js"
 import { disallowedModelPath } from "../../models/ModelStore.js"
 import { Admission, type AdmissionLimits, unlimitedAdmission } from "./Admission.js"
+import { parseOutboundHost } from "./OutboundProxy.js"
 
 export type AppState = "registering" | "ready" | "unregistering" | "failed"
 
@@ -40,6 +41,18 @@ interface AppEntry {
   readonly admission: AdmissionOverride | undefined
   /** The SHA-256 of each API key the app's own registration set (empty: none). */
   readonly apiKeyDigests: ReadonlyArray<string>
+  /** The hosts the app's registration allows it to connect to (empty: none). */
+  readonly outboundHosts: ReadonlyArray<string>
+}
+
+/** What a registration sets beside the app's source. */
+export interface RegistrationSettings {
+  /** Admission settings over the app's own. */
+  readonly admission?: AdmissionOverride | undefined
+  /** The SHA-256 of each API key the registration set for the app's invoke routes. */
+  readonly apiKeyDigests?: ReadonlyArray<string> | undefined
+  /** The hosts (`host` or `host:port`) the app may connect to, through its outbound proxy. */
+  readonly outboundHosts?: ReadonlyArray<string> | undefined
 }
 
 export interface AppSummary {
@@ -68,6 +81,7 @@ export interface PreparedApp {
   readonly admission: AdmissionOverride | undefined
   /** The SHA-256 of each API key the registration set for the app's invoke routes. */
   readonly apiKeyDigests: ReadonlyArray<string>
+  readonly outboundHosts: ReadonlyArray<string>
 }
 
 /** Queued requests wait this long by default before they are refused. */
@@ -147,14 +161,11 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       })
     )
 
-    const prepare = (
-      name: string,
-      source: string,
-      replace: boolean,
-      admission?: AdmissionOverride,
-      apiKeyDigests: ReadonlyArray<string> = []
-    ) =>
+    const prepare = (name: string, source: string, replace: boolean, settings: RegistrationSettings = {}) =>
       Effect.gen(function* () {
+        const { admission } = settings
+        const apiKeyDigests = settings.apiKeyDigests ?? []
+        const outboundHosts = settings.outboundHosts ?? []
         if (!appNamePattern.test(name)) return yield* new InvalidAppName({ name })
         if (pending.has(name)) {
           return yield* new AppNameTaken({ appId: name, message: `app "${name}" is being registered right now` })
@@ -182,7 +193,14 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
               dispatch,
               log,
               observer: metrics.requestObserver,
-              scope
+              scope,
+              outbound: {
+                hosts: outboundHosts.flatMap((text) => {
+                  const host = parseOutboundHost(text)
+                  return typeof host === "string" ? [] : [host]
+                }),
+                allowPrivate: config.allowPrivateOutbound
+              }
             }),
           catch: (error) => new InvalidApp({ message: error instanceof Error ? error.message : String(error) })
         })
@@ -210,7 +228,8 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
           example: started.loaded.example,
           description: started.loaded.description,
           admission,
-          apiKeyDigests
+          apiKeyDigests,
+          outboundHosts
         } satisfies PreparedApp
       }).pipe(Effect.onError(() => Effect.sync(() => pending.delete(name))))
 
@@ -259,7 +278,8 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
           example: prepared.example,
           description: prepared.description,
           admission: prepared.admission,
-          apiKeyDigests: prepared.apiKeyDigests
+          apiKeyDigests: prepared.apiKeyDigests,
+          outboundHosts: prepared.outboundHosts
         }
         apps.set(prepared.id, entry)
         pending.delete(prepared.id)
@@ -268,7 +288,8 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
           source: entry.source,
           registeredAt: entry.registeredAt,
           ...(entry.admission === undefined ? {} : { admission: entry.admission }),
-          ...(entry.apiKeyDigests.length === 0 ? {} : { apiKeyDigests: entry.apiKeyDigests })
+          ...(entry.apiKeyDigests.length === 0 ? {} : { apiKeyDigests: entry.apiKeyDigests }),
+          ...(entry.outboundHosts.length === 0 ? {} : { outboundHosts: entry.outboundHosts })
         })
         // A stored app waiting to be restored holds nothing to retire.
         if (previous?.driver !== undefined) yield* Effect.forkDaemon(retire(previous))
@@ -280,12 +301,8 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       source: string,
       replace: boolean,
       onProgress: (message: string) => Effect.Effect<void>,
-      admission?: AdmissionOverride,
-      apiKeyDigests?: ReadonlyArray<string>
-    ) =>
-      Effect.flatMap(prepare(name, source, replace, admission, apiKeyDigests), (prepared) =>
-        deploy(prepared, onProgress)
-      )
+      settings?: RegistrationSettings
+    ) => Effect.flatMap(prepare(name, source, replace, settings), (prepared) => deploy(prepared, onProgress))
 
     const unregister = (id: string) =>
       Effect.gen(function* () {
@@ -342,7 +359,8 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       example: undefined,
       description: undefined,
       admission: app.admission,
-      apiKeyDigests: app.apiKeyDigests ?? []
+      apiKeyDigests: app.apiKeyDigests ?? [],
+      outboundHosts: app.outboundHosts ?? []
     })
 
     /**
@@ -360,7 +378,7 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
         (app) => {
           const onProgress = (message: string) => Effect.logInfo(`restoring ${app.id}: ${message}`)
           return compiling
-            .withPermits(1)(prepare(app.id, app.source, true, app.admission, app.apiKeyDigests))
+            .withPermits(1)(prepare(app.id, app.source, true, app))
             .pipe(
               Effect.flatMap((prepared) => deploy(prepared, onProgress)),
               Effect.tap(() => Effect.logInfo(`restored app ${app.id}`)),

@@ -14,6 +14,7 @@ import {
 } from "../../app-runtime/driver/protocol.js"
 import { AppLog } from "./AppLog.js"
 import { appSandbox } from "./AppSandbox.js"
+import { OutboundProxy, type OutboundRules } from "./OutboundProxy.js"
 
 export interface AppProcessLimits {
   /** V8's old-generation heap limit, in MiB (`--max-old-space-size`). */
@@ -74,12 +75,14 @@ export class AppProcess extends EventEmitter<{
   private stopped = false
   private readonly exitedPromise: Promise<void>
   private readonly log: AppLog
+  /** The proxy to the hosts the app's registration allows; none when it allows none. */
+  private readonly outbound: OutboundProxy | undefined
 
   /**
    * `log` is the app's, kept across its processes; without one, the process has a log of its own,
-   * named by its pid.
+   * named by its pid. `outbound` names the hosts the app may connect to (OutboundProxy.ts).
    */
-  constructor(code: string, limits: AppProcessLimits, log?: AppLog) {
+  constructor(code: string, limits: AppProcessLimits, log?: AppLog, outbound?: OutboundRules) {
     super()
     const sandbox = appSandbox()
     const { runtime } = sandbox
@@ -90,8 +93,15 @@ export class AppProcess extends EventEmitter<{
       "--no-warnings=ExperimentalWarning",
       runtime.hostEntry
     ])
+    this.outbound =
+      outbound === undefined || outbound.hosts.length === 0
+        ? undefined
+        : new OutboundProxy(outbound, launch.runsAs, (line) => this.log.note(line))
     this.child = spawn(launch.command, launch.args, {
-      env: { NODE_ENV: process.env.NODE_ENV ?? "production" },
+      env: {
+        NODE_ENV: process.env.NODE_ENV ?? "production",
+        ...(this.outbound === undefined ? {} : { CORNSERVE_OUTBOUND_SOCKET: this.outbound.path })
+      },
       // A directory every user may enter: the platform's own may be closed to the app's user.
       cwd: "/",
       stdio: ["ignore", "pipe", "pipe", "pipe"],
@@ -115,11 +125,16 @@ export class AppProcess extends EventEmitter<{
     })
     // The pipe fails or closes when the process goes; its exit says what happened.
     this.channel.on("error", () => this.stop("the app's channel failed"))
-    this.child.on("error", (error) => this.emit("error", error))
+    this.child.on("error", (error) => {
+      // A process that could not be started never exits: its proxy goes now.
+      if (this.child.pid === undefined) this.outbound?.close()
+      this.emit("error", error)
+    })
     this.exitedPromise = new Promise((resolve) =>
       this.child.once("exit", (code, signal) => {
         this.exited = true
         clearInterval(this.memoryCheck)
+        this.outbound?.close()
         this.channel.destroy()
         resolve()
         this.emit("exit", code ?? (signal === null ? 1 : 128 + signalNumber(signal)))

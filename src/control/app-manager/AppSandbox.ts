@@ -14,6 +14,8 @@ export interface AppLaunch {
   readonly command: string
   readonly args: ReadonlyArray<string>
   readonly user: AppUser | undefined
+  /** The user the app's code runs as, however it is set (undefined: the platform's own). */
+  readonly runsAs: AppUser | undefined
 }
 
 /**
@@ -76,13 +78,14 @@ const probe = (): AppSandbox => {
     unprotected,
     launch: (nodeArgs) => {
       const user = chosenUsers?.()
-      if (typeof network === "string") return { command: process.execPath, args: nodeArgs, user }
+      if (typeof network === "string") return { command: process.execPath, args: nodeArgs, user, runsAs: user }
       // unshare sets the user itself, after it made the namespace, which takes root.
       const setUser = user === undefined ? [] : ["--setgid", String(user.gid), "--setuid", String(user.uid)]
       return {
         command: network.unshare,
         args: [...network.flags, ...setUser, "--", process.execPath, ...nodeArgs],
-        user: undefined
+        user: undefined,
+        runsAs: user
       }
     }
   }

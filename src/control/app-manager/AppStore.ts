@@ -3,6 +3,7 @@ import { join } from "node:path"
 import { Effect, Schema } from "effect"
 import { admissionMaxima, admissionMinima } from "../../app-runtime/App.js"
 import { ServeConfig } from "../../config/ServeConfig.js"
+import { maxOutboundHosts, parseOutboundHost } from "./OutboundProxy.js"
 
 /** A whole number within an admission setting's bounds, the same as an app's own settings are held to. */
 const admissionCount = (name: keyof typeof admissionMaxima) =>
@@ -18,6 +19,16 @@ export const AdmissionOverride = Schema.Struct({
 })
 export type AdmissionOverride = typeof AdmissionOverride.Type
 
+/** Hosts (`host` or `host:port`) an app's registration allows it to connect to. */
+export const OutboundHosts = Schema.Array(
+  Schema.String.pipe(
+    Schema.filter((text) => {
+      const host = parseOutboundHost(text)
+      return typeof host === "string" ? host : true
+    })
+  )
+).pipe(Schema.maxItems(maxOutboundHosts))
+
 /** What is kept of a registered app so that it comes back after a restart. */
 export const StoredApp = Schema.Struct({
   id: Schema.String,
@@ -26,7 +37,9 @@ export const StoredApp = Schema.Struct({
   /** Admission settings given at registration, over the app's own. */
   admission: Schema.optional(AdmissionOverride),
   /** The SHA-256 of each API key the app's invoke routes take (given at registration); the keys are not kept. */
-  apiKeyDigests: Schema.optional(Schema.Array(Schema.String.pipe(Schema.pattern(/^[0-9a-f]{64}$/))))
+  apiKeyDigests: Schema.optional(Schema.Array(Schema.String.pipe(Schema.pattern(/^[0-9a-f]{64}$/)))),
+  /** The hosts the app may connect to (given at registration). */
+  outboundHosts: Schema.optional(OutboundHosts)
 })
 export type StoredApp = typeof StoredApp.Type
 

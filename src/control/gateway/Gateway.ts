@@ -10,7 +10,7 @@ import * as NodeHttpServerRequest from "@effect/platform-node/NodeHttpServerRequ
 import { ServeError } from "@effect/platform/HttpServerError"
 import { Effect, Fiber, Queue, Schema, Stream } from "effect"
 import { AppManager } from "../app-manager/AppManager.js"
-import { AdmissionOverride } from "../app-manager/AppStore.js"
+import { AdmissionOverride, OutboundHosts } from "../app-manager/AppStore.js"
 import {
   BadRequest,
   echoedChars,
@@ -53,7 +53,9 @@ export const RegisterRequest = Schema.Struct({
         })
       )
     ).pipe(Schema.maxItems(16))
-  )
+  ),
+  /** Hosts the app may connect to (`host` or `host:port`), through its outbound proxy. */
+  allowHosts: Schema.optional(OutboundHosts)
 })
 
 export const ScaleRequest = Schema.Struct({
@@ -191,13 +193,11 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
     const register = Effect.gen(function* () {
       yield* requireAdmin
       const body = yield* readJson(RegisterRequest)
-      const prepared = yield* appManager.prepare(
-        body.name,
-        body.source,
-        body.replace,
-        body.admission,
-        (body.apiKeys ?? []).map(keyDigest)
-      )
+      const prepared = yield* appManager.prepare(body.name, body.source, body.replace, {
+        admission: body.admission,
+        apiKeyDigests: (body.apiKeys ?? []).map(keyDigest),
+        outboundHosts: body.allowHosts
+      })
       const events = yield* Queue.unbounded<string | undefined>()
       yield* events.offer(
         sseEvent("progress", {

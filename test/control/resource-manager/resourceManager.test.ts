@@ -27,6 +27,7 @@ const options = (stateDir: string, devices: string): ServeOptions => ({
   adminToken: undefined,
   metricsToken: undefined,
   publicMetrics: false,
+  allowPrivateOutbound: false,
   apiKeys: [],
   tls: undefined,
   tlsCa: undefined,
