@@ -32,7 +32,26 @@ export interface AppDefinition<Req, ReqEncoded, Res, ResEncoded> {
    * to any one task (more wait their turn at the dispatcher).
    */
   readonly admission?: AdmissionSettings
+  /**
+   * How long a request may take, its stream included, in milliseconds (default: `serve
+   * --request-timeout`). Past it, a request not yet answered gets 504, and a stream ends with an
+   * error line; either way its task calls in flight are cancelled. `app register --timeout S`
+   * overrides it.
+   */
+  readonly timeoutMs?: number
 }
+
+/** The bounds of an app's request timeout: a millisecond to a day (a Node timer takes at most 2^31-1 ms). */
+export const timeoutBounds = { least: 1, most: 86_400_000 } as const
+
+/** What is wrong with a request timeout, when one is given. */
+export const timeoutProblem = (timeoutMs: unknown, where: string): string | undefined =>
+  timeoutMs === undefined ||
+  (Number.isSafeInteger(timeoutMs) &&
+    (timeoutMs as number) >= timeoutBounds.least &&
+    (timeoutMs as number) <= timeoutBounds.most)
+    ? undefined
+    : `\`${where}\` must be a whole number of milliseconds from ${timeoutBounds.least} to ${timeoutBounds.most}`
 
 export interface AdmissionSettings {
   readonly maxConcurrency?: number
@@ -60,6 +79,8 @@ export const appDefinitionProblems = (definition: unknown): Array<string> => {
     problems.push("`response` must be an Effect Schema when given")
   }
   if (candidate.admission !== undefined) problems.push(...admissionProblems(candidate.admission, "admission"))
+  const timeout = timeoutProblem(candidate.timeoutMs, "timeoutMs")
+  if (timeout !== undefined) problems.push(timeout)
   if (typeof candidate.tasks !== "object" || candidate.tasks === null) {
     problems.push("`tasks` must be an object of tasks (use {} when the app calls none)")
   } else {

@@ -102,7 +102,8 @@ export const registerApp = (
     readonly maxCallsPerTask?: number
   },
   apiKeys: ReadonlyArray<string> = [],
-  allowHosts: ReadonlyArray<string> = []
+  allowHosts: ReadonlyArray<string> = [],
+  timeoutMs?: number
 ) =>
   Effect.gen(function* () {
     const source = yield* Effect.tryPromise({
@@ -117,7 +118,8 @@ export const registerApp = (
         replace,
         ...(admission === undefined ? {} : { admission }),
         ...(apiKeys.length === 0 ? {} : { apiKeys }),
-        ...(allowHosts.length === 0 ? {} : { allowHosts })
+        ...(allowHosts.length === 0 ? {} : { allowHosts }),
+        ...(timeoutMs === undefined ? {} : { timeoutMs })
       }),
       expectOk
     )

@@ -143,7 +143,7 @@ const serveCommand = Command.make(
     requestTimeout: seconds(
       "request-timeout",
       300,
-      "Seconds an app may take to start answering a request (504 after)."
+      "Seconds a request may take, its stream included, unless its app sets its own `timeoutMs` (504 before an answer begins; an error line ends a stream)."
     ),
     taskQueue: Options.integer("task-queue").pipe(
       Options.withDescription(
@@ -418,8 +418,16 @@ const register = Command.make(
       Options.withDescription("Requests that may wait for a turn once max-concurrency run (default 0)."),
       Options.optional
     ),
-    queueTimeout: Options.integer("queue-timeout").pipe(
-      Options.withDescription("Seconds a queued request may wait before it gets 503 (default 10)."),
+    queueTimeout: Options.float("queue-timeout").pipe(
+      Options.withDescription(
+        "Seconds a queued request may wait before it gets 503 (default 10; 0.5 is half a second)."
+      ),
+      Options.optional
+    ),
+    timeout: Options.float("timeout").pipe(
+      Options.withDescription(
+        "Seconds a request may take, its stream included, over the app's own `timeoutMs` (default: serve --request-timeout)."
+      ),
       Options.optional
     ),
     weight: Options.float("weight").pipe(
@@ -455,6 +463,7 @@ const register = Command.make(
     maxConcurrency,
     maxQueue,
     queueTimeout,
+    timeout,
     weight,
     maxCallsPerTask,
     apiKeys,
@@ -464,7 +473,10 @@ const register = Command.make(
     const admission = {
       ...Option.match(maxConcurrency, { onNone: () => ({}), onSome: (value) => ({ maxConcurrency: value }) }),
       ...Option.match(maxQueue, { onNone: () => ({}), onSome: (value) => ({ maxQueue: value }) }),
-      ...Option.match(queueTimeout, { onNone: () => ({}), onSome: (value) => ({ queueTimeoutMs: value * 1000 }) }),
+      ...Option.match(queueTimeout, {
+        onNone: () => ({}),
+        onSome: (value) => ({ queueTimeoutMs: Math.round(value * 1000) })
+      }),
       ...Option.match(weight, { onNone: () => ({}), onSome: (value) => ({ weight: value }) }),
       ...Option.match(maxCallsPerTask, { onNone: () => ({}), onSome: (value) => ({ maxCallsPerTask: value }) })
     }
@@ -475,7 +487,8 @@ const register = Command.make(
       replace,
       Object.keys(admission).length > 0 ? admission : undefined,
       apiKeys,
-      allowHosts
+      allowHosts,
+      Option.match(timeout, { onNone: () => undefined, onSome: (seconds) => Math.round(seconds * 1000) })
     )
   }
 ).pipe(Command.withDescription("Register an app (admin token from CORNSERVE_ADMIN_TOKEN)."))

@@ -106,6 +106,7 @@ const runPlatform = (options: ServeOptions & { readonly examples: boolean }) =>
     if (ready.length > 0) {
       yield* Console.log(`\nApps ready to try:\n${ready.map((app) => tryLine(gateway.url, app)).join("\n")}\n`)
     }
+    yield* gateway.markReady
     yield* Console.log("cornserve: ready (Ctrl-C to stop)")
     return yield* Effect.never
   }).pipe(Effect.provide(platformLayer(options)))

@@ -72,10 +72,14 @@ export class AppFailed extends Schema.TaggedError<AppFailed>()("AppFailed", {
 }) {}
 
 export class RequestTimeout extends Schema.TaggedError<RequestTimeout>()("RequestTimeout", {
-  timeoutMs: Schema.Number
+  timeoutMs: Schema.Number,
+  /** Whether the answer had begun streaming: it was then cut at the limit. */
+  streaming: Schema.optionalWith(Schema.Boolean, { default: () => false })
 }) {
   override get message() {
-    return `the app did not answer within ${this.timeoutMs} ms`
+    return this.streaming
+      ? `the request ran past its time limit of ${this.timeoutMs} ms (its stream included) and was stopped`
+      : `the app did not answer within ${this.timeoutMs} ms`
   }
 }
 

@@ -78,7 +78,8 @@ export const FromWorker = Schema.Union(
     tasks: Schema.Array(UnitTaskSpec),
     example: Schema.Unknown,
     description: Schema.optional(Schema.String),
-    admission: Schema.optional(AdmissionSettingsWire)
+    admission: Schema.optional(AdmissionSettingsWire),
+    timeoutMs: exactOptional(Schema.Number)
   }),
   Schema.Struct({ t: Schema.Literal("load-failed"), message: Schema.String }),
   Schema.Struct({ t: Schema.Literal("pong"), nonce: Count }),

@@ -206,10 +206,17 @@ function serveApp(app: App, maxResponseBytes: number, maxMessageBytes: number) {
     const cancellation = new Cancellation()
     running.set(rid, cancellation)
     const context = new ServeContext(requestId, cancellation)
+    // The request's context lives until its answer ends: an async generator's body runs while its
+    // lines are taken, and a returned iterable's while it is read, so both run inside it too.
+    return callsTasks
+      ? requestContext.run({ requestId, cancellation }, () => answer(rid, decoded.right, context, cancellation))
+      : answer(rid, decoded.right, context, cancellation)
+  }
+
+  /** Runs `serve` for a request and sends its answer: one value, or a stream of lines. */
+  const answer = async (rid: number, request: unknown, context: ServeContext, cancellation: Cancellation) => {
     try {
-      const result = await (callsTasks
-        ? requestContext.run({ requestId, cancellation }, () => Promise.resolve(app.serve(decoded.right, context)))
-        : app.serve(decoded.right, context))
+      const result = await app.serve(request, context)
       if (cancellation.aborted) return
       if (isAsyncIterable(result)) {
         const window = new SendWindow(answerWindowChars)
@@ -325,7 +332,8 @@ function serveApp(app: App, maxResponseBytes: number, maxMessageBytes: number) {
     tasks: unitTasks.map((task) => ({ id: task.id, kind: task.kind, name: task.name, config: task.config })),
     example: app.example,
     description: app.description,
-    admission: app.admission
+    admission: app.admission,
+    ...(app.timeoutMs === undefined ? {} : { timeoutMs: app.timeoutMs })
   })
 }
 

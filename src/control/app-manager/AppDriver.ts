@@ -1,5 +1,5 @@
 import { Duration, Effect, ExecutionStrategy, Exit, Fiber, Schedule, Schema, Scope } from "effect"
-import { type AdmissionSettings, admissionProblems } from "../../app-runtime/App.js"
+import { type AdmissionSettings, admissionProblems, timeoutProblem } from "../../app-runtime/App.js"
 import { Admission, unlimitedAdmission } from "./Admission.js"
 import type { TaskGraphWire } from "../../app-runtime/tasks/TaskGraph.js"
 import {
@@ -30,6 +30,8 @@ export interface LoadedApp {
   readonly example: unknown
   readonly description: string | undefined
   readonly admission: AdmissionSettings | undefined
+  /** How long its requests may take, streams included, by its own definition. */
+  readonly timeoutMs: number | undefined
 }
 
 /** Why an app's process could not load it: the registration's error, or a restart's. */
@@ -51,6 +53,10 @@ const admissionRefusal = (admission: unknown): string | undefined => {
   return problems.length === 0 ? undefined : `the app's admission settings are out of bounds: ${problems.join("; ")}`
 }
 
+/** Why the settings an app's process sent at load cannot be taken (its admission, its timeout), if they cannot. */
+const settingsRefusal = (message: { readonly admission?: unknown; readonly timeoutMs?: unknown }): string | undefined =>
+  admissionRefusal(message.admission) ?? timeoutProblem(message.timeoutMs, "timeoutMs")
+
 /**
  * The platform's side of one app's process. Requests are tagged with a number and their
  * replies routed back to their handlers. A worker that dies is started again after the wait
@@ -60,6 +66,8 @@ const admissionRefusal = (admission: unknown): string | undefined => {
 export class AppDriver {
   /** Who may run now, who waits, who is refused: set from the app's settings once it has loaded. */
   admission = new Admission(unlimitedAdmission)
+  /** How long a request may take, its stream included: the registration's, else the app's (undefined: the platform's). */
+  timeoutMs: number | undefined
   /** Its claim on shared tasks: set from the app's settings once it has loaded. */
   share: AppShare
   private worker!: AppProcess
@@ -212,6 +220,7 @@ export class AppDriver {
     })
     if (!answered && !this.closing) {
       this.log(`app ${this.appId}: its worker is stuck (no answer in ${timeoutMs} ms); restarting it`)
+      this.stopReason = `the app's process was stopped: its code did not yield to the event loop for ${timeoutMs} ms (a loop that never awaits?)`
       await this.worker.terminate()
     }
     return answered
@@ -263,10 +272,10 @@ export class AppDriver {
         if (this.worker !== worker) return
         if (loaded && (message.t === "loaded" || message.t === "load-failed")) {
           this.violation(`it sent "${message.t}" after its app had loaded`)
-        } else if (message.t === "loaded" && admissionRefusal(message.admission) !== undefined) {
+        } else if (message.t === "loaded" && settingsRefusal(message) !== undefined) {
           // defineApp checks them in the app's process; a process that skips it is checked here.
           clearTimeout(timer)
-          reject(new AppLoadError({ message: admissionRefusal(message.admission)! }))
+          reject(new AppLoadError({ message: settingsRefusal(message)! }))
           void worker.terminate()
         } else if (message.t === "loaded") {
           loaded = true
@@ -277,7 +286,8 @@ export class AppDriver {
             tasks: message.tasks,
             example: message.example,
             description: message.description,
-            admission: message.admission
+            admission: message.admission,
+            timeoutMs: message.timeoutMs
           })
         } else if (message.t === "load-failed") {
           clearTimeout(timer)

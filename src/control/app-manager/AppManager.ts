@@ -43,6 +43,8 @@ interface AppEntry {
   readonly apiKeyDigests: ReadonlyArray<string>
   /** The hosts the app's registration allows it to connect to (empty: none). */
   readonly outboundHosts: ReadonlyArray<string>
+  /** The request timeout the registration set, over the app's own. */
+  readonly timeoutMs: number | undefined
 }
 
 /** What a registration sets beside the app's source. */
@@ -53,6 +55,8 @@ export interface RegistrationSettings {
   readonly apiKeyDigests?: ReadonlyArray<string> | undefined
   /** The hosts (`host` or `host:port`) the app may connect to, through its outbound proxy. */
   readonly outboundHosts?: ReadonlyArray<string> | undefined
+  /** How long a request may take, its stream included, over the app's own `timeoutMs`. */
+  readonly timeoutMs?: number | undefined
 }
 
 export interface AppSummary {
@@ -64,6 +68,8 @@ export interface AppSummary {
   /** Requests waiting for a turn under the app's admission limits. */
   readonly queued: number
   readonly admission?: { readonly maxConcurrency: number; readonly maxQueue: number; readonly queueTimeoutMs: number }
+  /** How long its requests may take, streams included (absent: the platform's --request-timeout). */
+  readonly timeoutMs?: number
   readonly error?: string
   readonly example?: unknown
   readonly description?: string
@@ -82,6 +88,7 @@ export interface PreparedApp {
   /** The SHA-256 of each API key the registration set for the app's invoke routes. */
   readonly apiKeyDigests: ReadonlyArray<string>
   readonly outboundHosts: ReadonlyArray<string>
+  readonly timeoutMs: number | undefined
 }
 
 /** Queued requests wait this long by default before they are refused. */
@@ -127,6 +134,7 @@ const summarize = (entry: AppEntry): AppSummary => ({
   ...(entry.driver === undefined || entry.driver.admission.limits === unlimitedAdmission
     ? {}
     : { admission: entry.driver.admission.limits }),
+  ...(entry.driver?.timeoutMs === undefined ? {} : { timeoutMs: entry.driver.timeoutMs }),
   ...(entry.error === undefined ? {} : { error: entry.error }),
   ...(entry.example === undefined ? {} : { example: entry.example }),
   ...(entry.description === undefined ? {} : { description: entry.description })
@@ -220,6 +228,7 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
         }
         started.driver.admission = new Admission(admissionLimits(started.loaded.admission, admission))
         started.driver.share = appShare(name, started.loaded.admission, admission)
+        started.driver.timeoutMs = settings.timeoutMs ?? started.loaded.timeoutMs
         return {
           id: name,
           source,
@@ -229,7 +238,8 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
           description: started.loaded.description,
           admission,
           apiKeyDigests,
-          outboundHosts
+          outboundHosts,
+          timeoutMs: settings.timeoutMs
         } satisfies PreparedApp
       }).pipe(Effect.onError(() => Effect.sync(() => pending.delete(name))))
 
@@ -279,7 +289,8 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
           description: prepared.description,
           admission: prepared.admission,
           apiKeyDigests: prepared.apiKeyDigests,
-          outboundHosts: prepared.outboundHosts
+          outboundHosts: prepared.outboundHosts,
+          timeoutMs: prepared.timeoutMs
         }
         apps.set(prepared.id, entry)
         pending.delete(prepared.id)
@@ -289,7 +300,8 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
           registeredAt: entry.registeredAt,
           ...(entry.admission === undefined ? {} : { admission: entry.admission }),
           ...(entry.apiKeyDigests.length === 0 ? {} : { apiKeyDigests: entry.apiKeyDigests }),
-          ...(entry.outboundHosts.length === 0 ? {} : { outboundHosts: entry.outboundHosts })
+          ...(entry.outboundHosts.length === 0 ? {} : { outboundHosts: entry.outboundHosts }),
+          ...(entry.timeoutMs === undefined ? {} : { timeoutMs: entry.timeoutMs })
         })
         // A stored app waiting to be restored holds nothing to retire.
         if (previous?.driver !== undefined) yield* Effect.forkDaemon(retire(previous))
@@ -360,8 +372,14 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       description: undefined,
       admission: app.admission,
       apiKeyDigests: app.apiKeyDigests ?? [],
-      outboundHosts: app.outboundHosts ?? []
+      outboundHosts: app.outboundHosts ?? [],
+      timeoutMs: app.timeoutMs
     })
+
+    // The apps of the state dir are known from the start, before the gateway listens: until each is
+    // back it answers 503 AppNotReady, never 404.
+    const stored = yield* store.loadAll
+    for (const app of stored) apps.set(app.id, storedEntry(app, "registering"))
 
     /**
      * Brings back every app of the state directory, as it was registered. Until each is back it
@@ -370,8 +388,6 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
      * fails with the reason, without waiting for the others. At most four compile at a time.
      */
     const restore = Effect.gen(function* () {
-      const stored = yield* store.loadAll
-      for (const app of stored) if (!apps.has(app.id)) apps.set(app.id, storedEntry(app, "registering"))
       const compiling = yield* Effect.makeSemaphore(4)
       yield* Effect.forEach(
         stored,

@@ -1,7 +1,7 @@
 import { mkdir, readdir, readFile, rename, rm, writeFile } from "node:fs/promises"
 import { join } from "node:path"
 import { Effect, Schema } from "effect"
-import { admissionMaxima, admissionMinima } from "../../app-runtime/App.js"
+import { admissionMaxima, admissionMinima, timeoutBounds } from "../../app-runtime/App.js"
 import { ServeConfig } from "../../config/ServeConfig.js"
 import { maxOutboundHosts, parseOutboundHost } from "./OutboundProxy.js"
 
@@ -29,6 +29,9 @@ export const OutboundHosts = Schema.Array(
   )
 ).pipe(Schema.maxItems(maxOutboundHosts))
 
+/** How long an app's requests may take, streams included: a millisecond to a day. */
+export const RequestTimeoutMs = Schema.Int.pipe(Schema.between(timeoutBounds.least, timeoutBounds.most))
+
 /** What is kept of a registered app so that it comes back after a restart. */
 export const StoredApp = Schema.Struct({
   id: Schema.String,
@@ -39,7 +42,9 @@ export const StoredApp = Schema.Struct({
   /** The SHA-256 of each API key the app's invoke routes take (given at registration); the keys are not kept. */
   apiKeyDigests: Schema.optional(Schema.Array(Schema.String.pipe(Schema.pattern(/^[0-9a-f]{64}$/)))),
   /** The hosts the app may connect to (given at registration). */
-  outboundHosts: Schema.optional(OutboundHosts)
+  outboundHosts: Schema.optional(OutboundHosts),
+  /** The request timeout given at registration, over the app's own. */
+  timeoutMs: Schema.optional(RequestTimeoutMs)
 })
 export type StoredApp = typeof StoredApp.Type
 

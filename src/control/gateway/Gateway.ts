@@ -10,7 +10,7 @@ import * as NodeHttpServerRequest from "@effect/platform-node/NodeHttpServerRequ
 import { ServeError } from "@effect/platform/HttpServerError"
 import { Effect, Fiber, Queue, Schema, Stream } from "effect"
 import { AppManager } from "../app-manager/AppManager.js"
-import { AdmissionOverride, OutboundHosts } from "../app-manager/AppStore.js"
+import { AdmissionOverride, OutboundHosts, RequestTimeoutMs } from "../app-manager/AppStore.js"
 import {
   BadRequest,
   echoedChars,
@@ -55,7 +55,9 @@ export const RegisterRequest = Schema.Struct({
     ).pipe(Schema.maxItems(16))
   ),
   /** Hosts the app may connect to (`host` or `host:port`), through its outbound proxy. */
-  allowHosts: Schema.optional(OutboundHosts)
+  allowHosts: Schema.optional(OutboundHosts),
+  /** How long the app's requests may take, streams included, in ms; over the app's own `timeoutMs`. */
+  timeoutMs: Schema.optional(RequestTimeoutMs)
 })
 
 export const ScaleRequest = Schema.Struct({
@@ -80,6 +82,8 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
     const recorder = yield* ProfileRecorder
     const agent = yield* NodeAgent
     let draining = false
+    /** Set once `serve` has restored the apps of its state dir (and registered the examples): /ready is 200 from then. */
+    let started = false
     let inFlight = 0
     let idle: (() => void) | undefined
 
@@ -196,7 +200,8 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       const prepared = yield* appManager.prepare(body.name, body.source, body.replace, {
         admission: body.admission,
         apiKeyDigests: (body.apiKeys ?? []).map(keyDigest),
-        outboundHosts: body.allowHosts
+        outboundHosts: body.allowHosts,
+        timeoutMs: body.timeoutMs
       })
       const events = yield* Queue.unbounded<string | undefined>()
       yield* events.offer(
@@ -326,6 +331,20 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       )
     )
 
+    /**
+     * Readiness, beside /health's liveness: 503 until every app restored at start is ready or
+     * failed (a load balancer sends nothing yet), and while shutting down.
+     */
+    const ready = Effect.sync(() => {
+      // A count, not names: the route is open to anyone, as /health is.
+      const waiting = appManager.list().filter((app) => app.state === "registering").length
+      const status = draining ? "shutting-down" : started ? "ready" : "starting"
+      return HttpServerResponse.unsafeJson(
+        { status, ...(status === "starting" ? { restoring: waiting } : {}) },
+        { status: status === "ready" ? 200 : 503 }
+      )
+    })
+
     const { metrics: requestMetrics } = yield* PlatformMetrics
 
     const metrics = Effect.gen(function* () {
@@ -373,6 +392,7 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       HttpRouter.post("/tasks/:id/profile/record", recordProfile),
       HttpRouter.post("/task/scale", scale),
       HttpRouter.get("/health", health),
+      HttpRouter.get("/ready", ready),
       HttpRouter.get("/metrics", metrics)
     )
 
@@ -440,7 +460,11 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
     const address = nodeServer.address() as AddressInfo
     return {
       url: `${config.tls === undefined ? "http" : "https"}://${address.family === "IPv6" ? `[${address.address}]` : address.address}:${address.port}`,
-      port: address.port
+      port: address.port,
+      /** The platform has started: the apps of its state dir are back (ready or failed). */
+      markReady: Effect.sync(() => {
+        started = true
+      })
     }
   }),
   dependencies: [ProfileRecorder.Default]

@@ -270,11 +270,15 @@ export const makeInvokeRoute =
           awaitingDrain = 0
           driver.delivered(rid, chars)
         }
-        // The reply's first sign (its value, its stream's start, its failure) settles the request in time.
-        const settle = scope.timeout(options.requestTimeoutMs, () => {
+        // The request's time covers its stream: past it, an answer not yet begun is a 504 and a stream
+        // ends with an error line; the app is told to cancel (its task calls in flight with it).
+        const timeoutMs = driver.timeoutMs ?? options.requestTimeoutMs
+        const settle = scope.timeout(timeoutMs, () => {
           driver.cancel(rid)
           void driver.ensureResponsive(1_000)
-          sendError(response, new RequestTimeout({ timeoutMs: options.requestTimeoutMs }))
+          const timedOut = new RequestTimeout({ timeoutMs, streaming })
+          if (streaming) format.streamError(response, timedOut)
+          else sendError(response, timedOut)
         })
         span.attribute("cornserve.request_id", requestId)
         const rid = driver.invoke(
@@ -286,7 +290,6 @@ export const makeInvokeRoute =
               format.value(response, json)
             },
             onStreamStart: () => {
-              settle()
               streaming = true
               format.streamStart(response, requestId)
             },
@@ -295,13 +298,14 @@ export const makeInvokeRoute =
               if (awaitingDrain === 0) response.once("drain", onDrain)
               awaitingDrain += json.length
             },
-            onEnd: () => format.end(response),
+            onEnd: () => {
+              settle()
+              format.end(response)
+            },
             onFailed: (code, message, issues) => {
               const error = invokeFailure(appId, code, message, issues)
-              if (!streaming) {
-                settle()
-                return sendError(response, error)
-              }
+              settle()
+              if (!streaming) return sendError(response, error)
               format.streamError(response, error)
             }
           },
