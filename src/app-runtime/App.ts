@@ -39,6 +39,11 @@ export interface AppDefinition<Req, ReqEncoded, Res, ResEncoded> {
    * overrides it.
    */
   readonly timeoutMs?: number
+  /**
+   * What a request's fields that the request schema does not name get: `"refuse"` (the default: a
+   * 422 naming each, as a misspelt field should) or `"drop"` (they are ignored).
+   */
+  readonly extraFields?: "refuse" | "drop"
 }
 
 /** The bounds of an app's request timeout: a millisecond to a day (a Node timer takes at most 2^31-1 ms). */
@@ -79,6 +84,9 @@ export const appDefinitionProblems = (definition: unknown): Array<string> => {
     problems.push("`response` must be an Effect Schema when given")
   }
   if (candidate.admission !== undefined) problems.push(...admissionProblems(candidate.admission, "admission"))
+  if (candidate.extraFields !== undefined && candidate.extraFields !== "refuse" && candidate.extraFields !== "drop") {
+    problems.push('`extraFields` must be "refuse" or "drop"')
+  }
   const timeout = timeoutProblem(candidate.timeoutMs, "timeoutMs")
   if (timeout !== undefined) problems.push(timeout)
   if (typeof candidate.tasks !== "object" || candidate.tasks === null) {

@@ -4,6 +4,7 @@ import { join } from "node:path"
 import sharp from "sharp"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import {
+  adminHeaders,
   invoke,
   registerRaw,
   removeStateDir,
@@ -99,6 +100,60 @@ describe("an app author's first day", () => {
     }
     expect(list.apps.find((app) => app.id === "countdown_limited")?.timeoutMs).toBe(500)
   }, 60_000)
+})
+
+describe("schema errors an app's client and author can read", () => {
+  let platform: RunningPlatform
+
+  beforeAll(async () => {
+    platform = await startPlatform({ args: ["--devices", "cpu:0"] })
+    for (const [name, source] of [
+      ["countdown", readFileSync(join(repoRoot, "examples", "countdown.ts"), "utf8")],
+      ["bad_answer", fixture("bad_answer")],
+      [
+        "lenient",
+        readFileSync(join(repoRoot, "examples", "countdown.ts"), "utf8").replace(
+          "tasks: {},",
+          'tasks: {},\n  extraFields: "drop",'
+        )
+      ]
+    ] as const) {
+      expect((await registerRaw(platform.url, { name, source })).text, name).toContain("event: final")
+    }
+  }, 60_000)
+
+  afterAll(async () => {
+    await platform?.stop()
+    if (platform !== undefined) await removeStateDir(platform.stateDir)
+  })
+
+  it("answers a bad request with one readable line per field, an unknown field included", async () => {
+    const response = await invoke(platform.url, "countdown", JSON.stringify({ from: 3, intervalMs: "x", color: "red" }))
+    expect(response.status).toBe(422)
+    const { error } = (await response.json()) as {
+      error: { message: string; issues: Array<{ path: Array<string>; message: string }> }
+    }
+    expect(error.issues).toEqual([
+      { path: ["color"], message: 'is not a field here (the fields are "from", "intervalMs")' },
+      { path: ["intervalMs"], message: 'expected number, got "x"' }
+    ])
+    expect(error.message).not.toContain("Expected undefined")
+  })
+
+  it("drops unknown fields for an app that says so", async () => {
+    const response = await invoke(platform.url, "lenient", JSON.stringify({ from: 1, color: "red" }))
+    expect(response.status).toBe(200)
+  })
+
+  it("answers an answer that fails the response schema with a 500 naming the field, and logs the details", async () => {
+    const response = await invoke(platform.url, "bad_answer", "{}")
+    expect(response.status).toBe(500)
+    const { error } = (await response.json()) as { error: { code: string; message: string } }
+    expect(error.message).toContain("does not match the app's response schema")
+    expect(error.message).toContain('count: expected number, got "three"')
+    const logs = await (await fetch(`${platform.url}/app/logs/bad_answer`, { headers: adminHeaders() })).text()
+    expect(logs).toContain("does not match the app's response schema")
+  })
 })
 
 describe("readiness while the apps of the state dir come back", () => {

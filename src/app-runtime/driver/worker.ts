@@ -9,6 +9,7 @@ import { Socket } from "node:net"
 import { constants } from "node:os"
 import { ParseResult, Schema } from "effect"
 import { type App, appDefinitionProblems, appUnitTasks, isApp } from "../App.js"
+import { issueLines, readableIssues } from "../SchemaIssues.js"
 import { shortened } from "../Shortened.js"
 import { type DispatchResult, setTaskDispatcher, TaskExecutionError, TaskInputError } from "../tasks/TaskGraph.js"
 import {
@@ -88,9 +89,6 @@ class ServeContext {
   }
 }
 
-/** A key of a path into a JSON body; a symbol (never in JSON) by its description. */
-const jsonKey = (key: PropertyKey): string | number => (typeof key === "symbol" ? String(key) : key)
-
 /** Schema issues reported for one request; a request with more has more than a client needs to see. */
 const maxIssues = 20
 
@@ -141,6 +139,11 @@ if (typeof app === "string") {
 
 function serveApp(app: App, maxResponseBytes: number, maxMessageBytes: number) {
   const decodeRequest = Schema.decodeUnknownEither(app.request)
+  // Fields the schema does not name are refused unless the app drops them (`extraFields: "drop"`).
+  const requestParseOptions = {
+    errors: "all",
+    onExcessProperty: app.extraFields === "drop" ? "ignore" : "error"
+  } as const
   const encodeResponse = app.response === undefined ? undefined : Schema.encodeEither(app.response)
   const running = new Map<number, Cancellation>()
   // Only an app that declares tasks can dispatch, and only a dispatch needs to know its request:
@@ -161,7 +164,14 @@ function serveApp(app: App, maxResponseBytes: number, maxMessageBytes: number) {
     if (encodeResponse !== undefined) {
       const encoded = encodeResponse(value)
       if (encoded._tag === "Left") {
-        const problem = shortened(ParseResult.TreeFormatter.formatErrorSync(encoded.left), maxMessageLength)
+        // The client is told which fields; the app's author finds the whole report in the app's log.
+        console.error(
+          `${what} does not match the app's response schema:\n${ParseResult.TreeFormatter.formatErrorSync(encoded.left)}`
+        )
+        const problem = shortened(
+          issueLines(readableIssues(encoded.left).slice(0, maxIssues)).join("; "),
+          maxMessageLength
+        )
         return {
           code: "ResponseSchemaMismatch",
           message: `${what} does not match the app's response schema: ${problem}`
@@ -187,15 +197,13 @@ function serveApp(app: App, maxResponseBytes: number, maxMessageBytes: number) {
     } catch (error) {
       return fail(rid, "BadJson", `the request body is not JSON: ${errorMessage(error)}`)
     }
-    const decoded = decodeRequest(parsed, { errors: "all" })
+    const decoded = decodeRequest(parsed, requestParseOptions)
     if (decoded._tag === "Left") {
       // Each message is cut short: schema messages quote the offending value, which may be huge.
-      const issues = ParseResult.ArrayFormatter.formatErrorSync(decoded.left)
+      const issues = readableIssues(decoded.left)
         .slice(0, maxIssues)
-        .map(({ path, message }) => ({ path: path.map(jsonKey), message: shortened(message) }))
-      const summary = issues.map(
-        (issue) => `${issue.path.length > 0 ? issue.path.join(".") : "(body)"}: ${issue.message}`
-      )
+        .map(({ path, message }) => ({ path, message: shortened(message) }))
+      const summary = issueLines(issues)
       return fail(
         rid,
         "RequestSchemaMismatch",

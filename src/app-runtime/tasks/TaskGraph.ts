@@ -1,4 +1,5 @@
-import { ParseResult, Schema } from "effect"
+import { issueLines, readableIssues } from "../SchemaIssues.js"
+import { Schema } from "effect"
 import { TaskStream } from "./TaskStream.js"
 
 /** One call of a unit task inside a recorded graph, as it travels to the task dispatcher. */
@@ -153,7 +154,7 @@ export const composeUnit = <I, O>(
     const decoded = Schema.decodeUnknownEither(inputSchema)(input, { errors: "all" })
     if (decoded._tag === "Left") {
       throw new TaskInputError({
-        message: `invalid input for task ${task.id}: ${ParseResult.TreeFormatter.formatErrorSync(decoded.left)}`
+        message: `invalid input for task ${task.id}: ${issueLines(readableIssues(decoded.left)).join("; ")}`
       })
     }
     const output = makeRecordOutput(decoded.right)

@@ -1,3 +1,4 @@
+import { issueLines, readableIssues } from "../../app-runtime/SchemaIssues.js"
 import type { AppList, NodeList, ScaleAnswer, TaskList, TaskProfileAnswer, UnregisterAnswer } from "./GatewayAnswers.js"
 import * as Http from "node:http"
 import * as Https from "node:https"
@@ -149,9 +150,12 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
         const text = yield* readBody
         const parsed = parseJsonBody(text, config.maxJsonDepth)
         if (!parsed.ok) return yield* new BadRequest({ message: parsed.message })
-        return yield* Schema.decodeUnknown(schema)(parsed.value, { errors: "all" }).pipe(
+        return yield* Schema.decodeUnknown(schema)(parsed.value, { errors: "all", onExcessProperty: "error" }).pipe(
           Effect.mapError(
-            (error) => new BadRequest({ message: `malformed request: ${shortened(error.message, 1000)}` })
+            (error) =>
+              new BadRequest({
+                message: `malformed request: ${shortened(issueLines(readableIssues(error).slice(0, 20)).join("; "), 1000)}`
+              })
           )
         )
       })
