@@ -1,6 +1,8 @@
+import { bundleApp } from "./AppBundle.js"
+import { watch } from "node:fs"
 import { readFile } from "node:fs/promises"
-import { basename, extname } from "node:path"
-import { Effect, Either, ParseResult, Schema } from "effect"
+import { basename, dirname, extname, resolve as resolvePath } from "node:path"
+import { Effect, Either, ParseResult, Queue, Schema } from "effect"
 import {
   AppList,
   ErrorAnswer,
@@ -106,10 +108,16 @@ export const registerApp = (
   timeoutMs?: number
 ) =>
   Effect.gen(function* () {
-    const source = yield* Effect.tryPromise({
-      try: () => readFile(file, "utf8"),
+    // The npm packages (and local modules) it imports go with it, bundled from its own folder.
+    const bundle = yield* Effect.tryPromise({
+      try: () => bundleApp(file),
       catch: (error) => new CliFailure({ message: `cannot read ${file}: ${(error as Error).message}` })
     })
+    if (bundle._tag === "Refused") {
+      return yield* new CliFailure({ message: `${file} cannot be registered:\n${bundle.message}` })
+    }
+    if (bundle.packages.length > 0) process.stderr.write(`  bundled with ${bundle.packages.join(", ")}\n`)
+    const source = bundle.source
     const appName = name ?? basename(file, extname(file))
     const response = yield* Effect.flatMap(
       request(target, "POST", "app/register", {
@@ -169,11 +177,40 @@ const table = (header: ReadonlyArray<string>, rows: ReadonlyArray<ReadonlyArray<
 }
 
 /** An app's log as the gateway keeps it: text, printed as it is. */
-export const appLogs = (target: GatewayTarget, appId: string) =>
+export const appLogs = (target: GatewayTarget, appId: string, follow = false) =>
   Effect.gen(function* () {
-    const response = yield* Effect.flatMap(request(target, "GET", `app/logs/${encodeURIComponent(appId)}`), expectOk)
-    yield* write(yield* readText(response))
+    const path = `app/logs/${encodeURIComponent(appId)}${follow ? "?follow=1" : ""}`
+    const response = yield* Effect.flatMap(request(target, "GET", path), expectOk)
+    if (!follow) return yield* write(yield* readText(response))
+    // Printed as it comes, until the gateway goes (or Ctrl-C).
+    yield* Effect.promise(async () => {
+      const reader = response.body?.getReader()
+      if (reader === undefined) return
+      const decoder = new TextDecoder()
+      for (;;) {
+        const { done, value } = await reader.read().catch(() => ({ done: true, value: undefined }))
+        if (done) return
+        process.stdout.write(decoder.decode(value, { stream: true }))
+      }
+    })
   })
+
+/** An app's limits in a table cell: at most N at once, M queued for S, each request within T ("-": none). */
+const limitsText = (app: {
+  readonly admission?:
+    | { readonly maxConcurrency: number; readonly maxQueue: number; readonly queueTimeoutMs: number }
+    | undefined
+  readonly timeoutMs?: number | undefined
+}): string => {
+  const parts: Array<string> = []
+  if (app.admission !== undefined) {
+    const { maxConcurrency, maxQueue, queueTimeoutMs } = app.admission
+    parts.push(`${maxConcurrency} at once`)
+    if (maxQueue > 0) parts.push(`${maxQueue} queued ≤ ${queueTimeoutMs / 1000} s`)
+  }
+  if (app.timeoutMs !== undefined) parts.push(`timeout ${app.timeoutMs / 1000} s`)
+  return parts.join(", ") || "-"
+}
 
 export const listApps = (target: GatewayTarget) =>
   Effect.gen(function* () {
@@ -182,11 +219,13 @@ export const listApps = (target: GatewayTarget) =>
     if (apps.length === 0) return yield* write("no apps are registered\n")
     yield* write(
       table(
-        ["APP", "STATE", "IN FLIGHT", "TASKS"],
+        ["APP", "STATE", "IN FLIGHT", "QUEUED", "LIMITS", "TASKS"],
         apps.map((app) => [
           app.id,
           app.error === undefined ? app.state : `${app.state}: ${app.error}`,
           String(app.inFlight),
+          String(app.queued),
+          limitsText(app),
           app.tasks.map((task) => task.name).join(", ") || "-"
         ])
       )
@@ -216,9 +255,31 @@ export const listTasks = (target: GatewayTarget) =>
     )
   })
 
-/** `tasks scale ID ±N`: N devices more (+) or fewer (-); prints where the task's executors run then. */
-export const scaleTask = (target: GatewayTarget, taskId: string, devices: number) =>
+/**
+ * The id of the task `given` names: an id as is, or a name `tasks list` prints when exactly one
+ * task has it (several tasks of one model differ in their config: their ids tell them apart).
+ */
+export const resolveTaskId = (target: GatewayTarget, given: string) =>
   Effect.gen(function* () {
+    const response = yield* Effect.flatMap(request(target, "GET", "tasks/list"), expectOk)
+    const { tasks } = yield* readAnswer(TaskList, "list of tasks")(response)
+    if (tasks.some((task) => task.id === given)) return given
+    const named = tasks.filter((task) => task.name === given)
+    if (named.length === 1) return named[0]!.id
+    if (named.length > 1) {
+      return yield* new CliFailure({
+        message: `${named.length} tasks are named ${given}: name one by its id (${named.map((task) => task.id).join(", ")})`
+      })
+    }
+    return yield* new CliFailure({
+      message: `no task has the id or name ${given}; \`cornserve tasks list\` shows ${tasks.length === 0 ? "none is deployed" : `them: ${tasks.map((task) => task.name).join(", ")}`}`
+    })
+  })
+
+/** `tasks scale ID ±N`: N devices more (+) or fewer (-); prints where the task's executors run then. */
+export const scaleTask = (target: GatewayTarget, given: string, devices: number) =>
+  Effect.gen(function* () {
+    const taskId = yield* resolveTaskId(target, given)
     const response = yield* Effect.flatMap(request(target, "POST", "task/scale", { taskId, devices }), expectOk)
     const { tasks } = yield* readAnswer(ScaleAnswer, "answer to scale")(response)
     const task = tasks.find((entry) => entry.id === taskId)
@@ -261,8 +322,9 @@ const milliseconds = (value: number) => (Number.isNaN(value) ? "-" : String(valu
  * `tasks profile ID`: the task's throughput–latency curve per executor count as its calls measured
  * it, its rate and queues; then the curve recorded ahead of time, if one was.
  */
-export const showTaskProfile = (target: GatewayTarget, taskId: string, json: boolean) =>
+export const showTaskProfile = (target: GatewayTarget, given: string, json: boolean) =>
   Effect.gen(function* () {
+    const taskId = yield* resolveTaskId(target, given)
     const response = yield* Effect.flatMap(
       request(target, "GET", `tasks/${encodeURIComponent(taskId)}/profile`),
       expectOk
@@ -291,11 +353,12 @@ const decodeDone = Schema.decodeUnknownSync(Schema.parseJson(RecordingDone))
  */
 export const recordTaskProfile = (
   target: GatewayTarget,
-  taskId: string,
+  given: string,
   sweep: typeof RecordRequest.Encoded,
   json: boolean
 ) =>
   Effect.gen(function* () {
+    const taskId = yield* resolveTaskId(target, given)
     const response = yield* Effect.flatMap(
       request(target, "POST", `tasks/${encodeURIComponent(taskId)}/profile/record`, sweep),
       expectOk
@@ -425,3 +488,48 @@ export const invokeApp = (target: GatewayTarget, appId: string, data: string, ag
     })
     if (failure !== undefined) return yield* new CliFailure({ message: `the stream failed: ${failure}` })
   })
+
+/**
+ * `app dev FILE`: registers the app (replacing a running version), prints its log as it writes it,
+ * and registers it again each time a file of its folder changes (node_modules aside). A failed
+ * registration (a syntax error, a package that cannot be bundled, an app that fails to load) is
+ * printed and the running version keeps serving; the next save tries again.
+ */
+export const developApp = (target: GatewayTarget, file: string, name: string | undefined) =>
+  Effect.gen(function* () {
+    const appName = name ?? basename(file, extname(file))
+    const folder = dirname(resolvePath(file))
+    let following = false
+    const registerOnce = Effect.gen(function* () {
+      const started = Date.now()
+      const outcome = yield* Effect.either(registerApp(target, file, appName, true))
+      if (outcome._tag === "Left") {
+        process.stderr.write(`cornserve: ${outcome.left.message}\n`)
+        return
+      }
+      process.stderr.write(`  (${Date.now() - started} ms; watching ${folder} for changes)\n`)
+      if (!following) {
+        following = true
+        yield* Effect.forkDaemon(
+          Effect.catchAll(appLogs(target, appName, true), (error) =>
+            Effect.sync(() => process.stderr.write(`cornserve: the app's log stopped: ${error.message}\n`))
+          )
+        )
+      }
+    })
+    yield* registerOnce
+    const changes = yield* Queue.sliding<void>(1)
+    const watcher = watch(folder, { recursive: true }, (_, changed) => {
+      if (changed !== null && /(^|[\\/])(node_modules|\.git)([\\/]|$)/.test(changed)) return
+      changes.unsafeOffer(undefined)
+    })
+    yield* Effect.addFinalizer(() => Effect.sync(() => watcher.close()))
+    for (;;) {
+      yield* Queue.take(changes)
+      // An editor writes a file in several steps: the last of them is the one registered.
+      yield* Effect.sleep("100 millis")
+      yield* Queue.takeAll(changes)
+      process.stderr.write(`${file} changed; registering ${appName} again\n`)
+      yield* registerOnce
+    }
+  }).pipe(Effect.scoped)

@@ -5,6 +5,7 @@ import { Args, Command, HelpDoc, Options, ValidationError } from "@effect/cli"
 import * as NodeContext from "@effect/platform-node/NodeContext"
 import * as NodeRuntime from "@effect/platform-node/NodeRuntime"
 import { Array as Arr, Cause, Config, Console, Effect, Exit, Option } from "effect"
+import { withTidyHelp } from "./HelpText.js"
 import { defaultMaxJsonDepth } from "../control/gateway/JsonBody.js"
 import { defaultLevels, defaultSecondsPerLevel } from "../control/task-manager/ProfileRecording.js"
 import { dtypes } from "../models/Dtype.js"
@@ -19,6 +20,7 @@ import {
   type GatewayTarget,
   invokeApp,
   appLogs,
+  developApp,
   listApps,
   listNodes,
   listTasks,
@@ -495,7 +497,10 @@ const register = Command.make(
 
 const unregister = Command.make(
   "unregister",
-  { appId: Args.text({ name: "ID" }), gateway: gatewayOption },
+  {
+    appId: Args.text({ name: "ID" }).pipe(Args.withDescription("The app's id, as app list shows it.")),
+    gateway: gatewayOption
+  },
   ({ appId, gateway }) => unregisterApp(target(gateway), appId)
 ).pipe(Command.withDescription("Unregister an app once its requests in flight finish."))
 
@@ -503,14 +508,40 @@ const list = Command.make("list", { gateway: gatewayOption }, ({ gateway }) => l
   Command.withDescription("List registered apps and their states.")
 )
 
-const logs = Command.make("logs", { appId: Args.text({ name: "ID" }), gateway: gatewayOption }, ({ appId, gateway }) =>
-  appLogs(target(gateway), appId)
+const logs = Command.make(
+  "logs",
+  {
+    appId: Args.text({ name: "ID" }).pipe(Args.withDescription("The app's id, as app list shows it.")),
+    follow: Options.boolean("follow").pipe(
+      Options.withAlias("f"),
+      Options.withDescription("Keep printing the app's lines as it writes them (across its restarts and replacements).")
+    ),
+    gateway: gatewayOption
+  },
+  ({ appId, follow, gateway }) => appLogs(target(gateway), appId, follow)
 ).pipe(Command.withDescription("Print the last lines an app wrote to its stdout and stderr (the last 64 KiB)."))
+
+const dev = Command.make(
+  "dev",
+  {
+    file: Args.file({ name: "FILE", exists: "yes" }).pipe(Args.withDescription("The app's TypeScript file.")),
+    name: Options.text("name").pipe(
+      Options.withDescription("The app's id (default: the file name without .ts)."),
+      Options.optional
+    ),
+    gateway: gatewayOption
+  },
+  ({ file, name, gateway }) => developApp(target(gateway), file, Option.getOrUndefined(name))
+).pipe(
+  Command.withDescription(
+    "Register an app and register it again (--replace) each time its folder changes; print its errors and its log."
+  )
+)
 
 const invoke = Command.make(
   "invoke",
   {
-    appId: Args.text({ name: "ID" }),
+    appId: Args.text({ name: "ID" }).pipe(Args.withDescription("The app's id, as app list shows it.")),
     data: Options.text("data").pipe(Options.withDescription("The request: JSON, @file, or - for standard input.")),
     aggregate: Options.text("aggregate").pipe(
       Options.withDescription(
@@ -525,7 +556,7 @@ const invoke = Command.make(
 
 const app = Command.make("app").pipe(
   Command.withDescription("Register, list, call and unregister apps, and read their logs."),
-  Command.withSubcommands([register, unregister, list, logs, invoke])
+  Command.withSubcommands([register, dev, unregister, list, logs, invoke])
 )
 
 const tasks = Command.make("tasks").pipe(
@@ -537,7 +568,9 @@ const tasks = Command.make("tasks").pipe(
     Command.make(
       "scale",
       {
-        taskId: Args.text({ name: "task-id" }).pipe(Args.withDescription("The task's id, as tasks list shows it.")),
+        taskId: Args.text({ name: "task-id" }).pipe(
+          Args.withDescription("The task's id or name, as tasks list shows them.")
+        ),
         devices: Args.text({ name: "devices" }).pipe(
           Args.withDescription("Devices to add (+N) or take away (-N); a task keeps at least one executor."),
           Args.mapEffect((text) =>
@@ -557,7 +590,9 @@ const tasks = Command.make("tasks").pipe(
     Command.make(
       "profile",
       {
-        taskId: Args.text({ name: "task-id" }).pipe(Args.withDescription("The task's id, as tasks list shows it.")),
+        taskId: Args.text({ name: "task-id" }).pipe(
+          Args.withDescription("The task's id or name, as tasks list shows them.")
+        ),
         json: Options.boolean("json").pipe(Options.withDescription("Print the profile as JSON.")),
         record: Options.boolean("record").pipe(
           Options.withDescription(
@@ -898,6 +933,15 @@ const cornserve = Command.make("cornserve").pipe(
 
 const cli = Command.run(cornserve, { name: "cornserve", version })
 
+/** What a failed command says: its message, or (an error with none, such as a server's) its cause's. */
+const failureMessage = (error: unknown): string => {
+  if (error instanceof CliFailure) return error.message
+  const { message, cause } = (error ?? {}) as { readonly message?: unknown; readonly cause?: unknown }
+  if (typeof message === "string" && message !== "") return message
+  if (cause !== undefined && cause !== error) return failureMessage(cause)
+  return String(error)
+}
+
 export const main = (argv: ReadonlyArray<string>) =>
   cli(argv).pipe(
     Effect.catchAllCause((cause) => {
@@ -911,11 +955,10 @@ export const main = (argv: ReadonlyArray<string>) =>
       }
       process.exitCode = 1
       // A failure or a defect alike: whoever started this process (the node agent, a user) needs its reason.
-      return Console.error(
-        `cornserve: ${error instanceof CliFailure ? error.message : ((error as Error)?.message ?? String(error))}`
-      )
+      return Console.error(`cornserve: ${failureMessage(error)}`)
     }),
     Effect.provide(NodeContext.layer),
+    withTidyHelp,
     NodeRuntime.runMain({
       disableErrorReporting: true,
       // A failed command exits at once with its code: open handles (a parent watched through

@@ -1,7 +1,7 @@
 import { Console, Effect } from "effect"
 import type { Dtype } from "../models/Dtype.js"
 import { type ModelDownloadEvent, parseHubId, resolveHubModel } from "../models/Hub.js"
-import { benchModelNames, buildModel, builtinModelNames, modelCacheDir } from "../models/ModelStore.js"
+import { benchModelNames, buildModel, builtinModelNames, modelCacheDir, unknownBuiltin } from "../models/ModelStore.js"
 import { CliFailure } from "./client.js"
 
 /** `cornserve models build [NAME...] [--dir DIR]`: every built-in by default. */
@@ -76,6 +76,8 @@ export const pullModel = (
     if (builtinModelNames.includes(id) || benchModelNames.includes(id)) {
       return yield* new CliFailure({ message: `${id} is a built-in model: build it with cornserve models build ${id}` })
     }
+    const misspelt = unknownBuiltin(id)
+    if (misspelt !== undefined) return yield* new CliFailure({ message: misspelt.message })
     const ref = parseHubId(id)
     if (ref === undefined) {
       return yield* new CliFailure({

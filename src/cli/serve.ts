@@ -1,3 +1,4 @@
+import { lockStateDir } from "../config/StateDirLock.js"
 import { readdir, readFile } from "node:fs/promises"
 import { basename, join, relative } from "node:path"
 import { fileURLToPath } from "node:url"
@@ -74,11 +75,21 @@ const registerExamples = Effect.gen(function* () {
 export const serve = (
   options: ServeOptions & { readonly examples: boolean }
 ): Effect.Effect<never, NotSupported | ServeError | Error> =>
-  // Traced from before the platform starts to after it stops, so that the spans of its last requests leave.
-  Effect.zipRight(
-    traceProcess(undefined, { "cornserve.node.role": options.role }),
-    options.role === "data-plane" ? runDataPlaneNode(options) : runPlatform(options)
-  ).pipe(Effect.scoped)
+  Effect.gen(function* () {
+    // Before anything is started or read: a second platform on the same state dir stops here. (A
+    // data-plane node keeps nothing there, and several may run on one machine.)
+    if (options.role !== "data-plane")
+      yield* Effect.acquireRelease(
+        Effect.suspend(() => {
+          const lock = lockStateDir(options.stateDir)
+          return typeof lock === "string" ? Effect.fail(new Error(lock)) : Effect.succeed(lock)
+        }),
+        (release) => Effect.sync(release)
+      )
+    // Traced from before the platform starts to after it stops, so that the spans of its last requests leave.
+    yield* traceProcess(undefined, { "cornserve.node.role": options.role })
+    return yield* options.role === "data-plane" ? runDataPlaneNode(options) : runPlatform(options)
+  }).pipe(Effect.scoped)
 
 const runDataPlaneNode = (options: ServeOptions) =>
   runDataPlane.pipe(

@@ -1,7 +1,7 @@
 import { Either, Schema } from "effect"
-import { mkdir, open, readdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises"
+import { mkdir, open, readdir, readFile, rename, rm, rmdir, stat, writeFile } from "node:fs/promises"
 import { homedir } from "node:os"
-import { join } from "node:path"
+import { dirname, join } from "node:path"
 import { type Dtype, dtypePreference, parseOnnxFileName } from "./Dtype.js"
 import { type Digest, digestKey, downloadFile, getJson, type HubClient } from "./HubTransfer.js"
 import { DtypeUnavailable, HubRequestFailed, ModelOffline } from "./ModelErrors.js"
@@ -375,10 +375,22 @@ export const resolveHubModel = async (
     })
   }
   await mkdir(dir, { recursive: true })
-  await withDownloadLock(dir, id, onEvent, async () => {
-    // Another process may have finished it while this one waited for the lock.
-    if (!options.refresh && (await usableHere(dir, id, options.dtype))) return
-    await download(id, ref, dir, options, onEvent)
-  })
+  try {
+    await withDownloadLock(dir, id, onEvent, async () => {
+      // Another process may have finished it while this one waited for the lock.
+      if (!options.refresh && (await usableHere(dir, id, options.dtype))) return
+      await download(id, ref, dir, options, onEvent)
+    })
+  } catch (error) {
+    // A model the hub does not have (a misspelt id) leaves no empty directory behind; rmdir
+    // removes only an empty one, and never what another download left there.
+    await rmdir(dir)
+      .then(
+        () => rmdir(dirname(dir)),
+        () => undefined
+      )
+      .catch(() => undefined)
+    throw error
+  }
   return dir
 }

@@ -142,9 +142,40 @@ const unknownModel = (id: string) =>
  * once. `undefined` for a recipe name, a hub id and an allowed path.
  */
 export const disallowedModelPath = (id: string, modelRoots?: ReadonlyArray<string>): UnknownModel | undefined =>
-  recipes.has(id) || parseHubId(id) !== undefined || isUnderModelRoots(id, allowedModelRoots(modelRoots))
+  unknownBuiltin(id) ??
+  (recipes.has(id) || parseHubId(id) !== undefined || isUnderModelRoots(id, allowedModelRoots(modelRoots))
     ? undefined
-    : unknownModel(id)
+    : unknownModel(id))
+
+/**
+ * `cornserve/...` names only built-in models: a name there that is none (a misspelling) is refused
+ * with the closest one, rather than looked up on the hub.
+ */
+export const unknownBuiltin = (id: string): UnknownModel | undefined => {
+  if (!id.startsWith("cornserve/") || recipes.has(id)) return undefined
+  const known = [...builtinModelNames, ...benchModelNames]
+  const closest = known
+    .map((name) => ({ name, distance: editDistance(id, name) }))
+    .sort((a, b) => a.distance - b.distance)[0]
+  const hint = closest !== undefined && closest.distance <= 3 ? `did you mean ${closest.name}? ` : ""
+  return new UnknownModel({
+    id: shortened(id),
+    reason: `no built-in model has this name; ${hint}the built-in models are ${known.join(", ")}`
+  })
+}
+
+/** Levenshtein distance, for names of a few dozen characters. */
+const editDistance = (a: string, b: string): number => {
+  let previous = Array.from({ length: b.length + 1 }, (_, index) => index)
+  for (let i = 1; i <= a.length; i++) {
+    const current = [i]
+    for (let j = 1; j <= b.length; j++) {
+      current[j] = Math.min(previous[j]! + 1, current[j - 1]! + 1, previous[j - 1]! + (a[i - 1] === b[j - 1] ? 0 : 1))
+    }
+    previous = current
+  }
+  return previous[b.length]!
+}
 
 /**
  * The directory of model `id`: a recipe name resolves into the cache, built there on first use
@@ -154,6 +185,8 @@ export const disallowedModelPath = (id: string, modelRoots?: ReadonlyArray<strin
  * about it.
  */
 export const resolveModel = async (id: string, options: ResolveOptions = {}): Promise<string> => {
+  const misspelt = unknownBuiltin(id)
+  if (misspelt !== undefined) throw misspelt
   const recipe = recipes.get(id)
   if (recipe !== undefined) {
     const target = resolve(modelCacheDir(), id)

@@ -269,19 +269,25 @@ describe("deploy/kubernetes", () => {
     for (const { name, container, flags } of workloads()) {
       const ports = listeningPorts(flags)
       expect(container.ports?.map((port) => port.containerPort).sort(), name).toEqual([...ports].sort())
-      for (const probe of [container.readinessProbe, container.livenessProbe]) {
+      for (const [probe, readiness] of [
+        [container.readinessProbe, true],
+        [container.livenessProbe, false]
+      ] as const) {
         expect(probe, `${name} has readiness and liveness probes`).toBeDefined()
         const port = containerPort(container, probePort(probe)!)
         expect(port?.containerPort, `${name}'s probe targets --port`).toBe(Number(single(flags, "--port") ?? 8000))
-        if (probe!.httpGet !== undefined) expect(probe!.httpGet.path).toBe("/health")
+        // The gateway's /ready waits for the restored apps; a data-plane node has /health only.
+        const path = readiness && single(flags, "--role") !== "data-plane" ? "/ready" : "/health"
+        if (probe!.httpGet !== undefined) expect(probe!.httpGet.path).toBe(path)
       }
     }
   })
 
-  it("probes the control plane's /health on its gateway port, and exposes the gateway and cluster ports", () => {
+  it("probes the control plane's /ready and /health on its gateway port, and exposes the gateway and cluster ports", () => {
     const { container, flags } = workload("control-plane")
+    expect(container.readinessProbe?.httpGet?.path).toBe("/ready")
+    expect(container.livenessProbe?.httpGet?.path).toBe("/health")
     for (const probe of [container.readinessProbe!, container.livenessProbe!]) {
-      expect(probe.httpGet?.path).toBe("/health")
       expect(containerPort(container, probe.httpGet!.port)?.containerPort).toBe(Number(single(flags, "--port")))
     }
     const service = controlPlaneService()

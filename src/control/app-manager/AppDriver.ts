@@ -120,10 +120,11 @@ export class AppDriver {
     /** Where its worker's restarts run: closed when the driver closes, or with its owner's scope. */
     private readonly scope: Scope.CloseableScope,
     /** The hosts its processes may connect to. */
-    private readonly outbound: OutboundRules | undefined
+    private readonly outbound: OutboundRules | undefined,
+    output: AppLog | undefined
   ) {
     this.share = { app: appId, weight: 1 }
-    this.output = new AppLog(appId)
+    this.output = output ?? new AppLog(appId)
     this.clocks = new RequestClocks(appId, observer)
     this.watchdog = setInterval(() => {
       if (this.watchdogPinging || this.replies.size === 0) return
@@ -147,6 +148,8 @@ export class AppDriver {
     readonly scope: Scope.Scope
     /** The hosts the app's registration allows it to connect to. */
     readonly outbound?: OutboundRules
+    /** Where its processes' output goes: the app's log, kept across its versions (a new one when absent). */
+    readonly output?: AppLog
   }): Promise<{ readonly driver: AppDriver; readonly loaded: LoadedApp }> {
     const driver = new AppDriver(
       options.appId,
@@ -157,7 +160,8 @@ export class AppDriver {
       options.log,
       options.observer,
       Effect.runSync(Scope.fork(options.scope, ExecutionStrategy.sequential)),
-      options.outbound
+      options.outbound,
+      options.output
     )
     const loaded = await driver.spawn().catch(async (error: unknown) => {
       clearInterval(driver.watchdog)

@@ -59,6 +59,7 @@ export class AppLog {
   private creditAt = Date.now()
   private dropped = 0
   private droppedNote: NodeJS.Timeout | undefined
+  private readonly followers = new Set<(line: string) => void>()
 
   constructor(
     readonly appId: string,
@@ -108,6 +109,12 @@ export class AppLog {
     this.line(`(platform) ${text}`)
   }
 
+  /** Calls `listener` with each line from now on (as the tail keeps it); answers how to stop. */
+  follow(listener: (line: string) => void): () => void {
+    this.followers.add(listener)
+    return () => this.followers.delete(listener)
+  }
+
   /** The last lines the app wrote, oldest first, each ending with a newline. */
   tail(): string {
     return this.kept.map((line) => `${line}\n`).join("")
@@ -116,6 +123,7 @@ export class AppLog {
   private line(raw: string) {
     const line = visible(raw.endsWith("\r") ? raw.slice(0, -1) : raw)
     this.keep(line)
+    for (const follower of this.followers) follower(line)
     const shown = `[app ${this.appId}] ${line}`
     if (this.spend(shown.length + 1)) {
       this.forward(shown)

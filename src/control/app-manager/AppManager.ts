@@ -22,6 +22,7 @@ import { type AdmissionOverride, AppStore, type StoredApp } from "./AppStore.js"
 import type { AdmissionSettings } from "../../app-runtime/App.js"
 import { disallowedModelPath } from "../../models/ModelStore.js"
 import { Admission, type AdmissionLimits, unlimitedAdmission } from "./Admission.js"
+import { AppLog } from "./AppLog.js"
 import { parseOutboundHost } from "./OutboundProxy.js"
 
 export type AppState = "registering" | "ready" | "unregistering" | "failed"
@@ -155,6 +156,16 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
     /** The drivers' restarts end with the manager, at the latest. */
     const scope = yield* Effect.scope
     const apps = new Map<string, AppEntry>()
+    /** Each app's log, kept across its versions (a replace, a restart of its process) until it is unregistered. */
+    const appLogs = new Map<string, AppLog>()
+    const appLogOf = (id: string) => {
+      let log = appLogs.get(id)
+      if (log === undefined) {
+        log = new AppLog(id)
+        appLogs.set(id, log)
+      }
+      return log
+    }
     const pending = new Set<string>()
 
     const log = (message: string) => Runtime.runSync(runtime)(Effect.logWarning(message))
@@ -202,6 +213,7 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
               log,
               observer: metrics.requestObserver,
               scope,
+              output: appLogOf(name),
               outbound: {
                 hosts: outboundHosts.flatMap((text) => {
                   const host = parseOutboundHost(text)
@@ -325,7 +337,10 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
           Effect.ensuring(
             Effect.zipRight(
               store.remove(id),
-              Effect.sync(() => apps.delete(id))
+              Effect.sync(() => {
+                apps.delete(id)
+                appLogs.delete(id)
+              })
             )
           )
         )
@@ -355,8 +370,12 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
     const logsOf = (id: string): string | AppNotFound => {
       const entry = apps.get(id)
       if (entry === undefined) return new AppNotFound({ appId: id })
-      return entry.driver?.logTail() ?? ""
+      return appLogs.get(id)?.tail() ?? ""
     }
+
+    /** Calls `listener` with each line an app writes from now on, across its versions; answers how to stop. */
+    const followLogsOf = (id: string, listener: (line: string) => void): (() => void) | AppNotFound =>
+      apps.has(id) || pending.has(id) ? appLogOf(id).follow(listener) : new AppNotFound({ appId: id })
 
     /** A stored app as it stands before (or without) its process: registering, or failed with why. */
     const storedEntry = (app: StoredApp, state: "registering" | "failed", error?: string): AppEntry => ({
@@ -419,6 +438,7 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       unregister,
       lookup,
       logsOf,
+      followLogsOf,
       apiKeyDigestsOf,
       restore,
       has: (id: string) => apps.has(id) || pending.has(id),

@@ -31,7 +31,7 @@ export const ClusterServer = Layer.scopedDiscard(
       Runtime.runFork(runtime)(Effect.logWarning(`refused ${caller}: its cluster token is not CORNSERVE_CLUSTER_TOKEN`))
     const handler = gatedRpc(config.clusterToken!, yield* NodeHttpServer.makeHandler(app), refused)
     const server = config.tls === undefined ? createServer(handler) : createHttpsServer({ ...config.tls }, handler)
-    const bound = yield* listening(server, config.clusterPort, config.host)
+    const bound = yield* listening(server, config.clusterPort, config.host, "--cluster-port")
     yield* Console.log(
       `cornserve: cluster port open on ${config.host}:${bound.port}${config.tls === undefined ? "" : " (HTTPS)"}`
     )

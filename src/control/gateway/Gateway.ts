@@ -1,3 +1,4 @@
+import { listenFailure } from "../../process/Listening.js"
 import { issueLines, readableIssues } from "../../app-runtime/SchemaIssues.js"
 import type { AppList, NodeList, ScaleAnswer, TaskList, TaskProfileAnswer, UnregisterAnswer } from "./GatewayAnswers.js"
 import * as Http from "node:http"
@@ -104,7 +105,9 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
         : Https.createServer({ ...serverOptions, cert: config.tls.cert, key: config.tls.key })
     yield* Effect.acquireRelease(
       Effect.async<void, ServeError>((resume) => {
-        nodeServer.once("error", (cause) => resume(Effect.fail(new ServeError({ cause }))))
+        nodeServer.once("error", (cause) =>
+          resume(Effect.fail(new ServeError({ cause: listenFailure(cause, config.host, config.port) })))
+        )
         nodeServer.listen(config.port, config.host, () => resume(Effect.void))
       }),
       () =>
@@ -241,9 +244,27 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       const request = yield* HttpServerRequest.HttpServerRequest
       // A GET carries no body: the admin guard's content-type rule is for the routes that take one.
       yield* requireAdminToken(request)
-      const tail = appManager.logsOf(yield* param("id"))
+      const appId = yield* param("id")
+      const tail = appManager.logsOf(appId)
       if (typeof tail !== "string") return yield* tail
-      return HttpServerResponse.text(tail, { contentType: "text/plain; charset=utf-8" })
+      const follow = /[?&]follow=(?:1|true)(?:&|$)/.test(request.url)
+      if (!follow) return HttpServerResponse.text(tail, { contentType: "text/plain; charset=utf-8" })
+      // The tail, then each line as the app writes it, until the client goes; a client that reads
+      // slower than the app writes misses lines rather than holding them in the gateway.
+      const lines = Stream.async<Uint8Array>(
+        (emit) => {
+          void emit.single(Buffer.from(tail))
+          const stop = appManager.followLogsOf(appId, (line) => void emit.single(Buffer.from(`${line}\n`)))
+          return Effect.sync(() => {
+            if (typeof stop === "function") stop()
+          })
+        },
+        { bufferSize: 1024, strategy: "dropping" }
+      )
+      return HttpServerResponse.stream(lines, {
+        contentType: "text/plain; charset=utf-8",
+        headers: { "cache-control": "no-cache" }
+      })
     })
 
     const unregister = Effect.gen(function* () {

@@ -24,6 +24,11 @@ export const AppList = Schema.Struct({
       state: Schema.String,
       tasks: Schema.Array(Schema.Struct({ name: Schema.String })),
       inFlight: Schema.Int,
+      queued: Schema.optionalWith(Schema.Int, { default: () => 0 }),
+      admission: Schema.optional(
+        Schema.Struct({ maxConcurrency: Schema.Int, maxQueue: Schema.Int, queueTimeoutMs: Schema.Number })
+      ),
+      timeoutMs: Schema.optional(Schema.Number),
       error: Schema.optional(Schema.String)
     })
   )
