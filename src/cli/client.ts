@@ -1,4 +1,5 @@
 import { bundleApp } from "./AppBundle.js"
+import { checkApp } from "./AppCheck.js"
 import { watch } from "node:fs"
 import { readFile } from "node:fs/promises"
 import { basename, dirname, extname, resolve as resolvePath } from "node:path"
@@ -105,9 +106,11 @@ export const registerApp = (
   },
   apiKeys: ReadonlyArray<string> = [],
   allowHosts: ReadonlyArray<string> = [],
-  timeoutMs?: number
+  timeoutMs?: number,
+  check = true
 ) =>
   Effect.gen(function* () {
+    if (check) yield* typeCheck(file, "register")
     // The npm packages (and local modules) it imports go with it, bundled from its own folder.
     const bundle = yield* Effect.tryPromise({
       try: () => bundleApp(file),
@@ -155,6 +158,25 @@ export const registerApp = (
     const message = yield* outcome
     yield* write(`${message}\n`)
   })
+
+/** Type-checks an app; fails listing its errors (`file:line:col`), for `app check` and `app register`. */
+const typeCheck = (file: string, what: "check" | "register") =>
+  Effect.gen(function* () {
+    const { errors } = yield* Effect.tryPromise({
+      try: () => checkApp(file),
+      catch: (error) => new CliFailure({ message: `cannot type-check ${file}: ${(error as Error).message}` })
+    })
+    if (errors.length === 0) return
+    return yield* new CliFailure({
+      message:
+        `${file} has ${errors.length} type error(s)` +
+        `${what === "register" ? " (app register --no-check registers it anyway)" : ""}:\n${errors.join("\n")}`
+    })
+  })
+
+/** `app check FILE`: its type errors, or that it has none. */
+export const checkAppFile = (file: string) =>
+  Effect.zipRight(typeCheck(file, "check"), write(`${file}: no type errors\n`))
 
 export const unregisterApp = (target: GatewayTarget, appId: string) =>
   Effect.gen(function* () {
@@ -502,12 +524,17 @@ export const developApp = (target: GatewayTarget, file: string, name: string | u
     let following = false
     const registerOnce = Effect.gen(function* () {
       const started = Date.now()
-      const outcome = yield* Effect.either(registerApp(target, file, appName, true))
+      // Registered at once; the type check (seconds) follows, and says what it finds.
+      const outcome = yield* Effect.either(
+        registerApp(target, file, appName, true, undefined, [], [], undefined, false)
+      )
       if (outcome._tag === "Left") {
         process.stderr.write(`cornserve: ${outcome.left.message}\n`)
         return
       }
       process.stderr.write(`  (${Date.now() - started} ms; watching ${folder} for changes)\n`)
+      const checked = yield* Effect.either(typeCheck(file, "check"))
+      if (checked._tag === "Left") process.stderr.write(`cornserve: ${checked.left.message}\n`)
       if (!following) {
         following = true
         yield* Effect.forkDaemon(

@@ -6,6 +6,7 @@ import * as NodeContext from "@effect/platform-node/NodeContext"
 import * as NodeRuntime from "@effect/platform-node/NodeRuntime"
 import { Array as Arr, Cause, Config, Console, Effect, Exit, Option } from "effect"
 import { withTidyHelp } from "./HelpText.js"
+import { initAppFolder } from "./Init.js"
 import { defaultMaxJsonDepth } from "../control/gateway/JsonBody.js"
 import { defaultLevels, defaultSecondsPerLevel } from "../control/task-manager/ProfileRecording.js"
 import { dtypes } from "../models/Dtype.js"
@@ -20,6 +21,7 @@ import {
   type GatewayTarget,
   invokeApp,
   appLogs,
+  checkAppFile,
   developApp,
   listApps,
   listNodes,
@@ -449,6 +451,9 @@ const register = Command.make(
       ),
       Options.repeated
     ),
+    noCheck: Options.boolean("no-check").pipe(
+      Options.withDescription("Register the app without type-checking it first.")
+    ),
     allowHosts: Options.text("allow-host").pipe(
       Options.withDescription(
         "A host the app may connect to through `outbound.fetch` or `outbound.connect` of `cornserve/app`: " +
@@ -470,6 +475,7 @@ const register = Command.make(
     maxCallsPerTask,
     apiKeys,
     allowHosts,
+    noCheck,
     gateway
   }) => {
     const admission = {
@@ -490,7 +496,8 @@ const register = Command.make(
       Object.keys(admission).length > 0 ? admission : undefined,
       apiKeys,
       allowHosts,
-      Option.match(timeout, { onNone: () => undefined, onSome: (seconds) => Math.round(seconds * 1000) })
+      Option.match(timeout, { onNone: () => undefined, onSome: (seconds) => Math.round(seconds * 1000) }),
+      !noCheck
     )
   }
 ).pipe(Command.withDescription("Register an app (admin token from CORNSERVE_ADMIN_TOKEN)."))
@@ -520,6 +527,16 @@ const logs = Command.make(
   },
   ({ appId, follow, gateway }) => appLogs(target(gateway), appId, follow)
 ).pipe(Command.withDescription("Print the last lines an app wrote to its stdout and stderr (the last 64 KiB)."))
+
+const check = Command.make(
+  "check",
+  { file: Args.file({ name: "FILE", exists: "yes" }).pipe(Args.withDescription("The app's TypeScript file.")) },
+  ({ file }) => checkAppFile(file)
+).pipe(
+  Command.withDescription(
+    "Type-check an app against the SDK's declarations, as app register does; prints file:line:col for each error."
+  )
+)
 
 const dev = Command.make(
   "dev",
@@ -556,7 +573,7 @@ const invoke = Command.make(
 
 const app = Command.make("app").pipe(
   Command.withDescription("Register, list, call and unregister apps, and read their logs."),
-  Command.withSubcommands([register, dev, unregister, list, logs, invoke])
+  Command.withSubcommands([register, check, dev, unregister, list, logs, invoke])
 )
 
 const tasks = Command.make("tasks").pipe(
@@ -926,9 +943,30 @@ const internal = Command.make("internal").pipe(
   Command.withSubcommands([sidecarCommand, executorCommand, executorEngineCommand, executorWorkerCommand])
 )
 
+const init = Command.make(
+  "init",
+  { dir: Args.directory({ name: "DIR" }).pipe(Args.withDescription("A new folder for the app (created).")) },
+  ({ dir }) =>
+    Effect.tryPromise({
+      try: () => initAppFolder(dir),
+      catch: (error) => new Error((error as Error).message)
+    }).pipe(
+      Effect.flatMap((files) =>
+        Console.log(
+          `wrote ${files.map((file) => join(dir, file)).join(", ")}\n` +
+            `next: cd ${dir} && npm install && npx tsc --noEmit, then cornserve app dev app.ts`
+        )
+      )
+    )
+).pipe(
+  Command.withDescription(
+    "Write an app folder (app.ts, package.json, tsconfig.json) that type-checks against this installation's SDK."
+  )
+)
+
 const cornserve = Command.make("cornserve").pipe(
   Command.withDescription("Serve multimodal ML apps: register an app written in TypeScript, then call it over HTTP."),
-  Command.withSubcommands([serveCommand, app, tasks, nodes, models, internal])
+  Command.withSubcommands([serveCommand, init, app, tasks, nodes, models, internal])
 )
 
 const cli = Command.run(cornserve, { name: "cornserve", version })

@@ -65,9 +65,11 @@ describe("cornserve app dev: edit, save, call", () => {
 
     // A syntax error is printed with its line; the running version keeps serving.
     await writeFile(file, version("broken", "const = 1"))
-    await eventually(async () => (/dev_app\.ts:4:\d+: Expected identifier/.test(output) ? true : undefined)).catch(() => {
-      throw new Error(`no error line in:\n${output}`)
-    })
+    await eventually(async () => (/dev_app\.ts:4:\d+: Expected identifier/.test(output) ? true : undefined)).catch(
+      () => {
+        throw new Error(`no error line in:\n${output}`)
+      }
+    )
     expect(await greeting()).toBe("first")
 
     const saved = Date.now()

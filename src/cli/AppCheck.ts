@@ -1,0 +1,62 @@
+import { existsSync } from "node:fs"
+import { createRequire } from "node:module"
+import { dirname, join, relative, resolve } from "node:path"
+import { fileURLToPath } from "node:url"
+
+/** This installation: its SDK declarations, and the effect and Node types the platform runs with. */
+const installRoot = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..")
+const require = createRequire(import.meta.url)
+
+/** What `app check` reports: `file:line:col: error TSnnnn: message`, one per problem; empty when the app type-checks. */
+export interface CheckResult {
+  readonly errors: ReadonlyArray<string>
+}
+
+/**
+ * Type-checks an app file as the platform will run it: strict TypeScript, `cornserve/app` as this
+ * installation's SDK declarations, `effect` and Node's types as the platform has them (unless the
+ * app's folder installs its own), npm packages from the app's folder. Nothing is emitted.
+ */
+export const checkApp = async (file: string): Promise<CheckResult> => {
+  const ts = (await import("typescript")).default
+  const path = resolve(file)
+  const sdk = join(installRoot, "dist", "app-runtime", "index.d.ts")
+  const effectDir = dirname(require.resolve("effect/package.json"))
+  const nodeTypes = dirname(require.resolve("@types/node/package.json"))
+  const options: import("typescript").CompilerOptions = {
+    strict: true,
+    noEmit: true,
+    target: ts.ScriptTarget.ES2022,
+    module: ts.ModuleKind.ESNext,
+    moduleResolution: ts.ModuleResolutionKind.Bundler,
+    allowImportingTsExtensions: true,
+    esModuleInterop: true,
+    skipLibCheck: true,
+    types: ["node"],
+    typeRoots: [dirname(nodeTypes)],
+    baseUrl: dirname(path),
+    paths: {
+      "cornserve/app": [sdk],
+      // The app's folder may install its own effect; else the platform's.
+      ...(existsSync(join(dirname(path), "node_modules", "effect"))
+        ? {}
+        : { effect: [effectDir], "effect/*": [join(effectDir, "dist", "dts", "*")] })
+    }
+  }
+  const program = ts.createProgram([path], options)
+  const diagnostics = ts.getPreEmitDiagnostics(program)
+  const cwd = process.cwd()
+  return {
+    errors: diagnostics
+      .filter((diagnostic) => diagnostic.category === ts.DiagnosticCategory.Error)
+      .map((diagnostic) => {
+        const message = ts.flattenDiagnosticMessageText(diagnostic.messageText, "\n  ")
+        if (diagnostic.file === undefined || diagnostic.start === undefined)
+          return `error TS${diagnostic.code}: ${message}`
+        const { line, character } = diagnostic.file.getLineAndCharacterOfPosition(diagnostic.start)
+        const nearby = relative(cwd, diagnostic.file.fileName)
+        const where = nearby === "" || nearby.startsWith("..") ? diagnostic.file.fileName : nearby
+        return `${where}:${line + 1}:${character + 1}: error TS${diagnostic.code}: ${message}`
+      })
+  }
+}
