@@ -32,7 +32,7 @@ describe("apps are type-checked against the SDK's declarations", () => {
     const source = await readFile(join(folder, "app.ts"), "utf8")
     await writeFile(
       join(folder, "app.ts"),
-      source.replace("({ greeting: `Hello, ${name}!` })", "({ greeting: name.length })")
+      source.replace(/\(\{ greeting: `Hello, \$\{name\}!` \}\)/, "({ greeting: name.length })")
     )
     const broken = spawnSync("npx", ["--no-install", "tsc", "--noEmit"], { cwd: folder, encoding: "utf8" })
     expect(broken.status).not.toBe(0)
