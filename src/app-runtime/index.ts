@@ -7,7 +7,7 @@ export { outbound, OutboundError, type OutboundRequestInit } from "./Outbound.js
 export { DataForward, type ForwardedDataType } from "./tasks/DataForward.js"
 export { TaskStream } from "./tasks/TaskStream.js"
 export { Task, UnitTask, CompositeTask, TaskConfigError, type UnitTaskKind } from "./tasks/Task.js"
-export { TaskInputError } from "./tasks/TaskGraph.js"
+export { TaskExecutionError, TaskInputError } from "./tasks/TaskGraph.js"
 export { EncoderTask, type EncoderConfig, type EncoderInput, type EncoderOutput } from "./tasks/EncoderTask.js"
 export { LLMTask, LLMEmbeddingTask, type LLMConfig, type LLMInput, type LLMEmbeddingOutput } from "./tasks/LLMTask.js"
 export {
