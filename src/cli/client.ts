@@ -279,7 +279,8 @@ export const listTasks = (target: GatewayTarget) =>
 
 /**
  * The id of the task `given` names: an id as is, or a name `tasks list` prints when exactly one
- * task has it (several tasks of one model differ in their config: their ids tell them apart).
+ * task has it (several tasks of one model differ in their config: their ids tell them apart); a
+ * text that is neither goes to the gateway as it is, which answers that no such task is deployed.
  */
 export const resolveTaskId = (target: GatewayTarget, given: string) =>
   Effect.gen(function* () {
@@ -293,9 +294,8 @@ export const resolveTaskId = (target: GatewayTarget, given: string) =>
         message: `${named.length} tasks are named ${given}: name one by its id (${named.map((task) => task.id).join(", ")})`
       })
     }
-    return yield* new CliFailure({
-      message: `no task has the id or name ${given}; \`cornserve tasks list\` shows ${tasks.length === 0 ? "none is deployed" : `them: ${tasks.map((task) => task.name).join(", ")}`}`
-    })
+    // Neither an id nor a name here: the gateway's answer says so (404 TaskNotFound).
+    return given
   })
 
 /** `tasks scale ID ±N`: N devices more (+) or fewer (-); prints where the task's executors run then. */

@@ -147,6 +147,10 @@ describe("cornserve tasks scale and profile: by hand, kept across restarts, meas
     expect(shown.stdout).toMatch(/EXECUTORS\s+LOAD\s+CALLS\s+P50 MS\s+P95 MS\s+P99 MS\s+CALLS\/S\n1\s+/)
     const json = await cli(["tasks", "profile", llm.id, "--json"])
     expect(JSON.parse(json.stdout)).toMatchObject({ taskId: llm.id, executors: 1 })
+    // By the name `tasks list` prints, as well as by id.
+    const byName = await cli(["tasks", "profile", "llm-tiny-color-vlm", "--json"])
+    expect(byName.code, byName.stderr).toBe(0)
+    expect(JSON.parse(byName.stdout)).toMatchObject({ taskId: llm.id })
     const unknown = await cli(["tasks", "profile", "llm-nonexistent"])
     expect(unknown.code).not.toBe(0)
     expect(unknown.stderr).toMatch(/no task "llm-nonexistent" is deployed/)
