@@ -12,7 +12,13 @@ import * as esbuild from "esbuild"
  * keeps what it receives, so a restart restores the app without this machine.
  */
 export type AppBundle =
-  | { readonly _tag: "Bundled"; readonly source: string; readonly packages: ReadonlyArray<string> }
+  | {
+      readonly _tag: "Bundled"
+      readonly source: string
+      readonly packages: ReadonlyArray<string>
+      /** Every file the app is made of (its own modules and the packages' files), as absolute paths. */
+      readonly inputs: ReadonlyArray<string>
+    }
   | { readonly _tag: "Refused"; readonly message: string }
 
 /** What the platform provides to every app: never bundled, always its own copies. */
@@ -165,7 +171,12 @@ export const bundleApp = async (file: string): Promise<AppBundle> => {
   }
   // An app of its own file alone goes as it was written: the platform shows and keeps its source.
   if (packages.size === 0 && inputs.length === 1) {
-    return { _tag: "Bundled", source, packages: [] }
+    return { _tag: "Bundled", source, packages: [], inputs: [path] }
   }
-  return { _tag: "Bundled", source: result.outputFiles![0]!.text, packages: [...packages.keys()].sort() }
+  return {
+    _tag: "Bundled",
+    source: result.outputFiles![0]!.text,
+    packages: [...packages.keys()].sort(),
+    inputs: inputs.map((input) => resolve(dirname(path), input))
+  }
 }

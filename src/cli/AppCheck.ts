@@ -1,4 +1,6 @@
-import { existsSync } from "node:fs"
+import { createHash } from "node:crypto"
+import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from "node:fs"
+import { homedir } from "node:os"
 import { createRequire } from "node:module"
 import { dirname, join, relative, resolve } from "node:path"
 import { fileURLToPath } from "node:url"
@@ -59,4 +61,51 @@ export const checkApp = async (file: string): Promise<CheckResult> => {
         return `${where}:${line + 1}:${character + 1}: error TS${diagnostic.code}: ${message}`
       })
   }
+}
+
+/** Where clean checks are remembered: an app registered again unchanged is not checked again. */
+const checkCacheDir = () =>
+  join(process.env.XDG_CACHE_HOME ?? join(homedir(), ".cache"), "cornserve", "app-checks")
+
+/**
+ * What a check's outcome depends on: every file the app is made of (its modules, its packages'
+ * files) and the declarations it is checked against (this installation's SDK, effect, TypeScript).
+ */
+const checkKey = (inputs: ReadonlyArray<string>): string => {
+  const hash = createHash("sha256")
+  const sdk = join(installRoot, "dist", "app-runtime")
+  for (const stamp of [
+    join(sdk, "index.d.ts"),
+    require.resolve("effect/package.json"),
+    require.resolve("typescript/package.json")
+  ]) {
+    const { mtimeMs, size } = statSync(stamp)
+    hash.update(`${stamp}\0${mtimeMs}\0${size}\0`)
+  }
+  for (const input of [...inputs].sort()) hash.update(`${input}\0`).update(readFileSync(input)).update("\0")
+  return hash.digest("hex")
+}
+
+/**
+ * `checkApp` for a registration: an app whose files are the same as at a clean check before (see
+ * `checkKey`) is not checked again, which takes seconds; only clean checks are remembered.
+ */
+export const checkAppOnce = async (file: string, inputs: ReadonlyArray<string>): Promise<CheckResult> => {
+  let key: string | undefined
+  try {
+    key = checkKey(inputs)
+    if (existsSync(join(checkCacheDir(), key))) return { errors: [] }
+  } catch {
+    key = undefined
+  }
+  const result = await checkApp(file)
+  if (result.errors.length === 0 && key !== undefined) {
+    try {
+      mkdirSync(checkCacheDir(), { recursive: true })
+      writeFileSync(join(checkCacheDir(), key), "")
+    } catch {
+      // A cache that cannot be written only costs the next check its time.
+    }
+  }
+  return result
 }

@@ -1,5 +1,5 @@
 import { bundleApp } from "./AppBundle.js"
-import { checkApp } from "./AppCheck.js"
+import { checkApp, checkAppOnce } from "./AppCheck.js"
 import { watch } from "node:fs"
 import { readFile } from "node:fs/promises"
 import { basename, dirname, extname, resolve as resolvePath } from "node:path"
@@ -110,7 +110,6 @@ export const registerApp = (
   check = true
 ) =>
   Effect.gen(function* () {
-    if (check) yield* typeCheck(file, "register")
     // The npm packages (and local modules) it imports go with it, bundled from its own folder.
     const bundle = yield* Effect.tryPromise({
       try: () => bundleApp(file),
@@ -119,6 +118,7 @@ export const registerApp = (
     if (bundle._tag === "Refused") {
       return yield* new CliFailure({ message: `${file} cannot be registered:\n${bundle.message}` })
     }
+    if (check) yield* typeCheck(file, "register", bundle.inputs)
     if (bundle.packages.length > 0) process.stderr.write(`  bundled with ${bundle.packages.join(", ")}\n`)
     const source = bundle.source
     const appName = name ?? basename(file, extname(file))
@@ -160,10 +160,10 @@ export const registerApp = (
   })
 
 /** Type-checks an app; fails listing its errors (`file:line:col`), for `app check` and `app register`. */
-const typeCheck = (file: string, what: "check" | "register") =>
+const typeCheck = (file: string, what: "check" | "register", inputs?: ReadonlyArray<string>) =>
   Effect.gen(function* () {
     const { errors } = yield* Effect.tryPromise({
-      try: () => checkApp(file),
+      try: () => (inputs === undefined ? checkApp(file) : checkAppOnce(file, inputs)),
       catch: (error) => new CliFailure({ message: `cannot type-check ${file}: ${(error as Error).message}` })
     })
     if (errors.length === 0) return

@@ -29,19 +29,20 @@ const lines = (text: string) =>
     .split("\n")
     .map((line) => JSON.parse(line) as Record<string, unknown>)
 
+/** One platform for the first day and the schema errors: each start costs seconds of the suite. */
+let platform: RunningPlatform
+
+beforeAll(async () => {
+  // The watchdog stops an app whose event loop stays busy for a second.
+  platform = await startPlatform({ args: ["--devices", "cpu:0", "--app-stall-timeout", "1"] })
+}, 60_000)
+
+afterAll(async () => {
+  await platform?.stop()
+  if (platform !== undefined) await removeStateDir(platform.stateDir)
+})
+
 describe("an app author's first day", () => {
-  let platform: RunningPlatform
-
-  beforeAll(async () => {
-    // The watchdog stops an app whose event loop stays busy for a second.
-    platform = await startPlatform({ args: ["--devices", "cpu:0", "--app-stall-timeout", "1"] })
-  }, 60_000)
-
-  afterAll(async () => {
-    await platform?.stop()
-    if (platform !== undefined) await removeStateDir(platform.stateDir)
-  })
-
   it("streams lines between task calls: an async generator yields, invokes the MLLM, yields and invokes it again", async () => {
     expect((await registerRaw(platform.url, { name: "stream_tasks", source: fixture("stream_tasks") })).text).toContain(
       "event: final"
@@ -103,12 +104,9 @@ describe("an app author's first day", () => {
 })
 
 describe("schema errors an app's client and author can read", () => {
-  let platform: RunningPlatform
-
   beforeAll(async () => {
-    platform = await startPlatform({ args: ["--devices", "cpu:0"] })
     for (const [name, source] of [
-      ["countdown", readFileSync(join(repoRoot, "examples", "countdown.ts"), "utf8")],
+      ["countdown_strict", readFileSync(join(repoRoot, "examples", "countdown.ts"), "utf8")],
       ["bad_answer", fixture("bad_answer")],
       [
         "lenient",
@@ -122,13 +120,12 @@ describe("schema errors an app's client and author can read", () => {
     }
   }, 60_000)
 
-  afterAll(async () => {
-    await platform?.stop()
-    if (platform !== undefined) await removeStateDir(platform.stateDir)
-  })
-
   it("answers a bad request with one readable line per field, an unknown field included", async () => {
-    const response = await invoke(platform.url, "countdown", JSON.stringify({ from: 3, intervalMs: "x", color: "red" }))
+    const response = await invoke(
+      platform.url,
+      "countdown_strict",
+      JSON.stringify({ from: 3, intervalMs: "x", color: "red" })
+    )
     expect(response.status).toBe(422)
     const { error } = (await response.json()) as {
       error: { message: string; issues: Array<{ path: Array<string>; message: string }> }
