@@ -64,8 +64,7 @@ export const checkApp = async (file: string): Promise<CheckResult> => {
 }
 
 /** Where clean checks are remembered: an app registered again unchanged is not checked again. */
-const checkCacheDir = () =>
-  join(process.env.XDG_CACHE_HOME ?? join(homedir(), ".cache"), "cornserve", "app-checks")
+const checkCacheDir = () => join(process.env.XDG_CACHE_HOME ?? join(homedir(), ".cache"), "cornserve", "app-checks")
 
 /**
  * What a check's outcome depends on: every file the app is made of (its modules, its packages'
