@@ -118,7 +118,8 @@ export const registerApp = (
     if (bundle._tag === "Refused") {
       return yield* new CliFailure({ message: `${file} cannot be registered:\n${bundle.message}` })
     }
-    if (check) yield* typeCheck(file, "register", bundle.inputs)
+    // CORNSERVE_APP_CHECK=off skips it as --no-check does (a pipeline that checks apps in a step of its own).
+    if (check && process.env.CORNSERVE_APP_CHECK !== "off") yield* typeCheck(file, "register", bundle.inputs)
     if (bundle.packages.length > 0) process.stderr.write(`  bundled with ${bundle.packages.join(", ")}\n`)
     const source = bundle.source
     const appName = name ?? basename(file, extname(file))

@@ -61,7 +61,7 @@ describe("apps are type-checked against the SDK's declarations", () => {
     const check = await runCli(["app", "check", file])
     expect(check.code).toBe(1)
     expect(check.stderr).toContain(`${file}:6:29: error TS2322: Type 'number' is not assignable to type 'string'.`)
-    const register = await runCli(["app", "register", file, "--gateway", platform.url])
+    const register = await runCli(["app", "register", file, "--gateway", platform.url], { CORNSERVE_APP_CHECK: "on" })
     expect(register.code).toBe(1)
     expect(register.stderr).toContain("1 type error(s) (app register --no-check registers it anyway)")
     expect(register.stderr).toContain(`${file}:6:29`)

@@ -38,7 +38,9 @@ describe("the README's app snippets run as written", () => {
       const file = join(folder, `${name}.ts`)
       await writeFile(file, source)
       // Registered as a reader would: the CLI type-checks it first.
-      const registered = await runCli(["app", "register", file, "--gateway", platform.url])
+      const registered = await runCli(["app", "register", file, "--gateway", platform.url], {
+        CORNSERVE_APP_CHECK: "on"
+      })
       expect(registered.code, `${name}: ${registered.stderr}`).toBe(0)
       const { apps: listed } = (await (await fetch(`${platform.url}/app/list`)).json()) as {
         apps: Array<{ id: string; example?: unknown }>

@@ -6,3 +6,10 @@ import { testAdminToken } from "./platform.js"
  * token in its state dir that the CLI reads, is tested on its own in test/integration/adminToken.test.ts.)
  */
 process.env.CORNSERVE_ADMIN_TOKEN = testAdminToken
+
+/**
+ * CLI registrations skip the type check (seconds each, on two cores) where it is not what the test is
+ * about; the tests of the check itself set CORNSERVE_APP_CHECK=on for their commands
+ * (appTypes, readmeSnippets).
+ */
+process.env.CORNSERVE_APP_CHECK = "off"
