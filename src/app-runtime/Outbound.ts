@@ -7,7 +7,7 @@
  */
 import { Agent as HttpAgent, type ClientRequestArgs, type IncomingMessage, request as httpRequest } from "node:http"
 import { Agent as HttpsAgent, type RequestOptions as HttpsRequestOptions, request as httpsRequest } from "node:https"
-import { connect as netConnect, type Socket } from "node:net"
+import { isIP, connect as netConnect, type Socket } from "node:net"
 import { type Duplex, Readable } from "node:stream"
 import { connect as tlsConnect } from "node:tls"
 
@@ -116,7 +116,7 @@ class TunnelHttpsAgent extends HttpsAgent {
     tunnel(host, Number(options.port)).then((socket) => {
       const secure = tlsConnect({
         socket,
-        ...(isIpLiteral(host) ? {} : { servername: options.servername ?? host }),
+        ...(isIP(host) !== 0 ? {} : { servername: options.servername ?? host }),
         ALPNProtocols: ["http/1.1"],
         ...(options.ca === undefined ? {} : { ca: options.ca })
       })
@@ -126,8 +126,6 @@ class TunnelHttpsAgent extends HttpsAgent {
     return undefined
   }
 }
-
-const isIpLiteral = (host: string) => /^[\d.]+$/.test(host) || host.includes(":")
 
 let agents: { readonly http: TunnelHttpAgent; readonly https: TunnelHttpsAgent } | undefined
 const agentsOf = () => {

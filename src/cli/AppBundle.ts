@@ -105,7 +105,7 @@ const requireShim =
   'import { createRequire as __cornserveCreateRequire } from "node:module";\nconst require = __cornserveCreateRequire("/app.js");\n'
 
 /** Keeps what the platform provides out of the bundle, and refuses native addons by their package. */
-const providedPlugin = (natives: Array<string>): esbuild.Plugin => ({
+const providedPlugin: esbuild.Plugin = {
   name: "cornserve-provided",
   setup(build) {
     build.onResolve({ filter: /.*/ }, (args) =>
@@ -113,16 +113,14 @@ const providedPlugin = (natives: Array<string>): esbuild.Plugin => ({
     )
     build.onLoad({ filter: /\.node$/ }, (args) => {
       const owner = packageOf(args.path)?.name ?? args.path
-      natives.push(owner)
       return { errors: [{ text: `package "${owner}" needs a native addon (${args.path}), which apps cannot load` }] }
     })
   }
-})
+}
 
 export const bundleApp = async (file: string): Promise<AppBundle> => {
   const path = resolve(file)
   const source = await readFile(path, "utf8")
-  const natives: Array<string> = []
   let result: esbuild.BuildResult
   try {
     result = await esbuild.build({
@@ -136,7 +134,7 @@ export const bundleApp = async (file: string): Promise<AppBundle> => {
       target: "node20",
       logLevel: "silent",
       banner: { js: requireShim },
-      plugins: [providedPlugin(natives)]
+      plugins: [providedPlugin]
     })
   } catch (error) {
     const messages: Array<esbuild.Message> = (error as esbuild.BuildFailure).errors ?? []

@@ -6,8 +6,10 @@ import { dirname, join, relative, resolve } from "node:path"
 import { fileURLToPath } from "node:url"
 
 /** This installation: its SDK declarations, and the effect and Node types the platform runs with. */
-const installRoot = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..")
+export const installRoot = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..")
 const require = createRequire(import.meta.url)
+/** The directory of a package this installation depends on. */
+export const packageDir = (name: string) => dirname(require.resolve(`${name}/package.json`))
 
 /** What `app check` reports: `file:line:col: error TSnnnn: message`, one per problem; empty when the app type-checks. */
 export interface CheckResult {
@@ -23,8 +25,8 @@ export const checkApp = async (file: string): Promise<CheckResult> => {
   const ts = (await import("typescript")).default
   const path = resolve(file)
   const sdk = join(installRoot, "dist", "app-runtime", "index.d.ts")
-  const effectDir = dirname(require.resolve("effect/package.json"))
-  const nodeTypes = dirname(require.resolve("@types/node/package.json"))
+  const effectDir = packageDir("effect")
+  const nodeTypes = packageDir("@types/node")
   const options: import("typescript").CompilerOptions = {
     strict: true,
     noEmit: true,

@@ -1,11 +1,6 @@
 import { mkdir, readdir, writeFile } from "node:fs/promises"
-import { createRequire } from "node:module"
-import { basename, dirname, join, resolve } from "node:path"
-import { fileURLToPath } from "node:url"
-
-const installRoot = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..")
-const require = createRequire(import.meta.url)
-const packageDir = (name: string) => dirname(require.resolve(`${name}/package.json`))
+import { basename, join, resolve } from "node:path"
+import { installRoot, packageDir } from "./AppCheck.js"
 
 const appSource = `/**
  * An app: the tasks it calls, the schemas of its request and answer, and serve.

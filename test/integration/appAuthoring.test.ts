@@ -1,7 +1,6 @@
 import { readFileSync } from "node:fs"
 import { writeFile } from "node:fs/promises"
 import { join } from "node:path"
-import sharp from "sharp"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import {
   adminHeaders,
@@ -13,15 +12,11 @@ import {
   type RunningPlatform,
   startPlatform
 } from "../support/platform.js"
+import { solidPngBase64 } from "../support/images.js"
 
 const fixture = (name: string) => readFileSync(join(repoRoot, "test", "fixtures", "apps", `${name}.ts`), "utf8")
 
-const solidPng = async (r: number, g: number, b: number) =>
-  `data:image/png;base64,${(
-    await sharp({ create: { width: 8, height: 8, channels: 3, background: { r, g, b } } })
-      .png()
-      .toBuffer()
-  ).toString("base64")}`
+const solidPng = async (r: number, g: number, b: number) => `data:image/png;base64,${await solidPngBase64(r, g, b)}`
 
 const lines = (text: string) =>
   text

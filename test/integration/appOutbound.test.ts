@@ -5,6 +5,7 @@ import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import {
   adminHeaders,
+  eventually,
   invoke,
   registerRaw,
   removeStateDir,
@@ -142,19 +143,16 @@ describe("an app reaches the hosts its registration allows, and only those", () 
       args: ["--devices", "cpu:0", "--allow-private-outbound"]
     })
     for (const app of ["outbound_client", "cli_outbound"]) {
-      const answer = await eventuallyReady(platform, app, `http://127.0.0.1:${servicePort}/again`)
+      // 503 while it is being restored.
+      const answer = await eventually(async () => {
+        const response = await invoke(
+          platform.url,
+          app,
+          JSON.stringify({ action: "fetch", url: `http://127.0.0.1:${servicePort}/again` })
+        )
+        return response.status === 503 ? undefined : response.json()
+      }, 60_000)
       expect(answer, app).toEqual({ status: 200, text: "GET /again" })
     }
   }, 120_000)
 })
-
-/** Calls an app being restored until it answers (503 while it comes back). */
-const eventuallyReady = async (platform: RunningPlatform, appId: string, url: string) => {
-  const deadline = Date.now() + 60_000
-  for (;;) {
-    const response = await invoke(platform.url, appId, JSON.stringify({ action: "fetch", url }))
-    if (response.status === 200) return response.json()
-    if (Date.now() > deadline) throw new Error(`${appId} answered ${response.status}: ${await response.text()}`)
-    await new Promise((resolve) => setTimeout(resolve, 200))
-  }
-}

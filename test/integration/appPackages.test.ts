@@ -3,7 +3,15 @@ import { mkdir, mkdtemp, rm, symlink, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { invoke, removeStateDir, repoRoot, runCli, type RunningPlatform, startPlatform } from "../support/platform.js"
+import {
+  eventually,
+  invoke,
+  removeStateDir,
+  repoRoot,
+  runCli,
+  type RunningPlatform,
+  startPlatform
+} from "../support/platform.js"
 
 /**
  * An app folder as a team keeps one: its own package.json and node_modules, with a package
@@ -64,12 +72,11 @@ describe("apps import npm packages installed beside them", () => {
     await rm(join(folder, "yaml-app"), { recursive: true, force: true })
     await platform.stop()
     platform = await startPlatform({ stateDir: platform.stateDir, args: ["--devices", "cpu:0"] })
-    const deadline = Date.now() + 60_000
-    let answer = await ask()
-    while (answer.status === 503 && Date.now() < deadline) {
-      await new Promise((resolve) => setTimeout(resolve, 200))
-      answer = await ask()
-    }
+    // 503 while it is being restored.
+    const answer = await eventually(async () => {
+      const outcome = await ask()
+      return outcome.status === 503 ? undefined : outcome
+    }, 60_000)
     expect(answer).toEqual(expected)
   }, 120_000)
 

@@ -10,6 +10,7 @@ import sharp from "sharp"
 import { availableParallelism, tmpdir } from "node:os"
 import { join } from "node:path"
 import { adminHeaders } from "../support/platform.js"
+import { solidPngBase64 } from "../support/images.js"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { chatRequest, streamedText } from "../support/colorChatRequest.js"
 import { descendants } from "../support/executors.js"
@@ -64,13 +65,6 @@ const imageUrlRequest = (url: string) =>
     ],
     max_tokens: 8
   })
-
-const solidPngBase64 = async (r: number, g: number, b: number) =>
-  (
-    await sharp({ create: { width: 8, height: 8, channels: 3, background: { r, g, b } } })
-      .png()
-      .toBuffer()
-  ).toString("base64")
 
 /** One sample of the gateway's /metrics, by its name and labels as written. */
 const metricValue = async (url: string, pattern: RegExp): Promise<number> => {
