@@ -33,10 +33,46 @@ const optionalNullable = <S extends Schema.Schema.Any>(schema: S) => Schema.opti
 
 const TokenCount = Schema.Int.pipe(Schema.positive())
 
+/** The most choices (`n`) one request may ask for. */
+export const maxChoices = 8
+/** The most alternatives per token (`top_logprobs`) one request may ask for, as OpenAI allows. */
+export const maxTopLogprobs = 20
+
+const Penalty = Schema.Number.pipe(Schema.between(-2, 2))
+
+/**
+ * A JSON Schema the answer must match, decoded by masking the model's logits at each step
+ * (OpenAI's structured outputs); `strict` is taken as always on.
+ */
+export const JsonSchemaFormat = Schema.Struct({
+  name: Schema.String.pipe(Schema.maxLength(64)),
+  description: Schema.optional(Schema.String),
+  schema: Schema.optional(Schema.Record({ key: Schema.String, value: Schema.Unknown })),
+  strict: optionalNullable(Schema.Boolean)
+})
+
+export const ResponseFormat = Schema.Union(
+  Schema.Struct({ type: Schema.Literal("text") }),
+  Schema.Struct({ type: Schema.Literal("json_object") }),
+  Schema.Struct({ type: Schema.Literal("json_schema"), json_schema: JsonSchemaFormat })
+)
+export type ResponseFormat = typeof ResponseFormat.Type
+
+/**
+ * A chat request's prompt as OpenAI's legacy completions give it: a text the model continues as it
+ * is (no chat template), or its token ids. The gateway's `/v1/completions` sets it; the messages
+ * then only describe the prompt to the app.
+ */
+export const RawPrompt = Schema.Union(
+  Schema.String,
+  Schema.NonEmptyArray(Schema.Int.pipe(Schema.nonNegative())).pipe(Schema.maxItems(1_000_000))
+)
+export type RawPrompt = typeof RawPrompt.Type
+
 /**
  * An OpenAI chat-completions request: every request OpenAI's API accepts for the fields Cornserve
- * honours (unknown fields are dropped). `model` may be left out: an app serves the model its tasks
- * name, and an executor the one it loaded; when given, the executor checks it.
+ * honours. `model` may be left out: an app serves the model its tasks name, and an executor the
+ * one it loaded; when given, the gateway and the executor check it.
  */
 export const ChatCompletionRequest = Schema.Struct({
   messages: Schema.NonEmptyArray(ChatMessage),
@@ -49,13 +85,25 @@ export const ChatCompletionRequest = Schema.Struct({
   top_k: optionalNullable(Schema.Int.pipe(Schema.greaterThanOrEqualTo(-1))),
   /** vLLM's extension: penalize tokens already in the prompt or the completion (1: none). */
   repetition_penalty: optionalNullable(Schema.Number.pipe(Schema.positive())),
+  /** Subtracted from a token's logit once it appears in the completion (OpenAI's). */
+  presence_penalty: optionalNullable(Penalty),
+  /** Subtracted from a token's logit once for each time it appears in the completion (OpenAI's). */
+  frequency_penalty: optionalNullable(Penalty),
   seed: optionalNullable(Schema.Int),
   stop: optionalNullable(Schema.Union(Schema.String, Schema.Array(Schema.String).pipe(Schema.maxItems(4)))),
-  /** One choice per request is all Cornserve generates. */
-  n: optionalNullable(Schema.Literal(1)),
+  /** Choices generated for the request, each from its own draw (seed + index when a seed is given). */
+  n: optionalNullable(Schema.Int.pipe(Schema.between(1, maxChoices))),
+  /** The log probability of each token of the answer, and of its `top_logprobs` most likely alternatives. */
+  logprobs: optionalNullable(Schema.Boolean),
+  top_logprobs: optionalNullable(Schema.Int.pipe(Schema.between(0, maxTopLogprobs))),
+  response_format: optionalNullable(ResponseFormat),
   stream: optionalNullable(Schema.Boolean),
-  stream_options: optionalNullable(Schema.Struct({ include_usage: Schema.optional(Schema.Boolean) }))
-})
+  stream_options: optionalNullable(Schema.Struct({ include_usage: Schema.optional(Schema.Boolean) })),
+  /** The end user, as OpenAI's clients name them: taken, not used. */
+  user: Schema.optional(Schema.String.pipe(Schema.maxLength(256))),
+  /** Set by the gateway's `/v1/completions`: the prompt as it is, instead of the messages through the chat template. */
+  cornserve_prompt: Schema.optional(RawPrompt)
+}).annotations({ identifier: "ChatCompletionRequest" })
 export type ChatCompletionRequest = typeof ChatCompletionRequest.Type
 
 export const CompletionUsage = Schema.Struct({
@@ -67,6 +115,23 @@ export type CompletionUsage = typeof CompletionUsage.Type
 
 export const FinishReason = Schema.Literal("stop", "length")
 export type FinishReason = typeof FinishReason.Type
+
+const TopLogprob = Schema.Struct({
+  token: Schema.String,
+  logprob: Schema.Number,
+  /** The token's UTF-8 bytes: a token may hold part of a character. */
+  bytes: Schema.NullOr(Schema.Array(Schema.Int))
+})
+
+/** One token of the answer with its log probability and its most likely alternatives. */
+export const TokenLogprob = Schema.Struct({
+  ...TopLogprob.fields,
+  top_logprobs: Schema.Array(TopLogprob)
+})
+export type TokenLogprob = typeof TokenLogprob.Type
+
+export const ChoiceLogprobs = Schema.Struct({ content: Schema.NullOr(Schema.Array(TokenLogprob)) })
+export type ChoiceLogprobs = typeof ChoiceLogprobs.Type
 
 /** One chunk of a streamed chat completion. */
 export const ChatCompletionChunk = Schema.Struct({
@@ -82,12 +147,12 @@ export const ChatCompletionChunk = Schema.Struct({
         content: Schema.optional(Schema.String)
       }),
       finish_reason: Schema.NullOr(FinishReason),
-      logprobs: Schema.optional(Schema.Null)
+      logprobs: Schema.optional(Schema.NullOr(ChoiceLogprobs))
     })
   ),
   /** With stream_options.include_usage: null on every chunk but the last, which has no choices. */
   usage: Schema.optional(Schema.NullOr(CompletionUsage))
-})
+}).annotations({ identifier: "ChatCompletionChunk" })
 export type ChatCompletionChunk = typeof ChatCompletionChunk.Type
 
 /** A whole chat completion, for a request that did not ask to stream. */
@@ -96,17 +161,81 @@ export const ChatCompletion = Schema.Struct({
   object: Schema.Literal("chat.completion"),
   created: Schema.Int,
   model: Schema.String,
-  choices: Schema.Tuple(
+  choices: Schema.Array(
     Schema.Struct({
-      index: Schema.Literal(0),
+      index: Schema.Int,
       message: Schema.Struct({ role: Schema.Literal("assistant"), content: Schema.String }),
       finish_reason: FinishReason,
-      logprobs: Schema.Null
+      logprobs: Schema.NullOr(ChoiceLogprobs)
     })
   ),
   usage: Schema.optional(CompletionUsage)
-})
+}).annotations({ identifier: "ChatCompletion" })
 export type ChatCompletion = typeof ChatCompletion.Type
+
+/**
+ * OpenAI's legacy completions request (`POST /v1/completions`): one prompt, a text or its token
+ * ids, continued as it is. The gateway turns it into a chat request with `cornserve_prompt`, so
+ * that the app that serves chat serves it.
+ */
+export const CompletionRequest = Schema.Struct({
+  prompt: Schema.Union(RawPrompt, Schema.Tuple(RawPrompt)),
+  model: Schema.optional(Schema.String),
+  max_tokens: optionalNullable(TokenCount),
+  temperature: ChatCompletionRequest.fields.temperature,
+  top_p: ChatCompletionRequest.fields.top_p,
+  top_k: ChatCompletionRequest.fields.top_k,
+  repetition_penalty: ChatCompletionRequest.fields.repetition_penalty,
+  presence_penalty: ChatCompletionRequest.fields.presence_penalty,
+  frequency_penalty: ChatCompletionRequest.fields.frequency_penalty,
+  seed: ChatCompletionRequest.fields.seed,
+  stop: ChatCompletionRequest.fields.stop,
+  n: ChatCompletionRequest.fields.n,
+  /** The log probabilities of this many most likely tokens at each step, besides the chosen one's. */
+  logprobs: optionalNullable(Schema.Int.pipe(Schema.between(0, 5))),
+  /** Only `false`: the prompt is not repeated in the answer. */
+  echo: optionalNullable(Schema.Literal(false)),
+  /** Only the value that changes nothing: one draw per choice. */
+  best_of: optionalNullable(Schema.Literal(1)),
+  stream: ChatCompletionRequest.fields.stream,
+  stream_options: ChatCompletionRequest.fields.stream_options,
+  user: ChatCompletionRequest.fields.user
+})
+export type CompletionRequest = typeof CompletionRequest.Type
+
+export const CompletionLogprobs = Schema.Struct({
+  tokens: Schema.Array(Schema.String),
+  token_logprobs: Schema.Array(Schema.Number),
+  top_logprobs: Schema.Array(Schema.Record({ key: Schema.String, value: Schema.Number })),
+  text_offset: Schema.Array(Schema.Int)
+})
+export type CompletionLogprobs = typeof CompletionLogprobs.Type
+
+/** A text completion, whole or one chunk of a stream: the same object. */
+export const TextCompletion = Schema.Struct({
+  id: Schema.String,
+  object: Schema.Literal("text_completion"),
+  created: Schema.Int,
+  model: Schema.String,
+  choices: Schema.Array(
+    Schema.Struct({
+      index: Schema.Int,
+      text: Schema.String,
+      finish_reason: Schema.NullOr(FinishReason),
+      logprobs: Schema.NullOr(CompletionLogprobs)
+    })
+  ),
+  usage: Schema.optional(Schema.NullOr(CompletionUsage))
+})
+export type TextCompletion = typeof TextCompletion.Type
+
+/** `GET /v1/models`: the models an app (or an executor) serves. */
+export const ModelObject = Schema.Struct({
+  id: Schema.String,
+  object: Schema.Literal("model"),
+  created: Schema.Int,
+  owned_by: Schema.String
+})
 
 export type MediaModality = "image" | "video" | "audio"
 

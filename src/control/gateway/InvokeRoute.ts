@@ -1,8 +1,6 @@
 import { randomUUID } from "node:crypto"
 import type { IncomingMessage, ServerResponse } from "node:http"
-import { Either, ParseResult, Schema } from "effect"
-import { responseTooLargeMessage, type SchemaIssue } from "../../app-runtime/driver/protocol.js"
-import { ChatCompletion, ChatCompletionChunk } from "../../app-runtime/schemas/OpenAI.js"
+import type { SchemaIssue } from "../../app-runtime/driver/protocol.js"
 import type { AppDriver } from "../app-manager/AppDriver.js"
 import type { ReplyHandlers } from "../app-manager/ReplyHandlers.js"
 import {
@@ -14,9 +12,10 @@ import {
   ShuttingDown,
   UnsupportedMediaType
 } from "../errors.js"
-import { errorBody, errorHead, type GatewayError } from "./ErrorResponse.js"
+import { errorBody, type GatewayError } from "./ErrorResponse.js"
+import { modelsAnswer, type OpenAiRoute, openAiFormat, prepareOpenAiRequest, sendRefusal } from "./OpenAiApi.js"
+import { errorCodes, type ReplyFormat, sendError, writeJson } from "./ReplyFormat.js"
 import { remoteError } from "../RemoteError.js"
-import { shortened } from "../../app-runtime/Shortened.js"
 import { jsonDepthWithin, tooDeepMessage } from "./JsonBody.js"
 import { notJsonContentType, type RequestBodyLimits, readRequestBody } from "./RequestBody.js"
 import type { Metrics } from "../metrics/PlatformMetrics.js"
@@ -24,24 +23,6 @@ import { noSpan, startSpan, tracing } from "../../tracing/Tracing.js"
 import { RequestScope } from "../RequestScope.js"
 
 export const invokePrefix = "/app/invoke/"
-/** `POST /app/:id/v1/chat/completions`: the OpenAI surface of apps that take chat requests. */
-export const chatCompletionsPattern = /^\/app\/([^/]+)\/v1\/chat\/completions$/
-
-/**
- * How a request's reply is written: the native JSON/NDJSON, or OpenAI's chat completions. `chunk`
- * says, as `write()` does, whether the chunk left at once (false: it waits for the response's `drain`).
- */
-interface ReplyFormat {
-  value(response: ServerResponse, json: string): void
-  streamStart(response: ServerResponse, requestId: string): void
-  chunk(response: ServerResponse, json: string): boolean
-  end(response: ServerResponse): void
-  streamError(response: ServerResponse, error: GatewayError): void
-}
-
-const writeJson = (response: ServerResponse, json: string) =>
-  response.writeHead(200, { "content-type": "application/json", "content-length": Buffer.byteLength(json) }).end(json)
-
 const nativeFormat: ReplyFormat = {
   value: writeJson,
   streamStart: (response, requestId) => {
@@ -56,103 +37,11 @@ const nativeFormat: ReplyFormat = {
   }
 }
 
-/** Chunks streamed as Server-Sent Events, ending with `data: [DONE]`. */
-const chatStreamFormat: ReplyFormat = {
-  value: writeJson,
-  streamStart: (response, requestId) => {
-    response.writeHead(200, {
-      "content-type": "text/event-stream",
-      "cache-control": "no-cache",
-      "x-request-id": requestId
-    })
-    response.flushHeaders()
-  },
-  chunk: (response, json) => response.write(`data: ${json}\n\n`),
-  end: (response) => response.end("data: [DONE]\n\n"),
-  streamError: (response, error) => {
-    errorCodes.set(response, error._tag)
-    response.end(`data: ${JSON.stringify(errorBody(error))}\n\n`)
-  }
-}
-
-const decodeChunk = Schema.decodeUnknownEither(Schema.parseJson(ChatCompletionChunk))
-const encodeCompletion = Schema.encodeSync(Schema.parseJson(ChatCompletion))
-
-/**
- * Chunks gathered into one `chat.completion` object, for a request that did not ask to stream. A
- * chunk that is not a chat-completion chunk fails the request: the app broke the chat contract.
- */
-const chatCompletionFormat = (appId: string, maxResponseBytes: number): ReplyFormat => {
-  const chunks: Array<ChatCompletionChunk> = []
-  let gatheredChars = 0
-  let failure: AppFailed | undefined
-  return {
-    value: writeJson,
-    streamStart: () => undefined,
-    chunk: (_, json) => {
-      if (failure !== undefined) return true
-      // A completion is one answer: it is bounded like one, however many chunks it arrives in.
-      gatheredChars += json.length
-      if (gatheredChars > maxResponseBytes) {
-        failure = new AppFailed({ appId, message: responseTooLargeMessage(maxResponseBytes) })
-        chunks.length = 0
-        return true
-      }
-      const chunk = decodeChunk(json)
-      if (Either.isRight(chunk)) chunks.push(chunk.right)
-      else {
-        const problem = shortened(ParseResult.TreeFormatter.formatErrorSync(chunk.left))
-        failure = new AppFailed({
-          appId,
-          message: `the app streamed something other than chat-completion chunks: ${problem}`
-        })
-      }
-      return true
-    },
-    end: (response) => {
-      if (failure !== undefined) return sendError(response, failure)
-      const first = chunks[0]
-      const choices = chunks.flatMap((chunk) => chunk.choices)
-      const usage = chunks.map((chunk) => chunk.usage).findLast((value) => value != null)
-      const completion: ChatCompletion = {
-        id: first?.id ?? "chatcmpl-cornserve",
-        object: "chat.completion",
-        created: first?.created ?? Math.floor(Date.now() / 1000),
-        model: first?.model ?? "",
-        choices: [
-          {
-            index: 0,
-            message: { role: "assistant", content: choices.map((choice) => choice.delta.content ?? "").join("") },
-            finish_reason:
-              choices.map((choice) => choice.finish_reason).findLast((reason) => reason !== null) ?? "stop",
-            logprobs: null
-          }
-        ],
-        ...(usage === undefined ? {} : { usage })
-      }
-      writeJson(response, encodeCompletion(completion))
-    },
-    streamError: (response, error) => sendError(response, error)
-  }
-}
-
-/**
- * Whether a chat request body asks to stream (false when it is not JSON: the app will say so), and
- * the body the app gets: a request for one completion asks the stream behind it for usage, so that
- * the answer carries usage as OpenAI's does.
- */
-const chatRequest = (body: string): { readonly stream: boolean; readonly body: string } => {
-  let value: unknown
-  try {
-    value = JSON.parse(body)
-  } catch {
-    return { stream: false, body }
-  }
-  if (typeof value !== "object" || value === null || Array.isArray(value)) return { stream: false, body }
-  const fields = value as { readonly stream?: unknown; readonly stream_options?: unknown }
-  if (fields.stream === true) return { stream: true, body }
-  if (fields.stream_options != null) return { stream: false, body }
-  return { stream: false, body: JSON.stringify({ ...fields, stream_options: { include_usage: true } }) }
+const routeNames: Readonly<Record<"native" | OpenAiRoute, string>> = {
+  native: "/app/invoke/{id}",
+  chat: "/app/{id}/v1/chat/completions",
+  completions: "/app/{id}/v1/completions",
+  embeddings: "/app/{id}/v1/embeddings"
 }
 
 const invokeFailure = (
@@ -161,18 +50,6 @@ const invokeFailure = (
   message: string,
   issues?: ReadonlyArray<SchemaIssue>
 ): GatewayError => remoteError({ code, message, ...(issues === undefined ? {} : { issues }) }, { _tag: "App", appId })
-
-/** The error each failed request was answered with, for the metrics. */
-const errorCodes = new WeakMap<ServerResponse, string>()
-
-const sendError = (response: ServerResponse, error: GatewayError) => {
-  errorCodes.set(response, error._tag)
-  const { status, headers } = errorHead(error)
-  const body = JSON.stringify(errorBody(error))
-  response
-    .writeHead(status, { ...headers, "content-type": "application/json", "content-length": Buffer.byteLength(body) })
-    .end(body)
-}
 
 /** A percent-encoded path segment, decoded; `undefined` when its encoding is malformed. */
 const decodePathSegment = (segment: string): string | undefined => {
@@ -191,30 +68,48 @@ export interface InvokeRouteOptions {
   readonly requestTimeoutMs: number
   readonly maxResponseBytes: number
   readonly metrics: Metrics
+  /** The models an app's LLM tasks serve: its OpenAI routes refuse a request for another. */
+  readonly modelsOf: (appId: string) => ReadonlyArray<string>
+  /** When the app was registered, in seconds since the epoch (its models' `created`). */
+  readonly registeredAt: (appId: string) => number
 }
 
+/** `GET /app/:id/v1/models` (and `/v1/models/:model`): the models the app's LLM tasks serve. */
+export const makeModelsRoute =
+  (options: InvokeRouteOptions) => (response: ServerResponse, encodedAppId: string, model: string | undefined) => {
+    const appId = decodePathSegment(encodedAppId)
+    if (appId === undefined)
+      return sendError(response, new BadRequest({ message: "the app id in the path is not valid percent-encoding" }))
+    const driver = options.lookup(appId)
+    if (!("invoke" in driver)) return sendError(response, driver)
+    const answer = modelsAnswer(options.modelsOf(appId), options.registeredAt(appId), model)
+    if ("refusal" in answer) return sendRefusal(response, answer.refusal)
+    writeJson(response, answer.json)
+  }
+
 /**
- * `POST /app/invoke/:id`, the route every app request takes, written against node:http directly:
- * body in, app driver, JSON or NDJSON out. Errors are the same tagged errors, mapped to statuses in
- * the same place as every other route's.
+ * `POST /app/invoke/:id`, the route every app request takes, and OpenAI's routes on an app (see
+ * OpenAiApi.ts), written against node:http directly: body in, app driver, JSON or NDJSON (or
+ * OpenAI's formats) out. Errors are the same tagged errors, mapped to statuses in the same place as
+ * every other route's.
  */
 export const makeInvokeRoute =
   (options: InvokeRouteOptions) =>
-  (request: IncomingMessage, response: ServerResponse, encodedAppId: string, api: "native" | "chat") => {
+  (request: IncomingMessage, response: ServerResponse, encodedAppId: string, api: "native" | OpenAiRoute) => {
     const arrived = performance.now()
     let appLabel = ""
     // The request's trace begins here, or goes on from the client's `traceparent`.
     // With tracing off, no span options are built: this is every request's path.
     const span = !tracing()
       ? noSpan
-      : startSpan(api === "chat" ? "POST /app/{id}/v1/chat/completions" : "POST /app/invoke/{id}", {
+      : startSpan(`POST ${routeNames[api]}`, {
           parent: typeof request.headers.traceparent === "string" ? request.headers.traceparent : undefined,
           root: true,
           kind: "server",
           startTime: arrived,
           attributes: {
             "http.request.method": "POST",
-            "http.route": api === "chat" ? "/app/{id}/v1/chat/completions" : "/app/invoke/{id}"
+            "http.route": routeNames[api]
           }
         })
     // What the request holds until its response closes: its place in the app's admission, its
@@ -254,13 +149,12 @@ export const makeInvokeRoute =
         if (jsonDepthWithin(body, options.maxJsonDepth) === undefined) {
           return sendError(response, new BadRequest({ message: tooDeepMessage(options.maxJsonDepth) }))
         }
-        const chat = api === "chat" ? chatRequest(body) : undefined
+        const openAi = api === "native" ? undefined : prepareOpenAiRequest(api, body, options.modelsOf(appId))
+        if (openAi !== undefined && "refusal" in openAi) return sendRefusal(response, openAi.refusal)
         const format =
-          chat === undefined
+          openAi === undefined || api === "native"
             ? nativeFormat
-            : chat.stream
-              ? chatStreamFormat
-              : chatCompletionFormat(appId, options.maxResponseBytes)
+            : (openAiFormat(api, openAi.stream, appId, options.maxResponseBytes) ?? nativeFormat)
         const requestId = randomUUID()
         let streaming = false
         /** Characters of lines written while the response's buffer is full: the app hears of them on `drain`. */
@@ -283,7 +177,7 @@ export const makeInvokeRoute =
         span.attribute("cornserve.request_id", requestId)
         const rid = driver.invoke(
           requestId,
-          chat?.body ?? body,
+          openAi?.body ?? body,
           {
             onValue: (json) => {
               settle()

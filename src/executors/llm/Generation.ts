@@ -7,6 +7,7 @@ import type { EngineClient } from "../common/EngineClient.js"
 import type { WorkItem, WorkItemContext } from "../common/wire.js"
 import type { FinishReason } from "./api.js"
 import type { GenerateMeta, GenerateResult, TokenPartial } from "./protocol.js"
+import type { TokenLogprobs } from "./Sampler.js"
 import { type Detokenizer, TextStream } from "./TextStream.js"
 
 export interface Outcome {
@@ -14,9 +15,17 @@ export interface Outcome {
   readonly completionTokens: number
 }
 
+/** A generated token with its log probabilities, when the request asked for them. */
+export interface GeneratedToken extends TokenLogprobs {
+  readonly token: number
+}
+
 export interface GenerationListener {
-  /** `tokens`: the ids of the tokens this text completes (tokens whose text was held back come with the next). */
-  text(text: string, tokens: ReadonlyArray<number>): void
+  /**
+   * `tokens`: the ids of the tokens this text completes (tokens whose text was held back come with
+   * the next); `logprobs`: theirs, when the request asked for them.
+   */
+  text(text: string, tokens: ReadonlyArray<number>, logprobs: ReadonlyArray<GeneratedToken>): void
   end(outcome: Outcome): void
   error(error: Error): void
 }
@@ -29,9 +38,16 @@ export class Generation {
   readonly started: Promise<void>
   /** The outcome; rejects with the engine's failure. */
   readonly done: Promise<Outcome>
-  private readonly backlog: Array<{ readonly text: string; readonly tokens: ReadonlyArray<number> }> = []
-  /** Tokens generated since the last text said. */
+  /** Every token said so far with its log probabilities, when the request asked for them. */
+  readonly logprobs: Array<GeneratedToken> = []
+  private readonly backlog: Array<{
+    readonly text: string
+    readonly tokens: ReadonlyArray<number>
+    readonly logprobs: ReadonlyArray<GeneratedToken>
+  }> = []
+  /** Tokens generated since the last text said, and their log probabilities when asked for. */
   private pending: Array<number> = []
+  private pendingLogprobs: Array<GeneratedToken> = []
   private listener: GenerationListener | undefined
   private result: { readonly outcome: Outcome } | { readonly error: Error } | undefined
   private markStarted!: () => void
@@ -59,8 +75,11 @@ export class Generation {
     const item: WorkItem = { key: meta.op, inputs: {}, meta, ...itemContext }
     const submitted = engine.submit([item], (_, value) => {
       if (this.result !== undefined) return
-      const token = (value as TokenPartial).token
+      const partial = value as TokenPartial
+      const token = partial.token
       this.pending.push(token)
+      if (partial.logprob !== undefined)
+        this.pendingLogprobs.push({ token, logprob: partial.logprob, top: partial.top ?? [] })
       const delta = stream.push(token)
       this.markStarted()
       this.say(delta.text)
@@ -95,7 +114,7 @@ export class Generation {
   /** Replays the text so far, then reports as it comes. */
   subscribe(listener: GenerationListener): void {
     this.listener = listener
-    for (const said of this.backlog.splice(0)) listener.text(said.text, said.tokens)
+    for (const said of this.backlog.splice(0)) listener.text(said.text, said.tokens, said.logprobs)
     if (this.result !== undefined) this.deliver(this.result)
   }
 
@@ -103,6 +122,7 @@ export class Generation {
   takeUnsaid(): ReadonlyArray<number> {
     const tokens = this.pending
     this.pending = []
+    this.pendingLogprobs = []
     return tokens
   }
 
@@ -114,10 +134,13 @@ export class Generation {
   private say(text: string) {
     if (text.length === 0) return
     const tokens = this.pending
+    const logprobs = this.pendingLogprobs
     this.pending = []
+    this.pendingLogprobs = []
     this.text += text
-    if (this.listener === undefined) this.backlog.push({ text, tokens })
-    else this.listener.text(text, tokens)
+    this.logprobs.push(...logprobs)
+    if (this.listener === undefined) this.backlog.push({ text, tokens, logprobs })
+    else this.listener.text(text, tokens, logprobs)
     this.markStarted()
   }
 

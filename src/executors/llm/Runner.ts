@@ -255,7 +255,12 @@ export class Runner {
         ? "length"
         : undefined
     if (finish !== undefined) this.sequences.delete(id)
-    take(id, finish === undefined ? { token } : { token, finish })
+    const logprobs = sequence.sampler.lastLogprobs
+    take(id, {
+      token,
+      ...(finish === undefined ? {} : { finish }),
+      ...(logprobs === undefined ? {} : { logprob: logprobs.logprob, top: logprobs.top })
+    })
   }
 
   private presents(outputs: ort.InferenceSession.ReturnType): ReadonlyArray<ort.Tensor> {

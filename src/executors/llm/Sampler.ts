@@ -9,7 +9,16 @@ import type { SamplingParams } from "./protocol.js"
  * left. Temperature 0 is greedy. Each request has its own seeded generator, so a seed gives the
  * same tokens whatever the request is batched with.
  */
-export type SamplerParams = Pick<SamplingParams, "temperature" | "topP" | "seed" | "topK" | "repetitionPenalty">
+export type SamplerParams = Pick<
+  SamplingParams,
+  "temperature" | "topP" | "seed" | "topK" | "repetitionPenalty" | "presencePenalty" | "frequencyPenalty" | "logprobs"
+>
+
+/** A token's log probability under the model, and its most likely alternatives' ([token, logprob, …]). */
+export interface TokenLogprobs {
+  readonly logprob: number
+  readonly top: ReadonlyArray<number>
+}
 
 export class Sampler {
   private readonly random: Random
@@ -21,6 +30,13 @@ export class Sampler {
   private readonly history: Array<number>
   /** The distinct tokens of the history, which the repetition penalty applies to. */
   private readonly seen: Set<number>
+  private readonly presencePenalty: number
+  private readonly frequencyPenalty: number
+  /** How often each token was generated (not the prompt's), for the presence and frequency penalties. */
+  private readonly generated = new Map<number, number>()
+  private readonly logprobs: number | undefined
+  /** The last drawn token's log probabilities, when they were asked for. */
+  lastLogprobs: TokenLogprobs | undefined
 
   constructor(sampling: SamplerParams, promptIds: ArrayLike<number> = []) {
     this.temperature = sampling.temperature
@@ -30,13 +46,18 @@ export class Sampler {
     this.random = new Random(sampling.seed)
     this.history = Array.from(promptIds)
     this.seen = new Set(this.history)
+    this.presencePenalty = sampling.presencePenalty ?? 0
+    this.frequencyPenalty = sampling.frequencyPenalty ?? 0
+    this.logprobs = sampling.logprobs
   }
 
   /** The token for `logits[from, from + vocab)`; it joins the history the next draw sees. */
   next(logits: Float32Array, from: number, vocab: number): number {
     const token = this.draw(this.scores(logits, from, vocab))
+    if (this.logprobs !== undefined) this.lastLogprobs = logprobsOf(logits, from, vocab, token, this.logprobs)
     this.history.push(token)
     this.seen.add(token)
+    this.generated.set(token, (this.generated.get(token) ?? 0) + 1)
     return token
   }
 
@@ -47,14 +68,21 @@ export class Sampler {
    */
   scores(logits: Float32Array, from: number, vocab: number): Float32Array {
     const penalize = this.repetitionPenalty !== 1
+    const openAiPenalize = (this.presencePenalty !== 0 || this.frequencyPenalty !== 0) && this.generated.size > 0
     const scale = this.temperature !== 0 && this.temperature !== 1
-    if (!penalize && !scale) return logits.subarray(from, from + vocab)
+    if (!penalize && !scale && !openAiPenalize) return logits.subarray(from, from + vocab)
     const row = logits.slice(from, from + vocab)
     if (penalize) {
       for (const token of this.seen) {
         if (token < 0 || token >= vocab) continue
         if (row[token]! < 0) row[token]! *= this.repetitionPenalty
         else row[token]! /= this.repetitionPenalty
+      }
+    }
+    if (openAiPenalize) {
+      for (const [token, count] of this.generated) {
+        if (token < 0 || token >= vocab) continue
+        row[token]! -= this.presencePenalty + count * this.frequencyPenalty
       }
     }
     if (scale) for (let i = 0; i < vocab; i++) row[i]! /= this.temperature
@@ -145,6 +173,29 @@ const nucleus = (
     if (sum >= mass) break
   }
   return { indices, mass: sum }
+}
+
+/**
+ * `token`'s log probability under the softmax of the raw logits (the model's own distribution,
+ * before penalties, temperature and truncation, as vLLM reports by default), and the `count` most
+ * likely tokens' with theirs.
+ */
+export const logprobsOf = (
+  logits: Float32Array,
+  from: number,
+  vocab: number,
+  token: number,
+  count: number
+): TokenLogprobs => {
+  const row = logits.subarray(from, from + vocab)
+  let max = -Infinity
+  for (let i = 0; i < vocab; i++) if (row[i]! > max) max = row[i]!
+  let sum = 0
+  for (let i = 0; i < vocab; i++) sum += Math.exp(row[i]! - max)
+  const logZ = max + Math.log(sum)
+  const top: Array<number> = []
+  if (count > 0) for (const best of topK(row, count)) top.push(best, row[best]! - logZ)
+  return { logprob: row[token]! - logZ, top }
 }
 
 export const argmax = (values: Float32Array, from: number, length: number): number => {

@@ -44,6 +44,11 @@ export interface SamplingParams {
    * positive, multiplied when negative; absent or 1 leaves them.
    */
   readonly repetitionPenalty?: number
+  /** OpenAI's: subtracted from the logit of each token the completion holds, once (presence) and per time (frequency). */
+  readonly presencePenalty?: number
+  readonly frequencyPenalty?: number
+  /** Report each token's log probability and this many most likely alternatives' (absent: none). */
+  readonly logprobs?: number
   readonly seed: number
   readonly maxNewTokens: number
   /** Tokens that end the sequence (empty with ignore_eos). */
@@ -86,6 +91,10 @@ export type StepOp =
 export interface TokenPartial {
   readonly token: number
   readonly finish?: FinishReason
+  /** With `logprobs` asked: the token's log probability under the model. */
+  readonly logprob?: number
+  /** With `logprobs` asked: the most likely tokens and their log probabilities, as [token, logprob, token, logprob, …]. */
+  readonly top?: ReadonlyArray<number>
 }
 
 /** The result of a generate request, engine → router. */

@@ -26,6 +26,7 @@ import {
   workItemContext
 } from "../common/Router.js"
 import { inSpan } from "../../tracing/Tracing.js"
+import type { ChoiceLogprobs, RawPrompt, TokenLogprob } from "../../app-runtime/schemas/OpenAI.js"
 import {
   type ChatCompletion,
   type ChatCompletionChunk,
@@ -40,7 +41,7 @@ import {
   type PromptEmbeddingsResponse,
   type Usage
 } from "./api.js"
-import { Generation, type Outcome } from "./Generation.js"
+import { type GeneratedToken, Generation, type Outcome } from "./Generation.js"
 import { contextLength, kvCacheTokens } from "./Limits.js"
 import { makeMediaInputs } from "./MediaInputs.js"
 import { type MediaPart, mediaParts, PromptError, templateMessages } from "./Prompt.js"
@@ -141,18 +142,14 @@ export const routerKind: RouterKind = {
           topP: body.top_p ?? defaults.topP,
           topK: body.top_k === undefined || body.top_k === null ? defaults.topK : Math.max(body.top_k, 0),
           repetitionPenalty: body.repetition_penalty ?? defaults.repetitionPenalty,
+          ...(body.presence_penalty == null ? {} : { presencePenalty: body.presence_penalty }),
+          ...(body.frequency_penalty == null ? {} : { frequencyPenalty: body.frequency_penalty }),
+          ...(body.logprobs === true ? { logprobs: body.top_logprobs ?? 0 } : {}),
           seed: body.seed ?? randomInt(2 ** 31),
           maxNewTokens,
           stopTokenIds: body.ignore_eos === true ? [] : stopTokenIds
         }
       }
-
-      /** `continued`: tokens of the prompt that another executor generated, counted as completion. */
-      const usageOf = (prompt: PromptInput, outcome: Outcome, continued = 0): Usage => ({
-        prompt_tokens: prompt.inputIds.length - continued,
-        completion_tokens: outcome.completionTokens,
-        total_tokens: prompt.inputIds.length - continued + outcome.completionTokens
-      })
 
       /**
        * The prompt of a completion that goes on from `tokens` another executor generated: they
@@ -213,94 +210,182 @@ export const routerKind: RouterKind = {
       const attempt = <A>(run: () => Promise<A>) => Effect.tryPromise({ try: run, catch: (error) => error })
       const check = <A>(run: () => A) => Effect.try({ try: run, catch: (error) => error })
 
+      /** A prompt given as it is (`/v1/completions`): a text tokenized with the model's own special tokens, or token ids. */
+      const rawPrompt = (raw: RawPrompt): PromptInput => {
+        if (typeof raw === "string") {
+          const inputIds = Int32Array.from(tokenizer.encode(raw, { addSpecialTokens: true }))
+          if (inputIds.length === 0) throw new EmptyPrompt()
+          return { inputIds, media: [] }
+        }
+        const vocabulary = model.decoder!.vocabSize
+        const foreign = raw.find((token) => token >= vocabulary)
+        if (foreign !== undefined)
+          throw new BadRequest({ message: `token ${foreign} of the prompt is not in the vocabulary (${vocabulary})` })
+        return { inputIds: Int32Array.from(raw), media: [] }
+      }
+
+      /** A token as OpenAI's logprobs spell it: its text alone, and that text's UTF-8 bytes. */
+      const tokenTexts = new Map<number, { readonly token: string; readonly bytes: ReadonlyArray<number> }>()
+      const tokenText = (id: number) => {
+        let known = tokenTexts.get(id)
+        if (known === undefined) {
+          const token = tokenizer.decode([id])
+          known = { token, bytes: Array.from(Buffer.from(token, "utf8")) }
+          tokenTexts.set(id, known)
+        }
+        return known
+      }
+      const logprobsContent = (tokens: ReadonlyArray<GeneratedToken>): ChoiceLogprobs => ({
+        content: tokens.map((generated) => {
+          const top: Array<TokenLogprob["top_logprobs"][number]> = []
+          for (let i = 0; i + 1 < generated.top.length; i += 2)
+            top.push({ ...tokenText(generated.top[i]!), logprob: generated.top[i + 1]! })
+          return { ...tokenText(generated.token), logprob: generated.logprob, top_logprobs: top }
+        })
+      })
+
       const chatCompletions = Effect.gen(function* () {
         const body = yield* HttpServerRequest.schemaBodyJson(ChatCompletionRequest)
         yield* checkModel(body.model)
+        if (body.top_logprobs != null && body.logprobs !== true)
+          return yield* new BadRequest({ message: "top_logprobs needs logprobs: true" })
+        const choices = body.n ?? 1
+        const continued = body.cornserve_continuation?.token_ids ?? []
+        if (choices > 1 && continued.length > 0)
+          return yield* new BadRequest({ message: "a continuation goes on with one choice; n must be 1" })
+        const raw = body.cornserve_prompt
         // A prompt must leave at least one position for the completion.
-        yield* checkMedia(mediaParts(body.messages), body.cornserve_embeddings, maxModelLength - 1)
+        if (raw === undefined)
+          yield* checkMedia(mediaParts(body.messages), body.cornserve_embeddings, maxModelLength - 1)
         const span = yield* RequestSpan
         // The prompt's media: decoded here, or their embeddings taken from the sidecar.
         const asked = yield* attempt(() =>
-          inSpan("prompt", { parent: span }, () =>
-            buildPrompt({ messages: body.messages, addGenerationPrompt: true }, body.cornserve_embeddings)
+          inSpan("prompt", { parent: span }, async () =>
+            raw === undefined
+              ? buildPrompt({ messages: body.messages, addGenerationPrompt: true }, body.cornserve_embeddings)
+              : rawPrompt(raw)
           )
         )
         const params = yield* check(() => sampling(body, asked.inputIds.length))
-        const continued = body.cornserve_continuation?.token_ids ?? []
         const { prompt, sampling: samplingParams } =
           continued.length === 0
             ? { prompt: asked, sampling: params }
             : yield* check(() => continuing(asked, params, continued))
-        const meta: GenerateMeta = { op: "generate", prompt, sampling: samplingParams }
         const stops =
           body.stop === undefined || body.stop === null ? [] : typeof body.stop === "string" ? [body.stop] : body.stop
-        const generation = new Generation(engine, meta, tokenizer, stops, continued, yield* workItemContext)
+        const context = yield* workItemContext
+        // Each choice is a request of its own to the engine, drawn with its own seed: seed + its index.
+        const generations = Array.from({ length: choices }, (_, index) => {
+          const meta: GenerateMeta = {
+            op: "generate",
+            prompt,
+            sampling: index === 0 ? samplingParams : { ...samplingParams, seed: samplingParams.seed + index }
+          }
+          return new Generation(engine, meta, tokenizer, stops, continued, context)
+        })
+        const cancelAll = () => {
+          for (const generation of generations) generation.cancel()
+        }
         const id = `chatcmpl-${randomUUID()}`
         const now = Math.floor(Date.now() / 1000)
+        const withLogprobs = body.logprobs === true
+        const usage = (outcomes: ReadonlyArray<Outcome>): Usage => {
+          const promptTokens = prompt.inputIds.length - continued.length
+          const completionTokens = outcomes.reduce((sum, outcome) => sum + outcome.completionTokens, 0)
+          return {
+            prompt_tokens: promptTokens,
+            completion_tokens: completionTokens,
+            total_tokens: promptTokens + completionTokens
+          }
+        }
 
         if (body.stream !== true) {
-          const outcome = yield* attempt(() => generation.done).pipe(
-            Effect.onInterrupt(() => Effect.sync(() => generation.cancel()))
+          const outcomes = yield* attempt(() => Promise.all(generations.map((generation) => generation.done))).pipe(
+            Effect.onInterrupt(() => Effect.sync(cancelAll)),
+            Effect.tapError(() => Effect.sync(cancelAll))
           )
           const completion: ChatCompletion = {
             id,
             object: "chat.completion",
             created: now,
             model: config.model,
-            choices: [
-              {
-                index: 0,
-                message: { role: "assistant", content: generation.text },
-                finish_reason: outcome.finishReason,
-                logprobs: null
-              }
-            ],
-            usage: usageOf(prompt, outcome, continued.length)
+            choices: generations.map((generation, index) => ({
+              index,
+              message: { role: "assistant", content: generation.text },
+              finish_reason: outcomes[index]!.finishReason,
+              logprobs: withLogprobs ? logprobsContent(generation.logprobs) : null
+            })),
+            usage: usage(outcomes)
           }
           return HttpServerResponse.unsafeJson(completion)
         }
 
-        // The answer starts with the first token, so that a request the engine refuses gets its status.
-        yield* Effect.promise(() => generation.started).pipe(
-          Effect.onInterrupt(() => Effect.sync(() => generation.cancel()))
+        // The answer starts with every choice's first token, so that a request the engine refuses gets its status.
+        yield* Effect.promise(() => Promise.all(generations.map((generation) => generation.started))).pipe(
+          Effect.onInterrupt(() => Effect.sync(cancelAll))
         )
-        if (generation.failure !== undefined) return yield* Effect.fail(generation.failure)
+        const failure = generations.find((generation) => generation.failure !== undefined)?.failure
+        if (failure !== undefined) {
+          cancelAll()
+          return yield* Effect.fail(failure)
+        }
         const includeUsage = body.stream_options?.include_usage === true
-        const withTokens = body.cornserve_token_ids === true
+        // Token ids let the dispatcher carry a broken stream on; only a single choice can be.
+        const withTokens = body.cornserve_token_ids === true && choices === 1
         const chunk = (
+          index: number,
           delta: ChatCompletionChunk["choices"][number]["delta"],
           finishReason: FinishReason | null,
-          tokens: ReadonlyArray<number> = []
+          tokens: ReadonlyArray<number> = [],
+          logprobs: ReadonlyArray<GeneratedToken> = []
         ): LlmChunk => ({
           id,
           object: "chat.completion.chunk",
           created: now,
           model: config.model,
-          choices: [{ index: 0, delta, finish_reason: finishReason, logprobs: null }],
+          choices: [
+            {
+              index,
+              delta,
+              finish_reason: finishReason,
+              logprobs: withLogprobs && logprobs.length > 0 ? logprobsContent(logprobs) : null
+            }
+          ],
           ...(includeUsage ? { usage: null } : {}),
           ...(withTokens ? { cornserve_token_ids: tokens } : {})
         })
         const events = Stream.async<Uint8Array>((emit) => {
-          // A continuation goes on with a stream whose role chunk its client has seen.
-          if (continued.length === 0) void emit.single(sseLine(chunk({ role: "assistant", content: "" }, null)))
-          generation.subscribe({
-            text: (text, tokens) => void emit.single(sseLine(chunk({ content: text }, null, tokens))),
-            end: (outcome) => {
-              void emit.single(sseLine(chunk({}, outcome.finishReason, generation.takeUnsaid())))
-              if (includeUsage)
-                void emit.single(
-                  sseLine({ ...chunk({}, null), choices: [], usage: usageOf(prompt, outcome, continued.length) })
-                )
-              void emit.single(sseLine("[DONE]"))
-              void emit.end()
-            },
-            error: (failure) => {
-              void emit.single(sseLine(errorBody(Effect.runSync(answeredFailure(failure)))))
-              void emit.single(sseLine("[DONE]"))
-              void emit.end()
-            }
+          const outcomes: Array<Outcome> = []
+          let ended = false
+          const close = (last: ReadonlyArray<unknown>) => {
+            if (ended) return
+            ended = true
+            for (const line of last) void emit.single(sseLine(line))
+            void emit.single(sseLine("[DONE]"))
+            void emit.end()
+          }
+          generations.forEach((generation, index) => {
+            // A continuation goes on with a stream whose role chunk its client has seen.
+            if (continued.length === 0)
+              void emit.single(sseLine(chunk(index, { role: "assistant", content: "" }, null)))
+            generation.subscribe({
+              text: (text, tokens, logprobs) => {
+                if (!ended) void emit.single(sseLine(chunk(index, { content: text }, null, tokens, logprobs)))
+              },
+              end: (outcome) => {
+                if (ended) return
+                void emit.single(sseLine(chunk(index, {}, outcome.finishReason, generation.takeUnsaid())))
+                outcomes.push(outcome)
+                if (outcomes.length < generations.length) return
+                close(includeUsage ? [{ ...chunk(0, {}, null), choices: [], usage: usage(outcomes) }] : [])
+              },
+              error: (failure) => {
+                cancelAll()
+                close([errorBody(Effect.runSync(answeredFailure(failure)))])
+              }
+            })
           })
-          return Effect.sync(() => generation.cancel())
+          return Effect.sync(cancelAll)
         })
         return HttpServerResponse.stream(events, {
           contentType: "text/event-stream",

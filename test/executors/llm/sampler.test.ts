@@ -102,3 +102,28 @@ describe("top_k", () => {
     expect(seen.size).toBe(vocab)
   })
 })
+
+describe("Sampler's OpenAI penalties and log probabilities", () => {
+  it("subtracts the presence penalty once and the frequency penalty per time a generated token appeared, not the prompt's", () => {
+    const greedy = sampler({ temperature: 0, presencePenalty: 0.5, frequencyPenalty: 0.25 }, [6])
+    // Ties among 2, 4 and 9 at 3: the lowest wins; the prompt's 6 is not penalized.
+    expect(greedy.next(row, 0, vocab)).toBe(2)
+    expect(greedy.scores(row, 0, vocab)[2]).toBeCloseTo(3 - 0.5 - 0.25, 6)
+    expect(greedy.scores(row, 0, vocab)[6]).toBe(row[6])
+    expect(greedy.next(row, 0, vocab)).toBe(4)
+    expect(greedy.next(row, 0, vocab)).toBe(9)
+    // Each of 2, 4, 9 said once: 3 - 0.75 = 2.25 < 2.75, so 6 comes next.
+    expect(greedy.next(row, 0, vocab)).toBe(6)
+  })
+
+  it("reports the drawn token's log probability under the raw logits, and the top alternatives, when asked", () => {
+    const asked = sampler({ temperature: 0, logprobs: 3 })
+    const token = asked.next(row, 0, vocab)
+    const logZ = Math.log(Array.from(row).reduce((sum, value) => sum + Math.exp(value), 0))
+    expect(asked.lastLogprobs!.logprob).toBeCloseTo(row[token]! - logZ, 6)
+    const top = asked.lastLogprobs!.top
+    expect(top.filter((_, i) => i % 2 === 0)).toEqual([2, 4, 9])
+    expect(top[1]).toBeCloseTo(3 - logZ, 6)
+    expect(sampler({ temperature: 0 }).lastLogprobs).toBeUndefined()
+  })
+})
