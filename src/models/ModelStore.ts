@@ -8,6 +8,7 @@ import { UnknownModel } from "./ModelErrors.js"
 import { isUnderModelRoots, modelRootsFromEnvironment } from "./ModelRoots.js"
 import { benchDecoder125m } from "./recipes/BenchDecoder125m.js"
 import { benchVitB16 } from "./recipes/BenchVitB16.js"
+import { benchMiniLmL6, tinyTextEmbedder } from "./recipes/RandomBert.js"
 import { benchSmolLm2 } from "./recipes/RandomLlama.js"
 import type { ModelRecipe } from "./recipes/Recipe.js"
 import { tinyColorPainter } from "./recipes/TinyColorPainter.js"
@@ -22,9 +23,9 @@ import { tinyColorVlm } from "./recipes/TinyColorVlm.js"
 
 export { UnknownModel } from "./ModelErrors.js"
 
-const builtinRecipes = [tinyColorVlm, tinyColorPainter, tinyColorTones]
+const builtinRecipes = [tinyColorVlm, tinyColorPainter, tinyColorTones, tinyTextEmbedder]
 /** Random-weight presets at realistic sizes; hundreds of MB each, so built only when named. */
-const benchRecipes = [benchVitB16, benchDecoder125m, benchSmolLm2]
+const benchRecipes = [benchVitB16, benchDecoder125m, benchSmolLm2, benchMiniLmL6]
 const recipes = new Map<string, ModelRecipe>(
   [...builtinRecipes, ...benchRecipes].map((recipe) => [recipe.name, recipe])
 )

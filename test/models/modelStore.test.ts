@@ -48,9 +48,10 @@ describe("buildModel", () => {
     expect(builtinModelNames).toEqual([
       "cornserve/tiny-color-vlm",
       "cornserve/tiny-color-painter",
-      "cornserve/tiny-color-tones"
+      "cornserve/tiny-color-tones",
+      "cornserve/tiny-text-embedder"
     ])
-    expect(benchModelNames).toEqual(["bench/vit-b16", "bench/decoder-125m", "bench/smollm2-135m"])
+    expect(benchModelNames).toEqual(["bench/vit-b16", "bench/decoder-125m", "bench/smollm2-135m", "bench/minilm-l6"])
   })
 
   it("writes byte-identical files on every build, replacing an earlier build in place", async () => {

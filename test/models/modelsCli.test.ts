@@ -29,7 +29,12 @@ describe("cornserve models build", () => {
     dirs.push(first, second)
     const result = await runCli(["models", "build", "--dir", first])
     expect(result.code).toBe(0)
-    for (const name of ["cornserve/tiny-color-vlm", "cornserve/tiny-color-painter", "cornserve/tiny-color-tones"]) {
+    for (const name of [
+      "cornserve/tiny-color-vlm",
+      "cornserve/tiny-color-painter",
+      "cornserve/tiny-color-tones",
+      "cornserve/tiny-text-embedder"
+    ]) {
       expect(result.stdout).toContain(`built ${name}`)
     }
     expect(await files(join(first, "cornserve", "tiny-color-vlm"))).toEqual(

@@ -1,4 +1,5 @@
 import { Schema } from "effect"
+import { Pooling } from "../../models/TextEmbedding.js"
 import { DataId } from "../common/DataId.js"
 
 /**
@@ -7,6 +8,9 @@ import { DataId } from "../common/DataId.js"
  * `POST /embeddings`: each item's media is embedded and the embedding is sent through the sidecar
  * under the item's id to the receiving nodes (`return: "sidecar"`, the default), or put in the
  * answer (`return: "inline"`, for debugging and tests).
+ *
+ * `POST /text-embeddings`: each input (a text, or its token ids) becomes one vector of a text
+ * embedding model, answered inline.
  */
 
 export const EmbeddingItem = Schema.Struct({
@@ -40,3 +44,34 @@ export type EmbeddingResult = typeof EmbeddingResult.Type
 
 export const EmbeddingsResponse = Schema.Struct({ items: Schema.Array(EmbeddingResult) })
 export type EmbeddingsResponse = typeof EmbeddingsResponse.Type
+
+/** At most this many inputs in one text-embedding request, as OpenAI's embeddings take. */
+export const maxTextEmbeddingInputs = 2048
+
+const TokenId = Schema.Int.pipe(Schema.nonNegative())
+
+export const TextEmbeddingsRequest = Schema.Struct({
+  /** Each input: a text (tokenized with the model's special tokens), or token ids taken as they are. */
+  inputs: Schema.NonEmptyArray(Schema.Union(Schema.String, Schema.Array(TokenId))).pipe(
+    Schema.maxItems(maxTextEmbeddingInputs)
+  ),
+  /**
+   * Cut an input longer than this many tokens to its first ones (special tokens kept) instead of
+   * refusing it; -1 is the model's limit (vLLM's `truncate_prompt_tokens`).
+   */
+  truncate: Schema.optional(Schema.Int.pipe(Schema.greaterThanOrEqualTo(-1))),
+  /** Each vector's first `dimensions` values, normalized again (Matryoshka models only). */
+  dimensions: Schema.optional(Schema.Int),
+  /** The task's own pooling and normalization, over what the model's files say. */
+  pooling: Schema.optional(Pooling),
+  normalize: Schema.optional(Schema.Boolean)
+})
+export type TextEmbeddingsRequest = typeof TextEmbeddingsRequest.Type
+
+export const TextEmbeddingsResponse = Schema.Struct({
+  /** One per input, in order: its vector as little-endian float32, base64 (exact, and a third the size of JSON numbers). */
+  embeddings: Schema.Array(Schema.String),
+  /** The tokens the inputs ran with, special tokens included. */
+  promptTokens: Schema.Int
+})
+export type TextEmbeddingsResponse = typeof TextEmbeddingsResponse.Type

@@ -1,7 +1,9 @@
 /**
- * Eric's router: `POST /embeddings`. Media are fetched here and decoded in the thread pool; an item
- * whose media is unreadable or corrupt fails its own request (MediaError, or MediaTooLarge) before
- * it reaches the engine, so requests batched with it are not affected.
+ * Eric's router: `POST /embeddings` and, for a text embedding model, `POST /text-embeddings`.
+ * Media are fetched here and decoded in the thread pool, texts tokenized there; an item whose media
+ * is unreadable or corrupt, or a text the model cannot take, fails its own request (MediaError,
+ * MediaTooLarge, ContextLengthExceeded, BadRequest) before it reaches the engine, so requests
+ * batched with it are not affected.
  */
 import * as HttpRouter from "@effect/platform/HttpRouter"
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
@@ -10,11 +12,13 @@ import { Effect } from "effect"
 import { decodeAudioProcessorConfig } from "../../models/AudioProcessor.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { visionProcessorOf } from "../../models/VisionProcessor.js"
+import { hasTextEmbeddingGraph, textEmbeddingSpec } from "../../models/TextEmbedding.js"
 import { NoSidecar, UnsupportedModality } from "../common/errors.js"
 import { errorAnswer, RequestSpan, type RouterKind, workItemContext } from "../common/Router.js"
 import { inSpan } from "../../tracing/Tracing.js"
 import type { WorkItem } from "../common/wire.js"
 import { type EmbeddingResult, EmbeddingsRequest } from "./api.js"
+import { textEmbeddings } from "./TextEmbeddings.js"
 import { checkMediaItemCount, mediaLimitsOf } from "../common/media/MediaLimits.js"
 import { mediaSourceOptionsOf, readMedia } from "../common/media/MediaSource.js"
 import type { Preprocessed } from "../common/media/preprocess.js"
@@ -24,7 +28,7 @@ import type { EricItemMeta, EricItemResult } from "./worker.js"
 export const maxVideoFrames = 32
 
 export const routerKind: RouterKind = {
-  preprocessModule: new URL("../common/media/preprocess.js", import.meta.url).href,
+  preprocessModule: new URL("./preprocess.js", import.meta.url).href,
   make: ({ config, engine, pool: maybePool }) =>
     Effect.gen(function* () {
       const pool = maybePool!
@@ -40,10 +44,14 @@ export const routerKind: RouterKind = {
       const audioConfig = model.onnx.has("audio_encoder")
         ? decodeAudioProcessorConfig(model.preprocessorConfig)
         : undefined
+      const text = hasTextEmbeddingGraph(model)
+        ? yield* Effect.tryPromise({ try: () => textEmbeddingSpec(model), catch: (error) => error as Error })
+        : undefined
       // Idefics3 embeds images only: a video would be its frames as images, which its prompt does not spell.
       const modalities = [
         ...(vision === undefined ? [] : vision.kind === "fixed" ? ["image", "video"] : ["image"]),
-        ...(audioConfig ? ["audio"] : [])
+        ...(audioConfig ? ["audio"] : []),
+        ...(text === undefined ? [] : ["text"])
       ]
       const sidecarNode =
         config.sidecarSocket === undefined
@@ -136,9 +144,29 @@ export const routerKind: RouterKind = {
         return HttpServerResponse.unsafeJson({ items: answer })
       }).pipe(Effect.catchAll(errorAnswer))
 
+      const routes = HttpRouter.empty.pipe(HttpRouter.post("/embeddings", embeddings))
       return {
-        info: { modalities, maxVideoFrames, sidecarNode: sidecarNode ?? null },
-        routes: HttpRouter.empty.pipe(HttpRouter.post("/embeddings", embeddings))
+        info: {
+          modalities,
+          maxVideoFrames,
+          sidecarNode: sidecarNode ?? null,
+          ...(text === undefined
+            ? {}
+            : {
+                text: {
+                  maxTokens: text.maxTokens,
+                  hiddenSize: text.hiddenSize,
+                  pooling: text.pooling ?? null,
+                  normalize: text.normalize ?? null,
+                  poolingSource: text.poolingSource,
+                  matryoshka: text.matryoshka ?? null
+                }
+              })
+        },
+        routes:
+          text === undefined
+            ? routes
+            : routes.pipe(HttpRouter.post("/text-embeddings", textEmbeddings({ config, engine, pool, spec: text })))
       }
     })
 }

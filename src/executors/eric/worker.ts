@@ -1,7 +1,8 @@
 /**
  * Eric's worker: the model's encoders (onnx/vision_encoder.onnx for images and video frames,
- * onnx/audio_encoder.onnx for audio) on one device. Each item's features go to the sidecar under
- * the item's id, or back in the answer when the request asked for them inline.
+ * onnx/audio_encoder.onnx for audio, onnx/model.onnx for text) on one device. Each media item's
+ * features go to the sidecar under the item's id, or back in the answer when the request asked for
+ * them inline; a text's vector always comes back in the answer (see TextEncoder).
  *
  * An Idefics3 (SmolVLM) encoder takes all frames of the batch as one image sequence
  * (pixel_values [1, frames, 3, tile, tile] with pixel_attention_mask) and gives each frame's
@@ -10,13 +11,15 @@
  */
 import * as ort from "onnxruntime-node"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
+import { hasTextEmbeddingGraph } from "../../models/TextEmbedding.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import { createSession, fromOrt, toOrt } from "../common/Sessions.js"
 import type { LoadWorkerModel } from "../common/WorkerModel.js"
+import { TextEncoder, type TextItemMeta } from "./TextEncoder.js"
 
-/** What the router attaches to each work item. */
-export interface EricItemMeta {
+/** What the router attaches to each media item. */
+export interface MediaItemMeta {
   readonly id: string
   readonly modality: "image" | "video" | "audio"
   readonly receivers: ReadonlyArray<string>
@@ -25,6 +28,10 @@ export interface EricItemMeta {
   readonly grid?: { readonly rows: number; readonly cols: number }
 }
 
+/** What the router attaches to each work item. */
+export type EricItemMeta = MediaItemMeta | TextItemMeta
+
+/** A media item's result; a text's is its vector (a Float32Array). */
 export interface EricItemResult {
   readonly shape: readonly [number, number]
   readonly embedding?: Float32Array
@@ -46,18 +53,29 @@ export const frameSequence = (shape: ReadonlyArray<number>, pixels: ort.Tensor):
   }
 }
 
-export const load: LoadWorkerModel = async ({ config, device }) => {
+export const load: LoadWorkerModel = async ({ config, rank, device }) => {
   const model = await loadModelDirectory(config.modelDir)
   const sessions = new Map<"vision" | "audio", ort.InferenceSession>()
   for (const [encoder, file] of Object.entries(encoderFiles) as Array<["vision" | "audio", string]>) {
     const path = model.onnx.get(file)
     if (path !== undefined) sessions.set(encoder, await createSession(path, device, config.threadsPerDevice))
   }
+  const text = hasTextEmbeddingGraph(model)
+    ? await TextEncoder.open(model, device, config.threadsPerDevice, config.dtype)
+    : undefined
+  if (text !== undefined) console.log(`executor: worker ${rank} runs ${text.file}`)
   const sidecar = config.sidecarSocket === undefined ? undefined : await SidecarClient.connect(config.sidecarSocket)
 
   return {
     async run({ inputs, items }) {
       const first = items[0]!.meta as EricItemMeta
+      if (first.modality === "text") {
+        if (text === undefined) throw new Error("the model has no onnx/model.onnx to embed text with")
+        return text.embed(
+          inputs.input_ids!.data as Int32Array,
+          items.map((item) => ({ rows: item.rows, meta: item.meta as TextItemMeta }))
+        )
+      }
       const encoder = first.modality === "audio" ? "audio" : "vision"
       const session = sessions.get(encoder)
       if (session === undefined) throw new Error(`the model has no ${encoderFiles[encoder]}.onnx`)
@@ -72,7 +90,7 @@ export const load: LoadWorkerModel = async ({ config, device }) => {
       const rowElements = positions * hidden
       return Promise.all(
         items.map(async (item): Promise<EricItemResult> => {
-          const meta = item.meta as EricItemMeta
+          const meta = item.meta as MediaItemMeta
           const [from, to] = item.rows
           const shape = [(to - from) * positions, hidden] as const
           const data = (features.data as Float32Array).subarray(from * rowElements, to * rowElements)
@@ -97,6 +115,7 @@ export const load: LoadWorkerModel = async ({ config, device }) => {
     },
     async close() {
       await Promise.all([...sessions.values()].map((session) => session.release()))
+      await text?.release()
       await sidecar?.close()
     }
   }

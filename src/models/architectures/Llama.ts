@@ -45,6 +45,11 @@ export interface LlamaExport {
   readonly seed: number
   /** Standard deviation of the random weights (the lm_head's is scaled so logits are well spread). */
   readonly std: number
+  /**
+   * What the decoder answers: `logits` (a causal LM, the default) or `last_hidden_state`, the final
+   * norm's output without an lm_head, as embedding models (Qwen3-Embedding) are exported.
+   */
+  readonly output?: "logits" | "last_hidden_state"
 }
 
 /** config.json of the model, in transformers' LlamaConfig fields. */
@@ -350,6 +355,10 @@ const decoderGraph = (g: Graph, config: LlamaConfig, options: LlamaExport, rando
     ),
     config.rmsNormEps
   )
+  if (options.output === "last_hidden_state") {
+    g.output(toIo(final), "last_hidden_state", io, ["batch_size", "sequence_length", hidden])
+    return
+  }
   // Logits spread by ~2 so that greedy choices are not near ties.
   const logits = w.linear(final, "lm_head", hidden, vocabSize, 2 / Math.sqrt(hidden))
   g.output(toIo(logits), "logits", io, ["batch_size", "sequence_length", vocabSize])
