@@ -1,6 +1,6 @@
 /**
  * The SDK apps import as `cornserve/app`: define an app, declare the tasks it calls, and use the
- * OpenAI chat schemas for chat apps.
+ * OpenAI schemas for chat and embeddings apps.
  */
 export { defineApp, type AdmissionSettings, type App, type AppDefinition, type ServeContext } from "./App.js"
 export { outbound, OutboundError, type OutboundRequestInit } from "./Outbound.js"
@@ -9,6 +9,12 @@ export { TaskStream } from "./tasks/TaskStream.js"
 export { Task, UnitTask, CompositeTask, TaskConfigError, type UnitTaskKind } from "./tasks/Task.js"
 export { TaskExecutionError, TaskInputError } from "./tasks/TaskGraph.js"
 export { EncoderTask, type EncoderConfig, type EncoderInput, type EncoderOutput } from "./tasks/EncoderTask.js"
+export {
+  TextEmbeddingTask,
+  type TextEmbeddingConfig,
+  type TextEmbeddingInput,
+  type TextPooling
+} from "./tasks/TextEmbeddingTask.js"
 export { LLMTask, LLMEmbeddingTask, type LLMConfig, type LLMInput, type LLMEmbeddingOutput } from "./tasks/LLMTask.js"
 export {
   ImageGeneratorTask,
@@ -27,3 +33,4 @@ export {
   ChatContentPart,
   chatMediaParts
 } from "./schemas/OpenAI.js"
+export { EmbeddingRequest, EmbeddingResponse, type Embedding, type EmbeddingUsage } from "./schemas/Embeddings.js"

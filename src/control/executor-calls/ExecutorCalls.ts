@@ -9,10 +9,17 @@ import { Array as Arr, Either, ParseResult, Schema } from "effect"
 import { EncoderConfig, EncoderInput } from "../../app-runtime/tasks/EncoderTask.js"
 import { AudioGeneratorInput, ImageGeneratorInput } from "../../app-runtime/tasks/GeneratorTask.js"
 import { LLMConfig } from "../../app-runtime/tasks/LLMTask.js"
+import type { EmbeddingResponse } from "../../app-runtime/schemas/Embeddings.js"
+import { embeddingInputs, TextEmbeddingConfig, TextEmbeddingInput } from "../../app-runtime/tasks/TextEmbeddingTask.js"
 import type { TaskInvocationWire } from "../../app-runtime/tasks/TaskGraph.js"
 import { ChatCompletionRequest as OpenAIChatRequest } from "../../app-runtime/schemas/OpenAI.js"
 import { ErrorBody } from "../../executors/common/errors.js"
-import { EmbeddingsRequest, EmbeddingsResponse } from "../../executors/eric/api.js"
+import {
+  EmbeddingsRequest,
+  EmbeddingsResponse,
+  TextEmbeddingsRequest,
+  TextEmbeddingsResponse
+} from "../../executors/eric/api.js"
 import { AudioChunkLine, AudioDoneLine, GenerateRequest, ImageAnswer } from "../../executors/geri/api.js"
 import {
   ChatCompletionRequest,
@@ -252,6 +259,48 @@ const embed = async (url: string, invocation: TaskInvocationWire, context: CallC
 
 const randomId = () => randomUUID().replaceAll("-", "")
 
+const decodeTextEmbeddingCall = decodeInvocation(
+  Schema.Struct({ config: TextEmbeddingConfig, input: TextEmbeddingInput })
+)
+
+/** A vector the executor answers (little-endian float32, base64) as JSON numbers. */
+const floatsOf = (base64: string): ReadonlyArray<number> => {
+  const bytes = Buffer.from(base64, "base64")
+  return Array.from(new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4))
+}
+
+/**
+ * A text-embedding call: the request's inputs to the executor, its vectors back as OpenAI answers
+ * them (numbers, or the executor's base64 as it is), under the model the task serves.
+ */
+const embedText = async (url: string, invocation: TaskInvocationWire, context: CallContext): Promise<CallResult> => {
+  const { config, input } = decodeTextEmbeddingCall(invocation)
+  const inputs = embeddingInputs(input.input)
+  if (!Arr.isNonEmptyReadonlyArray(inputs))
+    throw new InvalidTaskGraph({ message: "a text-embedding call with no input" })
+  const body: TextEmbeddingsRequest = {
+    inputs,
+    ...(input.truncate_prompt_tokens == null ? {} : { truncate: input.truncate_prompt_tokens }),
+    ...(input.dimensions == null ? {} : { dimensions: input.dimensions }),
+    ...(config.pooling === undefined ? {} : { pooling: config.pooling }),
+    ...(config.normalize === undefined ? {} : { normalize: config.normalize })
+  }
+  const response = await post(`${url}/text-embeddings`, TextEmbeddingsRequest, body, context)
+  const answer = decodeAnswer(TextEmbeddingsResponse)(await response.json())
+  const base64 = input.encoding_format === "base64"
+  const output: EmbeddingResponse = {
+    object: "list",
+    data: answer.embeddings.map((vector, index) => ({
+      object: "embedding",
+      index,
+      embedding: base64 ? vector : floatsOf(vector)
+    })),
+    model: config.model,
+    usage: { prompt_tokens: answer.promptTokens, total_tokens: answer.promptTokens }
+  }
+  return { output }
+}
+
 const ChatInput = Schema.extend(
   OpenAIChatRequest,
   Schema.Struct({ cornserveEmbeddings: Schema.optional(Schema.Array(ForwardedId)) })
@@ -369,6 +418,7 @@ export const executorCalls: Readonly<
   Record<string, (url: string, invocation: TaskInvocationWire, context: CallContext) => Promise<CallResult>>
 > = {
   embed,
+  "embed-text": embedText,
   chat,
   "hidden-states": promptEmbeddings,
   "generate-image": generateImage,

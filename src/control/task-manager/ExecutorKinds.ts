@@ -50,9 +50,15 @@ const dtypeArgs = (task: UnitTaskSpec) => {
 }
 
 /**
- * The executor kinds this platform runs, by unit-task kind: the encoder on Eric, the LLM on the
- * LLM executor, image and audio generators on Geri. Each executor is a supervised process group
- * that the node of its devices starts.
+ * A text embedder's batches take what is queued when its worker is free, without waiting to fill:
+ * a lone request runs at once, and requests that arrive during a batch form the next.
+ */
+const textEmbedderArgs = (task: UnitTaskSpec) => [...batchArgs(task), ...dtypeArgs(task), "--max-batch-delay-ms", "0"]
+
+/**
+ * The executor kinds this platform runs, by unit-task kind: the encoder and the text embedder on
+ * Eric, the LLM on the LLM executor, image and audio generators on Geri. Each executor is a
+ * supervised process group that the node of its devices starts.
  */
 export class ExecutorKinds extends Effect.Service<ExecutorKinds>()("cornserve/ExecutorKinds", {
   succeed: (() => {
@@ -79,6 +85,7 @@ export class ExecutorKinds extends Effect.Service<ExecutorKinds>()("cornserve/Ex
     const kinds = new Map<string, ExecutorKind>(
       [
         onNode("eric", batchArgs)("encoder"),
+        onNode("eric", textEmbedderArgs)("text-embedder"),
         onNode("llm", dtypeArgs)("llm"),
         onNode("geri", batchArgs)("image-generator"),
         onNode("geri", batchArgs)("audio-generator")

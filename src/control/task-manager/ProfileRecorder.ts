@@ -159,6 +159,7 @@ const recordingError = (error: unknown): RecordingError =>
  * - LLM: short chat prompts, a few tokens each.
  * - Encoder: a small generated image, audio clip or video (an animated GIF) of its modality, as a
  *   `data:` URL; its embedding is sent to this node's sidecar and taken out of it there.
+ * - Text embedder: one short sentence, its vector answered inline.
  * - Generator: prompt embeddings of the shape its model takes ([rows, hidden] float32, hidden from
  *   its config.json's `prompt_embeddings`), put into its node's sidecar from this node's.
  */
@@ -226,6 +227,19 @@ export class ProfileRecorder extends Effect.Service<ProfileRecorder>()("cornserv
               const tookMs = performance.now() - began
               await discard(id).catch(() => undefined)
               return tookMs
+            }
+          }
+          case "text-embedder": {
+            let next = 0
+            return async (lease, signal) => {
+              const input = { input: prompts[next++ % prompts.length] }
+              const began = performance.now()
+              await executorCalls["embed-text"]!(
+                lease.url,
+                invocation(spec, "embed-text", input, {}),
+                context(signal, [])
+              )
+              return performance.now() - began
             }
           }
           case "image-generator":
