@@ -18,7 +18,16 @@ import { decodeConfig, InvalidModelDirectory, type ModelDirectory } from "./Mode
 
 export interface ChatMessage {
   readonly role: string
-  readonly content: string | ReadonlyArray<{ readonly type: string; readonly text?: string }>
+  /** Null for an assistant's message that only calls tools. */
+  readonly content: string | ReadonlyArray<{ readonly type: string; readonly text?: string }> | null
+  /** An assistant's tool calls, their arguments as objects (templates write them with `tojson`). */
+  readonly tool_calls?: ReadonlyArray<{
+    readonly id: string
+    readonly type: "function"
+    readonly function: { readonly name: string; readonly arguments: unknown }
+  }>
+  readonly tool_call_id?: string
+  readonly name?: string
 }
 
 /** A chat template that cannot be used for these messages (it raised, or there is none to use). */
@@ -104,6 +113,11 @@ export class ChatTokenizer {
     return this.tokenizer.token_to_id(token)
   }
 
+  /** The source of the model's chat template (the default one, or the one named), if it has it. */
+  chatTemplateSource(name = "default"): string | undefined {
+    return this.source?.templates.get(name)
+  }
+
   /** The names of the model's chat templates ("default" alone for an unnamed one). */
   get chatTemplateNames(): ReadonlyArray<string> {
     return [...(this.source?.templates.keys() ?? [])]
@@ -116,7 +130,12 @@ export class ChatTokenizer {
    */
   applyChatTemplate(
     messages: ReadonlyArray<ChatMessage>,
-    options: { readonly addGenerationPrompt?: boolean; readonly template?: string } = {}
+    options: {
+      readonly addGenerationPrompt?: boolean
+      readonly template?: string
+      /** The request's tools as OpenAI gives them (`{ type: "function", function }`), for templates that take tools. */
+      readonly tools?: ReadonlyArray<unknown>
+    } = {}
   ): string {
     const name = options.template ?? "default"
     const template = this.compile(name)
@@ -124,7 +143,7 @@ export class ChatTokenizer {
       return template.render({
         messages,
         add_generation_prompt: options.addGenerationPrompt ?? true,
-        tools: null,
+        tools: options.tools === undefined || options.tools.length === 0 ? null : options.tools,
         documents: null,
         ...this.specialTokens
       })

@@ -2,9 +2,11 @@ import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { dirname, join } from "node:path"
 import { AutoModelForCausalLM, AutoTokenizer, Tensor } from "@huggingface/transformers"
+import Ajv2020 from "ajv/dist/2020.js"
 import OpenAI from "openai"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { randomLlamaFiles } from "../../src/models/recipes/RandomLlama.js"
+import { packagedTokenizerConfig } from "../models/support/tokenizerModels.js"
 import { offline, transformersGreedy } from "../models/support/TransformersJs.js"
 import { type RunningPlatform, runCli, startPlatform } from "../support/platform.js"
 
@@ -23,7 +25,7 @@ const config = {
   kvHeads: 2,
   headDim: 16,
   vocabSize: 512,
-  maxPositions: 256,
+  maxPositions: 2048,
   ropeTheta: 10000,
   rmsNormEps: 1e-5
 }
@@ -49,7 +51,10 @@ describe("the OpenAI API on an app, through the official client", () => {
   beforeAll(async () => {
     root = await mkdtemp(join(tmpdir(), "cornserve-openai-"))
     llama = join(root, "models", "tiny-llama")
-    for (const [file, bytes] of randomLlamaFiles({ config, layout: "decoder-only", dtypes: ["fp32"] })) {
+    // Qwen3's chat template, which takes tools and teaches the model <tool_call> blocks.
+    const qwenTemplate = String((await packagedTokenizerConfig("qwen3")).chat_template)
+    const extraFiles = new Map([["chat_template.jinja", new TextEncoder().encode(qwenTemplate)]])
+    for (const [file, bytes] of randomLlamaFiles({ config, layout: "decoder-only", dtypes: ["fp32"], extraFiles })) {
       await mkdir(dirname(join(llama, file)), { recursive: true })
       await writeFile(join(llama, file), bytes)
     }
@@ -97,10 +102,16 @@ describe("the OpenAI API on an app, through the official client", () => {
     expect(completion.usage!.prompt_tokens).toBe(promptIds.length)
     expect(completion.usage!.completion_tokens).toBe(expectedIds!.length)
 
-    const fromIds = await client.completions.create({ prompt: promptIds, max_tokens: 10, temperature: 0 })
+    const fromIds = await client.completions.create({ model: llama, prompt: promptIds, max_tokens: 10, temperature: 0 })
     expect(fromIds.choices[0]!.text).toBe(expected)
 
-    const stream = await client.completions.create({ prompt, max_tokens: 10, temperature: 0, stream: true })
+    const stream = await client.completions.create({
+      model: llama,
+      prompt,
+      max_tokens: 10,
+      temperature: 0,
+      stream: true
+    })
     let streamed = ""
     let finish: string | null = null
     for await (const chunk of stream) {
@@ -112,12 +123,12 @@ describe("the OpenAI API on an app, through the official client", () => {
     expect(finish).toBe(expectedIds!.length < 10 ? "stop" : "length")
 
     // OpenAI's default for completions is 16 tokens.
-    const defaulted = await client.completions.create({ prompt, temperature: 0, stop: null })
+    const defaulted = await client.completions.create({ model: llama, prompt, temperature: 0, stop: null })
     expect(defaulted.usage!.completion_tokens).toBeLessThanOrEqual(16)
   })
 
   it("n: each choice its own draw, choice 0 the request's seed; streamed with their indices", async () => {
-    const asked = { messages, max_tokens: 8, temperature: 1, seed: 11 }
+    const asked = { model: llama, messages, max_tokens: 8, temperature: 1, seed: 11 }
     const three = await client.chat.completions.create({ ...asked, n: 3 })
     expect(three.choices.map((choice) => choice.index)).toEqual([0, 1, 2])
     const alone = await client.chat.completions.create(asked)
@@ -149,6 +160,7 @@ describe("the OpenAI API on an app, through the official client", () => {
 
   it("logprobs: each token's log probability under the model (transformers.js's logits) and its top alternatives", async () => {
     const completion = await client.chat.completions.create({
+      model: llama,
       messages,
       max_tokens: 6,
       temperature: 0,
@@ -191,6 +203,7 @@ describe("the OpenAI API on an app, through the official client", () => {
     }
 
     const streamed = await client.chat.completions.create({
+      model: llama,
       messages,
       max_tokens: 6,
       temperature: 0,
@@ -202,7 +215,13 @@ describe("the OpenAI API on an app, through the official client", () => {
       for (const token of chunk.choices[0]?.logprobs?.content ?? []) tokens.push(token.token)
     expect(tokens).toEqual(content.map((token) => token.token))
 
-    const legacy = await client.completions.create({ prompt: "Once", max_tokens: 4, temperature: 0, logprobs: 2 })
+    const legacy = await client.completions.create({
+      model: llama,
+      prompt: "Once",
+      max_tokens: 4,
+      temperature: 0,
+      logprobs: 2
+    })
     const logprobs = legacy.choices[0]!.logprobs!
     expect(logprobs.tokens!.join("")).toBe(legacy.choices[0]!.text)
     expect(logprobs.token_logprobs).toHaveLength(logprobs.tokens!.length)
@@ -210,21 +229,28 @@ describe("the OpenAI API on an app, through the official client", () => {
     expect(logprobs.text_offset![0]).toBe(0)
 
     const withoutLogprobs = await client.chat.completions
-      .create({ messages, max_tokens: 2, top_logprobs: 2 })
+      .create({ model: llama, messages, max_tokens: 2, top_logprobs: 2 })
       .catch((error: unknown) => error)
     expect((withoutLogprobs as InstanceType<typeof OpenAI.APIError>).status).toBe(400)
   })
 
   it("seed, penalties, max_completion_tokens and stream_options", async () => {
-    const asked = { messages, max_completion_tokens: 7, temperature: 1.2, seed: 5 }
+    const asked = { model: llama, messages, max_completion_tokens: 7, temperature: 1.2, seed: 5 }
     const first = await client.chat.completions.create(asked)
     const second = await client.chat.completions.create(asked)
     expect(second.choices[0]!.message.content).toBe(first.choices[0]!.message.content)
     expect(first.usage!.completion_tokens).toBeLessThanOrEqual(7)
 
     // A frequency penalty this strong keeps greedy decoding off the tokens it already said.
-    const plain = await client.chat.completions.create({ messages, max_tokens: 24, temperature: 0, logprobs: true })
+    const plain = await client.chat.completions.create({
+      model: llama,
+      messages,
+      max_tokens: 24,
+      temperature: 0,
+      logprobs: true
+    })
     const penalized = await client.chat.completions.create({
+      model: llama,
       messages,
       max_tokens: 24,
       temperature: 0,
@@ -240,6 +266,7 @@ describe("the OpenAI API on an app, through the official client", () => {
     expect(repeats(penalized)).toBeLessThanOrEqual(repeats(plain))
 
     const stream = await client.chat.completions.create({
+      model: llama,
       messages,
       max_tokens: 3,
       stream: true,
@@ -254,26 +281,226 @@ describe("the OpenAI API on an app, through the official client", () => {
 
   it("refuses a parameter the platform does not implement, naming it, and one OpenAI does not have", async () => {
     const biased = await client.chat.completions
-      .create({ messages, max_tokens: 2, logit_bias: { "5": 100 } })
+      .create({ model: llama, messages, max_tokens: 2, logit_bias: { "5": 100 } })
       .catch((error: unknown) => error)
     expect(biased).toBeInstanceOf(OpenAI.BadRequestError)
     expect((biased as InstanceType<typeof OpenAI.BadRequestError>).param).toBe("logit_bias")
     expect((biased as Error).message).toContain("logit_bias")
 
     const unknown = await client.chat.completions
-      .create({ messages, max_tokens: 2, frobnicate: true } as never)
+      .create({ model: llama, messages, max_tokens: 2, frobnicate: true } as never)
       .catch((error: unknown) => error)
     expect((unknown as InstanceType<typeof OpenAI.BadRequestError>).status).toBe(400)
     expect((unknown as Error).message).toContain("frobnicate")
 
     const suffix = await client.completions
-      .create({ prompt: "x", suffix: "y", max_tokens: 2 })
+      .create({ model: llama, prompt: "x", suffix: "y", max_tokens: 2 })
       .catch((error: unknown) => error)
     expect((suffix as InstanceType<typeof OpenAI.BadRequestError>).param).toBe("suffix")
     const echo = await client.completions
-      .create({ prompt: "x", echo: true, max_tokens: 2 })
+      .create({ model: llama, prompt: "x", echo: true, max_tokens: 2 })
       .catch((error: unknown) => error)
     expect((echo as InstanceType<typeof OpenAI.BadRequestError>).status).toBe(400)
     expect((echo as Error).message).toContain("echo")
+  })
+
+  const weather = {
+    type: "object",
+    properties: {
+      city: { type: "string" },
+      unit: { type: "string", enum: ["celsius", "fahrenheit"] },
+      days: { type: "integer" }
+    },
+    required: ["city", "unit", "days"],
+    additionalProperties: false
+  }
+  const person = {
+    type: "object",
+    properties: {
+      name: { type: "string" },
+      age: { type: "integer" },
+      tags: { type: "array", items: { type: "string" }, maxItems: 3 },
+      address: {
+        anyOf: [
+          { type: "null" },
+          {
+            type: "object",
+            properties: { street: { type: "string" }, zip: { type: "number" } },
+            required: ["street", "zip"],
+            additionalProperties: false
+          }
+        ]
+      },
+      verified: { type: "boolean" }
+    },
+    required: ["name", "age", "tags", "address", "verified"],
+    additionalProperties: false
+  }
+  const tools = [
+    {
+      type: "function" as const,
+      function: { name: "get_weather", description: "The weather in a city", parameters: weather }
+    },
+    { type: "function" as const, function: { name: "register_person", parameters: person } }
+  ]
+  const validator = (schema: object) => new Ajv2020({ strict: false }).compile(schema)
+
+  it("json_schema: a random-weight model's answer parses and validates, sampled or greedy, streamed or not", async () => {
+    const valid = validator(person)
+    const format = { type: "json_schema" as const, json_schema: { name: "person", schema: person, strict: true } }
+    for (let seed = 0; seed < 6; seed++) {
+      const completion = await client.chat.completions.create({
+        model: llama,
+        messages,
+        max_tokens: 96,
+        temperature: seed === 0 ? 0 : 1,
+        seed,
+        response_format: format
+      })
+      const choice = completion.choices[0]!
+      expect(choice.finish_reason).toBe("stop")
+      const value: unknown = JSON.parse(choice.message.content!)
+      expect(valid(value), JSON.stringify(valid.errors)).toBe(true)
+    }
+    const stream = await client.chat.completions.create({
+      model: llama,
+      messages,
+      max_tokens: 96,
+      temperature: 1,
+      seed: 42,
+      response_format: format,
+      stream: true
+    })
+    let text = ""
+    for await (const chunk of stream) text += chunk.choices[0]?.delta.content ?? ""
+    expect(valid(JSON.parse(text)), text).toBe(true)
+
+    const object = await client.chat.completions.create({
+      model: llama,
+      messages,
+      max_tokens: 48,
+      temperature: 1,
+      seed: 3,
+      response_format: { type: "json_object" }
+    })
+    const parsed: unknown = JSON.parse(object.choices[0]!.message.content!)
+    expect(typeof parsed === "object" && parsed !== null && !Array.isArray(parsed)).toBe(true)
+  })
+
+  it("json_schema under a budget too small for the value it began: closed in time, or says length", async () => {
+    const valid = validator(person)
+    for (const maxTokens of [24, 32, 40]) {
+      const completion = await client.chat.completions.create({
+        model: llama,
+        messages,
+        max_tokens: maxTokens,
+        temperature: 1,
+        seed: maxTokens,
+        response_format: { type: "json_schema", json_schema: { name: "person", schema: person, strict: true } }
+      })
+      const choice = completion.choices[0]!
+      if (choice.finish_reason === "stop") expect(valid(JSON.parse(choice.message.content!))).toBe(true)
+      else expect(choice.finish_reason).toBe("length")
+      expect(completion.usage!.completion_tokens).toBeLessThanOrEqual(maxTokens)
+    }
+  })
+
+  it("a named tool choice: the arguments always validate against the function's parameters, streamed as OpenAI streams them", async () => {
+    const valid = validator(weather)
+    for (let seed = 0; seed < 4; seed++) {
+      const completion = await client.chat.completions.create({
+        model: llama,
+        messages,
+        max_tokens: 64,
+        temperature: 1,
+        seed,
+        tools,
+        tool_choice: { type: "function", function: { name: "get_weather" } }
+      })
+      const choice = completion.choices[0]!
+      expect(choice.finish_reason).toBe("tool_calls")
+      expect(choice.message.content).toBeNull()
+      const call = choice.message.tool_calls![0]! as OpenAI.ChatCompletionMessageFunctionToolCall
+      expect(call.type).toBe("function")
+      expect(call.function.name).toBe("get_weather")
+      expect(call.id).toMatch(/^call_/)
+      expect(valid(JSON.parse(call.function.arguments)), call.function.arguments).toBe(true)
+    }
+
+    const stream = await client.chat.completions.create({
+      model: llama,
+      messages,
+      max_tokens: 64,
+      temperature: 1,
+      seed: 9,
+      tools,
+      tool_choice: { type: "function", function: { name: "get_weather" } },
+      stream: true
+    })
+    let name: string | undefined
+    let args = ""
+    let finish: string | null = null
+    for await (const chunk of stream) {
+      for (const call of chunk.choices[0]?.delta.tool_calls ?? []) {
+        name ??= call.function?.name
+        args += call.function?.arguments ?? ""
+      }
+      finish = chunk.choices[0]?.finish_reason ?? finish
+    }
+    expect(name).toBe("get_weather")
+    expect(valid(JSON.parse(args)), args).toBe(true)
+    expect(finish).toBe("tool_calls")
+  })
+
+  it("tool_choice required: one call of one of the tools, its arguments valid for that tool", async () => {
+    for (let seed = 0; seed < 4; seed++) {
+      const completion = await client.chat.completions.create({
+        model: llama,
+        messages,
+        max_tokens: 96,
+        temperature: 1,
+        seed,
+        tools,
+        tool_choice: "required"
+      })
+      const call = completion.choices[0]!.message.tool_calls![0]! as OpenAI.ChatCompletionMessageFunctionToolCall
+      const tool = tools.find((candidate) => candidate.function.name === call.function.name)
+      expect(tool, call.function.name).toBeDefined()
+      const valid = validator(tool!.function.parameters)
+      expect(valid(JSON.parse(call.function.arguments)), call.function.arguments).toBe(true)
+    }
+  })
+
+  it("renders the tools through the model's chat template, and refuses what it cannot hold to", async () => {
+    const plain = await client.chat.completions.create({ model: llama, messages, max_tokens: 2 })
+    const withTools = await client.chat.completions.create({ model: llama, messages, max_tokens: 2, tools })
+    expect(withTools.usage!.prompt_tokens).toBeGreaterThan(plain.usage!.prompt_tokens + 20)
+
+    const unknownTool = await client.chat.completions
+      .create({ model: llama, messages, tools, tool_choice: { type: "function", function: { name: "nope" } } })
+      .catch((error: unknown) => error)
+    expect((unknownTool as InstanceType<typeof OpenAI.APIError>).status).toBe(400)
+    expect((unknownTool as Error).message).toContain("nope")
+
+    const patterned = await client.chat.completions
+      .create({
+        model: llama,
+        messages,
+        response_format: {
+          type: "json_schema",
+          json_schema: {
+            name: "x",
+            schema: {
+              type: "object",
+              properties: { a: { type: "string", pattern: "^a+$" } },
+              required: ["a"],
+              additionalProperties: false
+            }
+          }
+        }
+      })
+      .catch((error: unknown) => error)
+    expect((patterned as InstanceType<typeof OpenAI.APIError>).status).toBe(400)
+    expect((patterned as Error).message).toContain("pattern")
   })
 })

@@ -21,10 +21,23 @@ const VideoUrlPart = Schema.Struct({
 export const ChatContentPart = Schema.Union(TextPart, ImageUrlPart, InputAudioPart, AudioUrlPart, VideoUrlPart)
 export type ChatContentPart = typeof ChatContentPart.Type
 
+/** A function the model called: its arguments are a JSON text, as OpenAI gives them. */
+export const ToolCall = Schema.Struct({
+  id: Schema.String.pipe(Schema.maxLength(256)),
+  type: Schema.Literal("function"),
+  function: Schema.Struct({ name: Schema.String.pipe(Schema.maxLength(256)), arguments: Schema.String })
+})
+export type ToolCall = typeof ToolCall.Type
+
 export const ChatMessage = Schema.Struct({
-  role: Schema.Literal("system", "user", "assistant", "developer"),
-  content: Schema.Union(Schema.String, Schema.Array(ChatContentPart)),
-  name: Schema.optional(Schema.String)
+  role: Schema.Literal("system", "user", "assistant", "developer", "tool"),
+  /** Null only for an assistant's message that calls tools. */
+  content: Schema.NullOr(Schema.Union(Schema.String, Schema.Array(ChatContentPart))),
+  name: Schema.optional(Schema.String),
+  /** An assistant's calls of the request's tools. */
+  tool_calls: Schema.optional(Schema.Array(ToolCall).pipe(Schema.maxItems(128))),
+  /** A tool's message: the call it answers. */
+  tool_call_id: Schema.optional(Schema.String.pipe(Schema.maxLength(256)))
 })
 export type ChatMessage = typeof ChatMessage.Type
 
@@ -50,6 +63,25 @@ export const JsonSchemaFormat = Schema.Struct({
   schema: Schema.optional(Schema.Record({ key: Schema.String, value: Schema.Unknown })),
   strict: optionalNullable(Schema.Boolean)
 })
+
+/** A function the model may call; `parameters` is the JSON Schema of its arguments. */
+export const FunctionTool = Schema.Struct({
+  type: Schema.Literal("function"),
+  function: Schema.Struct({
+    name: Schema.String.pipe(Schema.pattern(/^[a-zA-Z0-9_-]{1,64}$/)),
+    description: Schema.optional(Schema.String),
+    parameters: Schema.optional(Schema.Record({ key: Schema.String, value: Schema.Unknown })),
+    strict: optionalNullable(Schema.Boolean)
+  })
+})
+export type FunctionTool = typeof FunctionTool.Type
+
+/** Whether the model may (`auto`), must not (`none`) or must (`required`, or the function named) call a tool. */
+export const ToolChoice = Schema.Union(
+  Schema.Literal("none", "auto", "required"),
+  Schema.Struct({ type: Schema.Literal("function"), function: Schema.Struct({ name: Schema.String }) })
+)
+export type ToolChoice = typeof ToolChoice.Type
 
 export const ResponseFormat = Schema.Union(
   Schema.Struct({ type: Schema.Literal("text") }),
@@ -97,6 +129,10 @@ export const ChatCompletionRequest = Schema.Struct({
   logprobs: optionalNullable(Schema.Boolean),
   top_logprobs: optionalNullable(Schema.Int.pipe(Schema.between(0, maxTopLogprobs))),
   response_format: optionalNullable(ResponseFormat),
+  tools: optionalNullable(Schema.Array(FunctionTool).pipe(Schema.maxItems(128))),
+  tool_choice: optionalNullable(ToolChoice),
+  /** Several calls in one answer: taken as asked, since the model's template says how it calls. */
+  parallel_tool_calls: optionalNullable(Schema.Boolean),
   stream: optionalNullable(Schema.Boolean),
   stream_options: optionalNullable(Schema.Struct({ include_usage: Schema.optional(Schema.Boolean) })),
   /** The end user, as OpenAI's clients name them: taken, not used. */
@@ -113,7 +149,7 @@ export const CompletionUsage = Schema.Struct({
 })
 export type CompletionUsage = typeof CompletionUsage.Type
 
-export const FinishReason = Schema.Literal("stop", "length")
+export const FinishReason = Schema.Literal("stop", "length", "tool_calls")
 export type FinishReason = typeof FinishReason.Type
 
 const TopLogprob = Schema.Struct({
@@ -133,6 +169,16 @@ export type TokenLogprob = typeof TokenLogprob.Type
 export const ChoiceLogprobs = Schema.Struct({ content: Schema.NullOr(Schema.Array(TokenLogprob)) })
 export type ChoiceLogprobs = typeof ChoiceLogprobs.Type
 
+export const ToolCallDelta = Schema.Struct({
+  index: Schema.Int,
+  id: Schema.optional(Schema.String),
+  type: Schema.optional(Schema.Literal("function")),
+  function: Schema.optional(
+    Schema.Struct({ name: Schema.optional(Schema.String), arguments: Schema.optional(Schema.String) })
+  )
+})
+export type ToolCallDelta = typeof ToolCallDelta.Type
+
 /** One chunk of a streamed chat completion. */
 export const ChatCompletionChunk = Schema.Struct({
   id: Schema.String,
@@ -144,7 +190,9 @@ export const ChatCompletionChunk = Schema.Struct({
       index: Schema.Int,
       delta: Schema.Struct({
         role: Schema.optional(Schema.Literal("assistant")),
-        content: Schema.optional(Schema.String)
+        content: Schema.optional(Schema.String),
+        /** A call's id, type and name come in its first delta, its arguments in pieces after. */
+        tool_calls: Schema.optional(Schema.Array(ToolCallDelta))
       }),
       finish_reason: Schema.NullOr(FinishReason),
       logprobs: Schema.optional(Schema.NullOr(ChoiceLogprobs))
@@ -164,7 +212,11 @@ export const ChatCompletion = Schema.Struct({
   choices: Schema.Array(
     Schema.Struct({
       index: Schema.Int,
-      message: Schema.Struct({ role: Schema.Literal("assistant"), content: Schema.String }),
+      message: Schema.Struct({
+        role: Schema.Literal("assistant"),
+        content: Schema.NullOr(Schema.String),
+        tool_calls: Schema.optional(Schema.Array(ToolCall))
+      }),
       finish_reason: FinishReason,
       logprobs: Schema.NullOr(ChoiceLogprobs)
     })
@@ -242,7 +294,7 @@ export type MediaModality = "image" | "video" | "audio"
 /** The media parts of a chat request, in the order they appear, as (modality, url) pairs. */
 export const chatMediaParts = (request: ChatCompletionRequest): Array<{ modality: MediaModality; url: string }> =>
   request.messages.flatMap((message) =>
-    typeof message.content === "string"
+    typeof message.content === "string" || message.content === null
       ? []
       : message.content.flatMap((part): Array<{ modality: MediaModality; url: string }> => {
           switch (part.type) {

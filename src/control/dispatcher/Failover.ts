@@ -82,8 +82,11 @@ export const withFailover = (dispatchGraph: GraphRun, observer: CallObserver | u
   ): AsyncIterable<unknown> {
     const taskId = graph.invocations[graph.invocations.length - 1]!.taskId
     const said: Array<number> = []
-    /** A stream of several choices is not carried on: the executor says no token ids for it. */
-    let severalChoices = false
+    /**
+     * A stream the executor says no token ids for (several choices, tool calls, an answer held to a
+     * schema) cannot be carried on where it broke off.
+     */
+    let resumable = true
     let identity: { readonly id: string; readonly created: number } | undefined
     let stream = first
     for (let failovers = 0; ; failovers++) {
@@ -91,14 +94,14 @@ export const withFailover = (dispatchGraph: GraphRun, observer: CallObserver | u
         for await (const chunk of stream) {
           const { cornserve_token_ids: tokens, ...rest } = chunk as LlmChunk
           if (tokens !== undefined) said.push(...tokens)
-          if (rest.choices.some((choice) => choice.index > 0)) severalChoices = true
+          if (tokens === undefined) resumable = false
           identity ??= { id: rest.id, created: rest.created }
           // The continuation's chunks keep the first executor's completion id.
           yield { ...rest, id: identity.id, created: identity.created }
         }
         return
       } catch (error) {
-        if (signal.aborted || severalChoices || failovers >= maxFailovers || !breaksOff(error)) throw error
+        if (signal.aborted || !resumable || failovers >= maxFailovers || !breaksOff(error)) throw error
         observer?.failover(taskId)
         stream = await resume(graph, requestId, signal, context, said, tried)
       }

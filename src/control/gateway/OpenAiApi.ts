@@ -105,15 +105,12 @@ const unimplemented: Readonly<Record<OpenAiRoute, ReadonlySet<string>>> = {
     "logit_bias",
     "metadata",
     "modalities",
-    "parallel_tool_calls",
     "prediction",
     "prompt_cache_key",
     "reasoning_effort",
     "safety_identifier",
     "service_tier",
     "store",
-    "tool_choice",
-    "tools",
     "verbosity",
     "web_search_options"
   ]),
@@ -215,12 +212,17 @@ export const prepareOpenAiRequest = (
 
 const decodeChunk = Schema.decodeUnknownEither(Schema.parseJson(ChatCompletionChunk))
 
+interface GatheredChoice {
+  text: string
+  finish: FinishReason | null
+  logprobs: Array<NonNullable<ChoiceLogprobs["content"]>[number]>
+  /** Tool calls by their index: the first delta names them, the rest add to their arguments. */
+  calls: Map<number, { id: string; name: string; arguments: string }>
+}
+
 /** What an app's stream says, gathered by choice: a whole answer's parts. */
 class Gathered {
-  readonly choices = new Map<
-    number,
-    { text: string; finish: FinishReason | null; logprobs: Array<NonNullable<ChoiceLogprobs["content"]>[number]> }
-  >()
+  readonly choices = new Map<number, GatheredChoice>()
   id: string | undefined
   created: number | undefined
   model: string | undefined
@@ -257,8 +259,20 @@ class Gathered {
     this.model ??= chunk.model
     if (chunk.usage != null) this.usage = chunk.usage
     for (const choice of chunk.choices) {
-      const gathered = this.choices.get(choice.index) ?? { text: "", finish: null, logprobs: [] }
+      const gathered: GatheredChoice = this.choices.get(choice.index) ?? {
+        text: "",
+        finish: null,
+        logprobs: [],
+        calls: new Map()
+      }
       gathered.text += choice.delta.content ?? ""
+      for (const call of choice.delta.tool_calls ?? []) {
+        const known = gathered.calls.get(call.index) ?? { id: "", name: "", arguments: "" }
+        if (call.id !== undefined) known.id = call.id
+        if (call.function?.name !== undefined) known.name = call.function.name
+        known.arguments += call.function?.arguments ?? ""
+        gathered.calls.set(call.index, known)
+      }
       if (choice.finish_reason !== null) gathered.finish = choice.finish_reason
       if (choice.logprobs?.content != null) gathered.logprobs.push(...choice.logprobs.content)
       this.choices.set(choice.index, gathered)
@@ -293,7 +307,21 @@ export const chatCompletionFormat = (appId: string, maxResponseBytes: number): R
         model: gathered.model ?? "",
         choices: gathered.ordered().map(([index, choice]) => ({
           index,
-          message: { role: "assistant", content: choice.text },
+          message: {
+            role: "assistant",
+            content: choice.text === "" && choice.calls.size > 0 ? null : choice.text,
+            ...(choice.calls.size === 0
+              ? {}
+              : {
+                  tool_calls: [...choice.calls.entries()]
+                    .sort(([a], [b]) => a - b)
+                    .map(([, call]) => ({
+                      id: call.id,
+                      type: "function" as const,
+                      function: { name: call.name, arguments: call.arguments }
+                    }))
+                })
+          },
           finish_reason: choice.finish ?? "stop",
           logprobs: logprobsAsked ? { content: choice.logprobs } : null
         })),

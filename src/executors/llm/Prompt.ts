@@ -32,12 +32,32 @@ export const templateMessages = (messages: ReadonlyArray<ChatMessage>): Array<Te
   messages.map((message) => ({
     role: message.role,
     content:
-      typeof message.content === "string"
+      typeof message.content === "string" || message.content === null
         ? message.content
         : message.content.map((part) =>
             part.type === "text" ? { type: "text", text: part.text } : { type: partModality[part.type] }
-          )
+          ),
+    ...(message.name === undefined ? {} : { name: message.name }),
+    ...(message.tool_call_id === undefined ? {} : { tool_call_id: message.tool_call_id }),
+    ...(message.tool_calls === undefined
+      ? {}
+      : {
+          tool_calls: message.tool_calls.map((call) => ({
+            id: call.id,
+            type: call.type,
+            function: { name: call.function.name, arguments: parsedArguments(call.function.arguments) }
+          }))
+        })
   }))
+
+/** A call's arguments as templates write them: the object its JSON text holds (the text itself when it holds none). */
+const parsedArguments = (text: string): unknown => {
+  try {
+    return JSON.parse(text)
+  } catch {
+    return text
+  }
+}
 
 /** The messages cannot become a prompt for this model: the request's fault. */
 export class PromptError extends Schema.TaggedError<PromptError>()("PromptError", { message: Schema.String }) {

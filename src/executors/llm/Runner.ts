@@ -14,6 +14,7 @@ import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { createSession } from "../common/Sessions.js"
 import { type CacheArray, type CachedRow, gatherRows, type PastData, rightAlignedMask } from "./PastCache.js"
 import type { MediaInput, PromptInput, SamplingParams, StepOp, TokenPartial } from "./protocol.js"
+import { Constraints } from "./Constraints.js"
 import { Sampler } from "./Sampler.js"
 
 /** Decoder outputs that hold final hidden states, by the names exports give them. */
@@ -71,6 +72,8 @@ export class Runner {
   private readonly hidden: number
   private readonly vocab: number
   private readonly padId: number
+  /** Schemas and the tokenizer's vocabulary index, for requests with a response format. */
+  private readonly constraints: Constraints
 
   private constructor(
     private readonly model: ModelDirectory,
@@ -87,6 +90,7 @@ export class Runner {
     this.hidden = spec.hiddenSize
     this.vocab = spec.vocabSize
     this.padId = model.config.pad_token_id ?? 0
+    this.constraints = new Constraints(model, spec.vocabSize)
   }
 
   /** Opens the model's decoder files at `dtype` (by default fp32, or the closest there is). */
@@ -181,7 +185,11 @@ export class Runner {
     const logits = this.lastLogits(outputs.logits!, joining.length)
     joining.forEach((request, row) => {
       const sequence: Sequence = {
-        sampler: new Sampler(request.sampling, request.prompt.inputIds),
+        sampler: new Sampler(
+          request.sampling,
+          request.prompt.inputIds,
+          request.sampling.format === undefined ? undefined : this.constraints.decoder(request.sampling.format)
+        ),
         sampling: request.sampling,
         length: lengths[row]!,
         lastToken: 0,
@@ -189,7 +197,7 @@ export class Runner {
         cache: { past, row }
       }
       this.sequences.set(request.id, sequence)
-      this.accept(request.id, sequence, sequence.sampler.next(logits, row * this.vocab, this.vocab), take)
+      this.accept(request.id, sequence, this.draw(sequence, logits, row), take)
     })
   }
 
@@ -218,7 +226,7 @@ export class Runner {
       const sequence = sequences[row]!
       sequence.length++
       sequence.cache = { past: next, row }
-      this.accept(id, sequence, sequence.sampler.next(logits, row * this.vocab, this.vocab), take)
+      this.accept(id, sequence, this.draw(sequence, logits, row), take)
     })
   }
 
@@ -246,14 +254,22 @@ export class Runner {
     return { tensors: gathered.tensors.map((data) => cacheTensor(data, dims)), width: gathered.width }
   }
 
+  /** A sequence's next token from its row of the step's logits. */
+  private draw(sequence: Sequence, logits: Float32Array, row: number): number {
+    const remaining = sequence.sampling.maxNewTokens - sequence.generated
+    return sequence.sampler.next(logits, row * this.vocab, this.vocab, remaining)
+  }
+
   private accept(id: string, sequence: Sequence, token: number, take: (id: string, partial: TokenPartial) => void) {
     sequence.lastToken = token
     sequence.generated++
-    const finish = sequence.sampling.stopTokenIds.includes(token)
-      ? "stop"
-      : sequence.generated >= sequence.sampling.maxNewTokens
-        ? "length"
-        : undefined
+    // A constrained value that is whole ends the sequence: nothing may follow it.
+    const finish =
+      sequence.sampling.stopTokenIds.includes(token) || sequence.sampler.constraintDone
+        ? "stop"
+        : sequence.generated >= sequence.sampling.maxNewTokens
+          ? "length"
+          : undefined
     if (finish !== undefined) this.sequences.delete(id)
     const logprobs = sequence.sampler.lastLogprobs
     take(id, {

@@ -1,5 +1,6 @@
 import { Random } from "../../models/Random.js"
 import type { SamplingParams } from "./protocol.js"
+import type { ConstrainedDecoder } from "./structured/ConstrainedDecoder.js"
 
 /**
  * Picks a request's next token from its logits, with transformers.js's steps in its order: the
@@ -38,7 +39,12 @@ export class Sampler {
   /** The last drawn token's log probabilities, when they were asked for. */
   lastLogprobs: TokenLogprobs | undefined
 
-  constructor(sampling: SamplerParams, promptIds: ArrayLike<number> = []) {
+  constructor(
+    sampling: SamplerParams,
+    promptIds: ArrayLike<number> = [],
+    /** Holds the output to a JSON format: tokens it does not allow are never drawn. */
+    private readonly constraint?: ConstrainedDecoder
+  ) {
     this.temperature = sampling.temperature
     this.topP = sampling.topP
     this.topK = sampling.topK ?? 0
@@ -52,8 +58,10 @@ export class Sampler {
   }
 
   /** The token for `logits[from, from + vocab)`; it joins the history the next draw sees. */
-  next(logits: Float32Array, from: number, vocab: number): number {
-    const token = this.draw(this.scores(logits, from, vocab))
+  next(logits: Float32Array, from: number, vocab: number, remainingTokens = Infinity): number {
+    const scores = this.scores(logits, from, vocab)
+    const token = this.draw(this.constraint === undefined ? scores : this.masked(scores, logits, from, remainingTokens))
+    this.constraint?.accept(token)
     if (this.logprobs !== undefined) this.lastLogprobs = logprobsOf(logits, from, vocab, token, this.logprobs)
     this.history.push(token)
     this.seen.add(token)
@@ -86,6 +94,21 @@ export class Sampler {
       }
     }
     if (scale) for (let i = 0; i < vocab; i++) row[i]! /= this.temperature
+    return row
+  }
+
+  /** The constrained value is whole: nothing but the end of sequence may follow. */
+  get constraintDone(): boolean {
+    return this.constraint?.done === true
+  }
+
+  /** The scores with every token the constraint does not allow now at -Infinity (a copy where they were the logits). */
+  private masked(scores: Float32Array, logits: Float32Array, from: number, remainingTokens: number): Float32Array {
+    const mask = this.constraint!.mask(remainingTokens)
+    const row = scores.buffer === logits.buffer ? scores.slice() : scores
+    const allowed = Math.min(mask.length, row.length)
+    for (let token = 0; token < allowed; token++) if (mask[token] === 0) row[token] = -Infinity
+    row.fill(-Infinity, allowed)
     return row
   }
 

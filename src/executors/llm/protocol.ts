@@ -7,6 +7,7 @@
  * until it finishes or the engine frees it.
  */
 import type { EmbeddingSource, FinishReason } from "./api.js"
+import type { ResponseFormat } from "./structured/JsonGrammar.js"
 
 /** An image or audio clip for the model's own encoder, or an embedding from the sidecar. */
 export type MediaInput =
@@ -49,6 +50,8 @@ export interface SamplingParams {
   readonly frequencyPenalty?: number
   /** Report each token's log probability and this many most likely alternatives' (absent: none). */
   readonly logprobs?: number
+  /** The output must be JSON of this format: the logits are masked at each step (see Constraints.ts). */
+  readonly format?: ResponseFormat
   readonly seed: number
   readonly maxNewTokens: number
   /** Tokens that end the sequence (empty with ignore_eos). */

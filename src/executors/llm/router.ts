@@ -26,7 +26,7 @@ import {
   workItemContext
 } from "../common/Router.js"
 import { inSpan } from "../../tracing/Tracing.js"
-import type { ChoiceLogprobs, RawPrompt, TokenLogprob } from "../../app-runtime/schemas/OpenAI.js"
+import type { ChoiceLogprobs, FunctionTool, RawPrompt, TokenLogprob } from "../../app-runtime/schemas/OpenAI.js"
 import {
   type ChatCompletion,
   type ChatCompletionChunk,
@@ -41,7 +41,16 @@ import {
   type PromptEmbeddingsResponse,
   type Usage
 } from "./api.js"
+import { Constraints, type ResponseFormat, UnsupportedSchema } from "./Constraints.js"
 import { type GeneratedToken, Generation, type Outcome } from "./Generation.js"
+import {
+  type AnswerDelta,
+  type AnswerMode,
+  AnswerShaper,
+  anyCallSchema,
+  parametersSchema,
+  toolCallFormatOf
+} from "./ToolCalls.js"
 import { contextLength, kvCacheTokens } from "./Limits.js"
 import { makeMediaInputs } from "./MediaInputs.js"
 import { type MediaPart, mediaParts, PromptError, templateMessages } from "./Prompt.js"
@@ -94,9 +103,16 @@ export const routerKind: RouterKind = {
           : Effect.fail(new ModelNotFound({ message: `this executor serves "${config.model}", not "${name}"` }))
 
       /** The chat template over the messages; a template that refuses them (or none at all) is the request's problem. */
-      const renderChat = (messages: ReadonlyArray<ChatMessage>, addGenerationPrompt: boolean): string => {
+      const renderChat = (
+        messages: ReadonlyArray<ChatMessage>,
+        addGenerationPrompt: boolean,
+        tools?: ReadonlyArray<FunctionTool>
+      ): string => {
         try {
-          return tokenizer.applyChatTemplate(templateMessages(messages), { addGenerationPrompt })
+          return tokenizer.applyChatTemplate(templateMessages(messages), {
+            addGenerationPrompt,
+            ...(tools === undefined ? {} : { tools })
+          })
         } catch (error) {
           if (!(error instanceof ChatTemplateError)) throw error
           throw new PromptError(
@@ -108,14 +124,18 @@ export const routerKind: RouterKind = {
       /** The prompt a chat request (or a plain text) runs: ids with expanded placeholders, media rows to splice. */
       const buildPrompt = async (
         source:
-          | { readonly messages: ReadonlyArray<ChatMessage>; readonly addGenerationPrompt: boolean }
+          | {
+              readonly messages: ReadonlyArray<ChatMessage>
+              readonly addGenerationPrompt: boolean
+              readonly tools?: ReadonlyArray<FunctionTool>
+            }
           | { readonly text: string },
         refs: ReadonlyArray<EmbeddingRef> | undefined
       ): Promise<PromptInput> => {
         const parts = "messages" in source ? mediaParts(source.messages) : []
         const resolved = await media.resolve(parts, refs)
         const text = media.promptText(
-          "messages" in source ? renderChat(source.messages, source.addGenerationPrompt) : source.text,
+          "messages" in source ? renderChat(source.messages, source.addGenerationPrompt, source.tools) : source.text,
           resolved
         )
         const { inputIds, spans } = media.layout(tokenizer.encode(text), resolved)
@@ -244,6 +264,80 @@ export const routerKind: RouterKind = {
         })
       })
 
+      /** Schemas compiled here to refuse what the decoder cannot hold to before anything runs. */
+      const constraints = new Constraints(model, model.decoder!.vocabSize)
+      const toolCallFormat = toolCallFormatOf(tokenizer.chatTemplateSource())
+
+      /**
+       * What a request's tools and response format ask of its answers: the mode each choice's text
+       * is read in, and the JSON format its tokens are held to (if any).
+       */
+      const answerPlan = (
+        body: ChatCompletionRequest
+      ): { readonly mode: AnswerMode; readonly format: ResponseFormat | undefined } => {
+        const tools = body.tools ?? []
+        const choice = body.tool_choice ?? (tools.length > 0 ? "auto" : "none")
+        const asked = body.response_format ?? undefined
+        const format: ResponseFormat | undefined =
+          asked === undefined || asked.type === "text"
+            ? undefined
+            : asked.type === "json_object"
+              ? { type: "json_object" }
+              : { type: "json_schema", json_schema: asked.json_schema }
+        if (choice !== "none" && tools.length === 0)
+          throw new BadRequest({ message: "tool_choice needs tools: the request has none" })
+        const plan = ((): { readonly mode: AnswerMode; readonly format: ResponseFormat | undefined } => {
+          if (choice === "none") return { mode: { kind: "text" }, format }
+          if (format !== undefined)
+            throw new BadRequest({
+              message: "response_format cannot be held to while the model may call tools; set tool_choice to none"
+            })
+          if (choice === "auto") {
+            if (toolCallFormat === undefined)
+              throw new BadRequest({
+                message:
+                  "this model's chat template takes no tools, or writes calls in a way the platform does not read (it reads Hermes and Qwen's <tool_call> and Llama 3.1's JSON); name a function in tool_choice or use required"
+              })
+            return { mode: { kind: "parse", format: toolCallFormat }, format: undefined }
+          }
+          if (choice === "required") {
+            const schema = anyCallSchema(
+              tools.map((tool) => ({ name: tool.function.name, parameters: tool.function.parameters }))
+            )
+            return {
+              mode: { kind: "any" },
+              format: { type: "json_schema", json_schema: { name: "tool_call", schema } }
+            }
+          }
+          const named = tools.find((tool) => tool.function.name === choice.function.name)
+          if (named === undefined)
+            throw new BadRequest({
+              message: `tool_choice names ${JSON.stringify(choice.function.name)}, which is not among the request's tools`
+            })
+          return {
+            mode: { kind: "named", name: named.function.name },
+            format: {
+              type: "json_schema",
+              json_schema: {
+                name: named.function.name,
+                schema: parametersSchema(named.function.parameters),
+                strict: named.function.strict ?? null
+              }
+            }
+          }
+        })()
+        if (plan.format !== undefined) {
+          try {
+            constraints.grammar(plan.format)
+          } catch (error) {
+            if (error instanceof UnsupportedSchema)
+              throw new BadRequest({ message: `the schema cannot be held to: ${error.message}` })
+            throw error
+          }
+        }
+        return plan
+      }
+
       const chatCompletions = Effect.gen(function* () {
         const body = yield* HttpServerRequest.schemaBodyJson(ChatCompletionRequest)
         yield* checkModel(body.model)
@@ -254,6 +348,8 @@ export const routerKind: RouterKind = {
         if (choices > 1 && continued.length > 0)
           return yield* new BadRequest({ message: "a continuation goes on with one choice; n must be 1" })
         const raw = body.cornserve_prompt
+        const plan = yield* check(() => answerPlan(body))
+        const tools = body.tools ?? undefined
         // A prompt must leave at least one position for the completion.
         if (raw === undefined)
           yield* checkMedia(mediaParts(body.messages), body.cornserve_embeddings, maxModelLength - 1)
@@ -262,11 +358,15 @@ export const routerKind: RouterKind = {
         const asked = yield* attempt(() =>
           inSpan("prompt", { parent: span }, async () =>
             raw === undefined
-              ? buildPrompt({ messages: body.messages, addGenerationPrompt: true }, body.cornserve_embeddings)
+              ? buildPrompt(
+                  { messages: body.messages, addGenerationPrompt: true, ...(tools === undefined ? {} : { tools }) },
+                  body.cornserve_embeddings
+                )
               : rawPrompt(raw)
           )
         )
-        const params = yield* check(() => sampling(body, asked.inputIds.length))
+        const sampled = yield* check(() => sampling(body, asked.inputIds.length))
+        const params = plan.format === undefined ? sampled : { ...sampled, format: plan.format }
         const { prompt, sampling: samplingParams } =
           continued.length === 0
             ? { prompt: asked, sampling: params }
@@ -289,6 +389,10 @@ export const routerKind: RouterKind = {
         const id = `chatcmpl-${randomUUID()}`
         const now = Math.floor(Date.now() / 1000)
         const withLogprobs = body.logprobs === true
+        const shapers = generations.map(() => new AnswerShaper(plan.mode))
+        /** A choice that called a tool and ended by itself ended for its calls. */
+        const finishOf = (called: boolean, outcome: Outcome): FinishReason =>
+          called && outcome.finishReason === "stop" ? "tool_calls" : outcome.finishReason
         const usage = (outcomes: ReadonlyArray<Outcome>): Usage => {
           const promptTokens = prompt.inputIds.length - continued.length
           const completionTokens = outcomes.reduce((sum, outcome) => sum + outcome.completionTokens, 0)
@@ -309,12 +413,27 @@ export const routerKind: RouterKind = {
             object: "chat.completion",
             created: now,
             model: config.model,
-            choices: generations.map((generation, index) => ({
-              index,
-              message: { role: "assistant", content: generation.text },
-              finish_reason: outcomes[index]!.finishReason,
-              logprobs: withLogprobs ? logprobsContent(generation.logprobs) : null
-            })),
+            choices: generations.map((generation, index) => {
+              const answer = shapers[index]!.whole(generation.text)
+              return {
+                index,
+                message: {
+                  role: "assistant",
+                  content: answer.content,
+                  ...(answer.calls.length === 0
+                    ? {}
+                    : {
+                        tool_calls: answer.calls.map((call) => ({
+                          id: call.id,
+                          type: "function" as const,
+                          function: { name: call.name, arguments: call.arguments }
+                        }))
+                      })
+                },
+                finish_reason: finishOf(answer.calls.length > 0, outcomes[index]!),
+                logprobs: withLogprobs ? logprobsContent(generation.logprobs) : null
+              }
+            }),
             usage: usage(outcomes)
           }
           return HttpServerResponse.unsafeJson(completion)
@@ -330,8 +449,9 @@ export const routerKind: RouterKind = {
           return yield* Effect.fail(failure)
         }
         const includeUsage = body.stream_options?.include_usage === true
-        // Token ids let the dispatcher carry a broken stream on; only a single choice can be.
-        const withTokens = body.cornserve_token_ids === true && choices === 1
+        // Token ids let the dispatcher carry a broken stream on: a single choice of plain text can be.
+        const withTokens =
+          body.cornserve_token_ids === true && choices === 1 && plan.mode.kind === "text" && plan.format === undefined
         const chunk = (
           index: number,
           delta: ChatCompletionChunk["choices"][number]["delta"],
@@ -368,13 +488,27 @@ export const routerKind: RouterKind = {
             // A continuation goes on with a stream whose role chunk its client has seen.
             if (continued.length === 0)
               void emit.single(sseLine(chunk(index, { role: "assistant", content: "" }, null)))
+            const shaper = shapers[index]!
+            const say = (
+              deltas: ReadonlyArray<AnswerDelta>,
+              tokens: ReadonlyArray<number> = [],
+              logprobs: ReadonlyArray<GeneratedToken> = []
+            ) => {
+              deltas.forEach((delta, at) => {
+                const said = "content" in delta ? { content: delta.content } : { tool_calls: delta.toolCalls }
+                // A chunk's tokens and their logprobs go with its first piece.
+                void emit.single(sseLine(chunk(index, said, null, at === 0 ? tokens : [], at === 0 ? logprobs : [])))
+              })
+            }
+            say(shaper.start())
             generation.subscribe({
               text: (text, tokens, logprobs) => {
-                if (!ended) void emit.single(sseLine(chunk(index, { content: text }, null, tokens, logprobs)))
+                if (!ended) say(shaper.push(text), tokens, logprobs)
               },
               end: (outcome) => {
                 if (ended) return
-                void emit.single(sseLine(chunk(index, {}, outcome.finishReason, generation.takeUnsaid())))
+                say(shaper.end())
+                void emit.single(sseLine(chunk(index, {}, finishOf(shaper.called, outcome), generation.takeUnsaid())))
                 outcomes.push(outcome)
                 if (outcomes.length < generations.length) return
                 close(includeUsage ? [{ ...chunk(0, {}, null), choices: [], usage: usage(outcomes) }] : [])
