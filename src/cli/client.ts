@@ -5,6 +5,7 @@ import { readFile } from "node:fs/promises"
 import { basename, dirname, extname, resolve as resolvePath } from "node:path"
 import { Effect, Either, ParseResult, Queue, Schema } from "effect"
 import {
+  AppDocument,
   AppList,
   ErrorAnswer,
   NodeList,
@@ -16,6 +17,7 @@ import {
   UnregisterAnswer
 } from "../control/gateway/GatewayAnswers.js"
 import { responseLines } from "../control/ResponseLines.js"
+import { SchemaText } from "./SchemaText.js"
 import {
   LevelMeasured,
   RecordedProfile,
@@ -253,6 +255,51 @@ export const listApps = (target: GatewayTarget) =>
         ])
       )
     )
+  })
+
+/**
+ * `app describe ID`: what the app does, the request it takes and the answer it gives (from its
+ * OpenAPI document), and its example; with `json`, the document itself.
+ */
+export const describeApp = (target: GatewayTarget, appId: string, json: boolean) =>
+  Effect.gen(function* () {
+    const response = yield* Effect.flatMap(
+      request(target, "GET", `app/${encodeURIComponent(appId)}/openapi.json`),
+      expectOk
+    )
+    const text = yield* readText(response)
+    const document = yield* decodeText(AppDocument, "app document")(text)
+    if (json) return yield* write(`${JSON.stringify(JSON.parse(text), null, 2)}\n`)
+    const schemas = new SchemaText(document.components?.schemas ?? {})
+    const out: Array<string> = [document.info.title]
+    if (document.info.description !== undefined) out.push(`  ${document.info.description}`)
+    for (const [path, item] of Object.entries(document.paths)) {
+      const operation = item.post
+      if (operation === undefined || !path.startsWith("/app/invoke/")) continue
+      const body = operation.requestBody?.content["application/json"]
+      out.push("", `Request: POST ${path} (application/json)`, ...schemas.lines(body?.schema))
+      const answer = operation.responses?.["200"]?.content ?? {}
+      const kinds = Object.keys(answer)
+      const shape = kinds.includes("application/json")
+        ? kinds.includes("application/x-ndjson")
+          ? "one JSON value, or a stream of them, one per line (NDJSON)"
+          : "one JSON value"
+        : "a stream of JSON values, one per line (NDJSON)"
+      const line = answer["application/json"] ?? answer["application/x-ndjson"]
+      out.push("", `Response: ${shape}`, ...schemas.lines(line?.schema))
+      if (body?.example !== undefined) {
+        out.push(
+          "",
+          "Example request:",
+          ...JSON.stringify(body.example, null, 2)
+            .split("\n")
+            .map((row) => `  ${row}`)
+        )
+      }
+    }
+    const openAi = Object.keys(document.paths).filter((path) => path.includes("/v1/"))
+    if (openAi.length > 0) out.push("", "OpenAI's API:", ...openAi.map((path) => `  ${path}`))
+    yield* write(`${out.join("\n")}\n`)
   })
 
 export const listTasks = (target: GatewayTarget) =>

@@ -23,6 +23,7 @@ import {
   appLogs,
   checkAppFile,
   developApp,
+  describeApp,
   listApps,
   listNodes,
   listTasks,
@@ -571,9 +572,23 @@ const invoke = Command.make(
   ({ appId, data, aggregate, gateway }) => invokeApp(target(gateway), appId, data, Option.getOrUndefined(aggregate))
 ).pipe(Command.withDescription("Call an app; prints its JSON answer, or its lines as they stream."))
 
+const describe = Command.make(
+  "describe",
+  {
+    appId: Args.text({ name: "ID" }).pipe(Args.withDescription("The app's id, as app list shows it.")),
+    json: Options.boolean("json").pipe(Options.withDescription("Print the app's OpenAPI 3.1 document instead.")),
+    gateway: gatewayOption
+  },
+  ({ appId, json, gateway }) => describeApp(target(gateway), appId, json)
+).pipe(
+  Command.withDescription(
+    "Print what an app does, the request it takes, the answer it gives and its example (its /app/ID/openapi.json)."
+  )
+)
+
 const app = Command.make("app").pipe(
-  Command.withDescription("Register, list, call and unregister apps, and read their logs."),
-  Command.withSubcommands([register, check, dev, unregister, list, logs, invoke])
+  Command.withDescription("Register, list, describe, call and unregister apps, and read their logs."),
+  Command.withSubcommands([register, check, dev, unregister, list, describe, logs, invoke])
 )
 
 const tasks = Command.make("tasks").pipe(

@@ -1,6 +1,7 @@
 import { Schema } from "effect"
 import { type DispatchFailureCode, TaskGraphWire } from "../tasks/TaskGraph.js"
 import { jsonDepthWithin } from "../JsonDepth.js"
+import { AppSchemasWire } from "./AppSchemas.js"
 
 /** A unit task an app needs deployed, as the control plane sees it. */
 export const UnitTaskSpec = Schema.Struct({
@@ -79,7 +80,9 @@ export const FromWorker = Schema.Union(
     example: Schema.Unknown,
     description: Schema.optional(Schema.String),
     admission: Schema.optional(AdmissionSettingsWire),
-    timeoutMs: exactOptional(Schema.Number)
+    timeoutMs: exactOptional(Schema.Number),
+    /** What the app takes and answers, as JSON Schema (absent: the platform describes it as any JSON). */
+    schemas: exactOptional(AppSchemasWire)
   }),
   Schema.Struct({ t: Schema.Literal("load-failed"), message: Schema.String }),
   Schema.Struct({ t: Schema.Literal("pong"), nonce: Count }),

@@ -25,6 +25,7 @@ import {
   type SchemaIssue,
   type ToAppProcess
 } from "./protocol.js"
+import { appSchemasOf } from "./AppSchemas.js"
 import { Cancellation } from "./Cancellation.js"
 import { answerWindowChars, dispatchWindowChunks, ReceiveLedger, SendWindow } from "./StreamWindow.js"
 
@@ -341,7 +342,8 @@ function serveApp(app: App, maxResponseBytes: number, maxMessageBytes: number) {
     example: app.example,
     description: app.description,
     admission: app.admission,
-    ...(app.timeoutMs === undefined ? {} : { timeoutMs: app.timeoutMs })
+    ...(app.timeoutMs === undefined ? {} : { timeoutMs: app.timeoutMs }),
+    schemas: appSchemasOf(app)
   })
 }
 

@@ -10,6 +10,7 @@ import {
   type UnitTaskSpec
 } from "../../app-runtime/driver/protocol.js"
 import { watchSignal } from "../../app-runtime/driver/Cancellation.js"
+import { type AppSchemas, readAppSchemas, undescribedSchemas } from "../../app-runtime/driver/AppSchemas.js"
 import {
   answerWindowChars,
   dispatchWindowChunks,
@@ -32,6 +33,8 @@ export interface LoadedApp {
   readonly admission: AdmissionSettings | undefined
   /** How long its requests may take, streams included, by its own definition. */
   readonly timeoutMs: number | undefined
+  /** What it takes and answers, as JSON Schema. */
+  readonly schemas: AppSchemas
 }
 
 /** Why an app's process could not load it: the registration's error, or a restart's. */
@@ -57,6 +60,22 @@ const admissionRefusal = (admission: unknown): string | undefined => {
 const settingsRefusal = (message: { readonly admission?: unknown; readonly timeoutMs?: unknown }): string | undefined =>
   admissionRefusal(message.admission) ?? timeoutProblem(message.timeoutMs, "timeoutMs")
 
+/** What an app's "loaded" message says, or why it cannot be taken. */
+const loadedApp = (message: Extract<FromWorker, { readonly t: "loaded" }>): LoadedApp | string => {
+  const refusal = settingsRefusal(message)
+  if (refusal !== undefined) return refusal
+  const schemas = message.schemas === undefined ? undescribedSchemas : readAppSchemas(message.schemas)
+  if (typeof schemas === "string") return `the app's process sent schemas the platform cannot read: ${schemas}`
+  return {
+    tasks: message.tasks,
+    example: message.example,
+    description: message.description,
+    admission: message.admission,
+    timeoutMs: message.timeoutMs,
+    schemas
+  }
+}
+
 /**
  * The platform's side of one app's process. Requests are tagged with a number and their
  * replies routed back to their handlers. A worker that dies is started again after the wait
@@ -70,6 +89,8 @@ export class AppDriver {
   timeoutMs: number | undefined
   /** Its claim on shared tasks: set from the app's settings once it has loaded. */
   share: AppShare
+  /** What its process said at its last load (each restart loads it again). */
+  loaded: LoadedApp | undefined
   private worker!: AppProcess
   private readonly replies = new Map<number, ReplyHandlers>()
   /** What arrived and left of each streaming request's lines, to give the app room as they leave. */
@@ -276,23 +297,20 @@ export class AppDriver {
         if (this.worker !== worker) return
         if (loaded && (message.t === "loaded" || message.t === "load-failed")) {
           this.violation(`it sent "${message.t}" after its app had loaded`)
-        } else if (message.t === "loaded" && settingsRefusal(message) !== undefined) {
-          // defineApp checks them in the app's process; a process that skips it is checked here.
-          clearTimeout(timer)
-          reject(new AppLoadError({ message: settingsRefusal(message)! }))
-          void worker.terminate()
         } else if (message.t === "loaded") {
+          clearTimeout(timer)
+          const app = loadedApp(message)
+          if (typeof app === "string") {
+            // defineApp and the SDK check them in the app's process; a process that skips it is checked here.
+            reject(new AppLoadError({ message: app }))
+            void worker.terminate()
+            return
+          }
           loaded = true
           this.loadedAt = Date.now()
-          this.declaredTasks = new Set(message.tasks.map((task) => task.id))
-          clearTimeout(timer)
-          resolve({
-            tasks: message.tasks,
-            example: message.example,
-            description: message.description,
-            admission: message.admission,
-            timeoutMs: message.timeoutMs
-          })
+          this.declaredTasks = new Set(app.tasks.map((task) => task.id))
+          this.loaded = app
+          resolve(app)
         } else if (message.t === "load-failed") {
           clearTimeout(timer)
           reject(new AppLoadError({ message: message.message }))

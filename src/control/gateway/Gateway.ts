@@ -1,6 +1,17 @@
 import { listenFailure } from "../../process/Listening.js"
 import { issueLines, readableIssues } from "../../app-runtime/SchemaIssues.js"
-import type { AppList, NodeList, ScaleAnswer, TaskList, TaskProfileAnswer, UnregisterAnswer } from "./GatewayAnswers.js"
+import {
+  type AppList,
+  type HealthAnswer,
+  type NodeList,
+  type ReadyAnswer,
+  RegisterRequest,
+  type ScaleAnswer,
+  ScaleRequest,
+  type TaskList,
+  type TaskProfileAnswer,
+  type UnregisterAnswer
+} from "./GatewayAnswers.js"
 import * as Http from "node:http"
 import * as Https from "node:https"
 import type { AddressInfo } from "node:net"
@@ -11,9 +22,11 @@ import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
 import * as NodeHttpServerRequest from "@effect/platform-node/NodeHttpServerRequest"
 import { ServeError } from "@effect/platform/HttpServerError"
 import { Effect, Fiber, Queue, Schema, Stream } from "effect"
-import { AppManager } from "../app-manager/AppManager.js"
-import { AdmissionOverride, OutboundHosts, RequestTimeoutMs } from "../app-manager/AppStore.js"
+import { AppDriver } from "../app-manager/AppDriver.js"
+import { AppManager, type AppSummary } from "../app-manager/AppManager.js"
 import {
+  AppNotFound,
+  AppNotReady,
   BadRequest,
   echoedChars,
   Forbidden,
@@ -33,41 +46,14 @@ import { refuseUnread } from "../../contracts/RpcGate.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
 import { adminRequestRefusal } from "./AdminGuard.js"
 import { errorBody, errorResponse } from "./ErrorResponse.js"
+import { docsAsset, docsContentSecurityPolicy, docsPage } from "./DocsPage.js"
+import { appDocument, type DescribedApp, platformDocument, type UndescribedApp } from "./OpenApi.js"
 import { shortened } from "../../app-runtime/Shortened.js"
 import { parseJsonBody } from "./JsonBody.js"
 import { renderMetrics } from "./Metrics.js"
 import { PlatformMetrics } from "../metrics/PlatformMetrics.js"
 import { chatCompletionsPattern, invokePrefix, makeInvokeRoute } from "./InvokeRoute.js"
 import { readRequestBody } from "./RequestBody.js"
-
-export const RegisterRequest = Schema.Struct({
-  source: Schema.String,
-  name: Schema.String,
-  replace: Schema.optionalWith(Schema.Boolean, { default: () => false }),
-  /** Admission settings over the app's own (defineApp's `admission`). */
-  admission: Schema.optional(AdmissionOverride),
-  /** Keys this app's invoke and OpenAI routes take, besides the platform's (`--api-key`); kept as digests. */
-  apiKeys: Schema.optional(
-    Schema.Array(
-      Schema.String.pipe(
-        Schema.pattern(/^[\x21-\x7e]{16,256}$/, {
-          message: () => "an API key is 16 to 256 printable ASCII characters, no spaces"
-        })
-      )
-    ).pipe(Schema.maxItems(16))
-  ),
-  /** Hosts the app may connect to (`host` or `host:port`), through its outbound proxy. */
-  allowHosts: Schema.optional(OutboundHosts),
-  /** How long the app's requests may take, streams included, in ms; over the app's own `timeoutMs`. */
-  timeoutMs: Schema.optional(RequestTimeoutMs)
-})
-
-export const ScaleRequest = Schema.Struct({
-  taskId: Schema.String,
-  devices: Schema.Int.pipe(
-    Schema.filter((n) => n !== 0 || "devices must be a non-zero whole number (+ adds, - removes)")
-  )
-})
 
 const sseEvent = (event: string, data: unknown) => `event: ${event}\ndata: ${JSON.stringify(data)}\n\n`
 
@@ -351,7 +337,11 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
 
     const health = Effect.sync(() =>
       HttpServerResponse.unsafeJson(
-        { status: draining ? "shutting-down" : "ok", role: config.role, apps: appManager.list().length },
+        {
+          status: draining ? "shutting-down" : "ok",
+          role: config.role,
+          apps: appManager.list().length
+        } satisfies typeof HealthAnswer.Encoded,
         { status: draining ? 503 : 200 }
       )
     )
@@ -365,7 +355,7 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       const waiting = appManager.list().filter((app) => app.state === "registering").length
       const status = draining ? "shutting-down" : started ? "ready" : "starting"
       return HttpServerResponse.unsafeJson(
-        { status, ...(status === "starting" ? { restoring: waiting } : {}) },
+        { status, ...(status === "starting" ? { restoring: waiting } : {}) } satisfies typeof ReadyAnswer.Encoded,
         { status: status === "ready" ? 200 : 503 }
       )
     })
@@ -390,6 +380,92 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
           contentType: "text/plain; version=0.0.4"
         }
       )
+    })
+
+    /**
+     * An app as the OpenAPI documents show it to a reader who sent `authorization`: with its schemas
+     * once it is ready and the reader may call it (the API-key rule of its invoke routes), else named only.
+     */
+    const describedApp = (summary: AppSummary, authorization: string | undefined): DescribedApp | UndescribedApp => {
+      const needsApiKey = config.apiKeys.length > 0 || appManager.apiKeyDigestsOf(summary.id).length > 0
+      if (!apiKeyAccepted(authorization, summary.id)) {
+        return {
+          id: summary.id,
+          needsApiKey,
+          why: "Its schemas are shown to callers with an API key it takes (`/app/ID/openapi.json`)."
+        }
+      }
+      const driver = appManager.lookup(summary.id)
+      if (!(driver instanceof AppDriver) || driver.loaded === undefined) {
+        return {
+          id: summary.id,
+          needsApiKey,
+          why: `The app is ${summary.state}${summary.error === undefined ? "" : `: ${shortened(summary.error, 500)}`}; its schemas are known once it is ready.`
+        }
+      }
+      return {
+        id: summary.id,
+        description: driver.loaded.description,
+        example: driver.loaded.example,
+        schemas: driver.loaded.schemas,
+        needsApiKey,
+        registeredAt: summary.registeredAt
+      }
+    }
+
+    /** Like `/app/list`, open to all; an app's schemas follow its API-key rule (see `describedApp`). */
+    const platformOpenApi = Effect.gen(function* () {
+      const request = yield* HttpServerRequest.HttpServerRequest
+      const apps = appManager.list().filter((app) => app.state !== "unregistering")
+      const document = platformDocument(
+        apps.map((app) => describedApp(app, request.headers.authorization)),
+        {
+          adminToken: config.adminToken !== undefined,
+          metricsToken: !config.publicMetrics && (config.metricsToken ?? config.adminToken) !== undefined
+        }
+      )
+      return HttpServerResponse.unsafeJson(document)
+    })
+
+    /** An app's document: for whoever may call it (its API-key rule), once it is ready. */
+    const appOpenApi = Effect.gen(function* () {
+      const request = yield* HttpServerRequest.HttpServerRequest
+      const appId = yield* param("id")
+      if (!apiKeyAccepted(request.headers.authorization, appId)) {
+        return yield* new Unauthorized({ message: "this app's document needs an API key: Authorization: Bearer <key>" })
+      }
+      const driver = appManager.lookup(appId)
+      if (!(driver instanceof AppDriver)) return yield* driver
+      const summary = appManager.list().find((app) => app.id === appId)
+      const described = summary === undefined ? undefined : describedApp(summary, request.headers.authorization)
+      if (described === undefined || !("schemas" in described)) {
+        return yield* new AppNotReady({ appId, state: summary?.state ?? "registering" })
+      }
+      return HttpServerResponse.unsafeJson(appDocument(described))
+    })
+
+    const htmlPage = (html: string) =>
+      HttpServerResponse.text(html, {
+        contentType: "text/html; charset=utf-8",
+        headers: { "content-security-policy": docsContentSecurityPolicy, "x-content-type-options": "nosniff" }
+      })
+
+    const appDocsPage = Effect.gen(function* () {
+      const appId = yield* param("id")
+      if (!appManager.has(appId)) return yield* new AppNotFound({ appId })
+      return htmlPage(docsPage(`${appId} · Cornserve`, `/app/${encodeURIComponent(appId)}/openapi.json`))
+    })
+
+    const docsFile = Effect.gen(function* () {
+      const name = yield* param("file")
+      const asset = docsAsset(name)
+      if (asset === undefined) {
+        return yield* new RouteNotFound({ message: `no file ${shortened(name, echoedChars)} under /docs` })
+      }
+      return HttpServerResponse.uint8Array(asset.body, {
+        contentType: asset.contentType,
+        headers: { "cache-control": "public, max-age=3600", "x-content-type-options": "nosniff" }
+      })
     })
 
     const router = HttpRouter.empty.pipe(
@@ -418,7 +494,15 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       HttpRouter.post("/task/scale", scale),
       HttpRouter.get("/health", health),
       HttpRouter.get("/ready", ready),
-      HttpRouter.get("/metrics", metrics)
+      HttpRouter.get("/metrics", metrics),
+      HttpRouter.get("/openapi.json", platformOpenApi),
+      HttpRouter.get("/app/:id/openapi.json", appOpenApi),
+      HttpRouter.get("/app/:id/docs", appDocsPage),
+      HttpRouter.get(
+        "/docs",
+        Effect.sync(() => htmlPage(docsPage("Cornserve", "/openapi.json")))
+      ),
+      HttpRouter.get("/docs/:file", docsFile)
     )
 
     const refuseWhileDraining = Effect.suspend(() => (draining ? Effect.fail(new ShuttingDown()) : Effect.void))

@@ -1,13 +1,58 @@
 /**
- * The gateway's answers to its admin and listing routes, as a client reads them (the CLI decodes
- * them with these). A client reads the fields it uses: a struct takes an answer with more.
+ * The bodies of the gateway's admin and listing routes, and its answers, as a client reads them
+ * (the CLI decodes them with these, and the platform's OpenAPI document describes the routes with
+ * them). A client reads the fields it uses: a struct takes an answer with more.
  */
 import { Schema, Struct } from "effect"
+import { SchemaIssue } from "../../app-runtime/driver/protocol.js"
 import { ErrorBody } from "../../executors/common/errors.js"
+import { AdmissionOverride, OutboundHosts, RequestTimeoutMs } from "../app-manager/AppStore.js"
 import { RecordedProfile } from "../task-manager/ProfileRecording.js"
 
 /** What every route answers on failure, as executors do: its error's tag and message (and details a route adds). */
 export const ErrorAnswer = ErrorBody
+
+/** An error answer with the details some add: the fields a request got wrong (422), the app or task it names. */
+export const DetailedErrorAnswer = Schema.Struct({
+  error: Schema.Struct({
+    ...ErrorBody.fields.error.fields,
+    issues: Schema.optional(Schema.Array(SchemaIssue)),
+    appId: Schema.optional(Schema.String),
+    taskId: Schema.optional(Schema.String),
+    module: Schema.optional(Schema.String)
+  })
+})
+
+/** `POST /app/register` */
+export const RegisterRequest = Schema.Struct({
+  source: Schema.String,
+  name: Schema.String,
+  replace: Schema.optionalWith(Schema.Boolean, { default: () => false }),
+  /** Admission settings over the app's own (defineApp's `admission`). */
+  admission: Schema.optional(AdmissionOverride),
+  /** Keys this app's invoke and OpenAI routes take, besides the platform's (`--api-key`); kept as digests. */
+  apiKeys: Schema.optional(
+    Schema.Array(
+      Schema.String.pipe(
+        Schema.pattern(/^[\x21-\x7e]{16,256}$/, {
+          message: () => "an API key is 16 to 256 printable ASCII characters, no spaces"
+        })
+      )
+    ).pipe(Schema.maxItems(16))
+  ),
+  /** Hosts the app may connect to (`host` or `host:port`), through its outbound proxy. */
+  allowHosts: Schema.optional(OutboundHosts),
+  /** How long the app's requests may take, streams included, in ms; over the app's own `timeoutMs`. */
+  timeoutMs: Schema.optional(RequestTimeoutMs)
+})
+
+/** `POST /task/scale` */
+export const ScaleRequest = Schema.Struct({
+  taskId: Schema.String,
+  devices: Schema.Int.pipe(
+    Schema.filter((n) => n !== 0 || "devices must be a non-zero whole number (+ adds, - removes)")
+  )
+})
 
 /** The data of a registration's Server-Sent Events: `progress` and `final` tell, `error` fails it. */
 export const RegistrationProgress = Schema.Struct({ message: Schema.String })
@@ -69,6 +114,19 @@ export const TaskProfileAnswer = Schema.Struct({
   recorded: Schema.NullOr(RecordedProfile)
 })
 
+/** `GET /health`: 503 while the platform shuts down. */
+export const HealthAnswer = Schema.Struct({
+  status: Schema.Literal("ok", "shutting-down"),
+  role: Schema.String,
+  apps: Schema.Int
+})
+
+/** `GET /ready`: 200 once the apps of the state dir are back, 503 before (with how many are still restoring) and while shutting down. */
+export const ReadyAnswer = Schema.Struct({
+  status: Schema.Literal("ready", "starting", "shutting-down"),
+  restoring: Schema.optional(Schema.Int)
+})
+
 /** `GET /nodes/list` */
 export const NodeList = Schema.Struct({
   nodes: Schema.Array(
@@ -85,5 +143,40 @@ export const NodeList = Schema.Struct({
         })
       )
     })
+  )
+})
+
+/**
+ * `GET /app/:id/openapi.json`, as `app describe` reads it: the app's description, and its invoke
+ * route's request body, example and answers (OpenAPI's shapes; the rest of the document is read as
+ * it comes).
+ */
+const DocumentMediaType = Schema.Struct({
+  schema: Schema.optional(Schema.Unknown),
+  example: Schema.optional(Schema.Unknown)
+})
+const DocumentContent = Schema.Record({ key: Schema.String, value: DocumentMediaType })
+export const AppDocument = Schema.Struct({
+  openapi: Schema.String,
+  info: Schema.Struct({ title: Schema.String, description: Schema.optional(Schema.String) }),
+  paths: Schema.Record({
+    key: Schema.String,
+    value: Schema.Struct({
+      post: Schema.optional(
+        Schema.Struct({
+          operationId: Schema.optional(Schema.String),
+          requestBody: Schema.optional(Schema.Struct({ content: DocumentContent })),
+          responses: Schema.optional(
+            Schema.Record({
+              key: Schema.String,
+              value: Schema.Struct({ description: Schema.String, content: Schema.optional(DocumentContent) })
+            })
+          )
+        })
+      )
+    })
+  }),
+  components: Schema.optional(
+    Schema.Struct({ schemas: Schema.optional(Schema.Record({ key: Schema.String, value: Schema.Unknown })) })
   )
 })
