@@ -5,7 +5,7 @@
  * gateway hands in what it knows of the apps and of who asks.
  */
 import { readFileSync } from "node:fs"
-import { JSONSchema, type Schema } from "effect"
+import { JSONSchema, Schema } from "effect"
 import {
   type AppSchemas,
   cleanSchema,
@@ -13,7 +13,13 @@ import {
   holdsRef,
   type JsonSchema
 } from "../../app-runtime/driver/AppSchemas.js"
-import { ChatCompletion, ChatCompletionChunk } from "../../app-runtime/schemas/OpenAI.js"
+import {
+  ChatCompletion,
+  ChatCompletionChunk,
+  CompletionRequest,
+  ModelObject,
+  TextCompletion
+} from "../../app-runtime/schemas/OpenAI.js"
 import { RecordRequest } from "../task-manager/ProfileRecording.js"
 import {
   AppList,
@@ -76,6 +82,9 @@ const platformVersion = (() => {
 
 // ---- The platform's own schemas ----
 
+/** `GET /app/:id/v1/models`: OpenAI's list of models. */
+const ModelList = Schema.Struct({ object: Schema.Literal("list"), data: Schema.Array(ModelObject) })
+
 /**
  * The platform's schemas, JSON Schema from their Effect Schemas, named in `components/schemas`.
  * Answers take fields they do not name (a client reads those it knows); request bodies do not (the
@@ -108,71 +117,15 @@ const platformSchemas: ReadonlyMap<string, JsonSchema> = (() => {
   add("ReadyAnswer", ReadyAnswer, "allow")
   add("ChatCompletion", ChatCompletion, "allow")
   add("ChatCompletionChunk", ChatCompletionChunk, "allow")
+  add("CompletionRequest", CompletionRequest, "strict")
+  add("TextCompletion", TextCompletion, "allow")
+  add("ModelObject", ModelObject, "allow")
+  add("ModelList", ModelList, "allow")
   for (const [name, schema] of Object.entries(definitions)) if (!named.has(name)) named.set(name, schema)
   const keep = (target: string) =>
     target.startsWith(schemasPrefix) && named.has(target.slice(schemasPrefix.length)) ? target : undefined
   return new Map([...named].map(([name, schema]) => [name, cleanSchema(schema, keep)]))
 })()
-
-/** OpenAI's legacy completions, as much as a reader needs (the route takes the fields a chat request takes besides). */
-const completionRequestSchema: JsonSchema = {
-  type: "object",
-  required: ["prompt"],
-  properties: {
-    model: { type: "string" },
-    prompt: {
-      description: "The text the model continues as it is (no chat template), or its token ids.",
-      anyOf: [{ type: "string" }, { type: "array", items: { type: "integer", minimum: 0 }, minItems: 1 }]
-    },
-    max_tokens: { type: ["integer", "null"], minimum: 1 },
-    temperature: { type: ["number", "null"], minimum: 0, maximum: 2 },
-    stream: { type: ["boolean", "null"] }
-  }
-}
-
-const textCompletionSchema: JsonSchema = {
-  type: "object",
-  required: ["id", "object", "created", "model", "choices"],
-  properties: {
-    id: { type: "string" },
-    object: { const: "text_completion" },
-    created: { type: "integer" },
-    model: { type: "string" },
-    choices: {
-      type: "array",
-      items: {
-        type: "object",
-        required: ["index", "text", "finish_reason"],
-        properties: {
-          index: { type: "integer" },
-          text: { type: "string" },
-          finish_reason: { type: ["string", "null"] }
-        }
-      }
-    }
-  }
-}
-
-const modelListSchema: JsonSchema = {
-  type: "object",
-  required: ["object", "data"],
-  properties: {
-    object: { const: "list" },
-    data: {
-      type: "array",
-      items: {
-        type: "object",
-        required: ["id", "object"],
-        properties: {
-          id: { type: "string" },
-          object: { const: "model" },
-          created: { type: "integer" },
-          owned_by: { type: "string" }
-        }
-      }
-    }
-  }
-}
 
 // ---- Names: every app's named schemas in one `components/schemas` ----
 
@@ -383,13 +336,16 @@ const openAiPaths = (app: DescribedApp, rename: (ref: string) => string | undefi
         summary: `OpenAI (legacy) completions from ${app.id}`,
         description: "The prompt goes to the app as a chat request; the answer is the text it generates.",
         ...security,
-        requestBody: { required: true, content: { "application/json": { schema: completionRequestSchema } } },
+        requestBody: { required: true, content: { "application/json": { schema: ref("CompletionRequest") } } },
         responses: {
           "200": {
-            description: 'One `text_completion`, or with `"stream": true` Server-Sent Events, then `data: [DONE]`.',
+            description:
+              'One `text_completion`, or with `"stream": true` Server-Sent Events: `data: ` and a `text_completion` chunk each, then `data: [DONE]`.',
             content: {
-              "application/json": { schema: textCompletionSchema },
-              "text/event-stream": { schema: { type: "string" } }
+              "application/json": { schema: ref("TextCompletion") },
+              "text/event-stream": {
+                schema: { type: "string", description: "`data: {TextCompletion}` events, then `data: [DONE]`." }
+              }
             }
           },
           ...openAiFailures
@@ -404,11 +360,27 @@ const openAiPaths = (app: DescribedApp, rename: (ref: string) => string | undefi
         ...security,
         responses: {
           "200": {
-            description: "The models of the app's LLM tasks.",
-            content: { "application/json": { schema: modelListSchema } }
+            description: "The models of the app's tasks.",
+            content: { "application/json": { schema: ref("ModelList") } }
           },
           ...(app.needsApiKey ? { "401": failure("No API key, or not one this app takes.") } : {}),
           "404": failure("No app has this id.")
+        }
+      }
+    },
+    [`/app/${app.id}/v1/models/{model}`]: {
+      get: {
+        operationId: `model_${app.id}`,
+        tags,
+        summary: `A model ${app.id} serves`,
+        ...security,
+        parameters: [
+          { name: "model", in: "path", required: true, schema: { type: "string" }, description: "The model's id." }
+        ],
+        responses: {
+          "200": { description: "The model.", content: { "application/json": { schema: ref("ModelObject") } } },
+          ...(app.needsApiKey ? { "401": failure("No API key, or not one this app takes.") } : {}),
+          "404": failure("No app has this id, or the app does not serve this model (`model_not_found`).")
         }
       }
     }

@@ -101,6 +101,7 @@ describe("OpenAPI documents of apps", () => {
       "/app/color_chat/v1/chat/completions",
       "/app/color_chat/v1/completions",
       "/app/color_chat/v1/models",
+      "/app/color_chat/v1/models/{model}",
       "/app/invoke/color_chat"
     ])
     const { schema, example } = requestOf(document, "/app/invoke/color_chat")
@@ -110,6 +111,9 @@ describe("OpenAPI documents of apps", () => {
     const chatAnswer = document.paths["/app/color_chat/v1/chat/completions"].post.responses["200"].content
     expect(Object.keys(chatAnswer)).toEqual(["application/json", "text/event-stream"])
     expect(chatAnswer["application/json"].schema).toEqual({ $ref: "#/components/schemas/ChatCompletion" })
+    const completions = document.paths["/app/color_chat/v1/completions"].post.requestBody.content["application/json"]
+    expect(schemaErrors(document, completions.schema, { prompt: "Once upon a time", max_tokens: 4 })).toEqual([])
+    expect(schemaErrors(document, completions.schema, { max_tokens: 4 })).not.toEqual([])
     // Any JSON: the app declares no response schema.
     expect(Object.keys(document.paths["/app/invoke/color_chat"].post.responses["200"].content)).toEqual([
       "application/json",
