@@ -366,6 +366,17 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
      */
     const apiKeyDigestsOf = (id: string): ReadonlyArray<string> => apps.get(id)?.apiKeyDigests ?? []
 
+    /** The models an app's LLM and text-embedding tasks serve, for its OpenAI routes (`/v1/models`, the `model` check). */
+    const modelsOf = (id: string): ReadonlyArray<string> => [
+      ...new Set(
+        (apps.get(id)?.tasks ?? []).flatMap((task) => {
+          if (task.kind !== "llm" && task.kind !== "text-embedder") return []
+          const model = (task.config as { readonly model?: unknown } | null)?.model
+          return typeof model === "string" ? [model] : []
+        })
+      )
+    ]
+
     /** The last lines an app's processes wrote to stdout and stderr (none before its process started). */
     const logsOf = (id: string): string | AppNotFound => {
       const entry = apps.get(id)
@@ -440,6 +451,7 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       logsOf,
       followLogsOf,
       apiKeyDigestsOf,
+      modelsOf,
       restore,
       has: (id: string) => apps.has(id) || pending.has(id),
       list: (): ReadonlyArray<AppSummary> => [...apps.values()].map(summarize),

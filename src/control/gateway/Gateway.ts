@@ -52,7 +52,8 @@ import { shortened } from "../../app-runtime/Shortened.js"
 import { parseJsonBody } from "./JsonBody.js"
 import { renderMetrics } from "./Metrics.js"
 import { PlatformMetrics } from "../metrics/PlatformMetrics.js"
-import { chatCompletionsPattern, invokePrefix, makeInvokeRoute } from "./InvokeRoute.js"
+import { invokePrefix, makeInvokeRoute, makeModelsRoute } from "./InvokeRoute.js"
+import { matchOpenAiRoute } from "./OpenAiApi.js"
 import { readRequestBody } from "./RequestBody.js"
 
 const sseEvent = (event: string, data: unknown) => `event: ${event}\ndata: ${JSON.stringify(data)}\n\n`
@@ -539,30 +540,42 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       refuseUnread(response, 401, "Unauthorized", "this route needs an API key: Authorization: Bearer <key>")
 
     const effectRoutes = yield* NodeHttpServer.makeHandler(app)
-    const invokeRoute = makeInvokeRoute({
+    const invokeOptions = {
       lookup: appManager.lookup,
       draining: () => draining,
       bodyLimits,
       maxJsonDepth: config.maxJsonDepth,
       requestTimeoutMs: config.requestTimeoutMs,
       maxResponseBytes: config.appLimits.maxResponseBytes,
-      metrics: requestMetrics
-    })
+      metrics: requestMetrics,
+      modelsOf: appManager.modelsOf,
+      registeredAt: (appId: string) => {
+        const registered = appManager.list().find((app) => app.id === appId)?.registeredAt
+        return registered === undefined ? 0 : Math.floor(Date.parse(registered) / 1000)
+      }
+    }
+    const invokeRoute = makeInvokeRoute(invokeOptions)
+    const modelsRoute = makeModelsRoute(invokeOptions)
     nodeServer.on("request", (request, response) => {
       inFlight++
       response.once("close", () => {
         inFlight--
         if (inFlight === 0) idle?.()
       })
-      if (request.method === "POST") {
-        const path = request.url!.split("?", 1)[0]!
-        const chat = path.startsWith(invokePrefix) ? null : chatCompletionsPattern.exec(path)
-        const appId =
-          chat !== null ? chat[1]! : path.startsWith(invokePrefix) ? path.slice(invokePrefix.length) : undefined
-        if (appId !== undefined) {
-          if (!apiKeyAccepted(request.headers.authorization, appId)) return refuseApiKey(response)
-          return invokeRoute(request, response, appId, chat === null ? "native" : "chat")
+      const path = request.url!.split("?", 1)[0]!
+      if (request.method === "POST" && path.startsWith(invokePrefix)) {
+        const appId = path.slice(invokePrefix.length)
+        if (!apiKeyAccepted(request.headers.authorization, appId)) return refuseApiKey(response)
+        return invokeRoute(request, response, appId, "native")
+      }
+      const openAi = path.startsWith("/app/") ? matchOpenAiRoute(request.method, path) : undefined
+      if (openAi !== undefined) {
+        if (!apiKeyAccepted(request.headers.authorization, openAi.appId)) return refuseApiKey(response)
+        if (openAi.route === "models") {
+          request.resume()
+          return modelsRoute(response, openAi.appId, openAi.model)
         }
+        return invokeRoute(request, response, openAi.appId, openAi.route)
       }
       effectRoutes(request, response)
     })
