@@ -1,5 +1,5 @@
 /**
- * Eric's router: `POST /embeddings` and, for a text embedding model, `POST /text-embeddings`.
+ * Eric's router: `POST /embeddings` (media) and `POST /text-embeddings` (a text embedding model's).
  * Media are fetched here and decoded in the thread pool, texts tokenized there; an item whose media
  * is unreadable or corrupt, or a text the model cannot take, fails its own request (MediaError,
  * MediaTooLarge, ContextLengthExceeded, BadRequest) before it reaches the engine, so requests
@@ -163,10 +163,18 @@ export const routerKind: RouterKind = {
                 }
               })
         },
-        routes:
-          text === undefined
-            ? routes
-            : routes.pipe(HttpRouter.post("/text-embeddings", textEmbeddings({ config, engine, pool, spec: text })))
+        routes: routes.pipe(
+          HttpRouter.post(
+            "/text-embeddings",
+            text === undefined
+              ? errorAnswer(
+                  new UnsupportedModality({
+                    message: `model ${config.model} embeds ${modalities.join(", ")}, not text: it has no onnx/model.onnx`
+                  })
+                )
+              : textEmbeddings({ config, engine, pool, spec: text })
+          )
+        )
       }
     })
 }

@@ -296,7 +296,7 @@ describe("Eric: the multimodal encoder executor", () => {
     )
   })
 
-  it("refuses a modality the model lacks (400)", async () => {
+  it("refuses a modality the model lacks (400), text included", async () => {
     const imagesOnly = join(root, "models", "images-only")
     await cp(vlmDir, imagesOnly, { recursive: true })
     await rm(join(imagesOnly, "onnx", "audio_encoder.onnx"))
@@ -312,6 +312,15 @@ describe("Eric: the multimodal encoder executor", () => {
       })
       expect(response.status).toBe(400)
       expect(((await response.json()) as { error: { code: string } }).error.code).toBe("UnsupportedModality")
+      const text = await fetch(`${executor.url}/text-embeddings`, {
+        method: "POST",
+        headers: { ...authorized, "content-type": "application/json" },
+        body: JSON.stringify({ inputs: ["hello"] })
+      })
+      expect(text.status).toBe(400)
+      expect(((await text.json()) as { error: { message: string } }).error.message).toBe(
+        `model ${imagesOnly} embeds image, video, not text: it has no onnx/model.onnx`
+      )
     } finally {
       await executor.stop()
     }
