@@ -285,6 +285,45 @@ export const takesChatRequests = (schemas: AppSchemas): boolean =>
   Object.keys(schemas.request).length === 1 &&
   schemas.defs.has("ChatCompletionRequest")
 
+/** Whether an app takes OpenAI's embeddings requests: its request schema is the SDK's `EmbeddingRequest`. */
+export const takesEmbeddingRequests = (schemas: AppSchemas): boolean =>
+  typeof schemas.request === "object" &&
+  schemas.request.$ref === `${defsRefPrefix}EmbeddingRequest` &&
+  Object.keys(schemas.request).length === 1 &&
+  schemas.defs.has("EmbeddingRequest")
+
+/** OpenAI's embeddings route on an embeddings app. */
+const embeddingsPaths = (app: DescribedApp, rename: (ref: string) => string | undefined) => ({
+  [`/app/${app.id}/v1/embeddings`]: {
+    post: {
+      operationId: `embeddings_${app.id}`,
+      tags: [appTag(app.id)],
+      summary: `OpenAI embeddings from ${app.id}`,
+      ...apiKeySecurity(app.needsApiKey),
+      requestBody: {
+        required: true,
+        content: { "application/json": { schema: cleanSchema(app.schemas.request, rename) } }
+      },
+      responses: {
+        "200": {
+          description: "One vector per input, in the input's order.",
+          content: {
+            "application/json": {
+              schema: app.schemas.response === undefined ? {} : cleanSchema(app.schemas.response, rename)
+            }
+          }
+        },
+        "400": failure("An input is empty, too long, or the request asks for what the model cannot do."),
+        ...(app.needsApiKey ? { "401": failure("No API key, or not one this app takes.") } : {}),
+        "404": failure("No app has this id, or the request names a model the app does not serve."),
+        "422": failure("The request does not match the app's request schema."),
+        "429": failure("The app runs and queues as many requests as its admission settings allow.", true),
+        "503": failure("The app is not ready, or a task has no executor free.", true)
+      }
+    }
+  }
+})
+
 /** OpenAI's routes on a chat app: chat completions, legacy completions, models. */
 const openAiPaths = (app: DescribedApp, rename: (ref: string) => string | undefined) => {
   const security = apiKeySecurity(app.needsApiKey)
@@ -398,7 +437,8 @@ const appPaths = (app: DescribedApp, names: ReadonlyMap<string, string>) => {
   )
   const paths = {
     [`/app/invoke/${app.id}`]: { post: invokeOperation(app, rename) },
-    ...(takesChatRequests(app.schemas) ? openAiPaths(app, rename) : {})
+    ...(takesChatRequests(app.schemas) ? openAiPaths(app, rename) : {}),
+    ...(takesEmbeddingRequests(app.schemas) ? embeddingsPaths(app, rename) : {})
   }
   return { paths, schemas }
 }

@@ -9,6 +9,7 @@ import {
   readAppSchemas
 } from "../../../src/app-runtime/driver/AppSchemas.js"
 import { FromWorker } from "../../../src/app-runtime/driver/protocol.js"
+import { EmbeddingRequest, EmbeddingResponse } from "../../../src/app-runtime/schemas/Embeddings.js"
 import { ChatCompletionRequest } from "../../../src/app-runtime/schemas/OpenAI.js"
 import { appDocument, type DescribedApp, platformDocument } from "../../../src/control/gateway/OpenApi.js"
 import { type JsonDocument, openApiProblem, requestOf, schemaErrors } from "../../support/openApi.js"
@@ -119,6 +120,21 @@ describe("OpenAPI documents of apps", () => {
       "application/json",
       "application/x-ndjson"
     ])
+  })
+
+  it("documents OpenAI's embeddings route for an app that takes the SDK's embeddings request", async () => {
+    const embedder = defineApp({
+      tasks: {},
+      request: EmbeddingRequest,
+      response: EmbeddingResponse,
+      serve: () => ({ object: "list" as const, data: [], model: "m", usage: { prompt_tokens: 0, total_tokens: 0 } })
+    })
+    const document: JsonDocument = appDocument(described("embed", embedder))
+    expect(await openApiProblem(document)).toBeUndefined()
+    expect(Object.keys(document.paths).sort()).toEqual(["/app/embed/v1/embeddings", "/app/invoke/embed"])
+    const request = document.paths["/app/embed/v1/embeddings"].post.requestBody.content["application/json"]
+    expect(schemaErrors(document, request.schema, { input: ["a", "b"], encoding_format: "base64" })).toEqual([])
+    expect(schemaErrors(document, request.schema, { encoding_format: "float" })).not.toEqual([])
   })
 
   it("describes a streaming app's answer as NDJSON only, and its named parts as components", async () => {
