@@ -9,6 +9,10 @@
  *   directly one after another; the figure is aggregate tokens/s, and time to first token counts
  *   from when all 8 arrive.
  *
+ * - Constrained decoding: the same requests held to a JSON schema (`response_format`) against the
+ *   same requests unconstrained, through the executor, 1 at a time and 8 at once: the cost per
+ *   token of masking the logits at each step (decode tokens/s ratio; target ≥ 0.9).
+ *
  * Direct and API runs alternate so that the machine's drift hits both; the ratios are medians of
  * per-pair (1 request) and per-round (8 requests) ratios. Greedy outputs through the API are
  * checked against the direct ones. Prints a table, then (as the last line) one JSON object.
@@ -29,7 +33,17 @@ const pairsPerRound = 2
 const threads = Number(process.env.BENCH_THREADS ?? 2)
 const concurrency = 8
 const model = "bench/decoder-125m"
-const targets = { singleDecodeRatio: 0.9, concurrentOverSequential: 1 }
+const targets = { singleDecodeRatio: 0.9, concurrentOverSequential: 1, constrainedRatio: 0.9 }
+const noFormat: Readonly<Record<string, unknown>> = {}
+
+const isJson = (text: string) => {
+  try {
+    JSON.parse(text)
+    return true
+  } catch {
+    return false
+  }
+}
 
 const prompts = benchPrompts
 
@@ -138,6 +152,82 @@ export default async function main(): Promise<void> {
       )
     }
 
+    // Constrained decoding against unconstrained, same executor, same prompts, alternating.
+    const format = {
+      response_format: {
+        type: "json_schema",
+        json_schema: {
+          name: "notes",
+          strict: true,
+          schema: {
+            type: "object",
+            properties: {
+              title: { type: "string" },
+              points: { type: "array", items: { type: "string" } },
+              score: { type: "number" },
+              done: { type: "boolean" }
+            },
+            required: ["title", "points", "score", "done"],
+            additionalProperties: false
+          }
+        }
+      }
+    }
+    // Warm-up: the first constrained request builds the tokenizer's index and compiles the schema.
+    await streamed(executor.url, model, prompts[0]!, tokens, performance.now(), format)
+    const constrained = {
+      free1: [] as Array<number>,
+      held1: [] as Array<number>,
+      free8: [] as Array<number>,
+      held8: [] as Array<number>,
+      firstHeldMs: [] as Array<number>
+    }
+    const constrainedSingle: Array<number> = []
+    const constrainedConcurrent: Array<number> = []
+    let invalid = 0
+    for (let round = 0; round < rounds; round++) {
+      for (let pair = 0; pair < pairsPerRound; pair++) {
+        const which = (round * pairsPerRound + pair) % prompts.length
+        const free = () => streamed(executor.url, model, prompts[which]!, tokens, performance.now())
+        const held = () => streamed(executor.url, model, prompts[which]!, tokens, performance.now(), format)
+        const [freeRun, heldRun] =
+          pair % 2 === 0 ? [await free(), await held()] : await held().then(async (run) => [await free(), run] as const)
+        constrained.free1.push(decodeRate(freeRun))
+        constrained.held1.push(decodeRate(heldRun))
+        constrained.firstHeldMs.push(heldRun.firstTokenMs)
+        constrainedSingle.push(decodeRate(heldRun) / decodeRate(freeRun))
+        if (!isJson(heldRun.text)) invalid++
+      }
+      const batch = async (extra: Readonly<Record<string, unknown>>) => {
+        const start = performance.now()
+        const runs = await Promise.all(
+          prompts.map((prompt) => streamed(executor.url, model, prompt, tokens, start, extra))
+        )
+        for (const run of runs) if (extra !== noFormat && !isJson(run.text)) invalid++
+        // Per-token rate of the batch's decode: tokens after each first over the time after the first.
+        const first = Math.min(...runs.map((run) => run.firstTokenMs))
+        const decoded = runs.reduce((sum, run) => sum + run.tokens - 1, 0)
+        return decoded / ((Math.max(...runs.map((run) => run.endMs)) - first) / 1000)
+      }
+      const [freeRate, heldRate] =
+        round % 2 === 0
+          ? [await batch(noFormat), await batch(format)]
+          : await batch(format).then(async (rate) => [await batch(noFormat), rate] as const)
+      constrained.free8.push(freeRate)
+      constrained.held8.push(heldRate)
+      constrainedConcurrent.push(heldRate / freeRate)
+    }
+    const constrainedSingleRatio = round(median(constrainedSingle), 3)
+    const constrainedConcurrentRatio = round(median(constrainedConcurrent), 3)
+    console.log(
+      [
+        `constrained decoding (response_format json_schema) against unconstrained, executor API, medians over ${rounds} rounds:`,
+        `  1 request:  unconstrained ${round2(median(constrained.free1))} tok/s, constrained ${round2(median(constrained.held1))} tok/s, ratio ${constrainedSingleRatio} (target ≥ ${targets.constrainedRatio})`,
+        `  8 requests: unconstrained ${round2(median(constrained.free8))} tok/s, constrained ${round2(median(constrained.held8))} tok/s, ratio ${constrainedConcurrentRatio} (target ≥ ${targets.constrainedRatio})`,
+        `  constrained answers that are not JSON: ${invalid}`
+      ].join("\n")
+    )
+
     const figures = figuresOf(samples)
     const singleDecodeRatio = round(median(singleRatios), 3)
     const concurrentOverSequential = round(median(concurrentRatios), 3)
@@ -168,10 +258,16 @@ export default async function main(): Promise<void> {
         singleDecodeRatio,
         concurrentOverSequential,
         outputMismatches: mismatches,
+        constrainedSingleRatio,
+        constrainedConcurrentRatio,
+        constrainedInvalid: invalid,
         targetsMet:
           singleDecodeRatio >= targets.singleDecodeRatio &&
           concurrentOverSequential > targets.concurrentOverSequential &&
-          mismatches === 0
+          mismatches === 0 &&
+          constrainedSingleRatio >= targets.constrainedRatio &&
+          constrainedConcurrentRatio >= targets.constrainedRatio &&
+          invalid === 0
       })
     )
   } finally {

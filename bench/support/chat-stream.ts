@@ -44,7 +44,15 @@ const agent = new http.Agent({ keepAlive: true })
  * takes less of the cores it shares with the server than fetch's web streams do; it still reads
  * every event as it arrives.
  */
-export const streamed = (url: string, model: string, prompt: string, maxTokens: number, origin: number): Promise<Run> =>
+export const streamed = (
+  url: string,
+  model: string,
+  prompt: string,
+  maxTokens: number,
+  origin: number,
+  /** More of the request (a response_format, say). */
+  extra: Readonly<Record<string, unknown>> = {}
+): Promise<Run> =>
   new Promise((resolve, reject) => {
     const body = JSON.stringify({
       model,
@@ -53,7 +61,8 @@ export const streamed = (url: string, model: string, prompt: string, maxTokens: 
       ignore_eos: true,
       temperature: 0,
       stream: true,
-      stream_options: { include_usage: true }
+      stream_options: { include_usage: true },
+      ...extra
     })
     const request = http.request(
       new URL("/v1/chat/completions", url),
