@@ -165,17 +165,50 @@ export class ToolCallStream {
 export const parametersSchema = (parameters: Readonly<Record<string, unknown>> | undefined): Record<string, unknown> =>
   parameters === undefined || Object.keys(parameters).length === 0 ? { type: "object" } : { ...parameters }
 
-/** The schema of one call of any of `tools` (`tool_choice: "required"`): `{ "name": …, "arguments": … }`. */
+/**
+ * The schema of one call of any of `tools` (`tool_choice: "required"`): `{ "name": …, "arguments": … }`.
+ * Each tool's parameters move under the new root, so their definitions (`$defs`, `definitions`)
+ * move to its `$defs` under names of their own (`tool0.Address`), and their references with them;
+ * a reference to a tool's own root becomes one to its parameters.
+ */
 export const anyCallSchema = (
   tools: ReadonlyArray<{ readonly name: string; readonly parameters?: Readonly<Record<string, unknown>> | undefined }>
-): Record<string, unknown> => ({
-  anyOf: tools.map((tool) => ({
-    type: "object",
-    properties: { name: { const: tool.name }, arguments: parametersSchema(tool.parameters) },
-    required: ["name", "arguments"],
-    additionalProperties: false
-  }))
-})
+): Record<string, unknown> => {
+  const defs: Record<string, unknown> = {}
+  const branches = tools.map((tool, index) => {
+    const prefix = `tool${index}`
+    const { $defs, definitions, ...parameters } = parametersSchema(tool.parameters)
+    const moved = (target: string): string => {
+      if (target === "#") return `#/$defs/${prefix}`
+      const named = /^#\/(?:\$defs|definitions)\/(.+)$/.exec(target)
+      return named === null ? target : `#/$defs/${prefix}.${named[1]}`
+    }
+    for (const kept of [$defs, definitions]) {
+      if (typeof kept !== "object" || kept === null) continue
+      for (const [name, schema] of Object.entries(kept)) defs[`${prefix}.${name}`] = withRefs(schema, moved)
+    }
+    const args = withRefs(parameters, moved)
+    defs[prefix] = args
+    return {
+      type: "object",
+      properties: { name: { const: tool.name }, arguments: { $ref: `#/$defs/${prefix}` } },
+      required: ["name", "arguments"],
+      additionalProperties: false
+    }
+  })
+  return { anyOf: branches, $defs: defs }
+}
+
+/** `schema` with every `$ref` rewritten by `move`. */
+const withRefs = (schema: unknown, move: (target: string) => string): unknown => {
+  if (Array.isArray(schema)) return schema.map((item) => withRefs(item, move))
+  if (typeof schema !== "object" || schema === null) return schema
+  return Object.fromEntries(
+    Object.entries(schema).map(([key, value]) =>
+      key === "$ref" && typeof value === "string" ? [key, move(value)] : [key, withRefs(value, move)]
+    )
+  )
+}
 
 /**
  * How a choice's text becomes the answer: as it is (`text`); searched for calls as the template

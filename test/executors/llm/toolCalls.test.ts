@@ -1,6 +1,8 @@
 import { describe, expect, it } from "vitest"
+import { compileJsonSchema } from "../../../src/executors/llm/structured/JsonGrammar.js"
 import {
   AnswerShaper,
+  anyCallSchema,
   parseToolCalls,
   type StreamedPiece,
   ToolCallStream,
@@ -104,5 +106,41 @@ describe("tool calls in a model's output", () => {
     expect(shaper.called).toBe(true)
     const whole = new AnswerShaper({ kind: "any" }).whole('{"name": "f", "arguments": {"x": 2}}')
     expect(whole).toMatchObject({ content: null, calls: [{ name: "f", arguments: '{"x":2}' }] })
+  })
+
+  it("moves each tool's definitions under the call schema's root, references and recursion with them", () => {
+    const address = { type: "object", properties: { street: { type: "string" } }, required: ["street"] }
+    const schema = anyCallSchema([
+      {
+        name: "a",
+        parameters: {
+          type: "object",
+          properties: { home: { $ref: "#/$defs/Address" } },
+          required: ["home"],
+          $defs: { Address: address }
+        }
+      },
+      {
+        name: "b",
+        parameters: {
+          type: "object",
+          properties: { child: { anyOf: [{ type: "null" }, { $ref: "#" }] }, old: { $ref: "#/definitions/Address" } },
+          required: ["child", "old"],
+          definitions: { Address: address }
+        }
+      }
+    ])
+    expect(schema.$defs).toMatchObject({
+      "tool0.Address": address,
+      tool0: { properties: { home: { $ref: "#/$defs/tool0.Address" } } },
+      "tool1.Address": address,
+      tool1: {
+        properties: {
+          child: { anyOf: [{ type: "null" }, { $ref: "#/$defs/tool1" }] },
+          old: { $ref: "#/$defs/tool1.Address" }
+        }
+      }
+    })
+    expect(() => compileJsonSchema(schema, { strict: false })).not.toThrow()
   })
 })
