@@ -6,7 +6,7 @@
  */
 
 /** GPT-2's reversible map from byte values to printable characters. */
-const byteCharacters: ReadonlyArray<string> = (() => {
+export const byteCharacters: ReadonlyArray<string> = (() => {
   const printable: Array<number> = []
   const addRange = (from: string, to: string) => {
     for (let c = from.charCodeAt(0); c <= to.charCodeAt(0); c++) printable.push(c)

@@ -1,3 +1,4 @@
+import { byteCharacters } from "../../../models/ByteLevelBpe.js"
 import { ByteTrie } from "./ByteTrie.js"
 import { scanString, stringCompletion, stringSubstates } from "./JsonString.js"
 
@@ -207,13 +208,12 @@ class MaskCache {
 
 const size = (entry: MaskEntry) => entry.mask.byteLength + (entry.byNeed?.tokens.byteLength ?? 0)
 
-/** GPT-2's byte-level alphabet, character code back to byte (-1 for none): printable bytes are themselves, the rest shifted past 255. */
+/** GPT-2's byte-level alphabet read backwards: character code to byte (-1 for none). */
 const byteLevelBytes: Int16Array = (() => {
-  const printable = (byte: number) =>
-    (byte >= 0x21 && byte <= 0x7e) || (byte >= 0xa1 && byte <= 0xac) || (byte >= 0xae && byte <= 0xff)
   const table = new Int16Array(512).fill(-1)
-  let shifted = 0
-  for (let byte = 0; byte < 256; byte++) table[printable(byte) ? byte : 256 + shifted++] = byte
+  byteCharacters.forEach((character, byte) => {
+    table[character.charCodeAt(0)] = byte
+  })
   return table
 })()
 
