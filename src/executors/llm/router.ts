@@ -264,7 +264,7 @@ export const routerKind: RouterKind = {
         })
       })
 
-      /** Schemas compiled here to refuse what the decoder cannot hold to before anything runs. */
+      /** Schemas compiled here (and the vocabulary indexed, once) to refuse what the decoder cannot hold to before anything runs. */
       const constraints = new Constraints(model, model.decoder!.vocabSize)
       const toolCallFormat = toolCallFormatOf(tokenizer.chatTemplateSource())
 
@@ -327,12 +327,14 @@ export const routerKind: RouterKind = {
           }
         })()
         if (plan.format !== undefined) {
+          // A decoder made here, as the worker will make it: what it refuses (a schema, or a tokenizer
+          // that cannot spell every byte) is this request's 400, not a failed step for its batch.
           try {
-            constraints.grammar(plan.format)
+            constraints.decoder(plan.format)
           } catch (error) {
             if (error instanceof UnsupportedSchema)
               throw new BadRequest({ message: `the schema cannot be held to: ${error.message}` })
-            throw error
+            throw new BadRequest({ message: `this model cannot decode under a schema: ${(error as Error).message}` })
           }
         }
         return plan
