@@ -1,0 +1,418 @@
+import { Either, Schema } from "effect"
+import sharp from "sharp"
+import { InvalidProcessorConfig, preprocessorConfigFile } from "./Idefics3Processor.js"
+import type { RgbImage } from "./ImageProcessor.js"
+import { decodeConfig } from "./ModelDirectory.js"
+
+/**
+ * The Qwen2-VL processor (Qwen2-VL and Qwen2.5-VL), computing what transformers.js's
+ * Qwen2VLImageProcessor and Qwen2VLProcessor compute:
+ *
+ * - an image is decoded with sharp into 8-bit RGB and resized to the size `smartResize` gives
+ *   (both edges multiples of patch_size × merge_size, the area within min_pixels and max_pixels)
+ *   the way transformers.js's RawImage resizes under Node: an affine scale with the resample
+ *   kernel (Lanczos through sharp's resize);
+ * - it is rescaled and normalized, each step stored as float32 as transformers.js stores it;
+ * - its frames (an image is one frame) are padded to a multiple of temporal_patch_size by
+ *   repeating the last, then cut into patches in the order the vision encoder merges them:
+ *   for each temporal patch, the merge × merge blocks in row-major order, within a block its
+ *   patches in row-major order; each patch is [channel, frame, y, x] flattened. That is
+ *   pixel_values [grid_t·grid_h·grid_w, C·temporal·patch·patch] and grid_thw [t, h, w];
+ * - each <|image_pad|> (<|video_pad|>) of a prompt stands for grid_t·grid_h·grid_w ÷ merge²
+ *   tokens, one per merged block.
+ *
+ * Images are always read as RGB (do_convert_rgb, true in every Qwen2-VL config, is not read).
+ *
+ * Where transformers (Python) differs, transformers.js is followed, since it is the reference the
+ * platform's answers are checked against: `smartResize` rounds halves up (Python's round() rounds
+ * them to even: an edge of 70 pixels is 84 here, 56 there), and an image with an edge under the
+ * factor is first scaled up so that its short edge is the factor (Python does not).
+ */
+
+const Count = Schema.Int.pipe(Schema.positive())
+const PerChannel = Schema.Union(Schema.Number, Schema.Tuple(Schema.Number, Schema.Number, Schema.Number))
+const openAiClipMean = [0.48145466, 0.4578275, 0.40821073] as const
+const openAiClipStd = [0.26862954, 0.26130258, 0.27577711] as const
+
+/**
+ * preprocessor_config.json of a Qwen2-VL model. Defaults are those of transformers' (Python)
+ * Qwen2VLImageProcessor, whose configs often leave them out; transformers.js needs them spelled
+ * out (without them it neither resizes nor normalizes). min_frames and max_frames are the
+ * defaults of its Qwen2VLVideoProcessor, fps 2 that of Qwen2.5-VL's processor and Qwen's own video
+ * reader.
+ */
+export const Qwen2VLImageProcessorConfig = Schema.Struct({
+  image_processor_type: Schema.optional(Schema.Literal("Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast")),
+  min_pixels: Schema.optional(Count),
+  max_pixels: Schema.optional(Count),
+  /** Newer configs bound the area here (shortest_edge, longest_edge); older saves wrote min_pixels, max_pixels. */
+  size: Schema.optional(
+    Schema.Struct({
+      shortest_edge: Schema.optional(Count),
+      longest_edge: Schema.optional(Count),
+      min_pixels: Schema.optional(Count),
+      max_pixels: Schema.optional(Count)
+    })
+  ),
+  patch_size: Schema.optionalWith(Count, { default: () => 14 }),
+  temporal_patch_size: Schema.optionalWith(Count, { default: () => 2 }),
+  merge_size: Schema.optionalWith(Count, { default: () => 2 }),
+  do_resize: Schema.optionalWith(
+    Schema.Literal(true).annotations({
+      message: () => "must be true: the patch grid needs edges the merge size divides"
+    }),
+    { default: () => true as const }
+  ),
+  /** PIL's codes: 0 nearest, 1 Lanczos, 2 bilinear, 3 bicubic, 4 box and 5 Hamming (both done as bilinear). */
+  resample: Schema.optionalWith(Schema.Literal(0, 1, 2, 3, 4, 5), { default: () => 3 as const }),
+  do_rescale: Schema.optionalWith(Schema.Boolean, { default: () => true }),
+  rescale_factor: Schema.optionalWith(Schema.Number, { default: () => 1 / 255 }),
+  do_normalize: Schema.optionalWith(Schema.Boolean, { default: () => true }),
+  image_mean: Schema.optionalWith(PerChannel, { default: () => openAiClipMean }),
+  image_std: Schema.optionalWith(PerChannel, { default: () => openAiClipStd }),
+  fps: Schema.optionalWith(Schema.Number.pipe(Schema.positive()), { default: () => 2 }),
+  min_frames: Schema.optionalWith(Count, { default: () => 4 }),
+  max_frames: Schema.optionalWith(Count, { default: () => 768 })
+})
+export type Qwen2VLImageProcessorConfig = typeof Qwen2VLImageProcessorConfig.Type
+
+export interface Qwen2VLProcessor {
+  readonly config: Qwen2VLImageProcessorConfig
+  /** The area bounds, from min_pixels / max_pixels, else size, else 56·56 and 28·28·1280. */
+  readonly minPixels: number
+  readonly maxPixels: number
+}
+
+/** The processor a preprocessor_config.json (parsed) describes; one it cannot follow is refused, naming why. */
+export const qwen2VLProcessor = (preprocessorConfig: unknown): Qwen2VLProcessor => {
+  const config = Either.getOrThrowWith(
+    decodeConfig(Qwen2VLImageProcessorConfig, preprocessorConfig ?? {}),
+    (reason) =>
+      new InvalidProcessorConfig({ file: preprocessorConfigFile, field: "", reason: `is not usable: ${reason}` })
+  )
+  const minPixels = config.min_pixels ?? config.size?.shortest_edge ?? config.size?.min_pixels ?? 56 * 56
+  const maxPixels = config.max_pixels ?? config.size?.longest_edge ?? config.size?.max_pixels ?? 28 * 28 * 1280
+  if (minPixels > maxPixels) {
+    throw new InvalidProcessorConfig({
+      file: preprocessorConfigFile,
+      field: "min_pixels",
+      reason: `is ${minPixels}, more than max_pixels (${maxPixels})`
+    })
+  }
+  return { config, minPixels, maxPixels }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sizes
+
+/** An image too long for its width (or the other way round) for the vision encoder. */
+export class ExtremeAspectRatio extends Schema.TaggedError<ExtremeAspectRatio>()("ExtremeAspectRatio", {
+  width: Schema.Int,
+  height: Schema.Int
+}) {
+  override get message() {
+    const ratio = Math.max(this.width, this.height) / Math.min(this.width, this.height)
+    return `an image of ${this.width}×${this.height} pixels has an aspect ratio of ${ratio.toFixed(1)}; Qwen2-VL takes at most 200`
+  }
+}
+
+/**
+ * The size an image of `height` × `width` is resized to: each edge rounded to a multiple of
+ * `factor`, then, if the area is over `maxPixels` (under `minPixels`), both edges scaled down
+ * (up) by the same factor and rounded down (up) to multiples of `factor`. An image with an edge
+ * under `factor` is first scaled up so that its short edge is `factor`. An aspect ratio over 200
+ * is refused.
+ */
+export const smartResize = (
+  height: number,
+  width: number,
+  factor = 28,
+  minPixels = 56 * 56,
+  maxPixels = 28 * 28 * 1280
+): { readonly height: number; readonly width: number } => {
+  let h = height
+  let w = width
+  if (h < factor || w < factor) {
+    const scale = Math.max(factor / h, factor / w)
+    h = Math.round(h * scale)
+    w = Math.round(w * scale)
+  }
+  if (Math.max(h, w) / Math.min(h, w) > 200) throw new ExtremeAspectRatio({ width, height })
+  const hBar = Math.round(h / factor) * factor
+  const wBar = Math.round(w / factor) * factor
+  if (hBar * wBar > maxPixels) {
+    const beta = Math.sqrt((h * w) / maxPixels)
+    return {
+      height: Math.max(factor, Math.floor(h / beta / factor) * factor),
+      width: Math.max(factor, Math.floor(w / beta / factor) * factor)
+    }
+  }
+  if (hBar * wBar < minPixels) {
+    const beta = Math.sqrt(minPixels / (h * w))
+    return { height: Math.ceil((h * beta) / factor) * factor, width: Math.ceil((w * beta) / factor) * factor }
+  }
+  return { height: hBar, width: wBar }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pixels
+
+/** Per-request bounds on the area an image or video frame is resized within (the config's otherwise). */
+export interface PixelBounds {
+  readonly minPixels?: number
+  readonly maxPixels?: number
+}
+
+export interface Qwen2VLImageOptions extends PixelBounds {
+  /** sharp's limit on the pixels of an encoded image, checked from its header before decoding. */
+  readonly limitInputPixels?: number
+}
+
+/** [t, h, w]: temporal patches, and patch rows and columns, as image_grid_thw / video_grid_thw hold them. */
+export type GridThw = readonly [t: number, h: number, w: number]
+
+/** What the vision encoder takes for one image or video. */
+export interface Qwen2VLVisionInputs {
+  /** float32 [grid_t·grid_h·grid_w, channels·temporal_patch_size·patch_size²], row-major. */
+  readonly pixelValues: Float32Array
+  readonly grid: GridThw
+  /** The length of a row of pixelValues. */
+  readonly patchDim: number
+}
+
+/** An encoded image as transformers.js reads it: oriented by EXIF, alpha dropped (not blended), gray spread to RGB. */
+const decodeRgb = async (bytes: Uint8Array, options: Qwen2VLImageOptions): Promise<RgbImage> => {
+  const { data, info } = await sharp(
+    bytes,
+    options.limitInputPixels === undefined ? {} : { limitInputPixels: options.limitInputPixels }
+  )
+    .rotate()
+    .removeAlpha()
+    .toColourspace("srgb")
+    .raw()
+    .toBuffer({ resolveWithObject: true })
+  return { data: new Uint8Array(data.buffer, data.byteOffset, data.length), width: info.width, height: info.height }
+}
+
+const affineInterpolators = { 0: "nearest", 2: "bilinear", 3: "bicubic", 4: "bilinear", 5: "bilinear" } as const
+
+/** RawImage.resize of transformers.js under Node: Lanczos through sharp's resize, the other kernels through an affine scale. */
+const resizeRgb = async (
+  image: RgbImage,
+  size: { readonly height: number; readonly width: number },
+  resample: Qwen2VLImageProcessorConfig["resample"]
+): Promise<RgbImage> => {
+  if (image.width === size.width && image.height === size.height) return image
+  const source = sharp(image.data, { raw: { width: image.width, height: image.height, channels: 3 } })
+  const resized =
+    resample === 1
+      ? source.resize({ width: size.width, height: size.height, fit: "fill", kernel: "lanczos3" })
+      : source.affine([size.width / image.width, 0, 0, size.height / image.height], {
+          interpolator: affineInterpolators[resample]
+        })
+  const { data, info } = await resized.raw().toBuffer({ resolveWithObject: true })
+  if (info.width !== size.width || info.height !== size.height || info.channels !== 3) {
+    throw new Error(
+      `resizing ${image.width}×${image.height} to ${size.width}×${size.height} gave ${info.width}×${info.height}×${info.channels}`
+    )
+  }
+  return { data: new Uint8Array(data.buffer, data.byteOffset, data.length), width: info.width, height: info.height }
+}
+
+/**
+ * Per channel, the normalized value of each 8-bit level: rescaled, then normalized, each result
+ * stored as float32 as transformers.js stores it.
+ */
+const levelTables = (config: Qwen2VLImageProcessorConfig): ReadonlyArray<Float32Array> =>
+  [0, 1, 2].map((c) => {
+    const mean = typeof config.image_mean === "number" ? config.image_mean : config.image_mean[c]!
+    const std = typeof config.image_std === "number" ? config.image_std : config.image_std[c]!
+    const table = new Float32Array(256)
+    for (let level = 0; level < 256; level++) {
+      let value = level
+      if (config.do_rescale) value = Math.fround(config.rescale_factor * value)
+      if (config.do_normalize) value = Math.fround((value - mean) / std)
+      table[level] = value
+    }
+    return table
+  })
+
+/**
+ * Frames of one size (at least one; edges multiples of patch_size × merge_size) → the patches,
+ * normalized on the way. Frames past the last, up to a multiple of temporal_patch_size, repeat it.
+ */
+const patchFrames = (config: Qwen2VLImageProcessorConfig, frames: ReadonlyArray<RgbImage>): Qwen2VLVisionInputs => {
+  const { temporal_patch_size: temporal, patch_size: patch, merge_size: merge } = config
+  const { width, height } = frames[0]!
+  const gridT = Math.ceil(frames.length / temporal)
+  const gridH = height / patch
+  const gridW = width / patch
+  const patchDim = 3 * temporal * patch * patch
+  const tables = levelTables(config)
+  const out = new Float32Array(gridT * gridH * gridW * patchDim)
+  let o = 0
+  for (let t = 0; t < gridT; t++) {
+    const group = Array.from(
+      { length: temporal },
+      (_, i) => frames[Math.min(t * temporal + i, frames.length - 1)]!.data
+    )
+    for (let blockRow = 0; blockRow < gridH / merge; blockRow++) {
+      for (let blockCol = 0; blockCol < gridW / merge; blockCol++) {
+        for (let row = 0; row < merge; row++) {
+          for (let col = 0; col < merge; col++) {
+            const top = (blockRow * merge + row) * patch
+            const left = (blockCol * merge + col) * patch
+            for (let c = 0; c < 3; c++) {
+              const table = tables[c]!
+              for (const frame of group) {
+                for (let y = 0; y < patch; y++) {
+                  let source = ((top + y) * width + left) * 3 + c
+                  for (let x = 0; x < patch; x++, source += 3) out[o++] = table[frame[source]!]!
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return { pixelValues: out, grid: [gridT, gridH, gridW], patchDim }
+}
+
+const resizeTarget = (processor: Qwen2VLProcessor, image: RgbImage, bounds: PixelBounds) =>
+  smartResize(
+    image.height,
+    image.width,
+    processor.config.patch_size * processor.config.merge_size,
+    bounds.minPixels ?? processor.minPixels,
+    bounds.maxPixels ?? processor.maxPixels
+  )
+
+/** One image (encoded bytes that sharp reads, or 8-bit RGB) → pixel_values and image_grid_thw. */
+export const qwen2VLImageInputs = async (
+  processor: Qwen2VLProcessor,
+  image: Uint8Array | RgbImage,
+  options: Qwen2VLImageOptions = {}
+): Promise<Qwen2VLVisionInputs> => {
+  const rgb = image instanceof Uint8Array ? await decodeRgb(image, options) : image
+  const resized = await resizeRgb(rgb, resizeTarget(processor, rgb, options), processor.config.resample)
+  return patchFrames(processor.config, [resized])
+}
+
+// ---------------------------------------------------------------------------------------------
+// Video
+
+export interface VideoSampling {
+  /** Frames per second to sample; the config's fps otherwise. */
+  readonly fps?: number
+  /** The frame budget: at most this many frames; the config's max_frames otherwise. */
+  readonly maxFrames?: number
+}
+
+/**
+ * Which frames of a video of `totalFrames` frames at `videoFps` to keep, by the rule of
+ * transformers' Qwen2VLVideoProcessor.sample_frames when sampling by fps:
+ *
+ *     budget = ⌊min(max_frames, totalFrames) / temporal_patch_size⌋ · temporal_patch_size
+ *     n      = min(max(totalFrames / videoFps · fps, min_frames), budget, totalFrames)
+ *     n      = ⌊n / temporal_patch_size⌋ · temporal_patch_size
+ *     frame i of n is ⌊i · totalFrames / n⌋
+ *
+ * (the indices torch.arange(0, total, total / n) truncates to, computed exactly). A video shorter
+ * than one temporal patch, where Python divides by zero, keeps all its frames; the patcher then
+ * repeats the last.
+ */
+export const sampleVideoFrames = (
+  processor: Qwen2VLProcessor,
+  video: { readonly totalFrames: number; readonly videoFps: number },
+  sampling: VideoSampling = {}
+): ReadonlyArray<number> => {
+  const { temporal_patch_size: temporal, min_frames: minFrames } = processor.config
+  const { totalFrames, videoFps } = video
+  const fps = sampling.fps ?? processor.config.fps
+  const maxFrames = sampling.maxFrames ?? processor.config.max_frames
+  const budget = Math.floor(Math.min(maxFrames, totalFrames) / temporal) * temporal
+  const wanted = Math.min(Math.max((totalFrames / videoFps) * fps, minFrames), budget, totalFrames)
+  const count = Math.floor(wanted / temporal) * temporal
+  if (count === 0) return Array.from({ length: totalFrames }, (_, i) => i)
+  return Array.from({ length: count }, (_, i) => Math.floor((i * totalFrames) / count))
+}
+
+/**
+ * A video's frames (decoded, already sampled, in order; 8-bit RGB) → pixel_values_videos and
+ * video_grid_thw. Every frame is resized to the size `smartResize` gives the first.
+ */
+export const qwen2VLVideoInputs = async (
+  processor: Qwen2VLProcessor,
+  frames: ReadonlyArray<RgbImage>,
+  bounds: PixelBounds = {}
+): Promise<Qwen2VLVisionInputs> => {
+  const first = frames[0]
+  if (first === undefined) throw new Error("a video needs at least one frame")
+  const size = resizeTarget(processor, first, bounds)
+  const resized = await Promise.all(frames.map((frame) => resizeRgb(frame, size, processor.config.resample)))
+  return patchFrames(processor.config, resized)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prompts
+
+/** How many pad tokens (merged vision features) an image or video of this grid takes. */
+export const visionTokenCount = (grid: GridThw, mergeSize: number): number =>
+  (grid[0] * grid[1] * grid[2]) / (mergeSize * mergeSize)
+
+/** A prompt whose <|image_pad|> (<|video_pad|>) tokens do not match the images (videos) sent with it. */
+export class VisionPlaceholderMismatch extends Schema.TaggedError<VisionPlaceholderMismatch>()(
+  "VisionPlaceholderMismatch",
+  { kind: Schema.Literal("image", "video"), placeholders: Schema.Int, items: Schema.Int }
+) {
+  override get message() {
+    return `the prompt has ${this.placeholders} <|${this.kind}_pad|> placeholder(s) for ${this.items} ${this.kind}(s)`
+  }
+}
+
+/** The ids of the tokens that stand for images and videos in a prompt (config.json's image_token_id, video_token_id). */
+export interface VisionPadTokens {
+  readonly imagePad: number
+  readonly videoPad: number
+}
+
+/** The grids of a prompt's images and videos, each in the order they appear. */
+export interface VisionGrids {
+  readonly images: ReadonlyArray<GridThw>
+  readonly videos: ReadonlyArray<GridThw>
+}
+
+/**
+ * A tokenized prompt with one <|image_pad|> per image and one <|video_pad|> per video → the
+ * prompt the model reads: the n-th image's pad repeated `visionTokenCount` of the n-th grid times,
+ * and so for videos.
+ */
+export const expandVisionPads = (
+  ids: ReadonlyArray<number>,
+  pads: VisionPadTokens,
+  grids: VisionGrids,
+  mergeSize: number
+): Array<number> => {
+  const count = (id: number) => ids.reduce((n, token) => n + (token === id ? 1 : 0), 0)
+  for (const [kind, id, items] of [
+    ["image", pads.imagePad, grids.images],
+    ["video", pads.videoPad, grids.videos]
+  ] as const) {
+    const placeholders = count(id)
+    if (placeholders !== items.length) throw new VisionPlaceholderMismatch({ kind, placeholders, items: items.length })
+  }
+  const next = { image: 0, video: 0 }
+  const out: Array<number> = []
+  for (const token of ids) {
+    const grid =
+      token === pads.imagePad
+        ? grids.images[next.image++]
+        : token === pads.videoPad
+          ? grids.videos[next.video++]
+          : undefined
+    if (grid === undefined) out.push(token)
+    else for (let i = visionTokenCount(grid, mergeSize); i > 0; i--) out.push(token)
+  }
+  return out
+}
