@@ -1,3 +1,4 @@
+import { rawImageResize } from "./RawImageResize.js"
 import { Either, ParseResult, Schema } from "effect"
 import { readFile } from "node:fs/promises"
 import { join } from "node:path"
@@ -235,19 +236,10 @@ const readPixels = async (image: Sharp): Promise<Pixels> => {
 const rawSharp = (image: Pixels): Sharp =>
   sharp(image.data, { raw: { width: image.width, height: image.height, channels: image.channels as 1 | 3 | 4 } })
 
-const affineInterpolators = { 0: "nearest", 2: "bilinear", 3: "bicubic", 4: "bilinear", 5: "bilinear" } as const
-
-/** RawImage.resize under Node: Lanczos through sharp's resize, the other kernels through an affine scale. */
+/** RawImage.resize under Node (see RawImageResize.ts). */
 const resizePixels = async (image: Pixels, width: number, height: number, resample: number): Promise<Pixels> => {
   if (image.width === width && image.height === height) return image
-  const source = rawSharp(image)
-  const resized =
-    resample === 1
-      ? source.resize({ width, height, fit: "fill", kernel: "lanczos3" })
-      : source.affine([width / image.width, 0, 0, height / image.height], {
-          interpolator: affineInterpolators[resample as keyof typeof affineInterpolators]
-        })
-  return readPixels(resized)
+  return readPixels(rawImageResize(rawSharp(image), image, { width, height }, resample))
 }
 
 /** The size whose longest edge is `longestEdge`, rounded as transformers.js rounds it (to 2 decimals, then down). */

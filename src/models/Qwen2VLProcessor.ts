@@ -1,3 +1,4 @@
+import { rawImageResize } from "./RawImageResize.js"
 import { Either, Schema } from "effect"
 import sharp from "sharp"
 import { InvalidProcessorConfig, preprocessorConfigFile } from "./Idefics3Processor.js"
@@ -194,9 +195,7 @@ const decodeRgb = async (bytes: Uint8Array, options: Qwen2VLImageOptions): Promi
   return { data: new Uint8Array(data.buffer, data.byteOffset, data.length), width: info.width, height: info.height }
 }
 
-const affineInterpolators = { 0: "nearest", 2: "bilinear", 3: "bicubic", 4: "bilinear", 5: "bilinear" } as const
-
-/** RawImage.resize of transformers.js under Node: Lanczos through sharp's resize, the other kernels through an affine scale. */
+/** RawImage.resize of transformers.js under Node (see RawImageResize.ts). */
 const resizeRgb = async (
   image: RgbImage,
   size: { readonly height: number; readonly width: number },
@@ -204,12 +203,7 @@ const resizeRgb = async (
 ): Promise<RgbImage> => {
   if (image.width === size.width && image.height === size.height) return image
   const source = sharp(image.data, { raw: { width: image.width, height: image.height, channels: 3 } })
-  const resized =
-    resample === 1
-      ? source.resize({ width: size.width, height: size.height, fit: "fill", kernel: "lanczos3" })
-      : source.affine([size.width / image.width, 0, 0, size.height / image.height], {
-          interpolator: affineInterpolators[resample]
-        })
+  const resized = rawImageResize(source, image, size, resample)
   const { data, info } = await resized.raw().toBuffer({ resolveWithObject: true })
   if (info.width !== size.width || info.height !== size.height || info.channels !== 3) {
     throw new Error(
