@@ -190,14 +190,14 @@ class WeightWriter {
   }
 }
 
-const rmsNorm = (g: Graph, x: Value, weight: Value, epsilon: number): Value => {
+export const rmsNorm = (g: Graph, x: Value, weight: Value, epsilon: number): Value => {
   const meanSquare = g.op("ReduceMean", [g.op("Mul", [x, x])], { axes: [-1], keepdims: 1 })
   const inverse = g.op("Reciprocal", [g.op("Sqrt", [g.op("Add", [meanSquare, g.floatScalar(epsilon)])])])
   return g.op("Mul", [g.op("Mul", [x, inverse]), weight])
 }
 
 /** x [batch, heads, sequence, headDim] rotated by the angles of its positions (cos, sin: [batch, 1, sequence, headDim]). */
-const rotary = (g: Graph, x: Value, cos: Value, sin: Value, headDim: number): Value => {
+export const rotary = (g: Graph, x: Value, cos: Value, sin: Value, headDim: number): Value => {
   const half = headDim / 2
   const slice = (from: number, to: number) => g.op("Slice", [x, g.int64s([from]), g.int64s([to]), g.int64s([-1])])
   const rotated = g.op("Concat", [g.op("Neg", [slice(half, headDim)]), slice(0, half)], { axis: -1 })
