@@ -24,9 +24,12 @@ COPY package.json package-lock.json tsconfig.json tsconfig.build.json ./
 COPY src ./src
 # `npm ci` refuses this lockfile with some npm versions; `npm install` follows it. Its `prepare` compiles
 # src to dist with TypeScript, a dev dependency, so the dev dependencies are pruned only afterwards.
+# ffmpeg and ffprobe (video containers) come as static binaries in optional packages on linux-x64; their
+# install scripts only `chmod u+x` for root, and the server runs as another user, so all may run them.
 RUN npm install --no-audit --no-fund \
   && npm prune --omit=dev --no-audit --no-fund \
-  && npm cache clean --force
+  && npm cache clean --force \
+  && { chmod a+rx node_modules/@ffmpeg-installer/*/ffmpeg node_modules/@ffprobe-installer/*/ffprobe || true; }
 
 FROM ${NODE_IMAGE}
 # tini as PID 1 forwards SIGTERM to cornserve and reaps any process orphaned under it.

@@ -2,6 +2,7 @@ import sharp from "sharp"
 import { type ResizeTarget, type RgbImage, resizeRgb } from "../../../models/ImageProcessor.js"
 import { MediaError, MediaTooLarge } from "./errors.js"
 import { defaultMediaLimits, type MediaLimits } from "./MediaLimits.js"
+import { containerDemuxerOf, decodeContainerFrames } from "./VideoContainer.js"
 
 export const describeSharpError = (error: unknown, what: string, maxPixels: number): MediaError | MediaTooLarge => {
   const message = error instanceof Error ? error.message : String(error)
@@ -32,10 +33,12 @@ export const sampleFrameIndices = (total: number, count: number): ReadonlyArray<
 }
 
 /**
- * Frames of a video given as an animated image (GIF or WebP): at most `maxFrames`, evenly sampled,
- * each resized to the target. A still image is a one-frame video. The header is read first: an
- * animation with too many frames, or too many pixels in all its frames together, is refused before
- * any frame is decoded (reaching a frame decodes the frames before it).
+ * Frames of a video: at most `maxFrames`, evenly sampled (`sampleFrameIndices`), each resized to
+ * the target. A video container (mp4, mov, webm; told by its first bytes, not its declared type) is
+ * decoded by ffmpeg (VideoContainer.ts), anything else by sharp as an animated image (GIF or WebP);
+ * a still image is a one-frame video. Either way the header is read first: a video with too many
+ * frames, or too many pixels, or (a container) too long, is refused before any frame is decoded
+ * (reaching a frame decodes the frames before it).
  */
 export const decodeVideoFrames = async (
   bytes: Buffer,
@@ -43,6 +46,17 @@ export const decodeVideoFrames = async (
   maxFrames: number,
   limits: MediaLimits = defaultMediaLimits
 ): Promise<ReadonlyArray<RgbImage>> => {
+  const demuxer = containerDemuxerOf(bytes)
+  if (demuxer !== undefined) {
+    return decodeContainerFrames(
+      bytes,
+      demuxer,
+      limits,
+      (video) => sampleFrameIndices(video.frameCount, maxFrames),
+      (frame) =>
+        resizeRgb(sharp(frame.data, { raw: { width: frame.width, height: frame.height, channels: 3 } }), target)
+    )
+  }
   let pages: number
   try {
     // Animated, sharp sees all the frames as one tall image, so its pixel limit counts them all.

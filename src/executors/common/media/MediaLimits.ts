@@ -12,22 +12,34 @@ export const MediaLimits = Schema.Struct({
   /** Frames an animated image may have; a few of them are sampled, but reaching a frame decodes those before it. */
   maxAnimationFrames: Schema.Int.pipe(Schema.positive()),
   /** Seconds of one audio clip, which resampling to the model's rate turns into samples. */
-  maxAudioSeconds: Schema.Number.pipe(Schema.positive())
+  maxAudioSeconds: Schema.Number.pipe(Schema.positive()),
+  // The two below are optional in an executor's config: without them it takes the defaults (no command flags yet).
+  /** Seconds of one video container (mp4, webm, mov), read from its header. */
+  maxVideoSeconds: Schema.optional(Schema.Number.pipe(Schema.positive())),
+  /** Frames of one video container, counted from its packets: decoding the last sampled frame decodes those before it. */
+  maxVideoFrames: Schema.optional(Schema.Int.pipe(Schema.positive()))
 })
-export type MediaLimits = typeof MediaLimits.Type
-
-/** The limits an executor was started with. */
-export const mediaLimitsOf = (config: MediaLimits): MediaLimits => ({
-  maxImagePixels: config.maxImagePixels,
-  maxAnimationFrames: config.maxAnimationFrames,
-  maxAudioSeconds: config.maxAudioSeconds
-})
+/** The limits as decoding reads them: every one set. */
+export type MediaLimits = {
+  readonly [K in keyof typeof MediaLimits.Type]-?: Exclude<(typeof MediaLimits.Type)[K], undefined>
+}
 
 export const defaultMediaLimits: MediaLimits = {
   maxImagePixels: 64 * 1024 * 1024,
   maxAnimationFrames: 1024,
-  maxAudioSeconds: 600
+  maxAudioSeconds: 600,
+  maxVideoSeconds: 600,
+  maxVideoFrames: 4096
 }
+
+/** The limits an executor was started with; those it was not given are the defaults. */
+export const mediaLimitsOf = (config: typeof MediaLimits.Type): MediaLimits => ({
+  maxImagePixels: config.maxImagePixels,
+  maxAnimationFrames: config.maxAnimationFrames,
+  maxAudioSeconds: config.maxAudioSeconds,
+  maxVideoSeconds: config.maxVideoSeconds ?? defaultMediaLimits.maxVideoSeconds,
+  maxVideoFrames: config.maxVideoFrames ?? defaultMediaLimits.maxVideoFrames
+})
 
 /** Media items one request may carry; each is fetched and decoded, so they are counted before any is. */
 export const defaultMaxMediaItems = 16

@@ -1,0 +1,380 @@
+/**
+ * Video containers (mp4, mov, webm and other Matroska) decoded by ffmpeg as a child process. The
+ * bytes go to a private temporary file (an mp4 may keep its index at its end, which a pipe cannot
+ * seek to); ffprobe reads the header first, and the limits are checked from it before any frame is
+ * decoded; then one ffmpeg run decodes only the sampled frames to raw RGB on its stdout. Each run
+ * is bounded in time, in output bytes and in what it may open: the demuxer is the one the bytes'
+ * signature names (never guessed by ffmpeg, which knows playlists and other files that name other
+ * files), and the only protocol is `file`.
+ *
+ * The binaries: `CORNSERVE_FFMPEG` / `CORNSERVE_FFPROBE` when set, else the static builds that the
+ * optional npm packages `@ffmpeg-installer/linux-x64` and `@ffprobe-installer/linux-x64` ship,
+ * else `ffmpeg` / `ffprobe` on the PATH.
+ */
+import { spawn } from "node:child_process"
+import { accessSync, constants } from "node:fs"
+import { mkdtemp, rm, writeFile } from "node:fs/promises"
+import { createRequire } from "node:module"
+import { tmpdir } from "node:os"
+import { dirname, join } from "node:path"
+import type { RgbImage } from "../../../models/ImageProcessor.js"
+import { MediaError, MediaTooLarge } from "./errors.js"
+import type { MediaLimits } from "./MediaLimits.js"
+
+/** ffmpeg's demuxer for each container family this module reads. */
+export type ContainerDemuxer = "mov" | "matroska"
+
+const ascii = (bytes: Uint8Array, from: number, to: number) => Buffer.from(bytes.subarray(from, to)).toString("latin1")
+
+/** Brands of ISO media files that hold still images, which sharp reads (AVIF, HEIF). */
+const imageBrands = new Set(["avif", "avis", "heic", "heix", "heim", "heis", "mif1", "msf1"])
+
+/** QuickTime files may begin with an atom other than `ftyp`. */
+const quickTimeAtoms = new Set(["moov", "mdat", "free", "wide", "skip"])
+
+/**
+ * The demuxer for a video container, from its first bytes: ISO media (mp4, mov, 3gp) or EBML
+ * (Matroska, webm); undefined for anything else (GIF, WebP, PNG, … go to the image decoder).
+ */
+export const containerDemuxerOf = (bytes: Uint8Array): ContainerDemuxer | undefined => {
+  if (bytes.length >= 4 && bytes[0] === 0x1a && bytes[1] === 0x45 && bytes[2] === 0xdf && bytes[3] === 0xa3)
+    return "matroska"
+  if (bytes.length < 12) return undefined
+  const atom = ascii(bytes, 4, 8)
+  if (atom === "ftyp") return imageBrands.has(ascii(bytes, 8, 12)) ? undefined : "mov"
+  return quickTimeAtoms.has(atom) ? "mov" : undefined
+}
+
+export interface VideoTools {
+  readonly ffmpeg: string
+  readonly ffprobe: string
+}
+
+const packagedBinary = (pkg: string, name: string): string | undefined => {
+  try {
+    const path = join(dirname(createRequire(import.meta.url).resolve(`${pkg}/package.json`)), name)
+    accessSync(path, constants.X_OK)
+    return path
+  } catch {
+    return undefined
+  }
+}
+
+let tools: VideoTools | undefined
+
+/** The ffmpeg and ffprobe this process runs, found once. */
+export const videoTools = (): VideoTools => {
+  tools ??= {
+    ffmpeg: process.env.CORNSERVE_FFMPEG || (packagedBinary("@ffmpeg-installer/linux-x64", "ffmpeg") ?? "ffmpeg"),
+    ffprobe: process.env.CORNSERVE_FFPROBE || (packagedBinary("@ffprobe-installer/linux-x64", "ffprobe") ?? "ffprobe")
+  }
+  return tools
+}
+
+/** What one bounded run of ffmpeg or ffprobe may take. */
+interface RunBounds {
+  readonly timeoutMs: number
+  readonly maxStdoutBytes: number
+}
+
+/** How long probing may take, and decoding the sampled frames. */
+const probeBounds: RunBounds = { timeoutMs: 10_000, maxStdoutBytes: 1024 * 1024 }
+const decodeTimeoutMs = 60_000
+
+/** The end of what a run wrote to stderr: ffmpeg's reason comes last. */
+const maxStderrBytes = 8 * 1024
+
+/** The last lines of ffmpeg's stderr, without the names of the executor's own files. */
+const lastLines = (stderr: string, path: string) =>
+  stderr
+    .replaceAll(path, "input")
+    .trim()
+    .split("\n")
+    .slice(-3)
+    .map((line) => line.replace(/^\[[^\]]*\]\s*/, "").trim())
+    .filter((line) => line.length > 0)
+    .join("; ")
+
+/**
+ * Runs a binary with no stdin, the PATH its only environment (it needs none of the executor's
+ * secrets), stdout handed to `onStdout` chunk by chunk (which may throw to stop it), stderr kept
+ * to its end. Killed when it runs past its time or writes past its bound.
+ */
+const runBounded = (
+  binary: string,
+  args: ReadonlyArray<string>,
+  bounds: RunBounds,
+  onStdout: (chunk: Buffer) => void
+): Promise<{ readonly code: number | null; readonly stderr: string }> =>
+  new Promise((resolve, reject) => {
+    const child = spawn(binary, args, { stdio: ["ignore", "pipe", "pipe"], env: { PATH: process.env.PATH ?? "" } })
+    let stderr = ""
+    let written = 0
+    let failure: Error | undefined
+    const stop = (error: Error) => {
+      failure ??= error
+      child.kill("SIGKILL")
+    }
+    const timer = setTimeout(
+      () => stop(new MediaError({ message: `decoding the video took longer than ${bounds.timeoutMs} ms` })),
+      bounds.timeoutMs
+    )
+    child.stdout.on("data", (chunk: Buffer) => {
+      if (failure !== undefined) return
+      written += chunk.length
+      if (written > bounds.maxStdoutBytes) {
+        return stop(new MediaError({ message: "the video decoded to more data than its header declares" }))
+      }
+      try {
+        onStdout(chunk)
+      } catch (error) {
+        stop(error as Error)
+      }
+    })
+    child.stderr.setEncoding("utf8")
+    child.stderr.on("data", (chunk: string) => {
+      stderr = (stderr + chunk).slice(-maxStderrBytes)
+    })
+    child.once("error", (error) => {
+      clearTimeout(timer)
+      reject(
+        new MediaError({
+          message: `video decoding is not available: cannot run ${binary} (${error.message}); install ffmpeg or set CORNSERVE_FFMPEG and CORNSERVE_FFPROBE`
+        })
+      )
+    })
+    child.once("close", (code) => {
+      clearTimeout(timer)
+      if (failure !== undefined) reject(failure)
+      else resolve({ code, stderr })
+    })
+  })
+
+/** What ffprobe reads from a container's header, and its packet count. */
+export interface VideoProbe {
+  readonly format: string
+  readonly codec: string
+  readonly width: number
+  readonly height: number
+  readonly durationSeconds: number
+  /** Frames of the video stream: its packets, counted by demuxing (not decoding) the file. */
+  readonly frameCount: number
+  /** Frames the header declares, where it does (mp4 and mov do, Matroska does not). */
+  readonly declaredFrameCount: number | undefined
+  /** Frames per second, the stream's average (or its base rate where no average is given). */
+  readonly frameRate: number
+}
+
+const rate = (text: unknown): number | undefined => {
+  if (typeof text !== "string") return undefined
+  const [numerator, denominator] = text.split("/").map(Number)
+  const value = denominator === undefined ? numerator! : numerator! / denominator
+  return Number.isFinite(value) && value > 0 ? value : undefined
+}
+
+const positive = (value: unknown): number | undefined => {
+  const number = typeof value === "string" || typeof value === "number" ? Number(value) : Number.NaN
+  return Number.isFinite(number) && number > 0 ? number : undefined
+}
+
+const readProbe = (stdout: string): VideoProbe => {
+  let parsed: {
+    readonly streams?: ReadonlyArray<Record<string, unknown>>
+    readonly format?: Record<string, unknown>
+  }
+  try {
+    parsed = JSON.parse(stdout)
+  } catch {
+    throw new MediaError({ message: "the video's header could not be read" })
+  }
+  const stream = parsed.streams?.[0]
+  const format = typeof parsed.format?.format_name === "string" ? parsed.format.format_name : "unknown"
+  if (stream === undefined) throw new MediaError({ message: `the ${format} file has no video stream` })
+  const width = positive(stream.width)
+  const height = positive(stream.height)
+  if (width === undefined || height === undefined) {
+    throw new MediaError({ message: `the ${format} file's video stream declares no frame size` })
+  }
+  const durationSeconds = positive(stream.duration) ?? positive(parsed.format?.duration)
+  const frameRate = rate(stream.avg_frame_rate) ?? rate(stream.r_frame_rate)
+  const declaredFrameCount = positive(stream.nb_frames)
+  const frameCount = positive(stream.nb_read_packets) ?? declaredFrameCount
+  if (frameCount === undefined) throw new MediaError({ message: `the ${format} file's video stream has no frames` })
+  return {
+    format,
+    codec: typeof stream.codec_name === "string" ? stream.codec_name : "unknown",
+    width,
+    height,
+    durationSeconds: durationSeconds ?? (frameRate === undefined ? 0 : frameCount / frameRate),
+    frameCount,
+    declaredFrameCount,
+    frameRate: frameRate ?? (durationSeconds === undefined ? 1 : frameCount / durationSeconds)
+  }
+}
+
+/** Refuses a video over the limits, from its probe alone. */
+export const checkVideoLimits = (probe: VideoProbe, limits: MediaLimits): void => {
+  const pixels = probe.width * probe.height
+  if (pixels > limits.maxImagePixels) {
+    throw new MediaTooLarge({
+      message: `the video's frames are ${probe.width}×${probe.height}, more than the limit of ${limits.maxImagePixels} pixels`
+    })
+  }
+  if (probe.durationSeconds > limits.maxVideoSeconds) {
+    throw new MediaTooLarge({
+      message: `the video lasts ${probe.durationSeconds.toFixed(1)} s, longer than the limit of ${limits.maxVideoSeconds} s`
+    })
+  }
+  const frames = Math.max(probe.frameCount, probe.declaredFrameCount ?? 0)
+  if (frames > limits.maxVideoFrames) {
+    throw new MediaTooLarge({
+      message: `the video has ${frames} frames, more than the limit of ${limits.maxVideoFrames}`
+    })
+  }
+}
+
+const inputArgs = (demuxer: ContainerDemuxer, path: string) => [
+  "-protocol_whitelist",
+  "file",
+  "-f",
+  demuxer,
+  "-i",
+  path
+]
+
+const probe = async (demuxer: ContainerDemuxer, path: string): Promise<VideoProbe> => {
+  const chunks: Array<Buffer> = []
+  const { code, stderr } = await runBounded(
+    videoTools().ffprobe,
+    [
+      "-v",
+      "error",
+      "-select_streams",
+      "v:0",
+      "-count_packets",
+      "-show_entries",
+      "format=format_name,duration:stream=codec_name,width,height,duration,nb_frames,nb_read_packets,avg_frame_rate,r_frame_rate",
+      "-of",
+      "json",
+      ...inputArgs(demuxer, path)
+    ],
+    probeBounds,
+    (chunk) => chunks.push(chunk)
+  )
+  if (code !== 0) {
+    throw new MediaError({
+      message: `the video could not be read: ${lastLines(stderr, path) || `ffprobe exited with ${code}`}`
+    })
+  }
+  return readProbe(Buffer.concat(chunks).toString("utf8"))
+}
+
+/**
+ * The frames at `indices` (in order, each below the probe's frame count) as 8-bit RGB of the
+ * stream's declared size, each handed to `onFrame` as it arrives so that only one full-size frame
+ * is held at a time.
+ */
+const decodeFrames = async <A>(
+  demuxer: ContainerDemuxer,
+  path: string,
+  video: VideoProbe,
+  indices: ReadonlyArray<number>,
+  maxPixels: number,
+  onFrame: (frame: RgbImage) => Promise<A>
+): Promise<Array<A>> => {
+  const { width, height } = video
+  const frameBytes = width * height * 3
+  const select = indices.map((index) => `eq(n\\,${index})`).join("+")
+  const results: Array<Promise<A>> = []
+  let pending: Array<Buffer> = []
+  let pendingBytes = 0
+  const { code, stderr } = await runBounded(
+    videoTools().ffmpeg,
+    [
+      "-v",
+      "error",
+      "-nostdin",
+      "-noautorotate",
+      "-max_pixels",
+      String(maxPixels),
+      ...inputArgs(demuxer, path),
+      "-map",
+      "0:v:0",
+      // A stream that changes size midway is scaled back to its declared size, so every frame is frameBytes.
+      "-vf",
+      `select='${select}',scale=${width}:${height}`,
+      "-vsync",
+      "passthrough",
+      "-frames:v",
+      String(indices.length),
+      "-f",
+      "rawvideo",
+      "-pix_fmt",
+      "rgb24",
+      "pipe:1"
+    ],
+    { timeoutMs: decodeTimeoutMs, maxStdoutBytes: frameBytes * indices.length },
+    (chunk) => {
+      let rest = chunk
+      while (pendingBytes + rest.length >= frameBytes) {
+        const take = frameBytes - pendingBytes
+        const data = Buffer.concat([...pending, rest.subarray(0, take)])
+        rest = rest.subarray(take)
+        pending = []
+        pendingBytes = 0
+        results.push(onFrame({ data: new Uint8Array(data.buffer, data.byteOffset, data.length), width, height }))
+      }
+      if (rest.length > 0) {
+        pending.push(Buffer.from(rest))
+        pendingBytes += rest.length
+      }
+    }
+  )
+  const frames = await Promise.all(results)
+  if (code !== 0) {
+    throw new MediaError({
+      message: `the video could not be decoded: ${lastLines(stderr, path) || `ffmpeg exited with ${code}`}`
+    })
+  }
+  if (frames.length < indices.length) {
+    throw new MediaError({
+      message: `the video could not be decoded: it ended after ${frames.length} of the ${indices.length} frames sampled from its ${video.frameCount}${stderr.trim() === "" ? "" : ` (${lastLines(stderr, path)})`}`
+    })
+  }
+  return frames
+}
+
+/**
+ * The sampled frames of a video container: probed, checked against the limits, then only the
+ * frames `sample` picks from the probe (indices in increasing order, below its frame count) are
+ * decoded, each handed to `onFrame` (a resize, say) as it arrives. Corrupt, truncated or refused
+ * input is a MediaError or MediaTooLarge.
+ */
+export const decodeContainerFrames = async <A>(
+  bytes: Uint8Array,
+  demuxer: ContainerDemuxer,
+  limits: MediaLimits,
+  sample: (video: VideoProbe) => ReadonlyArray<number>,
+  onFrame: (frame: RgbImage) => Promise<A>
+): Promise<Array<A>> => {
+  const directory = await mkdtemp(join(tmpdir(), "cornserve-video-"))
+  try {
+    const path = join(directory, "input")
+    await writeFile(path, bytes, { mode: 0o600 })
+    const video = await probe(demuxer, path)
+    checkVideoLimits(video, limits)
+    const indices = sample(video)
+    if (
+      indices.length === 0 ||
+      indices.some(
+        (index, at) =>
+          !Number.isInteger(index) || index < 0 || index >= video.frameCount || (at > 0 && index <= indices[at - 1]!)
+      )
+    ) {
+      throw new Error(`frame indices must increase within 0…${video.frameCount - 1}: ${indices.join(", ")}`)
+    }
+    return await decodeFrames(demuxer, path, video, indices, limits.maxImagePixels, onFrame)
+  } finally {
+    await rm(directory, { recursive: true, force: true })
+  }
+}
