@@ -127,18 +127,22 @@ describe("cornserve serve --autoscale: devices follow the load", () => {
     )
     const after = await tasks()
     expect(after.find((task) => task.id === audio.id)!.executors).toHaveLength(1)
-    // Five devices; an executor the profile showed no gain from may have gone back to the pool.
-    expect(after.reduce((sum, task) => sum + task.executors.length, 0)).toBeLessThanOrEqual(5)
+    // Five devices; an executor the profile showed no gain from may have gone back to the pool. On a
+    // busy machine a later bottleneck may also have shared a calm task's device for a while.
+    const shared = (await moves("shared_device")) - (await moves("unshared"))
+    expect(after.reduce((sum, task) => sum + task.executors.length, 0)).toBeLessThanOrEqual(5 + shared)
   }, 90_000)
 
   it("leaves the devices where they are once the load is gone", async () => {
     const before = (await tasks()).map((task) => [task.id, task.executors.length])
     const given = [await moves("free_device"), await moves("taken_from_slack")]
-    const released = await moves("released")
+    const givenBack = async () => [await moves("released"), await moves("unshared")]
+    const released = await givenBack()
     await new Promise((resolve) => setTimeout(resolve, 4_000))
-    // No task grows without load. (An executor its profile showed no gain from may still go back.)
+    // No task grows without load. (An executor its profile showed no gain from, or one that shared
+    // a device under the load, may still go back.)
     expect([await moves("free_device"), await moves("taken_from_slack")]).toEqual(given)
-    if ((await moves("released")) === released)
+    if ((await givenBack()).every((count, index) => count === released[index]))
       expect((await tasks()).map((task) => [task.id, task.executors.length])).toEqual(before)
   })
 })
