@@ -59,7 +59,7 @@ export const sendRefusal = (response: ServerResponse, refusal: OpenAiRefusal) =>
     JSON.stringify({
       error: {
         message: refusal.message,
-        type: refusal.status === 404 ? "invalid_request_error" : "invalid_request_error",
+        type: "invalid_request_error",
         param: refusal.param,
         code: refusal.code
       }
