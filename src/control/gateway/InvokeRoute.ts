@@ -4,7 +4,6 @@ import type { SchemaIssue } from "../../app-runtime/driver/protocol.js"
 import type { AppDriver } from "../app-manager/AppDriver.js"
 import type { ReplyHandlers } from "../app-manager/ReplyHandlers.js"
 import {
-  AppFailed,
   AppOverloaded,
   QueueTimeout,
   BadRequest,

@@ -60,7 +60,7 @@ export class Sampler {
   /** The token for `logits[from, from + vocab)`; it joins the history the next draw sees. */
   next(logits: Float32Array, from: number, vocab: number, remainingTokens = Infinity): number {
     const scores = this.scores(logits, from, vocab)
-    const token = this.draw(this.constraint === undefined ? scores : this.masked(scores, logits, from, remainingTokens))
+    const token = this.draw(this.constraint === undefined ? scores : this.masked(scores, logits, remainingTokens))
     this.constraint?.accept(token)
     if (this.logprobs !== undefined) this.lastLogprobs = logprobsOf(logits, from, vocab, token, this.logprobs)
     this.history.push(token)
@@ -103,7 +103,7 @@ export class Sampler {
   }
 
   /** The scores with every token the constraint does not allow now at -Infinity (a copy where they were the logits). */
-  private masked(scores: Float32Array, logits: Float32Array, from: number, remainingTokens: number): Float32Array {
+  private masked(scores: Float32Array, logits: Float32Array, remainingTokens: number): Float32Array {
     const mask = this.constraint!.mask(remainingTokens)
     const row = scores.buffer === logits.buffer ? scores.slice() : scores
     const allowed = Math.min(mask.length, row.length)
