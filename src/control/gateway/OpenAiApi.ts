@@ -227,6 +227,8 @@ class Gathered {
   created: number | undefined
   model: string | undefined
   usage: CompletionUsage | undefined
+  /** Some chunk carried logprobs: the request asked for them. */
+  logprobsAsked = false
   private chars = 0
   failure: AppFailed | undefined
 
@@ -235,14 +237,14 @@ class Gathered {
     private readonly maxResponseBytes: number
   ) {}
 
-  add(json: string): ChatCompletionChunk | undefined {
-    if (this.failure !== undefined) return undefined
+  add(json: string): void {
+    if (this.failure !== undefined) return
     // A completion is one answer: it is bounded like one, however many chunks it arrives in.
     this.chars += json.length
     if (this.chars > this.maxResponseBytes) {
       this.failure = new AppFailed({ appId: this.appId, message: responseTooLargeMessage(this.maxResponseBytes) })
       this.choices.clear()
-      return undefined
+      return
     }
     const decoded = decodeChunk(json)
     if (Either.isLeft(decoded)) {
@@ -251,7 +253,7 @@ class Gathered {
         appId: this.appId,
         message: `the app streamed something other than chat-completion chunks: ${problem}`
       })
-      return undefined
+      return
     }
     const chunk = decoded.right
     this.id ??= chunk.id
@@ -259,6 +261,7 @@ class Gathered {
     this.model ??= chunk.model
     if (chunk.usage != null) this.usage = chunk.usage
     for (const choice of chunk.choices) {
+      if (choice.logprobs != null) this.logprobsAsked = true
       const gathered: GatheredChoice = this.choices.get(choice.index) ?? {
         text: "",
         finish: null,
@@ -277,7 +280,6 @@ class Gathered {
       if (choice.logprobs?.content != null) gathered.logprobs.push(...choice.logprobs.content)
       this.choices.set(choice.index, gathered)
     }
-    return chunk
   }
 
   /** The choices in index order. */
@@ -286,52 +288,61 @@ class Gathered {
   }
 }
 
-/** Chat chunks gathered into one `chat.completion`, for a request that did not ask to stream. */
-export const chatCompletionFormat = (appId: string, maxResponseBytes: number): ReplyFormat => {
+/** An app's chat chunks gathered into one answer (`whole` writes it), for a request that did not ask to stream. */
+const gatheringFormat = (
+  appId: string,
+  maxResponseBytes: number,
+  whole: (gathered: Gathered) => ChatCompletion | TextCompletion
+): ReplyFormat => {
   const gathered = new Gathered(appId, maxResponseBytes)
-  let logprobsAsked = false
   return {
     value: writeJson,
     streamStart: () => undefined,
     chunk: (_, json) => {
-      const chunk = gathered.add(json)
-      if (chunk?.choices.some((choice) => choice.logprobs != null) === true) logprobsAsked = true
+      gathered.add(json)
       return true
     },
-    end: (response) => {
-      if (gathered.failure !== undefined) return sendError(response, gathered.failure)
-      const completion: ChatCompletion = {
-        id: gathered.id ?? "chatcmpl-cornserve",
-        object: "chat.completion",
-        created: gathered.created ?? Math.floor(Date.now() / 1000),
-        model: gathered.model ?? "",
-        choices: gathered.ordered().map(([index, choice]) => ({
-          index,
-          message: {
-            role: "assistant",
-            content: choice.text === "" && choice.calls.size > 0 ? null : choice.text,
-            ...(choice.calls.size === 0
-              ? {}
-              : {
-                  tool_calls: [...choice.calls.entries()]
-                    .sort(([a], [b]) => a - b)
-                    .map(([, call]) => ({
-                      id: call.id,
-                      type: "function" as const,
-                      function: { name: call.name, arguments: call.arguments }
-                    }))
-                })
-          },
-          finish_reason: choice.finish ?? "stop",
-          logprobs: logprobsAsked ? { content: choice.logprobs } : null
-        })),
-        ...(gathered.usage === undefined ? {} : { usage: gathered.usage })
-      }
-      writeJson(response, JSON.stringify(completion))
-    },
+    end: (response) =>
+      gathered.failure !== undefined
+        ? sendError(response, gathered.failure)
+        : writeJson(response, JSON.stringify(whole(gathered))),
     streamError: (response, error) => sendError(response, error)
   }
 }
+
+/** Chat chunks gathered into one `chat.completion`. */
+export const chatCompletionFormat = (appId: string, maxResponseBytes: number): ReplyFormat =>
+  gatheringFormat(
+    appId,
+    maxResponseBytes,
+    (gathered): ChatCompletion => ({
+      id: gathered.id ?? "chatcmpl-cornserve",
+      object: "chat.completion",
+      created: gathered.created ?? Math.floor(Date.now() / 1000),
+      model: gathered.model ?? "",
+      choices: gathered.ordered().map(([index, choice]) => ({
+        index,
+        message: {
+          role: "assistant",
+          content: choice.text === "" && choice.calls.size > 0 ? null : choice.text,
+          ...(choice.calls.size === 0
+            ? {}
+            : {
+                tool_calls: [...choice.calls.entries()]
+                  .sort(([a], [b]) => a - b)
+                  .map(([, call]) => ({
+                    id: call.id,
+                    type: "function" as const,
+                    function: { name: call.name, arguments: call.arguments }
+                  }))
+              })
+        },
+        finish_reason: choice.finish ?? "stop",
+        logprobs: gathered.logprobsAsked ? { content: choice.logprobs } : null
+      })),
+      ...(gathered.usage === undefined ? {} : { usage: gathered.usage })
+    })
+  )
 
 /** Chat chunks as they come, as Server-Sent Events. */
 export const chatStreamFormat: ReplyFormat = eventStreamFormat()
@@ -407,37 +418,24 @@ export const completionStreamFormat = (appId: string): ReplyFormat => {
 }
 
 /** Chat chunks gathered into one `text_completion`. */
-export const completionFormat = (appId: string, maxResponseBytes: number): ReplyFormat => {
-  const gathered = new Gathered(appId, maxResponseBytes)
-  let logprobsAsked = false
-  return {
-    value: writeJson,
-    streamStart: () => undefined,
-    chunk: (_, json) => {
-      const chunk = gathered.add(json)
-      if (chunk?.choices.some((choice) => choice.logprobs != null) === true) logprobsAsked = true
-      return true
-    },
-    end: (response) => {
-      if (gathered.failure !== undefined) return sendError(response, gathered.failure)
-      const completion: TextCompletion = {
-        id: completionId(gathered.id ?? "cmpl-cornserve"),
-        object: "text_completion",
-        created: gathered.created ?? Math.floor(Date.now() / 1000),
-        model: gathered.model ?? "",
-        choices: gathered.ordered().map(([index, choice]) => ({
-          index,
-          text: choice.text,
-          finish_reason: choice.finish ?? "stop",
-          logprobs: logprobsAsked ? completionLogprobs(choice.logprobs, 0).logprobs : null
-        })),
-        ...(gathered.usage === undefined ? {} : { usage: gathered.usage })
-      }
-      writeJson(response, JSON.stringify(completion))
-    },
-    streamError: (response, error) => sendError(response, error)
-  }
-}
+export const completionFormat = (appId: string, maxResponseBytes: number): ReplyFormat =>
+  gatheringFormat(
+    appId,
+    maxResponseBytes,
+    (gathered): TextCompletion => ({
+      id: completionId(gathered.id ?? "cmpl-cornserve"),
+      object: "text_completion",
+      created: gathered.created ?? Math.floor(Date.now() / 1000),
+      model: gathered.model ?? "",
+      choices: gathered.ordered().map(([index, choice]) => ({
+        index,
+        text: choice.text,
+        finish_reason: choice.finish ?? "stop",
+        logprobs: gathered.logprobsAsked ? completionLogprobs(choice.logprobs, 0).logprobs : null
+      })),
+      ...(gathered.usage === undefined ? {} : { usage: gathered.usage })
+    })
+  )
 
 /** How the reply to an OpenAI request is written. */
 export const openAiFormat = (
