@@ -47,7 +47,8 @@ const agent = new http.Agent({ keepAlive: true })
 export const streamed = (
   url: string,
   model: string,
-  prompt: string,
+  /** The user message's content: a text, or content parts (an image and a question, say). */
+  prompt: string | ReadonlyArray<Readonly<Record<string, unknown>>>,
   maxTokens: number,
   origin: number,
   /** More of the request (a response_format, say). */

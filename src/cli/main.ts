@@ -816,6 +816,14 @@ const executorCommand = Command.make(
       Options.withDescription("Length of an audio clip, read from its header before decoding (413 beyond)."),
       Options.withDefault(defaultMediaLimits.maxAudioSeconds)
     ),
+    maxVideoSeconds: Options.float("max-video-seconds").pipe(
+      Options.withDescription("Length of a video (mp4, mov, webm), read from its header before decoding (413 beyond)."),
+      Options.withDefault(defaultMediaLimits.maxVideoSeconds)
+    ),
+    maxVideoFrames: Options.integer("max-video-frames").pipe(
+      Options.withDescription("Frames of a video (mp4, mov, webm), counted before any is decoded (413 beyond)."),
+      Options.withDefault(defaultMediaLimits.maxVideoFrames)
+    ),
     batchSlotBytes: Options.integer("batch-slot-bytes").pipe(
       Options.withDescription("Shared memory for one batch between engine and workers."),
       Options.withDefault(64 * 1024 * 1024)
@@ -862,6 +870,8 @@ const executorCommand = Command.make(
           maxImagePixels: options.maxImagePixels,
           maxAnimationFrames: options.maxAnimationFrames,
           maxAudioSeconds: options.maxAudioSeconds,
+          maxVideoSeconds: options.maxVideoSeconds,
+          maxVideoFrames: options.maxVideoFrames,
           embeddingWaitMs: options.embeddingWaitMs,
           ...Option.match(options.kvCacheTokens, {
             onNone: () => ({}),

@@ -119,6 +119,8 @@ export interface DecoderInterface {
   /** The element type of inputs_embeds in the split layout. */
   readonly embedsType: CacheType
   readonly positionIds: boolean
+  /** 3 where position_ids is [3, batch, sequence] (Qwen2-VL's multimodal rotary positions), else 1. */
+  readonly positionAxes: 1 | 3
   /** Older merged exports switch between their prefill and decode branches on this bool. */
   readonly useCacheBranch: boolean
   /** Exports that can compute logits for the last positions only. */
@@ -203,6 +205,7 @@ export const decoderInterface = (
     tokens: tokens!,
     embedsType: tokens === "inputs_embeds" ? floatType(byName.get("inputs_embeds")!, file, path) : "float32",
     positionIds: byName.has("position_ids"),
+    positionAxes: byName.get("position_ids")?.shape.length === 3 ? 3 : 1,
     useCacheBranch: byName.has("use_cache_branch"),
     numLogitsToKeep: byName.has("num_logits_to_keep"),
     cache,

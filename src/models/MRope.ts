@@ -42,9 +42,15 @@ export interface MRopePositions {
   readonly delta: number
 }
 
+const countOf = (ids: ArrayLike<number>, token: number): number => {
+  let n = 0
+  for (let i = 0; i < ids.length; i++) if (ids[i] === token) n++
+  return n
+}
+
 /** The M-RoPE positions of a prompt (token ids, pads expanded) and the delta of the tokens decoded after it. */
 export const mropePositions = (
-  ids: ReadonlyArray<number>,
+  ids: ArrayLike<number>,
   pads: VisionPadTokens,
   grids: VisionGrids,
   spatialMergeSize: number
@@ -57,7 +63,7 @@ export const mropePositions = (
   const mismatch = (k: 0 | 1) =>
     new VisionTokenMismatch({
       kind: kinds[k].kind,
-      tokens: ids.reduce((n, token) => n + (token === kinds[k].pad ? 1 : 0), 0),
+      tokens: countOf(ids, kinds[k].pad),
       expected: kinds[k].grids.reduce((n, grid) => n + visionTokenCount(grid, spatialMergeSize), 0)
     })
 
@@ -83,7 +89,8 @@ export const mropePositions = (
     const rows = Math.floor(grid[1] / spatialMergeSize)
     const cols = Math.floor(grid[2] / spatialMergeSize)
     const size = t * rows * cols
-    if (i + size > length || ids.slice(i, i + size).some((id) => id !== token)) throw mismatch(k)
+    if (i + size > length) throw mismatch(k)
+    for (let j = i; j < i + size; j++) if (ids[j] !== token) throw mismatch(k)
     for (let j = 0; j < size; j++) {
       positions[temporal + i + j] = next + Math.floor(j / (rows * cols))
       positions[height + i + j] = next + (Math.floor(j / cols) % rows)

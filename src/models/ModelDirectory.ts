@@ -59,6 +59,7 @@ export const ModelConfig = Schema.Struct({
   text_config: Schema.optional(Schema.Object),
   image_token_id: Schema.optional(TokenId),
   image_seq_length: Schema.optional(Count),
+  video_token_id: Schema.optional(TokenId),
   audio_token_id: Schema.optional(TokenId),
   audio_seq_length: Schema.optional(Count),
   eos_token_id: Schema.optional(Schema.NullOr(Schema.Union(TokenId, Schema.Array(TokenId)))),

@@ -196,7 +196,7 @@ const decodeRgb = async (bytes: Uint8Array, options: Qwen2VLImageOptions): Promi
 }
 
 /** RawImage.resize of transformers.js under Node (see RawImageResize.ts). */
-const resizeRgb = async (
+export const resizeRgb = async (
   image: RgbImage,
   size: { readonly height: number; readonly width: number },
   resample: Qwen2VLImageProcessorConfig["resample"]
@@ -235,7 +235,10 @@ const levelTables = (config: Qwen2VLImageProcessorConfig): ReadonlyArray<Float32
  * Frames of one size (at least one; edges multiples of patch_size × merge_size) → the patches,
  * normalized on the way. Frames past the last, up to a multiple of temporal_patch_size, repeat it.
  */
-const patchFrames = (config: Qwen2VLImageProcessorConfig, frames: ReadonlyArray<RgbImage>): Qwen2VLVisionInputs => {
+export const patchFrames = (
+  config: Qwen2VLImageProcessorConfig,
+  frames: ReadonlyArray<RgbImage>
+): Qwen2VLVisionInputs => {
   const { temporal_patch_size: temporal, patch_size: patch, merge_size: merge } = config
   const { width, height } = frames[0]!
   const gridT = Math.ceil(frames.length / temporal)
@@ -273,7 +276,12 @@ const patchFrames = (config: Qwen2VLImageProcessorConfig, frames: ReadonlyArray<
   return { pixelValues: out, grid: [gridT, gridH, gridW], patchDim }
 }
 
-const resizeTarget = (processor: Qwen2VLProcessor, image: RgbImage, bounds: PixelBounds) =>
+/** The size a frame of `image`'s size is resized to, within the bounds (the processor's where not given). */
+export const qwen2VLFrameSize = (
+  processor: Qwen2VLProcessor,
+  image: { readonly height: number; readonly width: number },
+  bounds: PixelBounds = {}
+) =>
   smartResize(
     image.height,
     image.width,
@@ -289,12 +297,19 @@ export const qwen2VLImageInputs = async (
   options: Qwen2VLImageOptions = {}
 ): Promise<Qwen2VLVisionInputs> => {
   const rgb = image instanceof Uint8Array ? await decodeRgb(image, options) : image
-  const resized = await resizeRgb(rgb, resizeTarget(processor, rgb, options), processor.config.resample)
+  const resized = await resizeRgb(rgb, qwen2VLFrameSize(processor, rgb, options), processor.config.resample)
   return patchFrames(processor.config, [resized])
 }
 
 // ---------------------------------------------------------------------------------------------
 // Video
+
+/**
+ * Vision tokens one video may take in a model of `maxPositions` positions: half of them, at most
+ * 16,384. Frames are made smaller to fit, as Qwen's video reader bounds a video's total pixels.
+ */
+export const qwen2VLVideoTokenBudget = (maxPositions: number | undefined): number =>
+  Math.min(16384, Math.floor((maxPositions ?? 32768) / 2))
 
 export interface VideoSampling {
   /** Frames per second to sample; the config's fps otherwise. */
@@ -343,7 +358,7 @@ export const qwen2VLVideoInputs = async (
 ): Promise<Qwen2VLVisionInputs> => {
   const first = frames[0]
   if (first === undefined) throw new Error("a video needs at least one frame")
-  const size = resizeTarget(processor, first, bounds)
+  const size = qwen2VLFrameSize(processor, first, bounds)
   const resized = await Promise.all(frames.map((frame) => resizeRgb(frame, size, processor.config.resample)))
   return patchFrames(processor.config, resized)
 }

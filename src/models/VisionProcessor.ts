@@ -1,21 +1,26 @@
 import { type Idefics3Processor, idefics3Processor } from "./Idefics3Processor.js"
 import { decodeImageProcessorConfig, type ImageProcessorConfig } from "./ImageProcessor.js"
 import { InvalidModelDirectory, type ModelDirectory } from "./ModelDirectory.js"
+import { type Qwen2VLProcessor, qwen2VLProcessor } from "./Qwen2VLProcessor.js"
 
 /**
  * How a model's images become its vision encoder's input, chosen from its preprocessor_config.json:
  * a fixed-size processor (size: { height, width }: one frame per image, a fixed number of feature
  * rows), or Idefics3's (SmolVLM; size: { longest_edge }: tiles plus a global image, a grid the
- * prompt spells out).
+ * prompt spells out), or Qwen2-VL's (Qwen2-VL, Qwen2.5-VL: images and videos at their own
+ * resolution, as many patches as their area within min_pixels and max_pixels).
  */
 export type VisionProcessor =
   | { readonly kind: "fixed"; readonly config: ImageProcessorConfig }
   | { readonly kind: "idefics3"; readonly processor: Idefics3Processor }
+  | { readonly kind: "qwen2vl"; readonly processor: Qwen2VLProcessor }
 
 const idefics3Types = new Set(["Idefics3ImageProcessor", "SmolVLMImageProcessor"])
+const qwen2VLTypes = new Set(["Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast"])
+const qwen2VLModels = new Set(["qwen2_vl", "qwen2_5_vl"])
 
 export const supportedImageProcessors =
-  "a fixed-size image processor (size: { height, width }) or Idefics3ImageProcessor / SmolVLMImageProcessor (size: { longest_edge })"
+  "a fixed-size image processor (size: { height, width }) Idefics3ImageProcessor / SmolVLMImageProcessor (size: { longest_edge }) or Qwen2VLImageProcessor (min_pixels, max_pixels)"
 
 /** The model's image processor; a preprocessor config none of them follows is refused, naming the file and why. */
 export const visionProcessorOf = (model: ModelDirectory): VisionProcessor => {
@@ -32,7 +37,11 @@ export const visionProcessorOf = (model: ModelDirectory): VisionProcessor => {
     (typeof declared === "string" && idefics3Types.has(declared)) ||
     (declared === undefined && model.config.model_type === "idefics3") ||
     (declared === undefined && size !== undefined && "longest_edge" in size)
+  const qwen2VL =
+    (typeof declared === "string" && qwen2VLTypes.has(declared)) ||
+    (declared === undefined && qwen2VLModels.has(String(model.config.model_type)))
   try {
+    if (qwen2VL) return { kind: "qwen2vl", processor: qwen2VLProcessor(config) }
     if (idefics3) {
       return {
         kind: "idefics3",

@@ -18,7 +18,7 @@ import {
 import { expectClose, floatTensor, int64Tensor, numbers, session } from "./support/Ort.js"
 import {
   referenceDecoderLogits,
-  referenceEmbeddings,
+  referenceQwen2VLGreedy,
   referenceVisionFeatures
 } from "./support/Qwen2VLModelReference.js"
 import { writeModelFiles } from "./support/SmolVlmFixture.js"
@@ -62,12 +62,6 @@ const gradientImage = async (width: number, height: number): Promise<RawImage> =
 
 const ids = (tensor: unknown): Array<number> => Array.from((tensor as Tensor).data as BigInt64Array, Number)
 
-const argmax = (row: ArrayLike<number>): number => {
-  let best = 0
-  for (let i = 1; i < row.length; i++) if (row[i]! > row[best]!) best = i
-  return best
-}
-
 const flat = (rows: ReadonlyArray<ArrayLike<number>>): Float64Array =>
   Float64Array.from(rows.flatMap((row) => Array.from(row)))
 
@@ -76,34 +70,15 @@ const pads = () => ({
   videoPad: fixture.tokenId(qwen2VLSpecialTokens.videoPad)
 })
 
-/**
- * Greedy decoding with the float64 reference: the prompt's embeddings (image features spliced in
- * at the image pads) at its M-RoPE positions, then each decoded token at its index + `delta` on all
- * three axes, recomputing the whole sequence at each step.
- */
+/** Greedy decoding with the float64 reference, image pads taking `imageFeatures`. */
 const referenceGreedy = (
   prompt: ReadonlyArray<number>,
   imageFeatures: ReadonlyArray<Float64Array>,
   positions: Int32Array,
   delta: number,
   steps: number
-): Array<number> => {
-  const { imagePad } = pads()
-  let image = 0
-  const embeds = referenceEmbeddings(weights.text, prompt).map((row, i) =>
-    prompt[i] === imagePad ? imageFeatures[image++]! : row
-  )
-  const axes = [0, 1, 2].map((axis) => Array.from(positions.subarray(axis * prompt.length, (axis + 1) * prompt.length)))
-  const generated: Array<number> = []
-  for (let step = 0; step < steps; step++) {
-    const logits = referenceDecoderLogits(weights.text, embeds, axes)
-    const token = argmax(logits.at(-1)!)
-    generated.push(token)
-    embeds.push(...referenceEmbeddings(weights.text, [token]))
-    for (const axis of axes) axis.push(embeds.length - 1 + delta)
-  }
-  return generated
-}
+): Array<number> =>
+  referenceQwen2VLGreedy(weights.text, prompt, new Set([pads().imagePad]), imageFeatures, positions, delta, steps)
 
 describe("a random Qwen2-VL in the community's split layout", () => {
   it("has the input and output names transformers.js feeds and reads", async () => {

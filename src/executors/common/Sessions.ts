@@ -1,8 +1,18 @@
 import * as ort from "onnxruntime-node"
 import { type DType, Tensor } from "../../sidecar/Tensor.js"
 
-/** An ONNX Runtime session on one device: the CPU provider with a fixed thread count, or CUDA device N. */
-export const createSession = (path: string, device: string, threads: number): Promise<ort.InferenceSession> => {
+/**
+ * An ONNX Runtime session on one device: the CPU provider with a fixed thread count, or CUDA device
+ * N. With `spin: false` its threads sleep as soon as a run ends instead of spinning for more work:
+ * for a session that runs now and then beside another on the same cores (a VLM's vision encoder
+ * before its decoder), whose spinning threads would take the cores the other's run needs.
+ */
+export const createSession = (
+  path: string,
+  device: string,
+  threads: number,
+  options: { readonly spin?: boolean } = {}
+): Promise<ort.InferenceSession> => {
   const [type, index] = device.split(":")
   const executionProviders: ort.InferenceSession.SessionOptions["executionProviders"] =
     type === "cuda" ? [{ name: "cuda", deviceId: Number(index) }] : ["cpu"]
@@ -10,7 +20,8 @@ export const createSession = (path: string, device: string, threads: number): Pr
     executionProviders,
     intraOpNumThreads: threads,
     interOpNumThreads: 1,
-    graphOptimizationLevel: "all"
+    graphOptimizationLevel: "all",
+    ...(options.spin === false ? { extra: { session: { intra_op: { allow_spinning: "0" } } } } : {})
   })
 }
 
@@ -21,3 +32,7 @@ export const toOrt = (tensor: Tensor): ort.Tensor =>
 /** ONNX Runtime's output as a tensor. */
 export const fromOrt = (tensor: ort.Tensor): Tensor =>
   new Tensor(tensor.type as DType, tensor.dims, tensor.data as never)
+
+/** A Qwen2-VL vision encoder's grid input: grid_thw (Qwen2-VL's export) or image_grid_thw (Qwen2.5-VL's). */
+export const qwen2VLGridInput = (session: { readonly inputNames: ReadonlyArray<string> }): string | undefined =>
+  ["grid_thw", "image_grid_thw"].find((name) => session.inputNames.includes(name))

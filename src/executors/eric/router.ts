@@ -11,6 +11,7 @@ import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { Effect } from "effect"
 import { decodeAudioProcessorConfig } from "../../models/AudioProcessor.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
+import { qwen2VLVideoTokenBudget } from "../../models/Qwen2VLProcessor.js"
 import { visionProcessorOf } from "../../models/VisionProcessor.js"
 import { hasTextEmbeddingGraph, textEmbeddingSpec } from "../../models/TextEmbedding.js"
 import { NoSidecar, UnsupportedModality } from "../common/errors.js"
@@ -49,7 +50,7 @@ export const routerKind: RouterKind = {
         : undefined
       // Idefics3 embeds images only: a video would be its frames as images, which its prompt does not spell.
       const modalities = [
-        ...(vision === undefined ? [] : vision.kind === "fixed" ? ["image", "video"] : ["image"]),
+        ...(vision === undefined ? [] : vision.kind === "idefics3" ? ["image"] : ["image", "video"]),
         ...(audioConfig ? ["audio"] : []),
         ...(text === undefined ? [] : ["text"])
       ]
@@ -72,6 +73,16 @@ export const routerKind: RouterKind = {
       const preprocess = (item: EmbeddingsRequest["items"][number]): Promise<Preprocessed> =>
         readMedia(item.url, mediaOptions).then((media) => {
           const bytes = new Uint8Array(media.bytes.buffer, media.bytes.byteOffset, media.bytes.byteLength)
+          if (vision?.kind === "qwen2vl" && item.modality !== "audio") {
+            return item.modality === "image"
+              ? pool.run<Preprocessed>("qwen2VLImage", { bytes, processor: vision.processor, limits })
+              : pool.run<Preprocessed>("qwen2VLVideo", {
+                  bytes,
+                  processor: vision.processor,
+                  maxTokens: qwen2VLVideoTokenBudget(model.decoder?.maxPositions),
+                  limits
+                })
+          }
           switch (item.modality) {
             case "image":
               return vision?.kind === "idefics3"
@@ -122,7 +133,8 @@ export const routerKind: RouterKind = {
             modality: item.modality,
             receivers: item.receivers ?? body.receivers ?? (sidecarNode === undefined ? [] : [sidecarNode]),
             inline,
-            ...(preprocessed[index]!.grid === undefined ? {} : { grid: preprocessed[index]!.grid })
+            ...(preprocessed[index]!.grid === undefined ? {} : { grid: preprocessed[index]!.grid }),
+            ...(preprocessed[index]!.thw === undefined ? {} : { thw: preprocessed[index]!.thw })
           } satisfies EricItemMeta,
           ...itemContext
         }))

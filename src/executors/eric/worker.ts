@@ -8,13 +8,18 @@
  * (pixel_values [1, frames, 3, tile, tile] with pixel_attention_mask) and gives each frame's
  * features; an item's transfer then starts with its tile grid (int32 [rows, cols]), which the LLM
  * needs to spell the image out in its prompt, followed by the features.
+ *
+ * A Qwen2-VL encoder takes one image or video a run (pixel_values [patches, C·T·P·P]) with its
+ * grid (grid_thw, or image_grid_thw in Qwen2.5-VL's export) and gives patches ÷ merge² rows; an
+ * item's transfer starts with its grid
+ * (int32 [t, h, w]), from which the LLM works out its prompt's positions.
  */
 import * as ort from "onnxruntime-node"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { hasTextEmbeddingGraph } from "../../models/TextEmbedding.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
-import { createSession, fromOrt, toOrt } from "../common/Sessions.js"
+import { createSession, fromOrt, qwen2VLGridInput, toOrt } from "../common/Sessions.js"
 import type { LoadWorkerModel } from "../common/WorkerModel.js"
 import { TextEncoder, type TextItemMeta } from "./TextEncoder.js"
 
@@ -26,6 +31,8 @@ export interface MediaItemMeta {
   readonly inline: boolean
   /** Idefics3 images: the tile grid. */
   readonly grid?: { readonly rows: number; readonly cols: number }
+  /** Qwen2-VL images and videos: the patch grid [t, h, w]. */
+  readonly thw?: readonly [number, number, number]
 }
 
 /** What the router attaches to each work item. */
@@ -58,13 +65,40 @@ export const load: LoadWorkerModel = async ({ config, rank, device }) => {
   const sessions = new Map<"vision" | "audio", ort.InferenceSession>()
   for (const [encoder, file] of Object.entries(encoderFiles) as Array<["vision" | "audio", string]>) {
     const path = model.onnx.get(file)
-    if (path !== undefined) sessions.set(encoder, await createSession(path, device, config.threadsPerDevice))
+    // Its threads sleep between runs, leaving the cores to the router's decoding of the next media.
+    if (path !== undefined)
+      sessions.set(encoder, await createSession(path, device, config.threadsPerDevice, { spin: false }))
   }
   const text = hasTextEmbeddingGraph(model)
     ? await TextEncoder.open(model, device, config.threadsPerDevice, config.dtype)
     : undefined
   if (text !== undefined) console.log(`executor: worker ${rank} runs ${text.file}`)
   const sidecar = config.sidecarSocket === undefined ? undefined : await SidecarClient.connect(config.sidecarSocket)
+
+  /** An item's features: back in the answer, or to its receivers through the sidecar, after its grid when it has one. */
+  const deliver = async (
+    meta: MediaItemMeta,
+    shape: readonly [number, number],
+    data: Float32Array,
+    trace: string | undefined,
+    grid: Tensor | undefined
+  ): Promise<EricItemResult> => {
+    if (meta.inline) return { shape, embedding: data.slice() }
+    if (sidecar === undefined) throw new Error("this executor has no sidecar to send embeddings through")
+    const traced = trace === undefined ? {} : { traceparent: trace }
+    if (grid === undefined) {
+      await sidecar.send(meta.id, new Tensor("float32", shape, data), { to: meta.receivers, ...traced })
+      return { shape }
+    }
+    await sidecar.send(meta.id, grid, { to: meta.receivers, chunk: 0, numChunks: 2, ...traced })
+    await sidecar.send(meta.id, new Tensor("float32", shape, data), {
+      to: meta.receivers,
+      chunk: 1,
+      numChunks: 2,
+      ...traced
+    })
+    return { shape }
+  }
 
   return {
     async run({ inputs, items }) {
@@ -80,6 +114,28 @@ export const load: LoadWorkerModel = async ({ config, rank, device }) => {
       const session = sessions.get(encoder)
       if (session === undefined) throw new Error(`the model has no ${encoderFiles[encoder]}.onnx`)
       const input = inputs[encoder === "audio" ? "input_values" : "pixel_values"]!
+      const gridInput = qwen2VLGridInput(session)
+      if (gridInput !== undefined) {
+        // One item a run: the encoder attends within each frame through a mask over all the
+        // patches it is given, so a call of several items would cost the square of their patches.
+        const patchDim = input.shape[1]!
+        const results: Array<EricItemResult> = []
+        for (const item of items) {
+          const meta = item.meta as MediaItemMeta
+          const [from, to] = item.rows
+          const pixels = (input.data as Float32Array).subarray(from * patchDim, to * patchDim)
+          const outputs = await session.run({
+            pixel_values: new ort.Tensor("float32", pixels, [to - from, patchDim]),
+            [gridInput]: new ort.Tensor("int64", BigInt64Array.from(meta.thw!, BigInt), [1, 3])
+          })
+          const features = fromOrt(outputs[session.outputNames[0]!]!)
+          const grid = new Tensor("int32", [3], Int32Array.from(meta.thw!))
+          results.push(
+            await deliver(meta, features.shape as [number, number], features.data as Float32Array, item.trace, grid)
+          )
+        }
+        return results
+      }
       const outputs = await session.run(
         session.inputNames.includes("pixel_attention_mask")
           ? frameSequence(input.shape, toOrt(input))
@@ -89,27 +145,15 @@ export const load: LoadWorkerModel = async ({ config, rank, device }) => {
       const [, positions, hidden] = features.shape as [number, number, number]
       const rowElements = positions * hidden
       return Promise.all(
-        items.map(async (item): Promise<EricItemResult> => {
+        items.map((item) => {
           const meta = item.meta as MediaItemMeta
           const [from, to] = item.rows
-          const shape = [(to - from) * positions, hidden] as const
           const data = (features.data as Float32Array).subarray(from * rowElements, to * rowElements)
-          if (meta.inline) return { shape, embedding: data.slice() }
-          if (sidecar === undefined) throw new Error("this executor has no sidecar to send embeddings through")
-          const traced = item.trace === undefined ? {} : { traceparent: item.trace }
-          if (meta.grid === undefined) {
-            await sidecar.send(meta.id, new Tensor("float32", shape, data), { to: meta.receivers, ...traced })
-            return { shape }
-          }
-          const grid = new Tensor("int32", [2], Int32Array.of(meta.grid.rows, meta.grid.cols))
-          await sidecar.send(meta.id, grid, { to: meta.receivers, chunk: 0, numChunks: 2, ...traced })
-          await sidecar.send(meta.id, new Tensor("float32", shape, data), {
-            to: meta.receivers,
-            chunk: 1,
-            numChunks: 2,
-            ...traced
-          })
-          return { shape }
+          const grid =
+            meta.grid === undefined
+              ? undefined
+              : new Tensor("int32", [2], Int32Array.of(meta.grid.rows, meta.grid.cols))
+          return deliver(meta, [(to - from) * positions, hidden], data, item.trace, grid)
         })
       )
     },

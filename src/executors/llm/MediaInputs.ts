@@ -6,6 +6,8 @@
 import { decodeAudioProcessorConfig } from "../../models/AudioProcessor.js"
 import { expandIdefics3Prompt } from "../../models/Idefics3Processor.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
+import { mropePositions, VisionTokenMismatch } from "../../models/MRope.js"
+import { type GridThw, qwen2VLVideoTokenBudget, visionTokenCount } from "../../models/Qwen2VLProcessor.js"
 import { visionProcessorOf } from "../../models/VisionProcessor.js"
 import { RecvTimeout } from "../../sidecar/errors.js"
 import type { Payload, SidecarClient } from "../../sidecar/SidecarClient.js"
@@ -18,7 +20,7 @@ import { mediaLimitsOf } from "../common/media/MediaLimits.js"
 import type { Preprocessed, TileGrid } from "../common/media/preprocess.js"
 import type { EmbeddingRef, Modality } from "./api.js"
 import { expandPlaceholders, type MediaPart, PromptError, scatterPlaceholders } from "./Prompt.js"
-import type { MediaInput, MediaSpan } from "./protocol.js"
+import type { MediaInput, MediaSpan, RopePositions } from "./protocol.js"
 
 export interface ResolvedMedia {
   readonly modality: Modality
@@ -26,6 +28,8 @@ export interface ResolvedMedia {
   readonly input: MediaInput
   /** Idefics3 images: the tile grid the prompt spells out. */
   readonly grid?: TileGrid
+  /** Qwen2-VL images and videos: the patch grid, which gives the prompt's M-RoPE positions. */
+  readonly thw?: GridThw
 }
 
 export interface MediaInputs {
@@ -38,11 +42,11 @@ export interface MediaInputs {
   resolve(parts: ReadonlyArray<MediaPart>, refs: ReadonlyArray<EmbeddingRef> | undefined): Promise<Array<ResolvedMedia>>
   /** The rendered prompt with each media item spelled out as the model's processor does (Idefics3), else as it is. */
   promptText(text: string, media: ReadonlyArray<ResolvedMedia>): string
-  /** The tokenized prompt's ids and where each media item's rows go. */
+  /** The tokenized prompt's ids, where each media item's rows go, and (Qwen2-VL) the prompt's M-RoPE positions. */
   layout(
     ids: ReadonlyArray<number>,
     media: ReadonlyArray<ResolvedMedia>
-  ): { readonly inputIds: Int32Array; readonly spans: ReadonlyArray<MediaSpan> }
+  ): { readonly inputIds: Int32Array; readonly spans: ReadonlyArray<MediaSpan>; readonly rope?: RopePositions }
 }
 
 export const makeMediaInputs = (options: {
@@ -56,18 +60,23 @@ export const makeMediaInputs = (options: {
   const placeholders = new Map<number, Modality>()
   if (model.config.image_token_id !== undefined) placeholders.set(model.config.image_token_id, "image")
   if (model.config.audio_token_id !== undefined) placeholders.set(model.config.audio_token_id, "audio")
+  if (model.config.video_token_id !== undefined) placeholders.set(model.config.video_token_id, "video")
   const accepted = [...placeholders.values()]
   // The model embeds a modality itself when it has the encoder and knows how many rows it gives.
   const vision = model.onnx.has("vision_encoder") ? visionProcessorOf(model) : undefined
   const imageConfig =
     vision?.kind === "fixed" && model.config.image_seq_length !== undefined ? vision.config : undefined
   const idefics3 = vision?.kind === "idefics3" ? vision.processor : undefined
+  const qwen2VL = vision?.kind === "qwen2vl" ? vision.processor : undefined
+  const mergeSize = qwen2VL?.config.merge_size ?? 1
   const audioConfig =
     model.onnx.has("audio_encoder") && model.config.audio_seq_length !== undefined
       ? decodeAudioProcessorConfig(model.preprocessorConfig)
       : undefined
   const encodable = accepted.filter(
-    (modality) => (modality === "image" ? (imageConfig ?? idefics3) : audioConfig) !== undefined
+    (modality) =>
+      (modality === "image" ? (imageConfig ?? idefics3 ?? qwen2VL) : modality === "video" ? qwen2VL : audioConfig) !==
+      undefined
   )
   const mediaOptions = mediaSourceOptionsOf(config)
   const limits = mediaLimitsOf(config)
@@ -80,6 +89,24 @@ export const makeMediaInputs = (options: {
     }
     const media = await readMedia(part.url, mediaOptions)
     const bytes = new Uint8Array(media.bytes.buffer, media.bytes.byteOffset, media.bytes.byteLength)
+    if (qwen2VL !== undefined && part.modality !== "audio") {
+      const { inputs, thw } =
+        part.modality === "image"
+          ? await pool.run<Preprocessed>("qwen2VLImage", { bytes, processor: qwen2VL, limits })
+          : await pool.run<Preprocessed>("qwen2VLVideo", {
+              bytes,
+              processor: qwen2VL,
+              maxTokens: qwen2VLVideoTokenBudget(model.decoder?.maxPositions),
+              limits
+            })
+      const pixels = inputs.pixel_values!
+      return {
+        modality: part.modality,
+        rows: visionTokenCount(thw!, mergeSize),
+        input: { kind: "pixel_values", data: pixels.data as Float32Array, shape: pixels.shape, thw: thw! },
+        thw: thw!
+      }
+    }
     if (part.modality === "image" && idefics3 !== undefined) {
       const { inputs, grid } = await pool.run<Preprocessed>("idefics3Image", { bytes, config: idefics3.image, limits })
       const pixels = inputs.pixel_values!
@@ -115,11 +142,13 @@ export const makeMediaInputs = (options: {
 
   /**
    * Every chunk of embedding `id`, in order, as [rows, hidden]; the chunks are then released. An
-   * Idefics3 image's transfer starts with its tile grid, int32 [rows, cols].
+   * Idefics3 image's transfer starts with its tile grid, int32 [rows, cols]; a Qwen2-VL image's or
+   * video's with its patch grid, int32 [t, h, w].
    */
   const receive = async (client: SidecarClient, ref: EmbeddingRef): Promise<ResolvedMedia> => {
     const parts: Array<Float32Array> = []
     let grid: TileGrid | undefined
+    let thw: GridThw | undefined
     for (let chunk = 0; ; chunk++) {
       let payload: Payload | undefined
       try {
@@ -134,6 +163,12 @@ export const makeMediaInputs = (options: {
       if (payload === undefined) break
       if (chunk === 0 && payload instanceof Tensor && payload.dtype === "int32" && payload.shape.join() === "2") {
         grid = { rows: payload.data[0] as number, cols: payload.data[1] as number }
+        await client.markDone(ref.id, chunk)
+        continue
+      }
+      if (chunk === 0 && payload instanceof Tensor && payload.dtype === "int32" && payload.shape.join() === "3") {
+        const [t, h, w] = Array.from(payload.data as Int32Array)
+        thw = [t!, h!, w!]
         await client.markDone(ref.id, chunk)
         continue
       }
@@ -159,11 +194,19 @@ export const makeMediaInputs = (options: {
     if (idefics3 !== undefined && ref.modality === "image" && grid === undefined) {
       throw new PromptError(`embedding ${ref.id} has no tile grid: it is not an Idefics3 image encoding`)
     }
+    if (qwen2VL !== undefined && ref.modality !== "audio") {
+      if (thw === undefined || thw.some((n) => !(n > 0)) || visionTokenCount(thw, mergeSize) !== rows) {
+        throw new PromptError(
+          `embedding ${ref.id} has ${thw === undefined ? "no patch grid" : `${rows} rows for the patch grid ${thw.join("×")}`}: it is not a Qwen2-VL ${ref.modality} encoding of this model`
+        )
+      }
+    }
     return {
       modality: ref.modality,
       rows,
       input: { kind: "embedding", data, shape: [rows, hidden] },
-      ...(grid === undefined ? {} : { grid })
+      ...(grid === undefined ? {} : { grid }),
+      ...(thw === undefined ? {} : { thw })
     }
   }
 
@@ -184,9 +227,22 @@ export const makeMediaInputs = (options: {
   const layout = (ids: ReadonlyArray<number>, media: ReadonlyArray<ResolvedMedia>) => {
     if (idefics3 === undefined) {
       const { inputIds, starts } = expandPlaceholders(ids, placeholders, media)
-      return {
-        inputIds,
-        spans: media.map((item, index) => ({ start: starts[index]!, rows: item.rows, input: item.input }))
+      const spans = media.map((item, index) => ({ start: starts[index]!, rows: item.rows, input: item.input }))
+      if (qwen2VL === undefined) return { inputIds, spans }
+      try {
+        const rope = mropePositions(
+          inputIds,
+          { imagePad: model.config.image_token_id ?? -1, videoPad: model.config.video_token_id ?? -1 },
+          {
+            images: media.flatMap((item) => (item.modality === "image" ? [item.thw!] : [])),
+            videos: media.flatMap((item) => (item.modality === "video" ? [item.thw!] : []))
+          },
+          mergeSize
+        )
+        return { inputIds, spans, rope }
+      } catch (error) {
+        if (error instanceof VisionTokenMismatch) throw new PromptError(error.message)
+        throw error
       }
     }
     const positions = scatterPlaceholders(ids, model.config.image_token_id!, media)

@@ -11,11 +11,29 @@ import { type DecoderFiles, type DecoderInterface, decoderFiles, decoderInterfac
 import type { Dtype } from "../../models/Dtype.js"
 import { floatsOf, halvesOf } from "../../models/Float16.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
-import { createSession } from "../common/Sessions.js"
+import { createSession, qwen2VLGridInput } from "../common/Sessions.js"
 import { type CacheArray, type CachedRow, gatherRows, type PastData, rightAlignedMask } from "./PastCache.js"
 import type { MediaInput, PromptInput, SamplingParams, StepOp, TokenPartial } from "./protocol.js"
 import { Constraints } from "./Constraints.js"
 import { Sampler } from "./Sampler.js"
+
+/**
+ * Each token's position in a prompt, axis by axis (one axis, or Qwen2-VL's three: temporal,
+ * height, width): its M-RoPE positions where the prompt has them, index + delta past them, the
+ * index on every axis without them.
+ */
+const promptPositions = (
+  prompt: PromptInput,
+  axes: 1 | 3
+): { readonly at: (axis: number, p: number) => number; readonly delta: number } => {
+  const rope = axes === 3 ? prompt.rope : undefined
+  if (rope === undefined) return { at: (_, p) => p, delta: 0 }
+  const length = rope.positions.length / 3
+  return {
+    at: (axis, p) => (p < length ? rope.positions[axis * length + p]! : p + rope.delta),
+    delta: rope.delta
+  }
+}
 
 /** Decoder outputs that hold final hidden states, by the names exports give them. */
 const hiddenStateOutputs = ["last_hidden_state", "hidden_states"]
@@ -23,8 +41,10 @@ const hiddenStateOutputs = ["last_hidden_state", "hidden_states"]
 interface Sequence {
   readonly sampler: Sampler
   readonly sampling: SamplingParams
-  /** Positions in its cache, which is also the position of its next token. */
+  /** Positions in its cache, which is also the index of its next token. */
   length: number
+  /** Added to a token's index to give its position (M-RoPE after media; 0 otherwise). */
+  readonly positionDelta: number
   lastToken: number
   generated: number
   cache: { readonly past: Past; readonly row: number }
@@ -98,11 +118,12 @@ export class Runner {
     const spec = model.decoder
     if (spec === undefined) throw new Error(`${model.path} is not a decoder: its config.json has no vocab_size`)
     const files = decoderFiles(model, dtype)
-    const session = (path: string | undefined) =>
-      path === undefined ? Promise.resolve(undefined) : createSession(path, device, threads)
+    // Only the decoder's threads spin between runs: the others run briefly before it, on the same cores.
+    const session = (path: string | undefined, spin = false) =>
+      path === undefined ? Promise.resolve(undefined) : createSession(path, device, threads, { spin })
     const [embed, decoder, vision, audio] = await Promise.all([
       session(files.embedTokens),
-      session(files.decoder),
+      session(files.decoder, true),
       session(files.vision),
       session(files.audio)
     ])
@@ -167,9 +188,16 @@ export class Runner {
   ): Promise<void> {
     const lengths = joining.map((request) => request.prompt.inputIds.length)
     const width = Math.max(...lengths)
-    const positions = new BigInt64Array(joining.length * width)
+    const axes = this.io.positionAxes
+    const batch = joining.length
+    // Padding takes position 1, as transformers gives masked positions; the mask hides it anyway.
+    const positions = new BigInt64Array(axes * batch * width).fill(1n)
+    const located = joining.map((request) => promptPositions(request.prompt, axes))
     lengths.forEach((length, row) => {
-      for (let p = 0; p < length; p++) positions[row * width + width - length + p] = BigInt(p)
+      for (let axis = 0; axis < axes; axis++) {
+        const base = (axis * batch + row) * width + width - length
+        for (let p = 0; p < length; p++) positions[base + p] = BigInt(located[row]!.at(axis, p))
+      }
     })
     const outputs = await this.runDecoder(
       await this.promptTokens(
@@ -192,6 +220,7 @@ export class Runner {
         ),
         sampling: request.sampling,
         length: lengths[row]!,
+        positionDelta: located[row]!.delta,
         lastToken: 0,
         generated: 0,
         cache: { past, row }
@@ -215,7 +244,7 @@ export class Runner {
         sequences.map((sequence) => sequence.length + 1),
         past.width + 1
       ),
-      BigInt64Array.from(sequences, (sequence) => BigInt(sequence.length)),
+      this.decodePositions(sequences),
       [ids.length, 1],
       past.tensors
     )
@@ -228,6 +257,15 @@ export class Runner {
       sequence.cache = { past: next, row }
       this.accept(id, sequence, this.draw(sequence, logits, row), take)
     })
+  }
+
+  /** Each sequence's next position, on every axis the decoder takes. */
+  private decodePositions(sequences: ReadonlyArray<Sequence>): BigInt64Array {
+    const one = BigInt64Array.from(sequences, (sequence) => BigInt(sequence.length + sequence.positionDelta))
+    if (this.io.positionAxes === 1) return one
+    const positions = new BigInt64Array(3 * one.length)
+    for (let axis = 0; axis < 3; axis++) positions.set(one, axis * one.length)
+    return positions
   }
 
   /** The past for a decode of `ids`: the last batch's as it is when the batch is unchanged, else its rows gathered anew. */
@@ -303,7 +341,8 @@ export class Runner {
       [this.io.tokens]: tokens,
       attention_mask: int64(mask, [batch, mask.length / batch])
     }
-    if (this.io.positionIds) feeds.position_ids = int64(positions, [batch, length])
+    if (this.io.positionIds)
+      feeds.position_ids = int64(positions, this.io.positionAxes === 3 ? [3, batch, length] : [batch, length])
     if (this.io.useCacheBranch)
       feeds.use_cache_branch = new ort.Tensor("bool", Uint8Array.of(past[0]!.dims[2]! > 0 ? 1 : 0), [1])
     if (this.io.numLogitsToKeep) feeds.num_logits_to_keep = new ort.Tensor("int64", BigInt64Array.of(1n), [])
@@ -389,6 +428,23 @@ export class Runner {
       if (items.length === 0) continue
       const encoder = kind === "pixel_values" ? this.encoders.vision : this.encoders.audio
       if (encoder === undefined) throw new Error(`${this.model.path} has no encoder for ${kind}`)
+      const gridInput = qwen2VLGridInput(encoder)
+      if (gridInput !== undefined) {
+        // Qwen2-VL: one item a run. Its encoder attends within each frame through a mask over all
+        // the patches it is given, so a call of several items costs the square of their patches.
+        for (const { input, index } of items) {
+          if (input.kind !== "pixel_values" || input.thw === undefined)
+            throw new Error("a Qwen2-VL image without its grid")
+          const output = (
+            await encoder.run({
+              pixel_values: float(input.data, input.shape),
+              [gridInput]: int64(BigInt64Array.from(input.thw, BigInt), [1, 3])
+            })
+          )[encoder.outputNames[0]!]!
+          rows[index] = float32Data(output)
+        }
+        continue
+      }
       if (encoder.inputNames.includes("pixel_attention_mask")) {
         // Idefics3: every item's frames as one sequence; each frame gives its own features.
         const frames = items.map(({ input }) => input.shape[0]!)
@@ -457,11 +513,14 @@ export class Runner {
       inputs_embeds: floatsAs(this.io.embedsType, embeds, [1, length, this.hidden]),
       attention_mask: int64(new BigInt64Array(length).fill(1n), [1, length])
     }
-    if (this.io.positionIds)
+    if (this.io.positionIds) {
+      const axes = this.io.positionAxes
+      const located = promptPositions(prompt, axes)
       feeds.position_ids = int64(
-        BigInt64Array.from({ length }, (_, p) => BigInt(p)),
-        [1, length]
+        BigInt64Array.from({ length: axes * length }, (_, i) => BigInt(located.at(Math.floor(i / length), i % length))),
+        axes === 3 ? [3, 1, length] : [1, length]
       )
+    }
     const empty = this.emptyPast(1)
     this.io.cache.forEach((names, i) => (feeds[names.input] = empty[i]!))
     const outputs = await this.decoder.run(feeds, [output])

@@ -11,8 +11,16 @@ import type { ResponseFormat } from "./structured/JsonGrammar.js"
 
 /** An image or audio clip for the model's own encoder, or an embedding from the sidecar. */
 export type MediaInput =
-  /** [1, 3, h, w] for a fixed-size processor; [frames, 3, tile, tile] for Idefics3, whose encoder takes them as one sequence. */
-  | { readonly kind: "pixel_values"; readonly data: Float32Array; readonly shape: ReadonlyArray<number> }
+  /**
+   * [1, 3, h, w] for a fixed-size processor; [frames, 3, tile, tile] for Idefics3, whose encoder
+   * takes them as one sequence; [patches, C·T·P·P] for Qwen2-VL, with its grid_thw in `thw`.
+   */
+  | {
+      readonly kind: "pixel_values"
+      readonly data: Float32Array
+      readonly shape: ReadonlyArray<number>
+      readonly thw?: readonly [number, number, number]
+    }
   | { readonly kind: "input_values"; readonly data: Float32Array; readonly shape: ReadonlyArray<number> }
   | { readonly kind: "embedding"; readonly data: Float32Array; readonly shape: readonly [number, number] }
 
@@ -28,10 +36,22 @@ export interface MediaSpan {
   readonly positions?: Int32Array
 }
 
+/**
+ * Multimodal rotary positions (Qwen2-VL's M-RoPE) of a prompt: [3, prompt length], axis by axis
+ * (temporal, height, width), and the delta a token after them adds to its index on every axis.
+ * Tokens past `positions` (a continuation's) take index + delta too.
+ */
+export interface RopePositions {
+  readonly positions: Int32Array
+  readonly delta: number
+}
+
 /** A prompt as the model sees it: token ids with each media placeholder expanded to its rows. */
 export interface PromptInput {
   readonly inputIds: Int32Array
   readonly media: ReadonlyArray<MediaSpan>
+  /** For a decoder whose position_ids are [3, batch, sequence]; absent, each token's index on all three axes. */
+  readonly rope?: RopePositions
 }
 
 export interface SamplingParams {

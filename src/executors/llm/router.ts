@@ -138,9 +138,9 @@ export const routerKind: RouterKind = {
           "messages" in source ? renderChat(source.messages, source.addGenerationPrompt, source.tools) : source.text,
           resolved
         )
-        const { inputIds, spans } = media.layout(tokenizer.encode(text), resolved)
+        const { inputIds, spans, rope } = media.layout(tokenizer.encode(text), resolved)
         if (inputIds.length === 0) throw new EmptyPrompt()
-        return { inputIds, media: spans }
+        return { inputIds, media: spans, ...(rope === undefined ? {} : { rope }) }
       }
 
       const sampling = (body: ChatCompletionRequest, promptTokens: number): SamplingParams => {
@@ -194,7 +194,7 @@ export const routerKind: RouterKind = {
         inputIds.set(prompt.inputIds)
         inputIds.set(tokens, prompt.inputIds.length)
         return {
-          prompt: { inputIds, media: prompt.media },
+          prompt: { ...prompt, inputIds },
           sampling: { ...params, maxNewTokens: params.maxNewTokens - tokens.length }
         }
       }

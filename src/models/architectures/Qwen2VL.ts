@@ -262,13 +262,16 @@ const visionBlock = (
     return g.op("Add", [afterAttention, mlp])
   })
 
-export const qwen2VLVisionGraph = (w: Qwen2VLVisionWeights): Graph => {
+/** The vision encoder's grid input: grid_thw in Qwen2-VL's export, image_grid_thw in Qwen2.5-VL's. */
+export type Qwen2VLGridInput = "grid_thw" | "image_grid_thw"
+
+export const qwen2VLVisionGraph = (w: Qwen2VLVisionWeights, gridInput: Qwen2VLGridInput = "grid_thw"): Graph => {
   const { config } = w
   const patchWidth = config.inChannels * config.temporalPatchSize * config.patchSize ** 2
   const merge = config.spatialMergeSize ** 2
   const g = new Graph("vision_encoder")
   const pixelValues = g.input("pixel_values", "float32", ["num_patches", patchWidth])
-  const gridThw = g.input("grid_thw", "int64", ["num_images", 3])
+  const gridThw = g.input(gridInput, "int64", ["num_images", 3])
 
   const places = patchPlaces(g, pixelValues, gridThw, config.spatialMergeSize)
   const rope = g.scope("rotary_pos_emb", () => {
@@ -409,10 +412,11 @@ export const qwen2VLDecoderGraph = (w: Qwen2VLTextWeights): Graph => {
 /** The three graphs by their onnx/ stem. */
 export const qwen2VLGraphs = (
   vision: Qwen2VLVisionWeights,
-  text: Qwen2VLTextWeights
+  text: Qwen2VLTextWeights,
+  gridInput: Qwen2VLGridInput = "grid_thw"
 ): ReadonlyMap<"vision_encoder" | "embed_tokens" | "decoder_model_merged", Graph> =>
   new Map([
-    ["vision_encoder", qwen2VLVisionGraph(vision)],
+    ["vision_encoder", qwen2VLVisionGraph(vision, gridInput)],
     ["embed_tokens", qwen2VLEmbedTokensGraph(text)],
     ["decoder_model_merged", qwen2VLDecoderGraph(text)]
   ])

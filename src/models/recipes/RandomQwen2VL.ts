@@ -219,6 +219,13 @@ export interface RandomQwen2VLOptions {
   /** Fields added to config.json. */
   readonly extraConfig?: Record<string, unknown>
   /**
+   * The export to name things as: Qwen2-VL's (the default) or Qwen2.5-VL's, whose config.json says
+   * qwen2_5_vl and whose vision encoder takes image_grid_thw. The vision tower stays Qwen2-VL's
+   * (Qwen2.5-VL's window attention and gated MLP are inside its graph, which the platform runs as
+   * it is).
+   */
+  readonly family?: "qwen2_vl" | "qwen2_5_vl"
+  /**
    * A real tokenizer (tokenizer.json and tokenizer_config.json, e.g. the Qwen3 vocabulary, which
    * has Qwen2-VL's special tokens at the same ids) in place of the small one; its chat template is
    * replaced by Qwen2-VL's.
@@ -283,6 +290,28 @@ export const randomQwen2VLFiles = (options: RandomQwen2VLOptions = {}): RandomQw
   const eos = id(special.imEnd)
   const endOfText = id(special.endOfText)
   const { vision, text } = randomQwen2VLWeights(config, options.seed ?? 1)
+  const qwen25 = options.family === "qwen2_5_vl"
+  const family = qwen25
+    ? {
+        model_type: "qwen2_5_vl",
+        architectures: ["Qwen2_5_VLForConditionalGeneration"],
+        // Newer Qwen2.5-VL configs hold the language model's fields in text_config, which transformers.js reads.
+        text_config: {
+          model_type: "qwen2_5_vl_text",
+          hidden_size: config.text.hiddenSize,
+          intermediate_size: config.text.intermediateSize,
+          num_hidden_layers: config.text.layers,
+          num_attention_heads: config.text.heads,
+          num_key_value_heads: config.text.kvHeads,
+          vocab_size: config.text.vocabSize,
+          max_position_embeddings: config.text.maxPositions,
+          rope_theta: config.text.ropeTheta,
+          rms_norm_eps: config.text.rmsNormEps,
+          rope_scaling: { type: "mrope", mrope_section: [...config.text.mropeSection] },
+          tie_word_embeddings: config.text.tieWordEmbeddings
+        }
+      }
+    : {}
   const preprocessorConfig = {
     min_pixels: options.minPixels ?? 3136,
     max_pixels: options.maxPixels ?? 28 * 28 * 64,
@@ -299,7 +328,7 @@ export const randomQwen2VLFiles = (options: RandomQwen2VLOptions = {}): RandomQw
     do_normalize: true,
     do_convert_rgb: true,
     image_processor_type: "Qwen2VLImageProcessor",
-    processor_class: "Qwen2VLProcessor"
+    processor_class: qwen25 ? "Qwen2_5_VLProcessor" : "Qwen2VLProcessor"
   }
   const files = new Map<string, Uint8Array>([
     [
@@ -316,7 +345,7 @@ export const randomQwen2VLFiles = (options: RandomQwen2VLOptions = {}): RandomQw
             bosTokenId: endOfText,
             eosTokenId: eos
           },
-          options.extraConfig
+          { ...family, ...options.extraConfig }
         )
       )
     ],
@@ -328,6 +357,7 @@ export const randomQwen2VLFiles = (options: RandomQwen2VLOptions = {}): RandomQw
     ["tokenizer.json", jsonFile(tokenizer.json)],
     ["tokenizer_config.json", jsonFile(tokenizer.config)]
   ])
-  for (const [stem, graph] of qwen2VLGraphs(vision, text)) files.set(`onnx/${stem}.onnx`, graph.toBytes())
+  for (const [stem, graph] of qwen2VLGraphs(vision, text, qwen25 ? "image_grid_thw" : "grid_thw"))
+    files.set(`onnx/${stem}.onnx`, graph.toBytes())
   return { files, config, tokenId: id }
 }

@@ -215,3 +215,36 @@ export const referenceEmbeddings = (w: Qwen2VLTextWeights, ids: ReadonlyArray<nu
   ids.map((id) =>
     Float64Array.from(w.embedTokens.data.subarray(id * w.config.hiddenSize, (id + 1) * w.config.hiddenSize))
   )
+
+const argmax = (row: ArrayLike<number>): number => {
+  let best = 0
+  for (let i = 1; i < row.length; i++) if (row[i]! > row[best]!) best = i
+  return best
+}
+
+/**
+ * Greedy decoding with the float64 reference: the prompt's embeddings (vision features written
+ * over its pad tokens, in order) at its M-RoPE positions [3 × prompt length], then each decoded
+ * token at its index + `delta` on all three axes, recomputing the whole sequence at each step.
+ */
+export const referenceQwen2VLGreedy = (
+  w: Qwen2VLTextWeights,
+  prompt: ReadonlyArray<number>,
+  pads: ReadonlySet<number>,
+  features: ReadonlyArray<Float64Array>,
+  positions: Int32Array,
+  delta: number,
+  steps: number
+): Array<number> => {
+  let feature = 0
+  const embeds = referenceEmbeddings(w, prompt).map((row, i) => (pads.has(prompt[i]!) ? features[feature++]! : row))
+  const axes = [0, 1, 2].map((axis) => Array.from(positions.subarray(axis * prompt.length, (axis + 1) * prompt.length)))
+  const generated: Array<number> = []
+  for (let step = 0; step < steps; step++) {
+    const token = argmax(referenceDecoderLogits(w, embeds, axes).at(-1)!)
+    generated.push(token)
+    embeds.push(...referenceEmbeddings(w, [token]))
+    for (const axis of axes) axis.push(embeds.length - 1 + delta)
+  }
+  return generated
+}

@@ -13,7 +13,7 @@ export const MediaLimits = Schema.Struct({
   maxAnimationFrames: Schema.Int.pipe(Schema.positive()),
   /** Seconds of one audio clip, which resampling to the model's rate turns into samples. */
   maxAudioSeconds: Schema.Number.pipe(Schema.positive()),
-  // The two below are optional in an executor's config: without them it takes the defaults (no command flags yet).
+  // The two below are optional in an executor's config: without them it takes the defaults.
   /** Seconds of one video container (mp4, webm, mov), read from its header. */
   maxVideoSeconds: Schema.optional(Schema.Number.pipe(Schema.positive())),
   /** Frames of one video container, counted from its packets: decoding the last sampled frame decodes those before it. */

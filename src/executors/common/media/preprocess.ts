@@ -7,9 +7,21 @@
 import { type AudioProcessorConfig, inputValues } from "../../../models/AudioProcessor.js"
 import { type Idefics3ImageProcessorConfig, idefics3ImageFrames } from "../../../models/Idefics3Processor.js"
 import { type ImageProcessorConfig, normalizePixels, resizeTarget } from "../../../models/ImageProcessor.js"
+import {
+  type GridThw,
+  patchFrames,
+  type Qwen2VLProcessor,
+  qwen2VLFrameSize,
+  qwen2VLImageInputs,
+  type Qwen2VLVisionInputs,
+  resizeRgb as resizeQwen2VLFrame,
+  sampleVideoFrames
+} from "../../../models/Qwen2VLProcessor.js"
 import type { WireTensor } from "../wire.js"
+import { MediaError } from "./errors.js"
 import { decodeAudio, decodeImage, decodeVideoFrames, describeSharpError } from "./MediaDecoder.js"
 import { defaultMediaLimits, type MediaLimits } from "./MediaLimits.js"
+import { containerDemuxerOf, decodeContainerFrames } from "./VideoContainer.js"
 
 /** An image split into rows × cols tiles plus a global image (0 × 0: one frame, not split). */
 export interface TileGrid {
@@ -21,6 +33,8 @@ export interface Preprocessed {
   readonly inputs: Readonly<Record<string, WireTensor>>
   /** Idefics3 images: how the frames tile the image, which the prompt spells out. */
   readonly grid?: TileGrid
+  /** Qwen2-VL images and videos: [temporal patches, patch rows, patch columns], the encoder's grid_thw. */
+  readonly thw?: GridThw
 }
 
 const stackFrames = (frames: ReadonlyArray<Float32Array>, height: number, width: number): WireTensor => {
@@ -97,4 +111,82 @@ export const audio = (input: {
   const samples = decodeAudio(bufferOf(input.bytes), input.mimeType, input.config.sampling_rate, input.limits)
   const values = inputValues(input.config, samples, input.config.sampling_rate)
   return { inputs: { input_values: { dtype: "float32", shape: [1, values.length], data: values } } }
+}
+
+const qwen2VLPreprocessed = (inputs: Qwen2VLVisionInputs): Preprocessed => ({
+  inputs: {
+    pixel_values: {
+      dtype: "float32",
+      shape: [inputs.pixelValues.length / inputs.patchDim, inputs.patchDim],
+      data: inputs.pixelValues
+    }
+  },
+  thw: inputs.grid
+})
+
+/** A refusal of the processor's (an image too long for its width) as the request's media error. */
+const asMediaError = (error: unknown): never => {
+  if ((error as { readonly _tag?: string })._tag === "ExtremeAspectRatio")
+    throw new MediaError({ message: (error as Error).message })
+  throw error
+}
+
+/** An image as Qwen2-VL takes it: its patches, pixel_values [patches, C·T·P·P], in merge-block order, and its grid. */
+export const qwen2VLImage = async (input: {
+  readonly bytes: Uint8Array
+  readonly processor: Qwen2VLProcessor
+  readonly limits?: MediaLimits
+}): Promise<Preprocessed> => {
+  const maxPixels = (input.limits ?? defaultMediaLimits).maxImagePixels
+  let inputs: Qwen2VLVisionInputs
+  try {
+    inputs = await qwen2VLImageInputs(input.processor, input.bytes, { limitInputPixels: maxPixels })
+  } catch (error) {
+    if ((error as { readonly _tag?: string })._tag !== undefined) return asMediaError(error)
+    throw describeSharpError(error, "image", maxPixels)
+  }
+  return qwen2VLPreprocessed(inputs)
+}
+
+/** The most pixels a video frame is resized to, as Qwen's own video reader bounds it (VIDEO_MAX_PIXELS). */
+const videoFrameMaxPixels = 768 * 28 * 28
+
+/**
+ * A video container (mp4, mov, webm) as Qwen2-VL takes it: frames sampled at the processor's fps
+ * within its frame budget, each resized to the size the first takes, cut into temporal patches.
+ * As Qwen's video reader does, a frame's area is bounded so that the whole video takes at most
+ * `maxTokens` vision tokens (and at most 768·28·28 pixels a frame).
+ */
+export const qwen2VLVideo = async (input: {
+  readonly bytes: Uint8Array
+  readonly processor: Qwen2VLProcessor
+  readonly maxTokens: number
+  readonly limits?: MediaLimits
+}): Promise<Preprocessed> => {
+  const { processor } = input
+  const demuxer = containerDemuxerOf(input.bytes)
+  if (demuxer === undefined) {
+    throw new MediaError({ message: "a video for this model must be an mp4, mov or webm (Matroska) file" })
+  }
+  const { patch_size: patch, merge_size: merge, temporal_patch_size: temporal } = processor.config
+  let size: { readonly height: number; readonly width: number } | undefined
+  let frames: Array<Awaited<ReturnType<typeof resizeQwen2VLFrame>>>
+  try {
+    frames = await decodeContainerFrames(
+      input.bytes,
+      demuxer,
+      input.limits ?? defaultMediaLimits,
+      (video) => {
+        const indices = sampleVideoFrames(processor, { totalFrames: video.frameCount, videoFps: video.frameRate })
+        const perFrame = Math.floor((input.maxTokens * temporal * (patch * merge) ** 2) / indices.length)
+        const maxPixels = Math.max(processor.minPixels, Math.min(processor.maxPixels, videoFrameMaxPixels, perFrame))
+        size = qwen2VLFrameSize(processor, video, { maxPixels })
+        return indices
+      },
+      (frame) => resizeQwen2VLFrame(frame, size!, processor.config.resample)
+    )
+  } catch (error) {
+    return asMediaError(error)
+  }
+  return qwen2VLPreprocessed(patchFrames(processor.config, frames))
 }
