@@ -7,7 +7,7 @@ const ImageUrlPart = Schema.Struct({
 })
 const InputAudioPart = Schema.Struct({
   type: Schema.Literal("input_audio"),
-  input_audio: Schema.Struct({ data: Schema.String, format: Schema.Literal("wav", "pcm16") })
+  input_audio: Schema.Struct({ data: Schema.String, format: Schema.Literal("wav", "mp3", "pcm16") })
 })
 const AudioUrlPart = Schema.Struct({
   type: Schema.Literal("audio_url"),
@@ -292,6 +292,9 @@ export const ModelObject = Schema.Struct({
 export type MediaModality = "image" | "video" | "audio"
 
 /** The media parts of a chat request, in the order they appear, as (modality, url) pairs. */
+/** The media type of each input_audio format, as its data: URL says it. */
+const inputAudioTypes = { wav: "audio/wav", mp3: "audio/mpeg", pcm16: "audio/pcm16" } as const
+
 export const chatMediaParts = (request: ChatCompletionRequest): Array<{ modality: MediaModality; url: string }> =>
   request.messages.flatMap((message) =>
     typeof message.content === "string" || message.content === null
@@ -310,7 +313,7 @@ export const chatMediaParts = (request: ChatCompletionRequest): Array<{ modality
               return [
                 {
                   modality: "audio",
-                  url: `data:audio/${part.input_audio.format === "wav" ? "wav" : "pcm16"};base64,${part.input_audio.data}`
+                  url: `data:${inputAudioTypes[part.input_audio.format]};base64,${part.input_audio.data}`
                 }
               ]
           }

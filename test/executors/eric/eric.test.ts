@@ -168,7 +168,7 @@ describe("Eric: the multimodal encoder executor", () => {
     expect(response.status).toBe(200)
     const [item] = ((await response.json()) as Answer).items
     const config = decodeAudioProcessorConfig((await loadModelDirectory(vlmDir)).preprocessorConfig)
-    const values = inputValues(config, decodeAudio(wav, "audio/wav", config.sampling_rate), config.sampling_rate)
+    const values = inputValues(config, await decodeAudio(wav, "audio/wav", config.sampling_rate), config.sampling_rate)
     const output = await audioEncoder.run({ input_values: new ort.Tensor("float32", values, [1, values.length]) })
     expectClose(item!.embedding!, output.audio_features!.data as Float32Array)
   })

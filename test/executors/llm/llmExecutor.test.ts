@@ -4,6 +4,7 @@ import http from "node:http"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import OpenAI from "openai"
+import { ffmpegFile } from "../../support/videos.js"
 import * as ort from "onnxruntime-node"
 import sharp from "sharp"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
@@ -194,6 +195,33 @@ describe("the LLM executor, through the openai client", () => {
         temperature: 0
       })
       expect(completion.choices[0]!.message.content).toBe(expected)
+    }
+  })
+
+  it("hears a tone sent as mp3 (input_audio) and as ogg Opus and flac (audio_url), decoded with ffmpeg", async () => {
+    for (const [hertz, expected] of [
+      [220, "low"],
+      [3000, "high"]
+    ] as const) {
+      const wav = Buffer.from(wavBase64(hertz), "base64")
+      const encode = (args: ReadonlyArray<string>, format: string) =>
+        ffmpegFile(["-f", "wav", "-i", "pipe:0", ...args], format, wav)
+      const mp3 = await encode(["-c:a", "libmp3lame", "-b:a", "128k"], "mp3")
+      const opus = await encode(["-c:a", "libopus", "-b:a", "96k"], "ogg")
+      const flac = await encode(["-c:a", "flac"], "flac")
+      const parts: ReadonlyArray<OpenAI.Chat.ChatCompletionContentPart> = [
+        { type: "input_audio", input_audio: { data: mp3.toString("base64"), format: "mp3" } },
+        { type: "audio_url", audio_url: { url: `data:audio/ogg;base64,${opus.toString("base64")}` } } as never,
+        { type: "audio_url", audio_url: { url: `data:audio/flac;base64,${flac.toString("base64")}` } } as never
+      ]
+      for (const part of parts) {
+        const completion = await client.chat.completions.create({
+          model,
+          messages: [{ role: "user", content: [part, { type: "text", text: "Low or high?" }] }],
+          temperature: 0
+        })
+        expect(completion.choices[0]!.message.content, `${hertz} Hz as ${part.type}`).toBe(expected)
+      }
     }
   })
 

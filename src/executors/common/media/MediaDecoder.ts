@@ -2,6 +2,8 @@ import sharp from "sharp"
 import { type ResizeTarget, type RgbImage, resizeRgb } from "../../../models/ImageProcessor.js"
 import { MediaError, MediaTooLarge } from "./errors.js"
 import { defaultMediaLimits, type MediaLimits } from "./MediaLimits.js"
+import { audioDemuxerOf, decodeAudioContainer } from "./AudioContainer.js"
+import { resample } from "./Resampler.js"
 import { containerDemuxerOf, decodeContainerFrames } from "./VideoContainer.js"
 
 export const describeSharpError = (error: unknown, what: string, maxPixels: number): MediaError | MediaTooLarge => {
@@ -70,21 +72,6 @@ export const decodeVideoFrames = async (
     })
   }
   return Promise.all(sampleFrameIndices(pages, maxFrames).map((page) => decodeImage(bytes, target, limits, page)))
-}
-
-const resample = (samples: Float32Array, from: number, to: number): Float32Array => {
-  if (from === to || samples.length === 0) return samples
-  const length = Math.max(1, Math.round((samples.length * to) / from))
-  const out = new Float32Array(length)
-  const step = from / to
-  for (let index = 0; index < length; index++) {
-    const position = index * step
-    const left = Math.floor(position)
-    const right = Math.min(left + 1, samples.length - 1)
-    const fraction = position - left
-    out[index] = samples[Math.min(left, samples.length - 1)]! * (1 - fraction) + samples[right]! * fraction
-  }
-  return out
 }
 
 /** The sample rates a WAV file may declare: those recorders and codecs use, from telephony to studio. */
@@ -165,15 +152,17 @@ const readWav = (
 }
 
 /**
- * Mono float samples at `sampleRate` from a WAV file (8/16/24/32-bit PCM or 32-bit float, any
- * channel count, mixed down) or from raw PCM16 (`audio/pcm16`, taken to be at `sampleRate`).
+ * Mono float samples at `sampleRate` from raw PCM16 (`audio/pcm16`, taken to be at `sampleRate`),
+ * a WAV file (8/16/24/32-bit PCM or 32-bit float, any channel count, mixed down; read here), or
+ * mp3, AAC, ogg (Vorbis, Opus), flac, m4a or webm (decoded by ffmpeg, AudioContainer.ts), told
+ * apart by their first bytes; resampled to `sampleRate` by the band-limited resampler.
  */
-export const decodeAudio = (
+export const decodeAudio = async (
   bytes: Buffer,
   mimeType: string | undefined,
   sampleRate: number,
   limits: MediaLimits = defaultMediaLimits
-): Float32Array => {
+): Promise<Float32Array> => {
   if (mimeType === "audio/pcm16" || mimeType === "audio/l16") {
     const frames = Math.floor(bytes.length / 2)
     checkDuration(frames, sampleRate, limits)
@@ -181,6 +170,12 @@ export const decodeAudio = (
     for (let index = 0; index < samples.length; index++) samples[index] = bytes.readInt16LE(index * 2) / 32768
     return samples
   }
-  const wav = readWav(bytes, limits)
-  return resample(wav.samples, wav.sampleRate, sampleRate)
+  const demuxer = audioDemuxerOf(bytes)
+  if (demuxer === undefined) {
+    throw new MediaError({
+      message: "the audio is not in a format this executor reads: WAV, mp3, AAC, ogg (Vorbis, Opus), flac, m4a or webm"
+    })
+  }
+  const decoded = demuxer === "wav" ? readWav(bytes, limits) : await decodeAudioContainer(bytes, demuxer, limits)
+  return resample(decoded.samples, decoded.sampleRate, sampleRate)
 }

@@ -71,21 +71,22 @@ export const videoTools = (): VideoTools => {
   return tools
 }
 
-/** What one bounded run of ffmpeg or ffprobe may take. */
-interface RunBounds {
+/** What one bounded run of ffmpeg or ffprobe may take, and what it decodes (for its errors). */
+export interface RunBounds {
   readonly timeoutMs: number
   readonly maxStdoutBytes: number
+  readonly what?: "video" | "audio"
 }
 
 /** How long probing may take, and decoding the sampled frames. */
-const probeBounds: RunBounds = { timeoutMs: 10_000, maxStdoutBytes: 1024 * 1024 }
-const decodeTimeoutMs = 60_000
+export const probeBounds: RunBounds = { timeoutMs: 10_000, maxStdoutBytes: 1024 * 1024 }
+export const decodeTimeoutMs = 60_000
 
 /** The end of what a run wrote to stderr: ffmpeg's reason comes last. */
 const maxStderrBytes = 8 * 1024
 
 /** The last lines of ffmpeg's stderr, without the names of the executor's own files. */
-const lastLines = (stderr: string, path: string) =>
+export const lastLines = (stderr: string, path: string) =>
   stderr
     .replaceAll(path, "input")
     .trim()
@@ -100,7 +101,7 @@ const lastLines = (stderr: string, path: string) =>
  * secrets), stdout handed to `onStdout` chunk by chunk (which may throw to stop it), stderr kept
  * to its end. Killed when it runs past its time or writes past its bound.
  */
-const runBounded = (
+export const runBounded = (
   binary: string,
   args: ReadonlyArray<string>,
   bounds: RunBounds,
@@ -116,14 +117,19 @@ const runBounded = (
       child.kill("SIGKILL")
     }
     const timer = setTimeout(
-      () => stop(new MediaError({ message: `decoding the video took longer than ${bounds.timeoutMs} ms` })),
+      () =>
+        stop(
+          new MediaError({ message: `decoding the ${bounds.what ?? "video"} took longer than ${bounds.timeoutMs} ms` })
+        ),
       bounds.timeoutMs
     )
     child.stdout.on("data", (chunk: Buffer) => {
       if (failure !== undefined) return
       written += chunk.length
       if (written > bounds.maxStdoutBytes) {
-        return stop(new MediaError({ message: "the video decoded to more data than its header declares" }))
+        return stop(
+          new MediaError({ message: `the ${bounds.what ?? "video"} decoded to more data than its header declares` })
+        )
       }
       try {
         onStdout(chunk)
@@ -139,7 +145,7 @@ const runBounded = (
       clearTimeout(timer)
       reject(
         new MediaError({
-          message: `video decoding is not available: cannot run ${binary} (${error.message}); install ffmpeg or set CORNSERVE_FFMPEG and CORNSERVE_FFPROBE`
+          message: `${bounds.what ?? "video"} decoding is not available: cannot run ${binary} (${error.message}); install ffmpeg or set CORNSERVE_FFMPEG and CORNSERVE_FFPROBE`
         })
       )
     })

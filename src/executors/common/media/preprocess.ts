@@ -102,13 +102,13 @@ export const video = async (input: {
   return { inputs: { pixel_values: stackFrames(values, height, width) } }
 }
 
-export const audio = (input: {
+export const audio = async (input: {
   readonly bytes: Uint8Array
   readonly mimeType: string | undefined
   readonly config: AudioProcessorConfig
   readonly limits?: MediaLimits
-}): Preprocessed => {
-  const samples = decodeAudio(bufferOf(input.bytes), input.mimeType, input.config.sampling_rate, input.limits)
+}): Promise<Preprocessed> => {
+  const samples = await decodeAudio(bufferOf(input.bytes), input.mimeType, input.config.sampling_rate, input.limits)
   const values = inputValues(input.config, samples, input.config.sampling_rate)
   return { inputs: { input_values: { dtype: "float32", shape: [1, values.length], data: values } } }
 }
