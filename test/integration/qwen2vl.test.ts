@@ -78,12 +78,11 @@ describe("Qwen2-VL end to end", () => {
     model25 = join(root, "qwen2.5-vl-tiny")
     await writeModelFiles(model25, fixture25.files)
     for (const [name, [width, height]] of Object.entries(sizes)) images.set(name, await gradient(width, height))
-    platform = await startPlatform({ args: ["--devices", "cpu:0,cpu:1,cpu:2,cpu:3,cpu:4", "--model-root", root] })
+    platform = await startPlatform({ args: ["--devices", "cpu:0,cpu:1,cpu:2,cpu:3", "--model-root", root] })
     for (const [name, path, fission] of [
       ["qwen2vl_fission", model, true],
       ["qwen2vl_local", model, false],
-      ["qwen25vl_fission", model25, true],
-      ["qwen25vl_local", model25, false]
+      ["qwen25vl_fission", model25, true]
     ] as const) {
       const file = join(root, `${name}.ts`)
       await writeFile(file, appSource(path, fission))
@@ -189,12 +188,13 @@ describe("Qwen2-VL end to end", () => {
     }
   })
 
+  // The vision encoder's grid input is found by name in Eric and in the LLM executor alike (Sessions.ts).
   it("serves Qwen2.5-VL's export (image_grid_thw) as transformers.js's Qwen2_5_VLForConditionalGeneration answers", async () => {
     const question = "What is in this image"
     const expected = await references(["wide", "thin"], question, model25)
     for (const [name, answer] of expected) {
       expect(answer.length).toBeGreaterThan(0)
-      for (const app of ["qwen25vl_local", "qwen25vl_fission"]) {
+      for (const app of ["qwen25vl_fission"]) {
         expect(await ask(app, [imagePart(name), { type: "text", text: question }]), `${app}, ${name}`).toBe(answer)
       }
     }
