@@ -65,9 +65,7 @@ export const load: LoadWorkerModel = async ({ config, rank, device }) => {
   const sessions = new Map<"vision" | "audio", ort.InferenceSession>()
   for (const [encoder, file] of Object.entries(encoderFiles) as Array<["vision" | "audio", string]>) {
     const path = model.onnx.get(file)
-    // Its threads sleep between runs, leaving the cores to the router's decoding of the next media.
-    if (path !== undefined)
-      sessions.set(encoder, await createSession(path, device, config.threadsPerDevice, { spin: false }))
+    if (path !== undefined) sessions.set(encoder, await createSession(path, device, config.threadsPerDevice))
   }
   const text = hasTextEmbeddingGraph(model)
     ? await TextEncoder.open(model, device, config.threadsPerDevice, config.dtype)
