@@ -164,6 +164,38 @@ export interface PixelBounds {
   readonly maxPixels?: number
 }
 
+/** A request's processor settings, checked: the area bounds and the video sampling rate it asks for. */
+export interface Qwen2VLRequestSettings {
+  readonly bounds: PixelBounds
+  readonly fps?: number
+}
+
+/**
+ * A request's settings (vLLM's mm_processor_kwargs: min_pixels, max_pixels, fps) within the
+ * model's: max_pixels at most the model's (which bounds what an image may cost), min_pixels at
+ * least one merged patch and at most the max. Answers the reason when they are not.
+ */
+export const qwen2VLRequestSettings = (
+  processor: Qwen2VLProcessor,
+  options: {
+    readonly min_pixels?: number | undefined
+    readonly max_pixels?: number | undefined
+    readonly fps?: number | undefined
+  }
+): Qwen2VLRequestSettings | string => {
+  const factor = processor.config.patch_size * processor.config.merge_size
+  const max = options.max_pixels ?? processor.maxPixels
+  const min = options.min_pixels ?? Math.min(processor.minPixels, max)
+  if (max > processor.maxPixels)
+    return `mm_processor_kwargs.max_pixels is ${max}; this model takes at most ${processor.maxPixels}`
+  if (min < factor * factor) return `mm_processor_kwargs.min_pixels is ${min}; it must be at least ${factor * factor}`
+  if (min > max) return `mm_processor_kwargs.min_pixels (${min}) is more than max_pixels (${max})`
+  return {
+    bounds: { minPixels: min, maxPixels: max },
+    ...(options.fps === undefined ? {} : { fps: options.fps })
+  }
+}
+
 export interface Qwen2VLImageOptions extends PixelBounds {
   /** sharp's limit on the pixels of an encoded image, checked from its header before decoding. */
   readonly limitInputPixels?: number

@@ -96,13 +96,14 @@ describe("Qwen2-VL end to end", () => {
     await rm(root, { recursive: true, force: true })
   })
 
-  const ask = async (app: string, content: ReadonlyArray<Part> | string) => {
+  const ask = async (app: string, content: ReadonlyArray<Part> | string, extra: Record<string, unknown> = {}) => {
     const client = new OpenAI({ baseURL: `${platform.url}/app/${app}/v1`, apiKey: "unused" })
     const completion = await client.chat.completions.create({
       model: app.startsWith("qwen25") ? model25 : model,
       messages: [{ role: "user", content: content as never }],
       max_tokens: maxTokens,
-      temperature: 0
+      temperature: 0,
+      ...extra
     })
     return completion.choices[0]!.message.content!
   }
@@ -116,10 +117,12 @@ describe("Qwen2-VL end to end", () => {
   const references = async (
     names: ReadonlyArray<string>,
     question: string,
-    directory = model
+    directory = model,
+    bounds?: { readonly min_pixels: number; readonly max_pixels: number }
   ): Promise<Map<string, string>> => {
     const id = offline(directory)
     const processor = await AutoProcessor.from_pretrained(id)
+    if (bounds !== undefined) Object.assign(processor.image_processor!, bounds)
     const vlm = await AutoModelForImageTextToText.from_pretrained(id, { dtype: "fp32" })
     const answers = new Map<string, string>()
     try {
@@ -197,6 +200,27 @@ describe("Qwen2-VL end to end", () => {
       for (const app of ["qwen25vl_fission"]) {
         expect(await ask(app, [imagePart(name), { type: "text", text: question }]), `${app}, ${name}`).toBe(answer)
       }
+    }
+  })
+
+  it("follows the request's mm_processor_kwargs as transformers.js's processor with those bounds, and refuses bounds over the model's", async () => {
+    const question = "What is in this image"
+    const bounds = { min_pixels: 28 * 28, max_pixels: 28 * 28 * 4 }
+    const expected = await references(["wide", "square"], question, model, bounds)
+    const unbounded = await references(["wide", "square"], question)
+    expect([...expected.values()]).not.toEqual([...unbounded.values()])
+    for (const [name, answer] of expected) {
+      for (const app of ["qwen2vl_local", "qwen2vl_fission"]) {
+        const content = [imagePart(name), { type: "text", text: question } as const]
+        expect(await ask(app, content, { mm_processor_kwargs: bounds }), `${app}, ${name}`).toBe(answer)
+      }
+    }
+    for (const app of ["qwen2vl_local", "qwen2vl_fission"]) {
+      const refused = await ask(app, [imagePart("wide")], { mm_processor_kwargs: { max_pixels: 10 ** 8 } }).catch(
+        (error: { status?: number; message?: string }) => error
+      )
+      expect((refused as { status?: number }).status, app).toBe(400)
+      expect((refused as { message?: string }).message).toMatch(/max_pixels is 100000000; this model takes at most/)
     }
   })
 

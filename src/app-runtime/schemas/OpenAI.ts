@@ -102,6 +102,18 @@ export const RawPrompt = Schema.Union(
 export type RawPrompt = typeof RawPrompt.Type
 
 /**
+ * vLLM's `mm_processor_kwargs`: per-request settings of the model's media processor. Qwen2-VL
+ * models take the area an image or video frame is resized within (within the model's own bounds)
+ * and the frames per second a video is sampled at; other models refuse them.
+ */
+export const MediaProcessorOptions = Schema.Struct({
+  min_pixels: Schema.optional(Schema.Int.pipe(Schema.positive())),
+  max_pixels: Schema.optional(Schema.Int.pipe(Schema.positive())),
+  fps: Schema.optional(Schema.Number.pipe(Schema.positive(), Schema.lessThanOrEqualTo(60)))
+})
+export type MediaProcessorOptions = typeof MediaProcessorOptions.Type
+
+/**
  * An OpenAI chat-completions request: every request OpenAI's API accepts for the fields Cornserve
  * honours. `model` may be left out: an app serves the model its tasks name, and an executor the
  * one it loaded; when given, the gateway and the executor check it.
@@ -117,6 +129,8 @@ export const ChatCompletionRequest = Schema.Struct({
   top_k: optionalNullable(Schema.Int.pipe(Schema.greaterThanOrEqualTo(-1))),
   /** vLLM's extension: penalize tokens already in the prompt or the completion (1: none). */
   repetition_penalty: optionalNullable(Schema.Number.pipe(Schema.positive())),
+  /** vLLM's extension: settings of the model's media processor for this request's images and videos. */
+  mm_processor_kwargs: Schema.optional(MediaProcessorOptions),
   /** Subtracted from a token's logit once it appears in the completion (OpenAI's). */
   presence_penalty: optionalNullable(Penalty),
   /** Subtracted from a token's logit once for each time it appears in the completion (OpenAI's). */

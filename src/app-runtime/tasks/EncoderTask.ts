@@ -1,4 +1,5 @@
 import { Schema } from "effect"
+import { MediaProcessorOptions } from "../schemas/OpenAI.js"
 import { DataForward } from "./DataForward.js"
 import { modelShortName, ScalingBounds, UnitTask } from "./Task.js"
 
@@ -12,7 +13,11 @@ export const EncoderConfig = Schema.Struct({
 })
 export type EncoderConfig = typeof EncoderConfig.Encoded
 
-export const EncoderInput = Schema.Struct({ urls: Schema.NonEmptyArray(Schema.String) })
+export const EncoderInput = Schema.Struct({
+  urls: Schema.NonEmptyArray(Schema.String),
+  /** The media processor's settings for these items (vLLM's mm_processor_kwargs). */
+  processor: Schema.optional(MediaProcessorOptions)
+})
 export type EncoderInput = typeof EncoderInput.Type
 
 export interface EncoderOutput {

@@ -63,8 +63,13 @@ export class MLLMTask extends CompositeTask<ChatCompletionRequest, TaskStream<Ch
       }
     }
     if (!this.config.encoderFission) return this.llm.compose(request)
+    const processor = request.mm_processor_kwargs
     const embeddings: Array<DataForward<"Tensor">> = media.map(
-      (part) => this.encoders.get(part.modality)!.compose({ urls: [part.url] }).embeddings[0]!
+      (part) =>
+        this.encoders.get(part.modality)!.compose({
+          urls: [part.url],
+          ...(processor === undefined || part.modality === "audio" ? {} : { processor })
+        }).embeddings[0]!
     )
     return this.llm.compose({ ...request, cornserveEmbeddings: embeddings })
   }

@@ -85,7 +85,10 @@ const cacheKeysOf = (
 ): ReadonlyArray<string | undefined> => {
   let keys = itemKeys.get(invocation)
   if (keys === undefined) {
-    keys = urls.map((itemUrl) => embeddingKey(invocation.taskId, modality, itemUrl))
+    // Processor settings change the embedding: they are part of its key.
+    const { input } = decodeEncoderCall(invocation)
+    const variant = input.processor === undefined ? modality : `${modality}:${JSON.stringify(input.processor)}`
+    keys = urls.map((itemUrl) => embeddingKey(invocation.taskId, variant, itemUrl))
     itemKeys.set(invocation, keys)
   }
   return keys
@@ -237,7 +240,12 @@ const embed = async (url: string, invocation: TaskInvocationWire, context: CallC
       ...(item.capture === undefined ? {} : { receivers: [caching!.node] })
     }))
     if (!Arr.isNonEmptyArray(requested)) throw new InvalidTaskGraph({ message: "an encoder call with no items" })
-    const body: EmbeddingsRequest = { items: requested, receivers: context.receivers, return: "sidecar" }
+    const body: EmbeddingsRequest = {
+      items: requested,
+      receivers: context.receivers,
+      return: "sidecar",
+      ...(input.processor === undefined ? {} : { processor: input.processor })
+    }
     const captures = missing.flatMap((item) => (item.capture === undefined ? [] : [item.capture]))
     try {
       decodeAnswer(EmbeddingsResponse)(await (await post(`${url}/embeddings`, EmbeddingsRequest, body, context)).json())

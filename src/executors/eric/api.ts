@@ -1,4 +1,5 @@
 import { Schema } from "effect"
+import { MediaProcessorOptions } from "../../app-runtime/schemas/OpenAI.js"
 import { Pooling } from "../../models/TextEmbedding.js"
 import { DataId } from "../common/DataId.js"
 
@@ -27,7 +28,9 @@ export const EmbeddingsRequest = Schema.Struct({
   items: Schema.NonEmptyArray(EmbeddingItem),
   /** Node ids that receive the embeddings (default: this node). */
   receivers: Schema.optional(Schema.Array(Schema.String)),
-  return: Schema.optionalWith(Schema.Literal("sidecar", "inline"), { default: () => "sidecar" as const })
+  return: Schema.optionalWith(Schema.Literal("sidecar", "inline"), { default: () => "sidecar" as const }),
+  /** The media processor's settings for the images and videos (Qwen2-VL models only). */
+  processor: Schema.optional(MediaProcessorOptions)
 })
 export type EmbeddingsRequest = typeof EmbeddingsRequest.Type
 

@@ -11,10 +11,14 @@ import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { Effect } from "effect"
 import { decodeAudioProcessorConfig } from "../../models/AudioProcessor.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
-import { qwen2VLVideoTokenBudget } from "../../models/Qwen2VLProcessor.js"
+import {
+  type Qwen2VLRequestSettings,
+  qwen2VLRequestSettings,
+  qwen2VLVideoTokenBudget
+} from "../../models/Qwen2VLProcessor.js"
 import { visionProcessorOf } from "../../models/VisionProcessor.js"
 import { hasTextEmbeddingGraph, textEmbeddingSpec } from "../../models/TextEmbedding.js"
-import { NoSidecar, UnsupportedModality } from "../common/errors.js"
+import { BadRequest, NoSidecar, UnsupportedModality } from "../common/errors.js"
 import { errorAnswer, RequestSpan, type RouterKind, workItemContext } from "../common/Router.js"
 import { inSpan } from "../../tracing/Tracing.js"
 import type { WorkItem } from "../common/wire.js"
@@ -70,17 +74,26 @@ export const routerKind: RouterKind = {
       const mediaOptions = mediaSourceOptionsOf(config)
       const limits = mediaLimitsOf(config)
 
-      const preprocess = (item: EmbeddingsRequest["items"][number]): Promise<Preprocessed> =>
+      const preprocess = (
+        item: EmbeddingsRequest["items"][number],
+        settings: Qwen2VLRequestSettings | undefined
+      ): Promise<Preprocessed> =>
         readMedia(item.url, mediaOptions).then((media) => {
           const bytes = new Uint8Array(media.bytes.buffer, media.bytes.byteOffset, media.bytes.byteLength)
           if (vision?.kind === "qwen2vl" && item.modality !== "audio") {
             return item.modality === "image"
-              ? pool.run<Preprocessed>("qwen2VLImage", { bytes, processor: vision.processor, limits })
+              ? pool.run<Preprocessed>("qwen2VLImage", {
+                  bytes,
+                  processor: vision.processor,
+                  limits,
+                  ...(settings === undefined ? {} : { bounds: settings.bounds })
+                })
               : pool.run<Preprocessed>("qwen2VLVideo", {
                   bytes,
                   processor: vision.processor,
                   maxTokens: qwen2VLVideoTokenBudget(model.decoder?.maxPositions),
-                  limits
+                  limits,
+                  ...settings
                 })
           }
           switch (item.modality) {
@@ -114,6 +127,17 @@ export const routerKind: RouterKind = {
             message: `model ${config.model} takes ${modalities.join(", ")}; item ${unsupported.id} is ${unsupported.modality}`
           })
         }
+        let settings: Qwen2VLRequestSettings | undefined
+        if (body.processor !== undefined) {
+          if (vision?.kind !== "qwen2vl") {
+            return yield* new BadRequest({
+              message: `model ${config.model} takes no processor settings (mm_processor_kwargs): only Qwen2-VL models do`
+            })
+          }
+          const checked = qwen2VLRequestSettings(vision.processor, body.processor)
+          if (typeof checked === "string") return yield* new BadRequest({ message: checked })
+          settings = checked
+        }
         const inline = body.return === "inline"
         if (!inline && sidecarNode === undefined) return yield* new NoSidecar()
         const span = yield* RequestSpan
@@ -121,7 +145,7 @@ export const routerKind: RouterKind = {
         const preprocessed = yield* Effect.tryPromise({
           try: () =>
             inSpan("preprocess", { parent: span, attributes: { "cornserve.items": body.items.length } }, () =>
-              Promise.all(body.items.map(preprocess))
+              Promise.all(body.items.map((item) => preprocess(item, settings)))
             ),
           catch: (error) => error
         })

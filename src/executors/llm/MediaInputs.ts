@@ -7,7 +7,14 @@ import { decodeAudioProcessorConfig } from "../../models/AudioProcessor.js"
 import { expandIdefics3Prompt } from "../../models/Idefics3Processor.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { mropePositions, VisionTokenMismatch } from "../../models/MRope.js"
-import { type GridThw, qwen2VLVideoTokenBudget, visionTokenCount } from "../../models/Qwen2VLProcessor.js"
+import type { MediaProcessorOptions } from "../../app-runtime/schemas/OpenAI.js"
+import {
+  type GridThw,
+  type Qwen2VLRequestSettings,
+  qwen2VLRequestSettings,
+  qwen2VLVideoTokenBudget,
+  visionTokenCount
+} from "../../models/Qwen2VLProcessor.js"
 import { visionProcessorOf } from "../../models/VisionProcessor.js"
 import { RecvTimeout } from "../../sidecar/errors.js"
 import type { Payload, SidecarClient } from "../../sidecar/SidecarClient.js"
@@ -39,7 +46,12 @@ export interface MediaInputs {
   readonly encodable: ReadonlyArray<Modality>
   /** Placeholder token id → modality. */
   readonly placeholders: ReadonlyMap<number, Modality>
-  resolve(parts: ReadonlyArray<MediaPart>, refs: ReadonlyArray<EmbeddingRef> | undefined): Promise<Array<ResolvedMedia>>
+  /** Each media part's input; `processor` is the request's processor settings (mm_processor_kwargs). */
+  resolve(
+    parts: ReadonlyArray<MediaPart>,
+    refs: ReadonlyArray<EmbeddingRef> | undefined,
+    processor?: MediaProcessorOptions
+  ): Promise<Array<ResolvedMedia>>
   /** The rendered prompt with each media item spelled out as the model's processor does (Idefics3), else as it is. */
   promptText(text: string, media: ReadonlyArray<ResolvedMedia>): string
   /** The tokenized prompt's ids, where each media item's rows go, and (Qwen2-VL) the prompt's M-RoPE positions. */
@@ -81,7 +93,7 @@ export const makeMediaInputs = (options: {
   const mediaOptions = mediaSourceOptionsOf(config)
   const limits = mediaLimitsOf(config)
 
-  const encode = async (part: MediaPart): Promise<ResolvedMedia> => {
+  const encode = async (part: MediaPart, settings: Qwen2VLRequestSettings | undefined): Promise<ResolvedMedia> => {
     if (!encodable.includes(part.modality)) {
       throw new PromptError(
         `model ${config.model} cannot take ${part.modality}${accepted.includes(part.modality) ? " without embeddings from an encoder (cornserve_embeddings)" : ""}`
@@ -92,12 +104,18 @@ export const makeMediaInputs = (options: {
     if (qwen2VL !== undefined && part.modality !== "audio") {
       const { inputs, thw } =
         part.modality === "image"
-          ? await pool.run<Preprocessed>("qwen2VLImage", { bytes, processor: qwen2VL, limits })
+          ? await pool.run<Preprocessed>("qwen2VLImage", {
+              bytes,
+              processor: qwen2VL,
+              limits,
+              ...(settings === undefined ? {} : { bounds: settings.bounds })
+            })
           : await pool.run<Preprocessed>("qwen2VLVideo", {
               bytes,
               processor: qwen2VL,
               maxTokens: qwen2VLVideoTokenBudget(model.decoder?.maxPositions),
-              limits
+              limits,
+              ...settings
             })
       const pixels = inputs.pixel_values!
       return {
@@ -263,14 +281,27 @@ export const makeMediaInputs = (options: {
     placeholders,
     promptText,
     layout,
-    resolve: async (parts, refs) => {
+    resolve: async (parts, refs, processor) => {
       for (const part of parts) {
         if (!accepted.includes(part.modality))
           throw new PromptError(
             `model ${config.model} cannot take ${part.modality}; it takes ${accepted.join(", ") || "text only"}`
           )
       }
-      if (refs === undefined) return Promise.all(parts.map(encode))
+      if (refs === undefined) {
+        let settings: Qwen2VLRequestSettings | undefined
+        if (processor !== undefined && parts.some((part) => part.modality !== "audio")) {
+          if (qwen2VL === undefined) {
+            throw new PromptError(
+              `model ${config.model} takes no processor settings (mm_processor_kwargs): only Qwen2-VL models do`
+            )
+          }
+          const checked = qwen2VLRequestSettings(qwen2VL, processor)
+          if (typeof checked === "string") throw new PromptError(checked)
+          settings = checked
+        }
+        return Promise.all(parts.map((part) => encode(part, settings)))
+      }
       if (refs.length !== parts.length)
         throw new PromptError(`cornserve_embeddings names ${refs.length} embeddings for ${parts.length} media parts`)
       refs.forEach((ref, index) => {

@@ -26,7 +26,13 @@ import {
   workItemContext
 } from "../common/Router.js"
 import { inSpan } from "../../tracing/Tracing.js"
-import type { ChoiceLogprobs, FunctionTool, RawPrompt, TokenLogprob } from "../../app-runtime/schemas/OpenAI.js"
+import type {
+  ChoiceLogprobs,
+  FunctionTool,
+  MediaProcessorOptions,
+  RawPrompt,
+  TokenLogprob
+} from "../../app-runtime/schemas/OpenAI.js"
 import {
   type ChatCompletion,
   type ChatCompletionChunk,
@@ -130,10 +136,11 @@ export const routerKind: RouterKind = {
               readonly tools?: ReadonlyArray<FunctionTool>
             }
           | { readonly text: string },
-        refs: ReadonlyArray<EmbeddingRef> | undefined
+        refs: ReadonlyArray<EmbeddingRef> | undefined,
+        processor?: MediaProcessorOptions
       ): Promise<PromptInput> => {
         const parts = "messages" in source ? mediaParts(source.messages) : []
-        const resolved = await media.resolve(parts, refs)
+        const resolved = await media.resolve(parts, refs, processor)
         const text = media.promptText(
           "messages" in source ? renderChat(source.messages, source.addGenerationPrompt, source.tools) : source.text,
           resolved
@@ -362,7 +369,8 @@ export const routerKind: RouterKind = {
             raw === undefined
               ? buildPrompt(
                   { messages: body.messages, addGenerationPrompt: true, ...(tools === undefined ? {} : { tools }) },
-                  body.cornserve_embeddings
+                  body.cornserve_embeddings,
+                  body.mm_processor_kwargs
                 )
               : rawPrompt(raw)
           )

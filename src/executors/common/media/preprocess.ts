@@ -9,6 +9,7 @@ import { type Idefics3ImageProcessorConfig, idefics3ImageFrames } from "../../..
 import { type ImageProcessorConfig, normalizePixels, resizeTarget } from "../../../models/ImageProcessor.js"
 import {
   type GridThw,
+  type PixelBounds,
   patchFrames,
   type Qwen2VLProcessor,
   qwen2VLFrameSize,
@@ -136,11 +137,13 @@ export const qwen2VLImage = async (input: {
   readonly bytes: Uint8Array
   readonly processor: Qwen2VLProcessor
   readonly limits?: MediaLimits
+  /** The request's area bounds (checked by qwen2VLRequestSettings). */
+  readonly bounds?: PixelBounds
 }): Promise<Preprocessed> => {
   const maxPixels = (input.limits ?? defaultMediaLimits).maxImagePixels
   let inputs: Qwen2VLVisionInputs
   try {
-    inputs = await qwen2VLImageInputs(input.processor, input.bytes, { limitInputPixels: maxPixels })
+    inputs = await qwen2VLImageInputs(input.processor, input.bytes, { ...input.bounds, limitInputPixels: maxPixels })
   } catch (error) {
     if ((error as { readonly _tag?: string })._tag !== undefined) return asMediaError(error)
     throw describeSharpError(error, "image", maxPixels)
@@ -162,6 +165,9 @@ export const qwen2VLVideo = async (input: {
   readonly processor: Qwen2VLProcessor
   readonly maxTokens: number
   readonly limits?: MediaLimits
+  /** The request's area bounds and sampling rate (checked by qwen2VLRequestSettings). */
+  readonly bounds?: PixelBounds
+  readonly fps?: number
 }): Promise<Preprocessed> => {
   const { processor } = input
   const demuxer = containerDemuxerOf(input.bytes)
@@ -177,10 +183,16 @@ export const qwen2VLVideo = async (input: {
       demuxer,
       input.limits ?? defaultMediaLimits,
       (video) => {
-        const indices = sampleVideoFrames(processor, { totalFrames: video.frameCount, videoFps: video.frameRate })
+        const indices = sampleVideoFrames(
+          processor,
+          { totalFrames: video.frameCount, videoFps: video.frameRate },
+          input.fps === undefined ? {} : { fps: input.fps }
+        )
         const perFrame = Math.floor((input.maxTokens * temporal * (patch * merge) ** 2) / indices.length)
-        const maxPixels = Math.max(processor.minPixels, Math.min(processor.maxPixels, videoFrameMaxPixels, perFrame))
-        size = qwen2VLFrameSize(processor, video, { maxPixels })
+        const minPixels = input.bounds?.minPixels ?? processor.minPixels
+        const ceiling = input.bounds?.maxPixels ?? processor.maxPixels
+        const maxPixels = Math.max(minPixels, Math.min(ceiling, videoFrameMaxPixels, perFrame))
+        size = qwen2VLFrameSize(processor, video, { minPixels, maxPixels })
         return indices
       },
       (frame) => resizeQwen2VLFrame(frame, size!, processor.config.resample)
