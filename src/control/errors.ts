@@ -30,9 +30,15 @@ export class AppNameTaken extends Schema.TaggedError<AppNameTaken>()("AppNameTak
   message: Schema.String
 }) {}
 
-export class InvalidAppName extends Schema.TaggedError<InvalidAppName>()("InvalidAppName", { name: Schema.String }) {
+export class InvalidAppName extends Schema.TaggedError<InvalidAppName>()("InvalidAppName", {
+  name: Schema.String,
+  /** Set for a well-formed name the gateway keeps for its own routes. */
+  reserved: Schema.optional(Schema.Boolean)
+}) {
   override get message() {
-    return `"${shortened(this.name, echoedChars)}" is not a valid app name: use 1 to 63 letters, digits, "-" or "_", starting with a letter or digit`
+    return this.reserved === true
+      ? `"${this.name}" is not a valid app name: the gateway's own routes use it (/app/${this.name}/...); choose another`
+      : `"${shortened(this.name, echoedChars)}" is not a valid app name: use 1 to 63 letters, digits, "-" or "_", starting with a letter or digit`
   }
 }
 

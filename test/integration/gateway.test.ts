@@ -127,6 +127,17 @@ describe("cornserve serve: apps registered at run time and invoked over HTTP", (
       expect(error.message).toMatch(/broken\.ts:3:11:/)
     })
 
+    it("refuses a name the gateway's own routes use, and one that is not a name (400)", async () => {
+      const source = await readFile(example("hello"), "utf8")
+      const logs = await registerRaw(platform.url, { name: "logs", source }, token)
+      expect(logs.status).toBe(400)
+      expect(JSON.parse(logs.text).error).toMatchObject({ code: "InvalidAppName" })
+      expect(JSON.parse(logs.text).error.message).toContain("the gateway's own routes use it (/app/logs/...)")
+      const dotted = await registerRaw(platform.url, { name: "a.b", source }, token)
+      expect(dotted.status).toBe(400)
+      expect(JSON.parse(dotted.text).error.message).toContain("use 1 to 63 letters")
+    })
+
     it("refuses an app without a default export, or without serve (400)", async () => {
       const noDefault = await registerRaw(platform.url, { name: "nodefault", source: "export const x = 1\n" }, token)
       expect(noDefault.status).toBe(400)

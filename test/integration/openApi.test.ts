@@ -171,6 +171,36 @@ describe("apps that describe themselves: OpenAPI documents, /docs and app descri
     }
   })
 
+  it("asks for an API key on the docs of an app that has keys, and tries requests with it", async () => {
+    const browser = await chromium.launch({ executablePath: chromiumPath, args: ["--no-sandbox"] })
+    try {
+      const page = await browser.newPage()
+      const problems: Array<string> = []
+      page.on("pageerror", (error) => problems.push(String(error)))
+      await page.goto(`${platform.url}/app/keyed/docs`)
+      await page.waitForSelector(".cornserve-key input", { timeout: 30_000 })
+      expect(await page.textContent("body")).toContain("needs an API key")
+      await page.fill(".cornserve-key input", "not-the-key")
+      await page.click(".cornserve-key button")
+      await page.waitForFunction('document.body.textContent.includes("That key is not accepted")')
+      await page.fill(".cornserve-key input", appKey)
+      await page.click(".cornserve-key button")
+      await page.waitForSelector(".opblock-summary-path", { timeout: 30_000 })
+      expect(await page.textContent("body")).toContain("/app/invoke/keyed")
+      // A reload within the session keeps the key.
+      await page.reload()
+      await page.waitForSelector(".opblock-summary-path", { timeout: 30_000 })
+      // Requests tried from the page carry it.
+      const sent = (await page.evaluate("window.ui.getConfigs().requestInterceptor({ headers: {} })")) as {
+        headers: Record<string, string>
+      }
+      expect(sent.headers.Authorization).toBe(`Bearer ${appKey}`)
+      expect(problems).toEqual([])
+    } finally {
+      await browser.close()
+    }
+  })
+
   it("prints an app's description, request fields, answer and example with app describe", async () => {
     const env = { CORNSERVE_GATEWAY_URL: platform.url }
     const described = await runCli(["app", "describe", "hello"], env)

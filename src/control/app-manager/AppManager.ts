@@ -125,6 +125,12 @@ const appShare = (
 
 const appNamePattern = /^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$/
 
+/**
+ * Names an app cannot take: `GET /app/logs/:id` is the gateway's, so an app named logs could not
+ * be told from it (`/app/logs/docs` would be both its docs page and the logs of an app named docs).
+ */
+const reservedAppNames: ReadonlySet<string> = new Set(["logs"])
+
 const summarize = (entry: AppEntry): AppSummary => ({
   id: entry.id,
   state: entry.state,
@@ -186,6 +192,7 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
         const apiKeyDigests = settings.apiKeyDigests ?? []
         const outboundHosts = settings.outboundHosts ?? []
         if (!appNamePattern.test(name)) return yield* new InvalidAppName({ name })
+        if (reservedAppNames.has(name)) return yield* new InvalidAppName({ name, reserved: true })
         if (pending.has(name)) {
           return yield* new AppNameTaken({ appId: name, message: `app "${name}" is being registered right now` })
         }

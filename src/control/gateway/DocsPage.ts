@@ -10,16 +10,72 @@ import { dirname, join } from "node:path"
 
 const distDir = dirname(createRequire(import.meta.url).resolve("swagger-ui-dist/package.json"))
 
-/** Starts Swagger UI on the page's element, with the document its `data-url` names; no validator badge (it would call swagger.io). */
+/**
+ * Starts Swagger UI on the page's element with the document its `data-url` names; no validator
+ * badge (it would call swagger.io). An app with API keys answers its document only to a caller
+ * with a key: then the page asks for one, fetches the document with it, and sends it with every
+ * request tried from the page. The key is kept for the browser tab's session only.
+ */
 const initializer = `const root = document.getElementById("swagger-ui")
-window.ui = SwaggerUIBundle({
-  url: root.dataset.url,
-  domNode: root,
-  deepLinking: true,
-  validatorUrl: null,
-  presets: [SwaggerUIBundle.presets.apis],
-  layout: "BaseLayout"
-})
+const keyName = "cornserve-api-key"
+const start = (spec, key) => {
+  root.replaceChildren()
+  window.ui = SwaggerUIBundle({
+    spec,
+    domNode: root,
+    deepLinking: true,
+    validatorUrl: null,
+    presets: [SwaggerUIBundle.presets.apis],
+    layout: "BaseLayout",
+    requestInterceptor: (request) => {
+      if (key) request.headers.Authorization = "Bearer " + key
+      return request
+    }
+  })
+}
+const askForKey = (problem) => {
+  const box = document.createElement("div")
+  box.className = "cornserve-key"
+  box.style.cssText = "font-family: sans-serif; max-width: 40em; margin: 3em auto"
+  const text = document.createElement("p")
+  text.textContent = problem
+  const input = document.createElement("input")
+  input.type = "password"
+  input.placeholder = "API key"
+  input.autocomplete = "off"
+  input.style.cssText = "width: 28em; padding: 0.4em"
+  const button = document.createElement("button")
+  button.textContent = "Show"
+  button.style.cssText = "margin-left: 0.5em; padding: 0.4em 1em"
+  const go = () => load(input.value.trim())
+  button.addEventListener("click", go)
+  input.addEventListener("keydown", (event) => { if (event.key === "Enter") go() })
+  box.append(text, input, button)
+  root.replaceChildren(box)
+  input.focus()
+}
+const load = async (key) => {
+  const headers = key ? { Authorization: "Bearer " + key } : {}
+  let response
+  try {
+    response = await fetch(root.dataset.url, { headers })
+  } catch (error) {
+    root.textContent = "The document could not be fetched: " + error
+    return
+  }
+  if (response.status === 401) {
+    sessionStorage.removeItem(keyName)
+    askForKey(key ? "That key is not accepted. This app's document needs an API key:" : "This app's document needs an API key:")
+    return
+  }
+  if (!response.ok) {
+    root.textContent = "The document could not be fetched: HTTP " + response.status
+    return
+  }
+  if (key) sessionStorage.setItem(keyName, key)
+  start(await response.json(), key)
+}
+load(sessionStorage.getItem(keyName) || "")
 `
 
 /** The files under `/docs/`: the package's, by name, and the initializer. */
