@@ -3,10 +3,10 @@
  * ffmpeg as a child process, the way VideoContainer.ts decodes video: the bytes go to a private
  * temporary file; ffprobe reads the header first and the duration and sample rate are checked from
  * it before a sample is decoded; ffmpeg then decodes the first audio stream, mixed down to mono (the
- * channels' mean), as
- * 32-bit float at the stream's own rate, bounded in time and in output bytes (by the duration the
- * limit allows). The demuxer is the one the bytes' signature names and the only protocol `file`.
- * Resampling to the model's rate is the caller's (Resampler.ts), as it is for WAV.
+ * channels' mean) and resampled to the model's rate by its own band-limited resampler (swresample's
+ * windowed sinc), as 32-bit float, bounded in time and in output bytes (by the duration the limit
+ * allows at the model's rate, so that a small file of a long clip at a high rate cannot fill the
+ * memory). The demuxer is the one the bytes' signature names and the only protocol `file`.
  */
 import { mkdtemp, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
@@ -105,7 +105,7 @@ const probe = async (demuxer: AudioDemuxer, path: string): Promise<AudioProbe> =
 }
 
 /**
- * Mono float samples of the first audio stream of `bytes`, at the stream's own rate. Refused
+ * Mono float samples of the first audio stream of `bytes`, at `sampleRate`. Refused
  * before decoding: a clip whose header declares more than the limit's seconds or a rate outside
  * 8–192 kHz; while decoding: one that decodes to more samples than the limit allows (a header
  * that lies), or fails to decode (MediaError, with ffmpeg's reason).
@@ -113,8 +113,9 @@ const probe = async (demuxer: AudioDemuxer, path: string): Promise<AudioProbe> =
 export const decodeAudioContainer = async (
   bytes: Uint8Array,
   demuxer: Exclude<AudioDemuxer, "wav">,
+  sampleRate: number,
   limits: MediaLimits
-): Promise<{ readonly samples: Float32Array; readonly sampleRate: number }> => {
+): Promise<Float32Array> => {
   const directory = await mkdtemp(join(tmpdir(), "cornserve-audio-"))
   try {
     const path = join(directory, "input")
@@ -135,8 +136,8 @@ export const decodeAudioContainer = async (
         message: `the audio lasts ${audio.durationSeconds.toFixed(1)} s, longer than the limit of ${limits.maxAudioSeconds} s`
       })
     }
-    // The limit's seconds of mono float32, and a second over for codec padding.
-    const maxBytes = Math.ceil((limits.maxAudioSeconds + 1) * audio.sampleRate) * 4
+    // The limit's seconds of mono float32 at the model's rate, and a second over for codec padding.
+    const maxBytes = Math.ceil((limits.maxAudioSeconds + 1) * sampleRate) * 4
     const chunks: Array<Buffer> = []
     const { code, stderr } = await runBounded(
       videoTools().ffmpeg,
@@ -154,7 +155,7 @@ export const decodeAudioContainer = async (
         "0:a:0",
         // The channels' mean, as a WAV is mixed down (ffmpeg's own downmix to mono keeps the power instead).
         "-af",
-        `pan=mono|c0=${Array.from({ length: audio.channels }, (_, c) => `${1 / audio.channels}*c${c}`).join("+")}`,
+        `pan=mono|c0=${Array.from({ length: audio.channels }, (_, c) => `${1 / audio.channels}*c${c}`).join("+")},aresample=${sampleRate}`,
         "-f",
         "f32le",
         "-acodec",
@@ -178,10 +179,10 @@ export const decodeAudioContainer = async (
     const samples = new Float32Array(Math.floor(raw.length / 4))
     for (let i = 0; i < samples.length; i++) samples[i] = raw.readFloatLE(i * 4)
     if (samples.length === 0) throw new MediaError({ message: `the ${audio.format} file decoded to no samples` })
-    if (samples.length / audio.sampleRate > limits.maxAudioSeconds) {
+    if (samples.length / sampleRate > limits.maxAudioSeconds) {
       throw new MediaTooLarge({ message: `the audio is longer than the limit of ${limits.maxAudioSeconds} s` })
     }
-    return { samples, sampleRate: audio.sampleRate }
+    return samples
   } finally {
     await rm(directory, { recursive: true, force: true })
   }

@@ -155,7 +155,8 @@ const readWav = (
  * Mono float samples at `sampleRate` from raw PCM16 (`audio/pcm16`, taken to be at `sampleRate`),
  * a WAV file (8/16/24/32-bit PCM or 32-bit float, any channel count, mixed down; read here), or
  * mp3, AAC, ogg (Vorbis, Opus), flac, m4a or webm (decoded by ffmpeg, AudioContainer.ts), told
- * apart by their first bytes; resampled to `sampleRate` by the band-limited resampler.
+ * apart by their first bytes; resampled to `sampleRate` band-limited (Resampler.ts for WAV,
+ * ffmpeg's own while decoding the others).
  */
 export const decodeAudio = async (
   bytes: Buffer,
@@ -176,6 +177,7 @@ export const decodeAudio = async (
       message: "the audio is not in a format this executor reads: WAV, mp3, AAC, ogg (Vorbis, Opus), flac, m4a or webm"
     })
   }
-  const decoded = demuxer === "wav" ? readWav(bytes, limits) : await decodeAudioContainer(bytes, demuxer, limits)
-  return resample(decoded.samples, decoded.sampleRate, sampleRate)
+  if (demuxer !== "wav") return decodeAudioContainer(bytes, demuxer, sampleRate, limits)
+  const wav = readWav(bytes, limits)
+  return resample(wav.samples, wav.sampleRate, sampleRate)
 }
