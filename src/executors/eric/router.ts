@@ -16,6 +16,7 @@ import {
   qwen2VLRequestSettings,
   qwen2VLVideoTokenBudget
 } from "../../models/Qwen2VLProcessor.js"
+import { ultravoxAudioOf } from "../../models/UltravoxProcessor.js"
 import { visionProcessorOf } from "../../models/VisionProcessor.js"
 import { hasTextEmbeddingGraph, textEmbeddingSpec } from "../../models/TextEmbedding.js"
 import { BadRequest, NoSidecar, UnsupportedModality } from "../common/errors.js"
@@ -46,16 +47,18 @@ export const routerKind: RouterKind = {
         catch: (error) => error as Error
       })
       const imageConfig = vision?.kind === "fixed" ? vision.config : undefined
-      const audioConfig = model.onnx.has("audio_encoder")
-        ? decodeAudioProcessorConfig(model.preprocessorConfig)
-        : undefined
+      const ultravox = ultravoxAudioOf(model)
+      const audioConfig =
+        ultravox === undefined && model.onnx.has("audio_encoder")
+          ? decodeAudioProcessorConfig(model.preprocessorConfig)
+          : undefined
       const text = hasTextEmbeddingGraph(model)
         ? yield* Effect.tryPromise({ try: () => textEmbeddingSpec(model), catch: (error) => error as Error })
         : undefined
       // Idefics3 embeds images only: a video would be its frames as images, which its prompt does not spell.
       const modalities = [
         ...(vision === undefined ? [] : vision.kind === "idefics3" ? ["image"] : ["image", "video"]),
-        ...(audioConfig ? ["audio"] : []),
+        ...(audioConfig || ultravox ? ["audio"] : []),
         ...(text === undefined ? [] : ["text"])
       ]
       const sidecarNode =
@@ -109,6 +112,19 @@ export const routerKind: RouterKind = {
                 limits
               })
             case "audio":
+              if (ultravox !== undefined) {
+                return pool.run<Preprocessed>("ultravoxAudio", {
+                  bytes,
+                  mimeType: media.mimeType,
+                  preprocessorConfig: model.preprocessorConfig,
+                  audio: {
+                    placeholder: ultravox.placeholder,
+                    encoderDownsampling: ultravox.encoderDownsampling,
+                    stackFactor: ultravox.stackFactor
+                  },
+                  limits
+                })
+              }
               return pool.run<Preprocessed>("audio", {
                 bytes,
                 mimeType: media.mimeType,
@@ -150,7 +166,13 @@ export const routerKind: RouterKind = {
           catch: (error) => error
         })
         const items: Array<WorkItem> = body.items.map((item, index) => ({
-          key: item.modality === "audio" ? "audio" : "vision",
+          // Ultravox clips batch only with clips of as many frames: their features stack by length.
+          key:
+            item.modality !== "audio"
+              ? "vision"
+              : ultravox === undefined
+                ? "audio"
+                : `audio:${preprocessed[index]!.inputs.audio_values!.shape[2]}`,
           inputs: preprocessed[index]!.inputs,
           meta: {
             id: item.id,

@@ -111,7 +111,7 @@ export const load: LoadWorkerModel = async ({ config, rank, device }) => {
       const encoder = first.modality === "audio" ? "audio" : "vision"
       const session = sessions.get(encoder)
       if (session === undefined) throw new Error(`the model has no ${encoderFiles[encoder]}.onnx`)
-      const input = inputs[encoder === "audio" ? "input_values" : "pixel_values"]!
+      const input = (encoder === "audio" ? (inputs.audio_values ?? inputs.input_values) : inputs.pixel_values)!
       const gridInput = qwen2VLGridInput(session)
       if (gridInput !== undefined) {
         // One item a run: the encoder attends within each frame through a mask over all the
@@ -130,6 +130,28 @@ export const load: LoadWorkerModel = async ({ config, rank, device }) => {
           const grid = new Tensor("int32", [3], Int32Array.from(meta.thw!))
           results.push(
             await deliver(meta, features.shape as [number, number], features.data as Float32Array, item.trace, grid)
+          )
+        }
+        return results
+      }
+      if (session.inputNames.includes("audio_values")) {
+        // Ultravox: one clip a run, [1, mel bins, frames]; it gives [1, rows, hidden].
+        const [, bins, frames] = input.shape as [number, number, number]
+        const results: Array<EricItemResult> = []
+        for (const item of items) {
+          const [from] = item.rows
+          const clip = (input.data as Float32Array).subarray(from * bins * frames, (from + 1) * bins * frames)
+          const outputs = await session.run({ audio_values: new ort.Tensor("float32", clip, [1, bins, frames]) })
+          const features = fromOrt(outputs[session.outputNames[0]!]!)
+          const [, rows, hidden] = features.shape as [number, number, number]
+          results.push(
+            await deliver(
+              item.meta as MediaItemMeta,
+              [rows, hidden],
+              features.data as Float32Array,
+              item.trace,
+              undefined
+            )
           )
         }
         return results

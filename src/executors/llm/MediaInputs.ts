@@ -15,6 +15,7 @@ import {
   qwen2VLVideoTokenBudget,
   visionTokenCount
 } from "../../models/Qwen2VLProcessor.js"
+import { ultravoxAudioOf } from "../../models/UltravoxProcessor.js"
 import { visionProcessorOf } from "../../models/VisionProcessor.js"
 import { RecvTimeout } from "../../sidecar/errors.js"
 import type { Payload, SidecarClient } from "../../sidecar/SidecarClient.js"
@@ -46,6 +47,8 @@ export interface MediaInputs {
   readonly encodable: ReadonlyArray<Modality>
   /** Placeholder token id → modality. */
   readonly placeholders: ReadonlyMap<number, Modality>
+  /** The text a media part is in the prompt, for models whose templates read text only (Ultravox's <|audio|>). */
+  readonly mediaText: Partial<Record<Modality, string>>
   /** Each media part's input; `processor` is the request's processor settings (mm_processor_kwargs). */
   resolve(
     parts: ReadonlyArray<MediaPart>,
@@ -81,14 +84,18 @@ export const makeMediaInputs = (options: {
   const idefics3 = vision?.kind === "idefics3" ? vision.processor : undefined
   const qwen2VL = vision?.kind === "qwen2vl" ? vision.processor : undefined
   const mergeSize = qwen2VL?.config.merge_size ?? 1
+  const ultravox = ultravoxAudioOf(model)
   const audioConfig =
-    model.onnx.has("audio_encoder") && model.config.audio_seq_length !== undefined
+    ultravox === undefined && model.onnx.has("audio_encoder") && model.config.audio_seq_length !== undefined
       ? decodeAudioProcessorConfig(model.preprocessorConfig)
       : undefined
   const encodable = accepted.filter(
     (modality) =>
-      (modality === "image" ? (imageConfig ?? idefics3 ?? qwen2VL) : modality === "video" ? qwen2VL : audioConfig) !==
-      undefined
+      (modality === "image"
+        ? (imageConfig ?? idefics3 ?? qwen2VL)
+        : modality === "video"
+          ? qwen2VL
+          : (audioConfig ?? ultravox)) !== undefined
   )
   const mediaOptions = mediaSourceOptionsOf(config)
   const limits = mediaLimitsOf(config)
@@ -142,6 +149,25 @@ export const makeMediaInputs = (options: {
         modality: "image",
         rows: model.config.image_seq_length!,
         input: { kind: "pixel_values", data: pixels.data as Float32Array, shape: pixels.shape }
+      }
+    }
+    if (ultravox !== undefined) {
+      const { inputs, rows } = await pool.run<Preprocessed>("ultravoxAudio", {
+        bytes,
+        mimeType: media.mimeType,
+        preprocessorConfig: model.preprocessorConfig,
+        audio: {
+          placeholder: ultravox.placeholder,
+          encoderDownsampling: ultravox.encoderDownsampling,
+          stackFactor: ultravox.stackFactor
+        },
+        limits
+      })
+      const values = inputs.audio_values!
+      return {
+        modality: "audio",
+        rows: rows!,
+        input: { kind: "audio_values", data: values.data as Float32Array, shape: values.shape }
       }
     }
     const { inputs } = await pool.run<Preprocessed>("audio", {
@@ -279,6 +305,7 @@ export const makeMediaInputs = (options: {
     accepted,
     encodable,
     placeholders,
+    mediaText: ultravox === undefined ? {} : { audio: ultravox.placeholder },
     promptText,
     layout,
     resolve: async (parts, refs, processor) => {

@@ -28,15 +28,28 @@ const partModality: Readonly<Record<Exclude<ChatContentPart["type"], "text">, Me
  * The messages as chat templates take them (the Hugging Face convention): text parts keep their
  * text, media parts become `{ type: "image" | "audio" | "video" }`.
  */
-export const templateMessages = (messages: ReadonlyArray<ChatMessage>): Array<TemplateMessage> =>
+export const templateMessages = (
+  messages: ReadonlyArray<ChatMessage>,
+  /**
+   * For models whose chat template reads content as text and whose prompts spell a media item as
+   * a placeholder (Ultravox's <|audio|>): the text each such part becomes; a message of text and
+   * such parts is then one string.
+   */
+  mediaText: Partial<Record<MediaModality, string>> = {}
+): Array<TemplateMessage> =>
   messages.map((message) => ({
     role: message.role,
     content:
       typeof message.content === "string" || message.content === null
         ? message.content
-        : message.content.map((part) =>
-            part.type === "text" ? { type: "text", text: part.text } : { type: partModality[part.type] }
-          ),
+        : message.content.every((part) => part.type === "text" || mediaText[partModality[part.type]] !== undefined) &&
+            message.content.some((part) => part.type !== "text")
+          ? message.content
+              .map((part) => (part.type === "text" ? part.text : mediaText[partModality[part.type]]!))
+              .join("")
+          : message.content.map((part) =>
+              part.type === "text" ? { type: "text", text: part.text } : { type: partModality[part.type] }
+            ),
     ...(message.name === undefined ? {} : { name: message.name }),
     ...(message.tool_call_id === undefined ? {} : { tool_call_id: message.tool_call_id }),
     ...(message.tool_calls === undefined

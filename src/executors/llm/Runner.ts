@@ -423,11 +423,19 @@ export class Runner {
   /** Each media input's rows, [rows × hidden]; the encoders run once per modality for all items. */
   private async mediaRows(inputs: ReadonlyArray<MediaInput>): Promise<Array<Float32Array>> {
     const rows: Array<Float32Array> = new Array(inputs.length)
-    for (const kind of ["pixel_values", "input_values"] as const) {
+    for (const kind of ["pixel_values", "input_values", "audio_values"] as const) {
       const items = inputs.flatMap((input, index) => (input.kind === kind ? [{ input, index }] : []))
       if (items.length === 0) continue
       const encoder = kind === "pixel_values" ? this.encoders.vision : this.encoders.audio
       if (encoder === undefined) throw new Error(`${this.model.path} has no encoder for ${kind}`)
+      if (kind === "audio_values") {
+        // Ultravox: each clip's features have a length of their own: one clip a run.
+        for (const { input, index } of items) {
+          const output = (await encoder.run({ audio_values: float(input.data, input.shape) }))[encoder.outputNames[0]!]!
+          rows[index] = float32Data(output)
+        }
+        continue
+      }
       const gridInput = qwen2VLGridInput(encoder)
       if (gridInput !== undefined) {
         // Qwen2-VL: one item a run. Its encoder attends within each frame through a mask over all

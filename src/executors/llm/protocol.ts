@@ -22,6 +22,8 @@ export type MediaInput =
       readonly thw?: readonly [number, number, number]
     }
   | { readonly kind: "input_values"; readonly data: Float32Array; readonly shape: ReadonlyArray<number> }
+  /** Ultravox: a clip's Whisper features, [1, mel bins, frames]. */
+  | { readonly kind: "audio_values"; readonly data: Float32Array; readonly shape: ReadonlyArray<number> }
   | { readonly kind: "embedding"; readonly data: Float32Array; readonly shape: readonly [number, number] }
 
 /**

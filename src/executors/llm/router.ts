@@ -115,7 +115,7 @@ export const routerKind: RouterKind = {
         tools?: ReadonlyArray<FunctionTool>
       ): string => {
         try {
-          return tokenizer.applyChatTemplate(templateMessages(messages), {
+          return tokenizer.applyChatTemplate(templateMessages(messages, media.mediaText), {
             addGenerationPrompt,
             ...(tools === undefined ? {} : { tools })
           })

@@ -18,6 +18,8 @@ import {
   resizeRgb as resizeQwen2VLFrame,
   sampleVideoFrames
 } from "../../../models/Qwen2VLProcessor.js"
+import { type UltravoxAudio, ultravoxAudioRows } from "../../../models/UltravoxProcessor.js"
+import { whisperFeatureExtractor, whisperFeatures } from "../../../models/WhisperFeatures.js"
 import type { WireTensor } from "../wire.js"
 import { MediaError } from "./errors.js"
 import { decodeAudio, decodeImage, decodeVideoFrames, describeSharpError } from "./MediaDecoder.js"
@@ -36,6 +38,8 @@ export interface Preprocessed {
   readonly grid?: TileGrid
   /** Qwen2-VL images and videos: [temporal patches, patch rows, patch columns], the encoder's grid_thw. */
   readonly thw?: GridThw
+  /** Ultravox audio: the rows its encoder gives, which its placeholder is repeated for. */
+  readonly rows?: number
 }
 
 const stackFrames = (frames: ReadonlyArray<Float32Array>, height: number, width: number): WireTensor => {
@@ -201,4 +205,40 @@ export const qwen2VLVideo = async (input: {
     return asMediaError(error)
   }
   return qwen2VLPreprocessed(patchFrames(processor.config, frames))
+}
+
+/** Each thread builds a model's feature extractor once (its FFT tables and mel filters). */
+const extractors = new Map<string, ReturnType<typeof whisperFeatureExtractor>>()
+
+/**
+ * A clip as Ultravox takes it: decoded and resampled to the feature extractor's rate, its Whisper
+ * features not padded (audio_values [1, mel bins, frames]), and the rows its encoder gives. A clip
+ * longer than the extractor's window (30 s) is refused: the processor's features stop there, and
+ * its rows would not match the encoder's.
+ */
+export const ultravoxAudio = async (input: {
+  readonly bytes: Uint8Array
+  readonly mimeType: string | undefined
+  readonly preprocessorConfig: unknown
+  readonly audio: Omit<UltravoxAudio, "extractor">
+  readonly limits?: MediaLimits
+}): Promise<Preprocessed> => {
+  const key = JSON.stringify(input.preprocessorConfig)
+  let extractor = extractors.get(key)
+  if (extractor === undefined) {
+    extractor = whisperFeatureExtractor(input.preprocessorConfig)
+    extractors.set(key, extractor)
+  }
+  const samples = await decodeAudio(bufferOf(input.bytes), input.mimeType, extractor.samplingRate, input.limits)
+  if (samples.length > extractor.nSamples) {
+    throw new MediaError({
+      message: `the audio lasts ${(samples.length / extractor.samplingRate).toFixed(1)} s; this model takes at most ${extractor.nSamples / extractor.samplingRate} s a clip`
+    })
+  }
+  if (samples.length < extractor.hopLength) throw new MediaError({ message: "the audio is too short to have features" })
+  const { data, frames } = whisperFeatures(extractor, samples, { pad: false })
+  return {
+    inputs: { audio_values: { dtype: "float32", shape: [1, extractor.featureSize, frames], data } },
+    rows: ultravoxAudioRows({ ...input.audio, extractor }, samples.length)
+  }
 }
