@@ -13,7 +13,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { MediaError, MediaTooLarge } from "./errors.js"
 import type { MediaLimits } from "./MediaLimits.js"
-import { decodeTimeoutMs, lastLines, probeBounds, runBounded, videoTools } from "./VideoContainer.js"
+import { decodeTimeoutMs, lastLines, positive, probeHeader, runBounded, videoTools } from "./VideoContainer.js"
 
 /** ffmpeg's demuxer for each audio format this module reads; WAV is read in process. */
 export type AudioDemuxer = "wav" | "mp3" | "aac" | "ogg" | "flac" | "mov" | "matroska"
@@ -48,47 +48,14 @@ interface AudioProbe {
   readonly durationSeconds: number | undefined
 }
 
-const positive = (value: unknown): number | undefined => {
-  const number = typeof value === "string" || typeof value === "number" ? Number(value) : Number.NaN
-  return Number.isFinite(number) && number > 0 ? number : undefined
-}
-
 const probe = async (demuxer: AudioDemuxer, path: string): Promise<AudioProbe> => {
-  const chunks: Array<Buffer> = []
-  const { code, stderr } = await runBounded(
-    videoTools().ffprobe,
-    [
-      "-v",
-      "error",
-      "-select_streams",
-      "a:0",
-      "-show_entries",
-      "format=format_name,duration:stream=codec_name,sample_rate,channels,duration",
-      "-of",
-      "json",
-      "-protocol_whitelist",
-      "file",
-      "-f",
-      demuxer,
-      "-i",
-      path
-    ],
-    { ...probeBounds, what: "audio" },
-    (chunk) => chunks.push(chunk)
+  const { format, container, stream } = await probeHeader(
+    demuxer,
+    path,
+    "audio",
+    "a:0",
+    "format=format_name,duration:stream=codec_name,sample_rate,channels,duration"
   )
-  if (code !== 0) {
-    throw new MediaError({
-      message: `the audio could not be read: ${lastLines(stderr, path) || `ffprobe exited with ${code}`}`
-    })
-  }
-  let parsed: { readonly streams?: ReadonlyArray<Record<string, unknown>>; readonly format?: Record<string, unknown> }
-  try {
-    parsed = JSON.parse(Buffer.concat(chunks).toString("utf8"))
-  } catch {
-    throw new MediaError({ message: "the audio's header could not be read" })
-  }
-  const format = typeof parsed.format?.format_name === "string" ? parsed.format.format_name : "unknown"
-  const stream = parsed.streams?.[0]
   if (stream === undefined) throw new MediaError({ message: `the ${format} file has no audio stream` })
   const sampleRate = positive(stream.sample_rate)
   const channels = positive(stream.channels)
@@ -100,7 +67,7 @@ const probe = async (demuxer: AudioDemuxer, path: string): Promise<AudioProbe> =
     codec: typeof stream.codec_name === "string" ? stream.codec_name : "unknown",
     sampleRate,
     channels,
-    durationSeconds: positive(stream.duration) ?? positive(parsed.format?.duration)
+    durationSeconds: positive(stream.duration) ?? positive(container.duration)
   }
 }
 

@@ -178,30 +178,79 @@ const rate = (text: unknown): number | undefined => {
   return Number.isFinite(value) && value > 0 ? value : undefined
 }
 
-const positive = (value: unknown): number | undefined => {
+export const positive = (value: unknown): number | undefined => {
   const number = typeof value === "string" || typeof value === "number" ? Number(value) : Number.NaN
   return Number.isFinite(number) && number > 0 ? number : undefined
 }
 
-const readProbe = (stdout: string): VideoProbe => {
+/** What ffprobe read of a file: its container's fields and name, and the first stream it selected. */
+export interface ProbedHeader {
+  readonly format: string
+  readonly container: Readonly<Record<string, unknown>>
+  readonly stream: Readonly<Record<string, unknown>> | undefined
+}
+
+/**
+ * ffprobe's JSON of the file at `path` read with `demuxer`: `entries` (its -show_entries) of the
+ * first stream of `streams` (its -select_streams) and of the container. A file ffprobe cannot read
+ * is a MediaError naming its reason.
+ */
+export const probeHeader = async (
+  demuxer: string,
+  path: string,
+  what: "video" | "audio",
+  streams: string,
+  entries: string,
+  extraArgs: ReadonlyArray<string> = []
+): Promise<ProbedHeader> => {
+  const chunks: Array<Buffer> = []
+  const { code, stderr } = await runBounded(
+    videoTools().ffprobe,
+    [
+      "-v",
+      "error",
+      "-select_streams",
+      streams,
+      ...extraArgs,
+      "-show_entries",
+      entries,
+      "-of",
+      "json",
+      ...inputArgs(demuxer, path)
+    ],
+    { ...probeBounds, what },
+    (chunk) => chunks.push(chunk)
+  )
+  if (code !== 0) {
+    throw new MediaError({
+      message: `the ${what} could not be read: ${lastLines(stderr, path) || `ffprobe exited with ${code}`}`
+    })
+  }
   let parsed: {
     readonly streams?: ReadonlyArray<Record<string, unknown>>
     readonly format?: Record<string, unknown>
   }
   try {
-    parsed = JSON.parse(stdout)
+    parsed = JSON.parse(Buffer.concat(chunks).toString("utf8"))
   } catch {
-    throw new MediaError({ message: "the video's header could not be read" })
+    throw new MediaError({ message: `the ${what}'s header could not be read` })
   }
-  const stream = parsed.streams?.[0]
-  const format = typeof parsed.format?.format_name === "string" ? parsed.format.format_name : "unknown"
+  const container = parsed.format ?? {}
+  return {
+    format: typeof container.format_name === "string" ? container.format_name : "unknown",
+    container,
+    stream: parsed.streams?.[0]
+  }
+}
+
+const readProbe = ({ format, container, stream }: ProbedHeader): VideoProbe => {
   if (stream === undefined) throw new MediaError({ message: `the ${format} file has no video stream` })
   const width = positive(stream.width)
   const height = positive(stream.height)
   if (width === undefined || height === undefined) {
     throw new MediaError({ message: `the ${format} file's video stream declares no frame size` })
   }
-  const durationSeconds = positive(stream.duration) ?? positive(parsed.format?.duration)
+  const durationSeconds = positive(stream.duration) ?? positive(container.duration)
   const frameRate = rate(stream.avg_frame_rate) ?? rate(stream.r_frame_rate)
   const declaredFrameCount = positive(stream.nb_frames)
   const frameCount = positive(stream.nb_read_packets) ?? declaredFrameCount
@@ -239,41 +288,19 @@ export const checkVideoLimits = (probe: VideoProbe, limits: MediaLimits): void =
   }
 }
 
-const inputArgs = (demuxer: ContainerDemuxer, path: string) => [
-  "-protocol_whitelist",
-  "file",
-  "-f",
-  demuxer,
-  "-i",
-  path
-]
+const inputArgs = (demuxer: string, path: string) => ["-protocol_whitelist", "file", "-f", demuxer, "-i", path]
 
-const probe = async (demuxer: ContainerDemuxer, path: string): Promise<VideoProbe> => {
-  const chunks: Array<Buffer> = []
-  const { code, stderr } = await runBounded(
-    videoTools().ffprobe,
-    [
-      "-v",
-      "error",
-      "-select_streams",
+const probe = async (demuxer: ContainerDemuxer, path: string): Promise<VideoProbe> =>
+  readProbe(
+    await probeHeader(
+      demuxer,
+      path,
+      "video",
       "v:0",
-      "-count_packets",
-      "-show_entries",
       "format=format_name,duration:stream=codec_name,width,height,duration,nb_frames,nb_read_packets,avg_frame_rate,r_frame_rate",
-      "-of",
-      "json",
-      ...inputArgs(demuxer, path)
-    ],
-    probeBounds,
-    (chunk) => chunks.push(chunk)
+      ["-count_packets"]
+    )
   )
-  if (code !== 0) {
-    throw new MediaError({
-      message: `the video could not be read: ${lastLines(stderr, path) || `ffprobe exited with ${code}`}`
-    })
-  }
-  return readProbe(Buffer.concat(chunks).toString("utf8"))
-}
 
 /**
  * The frames at `indices` (in order, each below the probe's frame count) as 8-bit RGB of the
