@@ -3,7 +3,6 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { AutoModelForImageTextToText, AutoProcessor, RawImage, type Tensor } from "@huggingface/transformers"
 import OpenAI from "openai"
-import sharp from "sharp"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { mropePositions } from "../../src/models/MRope.js"
 import {
@@ -15,6 +14,7 @@ import { referenceQwen2VLGreedy } from "../models/support/Qwen2VLModelReference.
 import { writeModelFiles } from "../models/support/SmolVlmFixture.js"
 import { offline } from "../models/support/TransformersJs.js"
 import { type RunningPlatform, runCli, startPlatform } from "../support/platform.js"
+import { gradientPng, mllmAppSource } from "../support/mllmApps.js"
 import { ffmpegFile, rawInput } from "../support/videos.js"
 
 /**
@@ -31,28 +31,6 @@ import { ffmpegFile, rawInput } from "../support/videos.js"
 
 const maxTokens = 8
 const seed = 3
-
-/** An image whose every patch differs: a gradient with a pattern, as a PNG. */
-const gradient = (width: number, height: number) => {
-  const data = Buffer.alloc(width * height * 3)
-  for (let y = 0; y < height; y++) {
-    for (let x = 0; x < width; x++) {
-      const at = (y * width + x) * 3
-      data[at] = (x * 255) / width
-      data[at + 1] = (y * 255) / height
-      data[at + 2] = ((x + y) * 97) % 256
-    }
-  }
-  return sharp(data, { raw: { width, height, channels: 3 } })
-    .png()
-    .toBuffer()
-}
-
-const appSource = (model: string, fission: boolean) => `
-import { ChatCompletionRequest, defineApp, MLLMTask } from "cornserve/app"
-const mllm = new MLLMTask({ model: ${JSON.stringify(model)}, modalities: ["image", "video"], encoderFission: ${fission} })
-export default defineApp({ tasks: { mllm }, request: ChatCompletionRequest, serve: (request) => mllm.invoke(request) })
-`
 
 type Part =
   | { readonly type: "text"; readonly text: string }
@@ -77,7 +55,7 @@ describe("Qwen2-VL end to end", () => {
     await writeModelFiles(model, fixture.files)
     model25 = join(root, "qwen2.5-vl-tiny")
     await writeModelFiles(model25, fixture25.files)
-    for (const [name, [width, height]] of Object.entries(sizes)) images.set(name, await gradient(width, height))
+    for (const [name, [width, height]] of Object.entries(sizes)) images.set(name, await gradientPng(width, height))
     platform = await startPlatform({ args: ["--devices", "cpu:0,cpu:1,cpu:2,cpu:3", "--model-root", root] })
     for (const [name, path, fission] of [
       ["qwen2vl_fission", model, true],
@@ -85,7 +63,7 @@ describe("Qwen2-VL end to end", () => {
       ["qwen25vl_fission", model25, true]
     ] as const) {
       const file = join(root, `${name}.ts`)
-      await writeFile(file, appSource(path, fission))
+      await writeFile(file, mllmAppSource(path, ["image", "video"], fission))
       const registered = await runCli(["app", "register", file], { CORNSERVE_GATEWAY_URL: platform.url })
       expect(registered.code, registered.stderr).toBe(0)
     }

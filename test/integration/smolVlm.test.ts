@@ -3,13 +3,13 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { AutoModelForVision2Seq, AutoProcessor, type Message, RawImage, type Tensor } from "@huggingface/transformers"
 import OpenAI from "openai"
-import sharp from "sharp"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { llamaGraphs } from "../../src/models/architectures/Llama.js"
 import { Graph } from "../../src/models/onnx/Graph.js"
 import { smolVlmFixture, writeModelFiles } from "../models/support/SmolVlmFixture.js"
 import { offline } from "../models/support/TransformersJs.js"
 import { type RunningPlatform, runCli, startPlatform } from "../support/platform.js"
+import { gradientPng, mllmAppSource } from "../support/mllmApps.js"
 
 /**
  * SmolVLM (Idefics3) in the layout onnx-community publishes, served end to end by the real binary:
@@ -19,27 +19,6 @@ import { type RunningPlatform, runCli, startPlatform } from "../support/platform
  */
 
 const maxTokens = 12
-
-const gradient = (width: number, height: number) => {
-  const data = Buffer.alloc(width * height * 3)
-  for (let y = 0; y < height; y++) {
-    for (let x = 0; x < width; x++) {
-      const at = (y * width + x) * 3
-      data[at] = (x * 255) / width
-      data[at + 1] = (y * 255) / height
-      data[at + 2] = ((x + y) * 97) % 256
-    }
-  }
-  return sharp(data, { raw: { width, height, channels: 3 } })
-    .png()
-    .toBuffer()
-}
-
-const appSource = (model: string, fission: boolean) => `
-import { ChatCompletionRequest, defineApp, MLLMTask } from "cornserve/app"
-const mllm = new MLLMTask({ model: ${JSON.stringify(model)}, modalities: ["image"], encoderFission: ${fission} })
-export default defineApp({ tasks: { mllm }, request: ChatCompletionRequest, serve: (request) => mllm.invoke(request) })
-`
 
 describe("SmolVLM (Idefics3) end to end", () => {
   let root: string
@@ -76,13 +55,13 @@ describe("SmolVLM (Idefics3) end to end", () => {
       new Map([...base.files, ...[...language].map(([stem, graph]) => [`onnx/${stem}.onnx`, graph.toBytes()] as const)])
     )
     // A wide image (split into tiles) and a small one (one tile).
-    images.set("wide", await gradient(150, 60))
-    images.set("small", await gradient(20, 24))
+    images.set("wide", await gradientPng(150, 60))
+    images.set("small", await gradientPng(20, 24))
     // The model is a directory of the test's own: the operator allows its root for tasks to name.
     platform = await startPlatform({ args: ["--devices", "cpu:0,cpu:1,cpu:2", "--model-root", root] })
     for (const fission of [true, false]) {
       const file = join(root, `smolvlm_${fission ? "fission" : "local"}.ts`)
-      await writeFile(file, appSource(model, fission))
+      await writeFile(file, mllmAppSource(model, ["image"], fission))
       const registered = await runCli(["app", "register", file], { CORNSERVE_GATEWAY_URL: platform.url })
       expect(registered.code, registered.stderr).toBe(0)
     }

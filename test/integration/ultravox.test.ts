@@ -11,6 +11,7 @@ import { randomUltravoxFiles, ultravoxAudioPlaceholder } from "../../src/models/
 import { writeModelFiles } from "../models/support/SmolVlmFixture.js"
 import { offline } from "../models/support/TransformersJs.js"
 import { type RunningPlatform, runCli, startPlatform } from "../support/platform.js"
+import { mllmAppSource } from "../support/mllmApps.js"
 import { ffmpegFile } from "../support/videos.js"
 
 /**
@@ -24,12 +25,6 @@ import { ffmpegFile } from "../support/videos.js"
 
 const maxTokens = 8
 const question = "What is said in this clip"
-
-const appSource = (model: string, fission: boolean) => `
-import { ChatCompletionRequest, defineApp, MLLMTask } from "cornserve/app"
-const mllm = new MLLMTask({ model: ${JSON.stringify(model)}, modalities: ["audio"], encoderFission: ${fission} })
-export default defineApp({ tasks: { mllm }, request: ChatCompletionRequest, serve: (request) => mllm.invoke(request) })
-`
 
 /** A clip of a tone of its own and noise, at 16 kHz, as 16-bit samples. */
 const clip = (seconds: number, seed: number): Int16Array => {
@@ -63,7 +58,7 @@ describe("Ultravox end to end", () => {
     platform = await startPlatform({ args: ["--devices", "cpu:0,cpu:1,cpu:2", "--model-root", root] })
     for (const fission of [true, false]) {
       const file = join(root, `ultravox_${fission ? "fission" : "local"}.ts`)
-      await writeFile(file, appSource(model, fission))
+      await writeFile(file, mllmAppSource(model, ["audio"], fission))
       const registered = await runCli(["app", "register", file], { CORNSERVE_GATEWAY_URL: platform.url })
       expect(registered.code, registered.stderr).toBe(0)
     }
