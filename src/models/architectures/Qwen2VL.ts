@@ -110,6 +110,21 @@ export const visionRopeTheta = 10000
 export const visionHeadDim = (config: Qwen2VLVisionConfig): number => config.embedDim / config.heads
 export const textHeadDim = (config: Qwen2VLTextConfig): number => config.hiddenSize / config.heads
 
+/** The language model's fields of config.json (top level in Qwen2-VL's, text_config in newer Qwen2.5-VL's). */
+export const qwen2VLTextConfigJson = (text: Qwen2VLTextConfig) => ({
+  hidden_size: text.hiddenSize,
+  intermediate_size: text.intermediateSize,
+  num_hidden_layers: text.layers,
+  num_attention_heads: text.heads,
+  num_key_value_heads: text.kvHeads,
+  vocab_size: text.vocabSize,
+  max_position_embeddings: text.maxPositions,
+  rope_theta: text.ropeTheta,
+  rms_norm_eps: text.rmsNormEps,
+  rope_scaling: { type: "mrope", mrope_section: [...text.mropeSection] },
+  tie_word_embeddings: text.tieWordEmbeddings
+})
+
 /** config.json in transformers' Qwen2VLConfig fields (flat: the text model's fields at the top level). */
 export const qwen2VLConfigJson = (
   config: Qwen2VLConfig,
@@ -126,17 +141,7 @@ export const qwen2VLConfigJson = (
 ) => ({
   architectures: ["Qwen2VLForConditionalGeneration"],
   model_type: "qwen2_vl",
-  hidden_size: config.text.hiddenSize,
-  intermediate_size: config.text.intermediateSize,
-  num_hidden_layers: config.text.layers,
-  num_attention_heads: config.text.heads,
-  num_key_value_heads: config.text.kvHeads,
-  vocab_size: config.text.vocabSize,
-  max_position_embeddings: config.text.maxPositions,
-  rope_theta: config.text.ropeTheta,
-  rms_norm_eps: config.text.rmsNormEps,
-  rope_scaling: { type: "mrope", mrope_section: [...config.text.mropeSection] },
-  tie_word_embeddings: config.text.tieWordEmbeddings,
+  ...qwen2VLTextConfigJson(config.text),
   hidden_act: "silu",
   use_cache: true,
   use_sliding_window: false,

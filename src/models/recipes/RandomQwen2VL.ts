@@ -6,7 +6,8 @@ import {
   type Qwen2VLVisionConfig,
   type Qwen2VLVisionWeights,
   qwen2VLConfigJson,
-  qwen2VLGraphs
+  qwen2VLGraphs,
+  qwen2VLTextConfigJson
 } from "../architectures/Qwen2VL.js"
 import { type ByteLevelBpe, byteLevelBpe } from "../ByteLevelBpe.js"
 import { Random } from "../Random.js"
@@ -296,20 +297,7 @@ export const randomQwen2VLFiles = (options: RandomQwen2VLOptions = {}): RandomQw
         model_type: "qwen2_5_vl",
         architectures: ["Qwen2_5_VLForConditionalGeneration"],
         // Newer Qwen2.5-VL configs hold the language model's fields in text_config, which transformers.js reads.
-        text_config: {
-          model_type: "qwen2_5_vl_text",
-          hidden_size: config.text.hiddenSize,
-          intermediate_size: config.text.intermediateSize,
-          num_hidden_layers: config.text.layers,
-          num_attention_heads: config.text.heads,
-          num_key_value_heads: config.text.kvHeads,
-          vocab_size: config.text.vocabSize,
-          max_position_embeddings: config.text.maxPositions,
-          rope_theta: config.text.ropeTheta,
-          rms_norm_eps: config.text.rmsNormEps,
-          rope_scaling: { type: "mrope", mrope_section: [...config.text.mropeSection] },
-          tie_word_embeddings: config.text.tieWordEmbeddings
-        }
+        text_config: { model_type: "qwen2_5_vl_text", ...qwen2VLTextConfigJson(config.text) }
       }
     : {}
   const preprocessorConfig = {
