@@ -182,7 +182,8 @@ describe("apps that describe themselves: OpenAPI documents, /docs and app descri
       expect(await page.textContent("body")).toContain("needs an API key")
       await page.fill(".cornserve-key input", "not-the-key")
       await page.click(".cornserve-key button")
-      await page.waitForFunction('document.body.textContent.includes("That key is not accepted")')
+      // A locator, not waitForFunction: polling a string predicate needs eval, which the page's CSP refuses.
+      await page.getByText("That key is not accepted").waitFor({ timeout: 30_000 })
       await page.fill(".cornserve-key input", appKey)
       await page.click(".cornserve-key button")
       await page.waitForSelector(".opblock-summary-path", { timeout: 30_000 })
