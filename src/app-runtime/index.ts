@@ -15,6 +15,11 @@ export {
   type TextEmbeddingInput,
   type TextPooling
 } from "./tasks/TextEmbeddingTask.js"
+export {
+  SpeechRecognitionTask,
+  type SpeechRecognitionConfig,
+  type SpeechRecognitionInput
+} from "./tasks/SpeechRecognitionTask.js"
 export { LLMTask, LLMEmbeddingTask, type LLMConfig, type LLMInput, type LLMEmbeddingOutput } from "./tasks/LLMTask.js"
 export {
   ImageGeneratorTask,
@@ -34,3 +39,9 @@ export {
   chatMediaParts
 } from "./schemas/OpenAI.js"
 export { EmbeddingRequest, EmbeddingResponse, type Embedding, type EmbeddingUsage } from "./schemas/Embeddings.js"
+export {
+  TranscriptionRequest,
+  Transcription,
+  TranscriptionSegment,
+  TranscriptionFormat
+} from "./schemas/Transcriptions.js"

@@ -155,10 +155,13 @@ const readJsonObject = async (
   return value as Record<string, unknown>
 }
 
-/** A config describes a decoder when it (or its text_config) gives a vocab_size. */
+/**
+ * A config describes a decoder-only language model when it (or its text_config) gives a
+ * vocab_size; an encoder-decoder's (Whisper's) describes its own layers, read by its own reader.
+ */
 const decoderSpec = (config: Readonly<Record<string, unknown>>, path: string): DecoderSpec | undefined => {
   const section = (config.text_config ?? config) as Record<string, unknown>
-  if (section.vocab_size === undefined) return undefined
+  if (section.vocab_size === undefined || config.is_encoder_decoder === true) return undefined
   const decoder = decodeModelFile(DecoderConfig, section, path, "config.json (decoder fields)")
   return {
     hiddenSize: decoder.hidden_size,

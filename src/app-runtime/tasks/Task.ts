@@ -27,7 +27,13 @@ export abstract class Task<I, O> {
 }
 
 /** Task kinds, one executor kind each. */
-export type UnitTaskKind = "encoder" | "text-embedder" | "llm" | "image-generator" | "audio-generator"
+export type UnitTaskKind =
+  | "encoder"
+  | "text-embedder"
+  | "speech-recognizer"
+  | "llm"
+  | "image-generator"
+  | "audio-generator"
 
 const canonicalJson = (value: unknown): string => {
   if (Array.isArray(value)) return `[${value.map(canonicalJson).join(",")}]`

@@ -373,11 +373,11 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
      */
     const apiKeyDigestsOf = (id: string): ReadonlyArray<string> => apps.get(id)?.apiKeyDigests ?? []
 
-    /** The models an app's LLM and text-embedding tasks serve, for its OpenAI routes (`/v1/models`, the `model` check). */
+    /** The models an app's LLM, text-embedding and speech tasks serve, for its OpenAI routes (`/v1/models`, the `model` check). */
     const modelsOf = (id: string): ReadonlyArray<string> => [
       ...new Set(
         (apps.get(id)?.tasks ?? []).flatMap((task) => {
-          if (task.kind !== "llm" && task.kind !== "text-embedder") return []
+          if (task.kind !== "llm" && task.kind !== "text-embedder" && task.kind !== "speech-recognizer") return []
           const model = (task.config as { readonly model?: unknown } | null)?.model
           return typeof model === "string" ? [model] : []
         })

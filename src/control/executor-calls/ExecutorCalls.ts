@@ -11,6 +11,12 @@ import { AudioGeneratorInput, ImageGeneratorInput } from "../../app-runtime/task
 import { LLMConfig } from "../../app-runtime/tasks/LLMTask.js"
 import type { EmbeddingResponse } from "../../app-runtime/schemas/Embeddings.js"
 import { embeddingInputs, TextEmbeddingConfig, TextEmbeddingInput } from "../../app-runtime/tasks/TextEmbeddingTask.js"
+import {
+  SpeechRecognitionConfig,
+  SpeechRecognitionInput,
+  wantsSegments
+} from "../../app-runtime/tasks/SpeechRecognitionTask.js"
+import type { Transcription } from "../../app-runtime/schemas/Transcriptions.js"
 import type { TaskInvocationWire } from "../../app-runtime/tasks/TaskGraph.js"
 import { ChatCompletionRequest as OpenAIChatRequest } from "../../app-runtime/schemas/OpenAI.js"
 import { ErrorBody } from "../../executors/common/errors.js"
@@ -18,7 +24,9 @@ import {
   EmbeddingsRequest,
   EmbeddingsResponse,
   TextEmbeddingsRequest,
-  TextEmbeddingsResponse
+  TextEmbeddingsResponse,
+  TranscriptionsRequest,
+  TranscriptionsResponse
 } from "../../executors/eric/api.js"
 import { AudioChunkLine, AudioDoneLine, GenerateRequest, ImageAnswer } from "../../executors/geri/api.js"
 import {
@@ -309,6 +317,33 @@ const embedText = async (url: string, invocation: TaskInvocationWire, context: C
   return { output }
 }
 
+const decodeTranscriptionCall = decodeInvocation(
+  Schema.Struct({ config: SpeechRecognitionConfig, input: SpeechRecognitionInput })
+)
+
+/** A transcription call: the request's audio and settings to the executor, its transcript back as OpenAI's verbose answer. */
+const transcribe = async (url: string, invocation: TaskInvocationWire, context: CallContext): Promise<CallResult> => {
+  const { input } = decodeTranscriptionCall(invocation)
+  const body: TranscriptionsRequest = {
+    url: input.file,
+    timestamps: wantsSegments(input),
+    ...(input.language == null ? {} : { language: input.language }),
+    ...(input.task == null ? {} : { task: input.task }),
+    ...(input.chunk_length_s == null ? {} : { chunkSeconds: input.chunk_length_s }),
+    ...(input.stride_length_s == null ? {} : { strideSeconds: input.stride_length_s })
+  }
+  const response = await post(`${url}/transcriptions`, TranscriptionsRequest, body, context)
+  const answer = decodeAnswer(TranscriptionsResponse)(await response.json())
+  const output: Transcription = {
+    task: answer.task,
+    language: answer.language,
+    duration: answer.duration,
+    text: answer.text,
+    ...(answer.segments === undefined ? {} : { segments: answer.segments.map((segment, id) => ({ id, ...segment })) })
+  }
+  return { output }
+}
+
 const ChatInput = Schema.extend(
   OpenAIChatRequest,
   Schema.Struct({ cornserveEmbeddings: Schema.optional(Schema.Array(ForwardedId)) })
@@ -427,6 +462,7 @@ export const executorCalls: Readonly<
 > = {
   embed,
   "embed-text": embedText,
+  transcribe,
   chat,
   "hidden-states": promptEmbeddings,
   "generate-image": generateImage,

@@ -57,7 +57,7 @@ const textEmbedderArgs = (task: UnitTaskSpec) => [...batchArgs(task), ...dtypeAr
 
 /**
  * The executor kinds this platform runs, by unit-task kind: the encoder and the text embedder on
- * Eric, the LLM on the LLM executor, image and audio generators on Geri. Each executor is a
+ * Eric, the speech recognizer on Eric too, the LLM on the LLM executor, image and audio generators on Geri. Each executor is a
  * supervised process group that the node of its devices starts.
  */
 export class ExecutorKinds extends Effect.Service<ExecutorKinds>()("cornserve/ExecutorKinds", {
@@ -86,6 +86,7 @@ export class ExecutorKinds extends Effect.Service<ExecutorKinds>()("cornserve/Ex
       [
         onNode("eric", batchArgs)("encoder"),
         onNode("eric", textEmbedderArgs)("text-embedder"),
+        onNode("eric", textEmbedderArgs)("speech-recognizer"),
         onNode("llm", dtypeArgs)("llm"),
         onNode("geri", batchArgs)("image-generator"),
         onNode("geri", batchArgs)("audio-generator")

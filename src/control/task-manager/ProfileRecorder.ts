@@ -160,6 +160,7 @@ const recordingError = (error: unknown): RecordingError =>
  * - Encoder: a small generated image, audio clip or video (an animated GIF) of its modality, as a
  *   `data:` URL; its embedding is sent to this node's sidecar and taken out of it there.
  * - Text embedder: one short sentence, its vector answered inline.
+ * - Speech recognizer: a short generated clip, its transcript answered inline.
  * - Generator: prompt embeddings of the shape its model takes ([rows, hidden] float32, hidden from
  *   its config.json's `prompt_embeddings`), put into its node's sidecar from this node's.
  */
@@ -237,6 +238,18 @@ export class ProfileRecorder extends Effect.Service<ProfileRecorder>()("cornserv
               await executorCalls["embed-text"]!(
                 lease.url,
                 invocation(spec, "embed-text", input, {}),
+                context(signal, [])
+              )
+              return performance.now() - began
+            }
+          }
+          case "speech-recognizer": {
+            const file = yield* Effect.promise(() => syntheticMedia("audio"))
+            return async (lease, signal) => {
+              const began = performance.now()
+              await executorCalls.transcribe!(
+                lease.url,
+                invocation(spec, "transcribe", { file }, {}),
                 context(signal, [])
               )
               return performance.now() - began

@@ -78,3 +78,35 @@ export const TextEmbeddingsResponse = Schema.Struct({
   promptTokens: Schema.Int
 })
 export type TextEmbeddingsResponse = typeof TextEmbeddingsResponse.Type
+
+/**
+ * `POST /transcriptions` (a Whisper model's): one clip's transcript. The router cuts the clip in
+ * windows, runs their passes through the engine (batched with other requests' windows) and stitches
+ * the windows' texts.
+ */
+export const TranscriptionsRequest = Schema.Struct({
+  /** A data: URL, a file: URL under the executor's media root, or http(s). */
+  url: Schema.String,
+  language: Schema.optional(Schema.String),
+  task: Schema.optional(Schema.Literal("transcribe", "translate")),
+  /** Segment timestamps in the answer. */
+  timestamps: Schema.optionalWith(Schema.Boolean, { default: () => false }),
+  /** Windows of this many seconds for long audio; absent: 30 s windows when the clip is longer than 30 s. */
+  chunkSeconds: Schema.optional(Schema.Number.pipe(Schema.positive(), Schema.lessThanOrEqualTo(30))),
+  strideSeconds: Schema.optional(Schema.Number.pipe(Schema.nonNegative()))
+})
+export type TranscriptionsRequest = typeof TranscriptionsRequest.Type
+
+export const TranscriptionsResponse = Schema.Struct({
+  text: Schema.String,
+  language: Schema.String,
+  task: Schema.Literal("transcribe", "translate"),
+  /** Seconds of audio. */
+  duration: Schema.Number,
+  segments: Schema.optional(
+    Schema.Array(Schema.Struct({ start: Schema.Number, end: Schema.NullOr(Schema.Number), text: Schema.String }))
+  ),
+  /** Tokens the model generated over all windows, prompts not counted. */
+  tokens: Schema.Int
+})
+export type TranscriptionsResponse = typeof TranscriptionsResponse.Type

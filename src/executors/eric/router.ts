@@ -1,5 +1,6 @@
 /**
- * Eric's router: `POST /embeddings` (media) and `POST /text-embeddings` (a text embedding model's).
+ * Eric's router: `POST /embeddings` (media), `POST /text-embeddings` (a text embedding model's) and
+ * `POST /transcriptions` (a Whisper's, see Transcriptions.ts).
  * Media are fetched here and decoded in the thread pool, texts tokenized there; an item whose media
  * is unreadable or corrupt, or a text the model cannot take, fails its own request (MediaError,
  * MediaTooLarge, ContextLengthExceeded, BadRequest) before it reaches the engine, so requests
@@ -25,6 +26,8 @@ import { inSpan } from "../../tracing/Tracing.js"
 import type { WorkItem } from "../common/wire.js"
 import { type EmbeddingResult, EmbeddingsRequest } from "./api.js"
 import { textEmbeddings } from "./TextEmbeddings.js"
+import { speechModelOf, transcriptions } from "./Transcriptions.js"
+import { isWhisper } from "../../models/WhisperGeneration.js"
 import { checkMediaItemCount, mediaLimitsOf } from "../common/media/MediaLimits.js"
 import { mediaSourceOptionsOf, readMedia } from "../common/media/MediaSource.js"
 import type { Preprocessed } from "../common/media/preprocess.js"
@@ -55,11 +58,15 @@ export const routerKind: RouterKind = {
       const text = hasTextEmbeddingGraph(model)
         ? yield* Effect.tryPromise({ try: () => textEmbeddingSpec(model), catch: (error) => error as Error })
         : undefined
+      const speech = isWhisper(model)
+        ? yield* Effect.try({ try: () => speechModelOf(model), catch: (error) => error as Error })
+        : undefined
       // Idefics3 embeds images only: a video would be its frames as images, which its prompt does not spell.
       const modalities = [
         ...(vision === undefined ? [] : vision.kind === "idefics3" ? ["image"] : ["image", "video"]),
         ...(audioConfig || ultravox ? ["audio"] : []),
-        ...(text === undefined ? [] : ["text"])
+        ...(text === undefined ? [] : ["text"]),
+        ...(speech === undefined ? [] : ["speech"])
       ]
       const sidecarNode =
         config.sidecarSocket === undefined
@@ -222,6 +229,16 @@ export const routerKind: RouterKind = {
               })
         },
         routes: routes.pipe(
+          HttpRouter.post(
+            "/transcriptions",
+            speech === undefined
+              ? errorAnswer(
+                  new UnsupportedModality({
+                    message: `model ${config.model} is not a speech recognizer: it has no onnx/encoder_model.onnx with a Whisper config`
+                  })
+                )
+              : transcriptions({ config, engine, pool, model, speech, media: mediaOptions, limits })
+          ),
           HttpRouter.post(
             "/text-embeddings",
             text === undefined

@@ -1,6 +1,7 @@
 /**
  * Eric's worker: the model's encoders (onnx/vision_encoder.onnx for images and video frames,
- * onnx/audio_encoder.onnx for audio, onnx/model.onnx for text) on one device. Each media item's
+ * onnx/audio_encoder.onnx for audio, onnx/model.onnx for text) on one device, or a Whisper's
+ * encoder and decoder (SpeechRecognizer), whose passes it decodes in batches. Each media item's
  * features go to the sidecar under the item's id, or back in the answer when the request asked for
  * them inline; a text's vector always comes back in the answer (see TextEncoder).
  *
@@ -21,6 +22,8 @@ import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import { createSession, fromOrt, qwen2VLGridInput, toOrt } from "../common/Sessions.js"
 import type { LoadWorkerModel } from "../common/WorkerModel.js"
+import { isWhisper } from "../../models/WhisperGeneration.js"
+import { SpeechRecognizer } from "./SpeechRecognizer.js"
 import { TextEncoder, type TextItemMeta } from "./TextEncoder.js"
 
 /** What the router attaches to each media item. */
@@ -35,8 +38,14 @@ export interface MediaItemMeta {
   readonly thw?: readonly [number, number, number]
 }
 
+/** What the router attaches to a Whisper pass: the prompt it decodes after (its features are the item's input_features). */
+export interface SpeechItemMeta {
+  readonly modality: "speech"
+  readonly prompt: ReadonlyArray<number>
+}
+
 /** What the router attaches to each work item. */
-export type EricItemMeta = MediaItemMeta | TextItemMeta
+export type EricItemMeta = MediaItemMeta | TextItemMeta | SpeechItemMeta
 
 /** A media item's result; a text's is its vector (a Float32Array). */
 export interface EricItemResult {
@@ -71,6 +80,7 @@ export const load: LoadWorkerModel = async ({ config, rank, device }) => {
     ? await TextEncoder.open(model, device, config.threadsPerDevice, config.dtype)
     : undefined
   if (text !== undefined) console.log(`executor: worker ${rank} runs ${text.file}`)
+  const speech = isWhisper(model) ? await SpeechRecognizer.open(model, device, config.threadsPerDevice) : undefined
   const sidecar = config.sidecarSocket === undefined ? undefined : await SidecarClient.connect(config.sidecarSocket)
 
   /** An item's features: back in the answer, or to its receivers through the sidecar, after its grid when it has one. */
@@ -106,6 +116,18 @@ export const load: LoadWorkerModel = async ({ config, rank, device }) => {
         return text.embed(
           inputs.input_ids!.data as Int32Array,
           items.map((item) => ({ rows: item.rows, meta: item.meta as TextItemMeta }))
+        )
+      }
+      if (first.modality === "speech") {
+        if (speech === undefined) throw new Error("the model is not a Whisper: it has no onnx/encoder_model.onnx")
+        // A pass's tokens come back as they are; the router stitches a clip's windows.
+        const features = inputs.input_features!
+        const size = features.shape[1]! * features.shape[2]!
+        return speech.decode(
+          items.map((item) => ({
+            features: (features.data as Float32Array).subarray(item.rows[0] * size, item.rows[1] * size),
+            prompt: (item.meta as SpeechItemMeta).prompt
+          }))
         )
       }
       const encoder = first.modality === "audio" ? "audio" : "vision"
@@ -180,6 +202,7 @@ export const load: LoadWorkerModel = async ({ config, rank, device }) => {
     async close() {
       await Promise.all([...sessions.values()].map((session) => session.release()))
       await text?.release()
+      await speech?.release()
       await sidecar?.close()
     }
   }

@@ -20,6 +20,7 @@ import {
 } from "../../../models/Qwen2VLProcessor.js"
 import { type UltravoxAudio, ultravoxAudioRows } from "../../../models/UltravoxProcessor.js"
 import { whisperFeatureExtractor, whisperFeatures } from "../../../models/WhisperFeatures.js"
+import { audioWindows } from "../../../models/WhisperGeneration.js"
 import type { WireTensor } from "../wire.js"
 import { MediaError } from "./errors.js"
 import { decodeAudio, decodeImage, decodeVideoFrames, describeSharpError } from "./MediaDecoder.js"
@@ -136,6 +137,54 @@ const asMediaError = (error: unknown): never => {
   throw error
 }
 
+/** Each thread builds a model's feature extractor once (its FFT tables and mel filters). */
+const extractors = new Map<string, ReturnType<typeof whisperFeatureExtractor>>()
+
+/** The Whisper feature extractor of a preprocessor_config.json. */
+const extractorOf = (preprocessorConfig: unknown) => {
+  const key = JSON.stringify(preprocessorConfig)
+  let extractor = extractors.get(key)
+  if (extractor === undefined) {
+    extractor = whisperFeatureExtractor(preprocessorConfig)
+    extractors.set(key, extractor)
+  }
+  return extractor
+}
+
+/** One window of a clip as Whisper reads it: its features [mel bins × frames] (30 s, padded) and its strides. */
+export interface SpeechWindow {
+  readonly features: Float32Array
+  /** Seconds: [window length, left stride, right stride]. */
+  readonly stride: readonly [number, number, number]
+}
+
+/**
+ * A clip as Whisper's ASR pipeline reads it: decoded at the extractor's rate, cut in windows of
+ * `chunkSeconds` overlapping by `strideSeconds` (one window when 0), each window's features
+ * padded to the extractor's 30 s.
+ */
+export const speechWindows = async (input: {
+  readonly bytes: Uint8Array
+  readonly mimeType: string | undefined
+  readonly preprocessorConfig: unknown
+  readonly chunkSeconds: number
+  readonly strideSeconds?: number
+  readonly limits?: MediaLimits
+}): Promise<{ readonly duration: number; readonly windows: ReadonlyArray<SpeechWindow> }> => {
+  const extractor = extractorOf(input.preprocessorConfig)
+  const rate = extractor.samplingRate
+  const samples = await decodeAudio(bufferOf(input.bytes), input.mimeType, rate, input.limits)
+  if (samples.length < 2) throw new MediaError({ message: "the audio is too short to have features" })
+  const windows = audioWindows(samples.length, rate, input.chunkSeconds, input.strideSeconds).map((window) => {
+    const clip = samples.subarray(Math.trunc(window.from), Math.trunc(window.to))
+    return {
+      features: whisperFeatures(extractor, clip).data,
+      stride: [clip.length / rate, window.strideLeft / rate, window.strideRight / rate] as const
+    }
+  })
+  return { duration: samples.length / rate, windows }
+}
+
 /** An image as Qwen2-VL takes it: its patches, pixel_values [patches, C·T·P·P], in merge-block order, and its grid. */
 export const qwen2VLImage = async (input: {
   readonly bytes: Uint8Array
@@ -207,9 +256,6 @@ export const qwen2VLVideo = async (input: {
   return qwen2VLPreprocessed(patchFrames(processor.config, frames))
 }
 
-/** Each thread builds a model's feature extractor once (its FFT tables and mel filters). */
-const extractors = new Map<string, ReturnType<typeof whisperFeatureExtractor>>()
-
 /**
  * A clip as Ultravox takes it: decoded and resampled to the feature extractor's rate, its Whisper
  * features not padded (audio_values [1, mel bins, frames]), and the rows its encoder gives. A clip
@@ -223,12 +269,7 @@ export const ultravoxAudio = async (input: {
   readonly audio: Omit<UltravoxAudio, "extractor">
   readonly limits?: MediaLimits
 }): Promise<Preprocessed> => {
-  const key = JSON.stringify(input.preprocessorConfig)
-  let extractor = extractors.get(key)
-  if (extractor === undefined) {
-    extractor = whisperFeatureExtractor(input.preprocessorConfig)
-    extractors.set(key, extractor)
-  }
+  const extractor = extractorOf(input.preprocessorConfig)
   const samples = await decodeAudio(bufferOf(input.bytes), input.mimeType, extractor.samplingRate, input.limits)
   if (samples.length > extractor.nSamples) {
     throw new MediaError({
