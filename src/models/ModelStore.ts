@@ -14,6 +14,7 @@ import type { ModelRecipe } from "./recipes/Recipe.js"
 import { tinyColorPainter } from "./recipes/TinyColorPainter.js"
 import { tinyColorTones } from "./recipes/TinyColorTones.js"
 import { tinyColorVlm } from "./recipes/TinyColorVlm.js"
+import { tinyWhisper } from "./recipes/RandomWhisper.js"
 
 /**
  * The model cache: built-in recipes are built into it on first use (or by `cornserve models
@@ -23,7 +24,7 @@ import { tinyColorVlm } from "./recipes/TinyColorVlm.js"
 
 export { UnknownModel } from "./ModelErrors.js"
 
-const builtinRecipes = [tinyColorVlm, tinyColorPainter, tinyColorTones, tinyTextEmbedder]
+const builtinRecipes = [tinyColorVlm, tinyColorPainter, tinyColorTones, tinyTextEmbedder, tinyWhisper]
 /** Random-weight presets at realistic sizes; hundreds of MB each, so built only when named. */
 const benchRecipes = [benchVitB16, benchDecoder125m, benchSmolLm2, benchMiniLmL6]
 const recipes = new Map<string, ModelRecipe>(

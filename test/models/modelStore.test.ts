@@ -49,7 +49,8 @@ describe("buildModel", () => {
       "cornserve/tiny-color-vlm",
       "cornserve/tiny-color-painter",
       "cornserve/tiny-color-tones",
-      "cornserve/tiny-text-embedder"
+      "cornserve/tiny-text-embedder",
+      "cornserve/tiny-whisper"
     ])
     expect(benchModelNames).toEqual(["bench/vit-b16", "bench/decoder-125m", "bench/smollm2-135m", "bench/minilm-l6"])
   })

@@ -33,7 +33,8 @@ describe("cornserve models build", () => {
       "cornserve/tiny-color-vlm",
       "cornserve/tiny-color-painter",
       "cornserve/tiny-color-tones",
-      "cornserve/tiny-text-embedder"
+      "cornserve/tiny-text-embedder",
+      "cornserve/tiny-whisper"
     ]) {
       expect(result.stdout).toContain(`built ${name}`)
     }

@@ -1,10 +1,12 @@
 import { randomUUID } from "node:crypto"
 import type { IncomingMessage, ServerResponse } from "node:http"
 import type { SchemaIssue } from "../../app-runtime/driver/protocol.js"
+import { TranscriptionFormat } from "../../app-runtime/schemas/Transcriptions.js"
 import type { AppDriver } from "../app-manager/AppDriver.js"
 import type { ReplyHandlers } from "../app-manager/ReplyHandlers.js"
 import {
   AppOverloaded,
+  Forbidden,
   QueueTimeout,
   BadRequest,
   RequestTimeout,
@@ -16,7 +18,16 @@ import { modelsAnswer, type OpenAiRoute, openAiFormat, prepareOpenAiRequest, sen
 import { errorCodes, type ReplyFormat, sendError, writeJson } from "./ReplyFormat.js"
 import { remoteError } from "../RemoteError.js"
 import { jsonDepthWithin, tooDeepMessage } from "./JsonBody.js"
-import { notJsonContentType, type RequestBodyLimits, readRequestBody } from "./RequestBody.js"
+import { multipartBoundary, parseMultipart } from "./Multipart.js"
+import {
+  crossSiteUpload,
+  notJsonContentType,
+  type RequestBodyLimits,
+  type RequestBodyResult,
+  readRequestBody,
+  readRequestBytes
+} from "./RequestBody.js"
+import { transcriptionFormat, transcriptionOfForm } from "./TranscriptionsApi.js"
 import type { Metrics } from "../metrics/PlatformMetrics.js"
 import { noSpan, startSpan, tracing } from "../../tracing/Tracing.js"
 import { RequestScope } from "../RequestScope.js"
@@ -40,7 +51,20 @@ const routeNames: Readonly<Record<"native" | OpenAiRoute, string>> = {
   native: "/app/invoke/{id}",
   chat: "/app/{id}/v1/chat/completions",
   completions: "/app/{id}/v1/completions",
-  embeddings: "/app/{id}/v1/embeddings"
+  embeddings: "/app/{id}/v1/embeddings",
+  transcriptions: "/app/{id}/v1/audio/transcriptions"
+}
+
+/** The `response_format` a transcription request asks for (json when it names none or none known). */
+const responseFormatOf = (body: string): TranscriptionFormat => {
+  try {
+    const asked = (JSON.parse(body) as { readonly response_format?: unknown }).response_format
+    return typeof asked === "string" && (TranscriptionFormat.literals as ReadonlyArray<string>).includes(asked)
+      ? (asked as TranscriptionFormat)
+      : "json"
+  } catch {
+    return "json"
+  }
 }
 
 const invokeFailure = (
@@ -136,13 +160,34 @@ export const makeInvokeRoute =
     }
     appLabel = appId
     // Refused before admission and before the body is read: a cross-site form never reaches the app.
-    const notJson = notJsonContentType(request.headers["content-type"])
+    // OpenAI's transcriptions upload their audio as a form, taken from clients that are not pages of another site.
+    const boundary = api === "transcriptions" ? multipartBoundary(request.headers["content-type"]) : undefined
+    const upload = typeof boundary === "string"
+    const notJson = upload ? crossSiteUpload(request.headers) : notJsonContentType(request.headers["content-type"])
     if (notJson !== undefined) {
       request.resume()
-      return sendError(response, new UnsupportedMediaType({ message: notJson }))
+      return sendError(
+        response,
+        upload ? new Forbidden({ message: notJson }) : new UnsupportedMediaType({ message: notJson })
+      )
+    }
+    /** The body as the app's JSON request: a form's fields and file (a `data:` URL), or the JSON sent. */
+    const readBody = (done: (body: RequestBodyResult) => void) => {
+      if (!upload) return readRequestBody(request, options.bodyLimits, done)
+      // The file grows by a third as a data: URL; the JSON the app takes stays within the body limit.
+      const limits = { ...options.bodyLimits, limitBytes: Math.floor((options.bodyLimits.limitBytes * 3) / 4) - 4096 }
+      readRequestBytes(request, limits, (bytes) => {
+        if (!Buffer.isBuffer(bytes)) return done(bytes)
+        const parts = parseMultipart(bytes, boundary)
+        if ("problem" in parts)
+          return done(new BadRequest({ message: `the upload is not a valid form: ${parts.problem}` }))
+        const form = transcriptionOfForm(parts)
+        if (!("body" in form)) return sendRefusal(response, form)
+        done(form.body)
+      })
     }
     const run = () =>
-      readRequestBody(request, options.bodyLimits, (body) => {
+      readBody((body) => {
         if (typeof body !== "string") return sendError(response, body)
         if (response.destroyed) return
         if (jsonDepthWithin(body, options.maxJsonDepth) === undefined) {
@@ -153,7 +198,9 @@ export const makeInvokeRoute =
         const format =
           openAi === undefined || api === "native"
             ? nativeFormat
-            : (openAiFormat(api, openAi.stream, appId, options.maxResponseBytes) ?? nativeFormat)
+            : api === "transcriptions"
+              ? transcriptionFormat(appId, responseFormatOf(openAi.body))
+              : (openAiFormat(api, openAi.stream, appId, options.maxResponseBytes) ?? nativeFormat)
         const requestId = randomUUID()
         let streaming = false
         /** Characters of lines written while the response's buffer is full: the app hears of them on `drain`. */

@@ -1,6 +1,6 @@
 /**
- * OpenAI's API on every app (`/app/:id/v1/...`): chat completions, legacy completions, embeddings
- * and models. An app serves OpenAI's requests through its own `serve`: the gateway checks a
+ * OpenAI's API on every app (`/app/:id/v1/...`): chat completions, legacy completions, embeddings,
+ * audio transcriptions (TranscriptionsApi.ts) and models. An app serves OpenAI's requests through its own `serve`: the gateway checks a
  * request's parameters and model, hands a completions request to the app as a chat request whose
  * `cornserve_prompt` carries the prompt, and writes the app's chat-completion chunks the way the
  * route's client expects them (a stream of events, or one object gathered from the chunks).
@@ -19,14 +19,16 @@ import {
   type FinishReason,
   type TextCompletion
 } from "../../app-runtime/schemas/OpenAI.js"
+import { TranscriptionRequest } from "../../app-runtime/schemas/Transcriptions.js"
 import { issueLines, readableIssues } from "../../app-runtime/SchemaIssues.js"
 import { shortened } from "../../app-runtime/Shortened.js"
 import { AppFailed } from "../errors.js"
 import { errorCodes, eventStreamFormat, type ReplyFormat, sendError, writeJson } from "./ReplyFormat.js"
 
-export type OpenAiRoute = "chat" | "completions" | "embeddings"
+export type OpenAiRoute = "chat" | "completions" | "embeddings" | "transcriptions"
 
-const pathPattern = /^\/app\/([^/]+)\/v1\/(chat\/completions|completions|embeddings|models)(?:\/([^/]+))?$/
+const pathPattern =
+  /^\/app\/([^/]+)\/v1\/(chat\/completions|completions|embeddings|audio\/transcriptions|models)(?:\/([^/]+))?$/
 
 /** An OpenAI route's app (its id still percent-encoded) and route, from a request's method and path. */
 export const matchOpenAiRoute = (
@@ -41,7 +43,11 @@ export const matchOpenAiRoute = (
   const [, appId, name, model] = match as unknown as [string, string, string, string | undefined]
   if (name === "models") return method === "GET" ? { appId, route: "models", model } : undefined
   if (method !== "POST" || model !== undefined) return undefined
-  return { appId, route: name === "chat/completions" ? "chat" : (name as OpenAiRoute) }
+  return {
+    appId,
+    route:
+      name === "chat/completions" ? "chat" : name === "audio/transcriptions" ? "transcriptions" : (name as OpenAiRoute)
+  }
 }
 
 /** An answer in OpenAI's error shape (`{ error: { message, type, param, code } }`), for the checks OpenAI's clients know. */
@@ -115,20 +121,24 @@ const unimplemented: Readonly<Record<OpenAiRoute, ReadonlySet<string>>> = {
     "web_search_options"
   ]),
   completions: new Set(["logit_bias", "suffix"]),
-  embeddings: new Set()
+  embeddings: new Set(),
+  // OpenAI's `prompt` (Whisper's previous text) and streamed transcripts.
+  transcriptions: new Set(["prompt", "include", "stream"])
 }
 
 const known: Readonly<Record<OpenAiRoute, ReadonlySet<string> | undefined>> = {
   chat: new Set(Object.keys(ChatCompletionRequest.fields)),
   completions: new Set(Object.keys(CompletionRequest.fields)),
   // An embeddings app's request schema is its own: it says what it refuses.
-  embeddings: undefined
+  embeddings: undefined,
+  transcriptions: new Set(Object.keys(TranscriptionRequest.fields))
 }
 
 const routeNames: Readonly<Record<OpenAiRoute, string>> = {
   chat: "chat completions",
   completions: "completions",
-  embeddings: "embeddings"
+  embeddings: "embeddings",
+  transcriptions: "transcriptions"
 }
 
 const badParameter = (param: string, message: string): OpenAiRefusal => ({
@@ -187,7 +197,7 @@ export const prepareOpenAiRequest = (
   }
   if (typeof fields.model === "string" && models.length > 0 && !models.includes(fields.model))
     return { refusal: modelNotFound(fields.model, models) }
-  if (route === "embeddings") return { stream: false, body }
+  if (route === "embeddings" || route === "transcriptions") return { stream: false, body }
   let chat = fields
   if (route === "completions") {
     const decoded = decodeCompletionRequest(fields, { errors: "all" })
@@ -450,6 +460,7 @@ export const openAiFormat = (
     case "completions":
       return stream ? completionStreamFormat(appId) : completionFormat(appId, maxResponseBytes)
     case "embeddings":
+    case "transcriptions":
       return undefined
   }
 }

@@ -324,6 +324,67 @@ const embeddingsPaths = (app: DescribedApp, rename: (ref: string) => string | un
   }
 })
 
+/** Whether an app takes OpenAI's transcription requests: its request schema is the SDK's `TranscriptionRequest`. */
+export const takesTranscriptionRequests = (schemas: AppSchemas): boolean =>
+  typeof schemas.request === "object" &&
+  schemas.request.$ref === `${defsRefPrefix}TranscriptionRequest` &&
+  Object.keys(schemas.request).length === 1 &&
+  schemas.defs.has("TranscriptionRequest")
+
+/** OpenAI's transcriptions route on a transcriptions app: a multipart upload, or the JSON request with the audio's URL. */
+const transcriptionPaths = (app: DescribedApp, rename: (ref: string) => string | undefined) => {
+  const json = cleanSchema(app.schemas.request, rename)
+  const form = {
+    type: "object",
+    required: ["file"],
+    properties: {
+      file: { type: "string", format: "binary", description: "The audio: wav, mp3, ogg, flac, m4a or webm." },
+      model: { type: "string" },
+      language: { type: "string", description: 'The spoken language, as a code ("en") or name.' },
+      response_format: { type: "string", enum: ["json", "text", "verbose_json", "srt", "vtt"] },
+      temperature: { type: "number", description: "Only 0 (greedy) is implemented." },
+      "timestamp_granularities[]": { type: "array", items: { type: "string", enum: ["segment"] } },
+      chunk_length_s: { type: "number", description: "Windows long audio is cut in, at most 30 s." },
+      stride_length_s: { type: "number" },
+      task: { type: "string", enum: ["transcribe", "translate"] }
+    }
+  }
+  return {
+    [`/app/${app.id}/v1/audio/transcriptions`]: {
+      post: {
+        operationId: `transcriptions_${app.id}`,
+        tags: [appTag(app.id)],
+        summary: `OpenAI audio transcriptions from ${app.id}`,
+        ...apiKeySecurity(app.needsApiKey),
+        requestBody: {
+          required: true,
+          content: { "multipart/form-data": { schema: form }, "application/json": { schema: json } }
+        },
+        responses: {
+          "200": {
+            description:
+              "The transcript: `{ text }` (json), the text (text), the whole Transcription (verbose_json), or subtitles (srt, vtt).",
+            content: {
+              "application/json": {
+                schema: app.schemas.response === undefined ? {} : cleanSchema(app.schemas.response, rename)
+              },
+              "text/plain": { schema: { type: "string" } }
+            }
+          },
+          "400": failure("The audio is unreadable, or the request asks for what the model cannot do."),
+          ...(app.needsApiKey ? { "401": failure("No API key, or not one this app takes.") } : {}),
+          "403": failure("A form posted from a page of another site."),
+          "404": failure("No app has this id, or the request names a model the app does not serve."),
+          "413": failure("The upload is larger than the gateway takes."),
+          "422": failure("The request does not match the app's request schema."),
+          "429": failure("The app runs and queues as many requests as its admission settings allow.", true),
+          "503": failure("The app is not ready, or a task has no executor free.", true)
+        }
+      }
+    }
+  }
+}
+
 /** OpenAI's routes on a chat app: chat completions, legacy completions, models. */
 const openAiPaths = (app: DescribedApp, rename: (ref: string) => string | undefined) => {
   const security = apiKeySecurity(app.needsApiKey)
@@ -438,7 +499,8 @@ const appPaths = (app: DescribedApp, names: ReadonlyMap<string, string>) => {
   const paths = {
     [`/app/invoke/${app.id}`]: { post: invokeOperation(app, rename) },
     ...(takesChatRequests(app.schemas) ? openAiPaths(app, rename) : {}),
-    ...(takesEmbeddingRequests(app.schemas) ? embeddingsPaths(app, rename) : {})
+    ...(takesEmbeddingRequests(app.schemas) ? embeddingsPaths(app, rename) : {}),
+    ...(takesTranscriptionRequests(app.schemas) ? transcriptionPaths(app, rename) : {})
   }
   return { paths, schemas }
 }

@@ -8,7 +8,7 @@ import {
 import { type ByteLevelBpe, byteLevelBpe } from "../ByteLevelBpe.js"
 import { Random } from "../Random.js"
 import { type AttentionWeights, type LinearWeights, matrix } from "../Weights.js"
-import { jsonFile, type ModelFiles } from "./Recipe.js"
+import { jsonFile, type ModelFiles, type ModelRecipe, recipeStamp } from "./Recipe.js"
 import { unitLayerNorm } from "./RandomWeights.js"
 
 /**
@@ -68,7 +68,9 @@ const words = [
   "?"
 ]
 
-export const randomWhisperVocabulary = (): ByteLevelBpe => byteLevelBpe({ words, specialTokens: whisperSpecialTokens })
+/** The fixture's vocabulary; `vocabSize` pads it with unused tokens before the special ones (51865 is Whisper's). */
+export const randomWhisperVocabulary = (vocabSize?: number): ByteLevelBpe =>
+  byteLevelBpe({ words, specialTokens: whisperSpecialTokens, ...(vocabSize === undefined ? {} : { vocabSize }) })
 
 /** Whisper's timestamp tokens are added tokens but not special ones: its tokenizers keep them apart from text by id. */
 const withTextTimestamps = (tokenizerJson: Record<string, unknown>): Record<string, unknown> => ({
@@ -86,8 +88,12 @@ export interface RandomWhisperOptions {
   readonly decoderLayers?: number
   /** generation_config.json's max_length: the longest a chunk's tokens get, prompt tokens included. */
   readonly maxLength?: number
-  /** Scale of the token embeddings (and so of the logits): larger answers more decisively. */
+  /** Scale of the output projection (and so of the logits): larger answers more decisively. */
   readonly embeddingStd?: number
+  /** The vocabulary's size, padded with unused tokens (Whisper's is 51865); by default just what the fixture uses. */
+  readonly vocabSize?: number
+  /** More fields for config.json (a built-in recipe's stamp). */
+  readonly config?: Readonly<Record<string, unknown>>
 }
 
 export interface RandomWhisper {
@@ -203,7 +209,7 @@ const randomWeights = (
 }
 
 export const randomWhisperFiles = (options: RandomWhisperOptions = {}): RandomWhisper => {
-  const vocabulary = randomWhisperVocabulary()
+  const vocabulary = randomWhisperVocabulary(options.vocabSize)
   const id = vocabulary.tokenId
   const dModel = options.dModel ?? 64
   const size: WhisperSize = {
@@ -261,7 +267,8 @@ export const randomWhisperFiles = (options: RandomWhisperOptions = {}): RandomWh
         activation_function: "gelu",
         scale_embedding: false,
         use_cache: true,
-        ...common
+        ...common,
+        ...options.config
       })
     ],
     [
@@ -313,4 +320,18 @@ export const randomWhisperFiles = (options: RandomWhisperOptions = {}): RandomWh
     ["onnx/decoder_model_merged.onnx", whisperDecoderGraph(size, weights).toBytes()]
   ])
   return { files, tokenId: id, size }
+}
+
+/**
+ * cornserve/tiny-whisper: the random Whisper above (2 + 2 layers at 64 wide, 48 tokens a window),
+ * the built-in speech recognizer the examples use. Its transcripts are words of its small vocabulary
+ * that depend on the audio, with segment timestamps; for real speech, name a community export such
+ * as onnx-community/whisper-base instead.
+ */
+export const tinyWhisper: ModelRecipe = {
+  name: "cornserve/tiny-whisper",
+  version: 1,
+  build: () =>
+    randomWhisperFiles({ seed: 3, config: { cornserve: recipeStamp({ name: "cornserve/tiny-whisper", version: 1 }) } })
+      .files
 }
