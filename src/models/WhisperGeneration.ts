@@ -128,6 +128,12 @@ const languageNames: Readonly<Record<string, string>> = {
   latin: "la"
 }
 
+/** The code of a language a request names by code or name ("english" → "en"). */
+export const whisperLanguageCode = (language: string): string => {
+  const asked = language.toLowerCase()
+  return languageNames[asked] ?? asked
+}
+
 /** The prompt a window is decoded after (transformers.js's `_retrieve_init_tokens`). */
 export const whisperPrompt = (
   settings: WhisperSettings,
@@ -135,8 +141,7 @@ export const whisperPrompt = (
 ): Either.Either<ReadonlyArray<number>, WhisperRequestError> => {
   const prompt = [settings.startOfTranscript]
   if (settings.multilingual) {
-    const asked = (options.language ?? "en").toLowerCase()
-    const code = languageNames[asked] ?? asked
+    const code = whisperLanguageCode(options.language ?? "en")
     const language = settings.languages.get(code)
     if (language === undefined) {
       return Either.left(

@@ -113,9 +113,19 @@ export class SpeechRecognizer {
     /** The passes still decoding, by their row in the running batch. */
     let rows = passes.map((_, index) => index)
     const { settings } = this
-    const maxNew = settings.maxLength - promptLength
+    // transformers.js checks the length after each token: a prompt at max_length still gets one.
+    const maxNew = Math.max(1, settings.maxLength - promptLength)
+    // After the first run, the cross-attention outputs only repeat the cache given: not fetched, they
+    // are not copied out of ONNX Runtime (megabytes a row each step).
+    const cachedFetches = [
+      "logits",
+      ...Array.from({ length: this.layers }, (_, layer) =>
+        ["key", "value"].map((part) => `present.${layer}.decoder.${part}`)
+      ).flat()
+    ]
     while (rows.length > 0 && generated[rows[0]!]!.length < maxNew) {
-      const outputs = await this.decoder.run(feeds)
+      const first = feeds.use_cache_branch!.data[0] === 0
+      const outputs = first ? await this.decoder.run(feeds) : await this.decoder.run(feeds, cachedFetches)
       const logits = outputs.logits!
       const [, steps, vocab] = logits.dims as [number, number, number]
       const logitsData = logits.data as Float32Array
@@ -133,7 +143,6 @@ export class SpeechRecognizer {
         }
       })
       if (keep.length === 0) break
-      const first = feeds.use_cache_branch!.data[0] === 0
       const nextFeeds: Feeds = {
         input_ids: new ort.Tensor("int64", BigInt64Array.from(next, BigInt), [keep.length, 1]),
         use_cache_branch: new ort.Tensor("bool", Uint8Array.of(1), [1])

@@ -11,7 +11,13 @@ import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { Tokenizer } from "@huggingface/tokenizers"
 import { Effect, Either } from "effect"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
-import { decodeWindows, type WhisperSettings, whisperPrompt, whisperSettings } from "../../models/WhisperGeneration.js"
+import {
+  decodeWindows,
+  type WhisperSettings,
+  whisperLanguageCode,
+  whisperPrompt,
+  whisperSettings
+} from "../../models/WhisperGeneration.js"
 import { mergeWhisperChunks, type WhisperVocabulary, whisperVocabulary } from "../../models/WhisperTranscript.js"
 import { inSpan } from "../../tracing/Tracing.js"
 import type { EngineClient } from "../common/EngineClient.js"
@@ -130,7 +136,7 @@ export const transcriptions = (context: {
     const generated = tokens.reduce((sum, ids) => sum + ids.length - prompt.right.length, 0)
     const answer: TranscriptionsResponse = {
       text: transcript.text,
-      language: body.language ?? "en",
+      language: whisperLanguageCode(body.language ?? "en"),
       task: body.task ?? "transcribe",
       duration: clip.duration,
       ...(transcript.chunks === undefined
