@@ -28,6 +28,7 @@ import { join } from "node:path"
 import { type AutomaticSpeechRecognitionPipeline, pipeline } from "@huggingface/transformers"
 import { Schema } from "effect"
 import { TranscriptionsRequest, TranscriptionsResponse } from "../src/executors/eric/api.js"
+import { wavFile } from "../src/executors/geri/router.js"
 import { Random } from "../src/models/Random.js"
 import { randomWhisperFiles } from "../src/models/recipes/RandomWhisper.js"
 import { writeModelFiles } from "../test/models/support/SmolVlmFixture.js"
@@ -67,20 +68,7 @@ const speechLike = (seconds: number, seed: number): Clip => {
     const value = noise + 0.4 * Math.sin(2 * Math.PI * pitches[Math.floor(t)]! * t)
     return Math.max(-32768, Math.min(32767, Math.round(value * 32768)))
   })
-  const header = Buffer.alloc(44)
-  header.write("RIFF", 0, "ascii")
-  header.writeUInt32LE(36 + pcm.byteLength, 4)
-  header.write("WAVEfmt ", 8, "ascii")
-  header.writeUInt32LE(16, 16)
-  header.writeUInt16LE(1, 20)
-  header.writeUInt16LE(1, 22)
-  header.writeUInt32LE(samplingRate, 24)
-  header.writeUInt32LE(samplingRate * 2, 28)
-  header.writeUInt16LE(2, 32)
-  header.writeUInt16LE(16, 34)
-  header.write("data", 36, "ascii")
-  header.writeUInt32LE(pcm.byteLength, 40)
-  const wav = Buffer.concat([header, Buffer.from(pcm.buffer, pcm.byteOffset, pcm.byteLength)])
+  const wav = wavFile([pcm], samplingRate)
   return {
     url: `data:audio/wav;base64,${wav.toString("base64")}`,
     samples: Float32Array.from(pcm, (sample) => sample / 32768),

@@ -75,24 +75,18 @@ export const transcriptions = (context: {
     }
     const span = yield* RequestSpan
     const itemContext = yield* workItemContext
-    const run = (chunkSeconds: number, bytes: Uint8Array, mimeType: string | undefined) =>
-      pool.run<{ duration: number; windows: Array<SpeechWindow> }>("speechWindows", {
-        bytes,
-        mimeType,
-        preprocessorConfig: model.preprocessorConfig,
-        chunkSeconds,
-        ...(body.strideSeconds === undefined ? {} : { strideSeconds: body.strideSeconds }),
-        limits
-      })
     const clip = yield* Effect.tryPromise({
       try: () =>
         inSpan("preprocess", { parent: span }, async () => {
           const read = await readMedia(body.url, media)
-          const bytes = new Uint8Array(read.bytes.buffer, read.bytes.byteOffset, read.bytes.byteLength)
-          const whole = await run(body.chunkSeconds ?? 0, bytes, read.mimeType)
-          // Unless windows were asked for, a clip longer than one window is cut in windows of that length.
-          if (body.chunkSeconds !== undefined || whole.duration <= speech.windowSeconds) return whole
-          return run(speech.windowSeconds, bytes, read.mimeType)
+          return pool.run<{ duration: number; windows: Array<SpeechWindow> }>("speechWindows", {
+            bytes: new Uint8Array(read.bytes.buffer, read.bytes.byteOffset, read.bytes.byteLength),
+            mimeType: read.mimeType,
+            preprocessorConfig: model.preprocessorConfig,
+            ...(body.chunkSeconds === undefined ? {} : { chunkSeconds: body.chunkSeconds }),
+            ...(body.strideSeconds === undefined ? {} : { strideSeconds: body.strideSeconds }),
+            limits
+          })
         }),
       catch: (error) => error
     })

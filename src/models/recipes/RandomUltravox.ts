@@ -3,6 +3,7 @@ import { type ByteLevelBpe, byteLevelBpe } from "../ByteLevelBpe.js"
 import { Graph, type Value } from "../onnx/Graph.js"
 import { gelu } from "../onnx/Layers.js"
 import { Random } from "../Random.js"
+import { whisperPreprocessorConfig } from "./RandomWhisper.js"
 import { jsonFile, type ModelFiles } from "./Recipe.js"
 
 /**
@@ -156,23 +157,7 @@ export const randomUltravoxFiles = (options: RandomUltravoxOptions = {}): Random
       "generation_config.json",
       jsonFile({ bos_token_id: id("<|begin_of_text|>"), eos_token_id: [eos, id("<|end_of_text|>")], do_sample: false })
     ],
-    [
-      "preprocessor_config.json",
-      jsonFile({
-        feature_extractor_type: "WhisperFeatureExtractor",
-        processor_class: "UltravoxProcessor",
-        feature_size: melBins,
-        sampling_rate: 16000,
-        hop_length: 160,
-        chunk_length: 30,
-        n_fft: 400,
-        n_samples: 480000,
-        nb_max_frames: 3000,
-        padding_side: "right",
-        padding_value: 0,
-        return_attention_mask: false
-      })
-    ],
+    ["preprocessor_config.json", jsonFile(whisperPreprocessorConfig("UltravoxProcessor", melBins))],
     [
       "processor_config.json",
       jsonFile({

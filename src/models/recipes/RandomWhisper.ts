@@ -72,6 +72,22 @@ const words = [
 export const randomWhisperVocabulary = (vocabSize?: number): ByteLevelBpe =>
   byteLevelBpe({ words, specialTokens: whisperSpecialTokens, ...(vocabSize === undefined ? {} : { vocabSize }) })
 
+/** preprocessor_config.json of Whisper's feature extractor (16 kHz, 30 s windows), as the exports write it. */
+export const whisperPreprocessorConfig = (processorClass: string, melBins: number) => ({
+  feature_extractor_type: "WhisperFeatureExtractor",
+  processor_class: processorClass,
+  feature_size: melBins,
+  sampling_rate: 16000,
+  hop_length: 160,
+  chunk_length: 30,
+  n_fft: 400,
+  n_samples: 480000,
+  nb_max_frames: 3000,
+  padding_side: "right",
+  padding_value: 0,
+  return_attention_mask: false
+})
+
 /** Whisper's timestamp tokens are added tokens but not special ones: its tokenizers keep them apart from text by id. */
 const withTextTimestamps = (tokenizerJson: Record<string, unknown>): Record<string, unknown> => ({
   ...tokenizerJson,
@@ -285,23 +301,7 @@ export const randomWhisperFiles = (options: RandomWhisperOptions = {}): RandomWh
         alignment_heads: [[size.decoderLayers - 1, 0]]
       })
     ],
-    [
-      "preprocessor_config.json",
-      jsonFile({
-        feature_extractor_type: "WhisperFeatureExtractor",
-        processor_class: "WhisperProcessor",
-        feature_size: size.melBins,
-        sampling_rate: 16000,
-        hop_length: 160,
-        chunk_length: 30,
-        n_fft: 400,
-        n_samples: 480000,
-        nb_max_frames: 3000,
-        padding_side: "right",
-        padding_value: 0,
-        return_attention_mask: false
-      })
-    ],
+    ["preprocessor_config.json", jsonFile(whisperPreprocessorConfig("WhisperProcessor", size.melBins))],
     ["tokenizer.json", jsonFile(withTextTimestamps(vocabulary.tokenizerJson))],
     [
       "tokenizer_config.json",

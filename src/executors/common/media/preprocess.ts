@@ -161,13 +161,14 @@ export interface SpeechWindow {
 /**
  * A clip as Whisper's ASR pipeline reads it: decoded at the extractor's rate, cut in windows of
  * `chunkSeconds` overlapping by `strideSeconds` (one window when 0), each window's features
- * padded to the extractor's 30 s.
+ * padded to the extractor's 30 s. Without `chunkSeconds`, a clip longer than the extractor's window
+ * is cut in windows of that length, and a shorter one is one window.
  */
 export const speechWindows = async (input: {
   readonly bytes: Uint8Array
   readonly mimeType: string | undefined
   readonly preprocessorConfig: unknown
-  readonly chunkSeconds: number
+  readonly chunkSeconds?: number
   readonly strideSeconds?: number
   readonly limits?: MediaLimits
 }): Promise<{ readonly duration: number; readonly windows: ReadonlyArray<SpeechWindow> }> => {
@@ -175,7 +176,8 @@ export const speechWindows = async (input: {
   const rate = extractor.samplingRate
   const samples = await decodeAudio(bufferOf(input.bytes), input.mimeType, rate, input.limits)
   if (samples.length < 2) throw new MediaError({ message: "the audio is too short to have features" })
-  const windows = audioWindows(samples.length, rate, input.chunkSeconds, input.strideSeconds).map((window) => {
+  const chunkSeconds = input.chunkSeconds ?? (samples.length > extractor.nSamples ? extractor.nSamples / rate : 0)
+  const windows = audioWindows(samples.length, rate, chunkSeconds, input.strideSeconds).map((window) => {
     const clip = samples.subarray(Math.trunc(window.from), Math.trunc(window.to))
     return {
       features: whisperFeatures(extractor, clip).data,
