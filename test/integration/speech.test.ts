@@ -15,7 +15,8 @@ import { ffmpegFile } from "../support/videos.js"
 
 /**
  * Speech recognition through the real binary: examples/transcribe.ts (a SpeechRecognitionTask on
- * the built-in cornserve/tiny-whisper) answers OpenAI's `/v1/audio/transcriptions` to the official
+ * the built-in cornserve/tiny-whisper) answers OpenAI's `/v1/audio/transcriptions` (and
+ * `/v1/audio/translations`) to the official
  * client, uploads as WAV and mp3, in every response_format, with the text and segments of
  * transformers.js's ASR pipeline on the same model and the same decoded samples, long clips cut in
  * 30 s windows; concurrent requests, batched together, answer as alone; bad uploads are refused,
@@ -145,6 +146,22 @@ describe("speech recognition end to end", () => {
     expect(vtt.startsWith("WEBVTT\n\n00:00:")).toBe(true)
   })
 
+  it("translates on OpenAI's translations route: the transcription with the translate task", async () => {
+    const expected = await reference("other.wav", { task: "translate" })
+    const translation = await client.audio.translations.create({
+      file: await upload("other.wav"),
+      model: "cornserve/tiny-whisper"
+    })
+    expect(translation.text).toBe(expected.text)
+    expect(translation.text).not.toBe((await reference("other.wav")).text)
+    const verbose = await client.audio.translations.create({
+      file: await upload("other.wav"),
+      model: "cornserve/tiny-whisper",
+      response_format: "verbose_json"
+    })
+    expect((verbose as unknown as { task: string }).task).toBe("translate")
+  })
+
   it("cuts a 47 s clip in 30 s windows and stitches them as the pipeline does", async () => {
     const expected = await reference("long.wav", { chunk_length_s: 30 })
     const answer = await client.audio.transcriptions.create({
@@ -247,11 +264,13 @@ describe("speech recognition end to end", () => {
     expect(answer.answer.length).toBeGreaterThan(0)
   })
 
-  it("describes the transcriptions route in the app's OpenAPI document", async () => {
+  it("describes the transcriptions and translations routes in the app's OpenAPI document", async () => {
     const document = (await (await fetch(`${platform.url}/app/transcribe/openapi.json`)).json()) as {
       paths: Record<string, { post?: { requestBody?: { content?: Record<string, unknown> } } }>
     }
-    const route = document.paths["/app/transcribe/v1/audio/transcriptions"]
-    expect(Object.keys(route?.post?.requestBody?.content ?? {})).toEqual(["multipart/form-data", "application/json"])
+    for (const path of ["transcriptions", "translations"]) {
+      const route = document.paths[`/app/transcribe/v1/audio/${path}`]
+      expect(Object.keys(route?.post?.requestBody?.content ?? {})).toEqual(["multipart/form-data", "application/json"])
+    }
   })
 })

@@ -52,7 +52,8 @@ const routeNames: Readonly<Record<"native" | OpenAiRoute, string>> = {
   chat: "/app/{id}/v1/chat/completions",
   completions: "/app/{id}/v1/completions",
   embeddings: "/app/{id}/v1/embeddings",
-  transcriptions: "/app/{id}/v1/audio/transcriptions"
+  transcriptions: "/app/{id}/v1/audio/transcriptions",
+  translations: "/app/{id}/v1/audio/translations"
 }
 
 /** The `response_format` a transcription request asks for (json when it names none or none known). */
@@ -161,7 +162,8 @@ export const makeInvokeRoute =
     appLabel = appId
     // Refused before admission and before the body is read: a cross-site form never reaches the app.
     // OpenAI's transcriptions upload their audio as a form, taken from clients that are not pages of another site.
-    const boundary = api === "transcriptions" ? multipartBoundary(request.headers["content-type"]) : undefined
+    const speech = api === "transcriptions" || api === "translations"
+    const boundary = speech ? multipartBoundary(request.headers["content-type"]) : undefined
     const upload = typeof boundary === "string"
     const notJson = upload ? crossSiteUpload(request.headers) : notJsonContentType(request.headers["content-type"])
     if (notJson !== undefined) {
@@ -198,7 +200,7 @@ export const makeInvokeRoute =
         const format =
           openAi === undefined || api === "native"
             ? nativeFormat
-            : api === "transcriptions"
+            : speech
               ? transcriptionFormat(appId, responseFormatOf(openAi.body))
               : (openAiFormat(api, openAi.stream, appId, options.maxResponseBytes) ?? nativeFormat)
         const requestId = randomUUID()

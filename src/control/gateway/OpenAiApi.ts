@@ -1,6 +1,6 @@
 /**
  * OpenAI's API on every app (`/app/:id/v1/...`): chat completions, legacy completions, embeddings,
- * audio transcriptions (TranscriptionsApi.ts) and models. An app serves OpenAI's requests through its own `serve`: the gateway checks a
+ * audio transcriptions and translations (TranscriptionsApi.ts) and models. An app serves OpenAI's requests through its own `serve`: the gateway checks a
  * request's parameters and model, hands a completions request to the app as a chat request whose
  * `cornserve_prompt` carries the prompt, and writes the app's chat-completion chunks the way the
  * route's client expects them (a stream of events, or one object gathered from the chunks).
@@ -25,10 +25,10 @@ import { shortened } from "../../app-runtime/Shortened.js"
 import { AppFailed } from "../errors.js"
 import { errorCodes, eventStreamFormat, type ReplyFormat, sendError, writeJson } from "./ReplyFormat.js"
 
-export type OpenAiRoute = "chat" | "completions" | "embeddings" | "transcriptions"
+export type OpenAiRoute = "chat" | "completions" | "embeddings" | "transcriptions" | "translations"
 
 const pathPattern =
-  /^\/app\/([^/]+)\/v1\/(chat\/completions|completions|embeddings|audio\/transcriptions|models)(?:\/([^/]+))?$/
+  /^\/app\/([^/]+)\/v1\/(chat\/completions|completions|embeddings|audio\/transcriptions|audio\/translations|models)(?:\/([^/]+))?$/
 
 /** An OpenAI route's app (its id still percent-encoded) and route, from a request's method and path. */
 export const matchOpenAiRoute = (
@@ -46,7 +46,11 @@ export const matchOpenAiRoute = (
   return {
     appId,
     route:
-      name === "chat/completions" ? "chat" : name === "audio/transcriptions" ? "transcriptions" : (name as OpenAiRoute)
+      name === "chat/completions"
+        ? "chat"
+        : name.startsWith("audio/")
+          ? (name.slice("audio/".length) as OpenAiRoute)
+          : (name as OpenAiRoute)
   }
 }
 
@@ -123,7 +127,8 @@ const unimplemented: Readonly<Record<OpenAiRoute, ReadonlySet<string>>> = {
   completions: new Set(["logit_bias", "suffix"]),
   embeddings: new Set(),
   // OpenAI's `prompt` (Whisper's previous text) and streamed transcripts.
-  transcriptions: new Set(["prompt", "include", "stream"])
+  transcriptions: new Set(["prompt", "include", "stream"]),
+  translations: new Set(["prompt"])
 }
 
 const known: Readonly<Record<OpenAiRoute, ReadonlySet<string> | undefined>> = {
@@ -131,14 +136,16 @@ const known: Readonly<Record<OpenAiRoute, ReadonlySet<string> | undefined>> = {
   completions: new Set(Object.keys(CompletionRequest.fields)),
   // An embeddings app's request schema is its own: it says what it refuses.
   embeddings: undefined,
-  transcriptions: new Set(Object.keys(TranscriptionRequest.fields))
+  transcriptions: new Set(Object.keys(TranscriptionRequest.fields)),
+  translations: new Set(Object.keys(TranscriptionRequest.fields))
 }
 
 const routeNames: Readonly<Record<OpenAiRoute, string>> = {
   chat: "chat completions",
   completions: "completions",
   embeddings: "embeddings",
-  transcriptions: "transcriptions"
+  transcriptions: "transcriptions",
+  translations: "translations"
 }
 
 const badParameter = (param: string, message: string): OpenAiRefusal => ({
@@ -198,6 +205,8 @@ export const prepareOpenAiRequest = (
   if (typeof fields.model === "string" && models.length > 0 && !models.includes(fields.model))
     return { refusal: modelNotFound(fields.model, models) }
   if (route === "embeddings" || route === "transcriptions") return { stream: false, body }
+  // A translation is a transcription into English: the same request, its task set.
+  if (route === "translations") return { stream: false, body: JSON.stringify({ ...fields, task: "translate" }) }
   let chat = fields
   if (route === "completions") {
     const decoded = decodeCompletionRequest(fields, { errors: "all" })
@@ -461,6 +470,7 @@ export const openAiFormat = (
       return stream ? completionStreamFormat(appId) : completionFormat(appId, maxResponseBytes)
     case "embeddings":
     case "transcriptions":
+    case "translations":
       return undefined
   }
 }

@@ -331,7 +331,7 @@ export const takesTranscriptionRequests = (schemas: AppSchemas): boolean =>
   Object.keys(schemas.request).length === 1 &&
   schemas.defs.has("TranscriptionRequest")
 
-/** OpenAI's transcriptions route on a transcriptions app: a multipart upload, or the JSON request with the audio's URL. */
+/** OpenAI's transcriptions and translations routes on a transcriptions app: a multipart upload, or the JSON request with the audio's URL. */
 const transcriptionPaths = (app: DescribedApp, rename: (ref: string) => string | undefined) => {
   const json = cleanSchema(app.schemas.request, rename)
   const form = {
@@ -349,39 +349,44 @@ const transcriptionPaths = (app: DescribedApp, rename: (ref: string) => string |
       task: { type: "string", enum: ["transcribe", "translate"] }
     }
   }
-  return {
-    [`/app/${app.id}/v1/audio/transcriptions`]: {
-      post: {
-        operationId: `transcriptions_${app.id}`,
-        tags: [appTag(app.id)],
-        summary: `OpenAI audio transcriptions from ${app.id}`,
-        ...apiKeySecurity(app.needsApiKey),
-        requestBody: {
-          required: true,
-          content: { "multipart/form-data": { schema: form }, "application/json": { schema: json } }
+  const operation = (route: "transcriptions" | "translations") => ({
+    post: {
+      operationId: `${route}_${app.id}`,
+      tags: [appTag(app.id)],
+      summary:
+        route === "transcriptions"
+          ? `OpenAI audio transcriptions from ${app.id}`
+          : `OpenAI audio translations (into English) from ${app.id}`,
+      ...apiKeySecurity(app.needsApiKey),
+      requestBody: {
+        required: true,
+        content: { "multipart/form-data": { schema: form }, "application/json": { schema: json } }
+      },
+      responses: {
+        "200": {
+          description:
+            "The transcript: `{ text }` (json), the text (text), the whole Transcription (verbose_json), or subtitles (srt, vtt).",
+          content: {
+            "application/json": {
+              schema: app.schemas.response === undefined ? {} : cleanSchema(app.schemas.response, rename)
+            },
+            "text/plain": { schema: { type: "string" } }
+          }
         },
-        responses: {
-          "200": {
-            description:
-              "The transcript: `{ text }` (json), the text (text), the whole Transcription (verbose_json), or subtitles (srt, vtt).",
-            content: {
-              "application/json": {
-                schema: app.schemas.response === undefined ? {} : cleanSchema(app.schemas.response, rename)
-              },
-              "text/plain": { schema: { type: "string" } }
-            }
-          },
-          "400": failure("The audio is unreadable, or the request asks for what the model cannot do."),
-          ...(app.needsApiKey ? { "401": failure("No API key, or not one this app takes.") } : {}),
-          "403": failure("A form posted from a page of another site."),
-          "404": failure("No app has this id, or the request names a model the app does not serve."),
-          "413": failure("The upload is larger than the gateway takes."),
-          "422": failure("The request does not match the app's request schema."),
-          "429": failure("The app runs and queues as many requests as its admission settings allow.", true),
-          "503": failure("The app is not ready, or a task has no executor free.", true)
-        }
+        "400": failure("The audio is unreadable, or the request asks for what the model cannot do."),
+        ...(app.needsApiKey ? { "401": failure("No API key, or not one this app takes.") } : {}),
+        "403": failure("A form posted from a page of another site."),
+        "404": failure("No app has this id, or the request names a model the app does not serve."),
+        "413": failure("The upload is larger than the gateway takes."),
+        "422": failure("The request does not match the app's request schema."),
+        "429": failure("The app runs and queues as many requests as its admission settings allow.", true),
+        "503": failure("The app is not ready, or a task has no executor free.", true)
       }
     }
+  })
+  return {
+    [`/app/${app.id}/v1/audio/transcriptions`]: operation("transcriptions"),
+    [`/app/${app.id}/v1/audio/translations`]: operation("translations")
   }
 }
 
