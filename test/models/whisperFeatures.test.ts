@@ -1,6 +1,7 @@
 import { type Tensor, WhisperFeatureExtractor } from "@huggingface/transformers"
 import { describe, expect, it } from "vitest"
 import { Random } from "../../src/models/Random.js"
+import { whisperPreprocessorConfig } from "../../src/models/recipes/RandomWhisper.js"
 import {
   periodicHann,
   RealFft,
@@ -25,19 +26,7 @@ const clip = (seconds: number, seed: number): Float32Array => {
   })
 }
 
-const whisperConfig = (featureSize: number) => ({
-  feature_extractor_type: "WhisperFeatureExtractor",
-  feature_size: featureSize,
-  sampling_rate: 16000,
-  hop_length: 160,
-  chunk_length: 30,
-  n_fft: 400,
-  n_samples: 480000,
-  nb_max_frames: 3000,
-  padding_side: "right",
-  padding_value: 0,
-  return_attention_mask: false
-})
+const whisperConfig = (featureSize: number) => whisperPreprocessorConfig("WhisperProcessor", featureSize)
 
 const reference = async (config: Record<string, unknown>, audio: Float32Array, maxLength?: number) => {
   const extractor = new WhisperFeatureExtractor(config)

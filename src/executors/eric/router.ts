@@ -31,6 +31,7 @@ import { isWhisper } from "../../models/WhisperGeneration.js"
 import { checkMediaItemCount, mediaLimitsOf } from "../common/media/MediaLimits.js"
 import { mediaSourceOptionsOf, readMedia } from "../common/media/MediaSource.js"
 import type { Preprocessed } from "../common/media/preprocess.js"
+import { ultravoxAudioJob } from "../common/media/UltravoxAudioJob.js"
 import type { EricItemMeta, EricItemResult } from "./worker.js"
 
 /** At most this many frames of a video are embedded, evenly sampled. */
@@ -120,15 +121,11 @@ export const routerKind: RouterKind = {
               })
             case "audio":
               if (ultravox !== undefined) {
-                return pool.run<Preprocessed>("ultravoxAudio", {
+                return ultravoxAudioJob(pool, {
                   bytes,
                   mimeType: media.mimeType,
                   preprocessorConfig: model.preprocessorConfig,
-                  audio: {
-                    placeholder: ultravox.placeholder,
-                    encoderDownsampling: ultravox.encoderDownsampling,
-                    stackFactor: ultravox.stackFactor
-                  },
+                  ultravox,
                   limits
                 })
               }

@@ -26,6 +26,7 @@ import { mediaSourceOptionsOf, readMedia } from "../common/media/MediaSource.js"
 import { EmbeddingMissing } from "../common/errors.js"
 import { mediaLimitsOf } from "../common/media/MediaLimits.js"
 import type { Preprocessed, TileGrid } from "../common/media/preprocess.js"
+import { ultravoxAudioJob } from "../common/media/UltravoxAudioJob.js"
 import type { EmbeddingRef, Modality } from "./api.js"
 import { expandPlaceholders, type MediaPart, PromptError, scatterPlaceholders } from "./Prompt.js"
 import type { MediaInput, MediaSpan, RopePositions } from "./protocol.js"
@@ -152,15 +153,11 @@ export const makeMediaInputs = (options: {
       }
     }
     if (ultravox !== undefined) {
-      const { inputs, rows } = await pool.run<Preprocessed>("ultravoxAudio", {
+      const { inputs, rows } = await ultravoxAudioJob(pool, {
         bytes,
         mimeType: media.mimeType,
         preprocessorConfig: model.preprocessorConfig,
-        audio: {
-          placeholder: ultravox.placeholder,
-          encoderDownsampling: ultravox.encoderDownsampling,
-          stackFactor: ultravox.stackFactor
-        },
+        ultravox,
         limits
       })
       const values = inputs.audio_values!
