@@ -29,6 +29,9 @@ export interface AppProcessLimits {
 const decodeFromWorker = Schema.decodeUnknownEither(FromWorker)
 
 /** How often the resident memory of an app's process is read. */
+/** How long a process whose channel failed has to exit on its own, with its own exit code, before it is stopped. */
+const channelFailureGraceMs = 1_000
+
 const memoryCheckPeriodMs = 200
 const pageBytes = 4096
 
@@ -123,8 +126,13 @@ export class AppProcess extends EventEmitter<{
       const broken = frames.read(chunk, receive)
       if (broken !== undefined) this.stop(`the app's process broke the protocol with ${broken}`)
     })
-    // The pipe fails or closes when the process goes; its exit says what happened.
-    this.channel.on("error", () => this.stop("the app's channel failed"))
+    // The pipe fails or closes when the process goes, and its error may come before the exit that
+    // says what happened (an exit code): a process still there a moment later is stopped for it.
+    this.channel.on("error", () => {
+      const grace = setTimeout(() => this.stop("the app's channel failed"), channelFailureGraceMs)
+      grace.unref()
+      void this.exitedPromise.then(() => clearTimeout(grace))
+    })
     this.child.on("error", (error) => {
       // A process that could not be started never exits: its proxy goes now.
       if (this.child.pid === undefined) this.outbound?.close()
