@@ -42,3 +42,21 @@ export const AudioChunkLine = Schema.Struct({ chunk: Schema.Int, audio: Schema.S
 export type AudioChunkLine = typeof AudioChunkLine.Type
 export const AudioDoneLine = Schema.Struct({ done: Schema.Literal(true), chunks: Schema.Int, sampleRate: Schema.Int })
 export type AudioDoneLine = typeof AudioDoneLine.Type
+
+/**
+ * `POST /speech` on a text-to-speech model (SpeechT5): the text, spoken in a voice the model ships
+ * or with a speaker embedding given by URL, streamed as the `/generate` audio lines are (or one WAV
+ * file with `stream: false`).
+ */
+export const SynthesisRequest = Schema.Struct({
+  text: Schema.String.pipe(Schema.minLength(1), Schema.maxLength(4096)),
+  /** A voice in the model's voices/ folder; its first voice when neither this nor `speakerEmbedding` is given. */
+  voice: Schema.optional(Schema.String.pipe(Schema.maxLength(100))),
+  /** An http(s) or `data:` URL of the speaker embedding's little-endian float32 values. */
+  speakerEmbedding: Schema.optional(Schema.String),
+  /** Spectrogram frames in the first streamed chunk (smaller: sooner audio; the rest double up to maxChunkFrames). */
+  firstChunkFrames: Schema.optional(Schema.Int.pipe(Schema.between(1, 4096))),
+  maxChunkFrames: Schema.optional(Schema.Int.pipe(Schema.between(1, 65536))),
+  stream: Schema.optionalWith(Schema.Boolean, { default: () => true })
+})
+export type SynthesisRequest = typeof SynthesisRequest.Type

@@ -1,5 +1,5 @@
 /**
- * Geri's router: `POST /generate`. It waits (bounded) for every chunk of the named prompt
+ * Geri's router: `POST /generate` (or `POST /speech` on a text-to-speech model, Speech.ts). It waits (bounded) for every chunk of the named prompt
  * embeddings in the sidecar, takes them out, and hands one work item to the engine; requests with
  * equal generation parameters are batched together.
  */
@@ -13,6 +13,7 @@ import { RecvTimeout } from "../../sidecar/errors.js"
 import { type Payload, SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import { BadRequest, EmbeddingMissing } from "../common/errors.js"
+import { mediaSourceOptionsOf } from "../common/media/MediaSource.js"
 import {
   answeredFailure,
   errorAnswer,
@@ -24,6 +25,8 @@ import {
 import { inSpan } from "../../tracing/Tracing.js"
 import type { WorkItem } from "../common/wire.js"
 import { type AudioChunkLine, type AudioDoneLine, GenerateRequest, type ImageAnswer } from "./api.js"
+import { speechRoutes } from "./Speech.js"
+import { isSpeechT5 } from "./SpeechSynthesizer.js"
 import type { GeriAudioPiece, GeriImageResult, GeriItemMeta } from "./worker.js"
 
 /** A WAV file of mono PCM16 samples. */
@@ -86,6 +89,20 @@ export const routerKind: RouterKind = {
         try: () => loadModelDirectory(config.modelDir),
         catch: (error) => error as Error
       })
+      if (isSpeechT5(model)) {
+        const { resolveModel } = yield* Effect.promise(() => import("../../models/ModelStore.js"))
+        const speech = yield* speechRoutes({
+          model,
+          engine,
+          media: mediaSourceOptionsOf(config),
+          resolveVocoder: (id) => resolveModel(id),
+          wavFile
+        })
+        return {
+          info: { modality: "speech", ...speech.info },
+          routes: HttpRouter.empty.pipe(HttpRouter.post("/speech", speech.speak))
+        }
+      }
       const generator = model.config.generator
       if (generator === undefined)
         return yield* Effect.fail(

@@ -1,4 +1,4 @@
-import { maskedScore, transformerBlock } from "../onnx/Attention.js"
+import { attendHeads, transformerBlock } from "../onnx/Attention.js"
 import { Graph, type Value } from "../onnx/Graph.js"
 import { gelu, layerNorm, linear, mlp } from "../onnx/Layers.js"
 import type { AttentionWeights, LayerNormWeights, Matrix, TransformerBlockWeights } from "../Weights.js"
@@ -105,20 +105,6 @@ export const whisperEncoderGraph = (size: WhisperSize, w: WhisperWeights): Graph
   return g
 }
 
-/** Attention of `x`'s queries over keys and values already split into heads, [batch, heads, keys, headDim]. */
-const attend = (g: Graph, query: Value, key: Value, value: Value, w: AttentionWeights, mask: Value | undefined) => {
-  const hidden = w.query.weight.cols
-  const headDim = hidden / w.heads
-  const raw = g.op("Mul", [
-    g.op("MatMul", [query, g.op("Transpose", [key], { perm: [0, 1, 3, 2] })]),
-    g.floatScalar(1 / Math.sqrt(headDim))
-  ])
-  const scores = mask === undefined ? raw : g.op("Where", [mask, raw, g.floatScalar(maskedScore)])
-  const heads = g.op("MatMul", [g.op("Softmax", [scores], { axis: -1 }), value])
-  const merged = g.op("Reshape", [g.op("Transpose", [heads], { perm: [0, 2, 1, 3] }), g.int64s([0, 0, hidden])])
-  return linear(g, merged, w.output, "out_proj")
-}
-
 export const whisperDecoderGraph = (size: WhisperSize, w: WhisperWeights): Graph => {
   const g = new Graph("decoder_model_merged")
   const headDim = size.dModel / size.heads
@@ -185,7 +171,7 @@ export const whisperDecoderGraph = (size: WhisperSize, w: WhisperWeights): Graph
         })
         g.output(key, `present.${index}.decoder.key`, "float32", cacheShape("past_decoder_sequence_length + 1"))
         g.output(value, `present.${index}.decoder.value`, "float32", cacheShape("past_decoder_sequence_length + 1"))
-        return attend(g, splitHeads(linear(g, h, layer.self.query, "q_proj")), key, value, layer.self, causal)
+        return attendHeads(g, splitHeads(linear(g, h, layer.self.query, "q_proj")), key, value, layer.self, causal)
       })
       x = g.op("Add", [x, selfOut])
       const crossOut = g.scope("encoder_attn", () => {
@@ -200,7 +186,7 @@ export const whisperDecoderGraph = (size: WhisperSize, w: WhisperWeights): Graph
         )
         g.output(key, `present.${index}.encoder.key`, "float32", cacheShape("encoder_sequence_length_out"))
         g.output(value, `present.${index}.encoder.value`, "float32", cacheShape("encoder_sequence_length_out"))
-        return attend(g, splitHeads(linear(g, h, layer.cross.query, "q_proj")), key, value, layer.cross, undefined)
+        return attendHeads(g, splitHeads(linear(g, h, layer.cross.query, "q_proj")), key, value, layer.cross, undefined)
       })
       x = g.op("Add", [x, crossOut])
       x = g.op("Add", [x, mlp(g, layerNorm(g, x, layer.mlpNorm, "final_layer_norm"), layer.mlp, "mlp")])

@@ -77,6 +77,30 @@ export const causalMask = (g: Graph, inputsEmbeds: Value, pastKey: Value, attent
     return g.op("And", [g.op("Unsqueeze", [causal, g.int64s([0, 1])]), padding])
   })
 
+/**
+ * Attention of queries over keys and values already split into heads, [batch, heads, positions,
+ * headDim], merged and projected by `w.output` (named out_proj); `mask` is bool, broadcast to the scores.
+ */
+export const attendHeads = (
+  g: Graph,
+  query: Value,
+  key: Value,
+  value: Value,
+  w: AttentionWeights,
+  mask: Value | undefined
+) => {
+  const hidden = w.query.weight.cols
+  const headDim = hidden / w.heads
+  const raw = g.op("Mul", [
+    g.op("MatMul", [query, g.op("Transpose", [key], { perm: [0, 1, 3, 2] })]),
+    g.floatScalar(1 / Math.sqrt(headDim))
+  ])
+  const scores = mask === undefined ? raw : g.op("Where", [mask, raw, g.floatScalar(maskedScore)])
+  const heads = g.op("MatMul", [g.op("Softmax", [scores], { axis: -1 }), value])
+  const merged = g.op("Reshape", [g.op("Transpose", [heads], { perm: [0, 2, 1, 3] }), g.int64s([0, 0, hidden])])
+  return linear(g, merged, w.output, "out_proj")
+}
+
 export const transformerBlock = (
   g: Graph,
   x: Value,

@@ -1,0 +1,150 @@
+/**
+ * Geri's `POST /speech` on a SpeechT5 model: the text is tokenized here, the voice is one the model
+ * ships (voices/NAME.bin) or a speaker embedding read from a URL with the media limits, and the
+ * utterance is one work item whose chunks the worker streams as it speaks (SpeechSynthesizer.ts).
+ * The answer is the `/generate` audio stream (NDJSON lines of PCM16), or one WAV file.
+ */
+import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
+import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
+import { Effect, Stream } from "effect"
+import type { ModelDirectory } from "../../models/ModelDirectory.js"
+import { TextTokenizer } from "../../models/TextTokenizer.js"
+import type { EngineClient } from "../common/EngineClient.js"
+import { BadRequest } from "../common/errors.js"
+import { type MediaSourceOptions, readMedia } from "../common/media/MediaSource.js"
+import { answeredFailure, errorAnswer, errorBody, workItemContext } from "../common/Router.js"
+import type { WorkItem } from "../common/wire.js"
+import { type AudioChunkLine, type AudioDoneLine, SynthesisRequest } from "./api.js"
+import {
+  type ChunkPlan,
+  hifiGanSpec,
+  readVoices,
+  type SynthesisItemMeta,
+  speechT5Spec,
+  vocoderDirectory
+} from "./SpeechSynthesizer.js"
+import type { GeriAudioPiece } from "./worker.js"
+
+/** The first chunk's frames by default: about a quarter second at 16 kHz, after its right context is written. */
+const defaultPlan: ChunkPlan = { firstChunkFrames: 16, maxChunkFrames: 256 }
+
+export interface SpeechModelInfo {
+  readonly sampleRate: number
+  readonly voices: ReadonlyArray<string>
+  readonly speakerDim: number
+}
+
+export const speechRoutes = (context: {
+  readonly model: ModelDirectory
+  readonly engine: EngineClient
+  readonly media: MediaSourceOptions
+  readonly resolveVocoder: (id: string) => Promise<string>
+  /** PCM16 chunks as NDJSON lines, or a WAV file. */
+  readonly wavFile: (pcm: ReadonlyArray<Int16Array>, sampleRate: number) => Uint8Array
+}) =>
+  Effect.gen(function* () {
+    const { model, engine, media } = context
+    const spec = speechT5Spec(model)
+    const tokenizer = new TextTokenizer(model)
+    const { voices, sampleRate } = yield* Effect.promise(async () => {
+      const vocoder = await vocoderDirectory(model.path, context.resolveVocoder)
+      const { loadModelDirectory } = await import("../../models/ModelDirectory.js")
+      return {
+        voices: await readVoices(model.path, spec.speakerDim),
+        sampleRate: hifiGanSpec(await loadModelDirectory(vocoder)).sampleRate
+      }
+    })
+    const voiceNames = [...voices.keys()]
+
+    const speakerOf = (request: SynthesisRequest) =>
+      Effect.gen(function* () {
+        if (request.speakerEmbedding !== undefined) {
+          const read = yield* Effect.tryPromise({
+            try: () => readMedia(request.speakerEmbedding!, media),
+            catch: (error) => error
+          })
+          if (read.bytes.length !== spec.speakerDim * 4)
+            return yield* new BadRequest({
+              message: `the speaker embedding holds ${read.bytes.length} bytes; this model's is ${spec.speakerDim} float32 values (${spec.speakerDim * 4} bytes)`
+            })
+          return new Float32Array(
+            read.bytes.buffer.slice(read.bytes.byteOffset, read.bytes.byteOffset + read.bytes.length)
+          )
+        }
+        const name = request.voice ?? voiceNames[0]
+        if (name === undefined)
+          return yield* new BadRequest({
+            message: "this model ships no voices (voices/*.bin): give a speaker embedding (speaker_embedding)"
+          })
+        const voice = voices.get(name)
+        if (voice === undefined)
+          return yield* new BadRequest({
+            message: `the model has no voice ${JSON.stringify(name.slice(0, 100))}; its voices are ${voiceNames.join(", ")}`
+          })
+        return voice
+      })
+
+    const speak = Effect.gen(function* () {
+      const body = yield* HttpServerRequest.schemaBodyJson(SynthesisRequest)
+      const tokens = tokenizer.encode(body.text)
+      if (tokens.length > spec.maxTextPositions)
+        return yield* new BadRequest({
+          message: `the text is ${tokens.length} tokens; this model reads at most ${spec.maxTextPositions}`
+        })
+      const speaker = yield* speakerOf(body)
+      const plan: ChunkPlan = {
+        firstChunkFrames: body.firstChunkFrames ?? defaultPlan.firstChunkFrames,
+        maxChunkFrames: Math.max(
+          body.maxChunkFrames ?? defaultPlan.maxChunkFrames,
+          body.firstChunkFrames ?? defaultPlan.firstChunkFrames
+        )
+      }
+      const item: WorkItem = {
+        key: "speech",
+        inputs: { speaker_embeddings: { dtype: "float32", shape: [1, spec.speakerDim], data: speaker } },
+        meta: { modality: "speech", tokens, plan } satisfies SynthesisItemMeta,
+        ...(yield* workItemContext)
+      }
+
+      if (!body.stream) {
+        const pieces: Array<Int16Array> = []
+        const submitted = engine.submit([item], (_, value) => pieces.push((value as GeriAudioPiece).pcm))
+        yield* Effect.tryPromise({ try: () => submitted.results, catch: (error) => error }).pipe(
+          Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id)))
+        )
+        return HttpServerResponse.uint8Array(context.wavFile(pieces, sampleRate), { contentType: "audio/wav" })
+      }
+
+      const ndjson = (line: AudioChunkLine | AudioDoneLine | ReturnType<typeof errorBody>) =>
+        Buffer.from(`${JSON.stringify(line)}\n`)
+      const lines = Stream.async<Uint8Array>((emit) => {
+        let chunks = 0
+        const submitted = engine.submit([item], (_, value) => {
+          const { pcm } = value as GeriAudioPiece
+          chunks++
+          void emit.single(
+            ndjson({
+              chunk: chunks - 1,
+              audio: Buffer.from(pcm.buffer, pcm.byteOffset, pcm.byteLength).toString("base64"),
+              sampleRate
+            })
+          )
+        })
+        submitted.results.then(
+          () => {
+            void emit.single(ndjson({ done: true, chunks, sampleRate }))
+            void emit.end()
+          },
+          (failure: unknown) => {
+            void emit.single(ndjson(errorBody(Effect.runSync(answeredFailure(failure)))))
+            void emit.end()
+          }
+        )
+        return Effect.sync(() => engine.cancel(submitted.id))
+      })
+      return HttpServerResponse.stream(lines, { contentType: "application/x-ndjson" })
+    }).pipe(Effect.catchAll(errorAnswer))
+
+    const info: SpeechModelInfo = { sampleRate, voices: voiceNames, speakerDim: spec.speakerDim }
+    return { info, speak }
+  })
