@@ -20,6 +20,11 @@ export {
   type SpeechRecognitionConfig,
   type SpeechRecognitionInput
 } from "./tasks/SpeechRecognitionTask.js"
+export {
+  SpeechSynthesisTask,
+  type SpeechSynthesisConfig,
+  type SpeechSynthesisInput
+} from "./tasks/SpeechSynthesisTask.js"
 export { LLMTask, LLMEmbeddingTask, type LLMConfig, type LLMInput, type LLMEmbeddingOutput } from "./tasks/LLMTask.js"
 export {
   ImageGeneratorTask,
@@ -45,3 +50,4 @@ export {
   TranscriptionSegment,
   TranscriptionFormat
 } from "./schemas/Transcriptions.js"
+export { SpeechRequest, SpeechFormat, maxSpeechInputChars } from "./schemas/Speech.js"

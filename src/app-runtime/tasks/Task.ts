@@ -31,6 +31,7 @@ export type UnitTaskKind =
   | "encoder"
   | "text-embedder"
   | "speech-recognizer"
+  | "speech-synthesizer"
   | "llm"
   | "image-generator"
   | "audio-generator"

@@ -373,11 +373,12 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
      */
     const apiKeyDigestsOf = (id: string): ReadonlyArray<string> => apps.get(id)?.apiKeyDigests ?? []
 
+    const openAiModelKinds = new Set(["llm", "text-embedder", "speech-recognizer", "speech-synthesizer"])
     /** The models an app's LLM, text-embedding and speech tasks serve, for its OpenAI routes (`/v1/models`, the `model` check). */
     const modelsOf = (id: string): ReadonlyArray<string> => [
       ...new Set(
         (apps.get(id)?.tasks ?? []).flatMap((task) => {
-          if (task.kind !== "llm" && task.kind !== "text-embedder" && task.kind !== "speech-recognizer") return []
+          if (!openAiModelKinds.has(task.kind)) return []
           const model = (task.config as { readonly model?: unknown } | null)?.model
           return typeof model === "string" ? [model] : []
         })

@@ -16,6 +16,7 @@ import {
   SpeechRecognitionInput,
   wantsSegments
 } from "../../app-runtime/tasks/SpeechRecognitionTask.js"
+import { SpeechSynthesisConfig, SpeechSynthesisInput } from "../../app-runtime/tasks/SpeechSynthesisTask.js"
 import type { Transcription } from "../../app-runtime/schemas/Transcriptions.js"
 import type { TaskInvocationWire } from "../../app-runtime/tasks/TaskGraph.js"
 import { ChatCompletionRequest as OpenAIChatRequest } from "../../app-runtime/schemas/OpenAI.js"
@@ -28,7 +29,13 @@ import {
   TranscriptionsRequest,
   TranscriptionsResponse
 } from "../../executors/eric/api.js"
-import { AudioChunkLine, AudioDoneLine, GenerateRequest, ImageAnswer } from "../../executors/geri/api.js"
+import {
+  AudioChunkLine,
+  AudioDoneLine,
+  GenerateRequest,
+  ImageAnswer,
+  SynthesisRequest
+} from "../../executors/geri/api.js"
 import {
   ChatCompletionRequest,
   LlmChunk,
@@ -457,6 +464,23 @@ const generateAudio = async (
   return { output: {}, stream: audioChunks(response) }
 }
 
+const decodeSynthesisCall = decodeInvocation(
+  Schema.Struct({ config: SpeechSynthesisConfig, input: SpeechSynthesisInput })
+)
+
+/** A speech call: the text and voice to Geri, its audio chunks streamed back as they are spoken. */
+const synthesize = async (url: string, invocation: TaskInvocationWire, context: CallContext): Promise<CallResult> => {
+  const { input } = decodeSynthesisCall(invocation)
+  const body: SynthesisRequest = {
+    text: input.input,
+    stream: true,
+    ...(input.voice == null ? {} : { voice: input.voice }),
+    ...(input.speaker_embedding == null ? {} : { speakerEmbedding: input.speaker_embedding })
+  }
+  const response = await post(`${url}/speech`, SynthesisRequest, body, context)
+  return { output: {}, stream: audioChunks(response) }
+}
+
 export const executorCalls: Readonly<
   Record<string, (url: string, invocation: TaskInvocationWire, context: CallContext) => Promise<CallResult>>
 > = {
@@ -466,5 +490,6 @@ export const executorCalls: Readonly<
   chat,
   "hidden-states": promptEmbeddings,
   "generate-image": generateImage,
-  "generate-audio": generateAudio
+  "generate-audio": generateAudio,
+  synthesize
 }

@@ -1,6 +1,7 @@
 import { randomUUID } from "node:crypto"
 import type { IncomingMessage, ServerResponse } from "node:http"
 import type { SchemaIssue } from "../../app-runtime/driver/protocol.js"
+import { SpeechFormat } from "../../app-runtime/schemas/Speech.js"
 import { TranscriptionFormat } from "../../app-runtime/schemas/Transcriptions.js"
 import type { AppDriver } from "../app-manager/AppDriver.js"
 import type { ReplyHandlers } from "../app-manager/ReplyHandlers.js"
@@ -27,6 +28,7 @@ import {
   readRequestBody,
   readRequestBytes
 } from "./RequestBody.js"
+import { speechFormat } from "./SpeechApi.js"
 import { transcriptionFormat, transcriptionOfForm } from "./TranscriptionsApi.js"
 import type { Metrics } from "../metrics/PlatformMetrics.js"
 import { noSpan, startSpan, tracing } from "../../tracing/Tracing.js"
@@ -53,7 +55,30 @@ const routeNames: Readonly<Record<"native" | OpenAiRoute, string>> = {
   completions: "/app/{id}/v1/completions",
   embeddings: "/app/{id}/v1/embeddings",
   transcriptions: "/app/{id}/v1/audio/transcriptions",
-  translations: "/app/{id}/v1/audio/translations"
+  translations: "/app/{id}/v1/audio/translations",
+  speech: "/app/{id}/v1/audio/speech"
+}
+
+/** The `response_format` and `stream_format` a speech request asks for (mp3 and audio when it names none or none known). */
+const speechFormatOf = (appId: string, body: string): ReplyFormat => {
+  const { format, stream } = speechFormatsOf(body)
+  return speechFormat(appId, format, stream)
+}
+
+const speechFormatsOf = (body: string): { readonly format: SpeechFormat; readonly stream: "audio" | "sse" } => {
+  try {
+    const asked = JSON.parse(body) as { readonly response_format?: unknown; readonly stream_format?: unknown }
+    return {
+      format:
+        typeof asked.response_format === "string" &&
+        (SpeechFormat.literals as ReadonlyArray<string>).includes(asked.response_format)
+          ? (asked.response_format as SpeechFormat)
+          : "mp3",
+      stream: asked.stream_format === "sse" ? "sse" : "audio"
+    }
+  } catch {
+    return { format: "mp3", stream: "audio" }
+  }
 }
 
 /** The `response_format` a transcription request asks for (json when it names none or none known). */
@@ -202,7 +227,9 @@ export const makeInvokeRoute =
             ? nativeFormat
             : speech
               ? transcriptionFormat(appId, responseFormatOf(openAi.body))
-              : (openAiFormat(api, openAi.stream, appId, options.maxResponseBytes) ?? nativeFormat)
+              : api === "speech"
+                ? speechFormatOf(appId, openAi.body)
+                : (openAiFormat(api, openAi.stream, appId, options.maxResponseBytes) ?? nativeFormat)
         const requestId = randomUUID()
         let streaming = false
         /** Characters of lines written while the response's buffer is full: the app hears of them on `drain`. */

@@ -19,16 +19,17 @@ import {
   type FinishReason,
   type TextCompletion
 } from "../../app-runtime/schemas/OpenAI.js"
+import { SpeechRequest } from "../../app-runtime/schemas/Speech.js"
 import { TranscriptionRequest } from "../../app-runtime/schemas/Transcriptions.js"
 import { issueLines, readableIssues } from "../../app-runtime/SchemaIssues.js"
 import { shortened } from "../../app-runtime/Shortened.js"
 import { AppFailed } from "../errors.js"
 import { errorCodes, eventStreamFormat, type ReplyFormat, sendError, writeJson } from "./ReplyFormat.js"
 
-export type OpenAiRoute = "chat" | "completions" | "embeddings" | "transcriptions" | "translations"
+export type OpenAiRoute = "chat" | "completions" | "embeddings" | "transcriptions" | "translations" | "speech"
 
 const pathPattern =
-  /^\/app\/([^/]+)\/v1\/(chat\/completions|completions|embeddings|audio\/transcriptions|audio\/translations|models)(?:\/([^/]+))?$/
+  /^\/app\/([^/]+)\/v1\/(chat\/completions|completions|embeddings|audio\/transcriptions|audio\/translations|audio\/speech|models)(?:\/([^/]+))?$/
 
 /** An OpenAI route's app (its id still percent-encoded) and route, from a request's method and path. */
 export const matchOpenAiRoute = (
@@ -128,7 +129,9 @@ const unimplemented: Readonly<Record<OpenAiRoute, ReadonlySet<string>>> = {
   embeddings: new Set(),
   // OpenAI's `prompt` (Whisper's previous text) and streamed transcripts.
   transcriptions: new Set(["prompt", "include", "stream"]),
-  translations: new Set(["prompt"])
+  translations: new Set(["prompt"]),
+  // Voice instructions (gpt-4o-mini-tts's) have no counterpart in the models served here.
+  speech: new Set(["instructions"])
 }
 
 const known: Readonly<Record<OpenAiRoute, ReadonlySet<string> | undefined>> = {
@@ -137,7 +140,8 @@ const known: Readonly<Record<OpenAiRoute, ReadonlySet<string> | undefined>> = {
   // An embeddings app's request schema is its own: it says what it refuses.
   embeddings: undefined,
   transcriptions: new Set(Object.keys(TranscriptionRequest.fields)),
-  translations: new Set(Object.keys(TranscriptionRequest.fields))
+  translations: new Set(Object.keys(TranscriptionRequest.fields)),
+  speech: new Set(Object.keys(SpeechRequest.fields))
 }
 
 const routeNames: Readonly<Record<OpenAiRoute, string>> = {
@@ -145,7 +149,8 @@ const routeNames: Readonly<Record<OpenAiRoute, string>> = {
   completions: "completions",
   embeddings: "embeddings",
   transcriptions: "transcriptions",
-  translations: "translations"
+  translations: "translations",
+  speech: "speech"
 }
 
 const badParameter = (param: string, message: string): OpenAiRefusal => ({
@@ -205,6 +210,7 @@ export const prepareOpenAiRequest = (
   if (typeof fields.model === "string" && models.length > 0 && !models.includes(fields.model))
     return { refusal: modelNotFound(fields.model, models) }
   if (route === "embeddings" || route === "transcriptions") return { stream: false, body }
+  if (route === "speech") return { stream: true, body }
   // A translation is a transcription into English: the same request, its task set.
   if (route === "translations") return { stream: false, body: JSON.stringify({ ...fields, task: "translate" }) }
   let chat = fields
@@ -471,6 +477,7 @@ export const openAiFormat = (
     case "embeddings":
     case "transcriptions":
     case "translations":
+    case "speech":
       return undefined
   }
 }

@@ -390,6 +390,58 @@ const transcriptionPaths = (app: DescribedApp, rename: (ref: string) => string |
   }
 }
 
+/** Whether an app takes OpenAI's speech requests: its request schema is the SDK's `SpeechRequest`. */
+export const takesSpeechRequests = (schemas: AppSchemas): boolean =>
+  typeof schemas.request === "object" &&
+  schemas.request.$ref === `${defsRefPrefix}SpeechRequest` &&
+  Object.keys(schemas.request).length === 1 &&
+  schemas.defs.has("SpeechRequest")
+
+const audioTypes = {
+  mp3: "audio/mpeg",
+  opus: "audio/ogg",
+  aac: "audio/aac",
+  flac: "audio/flac",
+  wav: "audio/wav",
+  pcm: "audio/pcm"
+} as const
+
+/** OpenAI's speech route on a speech app: the request as JSON, the audio streamed in the format asked for. */
+const speechPaths = (app: DescribedApp, rename: (ref: string) => string | undefined) => ({
+  [`/app/${app.id}/v1/audio/speech`]: {
+    post: {
+      operationId: `speech_${app.id}`,
+      tags: [appTag(app.id)],
+      summary: `OpenAI audio speech from ${app.id}`,
+      ...apiKeySecurity(app.needsApiKey),
+      requestBody: {
+        required: true,
+        content: { "application/json": { schema: cleanSchema(app.schemas.request, rename) } }
+      },
+      responses: {
+        "200": {
+          description:
+            "The audio, streamed as it is spoken, in `response_format` (mp3 by default; pcm is 24 kHz PCM16), or with `stream_format: sse` events `speech.audio.delta` of base64 audio and a last `speech.audio.done`.",
+          content: {
+            ...Object.fromEntries(
+              Object.values(audioTypes).map((type) => [type, { schema: { type: "string", format: "binary" } }])
+            ),
+            "text/event-stream": { schema: { type: "string" } }
+          }
+        },
+        "400": failure(
+          "The request asks for what the model cannot do: an unknown voice, a speed other than 1, a text too long."
+        ),
+        ...(app.needsApiKey ? { "401": failure("No API key, or not one this app takes.") } : {}),
+        "404": failure("No app has this id, or the request names a model the app does not serve."),
+        "422": failure("The request does not match the app's request schema."),
+        "429": failure("The app runs and queues as many requests as its admission settings allow.", true),
+        "503": failure("The app is not ready, or a task has no executor free.", true)
+      }
+    }
+  }
+})
+
 /** OpenAI's routes on a chat app: chat completions, legacy completions, models. */
 const openAiPaths = (app: DescribedApp, rename: (ref: string) => string | undefined) => {
   const security = apiKeySecurity(app.needsApiKey)
@@ -505,7 +557,8 @@ const appPaths = (app: DescribedApp, names: ReadonlyMap<string, string>) => {
     [`/app/invoke/${app.id}`]: { post: invokeOperation(app, rename) },
     ...(takesChatRequests(app.schemas) ? openAiPaths(app, rename) : {}),
     ...(takesEmbeddingRequests(app.schemas) ? embeddingsPaths(app, rename) : {}),
-    ...(takesTranscriptionRequests(app.schemas) ? transcriptionPaths(app, rename) : {})
+    ...(takesTranscriptionRequests(app.schemas) ? transcriptionPaths(app, rename) : {}),
+    ...(takesSpeechRequests(app.schemas) ? speechPaths(app, rename) : {})
   }
   return { paths, schemas }
 }

@@ -57,7 +57,7 @@ const textEmbedderArgs = (task: UnitTaskSpec) => [...batchArgs(task), ...dtypeAr
 
 /**
  * The executor kinds this platform runs, by unit-task kind: the encoder and the text embedder on
- * Eric, the speech recognizer on Eric too, the LLM on the LLM executor, image and audio generators on Geri. Each executor is a
+ * Eric, the speech recognizer on Eric too, the LLM on the LLM executor, image and audio generators and the speech synthesizer on Geri. Each executor is a
  * supervised process group that the node of its devices starts.
  */
 export class ExecutorKinds extends Effect.Service<ExecutorKinds>()("cornserve/ExecutorKinds", {
@@ -89,7 +89,8 @@ export class ExecutorKinds extends Effect.Service<ExecutorKinds>()("cornserve/Ex
         onNode("eric", textEmbedderArgs)("speech-recognizer"),
         onNode("llm", dtypeArgs)("llm"),
         onNode("geri", batchArgs)("image-generator"),
-        onNode("geri", batchArgs)("audio-generator")
+        onNode("geri", batchArgs)("audio-generator"),
+        onNode("geri", batchArgs)("speech-synthesizer")
       ].map((kind) => [kind.kind, kind])
     )
     return { kinds }

@@ -255,6 +255,20 @@ export class ProfileRecorder extends Effect.Service<ProfileRecorder>()("cornserv
               return performance.now() - began
             }
           }
+          case "speech-synthesizer": {
+            return async (lease, signal) => {
+              const began = performance.now()
+              const call = await executorCalls.synthesize!(
+                lease.url,
+                invocation(spec, "synthesize", { input: "The quick brown fox jumps over the lazy dog." }, {}),
+                context(signal, [])
+              )
+              for await (const _ of call.stream!) {
+                // Spoken to the end: the profile is the whole utterance's time.
+              }
+              return performance.now() - began
+            }
+          }
           case "image-generator":
           case "audio-generator": {
             const generator = yield* configOf(GeneratorConfig)

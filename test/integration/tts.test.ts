@@ -1,0 +1,253 @@
+import { mkdtemp, rm } from "node:fs/promises"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import {
+  AutoTokenizer,
+  type PreTrainedTokenizer,
+  SpeechT5ForTextToSpeech,
+  SpeechT5HifiGan,
+  Tensor
+} from "@huggingface/transformers"
+import OpenAI from "openai"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { decodeAudio } from "../../src/executors/common/media/MediaDecoder.js"
+import { tinySpeechT5 } from "../../src/models/recipes/RandomSpeechT5.js"
+import { writeModelFiles } from "../models/support/SmolVlmFixture.js"
+import { offline } from "../models/support/TransformersJs.js"
+import { invoke, type RunningPlatform, repoRoot, runCli, startPlatform } from "../support/platform.js"
+
+/**
+ * Text to speech through the real binary: examples/speak.ts (a SpeechSynthesisTask on the built-in
+ * cornserve/tiny-speecht5) answers OpenAI's `/v1/audio/speech` to the official client with the
+ * samples of transformers.js's generate_speech on the same files, in every response_format and as
+ * server-sent events, streamed in chunks; concurrent requests answer as alone; bad requests are
+ * refused clearly and the platform goes on serving.
+ */
+
+const sampleRate = 16000
+
+/** The PCM16 samples of a WAV file the platform wrote (44-byte header; streamed: sizes unknown). */
+const wavSamples = (bytes: Buffer): Int16Array => {
+  expect(bytes.subarray(0, 4).toString("latin1")).toBe("RIFF")
+  expect(bytes.readUInt16LE(20)).toBe(1)
+  expect(bytes.readUInt16LE(22)).toBe(1)
+  expect(bytes.readUInt32LE(24)).toBe(sampleRate)
+  expect(bytes.readUInt16LE(34)).toBe(16)
+  const data = bytes.subarray(44)
+  return new Int16Array(data.buffer.slice(data.byteOffset, data.byteOffset + data.length))
+}
+
+const pcmOf = (waveform: Float32Array) =>
+  Int16Array.from(waveform, (sample) => Math.round(Math.max(-1, Math.min(1, sample)) * 32767))
+
+/** The largest difference between two PCM16 signals of one length. */
+const largestDifference = (a: Int16Array, b: Int16Array) => {
+  expect(a.length).toBe(b.length)
+  let most = 0
+  for (let i = 0; i < a.length; i++) most = Math.max(most, Math.abs(a[i]! - b[i]!))
+  return most
+}
+
+describe("text to speech end to end", () => {
+  let root: string
+  let modelDir: string
+  let platform: RunningPlatform
+  let client: OpenAI
+  let tokenizer: PreTrainedTokenizer
+  let reference: SpeechT5ForTextToSpeech
+  let vocoder: SpeechT5HifiGan
+
+  beforeAll(async () => {
+    root = await mkdtemp(join(tmpdir(), "cornserve-tts-"))
+    // The built-in model's files, for transformers.js to read.
+    modelDir = join(root, "tiny-speecht5")
+    await writeModelFiles(modelDir, tinySpeechT5.build())
+    tokenizer = await AutoTokenizer.from_pretrained(offline(modelDir))
+    reference = (await SpeechT5ForTextToSpeech.from_pretrained(offline(modelDir), {
+      dtype: "fp32"
+    })) as SpeechT5ForTextToSpeech
+    vocoder = (await SpeechT5HifiGan.from_pretrained(offline(join(modelDir, "vocoder")), {
+      dtype: "fp32"
+    })) as SpeechT5HifiGan
+    platform = await startPlatform()
+    const registered = await runCli(["app", "register", join(repoRoot, "examples", "speak.ts")], {
+      CORNSERVE_GATEWAY_URL: platform.url
+    })
+    expect(registered.code, registered.stderr).toBe(0)
+    client = new OpenAI({ baseURL: `${platform.url}/app/speak/v1`, apiKey: "unused", maxRetries: 0 })
+  }, 240_000)
+
+  afterAll(async () => {
+    await platform?.stop()
+    await reference?.dispose()
+    await vocoder?.dispose()
+    await rm(root, { recursive: true, force: true })
+  })
+
+  /** transformers.js's waveform of `text` in the voice in voices/NAME.bin (or the embedding given). */
+  const referenceSpeech = async (text: string, speaker: Float32Array): Promise<Int16Array> => {
+    const { input_ids } = tokenizer(text)
+    const out = (await reference.generate_speech(input_ids, new Tensor("float32", speaker, [1, speaker.length]), {
+      vocoder
+    })) as { waveform: Tensor }
+    return pcmOf(out.waveform.data as Float32Array)
+  }
+
+  const voice = async (name: string) => {
+    const { readFile } = await import("node:fs/promises")
+    const bytes = await readFile(join(modelDir, "voices", `${name}.bin`))
+    return new Float32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length))
+  }
+
+  const speak = async (body: Record<string, unknown>) =>
+    Buffer.from(
+      await (
+        await client.audio.speech.create({ model: "cornserve/tiny-speecht5", voice: "alloy", ...body } as never)
+      ).arrayBuffer()
+    )
+
+  it("speaks as transformers.js's generate_speech, to the sample (WAV)", async () => {
+    const lengths = new Set<number>()
+    for (const [text, name] of [
+      ["Hello from Cornserve.", "alloy"],
+      ["Streaming speech, chunk by chunk, while the decoder is still writing.", "echo"],
+      ["Hi.", "nova"]
+    ] as const) {
+      const expected = await referenceSpeech(text, await voice(name))
+      const got = wavSamples(await speak({ input: text, voice: name, response_format: "wav" }))
+      // One unit of PCM16: the platform vocodes in windows, equal to the whole within float rounding.
+      expect(largestDifference(got, expected), text).toBeLessThanOrEqual(1)
+      lengths.add(got.length)
+    }
+    expect(lengths.size).toBe(3)
+  })
+
+  it("writes mp3, opus, aac, flac and 24 kHz pcm of the same audio", async () => {
+    const text = "The same sentence in every format."
+    const wav = wavSamples(await speak({ input: text, response_format: "wav" }))
+    const seconds = wav.length / sampleRate
+    const flac = await speak({ input: text, response_format: "flac" })
+    expect(flac.subarray(0, 4).toString("latin1")).toBe("fLaC")
+    const flacSamples = await decodeAudio(flac, "audio/flac", sampleRate)
+    expect(largestDifference(pcmOf(flacSamples), wav)).toBeLessThanOrEqual(1)
+    for (const [format, signature, mime] of [
+      ["mp3", undefined, "audio/mpeg"],
+      ["opus", "OggS", "audio/ogg"],
+      ["aac", undefined, "audio/aac"]
+    ] as const) {
+      const bytes = await speak({ input: text, response_format: format })
+      if (signature !== undefined) expect(bytes.subarray(0, 4).toString("latin1"), format).toBe(signature)
+      const decoded = await decodeAudio(bytes, mime, sampleRate)
+      // Encoders pad: a frame or two at most.
+      expect(Math.abs(decoded.length / sampleRate - seconds), format).toBeLessThan(0.15)
+    }
+    // OpenAI's pcm: 24 kHz PCM16, no header.
+    const pcm = await speak({ input: text, response_format: "pcm" })
+    expect(Math.abs(pcm.length / 2 - wav.length * 1.5)).toBeLessThan(16)
+    // mp3 is the default.
+    const fallback = await speak({ input: text })
+    expect(fallback[0] === 0xff || fallback.subarray(0, 3).toString("latin1") === "ID3").toBe(true)
+  })
+
+  it("streams the audio in chunks as it is spoken, on the native route and as server-sent events", async () => {
+    const text = "A longer sentence, so that the audio comes in several chunks of growing size."
+    const expected = await referenceSpeech(text, await voice("alloy"))
+    const response = await invoke(platform.url, "speak", JSON.stringify({ input: text }))
+    expect(response.status).toBe(200)
+    const lines = (await response.text())
+      .trim()
+      .split("\n")
+      .map((line) => JSON.parse(line) as { audio: string; sampleRate: number })
+    // 16 frames of 256 samples first, then doubling.
+    expect(lines.length).toBeGreaterThan(3)
+    const sizes = lines.map((line) => Buffer.from(line.audio, "base64").length / 2)
+    expect(sizes.slice(0, 3)).toEqual([4096, 8192, 16384])
+    const joined = Buffer.concat(lines.map((line) => Buffer.from(line.audio, "base64")))
+    expect(
+      largestDifference(new Int16Array(joined.buffer, joined.byteOffset, joined.length / 2), expected)
+    ).toBeLessThanOrEqual(1)
+
+    const events = await fetch(`${platform.url}/app/speak/v1/audio/speech`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ input: text, response_format: "wav", stream_format: "sse" })
+    })
+    expect(events.headers.get("content-type")).toMatch(/^text\/event-stream/)
+    const parsed = (await events.text())
+      .split("\n\n")
+      .filter((event) => event.startsWith("data: "))
+      .map((event) => JSON.parse(event.slice("data: ".length)) as { type: string; audio?: string })
+    expect(parsed.at(-1)!.type).toBe("speech.audio.done")
+    const deltas = parsed.filter((event) => event.type === "speech.audio.delta")
+    expect(deltas.length).toBeGreaterThan(3)
+    const file = Buffer.concat(deltas.map((event) => Buffer.from(event.audio!, "base64")))
+    expect(largestDifference(wavSamples(file), expected)).toBeLessThanOrEqual(1)
+  })
+
+  it("speaks with a speaker embedding given by URL, and answers concurrent requests as alone", async () => {
+    const speaker = Float32Array.from({ length: 512 }, (_, i) => Math.sin(i * 0.37) * 0.05)
+    const dataUrl = `data:application/octet-stream;base64,${Buffer.from(speaker.buffer).toString("base64")}`
+    const text = "A voice of my own."
+    const expected = await referenceSpeech(text, speaker)
+    const got = wavSamples(
+      await speak({ input: text, voice: undefined, speaker_embedding: dataUrl, response_format: "wav" })
+    )
+    expect(largestDifference(got, expected)).toBeLessThanOrEqual(1)
+
+    const requests = ["One.", "Two words.", "Three short words.", "Four words in all."].map((input, index) => ({
+      input,
+      voice: ["alloy", "echo", "nova", "alloy"][index]!,
+      response_format: "wav"
+    }))
+    const alone: Array<Int16Array> = []
+    for (const request of requests) alone.push(wavSamples(await speak(request)))
+    const together = await Promise.all(requests.map(async (request) => wavSamples(await speak(request))))
+    together.forEach((samples, index) => expect(Array.from(samples)).toEqual(Array.from(alone[index]!)))
+  })
+
+  it("refuses what it cannot do, clearly, and goes on serving", async () => {
+    const post = (body: unknown) =>
+      fetch(`${platform.url}/app/speak/v1/audio/speech`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify(body)
+      })
+    const unknownVoice = await post({ input: "Hello", voice: "bob" })
+    expect(unknownVoice.status).toBe(400)
+    expect(await unknownVoice.text()).toContain("its voices are alloy, echo, nova")
+    const speed = await post({ input: "Hello", speed: 1.5 })
+    expect(speed.status).toBe(400)
+    expect(await speed.text()).toContain("speed")
+    const instructions = await post({ input: "Hello", instructions: "Speak calmly." })
+    expect(instructions.status).toBe(400)
+    expect(((await instructions.json()) as { error: { param: string } }).error.param).toBe("instructions")
+    const tooLong = await post({ input: "word ".repeat(200) })
+    expect(tooLong.status).toBe(400)
+    expect(await tooLong.text()).toContain("at most 600")
+    const wrongSize = await post({
+      input: "Hello",
+      voice: null,
+      speaker_embedding: `data:application/octet-stream;base64,${Buffer.alloc(12).toString("base64")}`
+    })
+    expect(wrongSize.status).toBe(400)
+    expect(await wrongSize.text()).toContain("512 float32 values")
+    const both = await post({ input: "Hello", voice: "alloy", speaker_embedding: "data:," })
+    expect(both.status).toBe(400)
+    const empty = await post({ input: "" })
+    expect(empty.status).toBe(422)
+    const model = await post({ input: "Hello", model: "tts-1" })
+    expect(model.status).toBe(404)
+    await expect(client.audio.speech.create({ model: "tts-1", voice: "alloy", input: "Hi" })).rejects.toMatchObject({
+      status: 404
+    })
+    // Still serving.
+    expect(wavSamples(await speak({ input: "Still here.", response_format: "wav" })).length).toBeGreaterThan(0)
+  })
+
+  it("describes the speech route in the app's OpenAPI document", async () => {
+    const document = (await (await fetch(`${platform.url}/app/speak/openapi.json`)).json()) as {
+      paths: Record<string, { post?: { requestBody?: unknown } }>
+    }
+    expect(document.paths["/app/speak/v1/audio/speech"]?.post?.requestBody).toBeDefined()
+  })
+})
