@@ -51,3 +51,4 @@ export {
   TranscriptionFormat
 } from "./schemas/Transcriptions.js"
 export { SpeechRequest, SpeechFormat, maxSpeechInputChars } from "./schemas/Speech.js"
+export { ImageGenerationRequest, ImagesResponse, ImageSize, imageSizeOf } from "./schemas/Images.js"

@@ -28,6 +28,7 @@ import {
   readRequestBody,
   readRequestBytes
 } from "./RequestBody.js"
+import { imagesFormat } from "./ImagesApi.js"
 import { speechFormat } from "./SpeechApi.js"
 import { transcriptionFormat, transcriptionOfForm } from "./TranscriptionsApi.js"
 import type { Metrics } from "../metrics/PlatformMetrics.js"
@@ -56,7 +57,8 @@ const routeNames: Readonly<Record<"native" | OpenAiRoute, string>> = {
   embeddings: "/app/{id}/v1/embeddings",
   transcriptions: "/app/{id}/v1/audio/transcriptions",
   translations: "/app/{id}/v1/audio/translations",
-  speech: "/app/{id}/v1/audio/speech"
+  speech: "/app/{id}/v1/audio/speech",
+  images: "/app/{id}/v1/images/generations"
 }
 
 /** The `response_format` and `stream_format` a speech request asks for (mp3 and audio when it names none or none known). */
@@ -229,7 +231,9 @@ export const makeInvokeRoute =
               ? transcriptionFormat(appId, responseFormatOf(openAi.body))
               : api === "speech"
                 ? speechFormatOf(appId, openAi.body)
-                : (openAiFormat(api, openAi.stream, appId, options.maxResponseBytes) ?? nativeFormat)
+                : api === "images"
+                  ? imagesFormat(appId)
+                  : (openAiFormat(api, openAi.stream, appId, options.maxResponseBytes) ?? nativeFormat)
         const requestId = randomUUID()
         let streaming = false
         /** Characters of lines written while the response's buffer is full: the app hears of them on `drain`. */

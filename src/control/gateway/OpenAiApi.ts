@@ -1,6 +1,7 @@
 /**
  * OpenAI's API on every app (`/app/:id/v1/...`): chat completions, legacy completions, embeddings,
- * audio transcriptions and translations (TranscriptionsApi.ts) and models. An app serves OpenAI's requests through its own `serve`: the gateway checks a
+ * audio transcriptions and translations (TranscriptionsApi.ts), audio speech (SpeechApi.ts), image
+ * generations (ImagesApi.ts) and models. An app serves OpenAI's requests through its own `serve`: the gateway checks a
  * request's parameters and model, hands a completions request to the app as a chat request whose
  * `cornserve_prompt` carries the prompt, and writes the app's chat-completion chunks the way the
  * route's client expects them (a stream of events, or one object gathered from the chunks).
@@ -19,6 +20,7 @@ import {
   type FinishReason,
   type TextCompletion
 } from "../../app-runtime/schemas/OpenAI.js"
+import { ImageGenerationRequest } from "../../app-runtime/schemas/Images.js"
 import { SpeechRequest } from "../../app-runtime/schemas/Speech.js"
 import { TranscriptionRequest } from "../../app-runtime/schemas/Transcriptions.js"
 import { issueLines, readableIssues } from "../../app-runtime/SchemaIssues.js"
@@ -26,10 +28,17 @@ import { shortened } from "../../app-runtime/Shortened.js"
 import { AppFailed } from "../errors.js"
 import { errorCodes, eventStreamFormat, type ReplyFormat, sendError, writeJson } from "./ReplyFormat.js"
 
-export type OpenAiRoute = "chat" | "completions" | "embeddings" | "transcriptions" | "translations" | "speech"
+export type OpenAiRoute =
+  | "chat"
+  | "completions"
+  | "embeddings"
+  | "transcriptions"
+  | "translations"
+  | "speech"
+  | "images"
 
 const pathPattern =
-  /^\/app\/([^/]+)\/v1\/(chat\/completions|completions|embeddings|audio\/transcriptions|audio\/translations|audio\/speech|models)(?:\/([^/]+))?$/
+  /^\/app\/([^/]+)\/v1\/(chat\/completions|completions|embeddings|audio\/transcriptions|audio\/translations|audio\/speech|images\/generations|models)(?:\/([^/]+))?$/
 
 /** An OpenAI route's app (its id still percent-encoded) and route, from a request's method and path. */
 export const matchOpenAiRoute = (
@@ -49,9 +58,11 @@ export const matchOpenAiRoute = (
     route:
       name === "chat/completions"
         ? "chat"
-        : name.startsWith("audio/")
-          ? (name.slice("audio/".length) as OpenAiRoute)
-          : (name as OpenAiRoute)
+        : name === "images/generations"
+          ? "images"
+          : name.startsWith("audio/")
+            ? (name.slice("audio/".length) as OpenAiRoute)
+            : (name as OpenAiRoute)
   }
 }
 
@@ -131,7 +142,9 @@ const unimplemented: Readonly<Record<OpenAiRoute, ReadonlySet<string>>> = {
   transcriptions: new Set(["prompt", "include", "stream"]),
   translations: new Set(["prompt"]),
   // Voice instructions (gpt-4o-mini-tts's) have no counterpart in the models served here.
-  speech: new Set(["instructions"])
+  speech: new Set(["instructions"]),
+  // Streamed partial images, and settings the generators served here have no counterpart for.
+  images: new Set(["stream", "partial_images", "background", "moderation", "output_compression", "quality", "style"])
 }
 
 const known: Readonly<Record<OpenAiRoute, ReadonlySet<string> | undefined>> = {
@@ -141,7 +154,8 @@ const known: Readonly<Record<OpenAiRoute, ReadonlySet<string> | undefined>> = {
   embeddings: undefined,
   transcriptions: new Set(Object.keys(TranscriptionRequest.fields)),
   translations: new Set(Object.keys(TranscriptionRequest.fields)),
-  speech: new Set(Object.keys(SpeechRequest.fields))
+  speech: new Set(Object.keys(SpeechRequest.fields)),
+  images: new Set(Object.keys(ImageGenerationRequest.fields))
 }
 
 const routeNames: Readonly<Record<OpenAiRoute, string>> = {
@@ -150,7 +164,8 @@ const routeNames: Readonly<Record<OpenAiRoute, string>> = {
   embeddings: "embeddings",
   transcriptions: "transcriptions",
   translations: "translations",
-  speech: "speech"
+  speech: "speech",
+  images: "image generations"
 }
 
 const badParameter = (param: string, message: string): OpenAiRefusal => ({
@@ -211,6 +226,16 @@ export const prepareOpenAiRequest = (
     return { refusal: modelNotFound(fields.model, models) }
   if (route === "embeddings" || route === "transcriptions") return { stream: false, body }
   if (route === "speech") return { stream: true, body }
+  if (route === "images") {
+    if (fields.response_format === "url")
+      return {
+        refusal: badParameter(
+          "response_format",
+          "`url` is not supported: the platform keeps no files to link to; use b64_json"
+        )
+      }
+    return { stream: false, body }
+  }
   // A translation is a transcription into English: the same request, its task set.
   if (route === "translations") return { stream: false, body: JSON.stringify({ ...fields, task: "translate" }) }
   let chat = fields
@@ -478,6 +503,7 @@ export const openAiFormat = (
     case "transcriptions":
     case "translations":
     case "speech":
+    case "images":
       return undefined
   }
 }

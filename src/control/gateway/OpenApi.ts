@@ -442,6 +442,45 @@ const speechPaths = (app: DescribedApp, rename: (ref: string) => string | undefi
   }
 })
 
+/** Whether an app takes OpenAI's image generation requests: its request schema is the SDK's `ImageGenerationRequest`. */
+export const takesImageRequests = (schemas: AppSchemas): boolean =>
+  typeof schemas.request === "object" &&
+  schemas.request.$ref === `${defsRefPrefix}ImageGenerationRequest` &&
+  Object.keys(schemas.request).length === 1 &&
+  schemas.defs.has("ImageGenerationRequest")
+
+/** OpenAI's image generations route on an images app. */
+const imagesPaths = (app: DescribedApp, rename: (ref: string) => string | undefined) => ({
+  [`/app/${app.id}/v1/images/generations`]: {
+    post: {
+      operationId: `images_${app.id}`,
+      tags: [appTag(app.id)],
+      summary: `OpenAI image generations from ${app.id}`,
+      ...apiKeySecurity(app.needsApiKey),
+      requestBody: {
+        required: true,
+        content: { "application/json": { schema: cleanSchema(app.schemas.request, rename) } }
+      },
+      responses: {
+        "200": {
+          description: "The images, base64 PNGs (`b64_json`).",
+          content: {
+            "application/json": {
+              schema: app.schemas.response === undefined ? {} : cleanSchema(app.schemas.response, rename)
+            }
+          }
+        },
+        "400": failure("The request asks for what the platform does not do: a url answer, streamed partial images."),
+        ...(app.needsApiKey ? { "401": failure("No API key, or not one this app takes.") } : {}),
+        "404": failure("No app has this id, or the request names a model the app does not serve."),
+        "422": failure("The request does not match the app's request schema."),
+        "429": failure("The app runs and queues as many requests as its admission settings allow.", true),
+        "503": failure("The app is not ready, or a task has no executor free.", true)
+      }
+    }
+  }
+})
+
 /** OpenAI's routes on a chat app: chat completions, legacy completions, models. */
 const openAiPaths = (app: DescribedApp, rename: (ref: string) => string | undefined) => {
   const security = apiKeySecurity(app.needsApiKey)
@@ -558,7 +597,8 @@ const appPaths = (app: DescribedApp, names: ReadonlyMap<string, string>) => {
     ...(takesChatRequests(app.schemas) ? openAiPaths(app, rename) : {}),
     ...(takesEmbeddingRequests(app.schemas) ? embeddingsPaths(app, rename) : {}),
     ...(takesTranscriptionRequests(app.schemas) ? transcriptionPaths(app, rename) : {}),
-    ...(takesSpeechRequests(app.schemas) ? speechPaths(app, rename) : {})
+    ...(takesSpeechRequests(app.schemas) ? speechPaths(app, rename) : {}),
+    ...(takesImageRequests(app.schemas) ? imagesPaths(app, rename) : {})
   }
   return { paths, schemas }
 }

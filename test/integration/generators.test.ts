@@ -9,6 +9,7 @@ import {
   Tensor
 } from "@huggingface/transformers"
 import OpenAI from "openai"
+import sharp from "sharp"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { decodeAudio } from "../../src/executors/common/media/MediaDecoder.js"
 import { tinySpeechT5 } from "../../src/models/recipes/RandomSpeechT5.js"
@@ -17,11 +18,13 @@ import { offline } from "../models/support/TransformersJs.js"
 import { invoke, type RunningPlatform, repoRoot, runCli, startPlatform } from "../support/platform.js"
 
 /**
- * Text to speech through the real binary: examples/speak.ts (a SpeechSynthesisTask on the built-in
+ * Generators through the real binary and OpenAI's client. Text to speech: examples/speak.ts (a SpeechSynthesisTask on the built-in
  * cornserve/tiny-speecht5) answers OpenAI's `/v1/audio/speech` to the official client with the
  * samples of transformers.js's generate_speech on the same files, in every response_format and as
  * server-sent events, streamed in chunks; concurrent requests answer as alone; bad requests are
- * refused clearly and the platform goes on serving.
+ * refused clearly and the platform goes on serving. Images: examples/paint.ts answers OpenAI's
+ * `/v1/images/generations` with PNGs of the size asked for, the colour the prompt names, the same
+ * seed the same picture.
  */
 
 const sampleRate = 16000
@@ -48,7 +51,7 @@ const largestDifference = (a: Int16Array, b: Int16Array) => {
   return most
 }
 
-describe("text to speech end to end", () => {
+describe("generators end to end: speech and images", () => {
   let root: string
   let modelDir: string
   let platform: RunningPlatform
@@ -70,10 +73,12 @@ describe("text to speech end to end", () => {
       dtype: "fp32"
     })) as SpeechT5HifiGan
     platform = await startPlatform()
-    const registered = await runCli(["app", "register", join(repoRoot, "examples", "speak.ts")], {
-      CORNSERVE_GATEWAY_URL: platform.url
-    })
-    expect(registered.code, registered.stderr).toBe(0)
+    for (const app of ["speak", "paint"]) {
+      const registered = await runCli(["app", "register", join(repoRoot, "examples", `${app}.ts`)], {
+        CORNSERVE_GATEWAY_URL: platform.url
+      })
+      expect(registered.code, registered.stderr).toBe(0)
+    }
     client = new OpenAI({ baseURL: `${platform.url}/app/speak/v1`, apiKey: "unused", maxRetries: 0 })
   }, 240_000)
 
@@ -249,5 +254,57 @@ describe("text to speech end to end", () => {
       paths: Record<string, { post?: { requestBody?: unknown } }>
     }
     expect(document.paths["/app/speak/v1/audio/speech"]?.post?.requestBody).toBeDefined()
+  })
+
+  it("paints images for OpenAI's image generations: the size asked for, the colour named, seeded", async () => {
+    const images = new OpenAI({ baseURL: `${platform.url}/app/paint/v1`, apiKey: "unused", maxRetries: 0 })
+    const answer = await images.images.generate({
+      prompt: "a red square",
+      size: "48x32" as never,
+      n: 2,
+      seed: 7
+    } as never)
+    expect(answer.data).toHaveLength(2)
+    const decoded = await Promise.all(
+      answer.data!.map((image) =>
+        sharp(Buffer.from(image.b64_json!, "base64")).raw().toBuffer({ resolveWithObject: true })
+      )
+    )
+    for (const { info, data } of decoded) {
+      expect([info.width, info.height]).toEqual([48, 32])
+      const mean = [0, 1, 2].map((channel) => {
+        let sum = 0
+        for (let i = channel; i < data.length; i += info.channels) sum += data[i]!
+        return sum / (data.length / info.channels)
+      })
+      expect(mean[0]!, "red").toBeGreaterThan(mean[1]! + 50)
+      expect(mean[0]!, "red").toBeGreaterThan(mean[2]! + 50)
+    }
+    const again = await images.images.generate({
+      prompt: "a red square",
+      size: "48x32" as never,
+      n: 1,
+      seed: 7
+    } as never)
+    expect(again.data![0]!.b64_json).toBe(answer.data![0]!.b64_json)
+    const blue = await images.images.generate({ prompt: "deep blue", size: "48x32" as never, seed: 7 } as never)
+    expect(blue.data![0]!.b64_json).not.toBe(answer.data![0]!.b64_json)
+
+    const post = (body: unknown) =>
+      fetch(`${platform.url}/app/paint/v1/images/generations`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify(body)
+      })
+    const url = await post({ prompt: "red", response_format: "url" })
+    expect(url.status).toBe(400)
+    expect(((await url.json()) as { error: { param: string } }).error.param).toBe("response_format")
+    expect((await post({ prompt: "red", stream: true })).status).toBe(400)
+    expect((await post({ prompt: "red", size: "3x5000" })).status).toBe(422)
+    expect((await post({ prompt: "red", n: 11 })).status).toBe(422)
+    const document = (await (await fetch(`${platform.url}/app/paint/openapi.json`)).json()) as {
+      paths: Record<string, unknown>
+    }
+    expect(document.paths["/app/paint/v1/images/generations"]).toBeDefined()
   })
 })
