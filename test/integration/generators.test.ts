@@ -210,6 +210,33 @@ describe("generators end to end: speech and images", () => {
     together.forEach((samples, index) => expect(Array.from(samples)).toEqual(Array.from(alone[index]!)))
   })
 
+  it("starts a request that arrives mid-utterance at once, not after the utterance", async () => {
+    const events: Array<string> = []
+    const stream = async (label: string, input: string, onFirst?: () => void) => {
+      const response = await invoke(platform.url, "speak", JSON.stringify({ input }))
+      const reader = response.body!.getReader()
+      let first = true
+      for (;;) {
+        const { done } = await reader.read()
+        if (done) break
+        if (first) {
+          events.push(`${label} first`)
+          onFirst?.()
+          first = false
+        }
+      }
+      events.push(`${label} end`)
+    }
+    let later: Promise<void> | undefined
+    // Ten seconds of speech and more: the short one is asked for once the long one is speaking.
+    await stream("long", "A long passage, spoken while another request comes in. ".repeat(9), () => {
+      later = stream("short", "Hello there.")
+    })
+    await later
+    expect(events.indexOf("short first")).toBeGreaterThan(events.indexOf("long first"))
+    expect(events.indexOf("short first")).toBeLessThan(events.indexOf("long end"))
+  })
+
   it("refuses what it cannot do, clearly, and goes on serving", async () => {
     const post = (body: unknown) =>
       fetch(`${platform.url}/app/speak/v1/audio/speech`, {

@@ -13,6 +13,15 @@ export const batchBufferPrefix = "cornserve-batches-"
 export const batchBufferEnvName = "CORNSERVE_BATCH_BUFFER"
 
 /**
+ * Batches in flight between an engine and its workers, each in a slot of the buffer: two, so that
+ * the next batch is written while one runs; eight for Geri, whose batches last as long as their
+ * output streams (an utterance spoken as it is generated) and whose speech worker runs them side
+ * by side, so that a request arriving mid-utterance starts at once. The buffer is sparse: a slot
+ * costs memory only for what a batch writes in it.
+ */
+export const batchSlots = (kind: "eric" | "geri" | "llm"): number => (kind === "geri" ? 8 : 2)
+
+/**
  * Shared memory between an executor's engine and its workers: `slots` regions of `slotBytes`. The
  * engine stacks a batch's inputs into a free slot and tells the workers where they are; the
  * workers read them in place. A slot is reused only once every worker is done with its batch.

@@ -5,7 +5,7 @@
  */
 import { join } from "node:path"
 import { Effect } from "effect"
-import { BatchBuffer, batchBufferPrefix } from "./BatchBuffer.js"
+import { BatchBuffer, batchBufferPrefix, batchSlots } from "./BatchBuffer.js"
 import { exitWithParent } from "../../process/ChildProcesses.js"
 import { bindEngineSockets } from "./EngineSockets.js"
 import type { ExecutorConfig } from "./ExecutorConfig.js"
@@ -60,7 +60,7 @@ export const runEngine = (config: ExecutorConfig) =>
     exitWithParent()
     const buffer = yield* BatchBuffer.create(
       join("/dev/shm", `${batchBufferPrefix}${process.pid}`),
-      2,
+      batchSlots(config.kind),
       config.batchSlotBytes
     )
     const sockets = yield* bindEngineSockets(config)

@@ -4,7 +4,7 @@
  * engine's batch buffer (the batch engine's; the LLM's steps carry what they need in the message).
  */
 import * as zmq from "zeromq"
-import { BatchBuffer, batchBufferEnvName } from "./BatchBuffer.js"
+import { BatchBuffer, batchBufferEnvName, batchSlots } from "./BatchBuffer.js"
 import { exitWithParent } from "../../process/ChildProcesses.js"
 import { type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
 import type { LoadWorkerModel } from "./WorkerModel.js"
@@ -30,7 +30,8 @@ export const runWorker = async (config: ExecutorConfig, rank: number): Promise<v
   const { load } = await loadKind(config.kind)
   const model = await load({ config, rank, device })
   const bufferPath = process.env[batchBufferEnvName]
-  const buffer = bufferPath === undefined ? undefined : BatchBuffer.open(bufferPath, 2, config.batchSlotBytes)
+  const buffer =
+    bufferPath === undefined ? undefined : BatchBuffer.open(bufferPath, batchSlots(config.kind), config.batchSlotBytes)
   const inputsOf = (message: BatchMessage, firstRow: number, lastRow: number) => {
     const inputs = Object.entries(message.inputs)
     if (inputs.length === 0) return {}
@@ -43,8 +44,7 @@ export const runWorker = async (config: ExecutorConfig, rank: number): Promise<v
   toEngine.connect(ipcPath(config, "workers-out"))
   const send = orderedSender<FromWorker>(toEngine)
   await send({ t: "ready", rank })
-  for await (const message of messagesOf<ToWorker>(fromEngine)) {
-    if (message.t === "stop") break
+  const runBatch = async (message: BatchMessage) => {
     const [from, to] = message.shard
     const items = message.items.slice(from, to)
     const firstRow = items[0]!.rows[0]
@@ -77,6 +77,18 @@ export const runWorker = async (config: ExecutorConfig, rank: number): Promise<v
       )
     }
   }
+  // A model that runs batches side by side gets each as it comes; the others, one after another.
+  const running = new Set<Promise<void>>()
+  for await (const message of messagesOf<ToWorker>(fromEngine)) {
+    if (message.t === "stop") break
+    if (model.concurrentBatches !== true) {
+      await runBatch(message)
+      continue
+    }
+    const batch = runBatch(message).finally(() => running.delete(batch))
+    running.add(batch)
+  }
+  await Promise.all(running)
   await model.close()
   fromEngine.close()
   toEngine.close()

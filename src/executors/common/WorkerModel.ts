@@ -21,6 +21,12 @@ export interface WorkerModel {
    * each batch is one span per request in it, and the items' `trace` the model sees is that span.
    */
   readonly tracesItsItems?: boolean
+  /**
+   * The model runs a batch while others run (its runs interleave on the device): the worker hands
+   * it each batch as it arrives instead of after the last one ended. For batches that last as long
+   * as their output streams, so that a new request does not wait for the end of another's.
+   */
+  readonly concurrentBatches?: boolean
 }
 
 export interface WorkerContext {

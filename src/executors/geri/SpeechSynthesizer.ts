@@ -329,6 +329,8 @@ export const speechWorkerModel = async ({ config, device }: WorkerContext): Prom
         })
       )
     },
-    close: () => synthesizer.release()
+    close: () => synthesizer.release(),
+    // An utterance's batch lasts as long as it is spoken: a request arriving meanwhile starts at once.
+    concurrentBatches: true
   }
 }
