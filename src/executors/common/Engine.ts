@@ -187,6 +187,11 @@ export const runEngine = (config: ExecutorConfig) =>
         if (stop.aborted) return
         if (message.t === "cancel") {
           if (requests.delete(message.id)) scheduler.remove(message.id)
+          // Items already running: their workers are told, for a model that stops a long stream.
+          for (const batch of batches.values()) {
+            if (!batch.items.some((item) => item.requestId === message.id)) continue
+            for (const rank of batch.pendingRanks) workers.send(rank, { t: "cancel", requestId: message.id })
+          }
         } else if (!workers.healthy) {
           void sendRouter(failedMessage(message.id, new EngineUnavailable({ message: "the executor is unhealthy" })))
         } else if (

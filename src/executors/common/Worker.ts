@@ -44,9 +44,27 @@ export const runWorker = async (config: ExecutorConfig, rank: number): Promise<v
   toEngine.connect(ipcPath(config, "workers-out"))
   const send = orderedSender<FromWorker>(toEngine)
   await send({ t: "ready", rank })
+  /** Requests with items in a running batch (how many items), and those of them cancelled. */
+  const runningRequests = new Map<string, number>()
+  const cancelledRequests = new Set<string>()
   const runBatch = async (message: BatchMessage) => {
     const [from, to] = message.shard
     const items = message.items.slice(from, to)
+    for (const item of items) runningRequests.set(item.requestId, (runningRequests.get(item.requestId) ?? 0) + 1)
+    try {
+      await runItems(message, from, items)
+    } finally {
+      for (const item of items) {
+        const left = runningRequests.get(item.requestId)! - 1
+        if (left > 0) runningRequests.set(item.requestId, left)
+        else {
+          runningRequests.delete(item.requestId)
+          cancelledRequests.delete(item.requestId)
+        }
+      }
+    }
+  }
+  const runItems = async (message: BatchMessage, from: number, items: ReadonlyArray<BatchMessage["items"][number]>) => {
     const firstRow = items[0]!.rows[0]
     const lastRow = items[items.length - 1]!.rows[1]
     const spans = model.tracesItsItems === true ? new Map<string, Span>() : computeSpans(items, rank)
@@ -61,7 +79,8 @@ export const runWorker = async (config: ExecutorConfig, rank: number): Promise<v
             ...(trace === undefined ? {} : { trace })
           }
         }),
-        emit: (item, value) => void send({ t: "partial", batch: message.batch, item: from + item, value })
+        emit: (item, value) => void send({ t: "partial", batch: message.batch, item: from + item, value }),
+        cancelled: (item) => cancelledRequests.has(items[item]!.requestId)
       })
       for (const span of spans.values()) span.end()
       await send({ t: "done", batch: message.batch, rank, results })
@@ -81,6 +100,11 @@ export const runWorker = async (config: ExecutorConfig, rank: number): Promise<v
   const running = new Set<Promise<void>>()
   for await (const message of messagesOf<ToWorker>(fromEngine)) {
     if (message.t === "stop") break
+    if (message.t === "cancel") {
+      // Only a request still running is remembered: a late cancel leaves nothing behind.
+      if (runningRequests.has(message.requestId)) cancelledRequests.add(message.requestId)
+      continue
+    }
     if (model.concurrentBatches !== true) {
       await runBatch(message)
       continue

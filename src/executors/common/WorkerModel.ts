@@ -9,6 +9,8 @@ export interface WorkerBatch {
   readonly items: ReadonlyArray<BatchItem>
   /** Sends a piece of item `item`'s result (its index in `items`) before the batch ends. */
   readonly emit: (item: number, value: unknown) => void
+  /** Whether item `item`'s request was cancelled while the batch runs (told only to models that run batches side by side). */
+  readonly cancelled: (item: number) => boolean
 }
 
 /** A model loaded on one device; what each executor kind supplies for its workers. */

@@ -131,7 +131,11 @@ export interface BatchMessage {
   readonly shard: readonly [number, number]
 }
 
-export type ToWorker = BatchMessage | { readonly t: "stop" }
+export type ToWorker =
+  | BatchMessage
+  /** A request in a running batch was cancelled: a model that checks (a long stream) stops its items. */
+  | { readonly t: "cancel"; readonly requestId: string }
+  | { readonly t: "stop" }
 
 /** Worker → engine. */
 export type FromWorker =

@@ -258,8 +258,12 @@ export class SpeechSynthesizer {
       }
     }
 
+    let stopped = false
     for (let step = 1; ; step++) {
-      if (options.cancelled?.() === true) break
+      if (options.cancelled?.() === true) {
+        stopped = true
+        break
+      }
       const feeds: Record<string, ort.Tensor> = {
         use_cache_branch: new ort.Tensor("bool", [step > 1], [1]),
         output_sequence: outputSequence,
@@ -286,7 +290,7 @@ export class SpeechSynthesizer {
       if (step >= minSteps && (prob.some((p) => p >= threshold) || step >= maxSteps)) break
       await emitThrough(frames, false)
     }
-    if (frames > vocodedTo) await emitThrough(frames, true)
+    if (!stopped && frames > vocodedTo) await emitThrough(frames, true)
     return { spectrogram: spectrogram.slice(0, frames * melBins), frames, samples }
   }
 
@@ -315,15 +319,19 @@ export const speechWorkerModel = async ({ config, device }: WorkerContext): Prom
   const vocoderDir = await vocoderDirectory(config.modelDir, (id) => resolveModel(id))
   const synthesizer = await SpeechSynthesizer.load(config.modelDir, vocoderDir, device, config.threadsPerDevice)
   return {
-    async run({ inputs, items, emit }) {
+    async run({ inputs, items, emit, cancelled }) {
       const speakers = inputs.speaker_embeddings!
       const dim = speakers.shape[1]!
       return Promise.all(
         items.map(async (item, index) => {
           const meta = item.meta as SynthesisItemMeta
           const speaker = (speakers.data as Float32Array).slice(item.rows[0] * dim, item.rows[1] * dim)
-          const result = await synthesizer.synthesize(meta.tokens, speaker, { plan: meta.plan }, (samples, chunk) =>
-            emit(index, { chunk, pcm: pcm16(samples) })
+          // A request cancelled (its client gone) stops at its next step.
+          const result = await synthesizer.synthesize(
+            meta.tokens,
+            speaker,
+            { plan: meta.plan, cancelled: () => cancelled(index) },
+            (samples, chunk) => emit(index, { chunk, pcm: pcm16(samples) })
           )
           return { frames: result.frames, samples: result.samples }
         })

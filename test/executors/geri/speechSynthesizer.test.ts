@@ -228,6 +228,26 @@ describe("SpeechT5 synthesis", () => {
     expect(await differenceWith(0)).toBeGreaterThan(1e-3)
   }, 60_000)
 
+  it("stops at the next step once its request is cancelled, vocoding nothing more", async () => {
+    const speaker = built.voices.get("nova")!
+    const tokens = Array.from(tokenizer(texts[1]!).input_ids.data as BigInt64Array, Number)
+    const whole = await ours(tokens, speaker, 8, 8)
+    let chunks = 0
+    let cancel = false
+    const cut = await synthesizer.synthesize(
+      tokens,
+      speaker,
+      { plan: { firstChunkFrames: 8, maxChunkFrames: 8 }, cancelled: () => cancel },
+      () => {
+        chunks++
+        cancel = chunks === 2
+      }
+    )
+    expect(chunks).toBe(2)
+    expect(cut.samples).toBe(16 * synthesizer.hop)
+    expect(cut.frames).toBeLessThan(whole.frames / 2)
+  })
+
   it("plans chunks that double up to the cap, with context on each side where there is some", () => {
     expect(
       [0, 1, 2, 3, 4, 5].map((chunk) => nextChunkFrames({ firstChunkFrames: 16, maxChunkFrames: 100 }, chunk))
