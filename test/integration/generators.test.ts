@@ -163,10 +163,10 @@ describe("generators end to end: speech and images", () => {
       .trim()
       .split("\n")
       .map((line) => JSON.parse(line) as { audio: string; sampleRate: number })
-    // 16 frames of 256 samples first, then doubling.
-    expect(lines.length).toBeGreaterThan(3)
+    // 16 frames of 256 samples first, then 128, doubling.
+    expect(lines.length).toBeGreaterThanOrEqual(3)
     const sizes = lines.map((line) => Buffer.from(line.audio, "base64").length / 2)
-    expect(sizes.slice(0, 3)).toEqual([4096, 8192, 16384])
+    expect(sizes.slice(0, 2)).toEqual([4096, 32768])
     const joined = Buffer.concat(lines.map((line) => Buffer.from(line.audio, "base64")))
     expect(
       largestDifference(new Int16Array(joined.buffer, joined.byteOffset, joined.length / 2), expected)
@@ -184,7 +184,7 @@ describe("generators end to end: speech and images", () => {
       .map((event) => JSON.parse(event.slice("data: ".length)) as { type: string; audio?: string })
     expect(parsed.at(-1)!.type).toBe("speech.audio.done")
     const deltas = parsed.filter((event) => event.type === "speech.audio.delta")
-    expect(deltas.length).toBeGreaterThan(3)
+    expect(deltas.length).toBeGreaterThanOrEqual(3)
     const file = Buffer.concat(deltas.map((event) => Buffer.from(event.audio!, "base64")))
     expect(largestDifference(wavSamples(file), expected)).toBeLessThanOrEqual(1)
   })

@@ -25,8 +25,11 @@ import {
 } from "./SpeechSynthesizer.js"
 import type { GeriAudioPiece } from "./worker.js"
 
-/** The first chunk's frames by default: about a quarter second at 16 kHz, after its right context is written. */
-const defaultPlan: ChunkPlan = { firstChunkFrames: 16, maxChunkFrames: 256 }
+/**
+ * By default the first chunk is 16 frames (a quarter second at 16 kHz), sent once they and their
+ * right context are written; then 128 frames, doubling up to 512 (8 s).
+ */
+const defaultPlan: ChunkPlan = { firstChunkFrames: 16, chunkFrames: 128, maxChunkFrames: 512 }
 
 export interface SpeechModelInfo {
   readonly sampleRate: number
@@ -92,12 +95,12 @@ export const speechRoutes = (context: {
           message: `the text is ${tokens.length} tokens; this model reads at most ${spec.maxTextPositions}`
         })
       const speaker = yield* speakerOf(body)
+      const firstChunkFrames = body.firstChunkFrames ?? defaultPlan.firstChunkFrames
+      const chunkFrames = body.chunkFrames ?? Math.max(defaultPlan.chunkFrames, firstChunkFrames)
       const plan: ChunkPlan = {
-        firstChunkFrames: body.firstChunkFrames ?? defaultPlan.firstChunkFrames,
-        maxChunkFrames: Math.max(
-          body.maxChunkFrames ?? defaultPlan.maxChunkFrames,
-          body.firstChunkFrames ?? defaultPlan.firstChunkFrames
-        )
+        firstChunkFrames,
+        chunkFrames,
+        maxChunkFrames: Math.max(body.maxChunkFrames ?? defaultPlan.maxChunkFrames, chunkFrames)
       }
       const item: WorkItem = {
         key: "speech",

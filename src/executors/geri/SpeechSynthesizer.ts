@@ -123,15 +123,21 @@ export interface VocoderWindow {
 }
 
 export interface ChunkPlan {
-  /** Frames in the first chunk (the time to the first audio follows it). */
+  /** Frames in the first chunk: the time to the first audio follows it. */
   readonly firstChunkFrames: number
-  /** Chunks double in size after the first, up to this many frames. */
+  /** Frames in the second chunk; each next one doubles, up to maxChunkFrames. */
+  readonly chunkFrames: number
   readonly maxChunkFrames: number
 }
 
-/** The streamed chunks' frame counts: the first, then doubling to the cap, with the context: the hop of one frame. */
+/**
+ * The frames of chunk `chunk`. Every window but the last vocodes its context again (the frames on
+ * each side its convolutions reach), so a few large chunks after a small first one cost less than
+ * many small ones: the first makes the audio start early, the later ones keep the vocoder's work
+ * close to one run over the whole.
+ */
 export const nextChunkFrames = (plan: ChunkPlan, chunk: number): number =>
-  Math.min(plan.maxChunkFrames, plan.firstChunkFrames * 2 ** chunk)
+  chunk === 0 ? plan.firstChunkFrames : Math.min(plan.maxChunkFrames, plan.chunkFrames * 2 ** (chunk - 1))
 
 /**
  * The window that vocodes frames `keepFrom` … `keepTo` of `available` frames: `context` frames on

@@ -54,8 +54,10 @@ export const SynthesisRequest = Schema.Struct({
   voice: Schema.optional(Schema.String.pipe(Schema.maxLength(100))),
   /** An http(s) or `data:` URL of the speaker embedding's little-endian float32 values. */
   speakerEmbedding: Schema.optional(Schema.String),
-  /** Spectrogram frames in the first streamed chunk (smaller: sooner audio; the rest double up to maxChunkFrames). */
+  /** Spectrogram frames in the first streamed chunk (smaller: sooner audio). */
   firstChunkFrames: Schema.optional(Schema.Int.pipe(Schema.between(1, 4096))),
+  /** Frames in the second chunk; the next ones double up to maxChunkFrames (larger: less vocoding done twice). */
+  chunkFrames: Schema.optional(Schema.Int.pipe(Schema.between(1, 65536))),
   maxChunkFrames: Schema.optional(Schema.Int.pipe(Schema.between(1, 65536))),
   stream: Schema.optionalWith(Schema.Boolean, { default: () => true })
 })

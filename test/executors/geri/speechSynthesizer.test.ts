@@ -91,7 +91,7 @@ describe("SpeechT5 synthesis", () => {
       tokens,
       voice,
       {
-        plan: { firstChunkFrames, maxChunkFrames },
+        plan: { firstChunkFrames, chunkFrames: firstChunkFrames * 2, maxChunkFrames },
         cancelled: () => {
           steps++
           return false
@@ -237,7 +237,7 @@ describe("SpeechT5 synthesis", () => {
     const cut = await synthesizer.synthesize(
       tokens,
       speaker,
-      { plan: { firstChunkFrames: 8, maxChunkFrames: 8 }, cancelled: () => cancel },
+      { plan: { firstChunkFrames: 8, chunkFrames: 8, maxChunkFrames: 8 }, cancelled: () => cancel },
       () => {
         chunks++
         cancel = chunks === 2
@@ -250,7 +250,9 @@ describe("SpeechT5 synthesis", () => {
 
   it("plans chunks that double up to the cap, with context on each side where there is some", () => {
     expect(
-      [0, 1, 2, 3, 4, 5].map((chunk) => nextChunkFrames({ firstChunkFrames: 16, maxChunkFrames: 100 }, chunk))
+      [0, 1, 2, 3, 4, 5].map((chunk) =>
+        nextChunkFrames({ firstChunkFrames: 16, chunkFrames: 32, maxChunkFrames: 100 }, chunk)
+      )
     ).toEqual([16, 32, 64, 100, 100, 100])
     expect(vocoderWindow(0, 16, 200, 18)).toEqual({ from: 0, to: 34, keepFrom: 0, keepTo: 16 })
     expect(vocoderWindow(16, 48, 200, 18)).toEqual({ from: 0, to: 66, keepFrom: 16, keepTo: 48 })
