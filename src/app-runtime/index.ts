@@ -25,7 +25,16 @@ export {
   type SpeechSynthesisConfig,
   type SpeechSynthesisInput
 } from "./tasks/SpeechSynthesisTask.js"
-export { LLMTask, LLMEmbeddingTask, type LLMConfig, type LLMInput, type LLMEmbeddingOutput } from "./tasks/LLMTask.js"
+export {
+  LLMTask,
+  LLMEmbeddingTask,
+  LLMImageTokensTask,
+  type LLMConfig,
+  type LLMInput,
+  type LLMEmbeddingOutput,
+  type LLMImageTokensInput,
+  type LLMImageTokensOutput
+} from "./tasks/LLMTask.js"
 export {
   ImageGeneratorTask,
   AudioGeneratorTask,

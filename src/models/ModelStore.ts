@@ -14,6 +14,7 @@ import type { ModelRecipe } from "./recipes/Recipe.js"
 import { tinyColorPainter } from "./recipes/TinyColorPainter.js"
 import { tinyColorTones } from "./recipes/TinyColorTones.js"
 import { tinyColorVlm } from "./recipes/TinyColorVlm.js"
+import { tinyJanus } from "./recipes/RandomJanus.js"
 import { tinySpeechT5 } from "./recipes/RandomSpeechT5.js"
 import { tinyWhisper } from "./recipes/RandomWhisper.js"
 
@@ -25,7 +26,15 @@ import { tinyWhisper } from "./recipes/RandomWhisper.js"
 
 export { UnknownModel } from "./ModelErrors.js"
 
-const builtinRecipes = [tinyColorVlm, tinyColorPainter, tinyColorTones, tinyTextEmbedder, tinyWhisper, tinySpeechT5]
+const builtinRecipes = [
+  tinyColorVlm,
+  tinyColorPainter,
+  tinyColorTones,
+  tinyTextEmbedder,
+  tinyWhisper,
+  tinySpeechT5,
+  tinyJanus
+]
 /** Random-weight presets at realistic sizes; hundreds of MB each, so built only when named. */
 const benchRecipes = [benchVitB16, benchDecoder125m, benchSmolLm2, benchMiniLmL6]
 const recipes = new Map<string, ModelRecipe>(

@@ -50,7 +50,9 @@ describe("buildModel", () => {
       "cornserve/tiny-color-painter",
       "cornserve/tiny-color-tones",
       "cornserve/tiny-text-embedder",
-      "cornserve/tiny-whisper"
+      "cornserve/tiny-whisper",
+      "cornserve/tiny-speecht5",
+      "cornserve/tiny-janus"
     ])
     expect(benchModelNames).toEqual(["bench/vit-b16", "bench/decoder-125m", "bench/smollm2-135m", "bench/minilm-l6"])
   })

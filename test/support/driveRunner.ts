@@ -1,5 +1,5 @@
 import type { PromptInput, SamplingParams, StepOp, TokenPartial } from "../../src/executors/llm/protocol.js"
-import type { Runner } from "../../src/executors/llm/Runner.js"
+import type { StepRunner } from "../../src/executors/llm/Runner.js"
 
 export interface Scripted {
   readonly id: string
@@ -12,7 +12,10 @@ export interface Scripted {
 }
 
 /** Drives a runner the way the engine does; answers each request's tokens. */
-export const drive = async (runner: Runner, requests: ReadonlyArray<Scripted>): Promise<Map<string, Array<number>>> => {
+export const drive = async (
+  runner: StepRunner,
+  requests: ReadonlyArray<Scripted>
+): Promise<Map<string, Array<number>>> => {
   const tokens = new Map(requests.map((request) => [request.id, [] as Array<number>]))
   const running = new Set<string>()
   const finished = new Set<string>()

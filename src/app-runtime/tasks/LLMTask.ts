@@ -61,3 +61,40 @@ export class LLMEmbeddingTask extends UnitTask<LLMInput, LLMEmbeddingOutput, typ
     return { embeddings: new DataForward("Tensor") }
   }
 }
+
+/** What to paint, and how the image's tokens are chosen. */
+export const LLMImageTokensInput = Schema.Struct({
+  /** The user's message, rendered with the model's "text_to_image" chat template. */
+  prompt: Schema.String.pipe(Schema.minLength(1), Schema.maxLength(32_000)),
+  /** Classifier-free guidance (the model's guidance_scale when left out; 1 or less turns it off). */
+  guidanceScale: Schema.optional(Schema.Number.pipe(Schema.between(0, 100))),
+  /** 0 (the default) takes the most likely token each step; above 0, a draw seeded by `seed`. */
+  temperature: Schema.optional(Schema.Number.pipe(Schema.between(0, 2))),
+  seed: Schema.optional(Schema.Int)
+})
+export type LLMImageTokensInput = typeof LLMImageTokensInput.Type
+
+export interface LLMImageTokensOutput {
+  /** The image's tokens, int64 [1, image tokens], for an ImageGeneratorTask on the same model to decode. */
+  readonly tokens: DataForward<"Tensor">
+}
+
+/**
+ * An image's tokens from a text-to-image LLM (Janus-Pro: the LLM executor chooses them with
+ * classifier-free guidance), forwarded through the sidecar to an ImageGeneratorTask of the same
+ * model, which decodes them to pixels. The same config as an LLMTask's is the same deployment.
+ */
+export class LLMImageTokensTask extends UnitTask<LLMImageTokensInput, LLMImageTokensOutput, typeof LLMConfig.Type> {
+  readonly operation = "image-tokens"
+  readonly name: string
+  protected readonly inputSchema = LLMImageTokensInput
+
+  constructor(config: LLMConfig) {
+    super("llm", LLMConfig, config)
+    this.name = `llm-${modelShortName(this.config.model)}`
+  }
+
+  protected makeRecordOutput(): LLMImageTokensOutput {
+    return { tokens: new DataForward("Tensor") }
+  }
+}

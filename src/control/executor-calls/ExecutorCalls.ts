@@ -8,7 +8,7 @@ import { randomUUID } from "node:crypto"
 import { Array as Arr, Either, ParseResult, Schema } from "effect"
 import { EncoderConfig, EncoderInput } from "../../app-runtime/tasks/EncoderTask.js"
 import { AudioGeneratorInput, ImageGeneratorInput } from "../../app-runtime/tasks/GeneratorTask.js"
-import { LLMConfig } from "../../app-runtime/tasks/LLMTask.js"
+import { LLMConfig, LLMImageTokensInput } from "../../app-runtime/tasks/LLMTask.js"
 import type { EmbeddingResponse } from "../../app-runtime/schemas/Embeddings.js"
 import { embeddingInputs, TextEmbeddingConfig, TextEmbeddingInput } from "../../app-runtime/tasks/TextEmbeddingTask.js"
 import {
@@ -38,6 +38,8 @@ import {
 } from "../../executors/geri/api.js"
 import {
   ChatCompletionRequest,
+  ImageTokensRequest,
+  ImageTokensResponse,
   LlmChunk,
   type Modality,
   PromptEmbeddingsRequest,
@@ -421,6 +423,27 @@ const promptEmbeddings = async (
   return { output: invocation.output }
 }
 
+const decodeImageTokensCall = decodeInvocation(
+  Schema.Struct({ config: LLMConfig, input: LLMImageTokensInput, output: Schema.Struct({ tokens: ForwardedId }) })
+)
+
+/** An image's tokens from a text-to-image LLM, sent by the executor through the sidecar under the output's id. */
+const imageTokens = async (url: string, invocation: TaskInvocationWire, context: CallContext): Promise<CallResult> => {
+  const { config, input, output } = decodeImageTokensCall(invocation)
+  const body: ImageTokensRequest = {
+    model: config.model,
+    prompt: input.prompt,
+    id: output.tokens,
+    receivers: context.receivers,
+    ...(input.guidanceScale === undefined ? {} : { guidanceScale: input.guidanceScale }),
+    ...(input.temperature === undefined ? {} : { temperature: input.temperature }),
+    ...(input.seed === undefined ? {} : { seed: input.seed })
+  }
+  const response = await post(`${url}/v1/cornserve/image-tokens`, ImageTokensRequest, body, context)
+  decodeAnswer(ImageTokensResponse)(await response.json())
+  return { output: invocation.output }
+}
+
 const decodeImageInput = decodeInvocation(
   Schema.Struct({ input: Schema.Struct({ ...ImageGeneratorInput.fields, embeddings: ForwardedId }) })
 )
@@ -489,6 +512,7 @@ export const executorCalls: Readonly<
   transcribe,
   chat,
   "hidden-states": promptEmbeddings,
+  "image-tokens": imageTokens,
   "generate-image": generateImage,
   "generate-audio": generateAudio,
   synthesize

@@ -1,5 +1,6 @@
 /**
- * Geri's router: `POST /generate` (or `POST /speech` on a text-to-speech model, Speech.ts). It waits (bounded) for every chunk of the named prompt
+ * Geri's router: `POST /generate` (or `POST /speech` on a text-to-speech model, Speech.ts; on a
+ * Janus-Pro model, `/generate` decodes image tokens, JanusImages.ts). It waits (bounded) for every chunk of the named prompt
  * embeddings in the sidecar, takes them out, and hands one work item to the engine; requests with
  * equal generation parameters are batched together.
  */
@@ -8,6 +9,7 @@ import * as HttpRouter from "@effect/platform/HttpRouter"
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { Effect, Stream } from "effect"
+import { isJanus } from "../../models/JanusModel.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { RecvTimeout } from "../../sidecar/errors.js"
 import { type Payload, SidecarClient } from "../../sidecar/SidecarClient.js"
@@ -25,6 +27,7 @@ import {
 import { inSpan } from "../../tracing/Tracing.js"
 import type { WorkItem } from "../common/wire.js"
 import { type AudioChunkLine, type AudioDoneLine, GenerateRequest, type ImageAnswer } from "./api.js"
+import { janusImageRoutes } from "./JanusImages.js"
 import { speechRoutes } from "./Speech.js"
 import { isSpeechT5 } from "./SpeechSynthesizer.js"
 import type { GeriAudioPiece, GeriImageResult, GeriItemMeta } from "./worker.js"
@@ -103,6 +106,7 @@ export const routerKind: RouterKind = {
           routes: HttpRouter.empty.pipe(HttpRouter.post("/speech", speech.speak))
         }
       }
+      if (isJanus(model)) return yield* janusImageRoutes(config, engine, model)
       const generator = model.config.generator
       if (generator === undefined)
         return yield* Effect.fail(

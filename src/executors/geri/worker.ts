@@ -3,7 +3,8 @@
  * stacked row after row; the worker pads them into one batch with an attention mask. A generator
  * with a `noise` input (a diffusion model's starting latents) gets standard normal noise drawn from
  * each request's seed. An image model answers PNGs; an audio model streams PCM16 chunk after chunk.
- * A SpeechT5 model (text to speech) is run by SpeechSynthesizer.ts.
+ * A SpeechT5 model (text to speech) is run by SpeechSynthesizer.ts, a Janus-Pro model's image
+ * decoder (image tokens to pixels) by JanusDecoder.ts.
  */
 import * as ort from "onnxruntime-node"
 import sharp from "sharp"
@@ -11,6 +12,8 @@ import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { Random } from "../../models/Random.js"
 import { createSession } from "../common/Sessions.js"
 import { isSpeechT5, speechWorkerModel } from "./SpeechSynthesizer.js"
+import { isJanus } from "../../models/JanusModel.js"
+import { janusWorkerModel } from "./JanusDecoder.js"
 import type { LoadWorkerModel } from "../common/WorkerModel.js"
 
 export interface GeriItemMeta {
@@ -38,6 +41,7 @@ export const load: LoadWorkerModel = async (context) => {
   const { config, device } = context
   const model = await loadModelDirectory(config.modelDir)
   if (isSpeechT5(model)) return speechWorkerModel(context)
+  if (isJanus(model)) return janusWorkerModel(model, context)
   const generator = model.config.generator
   const path = model.onnx.get("generator")
   if (generator === undefined || path === undefined)

@@ -61,6 +61,18 @@ export interface StepItem {
   readonly op: StepOp
 }
 
+/** What the worker drives one step at a time: this Runner, or JanusRunner for Janus's image tokens. */
+export interface StepRunner {
+  /** Requests whose cache it holds. */
+  readonly held: ReadonlyArray<string>
+  /** Runs one step; `emit(index, token)` reports each token as it is chosen; answers each embed item's output at its index. */
+  step(
+    items: ReadonlyArray<StepItem>,
+    emit: (index: number, partial: TokenPartial) => void
+  ): Promise<Array<EmbedOutput | undefined>>
+  close(): Promise<void>
+}
+
 /** An embed item's answer; `error` is the caller's mistake. */
 export type EmbedOutput =
   | { readonly embedding: Float32Array; readonly shape: readonly [number, number] }
@@ -83,7 +95,7 @@ const float32Data = (tensor: ort.Tensor): Float32Array =>
 const metadataOf = (values: ReadonlyArray<ort.InferenceSession.ValueMetadata>) =>
   values.flatMap((value) => (value.isTensor ? [{ name: value.name, type: value.type, shape: value.shape }] : []))
 
-export class Runner {
+export class Runner implements StepRunner {
   private readonly sequences = new Map<string, Sequence>()
   /** The batch the last decode step ran, in row order, and its output past. */
   private batch: { readonly order: ReadonlyArray<string>; readonly past: Past } | undefined

@@ -13,6 +13,8 @@ import { DataId } from "../common/DataId.js"
  * - `GET /v1/models`: the one model this executor serves.
  * - `POST /v1/cornserve/prompt-embeddings`: the model's embeddings of a prompt, sent through the
  *   sidecar to a generator (the LLMEmbeddingTask).
+ * - `POST /v1/cornserve/image-tokens`: on a Janus-Pro model, an image's tokens for a prompt, sent
+ *   through the sidecar to the generator that decodes them (the LLMImageTokensTask).
  * - `GET /v1/cornserve/stats`: requests waiting and running, KV cache positions held.
  */
 
@@ -118,3 +120,31 @@ export const LlmStats = Schema.Struct({
   largestBatch: Schema.Int
 })
 export type LlmStats = typeof LlmStats.Type
+
+/**
+ * An image's tokens for a prompt (a Janus-Pro model), chosen as transformers.js's generate_images
+ * chooses them and sent as one int64 [1, image tokens] tensor through the sidecar.
+ */
+export const ImageTokensRequest = Schema.Struct({
+  /** Checked when given, as in chat completions. */
+  model: Schema.optional(Schema.String),
+  /** What to paint, rendered with the model's "text_to_image" chat template as the user's message. */
+  prompt: Schema.String.pipe(Schema.minLength(1), Schema.maxLength(32_000)),
+  /** The sidecar id the tokens go out under. */
+  id: DataId,
+  /** Node ids that receive them (default: this node). */
+  receivers: Schema.optional(Schema.Array(Schema.String)),
+  /** Classifier-free guidance: the model's generation_config.json guidance_scale when left out; 1 or less turns it off. */
+  guidanceScale: Schema.optional(Schema.Number.pipe(Schema.between(0, 100))),
+  /** 0 (the default) chooses the most likely token; above 0, a draw from the seeded generator. */
+  temperature: Schema.optional(Schema.Number.pipe(Schema.between(0, 2))),
+  seed: Schema.optional(Schema.Int)
+})
+export type ImageTokensRequest = typeof ImageTokensRequest.Type
+
+export const ImageTokensResponse = Schema.Struct({
+  id: Schema.String,
+  /** How many tokens were sent: the model's image tokens. */
+  tokens: Schema.Int
+})
+export type ImageTokensResponse = typeof ImageTokensResponse.Type

@@ -15,14 +15,15 @@ import { type BatchItem, failedMessage, messagesOf, type ToEngine, type ToWorker
 import { startWorkerGroup } from "../common/WorkerGroup.js"
 import type { LlmStats } from "./api.js"
 import { kvCacheTokens } from "./Limits.js"
-import type {
-  EmbedMeta,
-  EmbedResult,
-  GenerateMeta,
-  GenerateResult,
-  LlmRequestMeta,
-  StepOp,
-  TokenPartial
+import {
+  cachePositions,
+  type EmbedMeta,
+  type EmbedResult,
+  type GenerateMeta,
+  type GenerateResult,
+  type LlmRequestMeta,
+  type StepOp,
+  type TokenPartial
 } from "./protocol.js"
 import { ContinuousScheduler } from "./Scheduler.js"
 import type { Share } from "../common/FairShare.js"
@@ -112,13 +113,14 @@ export const runEngine = (config: ExecutorConfig) =>
           return wakeup.wakeAll()
         }
         case "generate": {
-          const admission = scheduler.enqueue(id, meta.prompt.inputIds.length + meta.sampling.maxNewTokens, share)
+          const positions = cachePositions(meta.prompt, meta.sampling)
+          const admission = scheduler.enqueue(id, positions, share)
           if (admission._tag === "QueueFull")
             return void sendRouter(
               failedMessage(id, new EngineUnavailable({ message: "the executor's queue is full" }))
             )
           if (admission._tag === "TooLarge") {
-            const message = `the request needs ${meta.prompt.inputIds.length + meta.sampling.maxNewTokens} KV cache positions (prompt and max_tokens); a device has ${admission.kvCacheTokens}`
+            const message = `the request needs ${positions} KV cache positions (prompt and max_tokens); a device has ${admission.kvCacheTokens}`
             return void sendRouter(failedMessage(id, new EngineRejected({ message })))
           }
           requests.set(id, { op: "generate", meta, generated: 0, trace, received })

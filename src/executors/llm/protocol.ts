@@ -6,6 +6,7 @@
  * one batch item per request it touches. A worker keeps each request's KV cache from its prefill
  * until it finishes or the engine frees it.
  */
+import { isGuided } from "../../models/JanusModel.js"
 import type { EmbeddingSource, FinishReason } from "./api.js"
 import type { ResponseFormat } from "./structured/JsonGrammar.js"
 
@@ -78,7 +79,16 @@ export interface SamplingParams {
   readonly maxNewTokens: number
   /** Tokens that end the sequence (empty with ignore_eos). */
   readonly stopTokenIds: ReadonlyArray<number>
+  /**
+   * Image generation (Janus): above 1, each token is chosen with classifier-free guidance over the
+   * prompt's row and an unconditional row, which holds KV cache positions of its own.
+   */
+  readonly guidanceScale?: number
 }
+
+/** KV cache positions a request reserves: its prompt and every token it may generate, on each row it runs. */
+export const cachePositions = (prompt: PromptInput, sampling: SamplingParams): number =>
+  (prompt.inputIds.length + sampling.maxNewTokens) * (isGuided(sampling.guidanceScale) ? 2 : 1)
 
 export interface GenerateMeta {
   readonly op: "generate"

@@ -2,7 +2,8 @@
  * The LLM executor's router: the OpenAI chat-completions surface, and prompt embeddings for
  * generators. Requests are checked, rendered and tokenized here, their media preprocessed (or their
  * embeddings taken from the sidecar), and tokens turned back into text and OpenAI chunks; the
- * engine sees only token ids and tensors.
+ * engine sees only token ids and tensors. A Janus-Pro model, served for image generation, has its
+ * own routes (JanusImageTokens.ts).
  */
 import { randomInt, randomUUID } from "node:crypto"
 import { relative } from "node:path"
@@ -12,6 +13,7 @@ import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { Effect, Stream } from "effect"
 import { decoderFiles } from "../../models/DecoderLayout.js"
 import { GenerationConfig } from "../../models/GenerationConfig.js"
+import { isJanus } from "../../models/JanusModel.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { ChatTemplateError, ChatTokenizer } from "../../models/Tokenizer.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
@@ -57,6 +59,7 @@ import {
   parametersSchema,
   toolCallFormatOf
 } from "./ToolCalls.js"
+import { janusRouter } from "./JanusImageTokens.js"
 import { contextLength, kvCacheTokens } from "./Limits.js"
 import { makeMediaInputs } from "./MediaInputs.js"
 import { type MediaPart, mediaParts, PromptError, templateMessages } from "./Prompt.js"
@@ -73,6 +76,7 @@ export const routerKind: RouterKind = {
         try: () => loadModelDirectory(config.modelDir),
         catch: (error) => error as Error
       })
+      if (isJanus(model)) return yield* janusRouter(config, engine, model)
       if (model.decoder === undefined) {
         return yield* Effect.fail(
           new Error(`${config.model} is not a decoder model: its config.json (or text_config) has no vocab_size`)

@@ -1,26 +1,27 @@
 /**
- * The LLM executor's worker: a Runner on its device, driven one step at a time by the LLM engine.
+ * The LLM executor's worker: a Runner on its device (a JanusRunner for a Janus model, whose tokens
+ * are an image's), driven one step at a time by the LLM engine.
  * Each batch the framework hands it is one step; its tokens go back as partial results the moment
  * they are sampled. Prompt embeddings go to the sidecar under the request's id.
  *
  * A traced request is one span here from its prefill to its last token (or its cache freed), as
  * its compute spans many steps, batched with whichever other requests run then.
  */
+import { isJanus } from "../../models/JanusModel.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import { noSpan, type Span, startSpan } from "../../tracing/Tracing.js"
 import type { LoadWorkerModel } from "../common/WorkerModel.js"
 import type { EmbedResult, StepOp, TokenPartial } from "./protocol.js"
-import { Runner } from "./Runner.js"
+import { JanusRunner } from "./JanusRunner.js"
+import { Runner, type StepRunner } from "./Runner.js"
 
 export const load: LoadWorkerModel = async ({ config, device, rank }) => {
-  const runner = await Runner.open(
-    await loadModelDirectory(config.modelDir),
-    device,
-    config.threadsPerDevice,
-    config.dtype
-  )
+  const model = await loadModelDirectory(config.modelDir)
+  const runner: StepRunner = isJanus(model)
+    ? await JanusRunner.open(model, device, config.threadsPerDevice, config.dtype)
+    : await Runner.open(model, device, config.threadsPerDevice, config.dtype)
   const sidecar = config.sidecarSocket === undefined ? undefined : await SidecarClient.connect(config.sidecarSocket)
   /** The span of each traced request this worker generates for, with its tokens so far. */
   const generating = new Map<string, { readonly span: Span; tokens: number }>()
@@ -47,7 +48,7 @@ export const load: LoadWorkerModel = async ({ config, device, rank }) => {
           traced?.span.end()
         }
       }
-      let outputs: Awaited<ReturnType<Runner["step"]>>
+      let outputs: Awaited<ReturnType<StepRunner["step"]>>
       try {
         outputs = await runner.step(
           items.map((item) => ({ id: item.requestId, op: item.meta as StepOp })),
