@@ -286,6 +286,20 @@ export const takesChatRequests = (schemas: AppSchemas): boolean =>
   schemas.defs.has("ChatCompletionRequest")
 
 /** Whether an app takes OpenAI's embeddings requests: its request schema is the SDK's `EmbeddingRequest`. */
+/**
+ * The failures every OpenAI route of an app answers, with the route's own 400 (and any other
+ * answers it adds, such as an upload's 403 and 413).
+ */
+const openAiRouteFailures = (app: DescribedApp, badRequest: string, more: Record<string, unknown> = {}) => ({
+  "400": failure(badRequest),
+  ...(app.needsApiKey ? { "401": failure("No API key, or not one this app takes.") } : {}),
+  "404": failure("No app has this id, or the request names a model the app does not serve."),
+  ...more,
+  "422": failure("The request does not match the app's request schema."),
+  "429": failure("The app runs and queues as many requests as its admission settings allow.", true),
+  "503": failure("The app is not ready, or a task has no executor free.", true)
+})
+
 export const takesEmbeddingRequests = (schemas: AppSchemas): boolean =>
   typeof schemas.request === "object" &&
   schemas.request.$ref === `${defsRefPrefix}EmbeddingRequest` &&
@@ -313,12 +327,7 @@ const embeddingsPaths = (app: DescribedApp, rename: (ref: string) => string | un
             }
           }
         },
-        "400": failure("An input is empty, too long, or the request asks for what the model cannot do."),
-        ...(app.needsApiKey ? { "401": failure("No API key, or not one this app takes.") } : {}),
-        "404": failure("No app has this id, or the request names a model the app does not serve."),
-        "422": failure("The request does not match the app's request schema."),
-        "429": failure("The app runs and queues as many requests as its admission settings allow.", true),
-        "503": failure("The app is not ready, or a task has no executor free.", true)
+        ...openAiRouteFailures(app, "An input is empty, too long, or the request asks for what the model cannot do.")
       }
     }
   }
@@ -373,14 +382,10 @@ const transcriptionPaths = (app: DescribedApp, rename: (ref: string) => string |
             "text/plain": { schema: { type: "string" } }
           }
         },
-        "400": failure("The audio is unreadable, or the request asks for what the model cannot do."),
-        ...(app.needsApiKey ? { "401": failure("No API key, or not one this app takes.") } : {}),
-        "403": failure("A form posted from a page of another site."),
-        "404": failure("No app has this id, or the request names a model the app does not serve."),
-        "413": failure("The upload is larger than the gateway takes."),
-        "422": failure("The request does not match the app's request schema."),
-        "429": failure("The app runs and queues as many requests as its admission settings allow.", true),
-        "503": failure("The app is not ready, or a task has no executor free.", true)
+        ...openAiRouteFailures(app, "The audio is unreadable, or the request asks for what the model cannot do.", {
+          "403": failure("A form posted from a page of another site."),
+          "413": failure("The upload is larger than the gateway takes.")
+        })
       }
     }
   })
@@ -429,14 +434,10 @@ const speechPaths = (app: DescribedApp, rename: (ref: string) => string | undefi
             "text/event-stream": { schema: { type: "string" } }
           }
         },
-        "400": failure(
+        ...openAiRouteFailures(
+          app,
           "The request asks for what the model cannot do: an unknown voice, a speed other than 1, a text too long."
-        ),
-        ...(app.needsApiKey ? { "401": failure("No API key, or not one this app takes.") } : {}),
-        "404": failure("No app has this id, or the request names a model the app does not serve."),
-        "422": failure("The request does not match the app's request schema."),
-        "429": failure("The app runs and queues as many requests as its admission settings allow.", true),
-        "503": failure("The app is not ready, or a task has no executor free.", true)
+        )
       }
     }
   }
@@ -470,12 +471,10 @@ const imagesPaths = (app: DescribedApp, rename: (ref: string) => string | undefi
             }
           }
         },
-        "400": failure("The request asks for what the platform does not do: a url answer, streamed partial images."),
-        ...(app.needsApiKey ? { "401": failure("No API key, or not one this app takes.") } : {}),
-        "404": failure("No app has this id, or the request names a model the app does not serve."),
-        "422": failure("The request does not match the app's request schema."),
-        "429": failure("The app runs and queues as many requests as its admission settings allow.", true),
-        "503": failure("The app is not ready, or a task has no executor free.", true)
+        ...openAiRouteFailures(
+          app,
+          "The request asks for what the platform does not do: a url answer, streamed partial images."
+        )
       }
     }
   }
@@ -485,14 +484,10 @@ const imagesPaths = (app: DescribedApp, rename: (ref: string) => string | undefi
 const openAiPaths = (app: DescribedApp, rename: (ref: string) => string | undefined) => {
   const security = apiKeySecurity(app.needsApiKey)
   const tags = [appTag(app.id)]
-  const openAiFailures = {
-    "400": failure("The request is not one OpenAI's API takes, or a task refused an input it made."),
-    ...(app.needsApiKey ? { "401": failure("No API key, or not one this app takes.") } : {}),
-    "404": failure("No app has this id, or the request names a model the app does not serve."),
-    "422": failure("The request does not match the app's request schema."),
-    "429": failure("The app runs and queues as many requests as its admission settings allow.", true),
-    "503": failure("The app is not ready, or a task has no executor free.", true)
-  }
+  const openAiFailures = openAiRouteFailures(
+    app,
+    "The request is not one OpenAI's API takes, or a task refused an input it made."
+  )
   const showsExample = app.example !== undefined && !holdsRef(app.example)
   return {
     [`/app/${app.id}/v1/chat/completions`]: {

@@ -14,6 +14,7 @@ import type { ServerResponse } from "node:http"
 import { Either, Schema } from "effect"
 import type { SpeechFormat } from "../../app-runtime/schemas/Speech.js"
 import { lastLines, videoTools } from "../../executors/common/media/VideoContainer.js"
+import { wavHeader } from "../../executors/common/media/Wav.js"
 import { AppFailed, NotSupported } from "../errors.js"
 import { errorBody, type GatewayError } from "./ErrorResponse.js"
 import { errorCodes, type ReplyFormat, sendError } from "./ReplyFormat.js"
@@ -45,31 +46,6 @@ const samplesOf = (json: string): { readonly samples: Buffer; readonly sampleRat
   if (samples.toString("base64") !== audio) return "the app streamed audio that is not base64"
   if (samples.length % 2 !== 0) return "the app streamed audio that is not whole 16-bit samples"
   return { samples, sampleRate }
-}
-
-/** 0xFFFFFFFF in a size field: a stream whose length is not known while it is written. */
-const unknownLength = 0xffff_ffff
-
-/**
- * The 44-byte RIFF/WAVE header of PCM16 mono at `sampleRate` holding `dataBytes` of samples; left
- * out, the sizes say "unknown", as OpenAI's streamed wav does (players read such a file to its end).
- */
-export const wavHeader = (sampleRate: number, dataBytes?: number): Buffer => {
-  const header = Buffer.alloc(44)
-  header.write("RIFF", 0, "ascii")
-  header.writeUInt32LE(dataBytes === undefined ? unknownLength : 36 + dataBytes, 4)
-  header.write("WAVE", 8, "ascii")
-  header.write("fmt ", 12, "ascii")
-  header.writeUInt32LE(16, 16)
-  header.writeUInt16LE(1, 20)
-  header.writeUInt16LE(1, 22)
-  header.writeUInt32LE(sampleRate, 24)
-  header.writeUInt32LE(sampleRate * 2, 28)
-  header.writeUInt16LE(2, 32)
-  header.writeUInt16LE(16, 34)
-  header.write("data", 36, "ascii")
-  header.writeUInt32LE(dataBytes ?? unknownLength, 40)
-  return header
 }
 
 /** How ffmpeg writes one format: its media type, its output options, the input rates its encoder takes. */
@@ -421,3 +397,5 @@ export const speechFormat = (appId: string, format: SpeechFormat, streamFormat: 
     streamError: (response, error) => replyOf(response).fail(error)
   }
 }
+
+export { wavHeader }

@@ -6,15 +6,17 @@
  */
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
-import { Effect, Stream } from "effect"
+import { Effect } from "effect"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { TextTokenizer } from "../../models/TextTokenizer.js"
 import type { EngineClient } from "../common/EngineClient.js"
 import { BadRequest } from "../common/errors.js"
 import { type MediaSourceOptions, readMedia } from "../common/media/MediaSource.js"
-import { answeredFailure, errorAnswer, errorBody, workItemContext } from "../common/Router.js"
+import { wavFile } from "../common/media/Wav.js"
+import { errorAnswer, workItemContext } from "../common/Router.js"
 import type { WorkItem } from "../common/wire.js"
-import { type AudioChunkLine, type AudioDoneLine, SynthesisRequest } from "./api.js"
+import { SynthesisRequest } from "./api.js"
+import { audioLineStream } from "./AudioLines.js"
 import {
   type ChunkPlan,
   hifiGanSpec,
@@ -42,8 +44,6 @@ export const speechRoutes = (context: {
   readonly engine: EngineClient
   readonly media: MediaSourceOptions
   readonly resolveVocoder: (id: string) => Promise<string>
-  /** PCM16 chunks as NDJSON lines, or a WAV file. */
-  readonly wavFile: (pcm: ReadonlyArray<Int16Array>, sampleRate: number) => Uint8Array
 }) =>
   Effect.gen(function* () {
     const { model, engine, media } = context
@@ -115,37 +115,10 @@ export const speechRoutes = (context: {
         yield* Effect.tryPromise({ try: () => submitted.results, catch: (error) => error }).pipe(
           Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id)))
         )
-        return HttpServerResponse.uint8Array(context.wavFile(pieces, sampleRate), { contentType: "audio/wav" })
+        return HttpServerResponse.uint8Array(wavFile(pieces, sampleRate), { contentType: "audio/wav" })
       }
 
-      const ndjson = (line: AudioChunkLine | AudioDoneLine | ReturnType<typeof errorBody>) =>
-        Buffer.from(`${JSON.stringify(line)}\n`)
-      const lines = Stream.async<Uint8Array>((emit) => {
-        let chunks = 0
-        const submitted = engine.submit([item], (_, value) => {
-          const { pcm } = value as GeriAudioPiece
-          chunks++
-          void emit.single(
-            ndjson({
-              chunk: chunks - 1,
-              audio: Buffer.from(pcm.buffer, pcm.byteOffset, pcm.byteLength).toString("base64"),
-              sampleRate
-            })
-          )
-        })
-        submitted.results.then(
-          () => {
-            void emit.single(ndjson({ done: true, chunks, sampleRate }))
-            void emit.end()
-          },
-          (failure: unknown) => {
-            void emit.single(ndjson(errorBody(Effect.runSync(answeredFailure(failure)))))
-            void emit.end()
-          }
-        )
-        return Effect.sync(() => engine.cancel(submitted.id))
-      })
-      return HttpServerResponse.stream(lines, { contentType: "application/x-ndjson" })
+      return audioLineStream(engine, item, sampleRate)
     }).pipe(Effect.catchAll(errorAnswer))
 
     const info: SpeechModelInfo = { sampleRate, voices: voiceNames, speakerDim: spec.speakerDim }

@@ -8,7 +8,7 @@ import { randomInt } from "node:crypto"
 import * as HttpRouter from "@effect/platform/HttpRouter"
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
-import { Effect, Stream } from "effect"
+import { Effect } from "effect"
 import { isJanus } from "../../models/JanusModel.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { RecvTimeout } from "../../sidecar/errors.js"
@@ -16,42 +16,18 @@ import { type Payload, SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import { BadRequest, EmbeddingMissing } from "../common/errors.js"
 import { mediaSourceOptionsOf } from "../common/media/MediaSource.js"
-import {
-  answeredFailure,
-  errorAnswer,
-  errorBody,
-  RequestSpan,
-  type RouterKind,
-  workItemContext
-} from "../common/Router.js"
+import { errorAnswer, RequestSpan, type RouterKind, workItemContext } from "../common/Router.js"
 import { inSpan } from "../../tracing/Tracing.js"
+import { wavFile } from "../common/media/Wav.js"
 import type { WorkItem } from "../common/wire.js"
-import { type AudioChunkLine, type AudioDoneLine, GenerateRequest, type ImageAnswer } from "./api.js"
+import { GenerateRequest, type ImageAnswer } from "./api.js"
+import { audioLineStream } from "./AudioLines.js"
 import { janusImageRoutes } from "./JanusImages.js"
 import { speechRoutes } from "./Speech.js"
 import { isSpeechT5 } from "./SpeechSynthesizer.js"
 import type { GeriAudioPiece, GeriImageResult, GeriItemMeta } from "./worker.js"
 
-/** A WAV file of mono PCM16 samples. */
-export const wavFile = (pcm: ReadonlyArray<Int16Array>, sampleRate: number): Buffer => {
-  const samples = pcm.reduce((sum, chunk) => sum + chunk.length, 0)
-  const header = Buffer.alloc(44)
-  header.write("RIFF", 0, "ascii")
-  header.writeUInt32LE(36 + samples * 2, 4)
-  header.write("WAVEfmt ", 8, "ascii")
-  header.writeUInt32LE(16, 16)
-  header.writeUInt16LE(1, 20)
-  header.writeUInt16LE(1, 22)
-  header.writeUInt32LE(sampleRate, 24)
-  header.writeUInt32LE(sampleRate * 2, 28)
-  header.writeUInt16LE(2, 32)
-  header.writeUInt16LE(16, 34)
-  header.write("data", 36, "ascii")
-  header.writeUInt32LE(samples * 2, 40)
-  return Buffer.concat([header, ...pcm.map((chunk) => Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength))])
-}
-
-const pcmBase64 = (pcm: Int16Array) => Buffer.from(pcm.buffer, pcm.byteOffset, pcm.byteLength).toString("base64")
+export { wavFile }
 
 /**
  * The model's chunks of samples, regrouped into `total` samples in chunks of `size`: each full
@@ -98,8 +74,7 @@ export const routerKind: RouterKind = {
           model,
           engine,
           media: mediaSourceOptionsOf(config),
-          resolveVocoder: (id) => resolveModel(id),
-          wavFile
+          resolveVocoder: (id) => resolveModel(id)
         })
         return {
           info: { modality: "speech", ...speech.info },
@@ -214,28 +189,10 @@ export const routerKind: RouterKind = {
           return HttpServerResponse.uint8Array(wavFile(pieces, sampleRate), { contentType: "audio/wav" })
         }
 
-        const ndjson = (line: AudioChunkLine | AudioDoneLine | ReturnType<typeof errorBody>) =>
-          Buffer.from(`${JSON.stringify(line)}\n`)
-        const lines = Stream.async<Uint8Array>((emit) => {
-          const rechunker = new Rechunker(
-            chunkSize,
-            total,
-            (chunk, pcm) => void emit.single(ndjson({ chunk, audio: pcmBase64(pcm), sampleRate }))
-          )
-          const submitted = engine.submit([item], (_, value) => rechunker.push((value as GeriAudioPiece).pcm))
-          submitted.results.then(
-            () => {
-              void emit.single(ndjson({ done: true, chunks, sampleRate }))
-              void emit.end()
-            },
-            (failure: unknown) => {
-              void emit.single(ndjson(errorBody(Effect.runSync(answeredFailure(failure)))))
-              void emit.end()
-            }
-          )
-          return Effect.sync(() => engine.cancel(submitted.id))
+        return audioLineStream(engine, item, sampleRate, (send) => {
+          const rechunker = new Rechunker(chunkSize, total, (_, pcm) => send(pcm))
+          return (pcm) => rechunker.push(pcm)
         })
-        return HttpServerResponse.stream(lines, { contentType: "application/x-ndjson" })
       }).pipe(Effect.catchAll(errorAnswer))
 
       return {

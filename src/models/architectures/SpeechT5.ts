@@ -1,4 +1,5 @@
-import { attendHeads, selfAttention, transformerBlock } from "../onnx/Attention.js"
+import { selfAttention, transformerBlock } from "../onnx/Attention.js"
+import { cachedCrossAttention, freshEncoderStates, mergedDecoderCacheInputs } from "../onnx/MergedDecoderCache.js"
 import { elementType, float, Graph, type Value } from "../onnx/Graph.js"
 import { layerNorm, linear, matrixWeight, mlp } from "../onnx/Layers.js"
 import type {
@@ -142,21 +143,7 @@ export const speechT5DecoderGraph = (size: SpeechT5Size, w: SpeechT5Weights): Gr
   ])
   const encoderMask = g.input("encoder_attention_mask", "int64", ["batch_size", "encoder_sequence_length"])
   const speaker = g.input("speaker_embeddings", "float32", ["batch_size", size.speakerDim])
-  const pasts = w.decoderLayers.map((_, index) => {
-    const cache = (kind: "decoder" | "encoder", part: "key" | "value") =>
-      g.input(`past_key_values.${index}.${kind}.${part}`, "float32", [
-        "batch_size",
-        size.heads,
-        kind === "decoder" ? "past_decoder_sequence_length" : "encoder_sequence_length_out",
-        headDim
-      ])
-    return {
-      decoderKey: cache("decoder", "key"),
-      decoderValue: cache("decoder", "value"),
-      encoderKey: cache("encoder", "key"),
-      encoderValue: cache("encoder", "value")
-    }
-  })
+  const pasts = mergedDecoderCacheInputs(g, w.decoderLayers.length, size.heads, headDim)
   const useCache = g.input("use_cache_branch", "bool", [1])
 
   // The speech prenet over every frame so far; the layers take its last position.
@@ -185,11 +172,8 @@ export const speechT5DecoderGraph = (size: SpeechT5Size, w: SpeechT5Weights): Gr
     return g.op("Slice", [joined, g.int64s([-1]), g.int64s([2 ** 31]), g.int64s([1])])
   })
 
-  const encoderRows = g.op("Where", [useCache, g.int64s([0]), g.int64s([2 ** 31])])
-  const freshEncoder = g.op("Slice", [encoderStates, g.int64s([0]), encoderRows, g.int64s([1])])
+  const freshEncoder = freshEncoderStates(g, encoderStates, useCache)
   const crossMask = g.op("Unsqueeze", [g.op("Cast", [encoderMask], { to: elementType("bool") }), g.int64s([1, 2])])
-  const splitHeads = (v: Value) =>
-    g.op("Transpose", [g.op("Reshape", [v, g.int64s([0, 0, size.heads, headDim])])], { perm: [0, 2, 1, 3] })
   const cacheShape = (sequence: string) => ["batch_size", size.heads, sequence, headDim]
   w.decoderLayers.forEach((layer, index) => {
     const cache = pasts[index]!
@@ -214,20 +198,17 @@ export const speechT5DecoderGraph = (size: SpeechT5Size, w: SpeechT5Weights): Gr
         cacheShape("past_decoder_sequence_length + 1")
       )
       x = g.op("Add", [x, attended.output])
-      const crossOut = g.scope("encoder_attn", () => {
-        const h = layerNorm(g, x, layer.crossNorm, "layer_norm")
-        const key = g.op("Concat", [cache.encoderKey, splitHeads(linear(g, freshEncoder, layer.cross.key, "k_proj"))], {
-          axis: 2
-        })
-        const value = g.op(
-          "Concat",
-          [cache.encoderValue, splitHeads(linear(g, freshEncoder, layer.cross.value, "v_proj"))],
-          { axis: 2 }
+      const crossOut = g.scope("encoder_attn", () =>
+        cachedCrossAttention(
+          g,
+          layerNorm(g, x, layer.crossNorm, "layer_norm"),
+          layer.cross,
+          cache,
+          freshEncoder,
+          index,
+          crossMask
         )
-        g.output(key, `present.${index}.encoder.key`, "float32", cacheShape("encoder_sequence_length_out"))
-        g.output(value, `present.${index}.encoder.value`, "float32", cacheShape("encoder_sequence_length_out"))
-        return attendHeads(g, splitHeads(linear(g, h, layer.cross.query, "q_proj")), key, value, layer.cross, crossMask)
-      })
+      )
       x = g.op("Add", [x, crossOut])
       x = g.op("Add", [x, mlp(g, layerNorm(g, x, layer.mlpNorm, "final_layer_norm"), layer.mlp, "feed_forward")])
     })

@@ -1,4 +1,10 @@
 import { attendHeads, transformerBlock } from "../onnx/Attention.js"
+import {
+  cachedCrossAttention,
+  freshEncoderStates,
+  mergedDecoderCacheInputs,
+  splitHeads
+} from "../onnx/MergedDecoderCache.js"
 import { Graph, type Value } from "../onnx/Graph.js"
 import { gelu, layerNorm, linear, mlp } from "../onnx/Layers.js"
 import type { AttentionWeights, LayerNormWeights, Matrix, TransformerBlockWeights } from "../Weights.js"
@@ -114,21 +120,7 @@ export const whisperDecoderGraph = (size: WhisperSize, w: WhisperWeights): Graph
     "encoder_sequence_length / 2",
     size.dModel
   ])
-  const pasts = w.decoderLayers.map((_, index) => {
-    const cache = (kind: "decoder" | "encoder", part: "key" | "value") =>
-      g.input(`past_key_values.${index}.${kind}.${part}`, "float32", [
-        "batch_size",
-        size.heads,
-        kind === "decoder" ? "past_decoder_sequence_length" : "encoder_sequence_length_out",
-        headDim
-      ])
-    return {
-      decoderKey: cache("decoder", "key"),
-      decoderValue: cache("decoder", "value"),
-      encoderKey: cache("encoder", "key"),
-      encoderValue: cache("encoder", "value")
-    }
-  })
+  const pasts = mergedDecoderCacheInputs(g, w.decoderLayers.length, size.heads, headDim)
   const useCache = g.input("use_cache_branch", "bool", [1])
 
   const dim = (of: Value, axis: number) => g.op("Gather", [g.op("Shape", [of]), g.int64Scalar(axis)], { axis: 0 })
@@ -153,41 +145,27 @@ export const whisperDecoderGraph = (size: WhisperSize, w: WhisperWeights): Graph
     ]),
     g.int64s([0, 1])
   ])
-  // Encoder rows the cross-attention projects this run: all of them on the first run, none after.
-  const encoderRows = g.op("Where", [useCache, g.int64s([0]), g.int64s([2 ** 31])])
-  const freshEncoder = g.op("Slice", [encoderStates, g.int64s([0]), encoderRows, g.int64s([1])])
+  const freshEncoder = freshEncoderStates(g, encoderStates, useCache)
 
-  const splitHeads = (v: Value) =>
-    g.op("Transpose", [g.op("Reshape", [v, g.int64s([0, 0, size.heads, headDim])])], { perm: [0, 2, 1, 3] })
+  const split = (v: Value) => splitHeads(g, v, size.heads, headDim)
   const cacheShape = (sequence: string) => ["batch_size", size.heads, sequence, headDim]
   w.decoderLayers.forEach((layer, index) => {
     const cache = pasts[index]!
     g.scope(`layers.${index}`, () => {
       const selfOut = g.scope("self_attn", () => {
         const h = layerNorm(g, x, layer.selfNorm, "layer_norm")
-        const key = g.op("Concat", [cache.decoderKey, splitHeads(linear(g, h, layer.self.key, "k_proj"))], { axis: 2 })
-        const value = g.op("Concat", [cache.decoderValue, splitHeads(linear(g, h, layer.self.value, "v_proj"))], {
+        const key = g.op("Concat", [cache.decoderKey, split(linear(g, h, layer.self.key, "k_proj"))], { axis: 2 })
+        const value = g.op("Concat", [cache.decoderValue, split(linear(g, h, layer.self.value, "v_proj"))], {
           axis: 2
         })
         g.output(key, `present.${index}.decoder.key`, "float32", cacheShape("past_decoder_sequence_length + 1"))
         g.output(value, `present.${index}.decoder.value`, "float32", cacheShape("past_decoder_sequence_length + 1"))
-        return attendHeads(g, splitHeads(linear(g, h, layer.self.query, "q_proj")), key, value, layer.self, causal)
+        return attendHeads(g, split(linear(g, h, layer.self.query, "q_proj")), key, value, layer.self, causal)
       })
       x = g.op("Add", [x, selfOut])
-      const crossOut = g.scope("encoder_attn", () => {
-        const h = layerNorm(g, x, layer.crossNorm, "layer_norm")
-        const key = g.op("Concat", [cache.encoderKey, splitHeads(linear(g, freshEncoder, layer.cross.key, "k_proj"))], {
-          axis: 2
-        })
-        const value = g.op(
-          "Concat",
-          [cache.encoderValue, splitHeads(linear(g, freshEncoder, layer.cross.value, "v_proj"))],
-          { axis: 2 }
-        )
-        g.output(key, `present.${index}.encoder.key`, "float32", cacheShape("encoder_sequence_length_out"))
-        g.output(value, `present.${index}.encoder.value`, "float32", cacheShape("encoder_sequence_length_out"))
-        return attendHeads(g, splitHeads(linear(g, h, layer.cross.query, "q_proj")), key, value, layer.cross, undefined)
-      })
+      const crossOut = g.scope("encoder_attn", () =>
+        cachedCrossAttention(g, layerNorm(g, x, layer.crossNorm, "layer_norm"), layer.cross, cache, freshEncoder, index)
+      )
       x = g.op("Add", [x, crossOut])
       x = g.op("Add", [x, mlp(g, layerNorm(g, x, layer.mlpNorm, "final_layer_norm"), layer.mlp, "mlp")])
     })
