@@ -254,7 +254,7 @@ describe("the LLM executor, through the openai client", () => {
     expect(first.usage!.completion_tokens).toBe(12)
   })
 
-  it("gives the same greedy answers alone as batched with 7 others", async () => {
+  it("gives the same greedy answers alone as batched with the others of 8 sent at once", async () => {
     const conversations: Array<Array<OpenAI.Chat.ChatCompletionMessageParam>> = [
       ...(await Promise.all(
         [0, 2, 4, 6, 7].map(async (color, i) => [imageQuestion(await pngDataUrl(colors[color]!, 10 + i))])
@@ -279,7 +279,9 @@ describe("the LLM executor, through the openai client", () => {
     ;[...[0, 2, 4, 6, 7].map((color) => colors[color]!.name), "high"].forEach((answer, i) =>
       expect(alone[i]!.startsWith(answer), alone[i]).toBe(true)
     )
-    expect((await stats()).largestBatch).toBe(8)
+    // Batched they were: how many shared a step depends on when each arrived (the media take
+    // longer to read), which a loaded machine changes; the answers may not.
+    expect((await stats()).largestBatch).toBeGreaterThan(1)
   })
 })
 
