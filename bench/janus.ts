@@ -26,9 +26,8 @@
  *
  * The codebook reaches beyond the recipe's end of sentence token (id 320 of its 327-token
  * vocabulary), which the recipe refuses (transformers.js stops a generation on it whatever head
- * chose it), so the bench gives the model a vocabulary padded to the codebook plus 1024 (the special
- * tokens last, as byteLevelBpe places them) in place of the recipe's, and the graphs at the full
- * codebook; the rest is the recipe's.
+ * chose it), so the bench asks the recipe for a vocabulary padded to the codebook plus 1024 (its
+ * special tokens last, above the codebook).
  *
  * Every image of ours is checked against transformers.js's for the same prompt in the same
  * measurement: the PNG's RGB bytes equal to generate_images' pixels, byte for byte. Runs alternate
@@ -46,10 +45,9 @@ import { AutoProcessor, MultiModalityCausalLM, type Processor, type RawImage } f
 import sharp from "sharp"
 import type { ImageAnswer } from "../src/executors/geri/api.js"
 import type { ImageTokensRequest } from "../src/executors/llm/api.js"
-import { byteLevelBpe } from "../src/models/ByteLevelBpe.js"
-import { type JanusConfig, janusGraphs, janusImageSide } from "../src/models/architectures/Janus.js"
+import { type JanusConfig, janusImageSide } from "../src/models/architectures/Janus.js"
 import { janusTokens, janusVocabulary, randomJanusFiles } from "../src/models/recipes/RandomJanus.js"
-import { jsonFile, type ModelFiles } from "../src/models/recipes/Recipe.js"
+import type { ModelFiles } from "../src/models/recipes/Recipe.js"
 import { writeModelFiles } from "../test/models/support/SmolVlmFixture.js"
 import { offline } from "../test/models/support/TransformersJs.js"
 import { executorHeaders, startExecutor, startSidecar } from "../test/support/executors.js"
@@ -113,71 +111,14 @@ const prompts = [
   "An image of the blue cat on a house"
 ]
 
-/** Words that become single tokens of the padded vocabulary (any other text encodes too, byte by byte). */
-const words = [
-  "A",
-  " a",
-  " an",
-  " the",
-  " of",
-  " in",
-  " on",
-  " and",
-  " with",
-  " red",
-  " blue",
-  " green",
-  " fox",
-  " cat",
-  " house",
-  " tree",
-  " sky",
-  " picture",
-  " image",
-  "An",
-  "the"
-]
-
 /**
- * The recipe's files at the geometry. A codebook that reaches the recipe's end of sentence token is
- * refused by the recipe: then the vocabulary is padded past the codebook (its special tokens, last,
- * get ids above it), the recipe builds the rest at a codebook it accepts, and its codebook fields,
- * token ids and graphs are replaced by the full codebook's.
+ * The recipe's files at the geometry. The recipe refuses a codebook that reaches its end of
+ * sentence token: for Janus-Pro's the vocabulary is padded past the codebook, so that its special
+ * tokens, last, get ids above it.
  */
 const janusFiles = (): ModelFiles => {
-  if (geometry.codebookSize <= janusVocabulary().tokenId(janusTokens.endOfSentence)) {
-    const { files } = randomJanusFiles({ seed, geometry })
-    return files
-  }
-  const specialTokens = Object.values(janusTokens)
-  const vocabulary = byteLevelBpe({ words, specialTokens, vocabSize: geometry.codebookSize + 1024 })
-  const language = { ...geometry.language, vocabSize: vocabulary.vocabSize }
-  const base = randomJanusFiles({ seed, geometry: { ...geometry, codebookSize: 256, language } })
-  type Json = Record<string, unknown>
-  const json = <A extends Json>(path: string) => JSON.parse(new TextDecoder().decode(base.files.get(path))) as A
-  type Params = { params: Json }
-  const config = json<{ gen_head_config: Params; gen_vision_config: Params }>("config.json")
-  config.gen_head_config.params.image_token_size = geometry.codebookSize
-  config.gen_vision_config.params.image_token_size = geometry.codebookSize
-  const generation = json("generation_config.json")
-  generation.bos_token_id = vocabulary.tokenId(janusTokens.beginOfSentence)
-  generation.eos_token_id = vocabulary.tokenId(janusTokens.endOfSentence)
-  generation.pad_token_id = vocabulary.tokenId(janusTokens.pad)
-  const tokenizerConfig = json("tokenizer_config.json")
-  tokenizerConfig.added_tokens_decoder = Object.fromEntries(
-    specialTokens.map((content) => [
-      String(vocabulary.tokenId(content)),
-      { content, lstrip: false, normalized: false, rstrip: false, single_word: false, special: true }
-    ])
-  )
-  const files = new Map(base.files)
-  files.set("config.json", jsonFile(config))
-  files.set("generation_config.json", jsonFile(generation))
-  files.set("tokenizer.json", jsonFile(vocabulary.tokenizerJson))
-  files.set("tokenizer_config.json", jsonFile(tokenizerConfig))
-  for (const [stem, graph] of janusGraphs({ ...geometry, language }, seed))
-    files.set(`onnx/${stem}.onnx`, graph.toBytes())
-  return files
+  const padded = geometry.codebookSize > janusVocabulary().tokenId(janusTokens.endOfSentence)
+  return randomJanusFiles({ seed, geometry, ...(padded ? { vocabSize: geometry.codebookSize + 1024 } : {}) }).files
 }
 
 /** One image painted by one side: its RGB bytes, channels last, and how long it took. */

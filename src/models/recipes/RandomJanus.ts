@@ -49,8 +49,16 @@ const promptWords = [
   "Describe"
 ]
 
-export const janusVocabulary = (): ByteLevelBpe =>
-  byteLevelBpe({ words: promptWords, specialTokens: Object.values(janusTokens) })
+/**
+ * The fixture's vocabulary; `vocabSize` pads it with unused tokens before the special ones, which
+ * a codebook as large as Janus-Pro's (16384) must stay below.
+ */
+export const janusVocabulary = (vocabSize?: number): ByteLevelBpe =>
+  byteLevelBpe({
+    words: promptWords,
+    specialTokens: Object.values(janusTokens),
+    ...(vocabSize === undefined ? {} : { vocabSize })
+  })
 
 /**
  * Janus's "deepseek" conversation format: "ROLE: content" turns separated by a blank line, an
@@ -85,6 +93,8 @@ export interface RandomJanusOptions {
   readonly guidanceScale?: number
   /** Fields added to config.json. */
   readonly extraConfig?: Record<string, unknown>
+  /** The vocabulary's size, padded with unused tokens (see janusVocabulary); by default just what the fixture uses. */
+  readonly vocabSize?: number
 }
 
 export interface RandomJanus {
@@ -94,7 +104,7 @@ export interface RandomJanus {
 }
 
 export const randomJanusFiles = (options: RandomJanusOptions = {}): RandomJanus => {
-  const vocabulary = janusVocabulary()
+  const vocabulary = janusVocabulary(options.vocabSize)
   const id = vocabulary.tokenId
   const config: JanusConfig = {
     visionHidden: 32,
