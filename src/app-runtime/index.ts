@@ -21,6 +21,11 @@ export {
   type SpeechRecognitionInput
 } from "./tasks/SpeechRecognitionTask.js"
 export {
+  CodecDecoderTask,
+  type CodecDecoderConfig,
+  type CodecDecoderInput
+} from "./tasks/CodecDecoderTask.js"
+export {
   SpeechSynthesisTask,
   type SpeechSynthesisConfig,
   type SpeechSynthesisInput

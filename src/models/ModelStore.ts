@@ -15,6 +15,7 @@ import { tinyColorPainter } from "./recipes/TinyColorPainter.js"
 import { tinyColorTones } from "./recipes/TinyColorTones.js"
 import { tinyColorVlm } from "./recipes/TinyColorVlm.js"
 import { tinyJanus } from "./recipes/RandomJanus.js"
+import { tinyMimi } from "./recipes/RandomMimi.js"
 import { tinySpeechT5 } from "./recipes/RandomSpeechT5.js"
 import { tinyWhisper } from "./recipes/RandomWhisper.js"
 
@@ -33,7 +34,8 @@ const builtinRecipes = [
   tinyTextEmbedder,
   tinyWhisper,
   tinySpeechT5,
-  tinyJanus
+  tinyJanus,
+  tinyMimi
 ]
 /** Random-weight presets at realistic sizes; hundreds of MB each, so built only when named. */
 const benchRecipes = [benchVitB16, benchDecoder125m, benchSmolLm2, benchMiniLmL6]

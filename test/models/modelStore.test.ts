@@ -52,7 +52,8 @@ describe("buildModel", () => {
       "cornserve/tiny-text-embedder",
       "cornserve/tiny-whisper",
       "cornserve/tiny-speecht5",
-      "cornserve/tiny-janus"
+      "cornserve/tiny-janus",
+      "cornserve/tiny-mimi"
     ])
     expect(benchModelNames).toEqual(["bench/vit-b16", "bench/decoder-125m", "bench/smollm2-135m", "bench/minilm-l6"])
   })

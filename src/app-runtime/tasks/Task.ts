@@ -32,6 +32,7 @@ export type UnitTaskKind =
   | "text-embedder"
   | "speech-recognizer"
   | "speech-synthesizer"
+  | "codec-decoder"
   | "llm"
   | "image-generator"
   | "audio-generator"

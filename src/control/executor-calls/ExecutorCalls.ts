@@ -17,6 +17,7 @@ import {
   wantsSegments
 } from "../../app-runtime/tasks/SpeechRecognitionTask.js"
 import { SpeechSynthesisConfig, SpeechSynthesisInput } from "../../app-runtime/tasks/SpeechSynthesisTask.js"
+import { CodecDecoderConfig, CodecDecoderInput } from "../../app-runtime/tasks/CodecDecoderTask.js"
 import type { Transcription } from "../../app-runtime/schemas/Transcriptions.js"
 import type { TaskInvocationWire } from "../../app-runtime/tasks/TaskGraph.js"
 import { ChatCompletionRequest as OpenAIChatRequest } from "../../app-runtime/schemas/OpenAI.js"
@@ -34,7 +35,8 @@ import {
   AudioDoneLine,
   GenerateRequest,
   ImageAnswer,
-  SynthesisRequest
+  SynthesisRequest,
+  CodesRequest
 } from "../../executors/geri/api.js"
 import {
   ChatCompletionRequest,
@@ -504,6 +506,15 @@ const synthesize = async (url: string, invocation: TaskInvocationWire, context: 
   return { output: {}, stream: audioChunks(response) }
 }
 
+const decodeCodesCall = decodeInvocation(Schema.Struct({ config: CodecDecoderConfig, input: CodecDecoderInput }))
+
+/** A codec call: the codes to Geri, the audio chunks streamed back as they are decoded. */
+const decodeCodes = async (url: string, invocation: TaskInvocationWire, context: CallContext): Promise<CallResult> => {
+  const { input } = decodeCodesCall(invocation)
+  const response = await post(`${url}/codes`, CodesRequest, { ...input, stream: true }, context)
+  return { output: {}, stream: audioChunks(response) }
+}
+
 export const executorCalls: Readonly<
   Record<string, (url: string, invocation: TaskInvocationWire, context: CallContext) => Promise<CallResult>>
 > = {
@@ -515,5 +526,6 @@ export const executorCalls: Readonly<
   "image-tokens": imageTokens,
   "generate-image": generateImage,
   "generate-audio": generateAudio,
-  synthesize
+  synthesize,
+  "decode-codes": decodeCodes
 }

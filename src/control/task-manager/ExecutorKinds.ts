@@ -90,7 +90,8 @@ export class ExecutorKinds extends Effect.Service<ExecutorKinds>()("cornserve/Ex
         onNode("llm", dtypeArgs)("llm"),
         onNode("geri", batchArgs)("image-generator"),
         onNode("geri", batchArgs)("audio-generator"),
-        onNode("geri", batchArgs)("speech-synthesizer")
+        onNode("geri", batchArgs)("speech-synthesizer"),
+        onNode("geri", batchArgs)("codec-decoder")
       ].map((kind) => [kind.kind, kind])
     )
     return { kinds }

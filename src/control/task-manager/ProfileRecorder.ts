@@ -1,3 +1,4 @@
+import { CodecDecoderConfig } from "../../app-runtime/tasks/CodecDecoderTask.js"
 import { randomUUID } from "node:crypto"
 import { join } from "node:path"
 import { Effect, Schema } from "effect"
@@ -100,6 +101,24 @@ const syntheticMedia = async (modality: string): Promise<string> => {
  * What a generator's model takes, read from its config.json on this machine: the width of its
  * prompt embeddings and its own image size; or why it cannot be read here.
  */
+/** A codec's codebooks, read from its config.json on this machine, or why they cannot be. */
+const codecModel = async (
+  model: string
+): Promise<{ readonly quantizers: number; readonly codebookSize: number } | string> => {
+  const { benchModelNames, builtinModelNames, modelCacheDir, resolveModel } = await import("../../models/ModelStore.js")
+  const { loadModelDirectory } = await import("../../models/ModelDirectory.js")
+  try {
+    const dir =
+      builtinModelNames.includes(model) || benchModelNames.includes(model)
+        ? join(modelCacheDir(), model)
+        : await resolveModel(model, { offline: true })
+    const config = (await loadModelDirectory(dir)).rawConfig as { num_quantizers?: number; codebook_size?: number }
+    return { quantizers: config.num_quantizers ?? 32, codebookSize: config.codebook_size ?? 2048 }
+  } catch (error) {
+    return `model ${model} is not on the control plane's machine, where its codebooks are read (${error instanceof Error ? error.message : String(error)})`
+  }
+}
+
 const generatorModel = async (
   model: string
 ): Promise<
@@ -266,6 +285,26 @@ export class ProfileRecorder extends Effect.Service<ProfileRecorder>()("cornserv
               for await (const _ of call.stream!) {
                 // Spoken to the end: the profile is the whole utterance's time.
               }
+              return performance.now() - began
+            }
+          }
+          case "codec-decoder": {
+            const codec = yield* configOf(CodecDecoderConfig)
+            const model = yield* Effect.promise(() => codecModel(codec.model))
+            if (typeof model === "string")
+              return yield* new BadRequest({ message: `task ${spec.id} (${spec.kind}) cannot be recorded: ${model}` })
+            // 10 s of codes at 12.5 frames a second, every codebook the model has.
+            const codes = Array.from({ length: model.quantizers }, (_, q) =>
+              Array.from({ length: 125 }, (_, t) => (t * 31 + q * 7) % model.codebookSize)
+            )
+            return async (lease, signal) => {
+              const began = performance.now()
+              const call = await executorCalls["decode-codes"]!(
+                lease.url,
+                invocation(spec, "decode-codes", { codes }, {}),
+                context(signal, [])
+              )
+              await drain(call.stream)
               return performance.now() - began
             }
           }

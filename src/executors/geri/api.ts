@@ -62,3 +62,21 @@ export const SynthesisRequest = Schema.Struct({
   stream: Schema.optionalWith(Schema.Boolean, { default: () => true })
 })
 export type SynthesisRequest = typeof SynthesisRequest.Type
+
+/**
+ * `POST /codes` on a neural audio codec (Mimi): its codes, one row per codebook (the semantic ones
+ * first), each a code per frame, decoded to audio streamed as the `/generate` audio lines are (or
+ * one WAV file with `stream: false`).
+ */
+export const CodesRequest = Schema.Struct({
+  codes: Schema.NonEmptyArray(Schema.NonEmptyArray(Schema.Int)),
+  /** Frames in the first chunk (smaller: sooner audio). */
+  firstChunkFrames: Schema.optional(Schema.Int.pipe(Schema.between(1, 4096))),
+  /** Frames in the second chunk; the next ones double up to maxChunkFrames (larger: less context decoded twice). */
+  chunkFrames: Schema.optional(Schema.Int.pipe(Schema.between(1, 4096))),
+  maxChunkFrames: Schema.optional(Schema.Int.pipe(Schema.between(1, 4096))),
+  /** Frames before each chunk decoded with it and thrown away (the model's reach, at most 25, when left out). */
+  contextFrames: Schema.optional(Schema.Int.pipe(Schema.between(0, 4096))),
+  stream: Schema.optionalWith(Schema.Boolean, { default: () => true })
+})
+export type CodesRequest = typeof CodesRequest.Type

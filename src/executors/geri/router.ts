@@ -1,6 +1,7 @@
 /**
- * Geri's router: `POST /generate` (or `POST /speech` on a text-to-speech model, Speech.ts; on a
- * Janus-Pro model, `/generate` decodes image tokens, JanusImages.ts). It waits (bounded) for every chunk of the named prompt
+ * Geri's router: `POST /generate` (or `POST /speech` on a text-to-speech model, Speech.ts;
+ * `POST /codes` on a neural audio codec, Codes.ts; on a Janus-Pro model, `/generate` decodes image
+ * tokens, JanusImages.ts). It waits (bounded) for every chunk of the named prompt
  * embeddings in the sidecar, takes them out, and hands one work item to the engine; requests with
  * equal generation parameters are batched together.
  */
@@ -25,6 +26,8 @@ import { audioLineStream } from "./AudioLines.js"
 import { janusImageRoutes } from "./JanusImages.js"
 import { speechRoutes } from "./Speech.js"
 import { isSpeechT5 } from "./SpeechSynthesizer.js"
+import { codecRoutes } from "./Codes.js"
+import { isMimi } from "./CodecDecoder.js"
 import type { GeriAudioPiece, GeriImageResult, GeriItemMeta } from "./worker.js"
 
 export { wavFile }
@@ -82,6 +85,13 @@ export const routerKind: RouterKind = {
         }
       }
       if (isJanus(model)) return yield* janusImageRoutes(config, engine, model)
+      if (isMimi(model)) {
+        const codec = yield* codecRoutes({ model, engine })
+        return {
+          info: { modality: "codes", ...codec.info },
+          routes: HttpRouter.empty.pipe(HttpRouter.post("/codes", codec.decode))
+        }
+      }
       const generator = model.config.generator
       if (generator === undefined)
         return yield* Effect.fail(

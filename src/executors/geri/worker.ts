@@ -4,7 +4,8 @@
  * with a `noise` input (a diffusion model's starting latents) gets standard normal noise drawn from
  * each request's seed. An image model answers PNGs; an audio model streams PCM16 chunk after chunk.
  * A SpeechT5 model (text to speech) is run by SpeechSynthesizer.ts, a Janus-Pro model's image
- * decoder (image tokens to pixels) by JanusDecoder.ts.
+ * decoder (image tokens to pixels) by JanusDecoder.ts, a neural audio codec (codes to audio) by
+ * CodecDecoder.ts.
  */
 import * as ort from "onnxruntime-node"
 import sharp from "sharp"
@@ -14,6 +15,7 @@ import { createSession } from "../common/Sessions.js"
 import { isSpeechT5, speechWorkerModel } from "./SpeechSynthesizer.js"
 import { isJanus } from "../../models/JanusModel.js"
 import { janusWorkerModel } from "./JanusDecoder.js"
+import { codecWorkerModel, isMimi } from "./CodecDecoder.js"
 import type { LoadWorkerModel } from "../common/WorkerModel.js"
 
 export interface GeriItemMeta {
@@ -42,6 +44,7 @@ export const load: LoadWorkerModel = async (context) => {
   const model = await loadModelDirectory(config.modelDir)
   if (isSpeechT5(model)) return speechWorkerModel(context)
   if (isJanus(model)) return janusWorkerModel(model, context)
+  if (isMimi(model)) return codecWorkerModel(context)
   const generator = model.config.generator
   const path = model.onnx.get("generator")
   if (generator === undefined || path === undefined)

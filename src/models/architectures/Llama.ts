@@ -205,7 +205,9 @@ export const rotary = (g: Graph, x: Value, cos: Value, sin: Value, headDim: numb
 }
 
 /** Rotary tables [maxPositions, headDim] (each frequency twice, as transformers' rotate_half pairs them). */
-const rotaryTables = (config: LlamaConfig): { readonly cos: Float32Array; readonly sin: Float32Array } => {
+export const rotaryTables = (
+  config: Pick<LlamaConfig, "headDim" | "maxPositions" | "ropeTheta">
+): { readonly cos: Float32Array; readonly sin: Float32Array } => {
   const { headDim, maxPositions, ropeTheta } = config
   const cos = new Float32Array(maxPositions * headDim)
   const sin = new Float32Array(maxPositions * headDim)

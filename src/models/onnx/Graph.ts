@@ -302,3 +302,15 @@ export class Graph {
     this.usedNames.add(name)
   }
 }
+
+/**
+ * The dims of a model file's graph input `name` (a number where the file fixes it, the dim's name
+ * where it does not), read from the file without an inference session; undefined if it has no
+ * such input.
+ */
+export const onnxInputDims = (bytes: Uint8Array, name: string): ReadonlyArray<Dim> | undefined => {
+  const input = onnx.ModelProto.decode(bytes).graph?.input?.find((value) => value.name === name)
+  const dims = input?.type?.tensorType?.shape?.dim
+  if (dims == null) return undefined
+  return dims.map((d) => (d.dimValue != null && d.dimParam == null ? Number(d.dimValue) : (d.dimParam ?? "")))
+}
