@@ -3,6 +3,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import {
   AutoTokenizer,
+  MimiDecoderModel,
   type PreTrainedTokenizer,
   SpeechT5ForTextToSpeech,
   SpeechT5HifiGan,
@@ -12,6 +13,7 @@ import OpenAI from "openai"
 import sharp from "sharp"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { decodeAudio } from "../../src/executors/common/media/MediaDecoder.js"
+import { tinyMimi } from "../../src/models/recipes/RandomMimi.js"
 import { tinySpeechT5 } from "../../src/models/recipes/RandomSpeechT5.js"
 import { writeModelFiles } from "../models/support/SmolVlmFixture.js"
 import { offline } from "../models/support/TransformersJs.js"
@@ -24,7 +26,9 @@ import { invoke, type RunningPlatform, repoRoot, runCli, startPlatform } from ".
  * server-sent events, streamed in chunks; concurrent requests answer as alone; bad requests are
  * refused clearly and the platform goes on serving. Images: examples/paint.ts answers OpenAI's
  * `/v1/images/generations` with PNGs of the size asked for, the colour the prompt names, the same
- * seed the same picture.
+ * seed the same picture. Codes to audio: examples/codec.ts (a CodecDecoderTask on the built-in
+ * cornserve/tiny-mimi) streams the chunks of transformers.js's MimiDecoderModel output on the
+ * same codes.
  */
 
 const sampleRate = 16000
@@ -59,6 +63,8 @@ describe("generators end to end: speech and images", () => {
   let tokenizer: PreTrainedTokenizer
   let reference: SpeechT5ForTextToSpeech
   let vocoder: SpeechT5HifiGan
+  let codecDir: string
+  let codec: MimiDecoderModel
 
   beforeAll(async () => {
     root = await mkdtemp(join(tmpdir(), "cornserve-tts-"))
@@ -73,7 +79,10 @@ describe("generators end to end: speech and images", () => {
       dtype: "fp32"
     })) as SpeechT5HifiGan
     platform = await startPlatform()
-    for (const app of ["speak", "paint"]) {
+    codecDir = join(root, "tiny-mimi")
+    await writeModelFiles(codecDir, tinyMimi.build())
+    codec = (await MimiDecoderModel.from_pretrained(offline(codecDir), { dtype: "fp32" })) as MimiDecoderModel
+    for (const app of ["speak", "paint", "codec"]) {
       const registered = await runCli(["app", "register", join(repoRoot, "examples", `${app}.ts`)], {
         CORNSERVE_GATEWAY_URL: platform.url
       })
@@ -86,6 +95,7 @@ describe("generators end to end: speech and images", () => {
     await platform?.stop()
     await reference?.dispose()
     await vocoder?.dispose()
+    await codec?.dispose()
     await rm(root, { recursive: true, force: true })
   })
 
@@ -333,5 +343,48 @@ describe("generators end to end: speech and images", () => {
       paths: Record<string, unknown>
     }
     expect(document.paths["/app/paint/v1/images/generations"]).toBeDefined()
+  })
+
+  it("decodes Mimi codes to the audio of transformers.js's MimiDecoderModel, streamed in chunks", async () => {
+    const frames = 62
+    const codes = Array.from({ length: 8 }, (_, q) => Array.from({ length: frames }, (_, t) => (t * 13 + q * 29) % 64))
+    const whole = (await codec({
+      audio_codes: new Tensor("int64", BigInt64Array.from(codes.flat(), BigInt), [1, 8, frames])
+    })) as { audio_values: Tensor }
+    const expected = pcmOf(whole.audio_values.data as Float32Array)
+    const response = await invoke(platform.url, "codec", JSON.stringify({ codes }))
+    expect(response.status).toBe(200)
+    const lines = (await response.text())
+      .trim()
+      .split("\n")
+      .map((line) => JSON.parse(line) as { audio: string; sampleRate: number })
+    expect(lines.every((line) => line.sampleRate === 24000)).toBe(true)
+    // 5 frames of 1920 samples first, then 25, then the 32 left (a chunk of 50 cut short).
+    expect(lines.map((line) => Buffer.from(line.audio, "base64").length / 2)).toEqual([5 * 1920, 25 * 1920, 32 * 1920])
+    const joined = Buffer.concat(lines.map((line) => Buffer.from(line.audio, "base64")))
+    // Each chunk decoded with the decoder's whole reach before it: equal to the whole within float rounding.
+    expect(
+      largestDifference(new Int16Array(joined.buffer, joined.byteOffset, joined.length / 2), expected)
+    ).toBeLessThanOrEqual(1)
+  })
+
+  it("refuses codes the codec cannot decode, clearly, and goes on decoding", async () => {
+    const rows = (count: number, frames: number, code = 1) =>
+      Array.from({ length: count }, () => Array.from({ length: frames }, () => code))
+    for (const [body, message] of [
+      [{ codes: rows(3, 10) }, "this model decodes 8"],
+      [{ codes: rows(8, 10, 64) }, "codes are 0 to 63"],
+      [{ codes: [...rows(7, 10), [1, 2]] }, "every codebook has a code per frame"],
+      [{ codes: rows(8, 7501) }, "at most 7500"],
+      [{ codes: rows(8, 10, -1) }, "codes are 0 to 63"]
+    ] as const) {
+      const refused = await invoke(platform.url, "codec", JSON.stringify(body))
+      expect(refused.status, message).toBe(400)
+      expect(await refused.text()).toContain(message)
+    }
+    expect((await invoke(platform.url, "codec", JSON.stringify({ codes: [] }))).status).toBe(422)
+    const still = await invoke(platform.url, "codec", JSON.stringify({ codes: rows(8, 3) }))
+    expect(still.status).toBe(200)
+    expect(Buffer.from(((await still.json()) as { audio: string }).audio, "base64").length).toBe(3 * 1920 * 2)
   })
 })
