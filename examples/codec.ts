@@ -13,7 +13,7 @@ import { CodecDecoderTask, defineApp } from "cornserve/app"
 const codec = new CodecDecoderTask({ model: "cornserve/tiny-mimi" })
 
 const Request = Schema.Struct({
-  codes: Schema.NonEmptyArray(Schema.NonEmptyArray(Schema.Int)),
+  codes: Schema.Array(Schema.Array(Schema.Int)),
   /** Frames in the first chunk: fewer, sooner audio. */
   firstChunkFrames: Schema.optional(Schema.Int.pipe(Schema.between(1, 4096)))
 })

@@ -15,7 +15,7 @@ const FrameCount = Schema.Int.pipe(Schema.between(1, 4096))
 
 export const CodecDecoderInput = Schema.Struct({
   /** One row per codebook (the semantic ones first), a code per frame; at most 7,500 frames (10 minutes at 12.5 Hz). */
-  codes: Schema.NonEmptyArray(Schema.NonEmptyArray(Schema.Int)),
+  codes: Schema.Array(Schema.Array(Schema.Int).pipe(Schema.minItems(1))).pipe(Schema.minItems(1)),
   /** Frames in the first chunk (smaller: sooner audio); 5 (0.4 s) when left out. */
   firstChunkFrames: Schema.optional(FrameCount),
   /** Frames in the second chunk, doubling up to maxChunkFrames; 25 and 200 when left out. */

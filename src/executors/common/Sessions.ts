@@ -8,7 +8,8 @@ import { type DType, Tensor } from "../../sidecar/Tensor.js"
  * before its decoder), whose spinning threads would take the cores the other's run needs.
  */
 export const createSession = (
-  path: string,
+  /** The model file, or its bytes (a model rewritten at load time). */
+  path: string | Uint8Array,
   device: string,
   threads: number,
   options: { readonly spin?: boolean } = {}
@@ -16,13 +17,16 @@ export const createSession = (
   const [type, index] = device.split(":")
   const executionProviders: ort.InferenceSession.SessionOptions["executionProviders"] =
     type === "cuda" ? [{ name: "cuda", deviceId: Number(index) }] : ["cpu"]
-  return ort.InferenceSession.create(path, {
+  const sessionOptions: ort.InferenceSession.SessionOptions = {
     executionProviders,
     intraOpNumThreads: threads,
     interOpNumThreads: 1,
     graphOptimizationLevel: "all",
     ...(options.spin === false ? { extra: { session: { intra_op: { allow_spinning: "0" } } } } : {})
-  })
+  }
+  return typeof path === "string"
+    ? ort.InferenceSession.create(path, sessionOptions)
+    : ort.InferenceSession.create(path, sessionOptions)
 }
 
 /** A tensor (over any memory, the batch buffer included) as ONNX Runtime's input. */

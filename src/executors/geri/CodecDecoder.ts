@@ -10,7 +10,9 @@
  * the smaller of that reach and 25 frames (2 s), as Qwen3-Omni's code2wav streams its codes: a
  * chunk then differs from whole decoding where the transformer would have looked further back.
  */
+import { readFile } from "node:fs/promises"
 import * as ort from "onnxruntime-node"
+import { rewriteConvTransposes } from "../../models/onnx/ConvTransposeRewrite.js"
 import { type MimiSize, mimiExactContextFrames, mimiHop } from "../../models/architectures/Mimi.js"
 import { type ModelDirectory, loadModelDirectory, onnxPath } from "../../models/ModelDirectory.js"
 import { createSession } from "../common/Sessions.js"
@@ -134,7 +136,9 @@ export class CodecDecoder {
   static async load(modelDir: string, device: string, threads: number): Promise<CodecDecoder> {
     const model = await loadModelDirectory(modelDir)
     const spec = mimiSpec(model)
-    const session = await createSession(onnxPath(model, "decoder_model"), device, threads)
+    // The SEANet's upsamplers as polyphase Convs: ONNX Runtime's ConvTranspose is its slowest part.
+    const { bytes } = rewriteConvTransposes(await readFile(onnxPath(model, "decoder_model")))
+    const session = await createSession(bytes, device, threads)
     const input = session.inputMetadata.find((metadata) => metadata.name === "audio_codes")
     if (input === undefined || !input.isTensor || !session.outputNames.includes("audio_values"))
       throw new Error(`${modelDir}'s decoder_model takes no audio_codes or answers no audio_values`)

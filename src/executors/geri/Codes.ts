@@ -51,7 +51,7 @@ export const codecRoutes = (context: { readonly model: ModelDirectory; readonly 
     const codesOf = (body: CodesRequest) =>
       Effect.gen(function* () {
         const quantizers = body.codes.length
-        const frames = body.codes[0].length
+        const frames = body.codes[0]!.length
         const fixed = fixedQuantizers
         if (
           fixed !== undefined
@@ -96,9 +96,10 @@ export const codecRoutes = (context: { readonly model: ModelDirectory; readonly 
         maxChunkFrames: Math.max(body.maxChunkFrames ?? 200, chunkFrames),
         contextFrames: body.contextFrames ?? contextFrames
       }
-      if (plan.contextFrames + plan.maxChunkFrames > spec.maxWindowFrames)
+      const longestWindow = Math.min(frames, plan.contextFrames + plan.maxChunkFrames)
+      if (longestWindow > spec.maxWindowFrames)
         return yield* new BadRequest({
-          message: `contextFrames + maxChunkFrames is ${plan.contextFrames + plan.maxChunkFrames} frames; this model's positions reach ${spec.maxWindowFrames}`
+          message: `a window of contextFrames + maxChunkFrames is ${longestWindow} frames; this model's positions reach ${spec.maxWindowFrames}`
         })
       const item: WorkItem = {
         key: `codes:${quantizers}`,

@@ -15,6 +15,7 @@
 import { readdir, readFile, stat } from "node:fs/promises"
 import { basename, join } from "node:path"
 import * as ort from "onnxruntime-node"
+import { rewriteConvTransposes } from "../../models/onnx/ConvTransposeRewrite.js"
 import { type HifiGanSize, hifiGanContextFrames, hifiGanHop } from "../../models/architectures/SpeechT5.js"
 import { type ModelDirectory, loadModelDirectory, onnxPath } from "../../models/ModelDirectory.js"
 import { createSession } from "../common/Sessions.js"
@@ -189,7 +190,10 @@ export class SpeechSynthesizer {
     const [encoder, decoder, vocoder] = await Promise.all([
       createSession(onnxPath(model, "encoder_model"), device, threads),
       createSession(onnxPath(model, "decoder_model_merged"), device, threads),
-      createSession(onnxPath(vocoderModel, "model"), device, threads)
+      // HiFi-GAN's upsamplers as polyphase Convs: ONNX Runtime's ConvTranspose is its slowest part.
+      readFile(onnxPath(vocoderModel, "model")).then((bytes) =>
+        createSession(rewriteConvTransposes(bytes).bytes, device, threads)
+      )
     ])
     return new SpeechSynthesizer(spec, vocoderSpec, encoder, decoder, vocoder, hifiGanContextFrames(vocoderSpec))
   }

@@ -69,7 +69,7 @@ export type SynthesisRequest = typeof SynthesisRequest.Type
  * one WAV file with `stream: false`).
  */
 export const CodesRequest = Schema.Struct({
-  codes: Schema.NonEmptyArray(Schema.NonEmptyArray(Schema.Int)),
+  codes: Schema.Array(Schema.Array(Schema.Int).pipe(Schema.minItems(1))).pipe(Schema.minItems(1)),
   /** Frames in the first chunk (smaller: sooner audio). */
   firstChunkFrames: Schema.optional(Schema.Int.pipe(Schema.between(1, 4096))),
   /** Frames in the second chunk; the next ones double up to maxChunkFrames (larger: less context decoded twice). */
