@@ -6,7 +6,7 @@
  * process, with the same ONNX Runtime thread count, in the same run.
  *
  * - 1 request: one sequence at a time, streamed (NDJSON chunks of PCM16, the default plan: 5
- *   frames, then 25 doubling to 200, each window with 25 frames of left context) vs one
+ *   frames, then 40 doubling to 200, each window with 25 frames of left context) vs one
  *   MimiDecoderModel call over the whole sequence: real-time factor (processing seconds ÷ audio
  *   seconds, lower is better) and time to first audio (ours: to the first chunk line;
  *   transformers.js: the whole call, as it hands the audio over only at the end).
@@ -41,7 +41,6 @@ const threads = Number(process.env.BENCH_THREADS ?? 2)
 const small = process.env.BENCH_SMALL === "1"
 const concurrency = 4
 const sampleRate = 24000
-const hop = 1920
 const seconds = [4, 8, 15, 30]
 const targets = { single: 1, concurrent: 1 }
 

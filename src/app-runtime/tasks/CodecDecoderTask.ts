@@ -18,7 +18,7 @@ export const CodecDecoderInput = Schema.Struct({
   codes: Schema.Array(Schema.Array(Schema.Int).pipe(Schema.minItems(1))).pipe(Schema.minItems(1)),
   /** Frames in the first chunk (smaller: sooner audio); 5 (0.4 s) when left out. */
   firstChunkFrames: Schema.optional(FrameCount),
-  /** Frames in the second chunk, doubling up to maxChunkFrames; 25 and 200 when left out. */
+  /** Frames in the second chunk, doubling up to maxChunkFrames; 40 and 200 when left out. */
   chunkFrames: Schema.optional(FrameCount),
   maxChunkFrames: Schema.optional(FrameCount),
   /** Frames before each chunk decoded with it (the model's whole reach, at most 25, when left out). */

@@ -109,11 +109,16 @@ export interface CodecWindow {
   readonly keepTo: number
 }
 
-/** The windows that decode `frames` code frames in the plan's chunks, in order. */
+/**
+ * The windows that decode `frames` code frames in the plan's chunks, in order. A chunk that would
+ * leave fewer frames than its context after it takes them too: a last window of a few frames
+ * would decode its whole context again for them.
+ */
 export const codecWindows = (frames: number, plan: CodecPlan): ReadonlyArray<CodecWindow> => {
   const windows: Array<CodecWindow> = []
   for (let keepFrom = 0, chunk = 0; keepFrom < frames; chunk++) {
-    const keepTo = Math.min(frames, keepFrom + nextChunkFrames(plan, chunk))
+    let keepTo = Math.min(frames, keepFrom + nextChunkFrames(plan, chunk))
+    if (frames - keepTo < plan.contextFrames) keepTo = frames
     windows.push({ from: Math.max(0, keepFrom - plan.contextFrames), keepFrom, keepTo })
     keepFrom = keepTo
   }

@@ -88,15 +88,17 @@ export const codecRoutes = (context: { readonly model: ModelDirectory; readonly 
     const decode = Effect.gen(function* () {
       const body = yield* HttpServerRequest.schemaBodyJson(CodesRequest)
       const { rows, frames, quantizers } = yield* codesOf(body)
+      // The first chunk is 0.4 s of audio; the next, 3.2 s, is decoded well within it; then they double up to 16 s.
       const firstChunkFrames = body.firstChunkFrames ?? 5
-      const chunkFrames = body.chunkFrames ?? Math.max(25, firstChunkFrames)
+      const chunkFrames = body.chunkFrames ?? Math.max(40, firstChunkFrames)
       const plan: CodecPlan = {
         firstChunkFrames,
         chunkFrames,
         maxChunkFrames: Math.max(body.maxChunkFrames ?? 200, chunkFrames),
         contextFrames: body.contextFrames ?? contextFrames
       }
-      const longestWindow = Math.min(frames, plan.contextFrames + plan.maxChunkFrames)
+      // A chunk may take up to its context's worth more frames (the tail it would leave).
+      const longestWindow = Math.min(frames, 2 * plan.contextFrames + plan.maxChunkFrames)
       if (longestWindow > spec.maxWindowFrames)
         return yield* new BadRequest({
           message: `a window of contextFrames + maxChunkFrames is ${longestWindow} frames; this model's positions reach ${spec.maxWindowFrames}`

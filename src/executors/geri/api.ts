@@ -70,9 +70,9 @@ export type SynthesisRequest = typeof SynthesisRequest.Type
  */
 export const CodesRequest = Schema.Struct({
   codes: Schema.Array(Schema.Array(Schema.Int).pipe(Schema.minItems(1))).pipe(Schema.minItems(1)),
-  /** Frames in the first chunk (smaller: sooner audio). */
+  /** Frames in the first chunk (smaller: sooner audio); 5 when left out. */
   firstChunkFrames: Schema.optional(Schema.Int.pipe(Schema.between(1, 4096))),
-  /** Frames in the second chunk; the next ones double up to maxChunkFrames (larger: less context decoded twice). */
+  /** Frames in the second chunk (40); the next ones double up to maxChunkFrames (200) (larger: less context decoded twice). */
   chunkFrames: Schema.optional(Schema.Int.pipe(Schema.between(1, 4096))),
   maxChunkFrames: Schema.optional(Schema.Int.pipe(Schema.between(1, 4096))),
   /** Frames before each chunk decoded with it and thrown away (the model's reach, at most 25, when left out). */
