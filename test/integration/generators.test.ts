@@ -390,4 +390,20 @@ describe("generators end to end: speech and images", () => {
     expect(still.status).toBe(200)
     expect(Buffer.from(((await still.json()) as { audio: string }).audio, "base64").length).toBe(3 * 1920 * 2)
   })
+
+  it("records a codec task's profile from synthetic codes of the model's codebooks", async () => {
+    const { tasks } = (await (await fetch(`${platform.url}/tasks/list`)).json()) as {
+      tasks: Array<{ readonly id: string; readonly name: string }>
+    }
+    const codecTask = tasks.find((task) => task.name.startsWith("codec-decoder"))!
+    const recorded = await runCli(
+      ["tasks", "profile", codecTask.id, "--record", "--levels", "1", "--seconds-per-level", "1", "--json"],
+      { CORNSERVE_GATEWAY_URL: platform.url }
+    )
+    expect(recorded.code, recorded.stderr).toBe(0)
+    const answer = JSON.parse(recorded.stdout) as {
+      readonly curves: ReadonlyArray<{ readonly points: ReadonlyArray<{ readonly calls: number }> }>
+    }
+    expect(answer.curves[0]!.points[0]!.calls).toBeGreaterThan(0)
+  })
 })
