@@ -34,6 +34,7 @@ import { mimiGeometry, randomMimiFiles, tinyMimiGeometry } from "../src/models/r
 import { writeModelFiles } from "../test/models/support/SmolVlmFixture.js"
 import { offline } from "../test/models/support/TransformersJs.js"
 import { executorHeaders, startExecutor } from "../test/support/executors.js"
+import { readAudioLines } from "./support/audio-lines.js"
 import { median, round } from "./support/chat-stream.js"
 
 const rounds = Number(process.env.BENCH_ROUNDS ?? 3)
@@ -57,11 +58,6 @@ interface Decoded {
   readonly seconds: number
   readonly ttfaSeconds: number
   readonly chunks: number
-}
-
-const pcmOfBase64 = (base64: string) => {
-  const bytes = Buffer.from(base64, "base64")
-  return new Int16Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length))
 }
 
 export default async function codecBench(): Promise<void> {
@@ -108,32 +104,14 @@ export default async function codecBench(): Promise<void> {
         const elapsed = (performance.now() - start) / 1000
         return { samples: Float32Array.from(pcm, (s) => s / 32767), seconds: elapsed, ttfaSeconds: elapsed, chunks: 1 }
       }
-      const parts: Array<Int16Array> = []
-      let ttfa: number | undefined
-      let pending = ""
-      const decoder = new TextDecoder()
-      const onLine = (line: string) => {
-        if (line.trim() === "") return
-        const parsed = JSON.parse(line) as { audio?: string; done?: boolean; error?: unknown }
-        if (parsed.error !== undefined) throw new Error(`Geri's stream failed: ${JSON.stringify(parsed.error)}`)
-        if (parsed.audio === undefined) return
-        ttfa ??= (performance.now() - start) / 1000
-        parts.push(pcmOfBase64(parsed.audio))
-      }
-      for await (const bytes of response.body) {
-        pending += decoder.decode(bytes, { stream: true })
-        const lines = pending.split("\n")
-        pending = lines.pop()!
-        for (const line of lines) onLine(line)
-      }
-      onLine(pending + decoder.decode())
+      const { parts, ttfaSeconds: ttfa } = await readAudioLines(response, start, sampleRate)
       const samples = new Float32Array(parts.reduce((sum, part) => sum + part.length, 0))
       let at = 0
       for (const part of parts) {
         for (let i = 0; i < part.length; i++) samples[at + i] = part[i]! / 32767
         at += part.length
       }
-      return { samples, seconds: (performance.now() - start) / 1000, ttfaSeconds: ttfa ?? 0, chunks: parts.length }
+      return { samples, seconds: (performance.now() - start) / 1000, ttfaSeconds: ttfa, chunks: parts.length }
     }
 
     /** Ours (PCM16 back to floats) against theirs, clamped as PCM16 is: largest difference and SNR in dB. */

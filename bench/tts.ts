@@ -42,6 +42,7 @@ import { type RandomSpeechT5Options, randomSpeechT5Files } from "../src/models/r
 import { writeModelFiles } from "../test/models/support/SmolVlmFixture.js"
 import { offline } from "../test/models/support/TransformersJs.js"
 import { executorHeaders, startExecutor } from "../test/support/executors.js"
+import { readAudioLines } from "./support/audio-lines.js"
 import { median, round } from "./support/chat-stream.js"
 
 const rounds = Number(process.env.BENCH_ROUNDS ?? 3)
@@ -126,12 +127,6 @@ const concat = (parts: ReadonlyArray<Int16Array>) => {
   return all
 }
 
-const pcmOfBase64 = (base64: string) => {
-  const bytes = Buffer.from(base64, "base64")
-  // A copy: the decoded Buffer may sit at an odd offset of Node's pool.
-  return new Int16Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length))
-}
-
 export default async function ttsBench(): Promise<void> {
   const root = await mkdtemp(join(tmpdir(), "cornserve-bench-tts-"))
   const model = join(root, "speecht5-bench")
@@ -187,38 +182,11 @@ export default async function ttsBench(): Promise<void> {
     /** Ours, streamed: NDJSON lines read as they come, the first chunk line's arrival timed. */
     const streamed = async (text: string): Promise<Spoken> => {
       const start = performance.now()
-      const response = await post({ text, voice, stream: true })
-      if (response.status !== 200 || response.body === null)
-        throw new Error(`Geri answered ${response.status}: ${await response.text()}`)
-      const parts: Array<Int16Array> = []
-      let ttfa: number | undefined
-      let done = false
-      let pending = ""
-      const decoder = new TextDecoder()
-      const onLine = (line: string) => {
-        if (line.trim() === "") return
-        const parsed = JSON.parse(line) as {
-          readonly audio?: string
-          readonly sampleRate?: number
-          readonly done?: boolean
-          readonly error?: unknown
-        }
-        if (parsed.error !== undefined) throw new Error(`Geri's stream failed: ${JSON.stringify(parsed.error)}`)
-        if (parsed.done === true) done = true
-        else if (parsed.audio !== undefined) {
-          ttfa ??= (performance.now() - start) / 1000
-          if (parsed.sampleRate !== sampleRate) throw new Error(`Geri speaks at ${parsed.sampleRate} Hz`)
-          parts.push(pcmOfBase64(parsed.audio))
-        }
-      }
-      for await (const bytes of response.body) {
-        pending += decoder.decode(bytes, { stream: true })
-        const lines = pending.split("\n")
-        pending = lines.pop()!
-        for (const line of lines) onLine(line)
-      }
-      onLine(pending + decoder.decode())
-      if (!done || ttfa === undefined) throw new Error("Geri's stream ended without its done line")
+      const { parts, ttfaSeconds: ttfa } = await readAudioLines(
+        await post({ text, voice, stream: true }),
+        start,
+        sampleRate
+      )
       return {
         pcm: concat(parts),
         seconds: (performance.now() - start) / 1000,

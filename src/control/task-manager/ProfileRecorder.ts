@@ -98,41 +98,45 @@ const syntheticMedia = async (modality: string): Promise<string> => {
 }
 
 /**
- * What a generator's model takes, read from its config.json on this machine: the width of its
- * prompt embeddings and its own image size; or why it cannot be read here.
+ * A model's directory on this machine. A recipe is built by the node that runs it; it is read here
+ * only if this machine has it.
  */
+const localModelDirectory = async (model: string) => {
+  const { benchModelNames, builtinModelNames, modelCacheDir, resolveModel } = await import("../../models/ModelStore.js")
+  const { loadModelDirectory } = await import("../../models/ModelDirectory.js")
+  const dir =
+    builtinModelNames.includes(model) || benchModelNames.includes(model)
+      ? join(modelCacheDir(), model)
+      : await resolveModel(model, { offline: true })
+  return loadModelDirectory(dir)
+}
+
+const notHere = (model: string, what: string, error: unknown) =>
+  `model ${model} is not on the control plane's machine, where ${what} (${error instanceof Error ? error.message : String(error)})`
+
 /** A codec's codebooks, read from its config.json on this machine, or why they cannot be. */
 const codecModel = async (
   model: string
 ): Promise<{ readonly quantizers: number; readonly codebookSize: number } | string> => {
-  const { benchModelNames, builtinModelNames, modelCacheDir, resolveModel } = await import("../../models/ModelStore.js")
-  const { loadModelDirectory } = await import("../../models/ModelDirectory.js")
   try {
-    const dir =
-      builtinModelNames.includes(model) || benchModelNames.includes(model)
-        ? join(modelCacheDir(), model)
-        : await resolveModel(model, { offline: true })
-    const config = (await loadModelDirectory(dir)).rawConfig as { num_quantizers?: number; codebook_size?: number }
+    const config = (await localModelDirectory(model)).rawConfig as { num_quantizers?: number; codebook_size?: number }
     return { quantizers: config.num_quantizers ?? 32, codebookSize: config.codebook_size ?? 2048 }
   } catch (error) {
-    return `model ${model} is not on the control plane's machine, where its codebooks are read (${error instanceof Error ? error.message : String(error)})`
+    return notHere(model, "its codebooks are read", error)
   }
 }
 
+/**
+ * What a generator's model takes, read from its config.json on this machine: the width of its
+ * prompt embeddings and its own image size; or why it cannot be read here.
+ */
 const generatorModel = async (
   model: string
 ): Promise<
   { readonly hidden: number; readonly image: { readonly width: number; readonly height: number } | undefined } | string
 > => {
-  const { benchModelNames, builtinModelNames, modelCacheDir, resolveModel } = await import("../../models/ModelStore.js")
-  const { loadModelDirectory } = await import("../../models/ModelDirectory.js")
   try {
-    // A recipe is built by the node that runs it; it is read here only if this machine has it.
-    const dir =
-      builtinModelNames.includes(model) || benchModelNames.includes(model)
-        ? join(modelCacheDir(), model)
-        : await resolveModel(model, { offline: true })
-    const { config } = await loadModelDirectory(dir)
+    const { config } = await localModelDirectory(model)
     if (config.prompt_embeddings === undefined)
       return `the config.json of model ${model} says nothing of the prompt embeddings it takes`
     const generator = config.generator
@@ -141,7 +145,7 @@ const generatorModel = async (
       image: generator?.modality === "image" ? { width: generator.width, height: generator.height } : undefined
     }
   } catch (error) {
-    return `model ${model} is not on the control plane's machine, where the shape of its input is read (${error instanceof Error ? error.message : String(error)})`
+    return notHere(model, "the shape of its input is read", error)
   }
 }
 

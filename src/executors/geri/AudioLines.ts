@@ -7,6 +7,7 @@ import { Effect, Stream } from "effect"
 import type { EngineClient } from "../common/EngineClient.js"
 import { answeredFailure, errorBody } from "../common/Router.js"
 import type { WorkItem } from "../common/wire.js"
+import { wavFile } from "../common/media/Wav.js"
 import type { AudioChunkLine, AudioDoneLine } from "./api.js"
 import type { GeriAudioPiece } from "./worker.js"
 
@@ -45,3 +46,14 @@ export const audioLineStream = (
   })
   return HttpServerResponse.stream(lines, { contentType: "application/x-ndjson" })
 }
+
+/** One audio work item's answer as one WAV file, once all of it is made; cancelled when the request is. */
+export const wavAnswer = (engine: EngineClient, item: WorkItem, sampleRate: number) =>
+  Effect.gen(function* () {
+    const pieces: Array<Int16Array> = []
+    const submitted = engine.submit([item], (_, value) => pieces.push((value as GeriAudioPiece).pcm))
+    yield* Effect.tryPromise({ try: () => submitted.results, catch: (error) => error }).pipe(
+      Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id)))
+    )
+    return HttpServerResponse.uint8Array(wavFile(pieces, sampleRate), { contentType: "audio/wav" })
+  })

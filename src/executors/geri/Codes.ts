@@ -5,20 +5,17 @@
  * PCM16), or one WAV file.
  */
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
-import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { Effect } from "effect"
 import { readFile } from "node:fs/promises"
 import { type ModelDirectory, onnxPath } from "../../models/ModelDirectory.js"
 import { onnxInputDims } from "../../models/onnx/Graph.js"
 import type { EngineClient } from "../common/EngineClient.js"
 import { BadRequest } from "../common/errors.js"
-import { wavFile } from "../common/media/Wav.js"
 import { errorAnswer, workItemContext } from "../common/Router.js"
 import type { WorkItem } from "../common/wire.js"
 import { CodesRequest } from "./api.js"
-import { audioLineStream } from "./AudioLines.js"
+import { audioLineStream, wavAnswer } from "./AudioLines.js"
 import { type CodecItemMeta, type CodecPlan, defaultContextFrames, mimiSpec } from "./CodecDecoder.js"
-import type { GeriAudioPiece } from "./worker.js"
 
 export interface CodecModelInfo {
   readonly sampleRate: number
@@ -110,14 +107,7 @@ export const codecRoutes = (context: { readonly model: ModelDirectory; readonly 
         ...(yield* workItemContext)
       }
 
-      if (!body.stream) {
-        const pieces: Array<Int16Array> = []
-        const submitted = engine.submit([item], (_, value) => pieces.push((value as GeriAudioPiece).pcm))
-        yield* Effect.tryPromise({ try: () => submitted.results, catch: (error) => error }).pipe(
-          Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id)))
-        )
-        return HttpServerResponse.uint8Array(wavFile(pieces, spec.sampleRate), { contentType: "audio/wav" })
-      }
+      if (!body.stream) return yield* wavAnswer(engine, item, spec.sampleRate)
 
       return audioLineStream(engine, item, spec.sampleRate)
     }).pipe(Effect.catchAll(errorAnswer))

@@ -5,18 +5,16 @@
  * The answer is the `/generate` audio stream (NDJSON lines of PCM16), or one WAV file.
  */
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
-import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { Effect } from "effect"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { TextTokenizer } from "../../models/TextTokenizer.js"
 import type { EngineClient } from "../common/EngineClient.js"
 import { BadRequest } from "../common/errors.js"
 import { type MediaSourceOptions, readMedia } from "../common/media/MediaSource.js"
-import { wavFile } from "../common/media/Wav.js"
 import { errorAnswer, workItemContext } from "../common/Router.js"
 import type { WorkItem } from "../common/wire.js"
 import { SynthesisRequest } from "./api.js"
-import { audioLineStream } from "./AudioLines.js"
+import { audioLineStream, wavAnswer } from "./AudioLines.js"
 import {
   type ChunkPlan,
   hifiGanSpec,
@@ -25,7 +23,6 @@ import {
   speechT5Spec,
   vocoderDirectory
 } from "./SpeechSynthesizer.js"
-import type { GeriAudioPiece } from "./worker.js"
 
 /**
  * By default the first chunk is 16 frames (a quarter second at 16 kHz), sent once they and their
@@ -109,14 +106,7 @@ export const speechRoutes = (context: {
         ...(yield* workItemContext)
       }
 
-      if (!body.stream) {
-        const pieces: Array<Int16Array> = []
-        const submitted = engine.submit([item], (_, value) => pieces.push((value as GeriAudioPiece).pcm))
-        yield* Effect.tryPromise({ try: () => submitted.results, catch: (error) => error }).pipe(
-          Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id)))
-        )
-        return HttpServerResponse.uint8Array(wavFile(pieces, sampleRate), { contentType: "audio/wav" })
-      }
+      if (!body.stream) return yield* wavAnswer(engine, item, sampleRate)
 
       return audioLineStream(engine, item, sampleRate)
     }).pipe(Effect.catchAll(errorAnswer))
