@@ -22,6 +22,8 @@ ENV ONNXRUNTIME_NODE_INSTALL=${ONNXRUNTIME_NODE_INSTALL}
 WORKDIR /app
 COPY package.json package-lock.json tsconfig.json tsconfig.build.json ./
 COPY src ./src
+# The web console's sources: `prepare` bundles them into dist/console with Vite.
+COPY console ./console
 # `npm ci` refuses this lockfile with some npm versions; `npm install` follows it. Its `prepare` compiles
 # src to dist with TypeScript, a dev dependency, so the dev dependencies are pruned only afterwards.
 # ffmpeg and ffprobe (video containers) come as static binaries in optional packages on linux-x64; their

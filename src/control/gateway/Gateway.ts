@@ -47,6 +47,7 @@ import { NodeAgent } from "../../node/NodeAgent.js"
 import { adminRequestRefusal } from "./AdminGuard.js"
 import { errorBody, errorResponse } from "./ErrorResponse.js"
 import { docsAsset, docsContentSecurityPolicy, docsPage } from "./DocsPage.js"
+import { consoleContentSecurityPolicy, consoleFile } from "./ConsolePage.js"
 import { appDocument, type DescribedApp, platformDocument, type UndescribedApp } from "./OpenApi.js"
 import { shortened } from "../../app-runtime/Shortened.js"
 import { parseJsonBody } from "./JsonBody.js"
@@ -469,6 +470,28 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       })
     })
 
+    /** A file of the web console: its page at `/console`, `/console/NAME` and `/console/assets/NAME`. */
+    const consoleRoute = (folder: "top" | "assets", fixedName?: string) =>
+      Effect.gen(function* () {
+        const name = fixedName ?? (yield* param("file"))
+        const file = yield* Effect.promise(() => consoleFile(name, folder))
+        if (file === undefined) {
+          const request = yield* HttpServerRequest.HttpServerRequest
+          return yield* new RouteNotFound({
+            message: `no file ${shortened(request.url, echoedChars)} in the console (npm run build builds it)`
+          })
+        }
+        return HttpServerResponse.uint8Array(file.body, {
+          contentType: file.contentType,
+          headers: {
+            "cache-control": file.cacheControl,
+            "content-security-policy": consoleContentSecurityPolicy,
+            "x-content-type-options": "nosniff",
+            "referrer-policy": "no-referrer"
+          }
+        })
+      })
+
     const router = HttpRouter.empty.pipe(
       HttpRouter.post("/app/register", register),
       HttpRouter.post("/app/unregister/:id", unregister),
@@ -503,7 +526,11 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
         "/docs",
         Effect.sync(() => htmlPage(docsPage("Cornserve", "/openapi.json")))
       ),
-      HttpRouter.get("/docs/:file", docsFile)
+      HttpRouter.get("/docs/:file", docsFile),
+      // `/console/` as well: the router ignores a trailing slash.
+      HttpRouter.get("/console", consoleRoute("top", "index.html")),
+      HttpRouter.get("/console/assets/:file", consoleRoute("assets")),
+      HttpRouter.get("/console/:file", consoleRoute("top"))
     )
 
     const refuseWhileDraining = Effect.suspend(() => (draining ? Effect.fail(new ShuttingDown()) : Effect.void))
