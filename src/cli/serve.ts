@@ -118,6 +118,6 @@ const runPlatform = (options: ServeOptions & { readonly examples: boolean }) =>
       yield* Console.log(`\nApps ready to try:\n${ready.map((app) => tryLine(gateway.url, app)).join("\n")}\n`)
     }
     yield* gateway.markReady
-    yield* Console.log("cornserve: ready (Ctrl-C to stop)")
+    yield* Console.log(`cornserve: ready (Ctrl-C to stop); the web console is at ${gateway.url}/console`)
     return yield* Effect.never
   }).pipe(Effect.provide(platformLayer(options)))
