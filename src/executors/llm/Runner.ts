@@ -5,7 +5,24 @@
  * (their first token), then decodes one token for every request in the batch. How the decoder is
  * called (input_ids or inputs_embeds, position_ids or not, the cache's names and precision) is read
  * from its graph.
+ *
+ * A decoder that quantises its activations on the fly (DynamicQuantizeLinear, in the community's
+ * q8, int8 and uint8 exports) takes one scale over its whole input: a request's tokens would change
+ * with the requests batched beside it. Such a decoder runs each request's rows apart (each
+ * prefill and decode step of a request is a run of its own), so that every request answers as it
+ * does alone, and as transformers.js does; the cost is batching's throughput on those dtypes.
  */
+
+/** The dtypes whose exports quantise activations with DynamicQuantizeLinear. */
+const dynamicallyQuantised: ReadonlyArray<Dtype> = ["q8", "int8", "uint8"]
+
+/**
+ * Whether the decoder file quantises activations with one scale over its input: it has a
+ * DynamicQuantizeLinear node (its op type is in the file as written; only 8-bit exports are read).
+ */
+const quantisesPerTensor = async (files: DecoderFiles): Promise<boolean> =>
+  dynamicallyQuantised.includes(files.dtype) && (await readFile(files.decoder)).includes("DynamicQuantizeLinear")
+import { readFile } from "node:fs/promises"
 import * as ort from "onnxruntime-node"
 import { type DecoderFiles, type DecoderInterface, decoderFiles, decoderInterface } from "../../models/DecoderLayout.js"
 import type { Dtype } from "../../models/Dtype.js"
@@ -111,6 +128,8 @@ export class Runner implements StepRunner {
     private readonly model: ModelDirectory,
     /** The files it runs: layout and dtype. */
     readonly files: DecoderFiles,
+    /** Each request's rows run apart: the decoder's answer for a row depends on the others (see above). */
+    readonly rowsApart: boolean,
     private readonly io: DecoderInterface,
     private readonly embed: ort.InferenceSession | undefined,
     private readonly decoder: ort.InferenceSession,
@@ -126,18 +145,26 @@ export class Runner implements StepRunner {
   }
 
   /** Opens the model's decoder files at `dtype` (by default fp32, or the closest there is). */
-  static async open(model: ModelDirectory, device: string, threads: number, dtype?: Dtype): Promise<Runner> {
+  static async open(
+    model: ModelDirectory,
+    device: string,
+    threads: number,
+    dtype?: Dtype,
+    /** Whether to run each request's rows apart; by default, when the decoder quantises per tensor. */
+    options: { readonly rowsApart?: boolean } = {}
+  ): Promise<Runner> {
     const spec = model.decoder
     if (spec === undefined) throw new Error(`${model.path} is not a decoder: its config.json has no vocab_size`)
     const files = decoderFiles(model, dtype)
     // Only the decoder's threads spin between runs: the others run briefly before it, on the same cores.
     const session = (path: string | undefined, spin = false) =>
       path === undefined ? Promise.resolve(undefined) : createSession(path, device, threads, { spin })
-    const [embed, decoder, vision, audio] = await Promise.all([
+    const [embed, decoder, vision, audio, rowsApart] = await Promise.all([
       session(files.embedTokens),
       session(files.decoder, true),
       session(files.vision),
-      session(files.audio)
+      session(files.audio),
+      options.rowsApart ?? quantisesPerTensor(files)
     ])
     const io = decoderInterface(
       metadataOf(decoder!.inputMetadata),
@@ -146,7 +173,7 @@ export class Runner implements StepRunner {
       files.decoder.slice(model.path.length + 1),
       model.path
     )
-    return new Runner(model, files, io, embed, decoder!, {
+    return new Runner(model, files, rowsApart, io, embed, decoder!, {
       ...(vision === undefined ? {} : { vision }),
       ...(audio === undefined ? {} : { audio })
     })
@@ -177,12 +204,18 @@ export class Runner implements StepRunner {
     const joining = items.flatMap((item) =>
       item.op.op === "prefill" ? [{ id: item.id, prompt: item.op.prompt, sampling: item.op.sampling }] : []
     )
-    if (joining.length > 0) await this.prefill(joining, take)
+    if (joining.length > 0) {
+      if (this.rowsApart) for (const request of joining) await this.prefill([request], take)
+      else await this.prefill(joining, take)
+    }
     const decoding = [
       ...items.filter((item) => item.op.op === "decode").map((item) => item.id),
       ...joining.map((request) => request.id)
     ].filter((id) => this.sequences.has(id))
-    if (decoding.length > 0) await this.decode(decoding, take)
+    if (decoding.length > 0) {
+      if (this.rowsApart) for (const id of decoding) await this.decode([id], take)
+      else await this.decode(decoding, take)
+    }
     return outputs
   }
 
@@ -282,6 +315,15 @@ export class Runner implements StepRunner {
 
   /** The past for a decode of `ids`: the last batch's as it is when the batch is unchanged, else its rows gathered anew. */
   private batchPast(ids: ReadonlyArray<string>, sequences: ReadonlyArray<Sequence>): Past {
+    // A request alone whose past is its own, unpadded: as it is (requests run apart take this path).
+    const only = sequences.length === 1 ? sequences[0]! : undefined
+    if (
+      only !== undefined &&
+      only.cache.row === 0 &&
+      only.cache.past.tensors[0]?.dims[0] === 1 &&
+      only.cache.past.width === only.length
+    )
+      return only.cache.past
     const previous = this.batch
     if (
       previous !== undefined &&
