@@ -843,6 +843,18 @@ const executorCommand = Command.make(
         "LLM: the KV cache positions all requests may hold at once (default: max batch size × context length)."
       ),
       Options.optional
+    ),
+    prefixCacheBytes: Options.integer("prefix-cache-bytes").pipe(
+      Options.withDescription(
+        "LLM: bytes of KV cache kept per device for prompts' prefixes (a repeated system prompt, a chat's earlier turns), least recently used out; 0 keeps none (default 512 MiB)."
+      ),
+      Options.optional
+    ),
+    prefillChunkTokens: Options.integer("prefill-chunk-tokens").pipe(
+      Options.withDescription(
+        "LLM: prompt tokens a step prefills while other requests decode (default: as many as take no longer than their decode step, so that a long prompt holds running streams back little); 0 prefills each prompt whole."
+      ),
+      Options.optional
     )
   },
   (options) =>
@@ -876,6 +888,14 @@ const executorCommand = Command.make(
           ...Option.match(options.kvCacheTokens, {
             onNone: () => ({}),
             onSome: (kvCacheTokens) => ({ kvCacheTokens })
+          }),
+          ...Option.match(options.prefixCacheBytes, {
+            onNone: () => ({}),
+            onSome: (prefixCacheBytes) => ({ prefixCacheBytes })
+          }),
+          ...Option.match(options.prefillChunkTokens, {
+            onNone: () => ({}),
+            onSome: (prefillChunkTokens) => ({ prefillChunkTokens })
           }),
           ...Option.match(options.runDir, { onNone: () => ({}), onSome: (runDir) => ({ runDir }) }),
           ...Option.match(options.dtype, { onNone: () => ({}), onSome: (dtype) => ({ dtype }) }),

@@ -142,9 +142,12 @@ describe("shared CPU devices, shared encoder outputs", () => {
       metricValue(platform.url, /^cornserve_executor_call_seconds_count\{task="encoder-[^"]*",operation="embed"/)
     const lookups = (result: string) =>
       metricValue(platform.url, new RegExp(`^cornserve_embedding_cache_lookups_total\\{.*result="${result}"`))
+    /** Prompts the LLM executors prefilled from their prefix caches (cornserve_llm_prefix_cache_*). */
+    const prefixHits = () => metricValue(platform.url, /^cornserve_llm_prefix_cache_hits_total\{/)
     const blue = await solidImageRequest(20, 30, 235)
     const calls = await imageEncoderCalls()
     const [hits, misses] = [await lookups("hit"), await lookups("miss")]
+    const prefixHitsBefore = await prefixHits()
 
     expect(await streamedText(await invoke(platform.url, "color_chat", blue))).toBe("blue")
     expect(await imageEncoderCalls()).toBe(calls + 1)
@@ -154,6 +157,9 @@ describe("shared CPU devices, shared encoder outputs", () => {
     expect(await streamedText(await invoke(platform.url, "color_chat", blue))).toBe("blue")
     expect(await imageEncoderCalls()).toBe(calls + 1)
     expect(await lookups("hit")).toBe(hits + 1)
+    // The LLM found the prompt's blocks, image rows included, in its prefix cache.
+    expect(await prefixHits()).toBeGreaterThan(prefixHitsBefore)
+    expect(await metricValue(platform.url, /^cornserve_llm_prefix_cache_bytes\{/)).toBeGreaterThan(0)
     // Another app on the same encoder task finds it too.
     const studio = await invoke(platform.url, "color_studio", blue)
     expect(((await studio.json()) as { colour: string }).colour).toBe("blue")

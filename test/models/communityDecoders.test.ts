@@ -3,7 +3,7 @@ import { tmpdir } from "node:os"
 import { dirname, join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import type { SamplingParams } from "../../src/executors/llm/protocol.js"
-import { Runner, type StepItem } from "../../src/executors/llm/Runner.js"
+import { Runner, type StepItem, type StepRunner } from "../../src/executors/llm/Runner.js"
 import type { LlamaConfig } from "../../src/models/architectures/Llama.js"
 import { decoderFiles, decoderInterface, type GraphValue } from "../../src/models/DecoderLayout.js"
 import { type Dtype, dtypes } from "../../src/models/Dtype.js"
@@ -204,6 +204,117 @@ describe("the split layout (embed_tokens + decoder_model_merged)", () => {
       expect(ours.batched).toEqual(ours.alone)
     }
   )
+})
+
+/**
+ * Prompts prefilled in pieces: from blocks the prefix cache holds, and a chunk per step while
+ * others decode. Two prompts share a 40-token system prompt; blocks are 8 tokens and chunks 5, so
+ * a hit starts mid-prompt and every piece boundary falls elsewhere.
+ */
+describe("prefill in pieces: the prefix cache and chunked prefill", () => {
+  const system = Array.from({ length: 40 }, () => random.below(config.vocabSize))
+  const turns = [9, 13, 4].map((length) => [...system, ...Array.from({ length }, () => random.below(config.vocabSize))])
+  const request = (id: string, turn: number, joinAt: number) => ({
+    id,
+    prompt: { inputIds: Int32Array.from(turns[turn]!), media: [] },
+    sampling: greedy,
+    joinAt
+  })
+
+  it.each(["fp32", "fp16", "q8"] as const)(
+    "%s: the same greedy tokens as transformers.js, cold, from cached blocks, in chunks beside neighbours",
+    async (dtype) => {
+      const expected = await transformersGreedy(decoderOnly, dtype, turns, maxNewTokens)
+      const runner = await Runner.open(await loadModelDirectory(decoderOnly), "cpu:0", 1, dtype, {
+        prefixBlockTokens: 8,
+        chunkTokens: 5
+      })
+      try {
+        const cold = await drive(runner, [request("cold", 0, 0)])
+        expect(cold.get("cold")).toEqual(expected[0])
+        // The other turns find the system prompt's 5 blocks.
+        const hits = await drive(runner, [request("hit1", 1, 0), request("hit2", 2, 0)])
+        expect([hits.get("hit1"), hits.get("hit2")]).toEqual([expected[1], expected[2]])
+        // Joining while others decode: the new prompt's uncached part goes 5 tokens a step.
+        const mixed = await drive(runner, [request("a", 0, 0), request("b", 1, 3), request("c", 2, 4)])
+        expect(["a", "b", "c"].map((id) => mixed.get(id))).toEqual(expected)
+        if (dtype === "q8") {
+          // Per-tensor activation scales: a piece's would differ from the whole prompt's, so neither is used.
+          expect(runner.prefixCache).toBeUndefined()
+          return
+        }
+        // Every turn after the first found the 40 shared tokens; a and b found their whole turns
+        // but for the last block's worth (48 of 49 and of 53 tokens): hit1, hit2, a, b, c.
+        expect(runner.prefixCache!.stats).toMatchObject({ lookups: 6, hits: 5, hitTokens: 40 + 40 + 48 + 48 + 40 })
+      } finally {
+        await runner.close()
+      }
+    }
+  )
+
+  it("fp32: with no cache, a long prompt joins 3 tokens a step while another decodes, with the same tokens", async () => {
+    const expected = await transformersGreedy(decoderOnly, "fp32", turns, maxNewTokens)
+    const runner = await Runner.open(await loadModelDirectory(decoderOnly), "cpu:0", 1, "fp32", {
+      prefixCacheBytes: 0,
+      chunkTokens: 3
+    })
+    /** Which requests got a token, step by step. */
+    const steps: Array<Array<string>> = []
+    const recording: StepRunner = {
+      held: [],
+      step: async (items, emit) => {
+        const got: Array<string> = []
+        const outputs = await runner.step(items, (index, partial) => {
+          got.push(items[index]!.id)
+          emit(index, partial)
+        })
+        steps.push(got)
+        return outputs
+      },
+      close: () => runner.close()
+    }
+    try {
+      expect(runner.prefixCache).toBeUndefined()
+      // a decodes for longer than b's prompt takes to join.
+      const tokens = await drive(recording, [
+        { ...request("a", 0, 0), sampling: { ...greedy, maxNewTokens: 30 } },
+        { ...request("b", 1, 2), sampling: { ...greedy, maxNewTokens: 2 } }
+      ])
+      expect(tokens.get("a")!.slice(0, maxNewTokens)).toEqual(expected[0])
+      expect(tokens.get("b")).toEqual(expected[1]!.slice(0, 2))
+      // b's 53 tokens take 18 steps of 3; a gets its token in every one of them.
+      const first = steps.findIndex((got) => got.includes("b"))
+      expect(first).toBe(2 + Math.ceil(53 / 3) - 1)
+      expect(steps.slice(2, first + 1).every((got) => got.includes("a"))).toBe(true)
+    } finally {
+      await runner.close()
+    }
+  })
+
+  it("the cache stays within its bound under a flood of distinct prompts", async () => {
+    const runner = await Runner.open(await loadModelDirectory(decoderOnly), "cpu:0", 1, "fp32", {
+      prefixBlockTokens: 8,
+      // Kept small: 2 layers × key and value × 2 heads × 8 positions × 24 × 4 bytes = 6 KiB a block.
+      prefixCacheBytes: 6 * 6144
+    })
+    try {
+      for (let i = 0; i < 12; i++) {
+        const ids = Array.from({ length: 33 }, () => random.below(config.vocabSize))
+        await drive(runner, [
+          {
+            id: `flood${i}`,
+            prompt: { inputIds: Int32Array.from(ids), media: [] },
+            sampling: { ...greedy, maxNewTokens: 1 },
+            joinAt: 0
+          }
+        ])
+        expect(runner.prefixCache!.stats.bytes).toBeLessThanOrEqual(6 * 6144)
+      }
+      expect(runner.prefixCache!.stats).toMatchObject({ blocks: 6, hits: 0, evictions: 12 * 4 - 6 })
+    } finally {
+      await runner.close()
+    }
+  })
 })
 
 describe("choosing the files", () => {

@@ -51,6 +51,7 @@ import { consoleContentSecurityPolicy, consoleFile } from "./ConsolePage.js"
 import { appDocument, type DescribedApp, platformDocument, type UndescribedApp } from "./OpenApi.js"
 import { shortened } from "../../app-runtime/Shortened.js"
 import { parseJsonBody } from "./JsonBody.js"
+import { llmPrefixCaches, prefixCacheMetrics } from "./LlmCacheMetrics.js"
 import { renderMetrics } from "./Metrics.js"
 import { PlatformMetrics } from "../metrics/PlatformMetrics.js"
 import { invokePrefix, makeInvokeRoute, makeModelsRoute } from "./InvokeRoute.js"
@@ -370,14 +371,16 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
         Effect.orElseSucceed(() => undefined)
       )
       const measured = yield* Effect.promise(() => requestMetrics.text())
+      const tasks = resources.tasks()
+      const caches = yield* Effect.promise(() => llmPrefixCaches(tasks, config.internalSecret))
       return HttpServerResponse.text(
         `${renderMetrics({
           apps: appManager.list(),
           inFlight,
-          tasks: resources.tasks(),
+          tasks,
           sidecar,
           rebalanceMoves: resources.rebalanceMoves()
-        })}\n${measured}`,
+        })}${prefixCacheMetrics(caches).join("\n")}\n${measured}`,
         {
           contentType: "text/plain; version=0.0.4"
         }

@@ -38,7 +38,14 @@ export const ExecutorConfig = Schema.Struct({
   /** How long Geri waits for an embedding to arrive through the sidecar. */
   embeddingWaitMs: Schema.Int.pipe(Schema.positive()),
   /** LLM: KV cache positions per device (default: maxBatchSize requests at the model's context length). */
-  kvCacheTokens: Schema.optional(Schema.Int.pipe(Schema.positive()))
+  kvCacheTokens: Schema.optional(Schema.Int.pipe(Schema.positive())),
+  /** LLM: bytes of KV cache blocks kept for prompts' prefixes, per device; 0 keeps none (default 512 MiB). */
+  prefixCacheBytes: Schema.optional(Schema.Int.pipe(Schema.nonNegative())),
+  /**
+   * LLM: prompt tokens a step prefills while other requests decode; absent, sized to take no
+   * longer than their decode step; 0 prefills each prompt whole.
+   */
+  prefillChunkTokens: Schema.optional(Schema.Int.pipe(Schema.nonNegative()))
 })
 export type ExecutorConfig = typeof ExecutorConfig.Type
 

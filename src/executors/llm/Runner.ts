@@ -11,6 +11,15 @@
  * with the requests batched beside it. Such a decoder runs each request's rows apart (each
  * prefill and decode step of a request is a run of its own), so that every request answers as it
  * does alone, and as transformers.js does; the cost is batching's throughput on those dtypes.
+ *
+ * Prompts are prefilled in pieces. Prompts that join with nothing cached run as one batch, each
+ * whole. A prompt whose leading blocks the prefix cache holds (PrefixCache.ts) starts from them,
+ * and a prompt longer than the step's budget is prefilled a chunk per step, each piece a run of
+ * its own over the request's own past, between the running requests' decode steps: a long prompt
+ * then holds the running streams back by one chunk per token rather than by its whole prefill.
+ * The chunk is sized so that its run takes no longer than the batch's decode step (measured as
+ * they run), unless the executor fixes it. Decoders that quantise per tensor neither chunk nor
+ * use the prefix cache: a piece's scale would differ from the whole prompt's.
  */
 
 /** The dtypes whose exports quantise activations with DynamicQuantizeLinear. */
@@ -30,7 +39,8 @@ import { floatsOf, halvesOf } from "../../models/Float16.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { createSession, qwen2VLGridInput } from "../common/Sessions.js"
 import { type CacheArray, type CachedRow, gatherRows, type PastData, rightAlignedMask } from "./PastCache.js"
-import type { MediaInput, PromptInput, SamplingParams, StepOp, TokenPartial } from "./protocol.js"
+import { blockKeys, PrefixCache, type PrefixCacheStats } from "./PrefixCache.js"
+import type { MediaInput, MediaSpan, PromptInput, SamplingParams, StepOp, TokenPartial } from "./protocol.js"
 import { Constraints } from "./Constraints.js"
 import { Sampler } from "./Sampler.js"
 
@@ -65,7 +75,36 @@ interface Sequence {
   lastToken: number
   generated: number
   cache: { readonly past: Past; readonly row: number }
+  /** While its prompt is being prefilled (its cache holds the first `length` positions). */
+  prefill?: Prefill
 }
+
+interface Prefill {
+  readonly prompt: PromptInput
+  readonly located: ReturnType<typeof promptPositions>
+  /** Its whole blocks' prefix cache keys (none without the cache). */
+  readonly keys: ReadonlyArray<string>
+  /** Media rows encoded for an earlier piece, by span, for spans that several pieces cover. */
+  readonly features: Map<MediaSpan, Float32Array>
+}
+
+/** How prompts are prefilled: the prefix cache's bound, and the tokens a step prefills while others decode. */
+export interface PrefillOptions {
+  /** Bytes the prefix cache may hold; 0 turns it off (default 512 MiB). */
+  readonly prefixCacheBytes?: number
+  /** Positions per prefix cache block (default 16). */
+  readonly prefixBlockTokens?: number
+  /**
+   * Prompt tokens a step prefills while other requests decode: "auto" sizes it so that it runs
+   * no longer than their decode step (the default); 0 prefills each prompt whole.
+   */
+  readonly chunkTokens?: number | "auto"
+}
+
+/** The adaptive chunk's bounds, and the share of a decode step it aims to take. */
+const chunkBounds = { initial: 32, min: 4, max: 512, ofDecodeStep: 0.75 }
+const defaultPrefixCacheBytes = 512 * 1024 * 1024
+const defaultPrefixBlockTokens = 16
 
 /** A past as the decoder takes it, and its width. */
 interface Past {
@@ -94,6 +133,8 @@ export interface StepRunner {
 export type EmbedOutput =
   | { readonly embedding: Float32Array; readonly shape: readonly [number, number] }
   | { readonly error: string }
+  /** A stats item's answer. */
+  | { readonly prefixCache: PrefixCacheStats | undefined }
 
 const float = (data: Float32Array, dims: ReadonlyArray<number>) => new ort.Tensor("float32", data, dims)
 const int64 = (data: BigInt64Array, dims: ReadonlyArray<number>) => new ort.Tensor("int64", data, dims)
@@ -123,6 +164,14 @@ export class Runner implements StepRunner {
   private readonly padId: number
   /** Schemas and the tokenizer's vocabulary index, for requests with a response format. */
   private readonly constraints: Constraints
+  /** Requests whose prompts are being prefilled, in the order they joined. */
+  private prefilling: Array<string> = []
+  readonly prefixCache: PrefixCache | undefined
+  /** Whether prompts are prefilled in chunks while others decode, and the chunk's size now. */
+  private readonly chunking: "auto" | "fixed" | "off"
+  private chunkTokens: number
+  /** How long the last decode step took (ms), which an adaptive chunk aims below. */
+  private decodeMs: number | undefined
 
   private constructor(
     private readonly model: ModelDirectory,
@@ -133,7 +182,8 @@ export class Runner implements StepRunner {
     private readonly io: DecoderInterface,
     private readonly embed: ort.InferenceSession | undefined,
     private readonly decoder: ort.InferenceSession,
-    private readonly encoders: { readonly vision?: ort.InferenceSession; readonly audio?: ort.InferenceSession }
+    private readonly encoders: { readonly vision?: ort.InferenceSession; readonly audio?: ort.InferenceSession },
+    prefill: PrefillOptions
   ) {
     const spec = model.decoder!
     this.heads = io.kvHeads
@@ -142,6 +192,19 @@ export class Runner implements StepRunner {
     this.vocab = spec.vocabSize
     this.padId = model.config.pad_token_id ?? 0
     this.constraints = new Constraints(model, spec.vocabSize)
+    const cacheBytes = prefill.prefixCacheBytes ?? defaultPrefixCacheBytes
+    this.prefixCache =
+      rowsApart || cacheBytes === 0
+        ? undefined
+        : new PrefixCache(prefill.prefixBlockTokens ?? defaultPrefixBlockTokens, cacheBytes, {
+            tensors: io.cache.length,
+            heads: io.kvHeads,
+            headDim: io.headDim,
+            half: io.cacheType === "float16"
+          })
+    const chunk = prefill.chunkTokens ?? "auto"
+    this.chunking = rowsApart || chunk === 0 ? "off" : chunk === "auto" ? "auto" : "fixed"
+    this.chunkTokens = chunk === "auto" ? chunkBounds.initial : chunk
   }
 
   /** Opens the model's decoder files at `dtype` (by default fp32, or the closest there is). */
@@ -150,8 +213,8 @@ export class Runner implements StepRunner {
     device: string,
     threads: number,
     dtype?: Dtype,
-    /** Whether to run each request's rows apart; by default, when the decoder quantises per tensor. */
-    options: { readonly rowsApart?: boolean } = {}
+    /** Whether to run each request's rows apart (by default, when the decoder quantises per tensor), and how to prefill. */
+    options: { readonly rowsApart?: boolean } & PrefillOptions = {}
   ): Promise<Runner> {
     const spec = model.decoder
     if (spec === undefined) throw new Error(`${model.path} is not a decoder: its config.json has no vocab_size`)
@@ -173,10 +236,19 @@ export class Runner implements StepRunner {
       files.decoder.slice(model.path.length + 1),
       model.path
     )
-    return new Runner(model, files, rowsApart, io, embed, decoder!, {
-      ...(vision === undefined ? {} : { vision }),
-      ...(audio === undefined ? {} : { audio })
-    })
+    return new Runner(
+      model,
+      files,
+      rowsApart,
+      io,
+      embed,
+      decoder!,
+      {
+        ...(vision === undefined ? {} : { vision }),
+        ...(audio === undefined ? {} : { audio })
+      },
+      options
+    )
   }
 
   /** Requests whose cache this runner holds. */
@@ -185,10 +257,11 @@ export class Runner implements StepRunner {
   }
 
   /**
-   * Runs one step: frees, embeddings, prefills (each joining request's first token), then one
-   * decode for the batch, which is the decode items and the prefilled requests that go on.
-   * `emit(index, token)` reports each token as soon as it is sampled. Answers each embed item's
-   * output at its index.
+   * Runs one step: frees, embeddings, prefills (the pieces of the prompts being prefilled that
+   * this step's budget allows; a prompt done gives its first token), then one decode for the
+   * batch, which is the decode items and the prompts done that go on. `emit(index, token)`
+   * reports each token as soon as it is sampled. Answers each embed and stats item's output at
+   * its index.
    */
   async step(
     items: ReadonlyArray<StepItem>,
@@ -196,83 +269,200 @@ export class Runner implements StepRunner {
   ): Promise<Array<EmbedOutput | undefined>> {
     const outputs: Array<EmbedOutput | undefined> = items.map(() => undefined)
     const indexOf = new Map(items.map((item, index) => [item.id, index]))
-    const take = (id: string, partial: TokenPartial) => emit(indexOf.get(id)!, partial)
-    for (const item of items) if (item.op.op === "free") this.sequences.delete(item.id)
+    const take = (id: string, partial: TokenPartial) => {
+      const index = indexOf.get(id)
+      if (index !== undefined) emit(index, partial)
+    }
+    for (const item of items) if (item.op.op === "free") this.forget(item.id)
     for (const [index, item] of items.entries()) {
       if (item.op.op === "embed") outputs[index] = await this.embedPrompt(item.op.prompt, item.op.source)
+      else if (item.op.op === "stats") outputs[index] = { prefixCache: this.prefixCache?.stats }
     }
-    const joining = items.flatMap((item) =>
-      item.op.op === "prefill" ? [{ id: item.id, prompt: item.op.prompt, sampling: item.op.sampling }] : []
+    for (const item of items) if (item.op.op === "prefill") this.join(item.id, item.op.prompt, item.op.sampling)
+    // A prefilling request's decode item waits for its prompt: its pieces follow the budget.
+    const decoding = items.flatMap((item) =>
+      item.op.op === "decode" && this.sequences.get(item.id)?.prefill === undefined && this.sequences.has(item.id)
+        ? [item.id]
+        : []
     )
-    if (joining.length > 0) {
-      if (this.rowsApart) for (const request of joining) await this.prefill([request], take)
-      else await this.prefill(joining, take)
-    }
-    const decoding = [
-      ...items.filter((item) => item.op.op === "decode").map((item) => item.id),
-      ...joining.map((request) => request.id)
-    ].filter((id) => this.sequences.has(id))
+    // The budget binds while any request decodes, in this step or (a step of other items) the next.
+    const done = await this.prefillPieces(this.sequences.size > this.prefilling.length, take)
+    decoding.push(...done.filter((id) => this.sequences.has(id)))
     if (decoding.length > 0) {
+      const started = performance.now()
       if (this.rowsApart) for (const id of decoding) await this.decode([id], take)
       else await this.decode(decoding, take)
+      this.decodeMs = performance.now() - started
     }
     return outputs
   }
 
   async close(): Promise<void> {
     this.sequences.clear()
+    this.prefilling = []
     this.batch = undefined
+    this.prefixCache?.clear()
     await Promise.all(
       [this.embed, this.decoder, this.encoders.vision, this.encoders.audio].map((session) => session?.release())
     )
   }
 
-  private async prefill(
-    joining: ReadonlyArray<{ readonly id: string; readonly prompt: PromptInput; readonly sampling: SamplingParams }>,
-    take: (id: string, partial: TokenPartial) => void
-  ): Promise<void> {
-    const lengths = joining.map((request) => request.prompt.inputIds.length)
+  private forget(id: string): void {
+    this.sequences.delete(id)
+    this.prefilling = this.prefilling.filter((other) => other !== id)
+  }
+
+  /** A request joins: its sequence starts from the prompt's cached blocks, if any. */
+  private join(id: string, prompt: PromptInput, sampling: SamplingParams): void {
+    const cache = this.prefixCache
+    const keys = cache === undefined ? [] : blockKeys(prompt, cache.blockTokens)
+    // At least one token runs: its logits give the first token.
+    const cached =
+      cache === undefined ? 0 : cache.lookup(keys, Math.floor((prompt.inputIds.length - 1) / cache.blockTokens))
+    const past: Past =
+      cached === 0
+        ? { tensors: this.emptyPast(1), width: 0 }
+        : (() => {
+            const read = cache!.read(keys, cached)
+            const dims = [1, this.heads, read.width, this.headDim]
+            return { tensors: read.tensors.map((data) => cacheTensor(data, dims)), width: read.width }
+          })()
+    const located = promptPositions(prompt, this.io.positionAxes)
+    this.sequences.set(id, {
+      sampler: new Sampler(
+        sampling,
+        prompt.inputIds,
+        sampling.format === undefined ? undefined : this.constraints.decoder(sampling.format)
+      ),
+      sampling,
+      length: past.width,
+      positionDelta: located.delta,
+      lastToken: 0,
+      generated: 0,
+      cache: { past, row: 0 },
+      prefill: { prompt, located, keys, features: new Map() }
+    })
+    this.prefilling.push(id)
+  }
+
+  /**
+   * This step's prefill pieces, within its budget (no bound when nothing else decodes): prompts
+   * that fit whole with nothing cached run as one batch, and every other piece alone over its
+   * request's own past; at least one piece runs. Answers the requests whose prompts are done, whose
+   * first tokens it has emitted.
+   */
+  private async prefillPieces(othersDecode: boolean, take: (id: string, partial: TokenPartial) => void) {
+    const bounded = othersDecode && this.chunking !== "off"
+    let budget = bounded ? this.chunkTokens : Infinity
+    const whole: Array<string> = []
+    const pieces: Array<{ readonly id: string; readonly count: number }> = []
+    for (const id of this.prefilling) {
+      const sequence = this.sequences.get(id)!
+      const remaining = sequence.prefill!.prompt.inputIds.length - sequence.length
+      if (budget <= 0 && whole.length + pieces.length > 0) break
+      if (!this.rowsApart && sequence.length === 0 && remaining <= budget) {
+        whole.push(id)
+        budget -= remaining
+        continue
+      }
+      const count = Math.min(remaining, budget > 0 ? budget : this.chunkTokens)
+      pieces.push({ id, count })
+      budget -= count
+    }
+    const firsts: Array<{ readonly id: string; readonly logits: Float32Array; readonly row: number }> = []
+    if (whole.length > 0) firsts.push(...(await this.prefillWhole(whole)))
+    for (const { id, count } of pieces) {
+      const started = performance.now()
+      const first = await this.prefillPiece(id, count)
+      if (first !== undefined) firsts.push(first)
+      if (bounded && this.chunking === "auto" && this.decodeMs !== undefined)
+        this.resize(count, performance.now() - started)
+    }
+    const done: Array<string> = []
+    for (const { id, logits, row } of firsts) {
+      const sequence = this.sequences.get(id)!
+      const prefill = sequence.prefill!
+      this.prefilling = this.prefilling.filter((other) => other !== id)
+      delete sequence.prefill
+      if (this.prefixCache !== undefined && prefill.keys.length > 0) {
+        const { past, row: cacheRow } = sequence.cache
+        this.prefixCache.insert(prefill.keys, {
+          past: { tensors: past.tensors.map((tensor) => tensor.data as CacheArray), width: past.width },
+          row: cacheRow,
+          length: sequence.length
+        })
+      }
+      this.accept(id, sequence, this.draw(sequence, logits, row), take)
+      done.push(id)
+    }
+    return done
+  }
+
+  /** An adaptive chunk after a piece of `count` tokens took `ms`: sized toward its share of a decode step. */
+  private resize(count: number, ms: number): void {
+    if (count < this.chunkTokens) return
+    const target = this.decodeMs! * chunkBounds.ofDecodeStep
+    const scale = Math.min(2, Math.max(0.5, target / Math.max(ms, 0.01)))
+    this.chunkTokens = Math.min(chunkBounds.max, Math.max(chunkBounds.min, Math.round(this.chunkTokens * scale)))
+  }
+
+  /** Prompts with nothing cached, whole, as one batch, left-padded to the longest. */
+  private async prefillWhole(ids: ReadonlyArray<string>) {
+    const sequences = ids.map((id) => this.sequences.get(id)!)
+    const prompts = sequences.map((sequence) => sequence.prefill!.prompt)
+    const lengths = prompts.map((prompt) => prompt.inputIds.length)
     const width = Math.max(...lengths)
     const axes = this.io.positionAxes
-    const batch = joining.length
+    const batch = ids.length
     // Padding takes position 1, as transformers gives masked positions; the mask hides it anyway.
     const positions = new BigInt64Array(axes * batch * width).fill(1n)
-    const located = joining.map((request) => promptPositions(request.prompt, axes))
     lengths.forEach((length, row) => {
+      const located = sequences[row]!.prefill!.located
       for (let axis = 0; axis < axes; axis++) {
         const base = (axis * batch + row) * width + width - length
-        for (let p = 0; p < length; p++) positions[base + p] = BigInt(located[row]!.at(axis, p))
+        for (let p = 0; p < length; p++) positions[base + p] = BigInt(located.at(axis, p))
       }
     })
     const outputs = await this.runDecoder(
-      await this.promptTokens(
-        joining.map((request) => request.prompt),
-        width
-      ),
+      await this.promptTokens(prompts, width),
       rightAlignedMask(lengths, width),
       positions,
-      [joining.length, width],
-      this.emptyPast(joining.length)
+      [batch, width],
+      this.emptyPast(batch)
     )
     const past: Past = { tensors: this.presents(outputs), width }
-    const logits = this.lastLogits(outputs.logits!, joining.length)
-    joining.forEach((request, row) => {
-      const sequence: Sequence = {
-        sampler: new Sampler(
-          request.sampling,
-          request.prompt.inputIds,
-          request.sampling.format === undefined ? undefined : this.constraints.decoder(request.sampling.format)
-        ),
-        sampling: request.sampling,
-        length: lengths[row]!,
-        positionDelta: located[row]!.delta,
-        lastToken: 0,
-        generated: 0,
-        cache: { past, row }
-      }
-      this.sequences.set(request.id, sequence)
-      this.accept(request.id, sequence, this.draw(sequence, logits, row), take)
+    const logits = this.lastLogits(outputs.logits!, batch)
+    return sequences.map((sequence, row) => {
+      sequence.length = lengths[row]!
+      sequence.cache = { past, row }
+      return { id: ids[row]!, logits, row }
     })
+  }
+
+  /**
+   * The next `count` tokens of a request's prompt, alone, over its own past; its logits when
+   * that ends the prompt.
+   */
+  private async prefillPiece(id: string, count: number) {
+    const sequence = this.sequences.get(id)!
+    const prefill = sequence.prefill!
+    const from = sequence.length
+    const to = from + count
+    const axes = this.io.positionAxes
+    const positions = new BigInt64Array(axes * count)
+    for (let axis = 0; axis < axes; axis++)
+      for (let p = from; p < to; p++) positions[axis * count + p - from] = BigInt(prefill.located.at(axis, p))
+    const outputs = await this.runDecoder(
+      await this.pieceTokens(prefill, from, to),
+      new BigInt64Array(to).fill(1n),
+      positions,
+      [1, count],
+      sequence.cache.past.tensors
+    )
+    sequence.length = to
+    sequence.cache = { past: { tensors: this.presents(outputs), width: to }, row: 0 }
+    if (to < prefill.prompt.inputIds.length) return undefined
+    return { id, logits: this.lastLogits(outputs.logits!, 1), row: 0 }
   }
 
   private async decode(ids: ReadonlyArray<string>, take: (id: string, partial: TokenPartial) => void): Promise<void> {
@@ -456,22 +646,62 @@ export class Runner implements StepRunner {
       prompt.media.map((span) => ({ span, base: row * width + width - prompt.inputIds.length }))
     )
     const rows = await this.mediaRows(spans.map(({ span }) => span.input))
-    spans.forEach(({ span, base }, index) => {
-      const features = rows[index]!
-      if (features.length !== span.rows * this.hidden) {
-        throw new Error(
-          `a media item gave ${features.length / this.hidden} rows of ${this.hidden} for ${span.rows} placeholders`
-        )
-      }
-      if (span.positions === undefined) {
-        embeds.set(features, (base + span.start) * this.hidden)
-        return
-      }
-      span.positions.forEach((position, i) =>
-        embeds.set(features.subarray(i * this.hidden, (i + 1) * this.hidden), (base + position) * this.hidden)
-      )
-    })
+    spans.forEach(({ span, base }, index) => this.placeSpan(embeds, span, rows[index]!, base, 0, Infinity))
     return embeds
+  }
+
+  /** The decoder's token input for positions [from, to) of a prompt being prefilled, as one row. */
+  private async pieceTokens(prefill: Prefill, from: number, to: number): Promise<ort.Tensor> {
+    const { prompt } = prefill
+    const count = to - from
+    if (this.embed === undefined) {
+      if (prompt.media.length > 0)
+        throw new Error(
+          `${this.model.path} is a text-only export (onnx/model.onnx takes input_ids), so it cannot take media`
+        )
+      return int64(BigInt64Array.from(prompt.inputIds.subarray(from, to), BigInt), [1, count])
+    }
+    const ids = int64(BigInt64Array.from(prompt.inputIds.subarray(from, to), BigInt), [1, count])
+    const embeds = new Float32Array(float32Data((await this.embed.run({ input_ids: ids })).inputs_embeds!))
+    const last = (span: MediaSpan) =>
+      span.positions === undefined ? span.start + span.rows - 1 : span.positions[span.rows - 1]!
+    const spans = prompt.media.filter((span) => span.start < to && last(span) >= from)
+    // A span that later pieces also cover keeps its rows until the prompt is done.
+    const missing = spans.filter((span) => !prefill.features.has(span))
+    const encoded = await this.mediaRows(missing.map((span) => span.input))
+    missing.forEach((span, index) => {
+      if (last(span) >= to) prefill.features.set(span, encoded[index]!)
+    })
+    spans.forEach((span) => {
+      const features = prefill.features.get(span) ?? encoded[missing.indexOf(span)]!
+      this.placeSpan(embeds, span, features, -from, from, to)
+      if (last(span) < to) prefill.features.delete(span)
+    })
+    return floatsAs(this.io.embedsType, embeds, [1, count, this.hidden])
+  }
+
+  /**
+   * Writes a media span's rows over its placeholders in `embeds`, whose row `base + p` is prompt
+   * position p; only positions in [from, to).
+   */
+  private placeSpan(
+    embeds: Float32Array,
+    span: MediaSpan,
+    features: Float32Array,
+    base: number,
+    from: number,
+    to: number
+  ): void {
+    if (features.length !== span.rows * this.hidden) {
+      throw new Error(
+        `a media item gave ${features.length / this.hidden} rows of ${this.hidden} for ${span.rows} placeholders`
+      )
+    }
+    for (let i = 0; i < span.rows; i++) {
+      const position = span.positions === undefined ? span.start + i : span.positions[i]!
+      if (position < from || position >= to) continue
+      embeds.set(features.subarray(i * this.hidden, (i + 1) * this.hidden), (base + position) * this.hidden)
+    }
   }
 
   /** Each media input's rows, [rows × hidden]; the encoders run once per modality for all items. */

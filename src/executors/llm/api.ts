@@ -117,7 +117,21 @@ export const LlmStats = Schema.Struct({
   finished: Schema.Int,
   cancelled: Schema.Int,
   /** The most requests that decoded together in one step so far. */
-  largestBatch: Schema.Int
+  largestBatch: Schema.Int,
+  /** The prefix cache, all devices together (absent when the executor keeps none). */
+  prefixCache: Schema.optional(
+    Schema.Struct({
+      /** Prompts looked up, and those that found cached blocks. */
+      lookups: Schema.Int,
+      hits: Schema.Int,
+      /** Prompt tokens not prefilled because they were cached. */
+      hitTokens: Schema.Int,
+      blocks: Schema.Int,
+      bytes: Schema.Int,
+      maxBytes: Schema.Int,
+      evictions: Schema.Int
+    })
+  )
 })
 export type LlmStats = typeof LlmStats.Type
 

@@ -23,7 +23,8 @@ import {
   type GenerateResult,
   type LlmRequestMeta,
   type StepOp,
-  type TokenPartial
+  type TokenPartial,
+  type WorkerStats
 } from "./protocol.js"
 import { ContinuousScheduler } from "./Scheduler.js"
 import type { Share } from "../common/FairShare.js"
@@ -37,6 +38,8 @@ const stepsAhead = 2
 type OpenRequest = (
   | { readonly op: "generate"; readonly meta: GenerateMeta; generated: number }
   | { readonly op: "embed"; readonly meta: EmbedMeta }
+  /** Asked of every lane's worker; answered when all have. */
+  | { readonly op: "stats"; readonly answers: Map<number, WorkerStats> }
 ) & {
   /** Its router's span (see WorkItem.trace), and when it arrived (performance.now()). */
   readonly trace: string | undefined
@@ -67,6 +70,8 @@ export const runEngine = (config: ExecutorConfig) =>
     })
     const requests = new Map<string, OpenRequest>()
     const embedQueue: Array<string> = []
+    /** Stats requests each lane's worker has yet to be asked. */
+    const statsQueues = config.devices.map(() => [] as Array<string>)
     /** Requests whose cache a lane's worker may still hold though they left the batch. */
     const frees = config.devices.map(() => new Set<string>())
     const steps = new Map<number, RunningStep>()
@@ -93,16 +98,40 @@ export const runEngine = (config: ExecutorConfig) =>
       wakeup.wakeAll()
     }
 
-    const stats = (): LlmStats => {
+    /** The engine's counts, with the workers' prefix caches summed. */
+    const stats = (workers: Iterable<WorkerStats>): LlmStats => {
       const { waiting, running, usedTokens, totalTokens } = scheduler.stats
-      return { waiting: waiting + embedQueue.length, running, kvCache: { usedTokens, totalTokens }, ...counts }
+      const caches = [...workers].flatMap((answer) => (answer.prefixCache === undefined ? [] : [answer.prefixCache]))
+      const sum = (field: keyof (typeof caches)[number]) => caches.reduce((total, cache) => total + cache[field], 0)
+      const prefixCache =
+        caches.length === 0
+          ? undefined
+          : {
+              lookups: sum("lookups"),
+              hits: sum("hits"),
+              hitTokens: sum("hitTokens"),
+              blocks: sum("blocks"),
+              bytes: sum("bytes"),
+              maxBytes: sum("maxBytes"),
+              evictions: sum("evictions")
+            }
+      return {
+        waiting: waiting + embedQueue.length,
+        running,
+        kvCache: { usedTokens, totalTokens },
+        ...counts,
+        ...(prefixCache === undefined ? {} : { prefixCache })
+      }
     }
 
     const accept = (id: string, meta: LlmRequestMeta, trace: string | undefined, share: Share | undefined) => {
       const received = performance.now()
       switch (meta.op) {
-        case "stats":
-          return void sendRouter({ t: "result", id, results: [stats()] })
+        case "stats": {
+          requests.set(id, { op: "stats", answers: new Map(), trace, received })
+          for (const queue of statsQueues) queue.push(id)
+          return wakeup.wakeAll()
+        }
         case "embed": {
           if (requests.size >= config.maxQueuedRequests)
             return void sendRouter(
@@ -154,6 +183,7 @@ export const runEngine = (config: ExecutorConfig) =>
       }
       const items = [...frees[lane]!].map((id) => item(id, { op: "free" }))
       frees[lane]!.clear()
+      for (const id of statsQueues[lane]!.splice(0)) if (requests.has(id)) items.push(item(id, { op: "stats" }))
       for (const id of embedQueue.splice(0, config.maxBatchSize)) {
         const request = requests.get(id)
         if (request?.op === "embed") items.push(firstItem(id, request, request.meta))
@@ -217,6 +247,12 @@ export const runEngine = (config: ExecutorConfig) =>
     const onStepDone = (step: RunningStep, results: ReadonlyArray<unknown>) => {
       step.items.forEach((item, index) => {
         const request = requests.get(item.requestId)
+        if (request?.op === "stats") {
+          request.answers.set(step.lane, (results[index] ?? {}) as WorkerStats)
+          if (request.answers.size < config.devices.length) return
+          requests.delete(item.requestId)
+          return void sendRouter({ t: "result", id: item.requestId, results: [stats(request.answers.values())] })
+        }
         if (request?.op !== "embed") return
         const result = results[index] as EmbedResult
         requests.delete(item.requestId)

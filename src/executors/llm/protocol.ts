@@ -8,6 +8,7 @@
  */
 import { isGuided } from "../../models/JanusModel.js"
 import type { EmbeddingSource, FinishReason } from "./api.js"
+import type { PrefixCacheStats } from "./PrefixCache.js"
 import type { ResponseFormat } from "./structured/JsonGrammar.js"
 
 /** An image or audio clip for the model's own encoder, or an embedding from the sidecar. */
@@ -120,6 +121,8 @@ export type StepOp =
   | { readonly op: "decode" }
   /** Drop the request's cache (cancelled). */
   | { readonly op: "free" }
+  /** The worker's own counts (its prefix cache). */
+  | StatsMeta
   | EmbedMeta
 
 /** A partial value, worker → engine → router: one generated token, and whether it ends the request. */
@@ -136,6 +139,11 @@ export interface TokenPartial {
 export interface GenerateResult {
   readonly finishReason: FinishReason
   readonly completionTokens: number
+}
+
+/** The result of a stats item, worker → engine: its prefix cache's counts, when it has one. */
+export interface WorkerStats {
+  readonly prefixCache?: PrefixCacheStats
 }
 
 /** The result of an embed item, worker → engine → router; `error` is the caller's mistake (400). */

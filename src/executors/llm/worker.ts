@@ -13,7 +13,7 @@ import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import { noSpan, type Span, startSpan } from "../../tracing/Tracing.js"
 import type { LoadWorkerModel } from "../common/WorkerModel.js"
-import type { EmbedResult, StepOp, TokenPartial } from "./protocol.js"
+import type { EmbedResult, StepOp, TokenPartial, WorkerStats } from "./protocol.js"
 import { JanusRunner } from "./JanusRunner.js"
 import { Runner, type StepRunner } from "./Runner.js"
 
@@ -21,7 +21,10 @@ export const load: LoadWorkerModel = async ({ config, device, rank }) => {
   const model = await loadModelDirectory(config.modelDir)
   const runner: StepRunner = isJanus(model)
     ? await JanusRunner.open(model, device, config.threadsPerDevice, config.dtype)
-    : await Runner.open(model, device, config.threadsPerDevice, config.dtype)
+    : await Runner.open(model, device, config.threadsPerDevice, config.dtype, {
+        ...(config.prefixCacheBytes === undefined ? {} : { prefixCacheBytes: config.prefixCacheBytes }),
+        ...(config.prefillChunkTokens === undefined ? {} : { chunkTokens: config.prefillChunkTokens })
+      })
   const sidecar = config.sidecarSocket === undefined ? undefined : await SidecarClient.connect(config.sidecarSocket)
   /** The span of each traced request this worker generates for, with its tokens so far. */
   const generating = new Map<string, { readonly span: Span; tokens: number }>()
@@ -77,9 +80,11 @@ export const load: LoadWorkerModel = async ({ config, device, rank }) => {
         throw error
       }
       return Promise.all(
-        items.map(async (item, index): Promise<EmbedResult | undefined> => {
+        items.map(async (item, index): Promise<EmbedResult | WorkerStats | undefined> => {
           const output = outputs[index]
           const op = item.meta as StepOp
+          if (output !== undefined && "prefixCache" in output)
+            return output.prefixCache === undefined ? {} : { prefixCache: output.prefixCache }
           if (output === undefined || op.op !== "embed") return undefined
           const span = embedding[index]!
           try {

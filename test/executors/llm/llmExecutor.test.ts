@@ -271,6 +271,7 @@ describe("the LLM executor, through the openai client", () => {
     const alone: Array<string> = []
     for (const request of requests)
       alone.push((await client.chat.completions.create(request)).choices[0]!.message.content!)
+    const cachedBefore = (await stats()).prefixCache!
     const batched = await Promise.all(
       requests.map(async (request) => (await client.chat.completions.create(request)).choices[0]!.message.content!)
     )
@@ -282,6 +283,11 @@ describe("the LLM executor, through the openai client", () => {
     // Batched they were: how many shared a step depends on when each arrived (the media take
     // longer to read), which a loaded machine changes; the answers may not.
     expect((await stats()).largestBatch).toBeGreaterThan(1)
+    // The same prompts again: prefilled from the blocks the first round left in the prefix cache.
+    const cached = (await stats()).prefixCache!
+    expect(cached.hits).toBeGreaterThan(cachedBefore.hits)
+    expect(cached.bytes).toBeGreaterThan(0)
+    expect(cached.bytes).toBeLessThanOrEqual(cached.maxBytes)
   })
 })
 

@@ -191,5 +191,26 @@ describe("Runner", () => {
       cases.map((c) => (c.color < 0 ? "nothing" : colors[c.color]!.name))
     )
     await runner.close()
+
+    // From the prefix cache and in chunks that cut through the image's rows: the same answers.
+    // The image prompts have the same tokens: only their images' content tells their blocks apart.
+    const pieces = await Runner.open(vlm, "cpu:0", 1, undefined, { prefixBlockTokens: 4, chunkTokens: 3 })
+    try {
+      for (const round of [0, 1]) {
+        const again = await drive(
+          pieces,
+          requests.map((request, i) => ({ ...request, id: `${request.id}-${round}`, joinAt: i }))
+        )
+        requests.forEach((request, i) =>
+          expect(again.get(`${request.id}-${round}`), `${request.id} round ${round}`).toEqual(expected[i]!.ids)
+        )
+      }
+      const stats = pieces.prefixCache!.stats
+      // Round 1 found every prompt's blocks; round 0 only the chat template's head, shared by all.
+      expect(stats.lookups).toBe(16)
+      expect(stats.hits).toBeGreaterThanOrEqual(8)
+    } finally {
+      await pieces.close()
+    }
   })
 })
