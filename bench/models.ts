@@ -1,40 +1,72 @@
 /**
  * A community-layout decoder-only model at SmolLM2-135M's geometry (`bench/smollm2-135m`: hidden
- * 576, 30 layers, 9 heads on 3 KV heads, vocabulary 49152, random weights, onnx/model.onnx in
- * fp32) through the LLM executor's HTTP API and through transformers.js in this process, with the
- * same ONNX Runtime thread count, in the same run.
+ * 576, 30 layers, 9 heads on 3 KV heads, vocabulary 49152, random weights, onnx/model.onnx in fp32
+ * and onnx/model_quantized.onnx in q8) through the LLM executor's HTTP API, through transformers.js
+ * in this process, and through llama.cpp (node-llama-cpp's prebuilt CPU binary) on the same
+ * weights written as GGUF (F32, and Q8_0 with the q8 export's codes and scale), all with the same
+ * thread count, in the same run.
  *
- * - 1 request: one streamed chat completion at a time vs one transformers.js generate() at a time:
- *   decode tokens/s and time to first token.
- * - 8 concurrent: 8 streamed requests at once (continuously batched) vs the same 8 prompts through
- *   transformers.js one after another: aggregate tokens/s, and time to first token from when all 8
- *   arrive.
+ * Decode, for each dtype (BENCH_DTYPES, default fp32,q8):
+ * - 1 request: one streamed chat completion at a time, one transformers.js generate() at a time,
+ *   one llama.cpp sequence at a time: decode tokens/s and time to first token;
+ * - 8 concurrent: 8 streamed requests at once (continuously batched), the same 8 prompts through
+ *   transformers.js one after another, and as 8 parallel llama.cpp sequences: aggregate tokens/s;
+ * - the memory-bandwidth limit: the weights read per token over the read bandwidth of a
+ *   two-thread scan of a buffer of the weights' size, measured in the same run.
+ * Prefill (fp32, BENCH_PARTS includes prefill):
+ * - TTFT with a repeated ~1,000-token system prompt, cold and cached (prefix cache);
+ * - inter-token latency p99 of 4 running streams, alone and while a ~2,000-token prompt joins,
+ *   with chunked prefill (the default) and without (--prefill-chunk-tokens 0).
  *
  * Each workload runs once untimed first, and every run starts after a full collection of this
- * process's heap. Runs alternate between the two so that the machine's drift hits both; the ratios
- * are medians.
- * Greedy tokens through the API are checked against transformers.js's. Prints a table, then (as
- * the last line) one JSON object.
+ * process's heap. Runs alternate between the engines so that the machine's drift hits them all;
+ * ratios are medians. Greedy tokens through the API are checked against transformers.js's (and
+ * llama.cpp's against ours, which for Q8_0 differ: llama.cpp quantises activations in blocks).
+ * Prints tables, then (as the last line) one JSON object.
  *
- * Env: BENCH_TOKENS (tokens per request, default 64), BENCH_ROUNDS (default 5), BENCH_THREADS
- * (ONNX Runtime threads, default 2).
+ * Env: BENCH_TOKENS (tokens per request, default 64), BENCH_ROUNDS (default 3), BENCH_THREADS
+ * (threads, default 2), BENCH_DTYPES, BENCH_PARTS (decode,prefill).
  */
-import { benchPrompts, figuresOf, mean, median, printTable, type Run, round, streamed } from "./support/chat-stream.js"
+import {
+  benchPrompts,
+  type Figure,
+  figuresOf,
+  mean,
+  median,
+  printTable,
+  type Run,
+  round,
+  streamed
+} from "./support/chat-stream.js"
 import { AutoModelForCausalLM, env, Tensor } from "@huggingface/transformers"
-import { basename, dirname } from "node:path"
+import { existsSync } from "node:fs"
+import { basename, dirname, join } from "node:path"
 import { setFlagsFromString } from "node:v8"
 import { runInNewContext } from "node:vm"
 import { loadModelDirectory } from "../src/models/ModelDirectory.js"
 import { resolveModel } from "../src/models/ModelStore.js"
+import { smolLm2Geometry } from "../src/models/recipes/RandomLlama.js"
 import { ChatTokenizer } from "../src/models/Tokenizer.js"
 import { startExecutor } from "../test/support/executors.js"
+import { readBandwidth } from "./support/bandwidth.js"
+import { LlamaCpp, type LlamaRun } from "./support/llamaCpp.js"
+import { writeLlamaGguf } from "./support/llamaGguf.js"
+import { percentile, streamGaps, systemPromptTtft } from "./support/llm-prefill.js"
 
 const tokens = Number(process.env.BENCH_TOKENS ?? 64)
-const rounds = Number(process.env.BENCH_ROUNDS ?? 5)
+const rounds = Number(process.env.BENCH_ROUNDS ?? 3)
 const threads = Number(process.env.BENCH_THREADS ?? 2)
+const dtypes = (process.env.BENCH_DTYPES ?? "fp32,q8").split(",") as Array<"fp32" | "q8">
+const parts = (process.env.BENCH_PARTS ?? "decode,prefill").split(",")
 const concurrency = 8
 const model = "bench/smollm2-135m"
-const targets = { singleDecodeRatio: 1.0, concurrentOverSequential: 3 }
+const targets = {
+  singleOverLlamaCpp: 1.0,
+  concurrentOverLlamaCpp: 2,
+  concurrentOverSequential: 3.5,
+  cachedOverCold: 0.2,
+  itlJoinOverAlone: 2
+}
 
 const prompts = benchPrompts
 
@@ -46,26 +78,83 @@ setFlagsFromString("--expose-gc")
  */
 const collect = runInNewContext("gc") as () => void
 
-const decodeRate = (run: Run) => (run.tokens - 1) / (run.decodeMs / 1000)
+const decodeRate = (run: { readonly tokens: number; readonly decodeMs: number }) =>
+  (run.tokens - 1) / (run.decodeMs / 1000)
+
+/** Bytes of weights a decode step reads for one token: every linear layer (lm_head included), at the dtype's width. */
+const weightBytesPerToken = (dtype: "fp32" | "q8") => {
+  const { hiddenSize: h, heads, kvHeads, headDim, layers, intermediateSize: ff, vocabSize } = smolLm2Geometry
+  const perLayer = h * heads * headDim * 2 + h * kvHeads * headDim * 2 + 3 * h * ff
+  return (layers * perLayer + h * vocabSize) * (dtype === "fp32" ? 4 : 1)
+}
+
+const startLlmExecutor = (dtype: string, extra: ReadonlyArray<string> = []) =>
+  startExecutor([
+    "--kind",
+    "llm",
+    "--model",
+    model,
+    "--dtype",
+    dtype,
+    "--devices",
+    "cpu:0",
+    "--threads-per-device",
+    String(threads),
+    "--max-batch-size",
+    String(concurrency),
+    ...extra
+  ])
 
 export default async function main(): Promise<void> {
   console.error(
-    `models bench: ${model} (building it on first use), ${tokens} tokens per request, ${threads} threads, ${rounds} rounds`
+    `models bench: ${model} (building it on first use), ${tokens} tokens per request, ${threads} threads, ${rounds} rounds, ${dtypes.join(", ")}`
   )
   const modelDir = await resolveModel(model)
   const tokenizer = new ChatTokenizer(await loadModelDirectory(modelDir))
   const promptIds = prompts.map((prompt) =>
     tokenizer.encode(tokenizer.applyChatTemplate([{ role: "user", content: prompt }]))
   )
-
   env.allowRemoteModels = false
   env.localModelPath = dirname(modelDir)
+  const summary: Record<string, unknown> = { bench: "models", model, tokensPerRequest: tokens, threads, rounds }
+  let targetsMet = true
+
+  if (parts.includes("decode")) {
+    const bandwidth = await readBandwidth(weightBytesPerToken("fp32"), threads)
+    console.error(
+      `read bandwidth, ${threads} threads over ${round(weightBytesPerToken("fp32") / 1e6, 0)} MB: ${round(bandwidth / 1e9, 1)} GB/s`
+    )
+    summary.readBandwidthGBps = round(bandwidth / 1e9, 1)
+    for (const dtype of dtypes) {
+      const result = await decodeBench(dtype, modelDir, tokenizer, promptIds, bandwidth)
+      summary[dtype] = result
+      targetsMet &&= result.targetsMet
+    }
+  }
+  if (parts.includes("prefill")) {
+    const result = await prefillBench(tokenizer)
+    summary.prefill = result
+    targetsMet &&= result.targetsMet
+  }
+  console.log(JSON.stringify({ ...summary, targetsMet }))
+}
+
+async function decodeBench(
+  dtype: "fp32" | "q8",
+  modelDir: string,
+  tokenizer: ChatTokenizer,
+  promptIds: ReadonlyArray<ReadonlyArray<number>>,
+  bandwidth: number
+) {
   const reference = await AutoModelForCausalLM.from_pretrained(basename(modelDir), {
-    dtype: "fp32",
+    dtype,
     session_options: { intraOpNumThreads: threads, interOpNumThreads: 1 }
   })
   /** transformers.js's generate(), greedy, timed through its streamer. */
-  const generate = async (ids: ReadonlyArray<number>, origin = performance.now()): Promise<Run> => {
+  const generate = async (
+    ids: ReadonlyArray<number>,
+    origin = performance.now()
+  ): Promise<Run & { readonly ids: ReadonlyArray<number> }> => {
     const times: Array<number> = []
     const output = (await reference.generate({
       input_ids: new Tensor("int64", BigInt64Array.from(ids, BigInt), [1, ids.length]),
@@ -81,6 +170,7 @@ export default async function main(): Promise<void> {
     const generated = Array.from(output.data as BigInt64Array, Number).slice(ids.length)
     return {
       text: tokenizer.decode(generated, { skipSpecialTokens: true }),
+      ids: generated,
       tokens: generated.length,
       firstTokenMs: first - origin,
       decodeMs: last - first,
@@ -88,65 +178,94 @@ export default async function main(): Promise<void> {
     }
   }
 
-  const executor = await startExecutor([
-    "--kind",
-    "llm",
-    "--model",
-    model,
-    "--devices",
-    "cpu:0",
-    "--threads-per-device",
-    String(threads),
-    "--max-batch-size",
-    String(concurrency)
-  ])
+  const gguf = join(modelDir, `bench-${dtype === "fp32" ? "f32" : "q8_0"}.gguf`)
+  if (!existsSync(gguf)) {
+    console.error(`writing ${basename(gguf)} for llama.cpp`)
+    await writeLlamaGguf(modelDir, smolLm2Geometry, dtype, gguf)
+  }
+  const llama = await LlamaCpp.open(gguf, { threads, sequences: concurrency, positions: 256 })
+  const executor = await startLlmExecutor(dtype)
   const stopExecutor = () => void executor.process.kill("SIGTERM")
   process.once("SIGINT", stopExecutor)
   try {
     const samples = {
       transformersSingle: { rate: [] as Array<number>, ttft: [] as Array<number> },
+      llamaCppSingle: { rate: [] as Array<number>, ttft: [] as Array<number> },
       apiSingle: { rate: [] as Array<number>, ttft: [] as Array<number> },
       transformersSequential: { rate: [] as Array<number>, ttft: [] as Array<number> },
+      llamaCppParallel: { rate: [] as Array<number>, ttft: [] as Array<number> },
       apiConcurrent: { rate: [] as Array<number>, ttft: [] as Array<number> }
     }
     let mismatches = 0
+    /** How many leading greedy tokens llama.cpp's answers share with transformers.js's (near-ties part them later). */
+    const llamaCppAgreement: Array<number> = []
     const expected = new Map<number, string>()
+    const expectedIds = new Map<number, ReadonlyArray<number>>()
     const check = (index: number, run: Run) => {
       if (run.text !== expected.get(index) || run.tokens !== tokens) mismatches++
     }
-    const expect = (index: number, run: Run) => expected.set(index, run.text)
+    const checkLlama = (index: number, run: LlamaRun) => {
+      const ids = expectedIds.get(index)!
+      const first = run.tokens.findIndex((token, i) => token !== ids[i])
+      llamaCppAgreement.push(first < 0 ? run.tokens.length : first)
+    }
+    const expect = (index: number, run: Run & { readonly ids: ReadonlyArray<number> }) => {
+      expected.set(index, run.text)
+      expectedIds.set(index, run.ids)
+    }
+    const llamaRun = (run: LlamaRun) => ({
+      tokens: run.tokens.length,
+      decodeMs: run.decodeMs,
+      firstTokenMs: run.firstTokenMs
+    })
 
-    // Warm-up, one run of each workload that is measured: first runs pay for allocations, caches
-    // and compilation (transformers.js at batch 1, the executor at every batch size it meets).
-    for (const ids of promptIds) await generate(ids)
+    // Warm-up, one run of each workload that is measured.
+    for (const [index, ids] of promptIds.entries()) expect(index, await generate(ids))
+    await llama.generate([promptIds[0]!], tokens)
+    await llama.generate(promptIds, tokens)
     await streamed(executor.url, model, prompts[0]!, tokens, performance.now())
     await Promise.all(prompts.map((prompt) => streamed(executor.url, model, prompt, tokens, performance.now())))
 
-    const singleRatios: Array<number> = []
-    const concurrentRatios: Array<number> = []
+    const ratios = {
+      singleOverTransformers: [] as Array<number>,
+      singleOverLlamaCpp: [] as Array<number>,
+      concurrentOverSequential: [] as Array<number>,
+      concurrentOverLlamaCpp: [] as Array<number>
+    }
     for (let r = 0; r < rounds; r++) {
       for (let pair = 0; pair < 2; pair++) {
         const which = (r * 2 + pair) % prompts.length
-        const runReference = async () => {
-          collect()
-          const run = await generate(promptIds[which]!)
-          expect(which, run)
-          return run
+        const runs = {
+          reference: async () => {
+            collect()
+            const run = await generate(promptIds[which]!)
+            expect(which, run)
+            return run
+          },
+          llama: async () => {
+            collect()
+            return (await llama.generate([promptIds[which]!], tokens))[0]!
+          },
+          api: async () => {
+            collect()
+            return streamed(executor.url, model, prompts[which]!, tokens, performance.now())
+          }
         }
-        const runApi = () => {
-          collect()
-          return streamed(executor.url, model, prompts[which]!, tokens, performance.now())
-        }
-        const [referenceRun, apiRun] =
-          pair % 2 === 0
-            ? [await runReference(), await runApi()]
-            : await runApi().then(async (api) => [await runReference(), api] as const)
+        // Rotate the order between pairs and rounds.
+        const order = (["reference", "llama", "api"] as const).map((_, i, all) => all[(i + r + pair) % 3]!)
+        const done: Partial<{ reference: Run; llama: LlamaRun; api: Run }> = {}
+        for (const name of order) (done as Record<string, unknown>)[name] = await runs[name]()
+        const { reference: referenceRun, llama: llamaCppRun, api: apiRun } = done as Required<typeof done>
         samples.transformersSingle.rate.push(decodeRate(referenceRun))
         samples.transformersSingle.ttft.push(referenceRun.firstTokenMs)
+        samples.llamaCppSingle.rate.push(decodeRate(llamaRun(llamaCppRun)))
+        samples.llamaCppSingle.ttft.push(llamaCppRun.firstTokenMs)
         samples.apiSingle.rate.push(decodeRate(apiRun))
         samples.apiSingle.ttft.push(apiRun.firstTokenMs)
-        singleRatios.push(decodeRate(apiRun) / decodeRate(referenceRun))
+        ratios.singleOverTransformers.push(decodeRate(apiRun) / decodeRate(referenceRun))
+        ratios.singleOverLlamaCpp.push(decodeRate(apiRun) / decodeRate(llamaRun(llamaCppRun)))
         check(which, apiRun)
+        checkLlama(which, llamaCppRun)
       }
 
       const runSequential = async () => {
@@ -160,70 +279,157 @@ export default async function main(): Promise<void> {
         }
         return { rate: (concurrency * tokens) / ((performance.now() - start) / 1000), ttft: mean(ttft) }
       }
-      const runConcurrent = async () => {
+      const runParallel = async () => {
         collect()
         const start = performance.now()
-        const runs = await Promise.all(prompts.map((prompt) => streamed(executor.url, model, prompt, tokens, start)))
+        const runs = await llama.generate(promptIds, tokens, start)
+        runs.forEach((run, index) => checkLlama(index, run))
         return {
-          runs,
           rate: (concurrency * tokens) / (Math.max(...runs.map((run) => run.endMs)) / 1000),
           ttft: mean(runs.map((run) => run.firstTokenMs))
         }
       }
-      const [sequential, concurrent] =
-        r % 2 === 0
-          ? [await runSequential(), await runConcurrent()]
-          : await runConcurrent().then(async (api) => [await runSequential(), api] as const)
+      const runConcurrent = async () => {
+        collect()
+        const start = performance.now()
+        const runs = await Promise.all(prompts.map((prompt) => streamed(executor.url, model, prompt, tokens, start)))
+        runs.forEach((run, index) => check(index, run))
+        return {
+          rate: (concurrency * tokens) / (Math.max(...runs.map((run) => run.endMs)) / 1000),
+          ttft: mean(runs.map((run) => run.firstTokenMs))
+        }
+      }
+      const loads = { sequential: runSequential, parallel: runParallel, concurrent: runConcurrent }
+      const order = (["sequential", "parallel", "concurrent"] as const).map((_, i, all) => all[(i + r) % 3]!)
+      const measured: Partial<Record<keyof typeof loads, { rate: number; ttft: number }>> = {}
+      for (const name of order) measured[name] = await loads[name]()
+      const { sequential, parallel, concurrent } = measured as Required<typeof measured>
       samples.transformersSequential.rate.push(sequential.rate)
       samples.transformersSequential.ttft.push(sequential.ttft)
+      samples.llamaCppParallel.rate.push(parallel.rate)
+      samples.llamaCppParallel.ttft.push(parallel.ttft)
       samples.apiConcurrent.rate.push(concurrent.rate)
       samples.apiConcurrent.ttft.push(concurrent.ttft)
-      concurrentRatios.push(concurrent.rate / sequential.rate)
-      concurrent.runs.forEach((run, index) => check(index, run))
+      ratios.concurrentOverSequential.push(concurrent.rate / sequential.rate)
+      ratios.concurrentOverLlamaCpp.push(concurrent.rate / parallel.rate)
       console.error(
-        `  round ${r + 1}: 1 request: transformers.js ${round(samples.transformersSingle.rate.at(-1)!, 1)} tok/s, api ${round(samples.apiSingle.rate.at(-1)!, 1)} tok/s; ` +
-          `8 requests: transformers.js one after another ${round(sequential.rate, 1)} tok/s, api concurrent ${round(concurrent.rate, 1)} tok/s`
+        `  ${dtype} round ${r + 1}: 1 request: transformers.js ${round(samples.transformersSingle.rate.at(-1)!, 1)}, llama.cpp ${round(samples.llamaCppSingle.rate.at(-1)!, 1)}, api ${round(samples.apiSingle.rate.at(-1)!, 1)} tok/s; ` +
+          `8 requests: transformers.js one after another ${round(sequential.rate, 1)}, llama.cpp parallel ${round(parallel.rate, 1)}, api concurrent ${round(concurrent.rate, 1)} tok/s`
       )
     }
 
     const figures = figuresOf(samples)
-    const singleDecodeRatio = round(median(singleRatios), 3)
-    const concurrentOverSequential = round(median(concurrentRatios), 3)
-    const rows = [
+    const limit = bandwidth / weightBytesPerToken(dtype)
+    const medians = Object.fromEntries(
+      Object.entries(ratios).map(([name, values]) => [name, round(median(values), 3)])
+    ) as Record<keyof typeof ratios, number>
+    const rows: ReadonlyArray<readonly [string, string, Figure, string]> = [
       ["1 request", "transformers.js generate()", figures.transformersSingle, "decode"],
+      ["1 request", "llama.cpp, one sequence", figures.llamaCppSingle, "decode"],
       ["1 request", "executor API", figures.apiSingle, "decode"],
       ["8 requests", "transformers.js, one after another", figures.transformersSequential, "aggregate"],
+      ["8 requests", "llama.cpp, 8 parallel sequences", figures.llamaCppParallel, "aggregate"],
       ["8 requests", "executor API, concurrent", figures.apiConcurrent, "aggregate"]
-    ] as const
+    ]
     printTable(
-      `models bench: ${model} (decoder-only, fp32), ${tokens} tokens per request (greedy, streamed), ${threads} ORT threads, medians over ${rounds} rounds`,
+      `models bench: ${model} (decoder-only, ${dtype}; llama.cpp ${dtype === "fp32" ? "F32" : "Q8_0"}), ${tokens} tokens per request (greedy, streamed), ${threads} threads, medians over ${rounds} rounds`,
       rows
     )
     console.log(
-      `1 request: API decode ${singleDecodeRatio} × transformers.js (target ≥ ${targets.singleDecodeRatio}); ` +
-        `8 concurrent: ${concurrentOverSequential} × transformers.js one after another (target ≥ ${targets.concurrentOverSequential}); ` +
-        `greedy outputs ${mismatches === 0 ? "identical to transformers.js" : `differ from transformers.js in ${mismatches} requests`}`
+      `${dtype}: memory-bandwidth limit at 1 request ${round(limit, 1)} tok/s (${round(weightBytesPerToken(dtype) / 1e6, 0)} MB a token at ${round(bandwidth / 1e9, 1)} GB/s): ` +
+        `llama.cpp at ${round(figures.llamaCppSingle.tokensPerSecond / limit, 2)} of it, the executor at ${round(figures.apiSingle.tokensPerSecond / limit, 2)}`
     )
     console.log(
-      JSON.stringify({
-        bench: "models",
-        model,
-        tokensPerRequest: tokens,
-        threads,
-        rounds,
-        ...figures,
-        singleDecodeRatio,
-        concurrentOverSequential,
-        outputMismatches: mismatches,
-        targetsMet:
-          singleDecodeRatio >= targets.singleDecodeRatio &&
-          concurrentOverSequential >= targets.concurrentOverSequential &&
-          mismatches === 0
-      })
+      `${dtype}: 1 request ${medians.singleOverLlamaCpp} × llama.cpp (target ≥ ${targets.singleOverLlamaCpp}), ${medians.singleOverTransformers} × transformers.js; ` +
+        `8 concurrent ${medians.concurrentOverLlamaCpp} × llama.cpp's 8 parallel (target ≥ ${targets.concurrentOverLlamaCpp}), ${medians.concurrentOverSequential} × transformers.js one after another (target ≥ ${targets.concurrentOverSequential}); ` +
+        `greedy outputs ${mismatches === 0 ? "identical to transformers.js" : `differ from transformers.js in ${mismatches} requests`}; ` +
+        `llama.cpp's share their first ${median(llamaCppAgreement)} tokens with them (median; near-ties part them after)`
     )
+    return {
+      ...figures,
+      ...medians,
+      bandwidthLimitTokensPerSecond: round(limit, 1),
+      outputMismatches: mismatches,
+      llamaCppAgreement: median(llamaCppAgreement),
+      targetsMet:
+        medians.singleOverLlamaCpp >= targets.singleOverLlamaCpp &&
+        medians.concurrentOverLlamaCpp >= targets.concurrentOverLlamaCpp &&
+        medians.concurrentOverSequential >= targets.concurrentOverSequential &&
+        mismatches === 0
+    }
   } finally {
     process.off("SIGINT", stopExecutor)
     await executor.stop()
+    await llama.close()
     await reference.dispose()
+  }
+}
+
+/** TTFT cold vs cached, and ITL p99 while a long prompt joins, with chunked prefill and without. */
+async function prefillBench(tokenizer: ChatTokenizer) {
+  const measure = async (extra: ReadonlyArray<string>, withTtft: boolean, seed: number) => {
+    const executor = await startLlmExecutor("fp32", extra)
+    try {
+      // Warm-up: every batch size the streams meet, and a long prefill.
+      await streamGaps(executor.url, model, tokenizer, { seed, aloneTokens: 16 })
+      await streamGaps(executor.url, model, tokenizer, { seed: seed + 1, joinTokens: 300 })
+      const ttft = withTtft ? await systemPromptTtft(executor.url, model, tokenizer, rounds) : undefined
+      const alone: Array<number> = []
+      const joined: Array<number> = []
+      const joinTtft: Array<number> = []
+      for (let r = 0; r < rounds; r++) {
+        collect()
+        alone.push(...(await streamGaps(executor.url, model, tokenizer, { seed: seed + 10 + r })).gaps)
+        collect()
+        const join = await streamGaps(executor.url, model, tokenizer, { seed: seed + 20 + r, joinTokens: 2000 })
+        joined.push(...join.gaps)
+        joinTtft.push(join.joinTtft!)
+      }
+      return { ttft, aloneP99: percentile(alone, 99), joinedP99: percentile(joined, 99), joinTtft: median(joinTtft) }
+    } finally {
+      await executor.stop()
+    }
+  }
+  const chunked = await measure([], true, 100)
+  const whole = await measure(["--prefill-chunk-tokens", "0"], false, 200)
+  const ttft = chunked.ttft!
+  const cachedOverCold = round(ttft.cached / ttft.cold, 3)
+  const chunkedRatio = round(chunked.joinedP99 / chunked.aloneP99, 2)
+  const wholeRatio = round(whole.joinedP99 / whole.aloneP99, 2)
+  console.log(`prefill: ${model}, fp32, ${threads} threads, ${rounds} rounds`)
+  console.log("measure                                              | value")
+  console.log(
+    `TTFT, ~1,000-token system prompt, cold (ms)           | ${round(ttft.cold, 1)} (rounds ${ttft.coldRounds.map((v) => round(v, 0)).join(", ")})`
+  )
+  console.log(
+    `TTFT, same system prompt cached (ms)                  | ${round(ttft.cached, 1)} (rounds ${ttft.cachedRounds.map((v) => round(v, 0)).join(", ")})`
+  )
+  console.log(
+    `cached / cold                                         | ${cachedOverCold} (target ≤ ${targets.cachedOverCold})`
+  )
+  console.log(
+    `ITL p99, 4 streams alone (ms)                         | ${round(chunked.aloneP99, 1)} (without chunking: ${round(whole.aloneP99, 1)})`
+  )
+  console.log(
+    `ITL p99, a 2,000-token prompt joining, chunked (ms)   | ${round(chunked.joinedP99, 1)}: ${chunkedRatio} × alone (target ≤ ${targets.itlJoinOverAlone})`
+  )
+  console.log(
+    `ITL p99, a 2,000-token prompt joining, whole (ms)     | ${round(whole.joinedP99, 1)}: ${wholeRatio} × alone`
+  )
+  console.log(
+    `the joining prompt's TTFT, chunked / whole (ms)       | ${round(chunked.joinTtft, 0)} / ${round(whole.joinTtft, 0)}`
+  )
+  return {
+    ttftColdMs: round(ttft.cold, 1),
+    ttftCachedMs: round(ttft.cached, 1),
+    cachedOverCold,
+    itlAloneP99Ms: round(chunked.aloneP99, 1),
+    itlJoinChunkedP99Ms: round(chunked.joinedP99, 1),
+    itlJoinWholeP99Ms: round(whole.joinedP99, 1),
+    itlChunkedOverAlone: chunkedRatio,
+    itlWholeOverAlone: wholeRatio,
+    joinTtftChunkedMs: round(chunked.joinTtft, 0),
+    joinTtftWholeMs: round(whole.joinTtft, 0),
+    targetsMet: cachedOverCold <= targets.cachedOverCold && chunkedRatio <= targets.itlJoinOverAlone
   }
 }

@@ -17,8 +17,8 @@
  * and a prompt longer than the step's budget is prefilled a chunk per step, each piece a run of
  * its own over the request's own past, between the running requests' decode steps: a long prompt
  * then holds the running streams back by one chunk per token rather than by its whole prefill.
- * The chunk is sized so that its run takes no longer than the batch's decode step (measured as
- * they run), unless the executor fixes it. Decoders that quantise per tensor neither chunk nor
+ * The chunk is sized so that its run takes about as long as the batch's decode step (measured as
+ * they run; see chunkBounds), unless the executor fixes it. Decoders that quantise per tensor neither chunk nor
  * use the prefix cache: a piece's scale would differ from the whole prompt's.
  */
 
@@ -101,8 +101,14 @@ export interface PrefillOptions {
   readonly chunkTokens?: number | "auto"
 }
 
-/** The adaptive chunk's bounds, and the share of a decode step it aims to take. */
-const chunkBounds = { initial: 32, min: 4, max: 512, ofDecodeStep: 0.75 }
+/**
+ * The adaptive chunk's bounds, and the time it aims to take, as a share of the decode step's.
+ * On a CPU, a run of one row reads every weight as a decode step does: a chunk of a few tokens
+ * costs about a decode step, while each token in it costs several times what it would in a long
+ * chunk. At least 16 tokens keeps a long prompt's own prefill within a few times its whole
+ * prefill's; running streams then slow by about one decode step's time per token while it joins.
+ */
+const chunkBounds = { initial: 32, min: 16, max: 512, ofDecodeStep: 1 }
 const defaultPrefixCacheBytes = 512 * 1024 * 1024
 const defaultPrefixBlockTokens = 16
 

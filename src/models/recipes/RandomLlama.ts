@@ -111,17 +111,18 @@ export const smolLm2Geometry: LlamaConfig = {
   rmsNormEps: 1e-5
 }
 
-/** bench/smollm2-135m: random weights at SmolLM2-135M's size, in the decoder-only layout (fp32). */
+/** bench/smollm2-135m: random weights at SmolLM2-135M's size, in the decoder-only layout (fp32 and q8). */
 export const benchSmolLm2: ModelRecipe = {
   name: "bench/smollm2-135m",
   // 2: graph outputs are named at the node that computes them (no Identity copy of the cache).
-  version: 2,
+  // 3: a q8 export (model_quantized.onnx) beside the fp32 one.
+  version: 3,
   build: () =>
     randomLlamaFiles({
       config: smolLm2Geometry,
       layout: "decoder-only",
-      dtypes: ["fp32"],
+      dtypes: ["fp32", "q8"],
       seed: 135,
-      extraConfig: { cornserve: recipeStamp({ name: "bench/smollm2-135m", version: 2 }) }
+      extraConfig: { cornserve: recipeStamp({ name: "bench/smollm2-135m", version: 3 }) }
     })
 }
