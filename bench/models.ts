@@ -25,7 +25,8 @@
  * Prints tables, then (as the last line) one JSON object.
  *
  * Env: BENCH_TOKENS (tokens per request, default 64), BENCH_ROUNDS (default 3), BENCH_THREADS
- * (threads, default 2), BENCH_DTYPES, BENCH_PARTS (decode,prefill).
+ * (threads, default 2), BENCH_DTYPES, BENCH_PARTS (decode,prefill), BENCH_QUANTIZED_ROWS (the q8
+ * executor's --quantized-rows: apart, the default, or per-row).
  */
 import {
   benchPrompts,
@@ -58,6 +59,7 @@ const rounds = Number(process.env.BENCH_ROUNDS ?? 3)
 const threads = Number(process.env.BENCH_THREADS ?? 2)
 const dtypes = (process.env.BENCH_DTYPES ?? "fp32,q8").split(",") as Array<"fp32" | "q8">
 const parts = (process.env.BENCH_PARTS ?? "decode,prefill").split(",")
+const quantizedRows = process.env.BENCH_QUANTIZED_ROWS ?? "apart"
 const concurrency = 8
 const model = "bench/smollm2-135m"
 const targets = {
@@ -102,6 +104,7 @@ const startLlmExecutor = (dtype: string, extra: ReadonlyArray<string> = []) =>
     String(threads),
     "--max-batch-size",
     String(concurrency),
+    ...(dtype === "q8" ? ["--quantized-rows", quantizedRows] : []),
     ...extra
   ])
 
@@ -332,7 +335,7 @@ async function decodeBench(
       ["8 requests", "executor API, concurrent", figures.apiConcurrent, "aggregate"]
     ]
     printTable(
-      `models bench: ${model} (decoder-only, ${dtype}; llama.cpp ${dtype === "fp32" ? "F32" : "Q8_0"}), ${tokens} tokens per request (greedy, streamed), ${threads} threads, medians over ${rounds} rounds`,
+      `models bench: ${model} (decoder-only, ${dtype}${dtype === "q8" ? `, --quantized-rows ${quantizedRows}` : ""}; llama.cpp ${dtype === "fp32" ? "F32" : "Q8_0"}), ${tokens} tokens per request (greedy, streamed), ${threads} threads, medians over ${rounds} rounds`,
       rows
     )
     console.log(

@@ -855,6 +855,12 @@ const executorCommand = Command.make(
         "LLM: prompt tokens a step prefills while other requests decode (default: as many as take no longer than their decode step, so that a long prompt holds running streams back little); 0 prefills each prompt whole."
       ),
       Options.optional
+    ),
+    quantizedRows: Options.choice("quantized-rows", ["apart", "per-row"]).pipe(
+      Options.withDescription(
+        "LLM, 8-bit exports that quantise activations per tensor: run each request apart, answering exactly as alone (the default), or batch decode steps with a scale per row (about 2.4x the throughput of 8 concurrent requests; answers then differ from alone by float rounding, which 8-bit activations can turn into another token at a near-tie)."
+      ),
+      Options.optional
     )
   },
   (options) =>
@@ -896,6 +902,10 @@ const executorCommand = Command.make(
           ...Option.match(options.prefillChunkTokens, {
             onNone: () => ({}),
             onSome: (prefillChunkTokens) => ({ prefillChunkTokens })
+          }),
+          ...Option.match(options.quantizedRows, {
+            onNone: () => ({}),
+            onSome: (quantizedRows) => ({ quantizedRows })
           }),
           ...Option.match(options.runDir, { onNone: () => ({}), onSome: (runDir) => ({ runDir }) }),
           ...Option.match(options.dtype, { onNone: () => ({}), onSome: (dtype) => ({ dtype }) }),

@@ -45,7 +45,12 @@ export const ExecutorConfig = Schema.Struct({
    * LLM: prompt tokens a step prefills while other requests decode; absent, sized to take no
    * longer than their decode step; 0 prefills each prompt whole.
    */
-  prefillChunkTokens: Schema.optional(Schema.Int.pipe(Schema.nonNegative()))
+  prefillChunkTokens: Schema.optional(Schema.Int.pipe(Schema.nonNegative())),
+  /**
+   * LLM, a decoder that quantises activations per tensor (8-bit exports): each request's runs
+   * apart (exact; the default), or decode steps batched with a scale per row.
+   */
+  quantizedRows: Schema.optional(Schema.Literal("apart", "per-row"))
 })
 export type ExecutorConfig = typeof ExecutorConfig.Type
 

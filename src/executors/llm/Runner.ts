@@ -8,9 +8,19 @@
  *
  * A decoder that quantises its activations on the fly (DynamicQuantizeLinear, in the community's
  * q8, int8 and uint8 exports) takes one scale over its whole input: a request's tokens would change
- * with the requests batched beside it. Such a decoder runs each request's rows apart (each
- * prefill and decode step of a request is a run of its own), so that every request answers as it
- * does alone, and as transformers.js does; the cost is batching's throughput on those dtypes.
+ * with the requests batched beside it. By default such a decoder runs every request apart (each
+ * prefill and decode step of a request a run of its own): a request answers exactly as it does
+ * alone, as transformers.js does, at the cost of batching's throughput.
+ *
+ * With `quantizedRows: "per-row"`, it is also opened rewritten to take a scale per batch row
+ * (RowQuantizeRewrite.ts), which runs the decode steps of several requests together: for a row
+ * alone it computes what the export computes, bit for bit, but its extra nodes cost a lone request
+ * about a third of its speed, so runs of one row (every prompt, and a lone request's steps) go to
+ * the export as it is (the 8-bit weights are then held twice). Batched, a request's numbers differ
+ * from its numbers alone by float rounding only, as in every dtype (its attention sums over a
+ * padded row); but rounding the activations to 8 bits can turn such a difference into another
+ * code, and a near-tie into another token. Prompts are prefilled one a run either way (a batch of
+ * prompts would mix their padding into each row's range).
  *
  * Prompts are prefilled in pieces. Prompts that join with nothing cached run as one batch, each
  * whole. A prompt whose leading blocks the prefix cache holds (PrefixCache.ts) starts from them,
@@ -18,8 +28,8 @@
  * its own over the request's own past, between the running requests' decode steps: a long prompt
  * then holds the running streams back by one chunk per token rather than by its whole prefill.
  * The chunk is sized so that its run takes about as long as the batch's decode step (measured as
- * they run; see chunkBounds), unless the executor fixes it. Decoders that quantise per tensor neither chunk nor
- * use the prefix cache: a piece's scale would differ from the whole prompt's.
+ * they run; see chunkBounds), unless the executor fixes it. Decoders that quantise per tensor
+ * neither chunk nor use the prefix cache: a piece's scale would differ from the whole prompt's.
  */
 
 /** The dtypes whose exports quantise activations with DynamicQuantizeLinear. */
@@ -37,6 +47,7 @@ import { type DecoderFiles, type DecoderInterface, decoderFiles, decoderInterfac
 import type { Dtype } from "../../models/Dtype.js"
 import { floatsOf, halvesOf } from "../../models/Float16.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
+import { rewriteRowQuantization } from "../../models/onnx/RowQuantizeRewrite.js"
 import { createSession, qwen2VLGridInput } from "../common/Sessions.js"
 import { type CacheArray, type CachedRow, gatherRows, type PastData, rightAlignedMask } from "./PastCache.js"
 import { blockKeys, PrefixCache, type PrefixCacheStats } from "./PrefixCache.js"
@@ -87,6 +98,12 @@ interface Prefill {
   /** Media rows encoded for an earlier piece, by span, for spans that several pieces cover. */
   readonly features: Map<MediaSpan, Float32Array>
 }
+
+/**
+ * How a decoder that quantises activations per tensor runs: each request apart (exact), decode
+ * steps batched with per-row scales, or (to show what that avoids) batched as exported.
+ */
+export type QuantizedRows = "apart" | "per-row" | "as-exported"
 
 /** How prompts are prefilled: the prefix cache's bound, and the tokens a step prefills while others decode. */
 export interface PrefillOptions {
@@ -183,11 +200,15 @@ export class Runner implements StepRunner {
     private readonly model: ModelDirectory,
     /** The files it runs: layout and dtype. */
     readonly files: DecoderFiles,
-    /** Each request's rows run apart: the decoder's answer for a row depends on the others (see above). */
+    /** Each prompt is prefilled alone and whole: the decoder's scale spans a prompt's tokens (see above). */
+    readonly promptsApart: boolean,
+    /** Each request's decode steps run apart too: the decoder's answer for a row depends on the others. */
     readonly rowsApart: boolean,
     private readonly io: DecoderInterface,
     private readonly embed: ort.InferenceSession | undefined,
     private readonly decoder: ort.InferenceSession,
+    /** Runs of several rows, on a decoder that quantises per tensor: the per-row rewrite of `decoder`. */
+    private readonly rowsDecoder: ort.InferenceSession | undefined,
     private readonly encoders: { readonly vision?: ort.InferenceSession; readonly audio?: ort.InferenceSession },
     prefill: PrefillOptions
   ) {
@@ -200,7 +221,7 @@ export class Runner implements StepRunner {
     this.constraints = new Constraints(model, spec.vocabSize)
     const cacheBytes = prefill.prefixCacheBytes ?? defaultPrefixCacheBytes
     this.prefixCache =
-      rowsApart || cacheBytes === 0
+      promptsApart || cacheBytes === 0
         ? undefined
         : new PrefixCache(prefill.prefixBlockTokens ?? defaultPrefixBlockTokens, cacheBytes, {
             tensors: io.cache.length,
@@ -209,7 +230,7 @@ export class Runner implements StepRunner {
             half: io.cacheType === "float16"
           })
     const chunk = prefill.chunkTokens ?? "auto"
-    this.chunking = rowsApart || chunk === 0 ? "off" : chunk === "auto" ? "auto" : "fixed"
+    this.chunking = promptsApart || chunk === 0 ? "off" : chunk === "auto" ? "auto" : "fixed"
     this.chunkTokens = chunk === "auto" ? chunkBounds.initial : chunk
   }
 
@@ -219,8 +240,8 @@ export class Runner implements StepRunner {
     device: string,
     threads: number,
     dtype?: Dtype,
-    /** Whether to run each request's rows apart (by default, when the decoder quantises per tensor), and how to prefill. */
-    options: { readonly rowsApart?: boolean } & PrefillOptions = {}
+    /** How a decoder that quantises per tensor runs (see above), and how to prefill. */
+    options: { readonly quantizedRows?: QuantizedRows } & PrefillOptions = {}
   ): Promise<Runner> {
     const spec = model.decoder
     if (spec === undefined) throw new Error(`${model.path} is not a decoder: its config.json has no vocab_size`)
@@ -228,12 +249,16 @@ export class Runner implements StepRunner {
     // Only the decoder's threads spin between runs: the others run briefly before it, on the same cores.
     const session = (path: string | undefined, spin = false) =>
       path === undefined ? Promise.resolve(undefined) : createSession(path, device, threads, { spin })
-    const [embed, decoder, vision, audio, rowsApart] = await Promise.all([
+    const mode = options.quantizedRows ?? "apart"
+    const perTensor = mode !== "as-exported" && (await quantisesPerTensor(files))
+    const perRow = mode === "per-row" && perTensor ? rewriteRowQuantization(await readFile(files.decoder)) : undefined
+    const rewritten = perRow !== undefined && perRow.rewritten > 0
+    const [embed, decoder, rowsDecoder, vision, audio] = await Promise.all([
       session(files.embedTokens),
       session(files.decoder, true),
+      rewritten ? createSession(perRow.bytes, device, threads, { spin: true }) : undefined,
       session(files.vision),
-      session(files.audio),
-      options.rowsApart ?? quantisesPerTensor(files)
+      session(files.audio)
     ])
     const io = decoderInterface(
       metadataOf(decoder!.inputMetadata),
@@ -245,10 +270,12 @@ export class Runner implements StepRunner {
     return new Runner(
       model,
       files,
-      rowsApart,
+      perTensor,
+      perTensor && !rewritten,
       io,
       embed,
       decoder!,
+      rowsDecoder,
       {
         ...(vision === undefined ? {} : { vision }),
         ...(audio === undefined ? {} : { audio })
@@ -309,7 +336,9 @@ export class Runner implements StepRunner {
     this.batch = undefined
     this.prefixCache?.clear()
     await Promise.all(
-      [this.embed, this.decoder, this.encoders.vision, this.encoders.audio].map((session) => session?.release())
+      [this.embed, this.decoder, this.rowsDecoder, this.encoders.vision, this.encoders.audio].map((session) =>
+        session?.release()
+      )
     )
   }
 
@@ -366,7 +395,7 @@ export class Runner implements StepRunner {
       const sequence = this.sequences.get(id)!
       const remaining = sequence.prefill!.prompt.inputIds.length - sequence.length
       if (budget <= 0 && whole.length + pieces.length > 0) break
-      if (!this.rowsApart && sequence.length === 0 && remaining <= budget) {
+      if (!this.promptsApart && sequence.length === 0 && remaining <= budget) {
         whole.push(id)
         budget -= remaining
         continue
@@ -597,7 +626,7 @@ export class Runner implements StepRunner {
       feeds.use_cache_branch = new ort.Tensor("bool", Uint8Array.of(past[0]!.dims[2]! > 0 ? 1 : 0), [1])
     if (this.io.numLogitsToKeep) feeds.num_logits_to_keep = new ort.Tensor("int64", BigInt64Array.of(1n), [])
     this.io.cache.forEach((names, i) => (feeds[names.input] = past[i]!))
-    return this.decoder.run(feeds)
+    return (batch > 1 && this.rowsDecoder !== undefined ? this.rowsDecoder : this.decoder).run(feeds)
   }
 
   /** Each row's logits at its last position, [batch × vocab] as float32. */

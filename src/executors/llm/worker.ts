@@ -23,7 +23,8 @@ export const load: LoadWorkerModel = async ({ config, device, rank }) => {
     ? await JanusRunner.open(model, device, config.threadsPerDevice, config.dtype)
     : await Runner.open(model, device, config.threadsPerDevice, config.dtype, {
         ...(config.prefixCacheBytes === undefined ? {} : { prefixCacheBytes: config.prefixCacheBytes }),
-        ...(config.prefillChunkTokens === undefined ? {} : { chunkTokens: config.prefillChunkTokens })
+        ...(config.prefillChunkTokens === undefined ? {} : { chunkTokens: config.prefillChunkTokens }),
+        ...(config.quantizedRows === undefined ? {} : { quantizedRows: config.quantizedRows })
       })
   const sidecar = config.sidecarSocket === undefined ? undefined : await SidecarClient.connect(config.sidecarSocket)
   /** The span of each traced request this worker generates for, with its tokens so far. */
