@@ -51,8 +51,10 @@ export const streamed = (
   prompt: string | ReadonlyArray<Readonly<Record<string, unknown>>>,
   maxTokens: number,
   origin: number,
-  /** More of the request (a response_format, say). */
-  extra: Readonly<Record<string, unknown>> = {}
+  /** More of the request (a response_format, or messages in place of the one user message). */
+  extra: Readonly<Record<string, unknown>> = {},
+  /** Called as each chunk with content arrives; `stop` hangs up, and the run so far is the answer. */
+  events: { readonly onContent?: (now: number) => void; readonly stop?: AbortSignal } = {}
 ): Promise<Run> =>
   new Promise((resolve, reject) => {
     const body = JSON.stringify({
@@ -84,9 +86,9 @@ export const streamed = (
         response.on("data", (piece: string) => {
           const now = performance.now()
           pending += piece
-          const events = pending.split("\n\n")
-          pending = events.pop()!
-          for (const event of events) {
+          const received = pending.split("\n\n")
+          pending = received.pop()!
+          for (const event of received) {
             const data = event.slice("data: ".length)
             if (data === "[DONE]") continue
             const chunk = JSON.parse(data) as {
@@ -97,13 +99,14 @@ export const streamed = (
               if (choice.delta.content !== undefined && choice.delta.content.length > 0) {
                 firstAt ??= now
                 text += choice.delta.content
+                events.onContent?.(now)
               }
               if (choice.finish_reason !== null) endAt = now
             }
             if (chunk.usage) completionTokens = chunk.usage.completion_tokens
           }
         })
-        response.on("end", () =>
+        const answer = () =>
           resolve({
             text,
             tokens: completionTokens,
@@ -111,10 +114,12 @@ export const streamed = (
             decodeMs: endAt - firstAt!,
             endMs: endAt - origin
           })
-        )
-        response.on("error", reject)
+        response.on("end", answer)
+        response.on("error", (error) => (events.stop?.aborted ? answer() : reject(error)))
+        response.on("aborted", () => events.stop?.aborted && answer())
       }
     )
+    events.stop?.addEventListener("abort", () => request.destroy(), { once: true })
     request.on("error", reject)
     request.end(body)
   })

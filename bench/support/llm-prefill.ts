@@ -7,14 +7,10 @@
  * - inter-token latency of 4 running streams: alone, and while a ~2,000-token prompt joins them
  *   (from the moment it is sent to its first token).
  */
-import http from "node:http"
-import { executorHeaders } from "../../test/support/executors.js"
 import type { ChatTokenizer } from "../../src/models/Tokenizer.js"
-import { median } from "./chat-stream.js"
+import { median, streamed } from "./chat-stream.js"
 
 type Message = { readonly role: "system" | "user"; readonly content: string }
-
-const agent = new http.Agent({ keepAlive: true })
 
 /** A streamed greedy chat completion, end of sequence ignored: when each chunk came. Stops early when `stop` is aborted. */
 export const timedStream = (
@@ -25,41 +21,18 @@ export const timedStream = (
   stop?: AbortSignal
 ): { readonly chunks: Array<number>; readonly done: Promise<Array<number>> } => {
   const chunks: Array<number> = []
-  const done = new Promise<Array<number>>((resolve, reject) => {
-    const request = http.request(
-      new URL("/v1/chat/completions", url),
-      { method: "POST", agent, headers: executorHeaders({ "content-type": "application/json" }) },
-      (response) => {
-        response.setEncoding("utf8")
-        if (response.statusCode !== 200) {
-          let answer = ""
-          response.on("data", (piece: string) => (answer += piece))
-          response.on("end", () => reject(new Error(`the executor answered ${response.statusCode}: ${answer}`)))
-          return
-        }
-        let pending = ""
-        response.on("data", (piece: string) => {
-          const now = performance.now()
-          pending += piece
-          const events = pending.split("\n\n")
-          pending = events.pop()!
-          for (const event of events) {
-            const data = event.slice("data: ".length)
-            if (data === "[DONE]") continue
-            const chunk = JSON.parse(data) as { choices: Array<{ delta: { content?: string } }> }
-            if (chunk.choices.some((choice) => (choice.delta.content ?? "").length > 0)) chunks.push(now)
-          }
-        })
-        response.on("end", () => resolve(chunks))
-        response.on("error", () => resolve(chunks))
-      }
-    )
-    stop?.addEventListener("abort", () => request.destroy(), { once: true })
-    request.on("error", (error) => (stop?.aborted ? resolve(chunks) : reject(error)))
-    request.end(
-      JSON.stringify({ model, messages, max_tokens: maxTokens, ignore_eos: true, temperature: 0, stream: true })
-    )
-  })
+  const done = streamed(
+    url,
+    model,
+    "",
+    maxTokens,
+    performance.now(),
+    { messages },
+    {
+      onContent: (now) => chunks.push(now),
+      ...(stop === undefined ? {} : { stop })
+    }
+  ).then(() => chunks)
   return { chunks, done }
 }
 
