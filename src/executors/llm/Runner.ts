@@ -319,7 +319,7 @@ export class Runner implements StepRunner {
         : []
     )
     // The budget binds while any request decodes, in this step or (a step of other items) the next.
-    const done = await this.prefillPieces(this.sequences.size > this.prefilling.length, take)
+    const done = await this.prefillPieces(this.sequences.size > this.prefilling.length, take, (id) => indexOf.has(id))
     decoding.push(...done.filter((id) => this.sequences.has(id)))
     if (decoding.length > 0) {
       const started = performance.now()
@@ -386,12 +386,17 @@ export class Runner implements StepRunner {
    * request's own past; at least one piece runs. Answers the requests whose prompts are done, whose
    * first tokens it has emitted.
    */
-  private async prefillPieces(othersDecode: boolean, take: (id: string, partial: TokenPartial) => void) {
+  private async prefillPieces(
+    othersDecode: boolean,
+    take: (id: string, partial: TokenPartial) => void,
+    /** Whether the step names the request (its first token can only be emitted at its item). */
+    named: (id: string) => boolean
+  ) {
     const bounded = othersDecode && this.chunking !== "off"
     let budget = bounded ? this.chunkTokens : Infinity
     const whole: Array<string> = []
     const pieces: Array<{ readonly id: string; readonly count: number }> = []
-    for (const id of this.prefilling) {
+    for (const id of this.prefilling.filter(named)) {
       const sequence = this.sequences.get(id)!
       const remaining = sequence.prefill!.prompt.inputIds.length - sequence.length
       if (budget <= 0 && whole.length + pieces.length > 0) break
