@@ -20,7 +20,7 @@
  */
 import { createHash } from "node:crypto"
 import type { CacheArray, PastData } from "./PastCache.js"
-import type { MediaInput, PromptInput } from "./protocol.js"
+import type { MediaInput, PrefixCacheStats, PromptInput } from "./protocol.js"
 
 export interface PrefixCacheGeometry {
   /** Cache tensors (a key and a value per layer), each [batch, heads, width, headDim]. */
@@ -29,19 +29,6 @@ export interface PrefixCacheGeometry {
   readonly headDim: number
   /** float16 caches are held as their bit patterns. */
   readonly half: boolean
-}
-
-export interface PrefixCacheStats {
-  /** Prompts looked up. */
-  readonly lookups: number
-  /** Prompts that found at least one block. */
-  readonly hits: number
-  /** Prompt tokens that were not prefilled, as they were cached. */
-  readonly hitTokens: number
-  readonly blocks: number
-  readonly bytes: number
-  readonly maxBytes: number
-  readonly evictions: number
 }
 
 /** A digest of a media item's content: what the model is given for it. */

@@ -50,8 +50,16 @@ import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { rewriteRowQuantization } from "../../models/onnx/RowQuantizeRewrite.js"
 import { createSession, qwen2VLGridInput } from "../common/Sessions.js"
 import { type CacheArray, type CachedRow, gatherRows, type PastData, rightAlignedMask } from "./PastCache.js"
-import { blockKeys, PrefixCache, type PrefixCacheStats } from "./PrefixCache.js"
-import type { MediaInput, MediaSpan, PromptInput, SamplingParams, StepOp, TokenPartial } from "./protocol.js"
+import { blockKeys, PrefixCache } from "./PrefixCache.js"
+import type {
+  MediaInput,
+  MediaSpan,
+  PrefixCacheStats,
+  PromptInput,
+  SamplingParams,
+  StepOp,
+  TokenPartial
+} from "./protocol.js"
 import { Constraints } from "./Constraints.js"
 import { Sampler } from "./Sampler.js"
 

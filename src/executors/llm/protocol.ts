@@ -8,7 +8,6 @@
  */
 import { isGuided } from "../../models/JanusModel.js"
 import type { EmbeddingSource, FinishReason } from "./api.js"
-import type { PrefixCacheStats } from "./PrefixCache.js"
 import type { ResponseFormat } from "./structured/JsonGrammar.js"
 
 /** An image or audio clip for the model's own encoder, or an embedding from the sidecar. */
@@ -139,6 +138,20 @@ export interface TokenPartial {
 export interface GenerateResult {
   readonly finishReason: FinishReason
   readonly completionTokens: number
+}
+
+/** A worker's prefix cache (PrefixCache.ts): its counts since it started, and its size. */
+export interface PrefixCacheStats {
+  /** Prompts looked up. */
+  readonly lookups: number
+  /** Prompts that found at least one block. */
+  readonly hits: number
+  /** Prompt tokens that were not prefilled, as they were cached. */
+  readonly hitTokens: number
+  readonly blocks: number
+  readonly bytes: number
+  readonly maxBytes: number
+  readonly evictions: number
 }
 
 /** The result of a stats item, worker → engine: its prefix cache's counts, when it has one. */
