@@ -264,6 +264,16 @@ describe("prefill in pieces: the prefix cache and chunked prefill", () => {
         // Every turn after the first found the 40 shared tokens; a and b found their whole turns
         // but for the last block's worth (48 of 49 and of 53 tokens): hit1, hit2, a, b, c.
         expect(runner.prefixCache!.stats).toMatchObject({ lookups: 6, hits: 5, hitTokens: 40 + 40 + 48 + 48 + 40 })
+        // The next turn of a chat: the first prompt, its answer, and more. Finished requests left
+        // their answers' blocks too (the last token is never run): 49 + 9 positions, 7 blocks.
+        const next = [...turns[0]!, ...expected[0]!, 11, 12, 13, 14, 15]
+        const [nextExpected] = await transformersGreedy(decoderOnly, dtype, [next], maxNewTokens)
+        const before = runner.prefixCache!.stats.hitTokens
+        const followUp = await drive(runner, [
+          { ...request("next", 0, 0), prompt: { inputIds: Int32Array.from(next), media: [] } }
+        ])
+        expect(followUp.get("next")).toEqual(nextExpected)
+        expect(runner.prefixCache!.stats.hitTokens - before).toBe(56)
       } finally {
         await runner.close()
       }

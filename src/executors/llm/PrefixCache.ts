@@ -7,7 +7,9 @@
  * over the prompt from its start: the digest of the block before it, its token ids, and the
  * content of each media item whose rows begin in it (its kind, shape, grid and values), so that a
  * block is found only behind the exact same tokens and media, and two images behind the same
- * placeholder tokens never match. Only whole blocks are cached.
+ * placeholder tokens never match. Only whole blocks are cached: a prompt's when it is prefilled,
+ * and, when its request finishes, those of the prompt and the tokens generated after it, which
+ * the next turn of a chat begins with.
  *
  * The blocks are held within `maxBytes`, least recently used first out. A hit touches its blocks
  * from the last to the first, so that a chain is evicted from its end and its head, which other
@@ -41,30 +43,41 @@ const mediaDigest = (input: MediaInput): Buffer => {
   return hash.digest()
 }
 
-/** A block's key for each whole block of `prompt`, in order (each chained on the ones before it). */
-export const blockKeys = (prompt: PromptInput, blockTokens: number): ReadonlyArray<string> => {
-  const blocks = Math.floor(prompt.inputIds.length / blockTokens)
+/** The digests of a prompt's media, by the block each item's rows begin in. */
+export const mediaDigests = (prompt: PromptInput, blockTokens: number): ReadonlyMap<number, ReadonlyArray<Buffer>> => {
   const media = new Map<number, Array<Buffer>>()
   for (const span of prompt.media) {
     const block = Math.floor(span.start / blockTokens)
-    if (block >= blocks) continue
     const list = media.get(block) ?? []
     list.push(mediaDigest(span.input))
     media.set(block, list)
   }
+  return media
+}
+
+/** A block's key for each whole block of `ids`, in order (each chained on the ones before it). */
+export const chainKeys = (
+  ids: Int32Array,
+  media: ReadonlyMap<number, ReadonlyArray<Buffer>>,
+  blockTokens: number
+): ReadonlyArray<string> => {
   const keys: Array<string> = []
   let previous = ""
-  for (let block = 0; block < blocks; block++) {
+  for (let block = 0; block < Math.floor(ids.length / blockTokens); block++) {
     const hash = createHash("sha256")
     hash.update(previous)
-    const ids = prompt.inputIds.subarray(block * blockTokens, (block + 1) * blockTokens)
-    hash.update(new Uint8Array(ids.buffer, ids.byteOffset, ids.byteLength))
+    const part = ids.subarray(block * blockTokens, (block + 1) * blockTokens)
+    hash.update(new Uint8Array(part.buffer, part.byteOffset, part.byteLength))
     for (const digest of media.get(block) ?? []) hash.update(digest)
     previous = hash.digest("base64")
     keys.push(previous)
   }
   return keys
 }
+
+/** A block's key for each whole block of `prompt`, in order (each chained on the ones before it). */
+export const blockKeys = (prompt: PromptInput, blockTokens: number): ReadonlyArray<string> =>
+  chainKeys(prompt.inputIds, mediaDigests(prompt, blockTokens), blockTokens)
 
 export class PrefixCache {
   /** Blocks by key, least recently used first (a Map keeps insertion order). */

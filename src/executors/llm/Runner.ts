@@ -50,7 +50,7 @@ import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { rewriteRowQuantization } from "../../models/onnx/RowQuantizeRewrite.js"
 import { createSession, qwen2VLGridInput } from "../common/Sessions.js"
 import { type CacheArray, type CachedRow, gatherRows, type PastData, rightAlignedMask } from "./PastCache.js"
-import { blockKeys, PrefixCache } from "./PrefixCache.js"
+import { chainKeys, mediaDigests, PrefixCache } from "./PrefixCache.js"
 import type {
   MediaInput,
   MediaSpan,
@@ -96,6 +96,8 @@ interface Sequence {
   cache: { readonly past: Past; readonly row: number }
   /** While its prompt is being prefilled (its cache holds the first `length` positions). */
   prefill?: Prefill
+  /** With a prefix cache: its tokens so far (prompt, then generated) and its media's digests, for its blocks when it finishes. */
+  readonly history?: { readonly ids: Array<number>; readonly media: ReadonlyMap<number, ReadonlyArray<Buffer>> }
 }
 
 interface Prefill {
@@ -358,7 +360,8 @@ export class Runner implements StepRunner {
   /** A request joins: its sequence starts from the prompt's cached blocks, if any. */
   private join(id: string, prompt: PromptInput, sampling: SamplingParams): void {
     const cache = this.prefixCache
-    const keys = cache === undefined ? [] : blockKeys(prompt, cache.blockTokens)
+    const media = cache === undefined ? undefined : mediaDigests(prompt, cache.blockTokens)
+    const keys = cache === undefined ? [] : chainKeys(prompt.inputIds, media!, cache.blockTokens)
     // At least one token runs: its logits give the first token.
     const cached =
       cache === undefined ? 0 : cache.lookup(keys, Math.floor((prompt.inputIds.length - 1) / cache.blockTokens))
@@ -383,7 +386,8 @@ export class Runner implements StepRunner {
       lastToken: 0,
       generated: 0,
       cache: { past, row: 0 },
-      prefill: { prompt, located, keys, features: new Map() }
+      prefill: { prompt, located, keys, features: new Map() },
+      ...(media === undefined ? {} : { history: { ids: Array.from(prompt.inputIds), media } })
     })
     this.prefilling.push(id)
   }
@@ -600,12 +604,37 @@ export class Runner implements StepRunner {
         : sequence.generated >= sequence.sampling.maxNewTokens
           ? "length"
           : undefined
-    if (finish !== undefined) this.sequences.delete(id)
+    sequence.history?.ids.push(token)
+    if (finish !== undefined) {
+      this.sequences.delete(id)
+      this.keepBlocks(sequence)
+    }
     const logprobs = sequence.sampler.lastLogprobs
     take(id, {
       token,
       ...(finish === undefined ? {} : { finish }),
       ...(logprobs === undefined ? {} : { logprob: logprobs.logprob, top: logprobs.top })
+    })
+  }
+
+  /**
+   * A finished request's blocks, its generated tokens' included, for the prefix cache: the next
+   * turn of a chat begins with them. Its cache holds every token but the last.
+   */
+  private keepBlocks(sequence: Sequence): void {
+    const { history } = sequence
+    if (this.prefixCache === undefined || history === undefined || sequence.prefill !== undefined) return
+    const keys = chainKeys(
+      Int32Array.from(history.ids.slice(0, sequence.length)),
+      history.media,
+      this.prefixCache.blockTokens
+    )
+    if (keys.length === 0) return
+    const { past, row } = sequence.cache
+    this.prefixCache.insert(keys, {
+      past: { tensors: past.tensors.map((tensor) => tensor.data as CacheArray), width: past.width },
+      row,
+      length: sequence.length
     })
   }
 
