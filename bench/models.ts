@@ -34,6 +34,7 @@ import {
   figuresOf,
   mean,
   median,
+  percentile,
   printTable,
   type Run,
   round,
@@ -52,7 +53,7 @@ import { startExecutor } from "../test/support/executors.js"
 import { readBandwidth } from "./support/bandwidth.js"
 import { LlamaCpp, type LlamaRun } from "./support/llamaCpp.js"
 import { writeLlamaGguf } from "./support/llamaGguf.js"
-import { percentile, streamGaps, systemPromptTtft } from "./support/llm-prefill.js"
+import { streamGaps, systemPromptTtft } from "./support/llm-prefill.js"
 
 const tokens = Number(process.env.BENCH_TOKENS ?? 64)
 const rounds = Number(process.env.BENCH_ROUNDS ?? 3)

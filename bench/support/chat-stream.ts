@@ -32,6 +32,12 @@ export const median = (values: ReadonlyArray<number>) => {
     ? sorted[(sorted.length - 1) / 2]!
     : (sorted[sorted.length / 2 - 1]! + sorted[sorted.length / 2]!) / 2
 }
+/** p-th percentile (0–100) of `values`, nearest rank. */
+export const percentile = (values: ReadonlyArray<number>, p: number): number => {
+  const sorted = [...values].sort((a, b) => a - b)
+  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1))]!
+}
+
 export const mean = (values: ReadonlyArray<number>) => values.reduce((sum, value) => sum + value, 0) / values.length
 export const round = (value: number, digits = 2) => Number(value.toFixed(digits))
 

@@ -66,12 +66,6 @@ export const textOfTokens = (tokenizer: ChatTokenizer, tokens: number, seed: num
   return text
 }
 
-/** p-th percentile (0–100) of `values`, nearest rank. */
-export const percentile = (values: ReadonlyArray<number>, p: number): number => {
-  const sorted = [...values].sort((a, b) => a - b)
-  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1))]!
-}
-
 /** TTFT (ms) of cold and cached system prompts, `rounds` of each, alternating; medians and each round. */
 export const systemPromptTtft = async (
   url: string,
