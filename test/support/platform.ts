@@ -106,6 +106,9 @@ export const runCli = (args: ReadonlyArray<string>, env: Readonly<Record<string,
       (error, stdout, stderr) =>
         resolve({ code: error === null ? 0 : typeof error.code === "number" ? error.code : 1, stdout, stderr })
     )
+    // A command that exits before it reads its input (a usage error) makes the write fail with
+    // EPIPE; its exit code and output are the result.
+    child.stdin!.on("error", () => undefined)
     if (input !== undefined) child.stdin!.end(input)
     else child.stdin!.end()
   })

@@ -48,6 +48,9 @@ export const ffmpegFile = async (args: ReadonlyArray<string>, format: string, st
         stderr += chunk.toString()
       })
       child.once("error", reject)
+      // ffmpeg may exit without reading its stdin (an input from lavfi, or a refused argument);
+      // the write's EPIPE then says nothing its exit code does not.
+      child.stdin.on("error", () => undefined)
       child.once("close", (code) =>
         code === 0 ? resolve() : reject(new Error(`ffmpeg exited with ${code}: ${stderr}`))
       )
