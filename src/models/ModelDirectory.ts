@@ -86,10 +86,14 @@ export type TokenizerConfig = typeof TokenizerConfig.Type
 export interface DecoderSpec {
   readonly hiddenSize: number
   readonly layers: number
+  /** Query heads. */
+  readonly heads: number
   readonly keyValueHeads: number
   readonly headDim: number
   readonly vocabSize: number
   readonly maxPositions: number | undefined
+  /** The positions each attends within, where the model's attention is windowed. */
+  readonly slidingWindow: number | undefined
 }
 
 export interface ModelDirectory {
@@ -166,10 +170,15 @@ const decoderSpec = (config: Readonly<Record<string, unknown>>, path: string): D
   return {
     hiddenSize: decoder.hidden_size,
     layers: decoder.num_hidden_layers,
+    heads: decoder.num_attention_heads,
     keyValueHeads: decoder.num_key_value_heads ?? decoder.num_attention_heads,
     headDim: decoder.head_dim ?? decoder.hidden_size / decoder.num_attention_heads,
     vocabSize: decoder.vocab_size,
-    maxPositions: decoder.max_position_embeddings
+    maxPositions: decoder.max_position_embeddings,
+    slidingWindow:
+      typeof section.sliding_window === "number" && section.use_sliding_window !== false
+        ? section.sliding_window
+        : undefined
   }
 }
 

@@ -81,7 +81,8 @@ const runnerTokens = async (dir: string, dtype?: Dtype, quantizedRows?: Quantize
       batched: prompts.map((_, i) => batched.get(`r${i}`)!),
       files: runner.files,
       rowsApart: runner.rowsApart,
-      promptsApart: runner.promptsApart
+      promptsApart: runner.promptsApart,
+      kvCache: runner.kvCache
     }
   } finally {
     await runner.close()
@@ -121,6 +122,8 @@ describe("the decoder-only layout (onnx/model*.onnx)", () => {
     expect(ours.batched).toEqual(expected)
     expect(ours.promptsApart).toBe(batchDependent.includes(dtype))
     expect(ours.rowsApart).toBe(batchDependent.includes(dtype))
+    // Every other dtype runs on the shared cache: the attention rewritten to read it in place.
+    expect(ours.kvCache.mode).toBe(batchDependent.includes(dtype) ? "copies" : "shared")
     if (batchDependent.includes(dtype)) {
       // With per-row scales, decode steps batch, and (on this model) the tokens are the same.
       const perRow = await runnerTokens(decoderOnly, dtype, "per-row")

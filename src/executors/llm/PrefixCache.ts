@@ -155,18 +155,18 @@ export class PrefixCache {
 
   /**
    * Keeps the blocks of `keys` not cached yet, copied from a past whose row `row` holds the
-   * prompt's positions right-aligned (`length` of them, at least `keys.length` blocks' worth);
-   * then evicts down to the bound.
+   * prompt's positions (`length` of them, at least `keys.length` blocks' worth) from column
+   * `start` (by default right-aligned: its last `length` columns); then evicts down to the bound.
    */
   insert(
     keys: ReadonlyArray<string>,
-    source: { readonly past: PastData; readonly row: number; readonly length: number }
+    source: { readonly past: PastData; readonly row: number; readonly length: number; readonly start?: number }
   ) {
     if (this.blockBytes > this.maxBytes) return
     const { tensors: count, heads, headDim, half } = this.geometry
     const B = this.blockTokens
     const { past, row, length } = source
-    const offset = past.width - length
+    const offset = source.start ?? past.width - length
     const perTensor = heads * B * headDim
     keys.forEach((key, block) => {
       if (this.blocks.has(key)) return

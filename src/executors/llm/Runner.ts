@@ -48,7 +48,9 @@ import type { Dtype } from "../../models/Dtype.js"
 import { floatsOf, halvesOf } from "../../models/Float16.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { rewriteRowQuantization } from "../../models/onnx/RowQuantizeRewrite.js"
+import { rewriteSharedCache, sharedCacheInputs } from "../../models/onnx/SharedCacheRewrite.js"
 import { createSession, qwen2VLGridInput } from "../common/Sessions.js"
+import { KvStore } from "./KvStore.js"
 import { type CacheArray, type CachedRow, gatherRows, type PastData, rightAlignedMask } from "./PastCache.js"
 import { chainKeys, mediaDigests, PrefixCache } from "./PrefixCache.js"
 import type {
@@ -114,6 +116,14 @@ interface Prefill {
  * steps batched with per-row scales, or (to show what that avoids) batched as exported.
  */
 export type QuantizedRows = "apart" | "per-row" | "as-exported"
+
+/**
+ * Where the KV cache lives: "shared", in buffers the runner owns, the decoder's attention
+ * rewritten at load time to read them in place and hand out only each run's new positions
+ * (SharedCacheRewrite.ts; the default, where the graph matches); "copies", the decoder as
+ * exported, its whole cache concatenated and handed out anew at every step.
+ */
+export type KvCacheMode = "shared" | "copies"
 
 /** How prompts are prefilled: the prefix cache's bound, and the tokens a step prefills while others decode. */
 export interface PrefillOptions {
@@ -183,11 +193,16 @@ const floatsAs = (type: "float32" | "float16", data: Float32Array, dims: Readonl
 const float32Data = (tensor: ort.Tensor): Float32Array =>
   tensor.type === "float16" ? floatsOf(tensor.data as Uint16Array) : (tensor.data as Float32Array)
 
+/** The past of a sequence whose cache is in the shared store. */
+const detached: Past = { tensors: [], width: 0 }
+
 const metadataOf = (values: ReadonlyArray<ort.InferenceSession.ValueMetadata>) =>
   values.flatMap((value) => (value.isTensor ? [{ name: value.name, type: value.type, shape: value.shape }] : []))
 
 export class Runner implements StepRunner {
   private readonly sequences = new Map<string, Sequence>()
+  /** The cache, with a decoder rewritten onto it; absent, each run's present is the next past. */
+  private readonly store: KvStore | undefined
   /** The batch the last decode step ran, in row order, and its output past. */
   private batch: { readonly order: ReadonlyArray<string>; readonly past: Past } | undefined
   private readonly heads: number
@@ -220,9 +235,15 @@ export class Runner implements StepRunner {
     /** Runs of several rows, on a decoder that quantises per tensor: the per-row rewrite of `decoder`. */
     private readonly rowsDecoder: ort.InferenceSession | undefined,
     private readonly encoders: { readonly vision?: ort.InferenceSession; readonly audio?: ort.InferenceSession },
-    prefill: PrefillOptions
+    prefill: PrefillOptions,
+    /** With a decoder rewritten onto a shared cache, "shared"; else why it runs as exported. */
+    readonly kvCache: { readonly mode: KvCacheMode; readonly reason?: string }
   ) {
     const spec = model.decoder!
+    this.store =
+      kvCache.mode === "shared"
+        ? new KvStore(io.cache.length, io.kvHeads, io.headDim, io.cacheType === "float16")
+        : undefined
     this.heads = io.kvHeads
     this.headDim = io.headDim
     this.hidden = spec.hiddenSize
@@ -251,7 +272,7 @@ export class Runner implements StepRunner {
     threads: number,
     dtype?: Dtype,
     /** How a decoder that quantises per tensor runs (see above), and how to prefill. */
-    options: { readonly quantizedRows?: QuantizedRows } & PrefillOptions = {}
+    options: { readonly quantizedRows?: QuantizedRows; readonly kvCache?: KvCacheMode } & PrefillOptions = {}
   ): Promise<Runner> {
     const spec = model.decoder
     if (spec === undefined) throw new Error(`${model.path} is not a decoder: its config.json has no vocab_size`)
@@ -260,18 +281,35 @@ export class Runner implements StepRunner {
     const session = (path: string | undefined, spin = false) =>
       path === undefined ? Promise.resolve(undefined) : createSession(path, device, threads, { spin })
     const mode = options.quantizedRows ?? "apart"
-    const perTensor = mode !== "as-exported" && (await quantisesPerTensor(files))
+    const quantises = await quantisesPerTensor(files)
+    const perTensor = mode !== "as-exported" && quantises
     const perRow = mode === "per-row" && perTensor ? rewriteRowQuantization(await readFile(files.decoder)) : undefined
     const rewritten = perRow !== undefined && perRow.rewritten > 0
+    // A decoder that quantises per tensor runs its rows apart, which the shared cache would not speed.
+    const shared =
+      (options.kvCache ?? "shared") === "copies"
+        ? { reason: "the executor runs the cache as exported" }
+        : quantises
+          ? { reason: "the decoder quantises its activations per tensor" }
+          : spec.slidingWindow !== undefined
+            ? { reason: "the model attends within a sliding window" }
+            : rewriteSharedCache(await readFile(files.decoder), {
+                heads: spec.heads,
+                kvHeads: spec.keyValueHeads,
+                headDim: spec.headDim
+              })
     const [embed, decoder, rowsDecoder, vision, audio] = await Promise.all([
       session(files.embedTokens),
-      session(files.decoder, true),
+      "bytes" in shared && shared.bytes !== undefined
+        ? createSession(shared.bytes, device, threads, { spin: true })
+        : session(files.decoder, true),
       rewritten ? createSession(perRow.bytes, device, threads, { spin: true }) : undefined,
       session(files.vision),
       session(files.audio)
     ])
+    const own = new Set<string>(Object.values(sharedCacheInputs))
     const io = decoderInterface(
-      metadataOf(decoder!.inputMetadata),
+      metadataOf(decoder!.inputMetadata).filter((value) => !own.has(value.name)),
       metadataOf(decoder!.outputMetadata),
       { layers: spec.layers, kvHeads: spec.keyValueHeads, headDim: spec.headDim },
       files.decoder.slice(model.path.length + 1),
@@ -290,7 +328,10 @@ export class Runner implements StepRunner {
         ...(vision === undefined ? {} : { vision }),
         ...(audio === undefined ? {} : { audio })
       },
-      options
+      options,
+      "bytes" in shared && shared.bytes !== undefined
+        ? { mode: "shared" }
+        : { mode: "copies", reason: "reason" in shared ? shared.reason : "" }
     )
   }
 
@@ -344,6 +385,7 @@ export class Runner implements StepRunner {
     this.sequences.clear()
     this.prefilling = []
     this.batch = undefined
+    for (const id of this.store?.held ?? []) this.store!.release(id)
     this.prefixCache?.clear()
     await Promise.all(
       [this.embed, this.decoder, this.rowsDecoder, this.encoders.vision, this.encoders.audio].map((session) =>
@@ -354,6 +396,7 @@ export class Runner implements StepRunner {
 
   private forget(id: string): void {
     this.sequences.delete(id)
+    this.store?.release(id)
     this.prefilling = this.prefilling.filter((other) => other !== id)
   }
 
@@ -365,14 +408,24 @@ export class Runner implements StepRunner {
     // At least one token runs: its logits give the first token.
     const cached =
       cache === undefined ? 0 : cache.lookup(keys, Math.floor((prompt.inputIds.length - 1) / cache.blockTokens))
+    const store = this.store
     const past: Past =
-      cached === 0
-        ? { tensors: this.emptyPast(1), width: 0 }
-        : (() => {
+      store !== undefined
+        ? (() => {
+            const row = store.acquire(id)
+            if (cached === 0) return detached
             const read = cache!.read(keys, cached)
-            const dims = [1, this.heads, read.width, this.headDim]
-            return { tensors: read.tensors.map((data) => cacheTensor(data, dims)), width: read.width }
+            store.ensureWidth(read.width)
+            store.writePast(read.tensors, row, read.width)
+            return { tensors: [], width: read.width }
           })()
+        : cached === 0
+          ? { tensors: this.emptyPast(1), width: 0 }
+          : (() => {
+              const read = cache!.read(keys, cached)
+              const dims = [1, this.heads, read.width, this.headDim]
+              return { tensors: read.tensors.map((data) => cacheTensor(data, dims)), width: read.width }
+            })()
     const located = promptPositions(prompt, this.io.positionAxes)
     this.sequences.set(id, {
       sampler: new Sampler(
@@ -412,7 +465,7 @@ export class Runner implements StepRunner {
       const sequence = this.sequences.get(id)!
       const remaining = sequence.prefill!.prompt.inputIds.length - sequence.length
       if (budget <= 0 && whole.length + pieces.length > 0) break
-      if (!this.promptsApart && sequence.length === 0 && remaining <= budget) {
+      if (!this.promptsApart && this.store === undefined && sequence.length === 0 && remaining <= budget) {
         whole.push(id)
         budget -= remaining
         continue
@@ -436,14 +489,8 @@ export class Runner implements StepRunner {
       const prefill = sequence.prefill!
       this.prefilling = this.prefilling.filter((other) => other !== id)
       delete sequence.prefill
-      if (this.prefixCache !== undefined && prefill.keys.length > 0) {
-        const { past, row: cacheRow } = sequence.cache
-        this.prefixCache.insert(prefill.keys, {
-          past: { tensors: past.tensors.map((tensor) => tensor.data as CacheArray), width: past.width },
-          row: cacheRow,
-          length: sequence.length
-        })
-      }
+      if (this.prefixCache !== undefined && prefill.keys.length > 0)
+        this.prefixCache.insert(prefill.keys, this.cachedRow(id, sequence))
       this.accept(id, sequence, this.draw(sequence, logits, row), take)
       done.push(id)
     }
@@ -504,8 +551,29 @@ export class Runner implements StepRunner {
     const positions = new BigInt64Array(axes * count)
     for (let axis = 0; axis < axes; axis++)
       for (let p = from; p < to; p++) positions[axis * count + p - from] = BigInt(prefill.located.at(axis, p))
+    const tokens = await this.pieceTokens(prefill, from, to)
+    const store = this.store
+    if (store !== undefined) {
+      store.ensureWidth(to)
+      const row = store.row(id)
+      const outputs = await this.runDecoder(
+        tokens,
+        new BigInt64Array(to).fill(1n),
+        positions,
+        [1, count],
+        this.storePast(row, 1),
+        {
+          seqlens: Int32Array.of(to - 1),
+          total: to
+        }
+      )
+      this.presents(outputs).forEach((present, t) => store.write(t, row, from, present.data as CacheArray, 0, count))
+      sequence.length = to
+      if (to < prefill.prompt.inputIds.length) return undefined
+      return { id, logits: this.lastLogits(outputs.logits!, 1), row: 0 }
+    }
     const outputs = await this.runDecoder(
-      await this.pieceTokens(prefill, from, to),
+      tokens,
       new BigInt64Array(to).fill(1n),
       positions,
       [1, count],
@@ -519,12 +587,40 @@ export class Runner implements StepRunner {
 
   private async decode(ids: ReadonlyArray<string>, take: (id: string, partial: TokenPartial) => void): Promise<void> {
     const sequences = ids.map((id) => this.sequences.get(id)!)
-    const past = this.batchPast(ids, sequences)
     const lastTokens = BigInt64Array.from(sequences, (sequence) => BigInt(sequence.lastToken))
     const tokens =
       this.embed === undefined
         ? int64(lastTokens, [ids.length, 1])
         : (await this.embed.run({ input_ids: int64(lastTokens, [ids.length, 1]) })).inputs_embeds!
+    const store = this.store
+    if (store !== undefined) {
+      store.arrange(ids)
+      const lengths = sequences.map((sequence) => sequence.length)
+      const total = Math.max(...lengths) + 1
+      store.ensureWidth(total)
+      const outputs = await this.runDecoder(
+        tokens,
+        rightAlignedMask(
+          lengths.map((length) => length + 1),
+          total
+        ),
+        this.decodePositions(sequences),
+        [ids.length, 1],
+        this.storePast(0, ids.length),
+        { seqlens: Int32Array.from(lengths), total }
+      )
+      this.presents(outputs).forEach((present, t) =>
+        lengths.forEach((length, row) => store.write(t, row, length, present.data as CacheArray, row, 1))
+      )
+      const logits = this.lastLogits(outputs.logits!, ids.length)
+      ids.forEach((id, row) => {
+        const sequence = sequences[row]!
+        sequence.length++
+        this.accept(id, sequence, this.draw(sequence, logits, row), take)
+      })
+      return
+    }
+    const past = this.batchPast(ids, sequences)
     const outputs = await this.runDecoder(
       tokens,
       rightAlignedMask(
@@ -607,7 +703,8 @@ export class Runner implements StepRunner {
     sequence.history?.ids.push(token)
     if (finish !== undefined) {
       this.sequences.delete(id)
-      this.keepBlocks(sequence)
+      this.keepBlocks(id, sequence)
+      this.store?.release(id)
     }
     const logprobs = sequence.sampler.lastLogprobs
     take(id, {
@@ -621,7 +718,7 @@ export class Runner implements StepRunner {
    * A finished request's blocks, its generated tokens' included, for the prefix cache: the next
    * turn of a chat begins with them. Its cache holds every token but the last.
    */
-  private keepBlocks(sequence: Sequence): void {
+  private keepBlocks(id: string, sequence: Sequence): void {
     const { history } = sequence
     if (this.prefixCache === undefined || history === undefined || sequence.prefill !== undefined) return
     const keys = chainKeys(
@@ -630,16 +727,36 @@ export class Runner implements StepRunner {
       this.prefixCache.blockTokens
     )
     if (keys.length === 0) return
+    this.prefixCache.insert(keys, this.cachedRow(id, sequence))
+  }
+
+  /** Where a request's cached positions lie, for the prefix cache to copy. */
+  private cachedRow(id: string, sequence: Sequence) {
+    const store = this.store
+    if (store !== undefined)
+      return {
+        past: { tensors: store.data, width: store.width },
+        row: store.row(id),
+        length: sequence.length,
+        start: 0
+      }
     const { past, row } = sequence.cache
-    this.prefixCache.insert(keys, {
+    return {
       past: { tensors: past.tensors.map((tensor) => tensor.data as CacheArray), width: past.width },
       row,
       length: sequence.length
-    })
+    }
   }
 
   private presents(outputs: ort.InferenceSession.ReturnType): ReadonlyArray<ort.Tensor> {
     return this.io.cache.map((names) => outputs[names.output]!)
+  }
+
+  /** The shared cache's rows [from, from + count) as the decoder's past, as they lie. */
+  private storePast(from: number, count: number): ReadonlyArray<ort.Tensor> {
+    const store = this.store!
+    const dims = [count, this.heads, store.width, this.headDim]
+    return this.io.cache.map((_, t) => cacheTensor(store.view(t, from, count), dims))
   }
 
   /** A past of no positions for `batch` requests. */
@@ -655,12 +772,18 @@ export class Runner implements StepRunner {
     mask: BigInt64Array,
     positions: BigInt64Array,
     shape: readonly [number, number],
-    past: ReadonlyArray<ort.Tensor>
+    past: ReadonlyArray<ort.Tensor>,
+    /** For a decoder on the shared cache: each row's length after the run, less one, and the longest. */
+    lengths?: { readonly seqlens: Int32Array; readonly total: number }
   ): Promise<ort.InferenceSession.ReturnType> {
     const [batch, length] = shape
     const feeds: Record<string, ort.Tensor> = {
       [this.io.tokens]: tokens,
       attention_mask: int64(mask, [batch, mask.length / batch])
+    }
+    if (lengths !== undefined) {
+      feeds[sharedCacheInputs.seqlens] = new ort.Tensor("int32", lengths.seqlens, [batch])
+      feeds[sharedCacheInputs.total] = new ort.Tensor("int32", Int32Array.of(lengths.total), [])
     }
     if (this.io.positionIds)
       feeds.position_ids = int64(positions, this.io.positionAxes === 3 ? [3, batch, length] : [batch, length])
@@ -892,6 +1015,10 @@ export class Runner implements StepRunner {
     }
     const empty = this.emptyPast(1)
     this.io.cache.forEach((names, i) => (feeds[names.input] = empty[i]!))
+    if (this.store !== undefined) {
+      feeds[sharedCacheInputs.seqlens] = new ort.Tensor("int32", Int32Array.of(length - 1), [1])
+      feeds[sharedCacheInputs.total] = new ort.Tensor("int32", Int32Array.of(length), [])
+    }
     const outputs = await this.decoder.run(feeds, [output])
     const states = outputs[output]!
     return {

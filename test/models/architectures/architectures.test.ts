@@ -104,6 +104,7 @@ describe("the decoder recipe", () => {
     expect(model.decoder).toEqual({
       hiddenSize: hidden,
       layers,
+      heads,
       keyValueHeads: heads,
       headDim,
       vocabSize: 1000,
