@@ -202,8 +202,24 @@ describe("the decoder-only layout (onnx/model*.onnx)", () => {
       extraConfig: { "transformers.js_config": { use_external_data_format: { "model.onnx": 1 } } }
     })
     const ours = await runnerTokens(dir)
+    // Rewritten onto the shared cache too: the rewritten graph finds its weights beside the file.
+    expect(ours.kvCache.mode).toBe("shared")
     expect(ours.alone).toEqual(await transformersGreedy(dir, "fp32", prompts, maxNewTokens))
   })
+
+  it.each(["fp32", "fp16"] as const)(
+    "%s: attention as torch exports scaled_dot_product_attention is rewritten onto the shared cache, and answers as transformers.js does",
+    async (dtype) => {
+      const dir = await writeModel(`sdpa-${dtype}`, { layout: "decoder-only", dtypes: [dtype], attention: "sdpa" })
+      const ours = await runnerTokens(dir, dtype)
+      expect(ours.kvCache.mode).toBe("shared")
+      const expected = await transformersGreedy(dir, dtype, prompts, maxNewTokens)
+      expect(ours.alone).toEqual(expected)
+      expect(ours.batched).toEqual(expected)
+      // The same weights as the grouped form: the same model.
+      expect(expected).toEqual(await transformersGreedy(decoderOnly, dtype, prompts, maxNewTokens))
+    }
+  )
 
   it("a cache named past.N.key / present.N.key runs as past_key_values.N.key does", async () => {
     const dir = await writeModel("past-naming", { layout: "decoder-only", dtypes: ["fp32"], pastPrefix: "past" })

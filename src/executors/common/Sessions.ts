@@ -12,7 +12,11 @@ export const createSession = (
   path: string | Uint8Array,
   device: string,
   threads: number,
-  options: { readonly spin?: boolean } = {}
+  options: {
+    readonly spin?: boolean
+    /** For a model given as bytes whose weights are in external data files: the folder they are in. */
+    readonly externalDataFolder?: string
+  } = {}
 ): Promise<ort.InferenceSession> => {
   const [type, index] = device.split(":")
   const executionProviders: ort.InferenceSession.SessionOptions["executionProviders"] =
@@ -22,7 +26,14 @@ export const createSession = (
     intraOpNumThreads: threads,
     interOpNumThreads: 1,
     graphOptimizationLevel: "all",
-    ...(options.spin === false ? { extra: { session: { intra_op: { allow_spinning: "0" } } } } : {})
+    extra: {
+      session: {
+        ...(options.spin === false ? { intra_op: { allow_spinning: "0" } } : {}),
+        ...(options.externalDataFolder === undefined
+          ? {}
+          : { model_external_initializers_file_folder_path: options.externalDataFolder })
+      }
+    }
   }
   return typeof path === "string"
     ? ort.InferenceSession.create(path, sessionOptions)

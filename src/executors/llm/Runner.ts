@@ -42,6 +42,7 @@ const dynamicallyQuantised: ReadonlyArray<Dtype> = ["q8", "int8", "uint8"]
 const quantisesPerTensor = async (files: DecoderFiles): Promise<boolean> =>
   dynamicallyQuantised.includes(files.dtype) && (await readFile(files.decoder)).includes("DynamicQuantizeLinear")
 import { readFile } from "node:fs/promises"
+import { dirname } from "node:path"
 import * as ort from "onnxruntime-node"
 import { type DecoderFiles, type DecoderInterface, decoderFiles, decoderInterface } from "../../models/DecoderLayout.js"
 import type { Dtype } from "../../models/Dtype.js"
@@ -301,7 +302,7 @@ export class Runner implements StepRunner {
     const [embed, decoder, rowsDecoder, vision, audio] = await Promise.all([
       session(files.embedTokens),
       "bytes" in shared && shared.bytes !== undefined
-        ? createSession(shared.bytes, device, threads, { spin: true })
+        ? createSession(shared.bytes, device, threads, { spin: true, externalDataFolder: dirname(files.decoder) })
         : session(files.decoder, true),
       rewritten ? createSession(perRow.bytes, device, threads, { spin: true }) : undefined,
       session(files.vision),

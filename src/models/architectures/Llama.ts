@@ -50,6 +50,14 @@ export interface LlamaExport {
    * norm's output without an lm_head, as embedding models (Qwen3-Embedding) are exported.
    */
   readonly output?: "logits" | "last_hidden_state"
+  /**
+   * How attention is written: "grouped" (queries reshaped per KV head, a bool mask through
+   * Where; the default), or "sdpa", as torch exports scaled_dot_product_attention (what optimum's
+   * exports of transformers' sdpa attention hold): keys and values repeated per query head
+   * (Unsqueeze, Expand, Reshape), the scale computed from the query's shape and applied as its
+   * square root to both the query and the transposed keys, an additive float mask.
+   */
+  readonly attention?: "grouped" | "sdpa"
 }
 
 /** config.json of the model, in transformers' LlamaConfig fields. */
@@ -315,6 +323,35 @@ const decoderGraph = (g: Graph, config: LlamaConfig, options: LlamaExport, rando
         const value = g.op("Concat", [toCompute(pasts[i]!.value), newValue], { axis: 2 })
         g.output(toIo(key), presentName(i, "key"), io, cacheShape("total_sequence_length"))
         g.output(toIo(value), presentName(i, "value"), io, cacheShape("total_sequence_length"))
+        if (options.attention === "sdpa") {
+          const repeat = (kv: Value) =>
+            g.op("Reshape", [
+              g.op("Expand", [g.op("Unsqueeze", [kv, g.int64s([2])]), g.int64s([1, 1, group, 1, 1])]),
+              g.int64s([0, heads, -1, headDim])
+            ])
+          // torch's _attention_scale: 1 / sqrt(the query's last dimension), from its shape.
+          const embedding = g.op(
+            "Cast",
+            [g.op("Slice", [g.op("Shape", [query]), g.int64s([-1]), g.int64s([2 ** 62])])],
+            {
+              to: elementType("float32")
+            }
+          )
+          const scale = g.op("Div", [g.floatScalar(1), g.op("Sqrt", [embedding])])
+          const root = g.op("Sqrt", [scale])
+          const keyT = g.op("Mul", [g.op("Transpose", [repeat(key)], { perm: [0, 1, 3, 2] }), root])
+          const scores = g.op("MatMul", [g.op("Mul", [query, root]), keyT])
+          const additive = g.op("Where", [mask, g.floatScalar(0), g.floatScalar(maskedScore)])
+          const weights = g.op("Softmax", [g.op("Add", [scores, g.op("Squeeze", [additive, g.int64s([1])])])], {
+            axis: -1
+          })
+          const context = g.op("MatMul", [weights, repeat(value)])
+          const merged = g.op("Reshape", [
+            g.op("Transpose", [context], { perm: [0, 2, 1, 3] }),
+            g.int64s([0, 0, heads * headDim])
+          ])
+          return w.linear(merged, "o_proj", heads * headDim, hidden, options.std)
+        }
         // Grouped queries: [batch, kvHeads, group, sequence, headDim] against each KV head's keys.
         const grouped = g.op("Reshape", [query, g.int64s([0, kvHeads, group, -1, headDim])])
         const keyT = g.op("Unsqueeze", [g.op("Transpose", [key], { perm: [0, 1, 3, 2] }), g.int64s([2])])

@@ -33,7 +33,7 @@ type NodeProto = onnxProto.onnx.INodeProto
 type TensorProto = onnxProto.onnx.ITensorProto
 type ValueInfoProto = onnxProto.onnx.IValueInfoProto
 
-const { FLOAT, FLOAT16, DOUBLE, INT32 } = onnx.TensorProto.DataType
+const { FLOAT, FLOAT16, DOUBLE, INT32, INT64 } = onnx.TensorProto.DataType
 const { INT, INTS, FLOAT: FLOAT_ATTRIBUTE } = onnx.AttributeProto.AttributeType
 
 /** The runner's inputs to the rewritten decoder. */
@@ -61,7 +61,7 @@ const attribute = (node: NodeProto, name: string) => node.attribute?.find((entry
 const intsOf = (node: NodeProto, name: string): ReadonlyArray<number> | undefined =>
   attribute(node, name)?.ints?.map(Number)
 
-/** The single number a tensor holds (float, float16 or double), if it holds one. */
+/** The single number a tensor holds (float, float16, double or an integer), if it holds one. */
 const scalarOfTensor = (tensor: TensorProto): number | undefined => {
   const count = (tensor.dims ?? []).reduce<number>((product, dim) => product * Number(dim), 1)
   if (count !== 1) return undefined
@@ -73,6 +73,15 @@ const scalarOfTensor = (tensor: TensorProto): number | undefined => {
   if (tensor.dataType === DOUBLE) {
     if (raw != null && raw.length === 8) return new DataView(raw.buffer, raw.byteOffset, 8).getFloat64(0, true)
     return tensor.doubleData?.[0]
+  }
+  if (tensor.dataType === INT64) {
+    if (raw != null && raw.length === 8) return Number(new DataView(raw.buffer, raw.byteOffset, 8).getBigInt64(0, true))
+    const value = tensor.int64Data?.[0]
+    return value === undefined ? undefined : Number(value)
+  }
+  if (tensor.dataType === INT32) {
+    if (raw != null && raw.length === 4) return new DataView(raw.buffer, raw.byteOffset, 4).getInt32(0, true)
+    return tensor.int32Data?.[0]
   }
   if (tensor.dataType === FLOAT16) {
     if (raw != null && raw.length === 2) return fromHalf(new DataView(raw.buffer, raw.byteOffset, 2).getUint16(0, true))
@@ -100,9 +109,6 @@ const rewrite = (bytes: Uint8Array, { heads, kvHeads, headDim }: AttentionGeomet
   const model = onnx.ModelProto.decode(bytes)
   const graph = model.graph ?? fail("the model has no graph")
   const nodes = graph.node ?? []
-  // Weights in external data files: a model given as bytes could not find them.
-  if ((graph.initializer ?? []).some((init) => (init.externalData ?? []).length > 0))
-    fail("its weights are in external data files")
   if (nodes.some((node) => node.opType === "If" || node.opType === "Loop" || node.opType === "Scan"))
     fail("it has subgraphs (If, Loop or Scan)")
 
@@ -120,13 +126,54 @@ const rewrite = (bytes: Uint8Array, { heads, kvHeads, headDim }: AttentionGeomet
   const initializers = new Map((graph.initializer ?? []).map((init) => [init.name!, init]))
   const inputs = new Map((graph.input ?? []).map((value) => [value.name!, value]))
   const outputs = graph.output ?? []
-  const scalar = (name: string): number | undefined => {
+  /** Whether a scale was read off a shape: torch's SDPA export computes 1 / sqrt(the query's last dimension). */
+  let scaleFromShape = false
+  /**
+   * The value of a scalar computed from constants (and the last dimension of a shape, which in an
+   * attention's scale is the head's): Constant, Cast, Sqrt, Reciprocal, Mul, Div.
+   */
+  const scalar = (name: string, depth = 0): number | undefined => {
     const init = initializers.get(name)
     if (init !== undefined) return scalarOfTensor(init)
     const node = producer.get(name)
-    if (node?.opType !== "Constant") return undefined
-    const value = attribute(node, "value")?.t
-    return value == null ? undefined : scalarOfTensor(value)
+    if (node === undefined || depth > 8) return undefined
+    const arg = (index: number) => {
+      const input = node.input?.[index]
+      return input === undefined || input === "" ? undefined : scalar(input, depth + 1)
+    }
+    switch (node.opType) {
+      case "Constant": {
+        const value = attribute(node, "value")?.t
+        return value == null ? undefined : scalarOfTensor(value)
+      }
+      case "Cast":
+        return arg(0)
+      case "Sqrt": {
+        const value = arg(0)
+        return value === undefined || value < 0 ? undefined : Math.sqrt(value)
+      }
+      case "Reciprocal": {
+        const value = arg(0)
+        return value === undefined || value === 0 ? undefined : 1 / value
+      }
+      case "Mul":
+      case "Div": {
+        const [a, b] = [arg(0), arg(1)]
+        if (a === undefined || b === undefined || (node.opType === "Div" && b === 0)) return undefined
+        return node.opType === "Mul" ? a * b : a / b
+      }
+      case "Slice":
+      case "Gather": {
+        // The last entry of a shape: Slice(Shape(x), [-1], [end]) or Gather(Shape(x), -1).
+        if (producer.get(node.input?.[0] ?? "")?.opType !== "Shape") return undefined
+        if (arg(1) !== -1) return undefined
+        if (node.opType === "Slice" && (node.input?.length ?? 0) > 3 && arg(3) !== 0 && arg(3) !== -1) return undefined
+        scaleFromShape = true
+        return headDim
+      }
+      default:
+        return undefined
+    }
   }
   /** For Mul or Div by a constant: the data input and the factor it applies. */
   const scaling = (node: NodeProto): { readonly data: string; readonly factor: number } | undefined => {
@@ -280,6 +327,8 @@ const rewrite = (bytes: Uint8Array, { heads, kvHeads, headDim }: AttentionGeomet
     if (!transposed || last?.opType !== "Reshape") fail(`layer ${layer}'s heads are not merged as known`)
 
     const scale = keyFactor * queryFactor * scoresFactor
+    if (scaleFromShape && Math.abs(scale * Math.sqrt(headDim) - 1) > 1e-5)
+      fail(`layer ${layer}'s scale, read off a shape, is not 1 / sqrt(head_dim)`)
     if (layer === 0) factorTotal = scale
     else if (Math.abs(scale - factorTotal) > 1e-6 * Math.abs(factorTotal))
       fail("its layers scale their scores differently")

@@ -17,6 +17,7 @@ export interface RandomLlamaOptions {
   readonly dtypes: ReadonlyArray<Dtype>
   readonly positionIds?: boolean
   readonly pastPrefix?: LlamaExport["pastPrefix"]
+  readonly attention?: LlamaExport["attention"]
   readonly seed?: number
   /** Initializers at least this large go to `<file>_data` (external data), as exporters do for big models. */
   readonly externalDataMinBytes?: number
@@ -75,6 +76,7 @@ export const randomLlamaFiles = (options: RandomLlamaOptions): ModelFiles => {
         dtype,
         positionIds: options.positionIds ?? true,
         pastPrefix: options.pastPrefix ?? "past_key_values",
+        ...(options.attention === undefined ? {} : { attention: options.attention }),
         seed: options.seed ?? 1,
         std: 0.1
       },
