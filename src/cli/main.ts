@@ -856,6 +856,12 @@ const executorCommand = Command.make(
       ),
       Options.optional
     ),
+    kvCacheMode: Options.choice("kv-cache-mode", ["shared", "copies"]).pipe(
+      Options.withDescription(
+        "LLM: keep the KV cache in buffers the executor owns, the decoder's attention rewritten at load time to read them in place (the default, where the decoder's graph matches the exporters' attention; else it runs as exported, and /v1/cornserve/stats says why), or run the decoder as exported, copying the whole cache at every step."
+      ),
+      Options.optional
+    ),
     quantizedRows: Options.choice("quantized-rows", ["apart", "per-row"]).pipe(
       Options.withDescription(
         "LLM, 8-bit exports that quantise activations per tensor: run each request apart, answering exactly as alone (the default), or batch decode steps with a scale per row (about 2.4x the throughput of 8 concurrent requests; answers then differ from alone by float rounding, which 8-bit activations can turn into another token at a near-tie)."
@@ -902,6 +908,10 @@ const executorCommand = Command.make(
           ...Option.match(options.prefillChunkTokens, {
             onNone: () => ({}),
             onSome: (prefillChunkTokens) => ({ prefillChunkTokens })
+          }),
+          ...Option.match(options.kvCacheMode, {
+            onNone: () => ({}),
+            onSome: (kvCacheMode) => ({ kvCacheMode })
           }),
           ...Option.match(options.quantizedRows, {
             onNone: () => ({}),

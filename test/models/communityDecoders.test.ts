@@ -221,6 +221,22 @@ describe("the decoder-only layout (onnx/model*.onnx)", () => {
     }
   )
 
+  it("runs as exported where the shared cache does not apply, saying why, and when asked to", async () => {
+    // A sliding window is the exports' mask's to apply, which the rewrite drops.
+    const dir = await writeModel("sliding-window", {
+      layout: "decoder-only",
+      dtypes: ["fp32"],
+      extraConfig: { sliding_window: 16, use_sliding_window: true }
+    })
+    const windowed = await runnerTokens(dir)
+    expect(windowed.kvCache).toEqual({ mode: "copies", reason: "the model attends within a sliding window" })
+    const shared = await runnerTokens(decoderOnly, "fp32")
+    expect(windowed.alone).toEqual(shared.alone)
+    const runner = await Runner.open(await loadModelDirectory(decoderOnly), "cpu:0", 1, "fp32", { kvCache: "copies" })
+    expect(runner.kvCache.mode).toBe("copies")
+    await runner.close()
+  })
+
   it("a cache named past.N.key / present.N.key runs as past_key_values.N.key does", async () => {
     const dir = await writeModel("past-naming", { layout: "decoder-only", dtypes: ["fp32"], pastPrefix: "past" })
     const reference = await runnerTokens(decoderOnly, "fp32")

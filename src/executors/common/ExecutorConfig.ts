@@ -50,7 +50,12 @@ export const ExecutorConfig = Schema.Struct({
    * LLM, a decoder that quantises activations per tensor (8-bit exports): each request's runs
    * apart (exact; the default), or decode steps batched with a scale per row.
    */
-  quantizedRows: Schema.optional(Schema.Literal("apart", "per-row"))
+  quantizedRows: Schema.optional(Schema.Literal("apart", "per-row")),
+  /**
+   * LLM: the KV cache in buffers the runner owns, the decoder's attention rewritten to read them
+   * in place (the default, where the graph matches), or the decoder as exported.
+   */
+  kvCacheMode: Schema.optional(Schema.Literal("shared", "copies"))
 })
 export type ExecutorConfig = typeof ExecutorConfig.Type
 

@@ -55,6 +55,7 @@ import { KvStore } from "./KvStore.js"
 import { type CacheArray, type CachedRow, gatherRows, type PastData, rightAlignedMask } from "./PastCache.js"
 import { chainKeys, mediaDigests, PrefixCache } from "./PrefixCache.js"
 import type {
+  KvCacheStats,
   MediaInput,
   MediaSpan,
   PrefixCacheStats,
@@ -178,7 +179,7 @@ export type EmbedOutput =
   | { readonly embedding: Float32Array; readonly shape: readonly [number, number] }
   | { readonly error: string }
   /** A stats item's answer. */
-  | { readonly prefixCache: PrefixCacheStats | undefined }
+  | { readonly prefixCache: PrefixCacheStats | undefined; readonly kvCache?: KvCacheStats }
 
 const float = (data: Float32Array, dims: ReadonlyArray<number>) => new ort.Tensor("float32", data, dims)
 const int64 = (data: BigInt64Array, dims: ReadonlyArray<number>) => new ort.Tensor("int64", data, dims)
@@ -361,7 +362,11 @@ export class Runner implements StepRunner {
     for (const item of items) if (item.op.op === "free") this.forget(item.id)
     for (const [index, item] of items.entries()) {
       if (item.op.op === "embed") outputs[index] = await this.embedPrompt(item.op.prompt, item.op.source)
-      else if (item.op.op === "stats") outputs[index] = { prefixCache: this.prefixCache?.stats }
+      else if (item.op.op === "stats")
+        outputs[index] = {
+          prefixCache: this.prefixCache?.stats,
+          kvCache: { ...this.kvCache, bytes: this.store?.bytes ?? 0 }
+        }
     }
     for (const item of items) if (item.op.op === "prefill") this.join(item.id, item.op.prompt, item.op.sampling)
     // A prefilling request's decode item waits for its prompt: its pieces follow the budget.

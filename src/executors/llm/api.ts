@@ -113,7 +113,19 @@ export const LlmStats = Schema.Struct({
   waiting: Schema.Int,
   running: Schema.Int,
   /** KV cache positions reserved by running requests and the budget, over all devices. */
-  kvCache: Schema.Struct({ usedTokens: Schema.Int, totalTokens: Schema.Int }),
+  kvCache: Schema.Struct({
+    usedTokens: Schema.Int,
+    totalTokens: Schema.Int,
+    /**
+     * "shared": the cache is in buffers the executor owns, which the decoder's attention
+     * (rewritten at load time) reads in place; "copies": the decoder as exported, which copies
+     * the whole cache at every step, and `reason` says why.
+     */
+    mode: Schema.optional(Schema.Literal("shared", "copies")),
+    reason: Schema.optional(Schema.String),
+    /** Bytes the shared cache's buffers take now, over all devices. */
+    bytes: Schema.optional(Schema.Int)
+  }),
   finished: Schema.Int,
   cancelled: Schema.Int,
   /** The most requests that decoded together in one step so far. */

@@ -99,9 +99,10 @@ export const runEngine = (config: ExecutorConfig) =>
     }
 
     /** The engine's counts, with the workers' prefix caches summed. */
-    const stats = (workers: Iterable<WorkerStats>): LlmStats => {
+    const stats = (answers: Iterable<WorkerStats>): LlmStats => {
       const { waiting, running, usedTokens, totalTokens } = scheduler.stats
-      const caches = [...workers].flatMap((answer) => (answer.prefixCache === undefined ? [] : [answer.prefixCache]))
+      const workers = [...answers]
+      const caches = workers.flatMap((answer) => (answer.prefixCache === undefined ? [] : [answer.prefixCache]))
       const sum = (field: keyof (typeof caches)[number]) => caches.reduce((total, cache) => total + cache[field], 0)
       const prefixCache =
         caches.length === 0
@@ -115,10 +116,22 @@ export const runEngine = (config: ExecutorConfig) =>
               maxBytes: sum("maxBytes"),
               evictions: sum("evictions")
             }
+      const layouts = workers.flatMap((answer) => (answer.kvCache === undefined ? [] : [answer.kvCache]))
+      const layout = layouts[0]
       return {
         waiting: waiting + embedQueue.length,
         running,
-        kvCache: { usedTokens, totalTokens },
+        kvCache: {
+          usedTokens,
+          totalTokens,
+          ...(layout === undefined
+            ? {}
+            : {
+                mode: layout.mode,
+                ...(layout.reason === undefined ? {} : { reason: layout.reason }),
+                bytes: layouts.reduce((total, answer) => total + answer.bytes, 0)
+              })
+        },
         ...counts,
         ...(prefixCache === undefined ? {} : { prefixCache })
       }

@@ -154,9 +154,21 @@ export interface PrefixCacheStats {
   readonly evictions: number
 }
 
-/** The result of a stats item, worker → engine: its prefix cache's counts, when it has one. */
+/**
+ * Where a worker's KV cache lives: "shared", in buffers its runner owns, read in place by the
+ * decoder's rewritten attention; "copies", the decoder as exported (with why).
+ */
+export interface KvCacheStats {
+  readonly mode: "shared" | "copies"
+  readonly reason?: string
+  /** Bytes of the shared cache's buffers now. */
+  readonly bytes: number
+}
+
+/** The result of a stats item, worker → engine: its prefix cache's counts (when it has one) and its KV cache. */
 export interface WorkerStats {
   readonly prefixCache?: PrefixCacheStats
+  readonly kvCache?: KvCacheStats
 }
 
 /** The result of an embed item, worker → engine → router; `error` is the caller's mistake (400). */

@@ -24,7 +24,8 @@ export const load: LoadWorkerModel = async ({ config, device, rank }) => {
     : await Runner.open(model, device, config.threadsPerDevice, config.dtype, {
         ...(config.prefixCacheBytes === undefined ? {} : { prefixCacheBytes: config.prefixCacheBytes }),
         ...(config.prefillChunkTokens === undefined ? {} : { chunkTokens: config.prefillChunkTokens }),
-        ...(config.quantizedRows === undefined ? {} : { quantizedRows: config.quantizedRows })
+        ...(config.quantizedRows === undefined ? {} : { quantizedRows: config.quantizedRows }),
+        ...(config.kvCacheMode === undefined ? {} : { kvCache: config.kvCacheMode })
       })
   const sidecar = config.sidecarSocket === undefined ? undefined : await SidecarClient.connect(config.sidecarSocket)
   /** The span of each traced request this worker generates for, with its tokens so far. */
@@ -85,7 +86,10 @@ export const load: LoadWorkerModel = async ({ config, device, rank }) => {
           const output = outputs[index]
           const op = item.meta as StepOp
           if (output !== undefined && "prefixCache" in output)
-            return output.prefixCache === undefined ? {} : { prefixCache: output.prefixCache }
+            return {
+              ...(output.prefixCache === undefined ? {} : { prefixCache: output.prefixCache }),
+              ...(output.kvCache === undefined ? {} : { kvCache: output.kvCache })
+            }
           if (output === undefined || op.op !== "embed") return undefined
           const span = embedding[index]!
           try {

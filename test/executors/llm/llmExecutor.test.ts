@@ -288,6 +288,9 @@ describe("the LLM executor, through the openai client", () => {
     expect(cached.hits).toBeGreaterThan(cachedBefore.hits)
     expect(cached.bytes).toBeGreaterThan(0)
     expect(cached.bytes).toBeLessThanOrEqual(cached.maxBytes)
+    // The decoder ran on the shared cache (its attention rewritten to read the executor's buffers),
+    // which holds nothing once no request runs.
+    expect((await stats()).kvCache).toMatchObject({ mode: "shared", bytes: 0 })
   })
 })
 
