@@ -226,7 +226,8 @@ describe("KvStore", () => {
     for (const id of ["a", "b", "c", "d", "e"]) store.acquire(id)
     store.ensureWidth(3)
     expect(store.width).toBe(4)
-    ;["a", "b", "c", "d", "e"].forEach((id, row) => store.write(0, row, 0, positions(100 * row, 3), 0, 3))
+    for (const id of ["a", "b", "c", "d", "e"])
+      store.write(0, store.row(id), 0, positions(100 * store.row(id), 3), 0, 3)
     // Wider: every row keeps its positions.
     store.ensureWidth(9)
     expect(store.width).toBe(12)
