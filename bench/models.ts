@@ -13,6 +13,12 @@
  *   transformers.js one after another, and as 8 parallel llama.cpp sequences: aggregate tokens/s;
  * - the memory-bandwidth limit: the weights read per token over the read bandwidth of a
  *   two-thread scan of a buffer of the weights' size, measured in the same run.
+ * KV cache (fp32, BENCH_PARTS includes kv): the executor on its shared cache (the decoder's
+ * attention rewritten at load time to read the executor's buffers in place; the default) against
+ * the same executor with --kv-cache-mode copies (the decoder as exported: each step concatenates
+ * and hands out the whole cache), both up at once and run in turns, prompts prefilled whole and
+ * no prefix cache, so that decode alone is timed: 1 request and 8 concurrent with short prompts,
+ * 4 concurrent with ~1,000-token prompts, 1 request with a ~2,000-token prompt.
  * Prefill (fp32, BENCH_PARTS includes prefill):
  * - TTFT with a repeated ~1,000-token system prompt, cold and cached (prefix cache);
  * - inter-token latency p99 of 4 running streams, alone and while a ~2,000-token prompt joins,
@@ -25,7 +31,7 @@
  * Prints tables, then (as the last line) one JSON object.
  *
  * Env: BENCH_TOKENS (tokens per request, default 64), BENCH_ROUNDS (default 3), BENCH_THREADS
- * (threads, default 2), BENCH_DTYPES, BENCH_PARTS (decode,prefill), BENCH_QUANTIZED_ROWS (the q8
+ * (threads, default 2), BENCH_DTYPES, BENCH_PARTS (decode,kv,prefill), BENCH_QUANTIZED_ROWS (the q8
  * executor's --quantized-rows: apart, the default, or per-row).
  */
 import {
@@ -53,13 +59,13 @@ import { startExecutor } from "../test/support/executors.js"
 import { readBandwidth } from "./support/bandwidth.js"
 import { LlamaCpp, type LlamaRun } from "./support/llamaCpp.js"
 import { writeLlamaGguf } from "./support/llamaGguf.js"
-import { streamGaps, systemPromptTtft } from "./support/llm-prefill.js"
+import { streamGaps, systemPromptTtft, textOfTokens } from "./support/llm-prefill.js"
 
 const tokens = Number(process.env.BENCH_TOKENS ?? 64)
 const rounds = Number(process.env.BENCH_ROUNDS ?? 3)
 const threads = Number(process.env.BENCH_THREADS ?? 2)
 const dtypes = (process.env.BENCH_DTYPES ?? "fp32,q8").split(",") as Array<"fp32" | "q8">
-const parts = (process.env.BENCH_PARTS ?? "decode,prefill").split(",")
+const parts = (process.env.BENCH_PARTS ?? "decode,kv,prefill").split(",")
 const quantizedRows = process.env.BENCH_QUANTIZED_ROWS ?? "apart"
 const concurrency = 8
 const model = "bench/smollm2-135m"
@@ -135,6 +141,7 @@ export default async function main(): Promise<void> {
       targetsMet &&= result.targetsMet
     }
   }
+  if (parts.includes("kv")) summary.kvCache = await kvCacheBench(tokenizer)
   if (parts.includes("prefill")) {
     const result = await prefillBench(tokenizer)
     summary.prefill = result
@@ -366,6 +373,85 @@ async function decodeBench(
     await executor.stop()
     await llama.close()
     await reference.dispose()
+  }
+}
+
+/**
+ * Decode on the shared KV cache against the decoder as exported, in turns: aggregate decode
+ * tokens/s over the time all of a load's streams decode together (prompts are prefilled whole, so
+ * they start together).
+ */
+async function kvCacheBench(tokenizer: ChatTokenizer) {
+  const common = ["--prefill-chunk-tokens", "0", "--prefix-cache-bytes", "0"]
+  const shared = await startLlmExecutor("fp32", common)
+  const copies = await startLlmExecutor("fp32", [...common, "--kv-cache-mode", "copies"])
+  const loads = [
+    { name: "1 request, chat prompt", prompts: [prompts[0]!] },
+    { name: "8 concurrent, chat prompts", prompts },
+    {
+      name: "4 concurrent, ~1,000-token prompts",
+      prompts: [0, 1, 2, 3].map((seed) => `${textOfTokens(tokenizer, 1000, 300 + seed)} Go on.`)
+    },
+    { name: "1 request, ~2,000-token prompt", prompts: [`${textOfTokens(tokenizer, 2000, 400)} Go on.`] }
+  ]
+  /** Aggregate decode tokens/s from the last first token to the last token, and the texts. */
+  const run = async (url: string, load: (typeof loads)[number]) => {
+    collect()
+    const start = performance.now()
+    const runs = await Promise.all(load.prompts.map((prompt) => streamed(url, model, prompt, tokens, start)))
+    const from = Math.max(...runs.map((one) => one.firstTokenMs))
+    const to = Math.max(...runs.map((one) => one.endMs))
+    return { rate: (runs.length * (tokens - 1)) / ((to - from) / 1000), texts: runs.map((one) => one.text) }
+  }
+  try {
+    for (const load of loads) for (const executor of [shared, copies]) await run(executor.url, load)
+    const rates = loads.map(() => ({ shared: [] as Array<number>, copies: [] as Array<number> }))
+    let same = 0
+    let compared = 0
+    for (let r = 0; r < rounds; r++) {
+      for (const [index, load] of loads.entries()) {
+        const order = r % 2 === 0 ? (["shared", "copies"] as const) : (["copies", "shared"] as const)
+        const texts: Partial<Record<"shared" | "copies", ReadonlyArray<string>>> = {}
+        for (const mode of order) {
+          const result = await run((mode === "shared" ? shared : copies).url, load)
+          rates[index]![mode].push(result.rate)
+          texts[mode] = result.texts
+        }
+        texts.shared!.forEach((text, i) => {
+          compared++
+          if (text === texts.copies![i]) same++
+        })
+      }
+      console.error(
+        `  kv round ${r + 1}: ${loads.map((load, i) => `${load.name}: shared ${round(rates[i]!.shared.at(-1)!, 1)}, copies ${round(rates[i]!.copies.at(-1)!, 1)}`).join("; ")} tok/s`
+      )
+    }
+    console.log(
+      `KV cache: ${model}, fp32, ${tokens} tokens per request, ${threads} threads, medians over ${rounds} rounds`
+    )
+    console.log(
+      "load                                  | shared cache (tok/s) | as exported, copies (tok/s) | shared ÷ copies"
+    )
+    const results = loads.map((load, i) => {
+      const sharedRate = median(rates[i]!.shared)
+      const copiesRate = median(rates[i]!.copies)
+      const ratio = round(median(rates[i]!.shared.map((rate, k) => rate / rates[i]!.copies[k]!)), 2)
+      console.log(
+        `${load.name.padEnd(38)}| ${String(round(sharedRate, 1)).padEnd(21)}| ${String(round(copiesRate, 1)).padEnd(28)}| ${ratio}`
+      )
+      return {
+        load: load.name,
+        sharedTokensPerSecond: round(sharedRate, 1),
+        copiesTokensPerSecond: round(copiesRate, 1),
+        ratio
+      }
+    })
+    console.log(
+      `greedy answers: ${same} of ${compared} identical on both (attention sums in another order; near-ties of random weights can part them)`
+    )
+    return { loads: results, identicalAnswers: same, comparedAnswers: compared }
+  } finally {
+    await Promise.all([shared.stop(), copies.stop()])
   }
 }
 
