@@ -247,6 +247,23 @@ describe("KvStore", () => {
     expect(rowData(store, 1, 3)).toEqual(Array.from(positions(0, 3)))
     expect(rowData(store, store.row("e"), 3)).toEqual(Array.from(positions(400, 3)))
     expect(rowData(store, store.row("c"), 3)).toEqual(Array.from(positions(200, 3)))
+    // The longest leaves: the width the others need is kept, and what they hold.
+    store.ensureWidth(40)
+    expect(store.width).toBe(40)
+    store.release("d")
+    store.fit(3)
+    expect(store.width).toBe(4)
+    expect(rowData(store, store.row("a"), 3)).toEqual(Array.from(positions(0, 3)))
+    expect(rowData(store, store.row("e"), 3)).toEqual(Array.from(positions(400, 3)))
+    for (const id of ["a", "c", "e"]) store.release(id)
+    expect(store.bytes).toBe(0)
+  })
+
+  it("holds nothing once empty", () => {
+    const store = new KvStore(1, heads, headDim, false, 4)
+    for (const id of ["a", "c", "d", "e"]) store.acquire(id)
+    store.ensureWidth(5)
+    expect(store.bytes).toBeGreaterThan(0)
     // Empty, it holds nothing.
     for (const id of ["a", "c", "d", "e"]) store.release(id)
     expect(store.bytes).toBe(0)

@@ -102,6 +102,20 @@ export class KvStore {
     this.resize(this.rowCapacity, Math.ceil(positions / this.block) * this.block)
   }
 
+  /**
+   * Gives back room the rows no longer need: once the longest request has left, the width
+   * shrinks to the longest left (in blocks) when it is under half of it, and the rows' room to
+   * twice the rows held when they are under a quarter of it.
+   */
+  fit(positions: number): void {
+    const width = Math.max(this.block, Math.ceil(positions / this.block) * this.block)
+    const rows = Math.max(4, 2 * this.holders.length)
+    const narrower = width * 2 <= this.width
+    const fewer = rows * 2 <= this.rowCapacity && this.holders.length * 4 <= this.rowCapacity
+    if (this.holders.length > 0 && (narrower || fewer))
+      this.resize(fewer ? rows : this.rowCapacity, narrower ? width : this.width)
+  }
+
   /** Tensor t's data for rows [from, from + count), [count, heads, width, headDim], as it lies. */
   view(t: number, from: number, count: number): CacheArray {
     const size = this.heads * this.width * this.headDim
@@ -159,10 +173,11 @@ export class KvStore {
       const next = this.half ? new Uint16Array(size) : new Float32Array(size)
       const previous = old[t]
       if (previous !== undefined) {
+        const kept = Math.min(oldWidth, width) * headDim
         for (let row = 0; row < this.holders.length; row++)
           for (let h = 0; h < heads; h++) {
             const from = (row * heads + h) * oldWidth * headDim
-            next.set(previous.subarray(from, from + oldWidth * headDim), (row * heads + h) * width * headDim)
+            next.set(previous.subarray(from, from + kept), (row * heads + h) * width * headDim)
           }
       }
       return next

@@ -22,8 +22,18 @@
  * code, and a near-tie into another token. Prompts are prefilled one a run either way (a batch of
  * prompts would mix their padding into each row's range).
  *
- * Prompts are prefilled in pieces. Prompts that join with nothing cached run as one batch, each
- * whole. A prompt whose leading blocks the prefix cache holds (PrefixCache.ts) starts from them,
+ * The KV cache. Where the decoder's attention is written as exporters write it, the decoder is
+ * opened rewritten (SharedCacheRewrite.ts) to attend over a cache the runner owns, a row per
+ * request (KvStore.ts): a decode step reads the batch's rows in place, each at its own length
+ * with no padding and no mask, and ONNX Runtime hands out only the step's new keys and values,
+ * which go into the rows. Otherwise (a graph that does not match, a decoder that quantises per
+ * tensor, a sliding-window model, or `kvCache: "copies"`) the decoder runs as exported: each
+ * run's present, the whole cache copied, is the next run's past, rows right-aligned under a mask
+ * (PastCache.ts) and gathered anew when the batch changes.
+ *
+ * Prompts are prefilled in pieces. On the decoder as exported, prompts that join with nothing
+ * cached run as one batch, each whole; on the shared cache, each whole prompt is a run over its
+ * own row. A prompt whose leading blocks the prefix cache holds (PrefixCache.ts) starts from them,
  * and a prompt longer than the step's budget is prefilled a chunk per step, each piece a run of
  * its own over the request's own past, between the running requests' decode steps: a long prompt
  * then holds the running streams back by one chunk per token rather than by its whole prefill.
@@ -287,25 +297,30 @@ export class Runner implements StepRunner {
     const perTensor = mode !== "as-exported" && quantises
     const perRow = mode === "per-row" && perTensor ? rewriteRowQuantization(await readFile(files.decoder)) : undefined
     const rewritten = perRow !== undefined && perRow.rewritten > 0
-    // A decoder that quantises per tensor runs its rows apart, which the shared cache would not speed.
+    const geometry = { heads: spec.heads, kvHeads: spec.keyValueHeads, headDim: spec.headDim }
     const shared =
       (options.kvCache ?? "shared") === "copies"
         ? { reason: "the executor runs the cache as exported" }
-        : quantises
-          ? { reason: "the decoder quantises its activations per tensor" }
+        : quantises && mode !== "per-row"
+          ? {
+              reason:
+                mode === "apart"
+                  ? "the decoder quantises its activations per tensor, so each request runs apart on the export as it is, answering as transformers.js does"
+                  : "the decoder runs as exported"
+            }
           : spec.slidingWindow !== undefined
             ? { reason: "the model attends within a sliding window" }
-            : rewriteSharedCache(await readFile(files.decoder), {
-                heads: spec.heads,
-                kvHeads: spec.keyValueHeads,
-                headDim: spec.headDim
-              })
+            : rewriteSharedCache(await readFile(files.decoder), geometry)
+    // Runs of several rows on the per-row rewrite: on the shared cache too when the decoder is.
+    const sharedRows =
+      rewritten && shared.bytes !== undefined ? rewriteSharedCache(perRow.bytes, geometry).bytes : undefined
+    const onShared = shared.bytes !== undefined && (!rewritten || sharedRows !== undefined)
     const [embed, decoder, rowsDecoder, vision, audio] = await Promise.all([
       session(files.embedTokens),
-      "bytes" in shared && shared.bytes !== undefined
-        ? createSession(shared.bytes, device, threads, { spin: true, externalDataFolder: dirname(files.decoder) })
+      onShared
+        ? createSession(shared.bytes!, device, threads, { spin: true, externalDataFolder: dirname(files.decoder) })
         : session(files.decoder, true),
-      rewritten ? createSession(perRow.bytes, device, threads, { spin: true }) : undefined,
+      rewritten ? createSession(sharedRows ?? perRow.bytes, device, threads, { spin: true }) : undefined,
       session(files.vision),
       session(files.audio)
     ])
@@ -331,9 +346,12 @@ export class Runner implements StepRunner {
         ...(audio === undefined ? {} : { audio })
       },
       options,
-      "bytes" in shared && shared.bytes !== undefined
+      onShared
         ? { mode: "shared" }
-        : { mode: "copies", reason: "reason" in shared ? shared.reason : "" }
+        : {
+            mode: "copies",
+            reason: "reason" in shared ? shared.reason : "the per-row rewrite did not take the shared cache"
+          }
     )
   }
 
@@ -402,8 +420,18 @@ export class Runner implements StepRunner {
 
   private forget(id: string): void {
     this.sequences.delete(id)
-    this.store?.release(id)
+    this.release(id)
     this.prefilling = this.prefilling.filter((other) => other !== id)
+  }
+
+  /** Frees a request's row of the shared cache; the rows left give back room they no longer need. */
+  private release(id: string): void {
+    const store = this.store
+    if (store === undefined || !store.has(id)) return
+    store.release(id)
+    let longest = 0
+    for (const sequence of this.sequences.values()) longest = Math.max(longest, sequence.length + 1)
+    store.fit(longest)
   }
 
   /** A request joins: its sequence starts from the prompt's cached blocks, if any. */
@@ -600,7 +628,9 @@ export class Runner implements StepRunner {
         : (await this.embed.run({ input_ids: int64(lastTokens, [ids.length, 1]) })).inputs_embeds!
     const store = this.store
     if (store !== undefined) {
-      store.arrange(ids)
+      // A request alone reads its row where it is (requests run apart take this path every step).
+      const first = ids.length === 1 ? store.row(ids[0]!) : 0
+      if (ids.length > 1) store.arrange(ids)
       const lengths = sequences.map((sequence) => sequence.length)
       const total = Math.max(...lengths) + 1
       store.ensureWidth(total)
@@ -612,11 +642,11 @@ export class Runner implements StepRunner {
         ),
         this.decodePositions(sequences),
         [ids.length, 1],
-        this.storePast(0, ids.length),
+        this.storePast(first, ids.length),
         { seqlens: Int32Array.from(lengths), total }
       )
       this.presents(outputs).forEach((present, t) =>
-        lengths.forEach((length, row) => store.write(t, row, length, present.data as CacheArray, row, 1))
+        lengths.forEach((length, row) => store.write(t, first + row, length, present.data as CacheArray, row, 1))
       )
       const logits = this.lastLogits(outputs.logits!, ids.length)
       ids.forEach((id, row) => {
@@ -710,7 +740,7 @@ export class Runner implements StepRunner {
     if (finish !== undefined) {
       this.sequences.delete(id)
       this.keepBlocks(id, sequence)
-      this.store?.release(id)
+      this.release(id)
     }
     const logprobs = sequence.sampler.lastLogprobs
     take(id, {
