@@ -310,7 +310,10 @@ export class Runner implements StepRunner {
             }
           : spec.slidingWindow !== undefined
             ? { reason: "the model attends within a sliding window" }
-            : rewriteSharedCache(await readFile(files.decoder), geometry)
+            : !device.startsWith("cpu")
+              ? // ONNX Runtime's CUDA GroupQueryAttention takes float16 alone; the rewrite is built and measured on CPUs.
+                { reason: "the shared cache is built for CPU devices" }
+              : rewriteSharedCache(await readFile(files.decoder), geometry)
     // Runs of several rows on the per-row rewrite: on the shared cache too when the decoder is.
     const sharedRows =
       rewritten && shared.bytes !== undefined ? rewriteSharedCache(perRow.bytes, geometry).bytes : undefined
