@@ -96,10 +96,14 @@ export class KvStore {
     })
   }
 
-  /** Room for `positions` in every row. */
+  /**
+   * Room for `positions` in every row. The width grows by half again at least, so that a row
+   * that grows a position at a time copies the rows a logarithmic number of times.
+   */
   ensureWidth(positions: number): void {
     if (positions <= this.width) return
-    this.resize(this.rowCapacity, Math.ceil(positions / this.block) * this.block)
+    const needed = Math.max(positions, Math.ceil(this.width * 1.5))
+    this.resize(this.rowCapacity, Math.ceil(needed / this.block) * this.block)
   }
 
   /**
@@ -170,7 +174,11 @@ export class KvStore {
     const oldWidth = this.width
     const size = rows * heads * width * headDim
     this.buffers = Array.from({ length: this.tensors }, (_, t) => {
-      const next = this.half ? new Uint16Array(size) : new Float32Array(size)
+      // Not zeroed: the attention reads only each row's own positions, all written before they are read.
+      const bytes = Buffer.allocUnsafeSlow(size * (this.half ? 2 : 4))
+      const next = this.half
+        ? new Uint16Array(bytes.buffer, bytes.byteOffset, size)
+        : new Float32Array(bytes.buffer, bytes.byteOffset, size)
       const previous = old[t]
       if (previous !== undefined) {
         const kept = Math.min(oldWidth, width) * headDim

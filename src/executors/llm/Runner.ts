@@ -450,6 +450,8 @@ export class Runner implements StepRunner {
       store !== undefined
         ? (() => {
             const row = store.acquire(id)
+            // Room for the whole prompt at once: its chunks then write into the rows as they are.
+            store.ensureWidth(prompt.inputIds.length + 1)
             if (cached === 0) return detached
             const read = cache!.read(keys, cached)
             store.ensureWidth(read.width)
