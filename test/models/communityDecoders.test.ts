@@ -4,13 +4,13 @@ import { dirname, join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import type { SamplingParams } from "../../src/executors/llm/protocol.js"
 import { type QuantizedRows, Runner, type StepItem, type StepRunner } from "../../src/executors/llm/Runner.js"
-import type { LlamaConfig } from "../../src/models/architectures/Llama.js"
 import { decoderFiles, decoderInterface, type GraphValue } from "../../src/models/DecoderLayout.js"
 import { type Dtype, dtypes } from "../../src/models/Dtype.js"
 import { loadModelDirectory } from "../../src/models/ModelDirectory.js"
 import { Random } from "../../src/models/Random.js"
 import { type RandomLlamaOptions, randomLlamaFiles } from "../../src/models/recipes/RandomLlama.js"
 import { drive } from "../support/driveRunner.js"
+import { smallLlamaConfig } from "./support/SmallLlama.js"
 import { transformersGreedy } from "./support/TransformersJs.js"
 
 /**
@@ -19,19 +19,7 @@ import { transformersGreedy } from "./support/TransformersJs.js"
  * or batched with others that join later.
  */
 
-/** GQA (4 query heads on 2 KV heads) with a head_dim that is not hidden / heads. */
-const config: LlamaConfig = {
-  hiddenSize: 64,
-  intermediateSize: 96,
-  layers: 2,
-  heads: 4,
-  kvHeads: 2,
-  headDim: 24,
-  vocabSize: 512,
-  maxPositions: 128,
-  ropeTheta: 10000,
-  rmsNormEps: 1e-5
-}
+const config = smallLlamaConfig
 
 const maxNewTokens = 10
 const random = new Random(3)

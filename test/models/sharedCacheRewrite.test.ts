@@ -2,10 +2,10 @@ import onnxProto from "onnx-proto"
 import * as ort from "onnxruntime-node"
 import { describe, expect, it } from "vitest"
 import { KvStore } from "../../src/executors/llm/KvStore.js"
-import type { LlamaConfig } from "../../src/models/architectures/Llama.js"
 import { rewriteSharedCache, sharedCacheInputs } from "../../src/models/onnx/SharedCacheRewrite.js"
 import { Random } from "../../src/models/Random.js"
 import { randomLlamaFiles } from "../../src/models/recipes/RandomLlama.js"
+import { smallLlamaConfig } from "./support/SmallLlama.js"
 
 /**
  * The load-time rewrite of a decoder's attention onto a cache the runner owns: the graph it
@@ -16,18 +16,7 @@ import { randomLlamaFiles } from "../../src/models/recipes/RandomLlama.js"
 
 const { onnx } = onnxProto
 
-const config: LlamaConfig = {
-  hiddenSize: 64,
-  intermediateSize: 96,
-  layers: 2,
-  heads: 4,
-  kvHeads: 2,
-  headDim: 24,
-  vocabSize: 512,
-  maxPositions: 128,
-  ropeTheta: 10000,
-  rmsNormEps: 1e-5
-}
+const config = smallLlamaConfig
 const geometry = { heads: config.heads, kvHeads: config.kvHeads, headDim: config.headDim }
 
 const exported = (attention: "grouped" | "sdpa" = "grouped") =>
