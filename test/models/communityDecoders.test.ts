@@ -222,6 +222,9 @@ describe("the decoder-only layout (onnx/model*.onnx)", () => {
     expect(windowed.kvCache).toEqual({ mode: "copies", reason: "the model attends within a sliding window" })
     const shared = await runnerTokens(decoderOnly, "fp32")
     expect(windowed.alone).toEqual(shared.alone)
+    // ALiBi's biases are added where the mask is, which the rewrite drops with it.
+    const alibi = await writeModel("alibi", { layout: "decoder-only", dtypes: ["fp32"], extraConfig: { alibi: true } })
+    expect((await runnerTokens(alibi)).kvCache.reason).toMatch(/ALiBi/)
     const runner = await Runner.open(await loadModelDirectory(decoderOnly), "cpu:0", 1, "fp32", { kvCache: "copies" })
     expect(runner.kvCache.mode).toBe("copies")
     await runner.close()

@@ -42,6 +42,24 @@
  * neither chunk nor use the prefix cache: a piece's scale would differ from the whole prompt's.
  */
 
+/**
+ * Whether the model adds position biases to its attention scores (ALiBi: BLOOM, MPT, Falcon's
+ * alibi variant), which its export adds where the mask is added, and the shared-cache rewrite
+ * would drop with the mask.
+ */
+const addsScoreBiases = (model: ModelDirectory): boolean => {
+  const config = model.rawConfig
+  const text = (config.text_config ?? config) as Record<string, unknown>
+  return (
+    text.alibi === true ||
+    ["bloom", "mpt", "baichuan"].includes(String(text.model_type ?? "")) ||
+    (typeof text.attn_config === "object" &&
+      text.attn_config !== null &&
+      "alibi" in text.attn_config &&
+      text.attn_config.alibi === true)
+  )
+}
+
 /** The dtypes whose exports quantise activations with DynamicQuantizeLinear. */
 const dynamicallyQuantised: ReadonlyArray<Dtype> = ["q8", "int8", "uint8"]
 
@@ -310,10 +328,12 @@ export class Runner implements StepRunner {
             }
           : spec.slidingWindow !== undefined
             ? { reason: "the model attends within a sliding window" }
-            : !device.startsWith("cpu")
-              ? // ONNX Runtime's CUDA GroupQueryAttention takes float16 alone; the rewrite is built and measured on CPUs.
-                { reason: "the shared cache is built for CPU devices" }
-              : rewriteSharedCache(await readFile(files.decoder), geometry)
+            : addsScoreBiases(model)
+              ? { reason: "the model adds position biases (ALiBi) to its attention scores" }
+              : !device.startsWith("cpu")
+                ? // ONNX Runtime's CUDA GroupQueryAttention takes float16 alone; the rewrite is built and measured on CPUs.
+                  { reason: "the shared cache is built for CPU devices" }
+                : rewriteSharedCache(await readFile(files.decoder), geometry)
     // Runs of several rows on the per-row rewrite: on the shared cache too when the decoder is.
     const sharedRows =
       rewritten && shared.bytes !== undefined ? rewriteSharedCache(perRow.bytes, geometry).bytes : undefined
