@@ -67,8 +67,8 @@ const dynamicallyQuantised: ReadonlyArray<Dtype> = ["q8", "int8", "uint8"]
  * Whether the decoder file quantises activations with one scale over its input: it has a
  * DynamicQuantizeLinear node (its op type is in the file as written; only 8-bit exports are read).
  */
-const quantisesPerTensor = async (files: DecoderFiles): Promise<boolean> =>
-  dynamicallyQuantised.includes(files.dtype) && (await readFile(files.decoder)).includes("DynamicQuantizeLinear")
+const quantisesPerTensor = async (files: DecoderFiles, bytes: () => Promise<Buffer>): Promise<boolean> =>
+  dynamicallyQuantised.includes(files.dtype) && (await bytes()).includes("DynamicQuantizeLinear")
 import { readFile } from "node:fs/promises"
 import { dirname } from "node:path"
 import * as ort from "onnxruntime-node"
@@ -311,9 +311,15 @@ export class Runner implements StepRunner {
     const session = (path: string | undefined, spin = false) =>
       path === undefined ? Promise.resolve(undefined) : createSession(path, device, threads, { spin })
     const mode = options.quantizedRows ?? "apart"
-    const quantises = await quantisesPerTensor(files)
+    // The decoder file is read once, when a check or a rewrite first needs it.
+    let read: Promise<Buffer> | undefined
+    const bytes = () => {
+      read ??= readFile(files.decoder)
+      return read
+    }
+    const quantises = await quantisesPerTensor(files, bytes)
     const perTensor = mode !== "as-exported" && quantises
-    const perRow = mode === "per-row" && perTensor ? rewriteRowQuantization(await readFile(files.decoder)) : undefined
+    const perRow = mode === "per-row" && perTensor ? rewriteRowQuantization(await bytes()) : undefined
     const rewritten = perRow !== undefined && perRow.rewritten > 0
     const geometry = { heads: spec.heads, kvHeads: spec.keyValueHeads, headDim: spec.headDim }
     const shared =
@@ -333,7 +339,7 @@ export class Runner implements StepRunner {
               : !device.startsWith("cpu")
                 ? // ONNX Runtime's CUDA GroupQueryAttention takes float16 alone; the rewrite is built and measured on CPUs.
                   { reason: "the shared cache is built for CPU devices" }
-                : rewriteSharedCache(await readFile(files.decoder), geometry)
+                : rewriteSharedCache(await bytes(), geometry)
     // Runs of several rows on the per-row rewrite: on the shared cache too when the decoder is.
     const sharedRows =
       rewritten && shared.bytes !== undefined ? rewriteSharedCache(perRow.bytes, geometry).bytes : undefined
