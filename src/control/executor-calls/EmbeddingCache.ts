@@ -1,12 +1,12 @@
 import { createHash } from "node:crypto"
 import type { Payload } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
-import { readDataUrl } from "../../executors/common/media/DataUrl.js"
+import { type DataUrlMedia, readDataUrl } from "../../executors/common/media/DataUrl.js"
 
 /**
  * Encoder outputs by content: the chunks an encoder task sent for one media item, keyed by the
- * task and a hash of the item's bytes, kept up to a bytes limit and dropped least recently used
- * first. Every app and LLM that uses the encoder task shares it: a hit is forwarded through the
+ * task and what the encoder read (the item's bytes, its media type, the call's modality and
+ * processor settings), kept up to a bytes limit and dropped least recently used first. Every app and LLM that uses the encoder task shares it: a hit is forwarded through the
  * sidecar as the encoder would have sent it, and the encoder is not called.
  */
 
@@ -38,21 +38,33 @@ export const cachedEmbedding = (chunks: ReadonlyArray<Payload>): CachedEmbedding
   bytes: chunks.reduce<number>((sum, chunk) => sum + payloadBytes(chunk), 0)
 })
 
+/** What an encoder call says about how its items are to be read, besides each item's URL. */
+export interface ItemReading {
+  readonly modality: string
+  /** The media processor's settings (mm_processor_kwargs), as the call sends them to the encoder. */
+  readonly processor?: unknown
+}
+
 /**
- * The cache key of an encoder's item: the task, the modality, and the SHA-256 of the media's
- * bytes exactly as the encoder decodes them (the same reader, `readDataUrl`). Only `data:` URLs
- * carry their bytes; an item fetched from elsewhere (whose bytes could change under the same URL)
- * has none and is not cached, nor is one the encoder would refuse.
+ * The cache key of an encoder's item: the task, then everything the encoder reads the item from,
+ * and nothing else. The encoder gets the item's bytes and media type from the same reader of
+ * `data:` URLs (`readDataUrl`), and the call's modality and processor settings; its model and
+ * limits are the task's. So the key holds the media type as that reader gives it (audio as
+ * `audio/pcm16` is raw samples, as `audio/wav` a file: the same bytes, two clips), the modality
+ * and the settings, and the SHA-256 of the bytes. Only `data:` URLs carry their bytes; an item
+ * fetched from elsewhere (whose bytes could change under the same URL) has none and is not cached,
+ * nor is one the encoder would refuse.
  */
-export const embeddingKey = (taskId: string, modality: string, url: string): string | undefined => {
-  let bytes: Buffer
+export const embeddingKey = (taskId: string, reading: ItemReading, url: string): string | undefined => {
+  let media: DataUrlMedia
   try {
-    bytes = readDataUrl(url, Number.MAX_SAFE_INTEGER).bytes
+    media = readDataUrl(url, Number.MAX_SAFE_INTEGER)
   } catch {
     return undefined
   }
-  const hash = createHash("sha256").update(bytes).digest("hex")
-  return `${taskId}\u0000${modality}\u0000${hash}`
+  const how = JSON.stringify([reading.modality, media.mimeType ?? null, reading.processor ?? null])
+  const hash = createHash("sha256").update(media.bytes).digest("hex")
+  return `${taskId}\u0000${how}\u0000${hash}`
 }
 
 export interface EmbeddingCacheStats {

@@ -94,20 +94,16 @@ export interface EmbeddingCaching {
 /**
  * The cache keys of an encoder invocation's items (undefined for an item that has none), computed
  * once per invocation: the dispatcher looks them up before leasing, the call again for the misses,
- * and a key hashes the item's whole media.
+ * and a key hashes the item's whole media with how the encoder reads it.
  */
 const itemKeys = new WeakMap<TaskInvocationWire, ReadonlyArray<string | undefined>>()
-const cacheKeysOf = (
-  invocation: TaskInvocationWire,
-  modality: string,
-  urls: ReadonlyArray<string>
-): ReadonlyArray<string | undefined> => {
+const cacheKeysOf = (invocation: TaskInvocationWire): ReadonlyArray<string | undefined> => {
   let keys = itemKeys.get(invocation)
   if (keys === undefined) {
-    // Processor settings change the embedding: they are part of its key.
-    const { input } = decodeEncoderCall(invocation)
-    const variant = input.processor === undefined ? modality : `${modality}:${JSON.stringify(input.processor)}`
-    keys = urls.map((itemUrl) => embeddingKey(invocation.taskId, variant, itemUrl))
+    const { config, input } = decodeEncoderCall(invocation)
+    // How the call asks the encoder to read its items, exactly as `embed` sends it.
+    const reading = { modality: config.modality, processor: input.processor }
+    keys = input.urls.map((itemUrl) => embeddingKey(invocation.taskId, reading, itemUrl))
     itemKeys.set(invocation, keys)
   }
   return keys
@@ -122,9 +118,9 @@ export const embedFromCache = (
   caching: EmbeddingCaching
 ): ((context: CallContext) => Promise<CallResult>) | undefined => {
   if (invocation.operation !== "embed") return undefined
-  const { config, input, output } = decodeEncoderCall(invocation)
+  const { input, output } = decodeEncoderCall(invocation)
   if (input.urls.length !== output.embeddings.length) return undefined
-  const keys = cacheKeysOf(invocation, config.modality, input.urls)
+  const keys = cacheKeysOf(invocation)
   if (!keys.every((key) => key !== undefined && caching.cache.has(key))) return undefined
   const hits = keys.map((key) => caching.cache.get(key!)!)
   for (const _ of hits) caching.observe(invocation.taskId, "hit")
@@ -239,7 +235,7 @@ const embed = async (url: string, invocation: TaskInvocationWire, context: CallC
     })
   }
   const caching = context.embeddings
-  const keys = caching === undefined ? [] : cacheKeysOf(invocation, config.modality, input.urls)
+  const keys = caching === undefined ? [] : cacheKeysOf(invocation)
   const items = output.embeddings.map((id, index) => {
     const itemUrl = input.urls[index]!
     const key = keys[index]
