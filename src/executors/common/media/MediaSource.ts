@@ -152,8 +152,10 @@ const fetchHttp = (url: URL, options: MediaSourceOptions, redirectsLeft: number)
 
 /** The bytes behind a media URL: a data: URL, a file under the allowed root, or http(s). */
 export const readMedia = (url: string, options: MediaSourceOptions): Promise<Media> => {
-  if (url.startsWith("data:")) return Promise.resolve().then(() => readDataUrl(url, options.maxBytes))
-  if (url.startsWith("file:")) return readAllowedFile(url, options)
+  // A scheme in any case is the same scheme (RFC 3986), as `readDataUrl` and the cache's keys take it.
+  const scheme = url.slice(0, 5).toLowerCase()
+  if (scheme === "data:") return Promise.resolve().then(() => readDataUrl(url, options.maxBytes))
+  if (scheme === "file:") return readAllowedFile(url, options)
   let parsed: URL
   try {
     parsed = new URL(url)

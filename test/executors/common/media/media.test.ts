@@ -112,6 +112,13 @@ describe("readMedia", () => {
     expect((await readMedia("data:text/plain,a%20b", options())).bytes.toString()).toBe("a b")
   })
 
+  it("takes a scheme in any case, as the embedding cache's key does", async () => {
+    const upper = await readMedia(`DATA:audio/PCM16;base64,${Buffer.from("pcm").toString("base64")}`, options())
+    expect(upper).toEqual({ bytes: Buffer.from("pcm"), mimeType: "audio/pcm16" })
+    const file = pathToFileURL(join(root, "inside.bin")).href.replace(/^file:/, "FILE:")
+    expect((await readMedia(file, options())).bytes.toString()).toBe("inside")
+  })
+
   it("refuses a data: URL over the size limit (413)", async () => {
     await expectMediaError(
       readMedia(`data:;base64,${Buffer.alloc(2048).toString("base64")}`, options()),
