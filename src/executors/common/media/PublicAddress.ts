@@ -8,7 +8,8 @@ import { BlockList, isIPv4, isIPv6 } from "node:net"
  * IPv6 is held to an allow-list: only global unicast (2000::/3) is public, less the special blocks
  * in it, so that a block assigned outside it later (as SRv6's 5f00::/16 was) is refused already. An
  * IPv6 form that stands for an IPv4 address (IPv4-mapped, IPv4-translated, NAT64, 6to4, Teredo) is
- * judged by that IPv4 address, since the network may route it there.
+ * judged by that IPv4 address, since the network may route it there: it is refused when that
+ * address is not public, or is one of this host's own.
  */
 
 const nonPublicIpv4 = new BlockList()
@@ -66,12 +67,16 @@ const ipv6Groups = (address: string): ReadonlyArray<number> => {
   return [...left, ...zeros, ...right]
 }
 
+/** An IPv6 address as this module compares it: its eight groups in hex. */
+const canonicalIpv6 = (groups: ReadonlyArray<number>): string => groups.map((group) => group.toString(16)).join(":")
+
 const ipv4Of = (high: number, low: number) => `${high >>> 8}.${high & 0xff}.${low >>> 8}.${low & 0xff}`
 
 /**
  * The IPv4 address an IPv6 address outside global unicast stands for: IPv4-mapped
  * (`::ffff:a.b.c.d`), IPv4-translated (`::ffff:0:a.b.c.d`) and NAT64's well-known prefix
- * (`64:ff9b::a.b.c.d`); `undefined` for any other.
+ * (`64:ff9b::a.b.c.d`); `undefined` for any other. (NAT64's local-use prefix, `64:ff9b:1::/48`,
+ * is for networks of their own and is refused whole, whatever IPv4 address it carries.)
  */
 const translatedIpv4 = (groups: ReadonlyArray<number>): string | undefined => {
   const [g0, g1, g2, g3, g4, g5, g6, g7] = groups as [number, number, number, number, number, number, number, number]
@@ -91,16 +96,21 @@ const carriedIpv4 = (groups: ReadonlyArray<number>): ReadonlyArray<string> => {
   return []
 }
 
+/** The IPv4 addresses an IPv6 address stands for or carries, which the network may route it to. */
+const ipv4sOf = (groups: ReadonlyArray<number>): ReadonlyArray<string> => {
+  const translated = translatedIpv4(groups)
+  return translated === undefined ? carriedIpv4(groups) : [translated]
+}
+
 /** Why an IPv6 address may not be fetched from, or `undefined` when it is public. */
-const nonPublicIpv6Reason = (bare: string): string | undefined => {
-  const groups = ipv6Groups(bare)
+const nonPublicIpv6Reason = (bare: string, groups: ReadonlyArray<number>): string | undefined => {
   const translated = translatedIpv4(groups)
   if (translated !== undefined) {
     return nonPublicIpv4.check(translated, "ipv4")
       ? `${bare} carries the non-public IPv4 address ${translated}`
       : undefined
   }
-  const normal = groups.map((group) => group.toString(16)).join(":")
+  const normal = canonicalIpv6(groups)
   if (!globalUnicast.check(normal, "ipv6")) return `${bare} is not a public address`
   const inner = carriedIpv4(groups).find((ipv4) => nonPublicIpv4.check(ipv4, "ipv4"))
   if (inner !== undefined) return `${bare} carries the non-public IPv4 address ${inner}`
@@ -108,38 +118,43 @@ const nonPublicIpv6Reason = (bare: string): string | undefined => {
   return undefined
 }
 
-/** The addresses of this host's own interfaces, loopback included. */
-const ownAddresses = (): ReadonlySet<string> => {
-  const addresses = new Set<string>()
-  for (const entries of Object.values(networkInterfaces())) {
-    for (const entry of entries ?? []) addresses.add(canonical(entry.address))
-  }
-  return addresses
-}
-
+/** An address as this module compares it: IPv4 dotted, IPv6 as `canonicalIpv6`. */
 const canonical = (address: string): string =>
-  isIPv6(address.split("%", 1)[0]!)
-    ? ipv6Groups(address)
-        .map((group) => group.toString(16))
-        .join(":")
-    : address
+  isIPv6(address.split("%", 1)[0]!) ? canonicalIpv6(ipv6Groups(address)) : address
+
+/** The addresses of this host's own interfaces, loopback included. */
+export const interfaceAddresses = (): ReadonlyArray<string> =>
+  Object.values(networkInterfaces()).flatMap((entries) => (entries ?? []).map((entry) => entry.address))
 
 /**
- * Why `address` may not be fetched from, or `undefined` when it is a public unicast address. Anything
- * that is not an IP address literal is refused.
+ * Why `address` may not be fetched from, or `undefined` when it is a public unicast address.
+ * Anything that is not an IP address literal is refused, and so is any of `ownAddresses` (this
+ * host's interfaces') in any form: an IPv6 address that stands for or carries one of them
+ * (`::ffff:a.b.c.d`, `::ffff:0:a.b.c.d`, `64:ff9b::a.b.c.d`, 6to4, Teredo) leads to this host too.
  */
-export const nonPublicReason = (address: string): string | undefined => {
+export const nonPublicReason = (
+  address: string,
+  ownAddresses: ReadonlyArray<string> = interfaceAddresses()
+): string | undefined => {
   const bare = address.replace(/^\[|\]$/g, "")
+  let forms: ReadonlyArray<string>
   if (isIPv4(bare)) {
     if (nonPublicIpv4.check(bare, "ipv4")) return `${bare} is not a public address`
+    forms = [bare]
   } else if (isIPv6(bare.split("%", 1)[0]!)) {
-    const reason = nonPublicIpv6Reason(bare)
+    const groups = ipv6Groups(bare)
+    const reason = nonPublicIpv6Reason(bare, groups)
     if (reason !== undefined) return reason
+    forms = [canonicalIpv6(groups), ...ipv4sOf(groups)]
   } else {
     return `${address} is not an IP address`
   }
-  if (ownAddresses().has(canonical(bare))) return `${bare} is an address of this host`
-  return undefined
+  const own = new Set(ownAddresses.map(canonical))
+  const ours = forms.find((form) => own.has(form))
+  if (ours === undefined) return undefined
+  return ours === forms[0]
+    ? `${bare} is an address of this host`
+    : `${bare} stands for ${ours}, an address of this host`
 }
 
 export const isPublicAddress = (address: string): boolean => nonPublicReason(address) === undefined

@@ -1,9 +1,41 @@
-import { networkInterfaces } from "node:os"
+import { isIPv4 } from "node:net"
 import { describe, expect, it } from "vitest"
-import { isPublicAddress, nonPublicReason } from "../../../../src/executors/common/media/PublicAddress.js"
+import {
+  interfaceAddresses,
+  isPublicAddress,
+  nonPublicReason
+} from "../../../../src/executors/common/media/PublicAddress.js"
 
 /** The host part of a URL as the WHATWG parser (and so the media fetcher) normalizes it. */
 const hostOf = (url: string) => new URL(url).hostname
+
+/** The IPv6 forms that stand for an IPv4 address (IPv4-mapped, IPv4-translated, NAT64), as written and as a URL's host. */
+const ipv6Forms = (ipv4: string): ReadonlyArray<string> =>
+  [`::ffff:${ipv4}`, `::ffff:0:${ipv4}`, `64:ff9b::${ipv4}`].flatMap((form) => [form, hostOf(`http://[${form}]/`)])
+
+/** The eight groups of an IPv6 address written without an embedded IPv4 address. */
+const groupsOf = (address: string): ReadonlyArray<number> => {
+  const [head, tail] = address.includes("::") ? address.split("::") : [address, undefined]
+  const left = head ? head.split(":") : []
+  const right = tail ? tail.split(":") : []
+  const zeros = tail === undefined ? [] : new Array<string>(8 - left.length - right.length).fill("0")
+  return [...left, ...zeros, ...right].map((group) => Number.parseInt(group, 16))
+}
+
+/** The first and the last address of a block. */
+const ends = (block: string): ReadonlyArray<string> => {
+  const [network, prefix] = block.split("/") as [string, string]
+  const v4 = isIPv4(network)
+  const first = v4
+    ? network.split(".").reduce((value, part) => (value << 8n) | BigInt(part), 0n)
+    : groupsOf(network).reduce((value, group) => (value << 16n) | BigInt(group), 0n)
+  const last = first | ((1n << BigInt((v4 ? 32 : 128) - Number(prefix))) - 1n)
+  const text = (value: bigint) =>
+    v4
+      ? [24n, 16n, 8n, 0n].map((shift) => (value >> shift) & 0xffn).join(".")
+      : [112n, 96n, 80n, 64n, 48n, 32n, 16n, 0n].map((shift) => ((value >> shift) & 0xffffn).toString(16)).join(":")
+  return [text(first), text(last)]
+}
 
 describe("the media fetcher's address policy", () => {
   it("accepts public unicast addresses, IPv4 and IPv6", () => {
@@ -110,12 +142,102 @@ describe("the media fetcher's address policy", () => {
     expect(nonPublicReason("2002:808:808::1")).toBeUndefined()
   })
 
-  it("refuses every address of this host's own interfaces", () => {
-    const own = Object.values(networkInterfaces())
-      .flatMap((entries) => entries ?? [])
-      .map((entry) => entry.address)
+  it("refuses every address of this host's own interfaces, and each IPv4 one in its IPv6 forms", () => {
+    const own = interfaceAddresses()
     expect(own.length).toBeGreaterThan(0)
     for (const address of own) expect(isPublicAddress(address), address).toBe(false)
+    for (const address of own.filter((address) => isIPv4(address))) {
+      for (const form of ipv6Forms(address)) expect(isPublicAddress(form), form).toBe(false)
+    }
+  })
+
+  it("refuses a public address of this host however it is written: IPv4-mapped, IPv4-translated, NAT64, 6to4", () => {
+    const own = ["8.8.4.4", "2606:4700:4700::64"]
+    for (const form of [
+      "8.8.4.4",
+      "::ffff:8.8.4.4",
+      "::ffff:808:404",
+      "[::ffff:808:404]",
+      "::FFFF:0:8.8.4.4",
+      "::ffff:0:808:404",
+      "64:ff9b::8.8.4.4",
+      "64:ff9b:0:0:0:0:808:404",
+      "2002:808:404::1",
+      "2606:4700:4700:0:0:0:0:64",
+      "2606:4700:4700::64%eth0"
+    ]) {
+      expect(nonPublicReason(form, own), form).toMatch(/address of this host/)
+    }
+    expect(nonPublicReason("::ffff:808:404", own)).toContain("stands for 8.8.4.4")
+    // Its neighbours are not the host's.
+    for (const other of ["8.8.8.8", "::ffff:8.8.8.8", "64:ff9b::8.8.8.8", "2002:808:808::1", "2606:4700:4700::65"]) {
+      expect(nonPublicReason(other, own), other).toBeUndefined()
+    }
+  })
+
+  // IANA's IPv4 Special-Purpose Address Registry (RFC 6890 and its updates), and multicast.
+  it.each([
+    "0.0.0.0/8",
+    "0.0.0.0/32",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.0.0.0/24",
+    "192.0.0.0/29",
+    "192.0.0.8/32",
+    "192.0.0.9/32",
+    "192.0.0.10/32",
+    "192.0.0.170/32",
+    "192.0.0.171/32",
+    "192.0.2.0/24",
+    "192.31.196.0/24",
+    "192.52.193.0/24",
+    "192.88.99.0/24",
+    "192.88.99.2/32",
+    "192.168.0.0/16",
+    "192.175.48.0/24",
+    "198.18.0.0/15",
+    "198.51.100.0/24",
+    "203.0.113.0/24",
+    "240.0.0.0/4",
+    "255.255.255.255/32",
+    "224.0.0.0/4"
+  ])("refuses the whole of the IPv4 special-purpose block %s, and it in IPv6 forms", (block) => {
+    for (const address of ends(block)) {
+      for (const form of [address, ...ipv6Forms(address)]) expect(nonPublicReason(form, []), form).toBeDefined()
+    }
+  })
+
+  // IANA's IPv6 Special-Purpose Address Registry, and multicast; the blocks that stand for IPv4
+  // addresses (IPv4-mapped, NAT64's well-known prefix, 6to4) are judged by them, above.
+  it.each([
+    "::1/128",
+    "::/128",
+    "64:ff9b:1::/48",
+    "100::/64",
+    "100:0:0:1::/64",
+    "2001::/23",
+    "2001::/32",
+    "2001:1::1/128",
+    "2001:1::2/128",
+    "2001:1::3/128",
+    "2001:2::/48",
+    "2001:3::/32",
+    "2001:4:112::/48",
+    "2001:10::/28",
+    "2001:20::/28",
+    "2001:30::/28",
+    "2001:db8::/32",
+    "2620:4f:8000::/48",
+    "3fff::/20",
+    "5f00::/16",
+    "fc00::/7",
+    "fe80::/10",
+    "ff00::/8"
+  ])("refuses the whole of the IPv6 special-purpose block %s", (block) => {
+    for (const address of ends(block)) expect(nonPublicReason(address, []), address).toBeDefined()
   })
 
   it("refuses what is not an IP address literal", () => {
