@@ -43,8 +43,14 @@ export const parseOutboundHost = (text: string): OutboundHost | string => {
   const port = match[2] === undefined ? undefined : Number(match[2])
   if (port !== undefined && (port < 1 || port > 65535)) return `"${text}": the port is not 1 to 65535`
   if (bracketed ? isIP(host) !== 6 : isIP(host) !== 4 && (host.length > 253 || !hostPattern.test(host))) return shape
-  return { host, port }
+  return { host: bracketed ? canonicalIpv6(host) : host, port }
 }
+
+/**
+ * An IPv6 literal as a URL's host writes it (RFC 5952: `::ffff:127.0.0.1` is `::ffff:7f00:1`), so
+ * that a registration and a request name one address alike however each spells it.
+ */
+const canonicalIpv6 = (host: string): string => new URL(`http://[${host}]/`).hostname.slice(1, -1)
 
 export const outboundHostText = ({ host, port }: OutboundHost): string => {
   const shown = isIP(host) === 6 ? `[${host}]` : host
@@ -55,8 +61,8 @@ export const outboundHostText = ({ host, port }: OutboundHost): string => {
 const maxHeadBytes = 8 * 1024
 const headTimeoutMs = 10_000
 const connectTimeoutMs = 10_000
-/** Tunnels one app's process may hold open at once. */
-const maxTunnels = 64
+/** Tunnels one app's process may hold open at once (each counted once, by its connection from the app). */
+export const maxTunnels = 64
 
 /**
  * The only way out of an app's network namespace: a forward proxy on a unix socket that only the
@@ -74,6 +80,7 @@ export class OutboundProxy {
   readonly path: string
   private readonly dir: string
   private readonly server: Server
+  /** The app's connections, each a tunnel or a request for one; the host's side closes with its own. */
   private readonly tunnels = new Set<Socket>()
 
   constructor(
@@ -163,13 +170,11 @@ export class OutboundProxy {
       )
       return
     }
+    // The app may have gone while the name resolved: its side's close, which ends the host's, has passed.
+    if (socket.destroyed) return
     const upstream = connect({ host: address, port: parsed.port, timeout: connectTimeoutMs, allowHalfOpen: true })
     let established = false
-    this.tunnels.add(upstream)
-    upstream.once("close", () => {
-      this.tunnels.delete(upstream)
-      socket.destroy()
-    })
+    upstream.once("close", () => socket.destroy())
     socket.once("close", () => upstream.destroy())
     upstream.once("timeout", () => {
       if (!established) this.refuseLogged(socket, 504, `${wanted} did not answer within ${connectTimeoutMs} ms`)

@@ -1,14 +1,15 @@
 import { mkdtemp, readFile, rm } from "node:fs/promises"
 import { createServer, type Server } from "node:http"
 import { createServer as createHttpsServer } from "node:https"
-import { connect } from "node:net"
+import { connect, createServer as createTcpServer, type Socket } from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { connect as tlsConnect } from "node:tls"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
 import { OutboundError, outbound } from "../../../src/app-runtime/Outbound.js"
-import { OutboundProxy, parseOutboundHost } from "../../../src/control/app-manager/OutboundProxy.js"
+import { maxTunnels, OutboundProxy, parseOutboundHost } from "../../../src/control/app-manager/OutboundProxy.js"
 import { hasOpenssl, makeCertificates } from "../../support/certificates.js"
+import { eventually } from "../../support/platform.js"
 
 describe("an allowed host, as a registration names it", () => {
   it("is a DNS name or an IP literal, with or without a port", () => {
@@ -16,6 +17,9 @@ describe("an allowed host, as a registration names it", () => {
     expect(parseOutboundHost("api.example.com:443")).toEqual({ host: "api.example.com", port: 443 })
     expect(parseOutboundHost("10.0.0.7:6333")).toEqual({ host: "10.0.0.7", port: 6333 })
     expect(parseOutboundHost("[2001:db8::1]:443")).toEqual({ host: "2001:db8::1", port: 443 })
+    // An IPv6 literal as a URL writes it, however the registration or the request spells it.
+    expect(parseOutboundHost("[2001:DB8:0:0::1]:443")).toEqual({ host: "2001:db8::1", port: 443 })
+    expect(parseOutboundHost("[::ffff:127.0.0.1]")).toEqual({ host: "::ffff:7f00:1", port: undefined })
     for (const bad of [
       "*.example.com",
       "http://example.com",
@@ -73,6 +77,49 @@ describe("the outbound proxy", () => {
       expect((refused as OutboundError).message).toContain("resolves to no public address")
     }
     expect(notes.some((line) => line.includes("--allow-private-outbound"))).toBe(true)
+  })
+
+  it("refuses loopback however an IPv6 literal writes it, in the registration or the request", async () => {
+    open([`[::ffff:127.0.0.1]:${port}`, `[::ffff:0:7f00:1]:${port}`, `[64:ff9b::127.0.0.1]:${port}`], false)
+    for (const host of ["::ffff:7f00:1", "::ffff:127.0.0.1", "::ffff:0:127.0.0.1", "64:ff9b::7f00:1"]) {
+      const refused = await outbound.connect(host, port).catch((error: unknown) => error)
+      expect((refused as OutboundError).status, host).toBe(403)
+      expect((refused as OutboundError).message).toContain("carries the non-public IPv4 address 127.0.0.1")
+    }
+  })
+
+  it(`holds ${maxTunnels} tunnels at once, each counted once, and takes another when one closes`, async () => {
+    const held: Array<Socket> = []
+    const service = createTcpServer((socket) => {
+      held.push(socket)
+      socket.on("error", () => undefined)
+    })
+    await new Promise<void>((resolve) => service.listen(0, "127.0.0.1", resolve))
+    const servicePort = (service.address() as { port: number }).port
+    open([`127.0.0.1:${servicePort}`], true)
+    const tunnels: Array<Socket> = []
+    try {
+      for (let index = 0; index < maxTunnels; index++) tunnels.push(await outbound.connect("127.0.0.1", servicePort))
+      const refused = await outbound.connect("127.0.0.1", servicePort).catch((error: unknown) => error)
+      expect((refused as OutboundError).status).toBe(429)
+      // Each tunnel still carries data both ways.
+      const echoed = new Promise<string>((resolve) =>
+        tunnels[0]!.once("data", (chunk: Buffer) => resolve(chunk.toString()))
+      )
+      await eventually(async () => (held.length === maxTunnels ? true : undefined), 5000)
+      held[0]!.write("from the host")
+      expect(await echoed).toBe("from the host")
+      tunnels.pop()!.destroy()
+      await eventually(async () => {
+        const another = await outbound.connect("127.0.0.1", servicePort).catch(() => undefined)
+        if (another !== undefined) tunnels.push(another)
+        return another
+      }, 5000)
+    } finally {
+      for (const tunnel of tunnels) tunnel.destroy()
+      for (const socket of held) socket.destroy()
+      await new Promise((resolve) => service.close(resolve))
+    }
   })
 
   it("answers anything but a bounded CONNECT with an error and closes", async () => {
