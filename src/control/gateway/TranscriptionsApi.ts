@@ -45,31 +45,38 @@ const mediaTypeOf = (part: FormPart): string => {
 
 const numberFields = new Set(["temperature", "chunk_length_s", "stride_length_s"])
 
-/** The JSON request an upload stands for, or why it cannot be one. */
+/**
+ * The JSON request an upload stands for, or why it cannot be one. The fields are gathered in a
+ * Map, so that a field of any name (`__proto__`, `constructor`) is a field like another, which the
+ * route then checks against the request's parameters.
+ */
 export const transcriptionOfForm = (parts: ReadonlyArray<FormPart>): { readonly body: string } | OpenAiRefusal => {
-  const request: Record<string, unknown> = {}
+  const request = new Map<string, unknown>()
   const granularities: Array<string> = []
   for (const part of parts) {
     if (part.name === "file") {
-      if (request.file !== undefined) return refusal("file", "the form has two files; send one")
-      request.file = `data:${mediaTypeOf(part)};base64,${part.data.toString("base64")}`
+      if (request.has("file")) return refusal("file", "the form has two files; send one")
+      request.set("file", `data:${mediaTypeOf(part)};base64,${part.data.toString("base64")}`)
       continue
     }
-    if (part.filename !== undefined) return refusal(shortened(part.name, 100), "only `file` may be a file")
+    const name = shortened(part.name, 100)
+    if (part.filename !== undefined) return refusal(name, "only `file` may be a file")
     const value = part.data.toString("utf8")
     if (part.name === "timestamp_granularities[]" || part.name === "timestamp_granularities") {
       granularities.push(value)
-    } else if (numberFields.has(part.name)) {
+      continue
+    }
+    if (request.has(part.name)) return refusal(name, `the form gives \`${name}\` twice`)
+    if (numberFields.has(part.name)) {
       const number = Number(value)
       if (value.trim() === "" || !Number.isFinite(number)) return refusal(part.name, `\`${part.name}\` is not a number`)
-      request[part.name] = number
-    } else if (part.name in request) {
-      return refusal(shortened(part.name, 100), `the form gives \`${shortened(part.name, 100)}\` twice`)
-    } else request[part.name] = value
+      request.set(part.name, number)
+    } else request.set(part.name, value)
   }
-  if (request.file === undefined) return refusal("file", "the form has no `file`: upload the audio as `file`")
-  if (granularities.length > 0) request.timestamp_granularities = granularities
-  return { body: JSON.stringify(request) }
+  if (!request.has("file")) return refusal("file", "the form has no `file`: upload the audio as `file`")
+  if (granularities.length > 0) request.set("timestamp_granularities", granularities)
+  // Object.fromEntries defines each field as the object's own, `__proto__` included.
+  return { body: JSON.stringify(Object.fromEntries(request)) }
 }
 
 /** Seconds as SubRip (`00:01:02,500`) or WebVTT (`00:01:02.500`) write them. */

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest"
 import { maxParts, multipartBoundary, parseMultipart } from "../../../src/control/gateway/Multipart.js"
+import { prepareOpenAiRequest } from "../../../src/control/gateway/OpenAiApi.js"
 import { subRip, transcriptionOfForm, webVtt } from "../../../src/control/gateway/TranscriptionsApi.js"
 
 /**
@@ -86,6 +87,35 @@ describe("an upload as a transcription request", () => {
       status: 400,
       param: "temperature"
     })
+    expect(
+      transcriptionOfForm([
+        part("file", "a", { filename: "a.wav" }),
+        part("chunk_length_s", "10"),
+        part("chunk_length_s", "1")
+      ])
+    ).toMatchObject({ status: 400, param: "chunk_length_s", message: "the form gives `chunk_length_s` twice" })
+  })
+
+  it("takes fields named as Object's own properties as fields, which the route refuses as it refuses any unknown one", () => {
+    const unknown = (name: string) => {
+      const form = transcriptionOfForm([part("file", "a", { filename: "a.wav" }), part(name, "x")])
+      expect(form, name).toHaveProperty("body")
+      const body = (form as { body: string }).body
+      expect(Object.keys(JSON.parse(body) as object), name).toEqual(["file", name])
+      return prepareOpenAiRequest("transcriptions", body, [])
+    }
+    const expected = (name: string) => ({
+      refusal: {
+        status: 400,
+        param: name,
+        code: "unsupported_parameter",
+        message: `\`${name}\` is not a parameter of transcriptions`
+      }
+    })
+    expect(unknown("colour")).toEqual(expected("colour"))
+    for (const name of ["__proto__", "constructor", "prototype", "toString", "hasOwnProperty"]) {
+      expect(unknown(name), name).toEqual(expected(name))
+    }
   })
 })
 
