@@ -1,4 +1,5 @@
 import { Either, Schema } from "effect"
+import { minWindowStep, windowingProblems, windowingText } from "../app-runtime/schemas/Transcriptions.js"
 import { decodeConfig, InvalidModelDirectory, type ModelDirectory } from "./ModelDirectory.js"
 
 /**
@@ -279,7 +280,9 @@ export interface AudioWindow {
 /**
  * The windows of a clip of `length` samples (transformers.js's chunking with `chunk_length_s` and
  * `stride_length_s`, default a sixth of the chunk): windows of `chunk` seconds overlapping by
- * twice the stride; none but one window when `chunkSeconds` is 0.
+ * twice the stride; one window when `chunkSeconds` is 0. Windows that would not move on a quarter
+ * of their length are refused (`windowingProblems`), so a clip of d seconds is at most
+ * 1 + 4·d / chunk windows.
  */
 export const audioWindows = (
   length: number,
@@ -287,10 +290,10 @@ export const audioWindows = (
   chunkSeconds: number,
   strideSeconds?: number
 ): ReadonlyArray<AudioWindow> => {
-  if (chunkSeconds <= 0) return [{ from: 0, to: length, strideLeft: 0, strideRight: 0 }]
+  if (chunkSeconds === 0) return [{ from: 0, to: length, strideLeft: 0, strideRight: 0 }]
   const stride = strideSeconds ?? chunkSeconds / 6
-  if (chunkSeconds <= stride)
-    throw new WhisperRequestError({ message: "chunk_length_s must be larger than stride_length_s" })
+  const problems = windowingProblems({ chunk_length_s: chunkSeconds, stride_length_s: stride })
+  if (problems.length > 0) throw new WhisperRequestError({ message: windowingText(problems) })
   const window = samplingRate * chunkSeconds
   const strideSamples = samplingRate * stride
   const jump = window - 2 * strideSamples
@@ -308,6 +311,16 @@ export const audioWindows = (
     if (last) return windows
   }
 }
+
+/**
+ * The most windows one request may cut its clip in: those of the longest clip the executor takes
+ * (`maxAudioSeconds`) cut in whole windows (`windowSeconds`, Whisper's 30) as close together as
+ * they may be. Every window's features are a whole window's, so this bounds the features one
+ * request holds by those of a request with the default window length: shorter windows take shorter
+ * clips, never more memory.
+ */
+export const maxSpeechWindows = (maxAudioSeconds: number, windowSeconds: number): number =>
+  1 + Math.max(0, Math.ceil((maxAudioSeconds - windowSeconds) / (windowSeconds * minWindowStep)))
 
 /** One decoding pass to run: a window's features [mel bins × frames] and the prompt it follows. */
 export interface WhisperPass {

@@ -1,5 +1,5 @@
 import { Schema } from "effect"
-import { type Transcription, TranscriptionRequest } from "../schemas/Transcriptions.js"
+import { type Transcription, TranscriptionRequest, windowingProblems } from "../schemas/Transcriptions.js"
 import { modelShortName, ScalingBounds, UnitTask } from "./Task.js"
 
 export const SpeechRecognitionConfig = Schema.Struct({
@@ -10,33 +10,33 @@ export const SpeechRecognitionConfig = Schema.Struct({
 })
 export type SpeechRecognitionConfig = typeof SpeechRecognitionConfig.Encoded
 
-/** The longest window long audio is cut in: Whisper's encoder reads 30 s. */
-export const maxChunkSeconds = 30
+interface RequestProblem {
+  readonly path: ReadonlyArray<string>
+  readonly message: string
+}
 
-const requestProblem = (
-  request: TranscriptionRequest
-): { readonly path: ReadonlyArray<string>; readonly message: string } | undefined => {
-  if (request.file.length === 0) return { path: ["file"], message: "is empty" }
+const requestProblems = (request: TranscriptionRequest): Array<RequestProblem> => {
+  const problems: Array<RequestProblem> = []
+  if (request.file.length === 0) problems.push({ path: ["file"], message: "is empty" })
   if (request.temperature != null && request.temperature !== 0) {
-    return { path: ["temperature"], message: "only 0 (greedy decoding) is implemented" }
+    problems.push({ path: ["temperature"], message: "only 0 (greedy decoding) is implemented" })
   }
   if (request.timestamp_granularities?.includes("word")) {
-    return { path: ["timestamp_granularities"], message: "word timestamps are not implemented; ask for segment" }
+    problems.push({
+      path: ["timestamp_granularities"],
+      message: "word timestamps are not implemented; ask for segment"
+    })
   }
-  const chunk = request.chunk_length_s
-  if (chunk != null && !(chunk > 0 && chunk <= maxChunkSeconds)) {
-    return { path: ["chunk_length_s"], message: `must be above 0 and at most ${maxChunkSeconds}` }
-  }
-  const stride = request.stride_length_s
-  if (stride != null && !(stride >= 0 && stride < (chunk ?? maxChunkSeconds))) {
-    return { path: ["stride_length_s"], message: "must be at least 0 and less than chunk_length_s" }
-  }
-  return undefined
+  for (const problem of windowingProblems(request)) problems.push({ path: [problem.field], message: problem.message })
+  return problems
 }
 
 /** A transcription request the task can run; a refusal is the request's fault, answered 400. */
 export const SpeechRecognitionInput = TranscriptionRequest.pipe(
-  Schema.filter((request) => requestProblem(request) ?? true)
+  Schema.filter((request) => {
+    const problems = requestProblems(request)
+    return problems.length === 0 ? true : problems
+  })
 )
 export type SpeechRecognitionInput = typeof SpeechRecognitionInput.Type
 

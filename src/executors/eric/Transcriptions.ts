@@ -10,6 +10,7 @@ import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { Tokenizer } from "@huggingface/tokenizers"
 import { Effect, Either } from "effect"
+import { windowingProblems, windowingText } from "../../app-runtime/schemas/Transcriptions.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import {
   decodeWindows,
@@ -70,9 +71,12 @@ export const transcriptions = (context: {
       ...(body.task === undefined ? {} : { task: body.task })
     })
     if (Either.isLeft(prompt)) return yield* new BadRequest({ message: prompt.left.message })
-    if (body.strideSeconds !== undefined && body.strideSeconds >= (body.chunkSeconds ?? speech.windowSeconds)) {
-      return yield* new BadRequest({ message: "the stride must be shorter than the window (chunk_length_s)" })
-    }
+    // Checked again in the thread that cuts the clip; here, before the audio is fetched.
+    const windowing = windowingProblems(
+      { chunk_length_s: body.chunkSeconds, stride_length_s: body.strideSeconds },
+      speech.windowSeconds
+    )
+    if (windowing.length > 0) return yield* new BadRequest({ message: windowingText(windowing) })
     const span = yield* RequestSpan
     const itemContext = yield* workItemContext
     const clip = yield* Effect.tryPromise({

@@ -4,6 +4,7 @@
  * preprocessor_config.json says. Each function answers stackable tensors: one row per image, per
  * video frame, or per audio clip. Without `limits`, the defaults bound the decoding.
  */
+import { windowingProblems, windowingText } from "../../../app-runtime/schemas/Transcriptions.js"
 import { type AudioProcessorConfig, inputValues } from "../../../models/AudioProcessor.js"
 import { type Idefics3ImageProcessorConfig, idefics3ImageFrames } from "../../../models/Idefics3Processor.js"
 import { type ImageProcessorConfig, normalizePixels, resizeTarget } from "../../../models/ImageProcessor.js"
@@ -20,7 +21,8 @@ import {
 } from "../../../models/Qwen2VLProcessor.js"
 import { type UltravoxAudio, ultravoxAudioRows } from "../../../models/UltravoxProcessor.js"
 import { whisperFeatureExtractor, whisperFeatures } from "../../../models/WhisperFeatures.js"
-import { audioWindows } from "../../../models/WhisperGeneration.js"
+import { audioWindows, maxSpeechWindows } from "../../../models/WhisperGeneration.js"
+import { BadRequest } from "../errors.js"
 import type { WireTensor } from "../wire.js"
 import { MediaError } from "./errors.js"
 import { decodeAudio, decodeImage, decodeVideoFrames, describeSharpError } from "./MediaDecoder.js"
@@ -162,7 +164,10 @@ export interface SpeechWindow {
  * A clip as Whisper's ASR pipeline reads it: decoded at the extractor's rate, cut in windows of
  * `chunkSeconds` overlapping by `strideSeconds` (one window when 0), each window's features
  * padded to the extractor's 30 s. Without `chunkSeconds`, a clip longer than the extractor's window
- * is cut in windows of that length, and a shorter one is one window.
+ * is cut in windows of that length, and a shorter one is one window. Windows that do not move on a
+ * quarter of their length, or more windows than a clip of the longest audio the limits take cut in
+ * whole windows, are the request's fault (BadRequest), refused before any window's features are
+ * computed.
  */
 export const speechWindows = async (input: {
   readonly bytes: Uint8Array
@@ -174,10 +179,29 @@ export const speechWindows = async (input: {
 }): Promise<{ readonly duration: number; readonly windows: ReadonlyArray<SpeechWindow> }> => {
   const extractor = extractorOf(input.preprocessorConfig)
   const rate = extractor.samplingRate
-  const samples = await decodeAudio(bufferOf(input.bytes), input.mimeType, rate, input.limits)
+  const windowSeconds = extractor.nSamples / rate
+  const problems = windowingProblems(
+    { chunk_length_s: input.chunkSeconds, stride_length_s: input.strideSeconds },
+    windowSeconds
+  )
+  if (problems.length > 0) throw new BadRequest({ message: windowingText(problems) })
+  const limits = input.limits ?? defaultMediaLimits
+  const samples = await decodeAudio(bufferOf(input.bytes), input.mimeType, rate, limits)
   if (samples.length < 2) throw new MediaError({ message: "the audio is too short to have features" })
-  const chunkSeconds = input.chunkSeconds ?? (samples.length > extractor.nSamples ? extractor.nSamples / rate : 0)
-  const windows = audioWindows(samples.length, rate, chunkSeconds, input.strideSeconds).map((window) => {
+  const chunkSeconds = input.chunkSeconds ?? (samples.length > extractor.nSamples ? windowSeconds : 0)
+  const cut = audioWindows(samples.length, rate, chunkSeconds, input.strideSeconds)
+  const most = maxSpeechWindows(limits.maxAudioSeconds, windowSeconds)
+  if (cut.length > most) {
+    const asked = `chunk_length_s ${chunkSeconds}${input.strideSeconds === undefined ? "" : ` and stride_length_s ${input.strideSeconds}`}`
+    const seconds = (samples.length / rate).toFixed(1)
+    throw new BadRequest({
+      message:
+        `${asked} cut this ${seconds} s clip in ${cut.length} windows, and a request may have at most ${most} ` +
+        `(each is ${windowSeconds} s of features): ask for a longer chunk_length_s or a shorter stride_length_s, ` +
+        "or send a shorter clip"
+    })
+  }
+  const windows = cut.map((window) => {
     const clip = samples.subarray(Math.trunc(window.from), Math.trunc(window.to))
     return {
       features: whisperFeatures(extractor, clip).data,
