@@ -1,23 +1,25 @@
-import { readdirSync, readFileSync } from "node:fs"
+import { readdirSync, readFileSync, realpathSync, statSync } from "node:fs"
 import { readFile } from "node:fs/promises"
 import { isBuiltin } from "node:module"
 import { dirname, join, resolve, sep } from "node:path"
 import * as esbuild from "esbuild"
+import { type AppFolder, type BundleInput, appFolderOf, isCode, mayBundle, nameIn } from "./AppFiles.js"
 
 /**
  * An app as the platform receives it: its source when it imports only what the platform provides
  * (`cornserve/app`, `effect`, Node built-ins), else one ES module with the npm packages it imports
  * bundled in. Packages resolve from the app file's folder, as Node resolves them there, so an app
  * folder with its own `package.json` and `npm install` works as any Node project does. The platform
- * keeps what it receives, so a restart restores the app without this machine.
+ * keeps what it receives, so a restart restores the app without this machine; what it receives comes
+ * from the app's folder and its packages only (see `AppFolder`).
  */
 export type AppBundle =
   | {
       readonly _tag: "Bundled"
       readonly source: string
       readonly packages: ReadonlyArray<string>
-      /** Every file the app is made of (its own modules and the packages' files), as absolute paths. */
-      readonly inputs: ReadonlyArray<string>
+      /** Every file the app is made of (its own modules, the packages' files, data they inline), by name. */
+      readonly inputs: ReadonlyArray<BundleInput>
     }
   | { readonly _tag: "Refused"; readonly message: string }
 
@@ -118,63 +120,114 @@ const providedPlugin: esbuild.Plugin = {
   }
 }
 
+/** Marks esbuild's own resolution, asked from within the plugin, so that the plugin does not judge it twice. */
+const resolving = Symbol("cornserve-resolving")
+
+/** A file outside the app's folder becomes an empty module here: it is never read. */
+const outsideNamespace = "cornserve-outside"
+
+/**
+ * Resolves every import as esbuild would, then judges the file it names by its real path: one of
+ * the app's folder or its packages is taken (and noted in `taken`, as code or data), any other is
+ * noted in `outside` with its importer and never read, so that the build goes on and every such
+ * file is reported at once.
+ */
+const appFilesPlugin = (
+  folder: AppFolder,
+  taken: Map<string, { readonly code: boolean }>,
+  outside: Map<string, Set<string>>
+): esbuild.Plugin => ({
+  name: "cornserve-app-files",
+  setup(build) {
+    build.onResolve({ filter: /.*/ }, async (args) => {
+      if (args.pluginData === resolving) return undefined
+      const resolved = await build.resolve(args.path, {
+        kind: args.kind,
+        importer: args.importer,
+        namespace: args.namespace,
+        resolveDir: args.resolveDir,
+        with: args.with,
+        pluginData: resolving
+      })
+      // esbuild resolves it again by itself and says why it cannot, where the import is.
+      if (resolved.errors.length > 0) return undefined
+      if (resolved.external || resolved.namespace !== "file") {
+        return { path: resolved.path, external: resolved.external, namespace: resolved.namespace }
+      }
+      const real = realpathSync(resolved.path)
+      if (!mayBundle(folder, real)) {
+        outside.set(real, (outside.get(real) ?? new Set()).add(args.importer))
+        return { path: real, namespace: outsideNamespace }
+      }
+      const code = isCode(real, args.with)
+      taken.set(real, { code: code && (taken.get(real)?.code ?? true) })
+      return { path: resolved.path, sideEffects: resolved.sideEffects, suffix: resolved.suffix }
+    })
+    build.onLoad({ filter: /.*/, namespace: outsideNamespace }, () => ({ contents: "", loader: "empty" }))
+  }
+})
+
+const buildMessage = (message: esbuild.Message) =>
+  message.location === null
+    ? message.text
+    : `${message.location.file}:${message.location.line}:${message.location.column + 1}: ${message.text}`
+
 export const bundleApp = async (file: string): Promise<AppBundle> => {
   const path = resolve(file)
   const source = await readFile(path, "utf8")
-  let result: esbuild.BuildResult
+  const folder = appFolderOf(dirname(path))
+  const taken = new Map<string, { readonly code: boolean }>()
+  // Each file outside the app's folder, with the files that import it.
+  const outside = new Map<string, Set<string>>()
+  let result: esbuild.BuildResult | undefined
+  let buildErrors: Array<esbuild.Message> = []
   try {
     result = await esbuild.build({
       entryPoints: [path],
       absWorkingDir: dirname(path),
       bundle: true,
       write: false,
-      metafile: true,
       format: "esm",
       platform: "node",
       target: "node20",
       logLevel: "silent",
       banner: { js: requireShim },
-      plugins: [providedPlugin]
+      plugins: [providedPlugin, appFilesPlugin(folder, taken, outside)]
     })
   } catch (error) {
-    const messages: Array<esbuild.Message> = (error as esbuild.BuildFailure).errors ?? []
-    if (messages.length === 0) throw error
-    return {
-      _tag: "Refused",
-      message: messages
-        .map((message) =>
-          message.location === null
-            ? message.text
-            : `${message.location.file}:${message.location.line}:${message.location.column + 1}: ${message.text}`
-        )
-        .join("\n")
-    }
+    buildErrors = (error as esbuild.BuildFailure).errors ?? []
+    if (buildErrors.length === 0) throw error
   } finally {
     await esbuild.stop()
   }
   const packages = new Map<string, string>()
-  const inputs = Object.keys(result.metafile?.inputs ?? {})
-  for (const input of inputs) {
-    const owner = packageOf(resolve(dirname(path), input))
+  for (const input of [...taken.keys(), ...outside.keys()]) {
+    const owner = packageOf(input)
     if (owner !== undefined) packages.set(owner.name, owner.dir)
   }
+  const problems = buildErrors.map(buildMessage)
   for (const [name, dir] of packages) {
     const reason = nativeAddonReason(dir)
-    if (reason !== undefined) {
-      return {
-        _tag: "Refused",
-        message: `package "${name}" cannot run in an app: ${reason}; apps run pure JavaScript only`
-      }
-    }
+    if (reason !== undefined)
+      problems.push(`package "${name}" cannot run in an app: ${reason}; apps run pure JavaScript only`)
   }
+  for (const [outsider, importers] of outside) {
+    const names = [...importers].map((importer) => nameIn(folder, importer))
+    problems.push(
+      `${outsider} (imported by ${names.join(", ")}) is outside the app's folder and its node_modules: ` +
+        "an app bundles only its own files and the packages installed for it"
+    )
+  }
+  if (problems.length > 0 || result === undefined) return { _tag: "Refused", message: problems.join("\n") }
+  const inputs = [...taken]
+    .map(([input, { code }]) => ({ path: input, name: nameIn(folder, input), bytes: statSync(input).size, code }))
+    .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
   // An app of its own file alone goes as it was written: the platform shows and keeps its source.
-  if (packages.size === 0 && inputs.length === 1) {
-    return { _tag: "Bundled", source, packages: [], inputs: [path] }
-  }
+  if (inputs.length === 1) return { _tag: "Bundled", source, packages: [], inputs }
   return {
     _tag: "Bundled",
     source: result.outputFiles![0]!.text,
     packages: [...packages.keys()].sort(),
-    inputs: inputs.map((input) => resolve(dirname(path), input))
+    inputs
   }
 }

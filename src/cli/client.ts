@@ -1,4 +1,5 @@
 import { bundleApp } from "./AppBundle.js"
+import { dataFilesLine, inputListing } from "./AppFiles.js"
 import { checkApp, checkAppOnce } from "./AppCheck.js"
 import { watch } from "node:fs"
 import { readFile } from "node:fs/promises"
@@ -94,6 +95,46 @@ const write = (text: string) => Effect.sync(() => process.stdout.write(text))
 const decodeRegistrationProgress = decodeText(RegistrationProgress, "registration event")
 const decodeRegistrationFailed = decodeText(RegistrationFailed, "registration failure")
 
+/**
+ * What registering an app takes on this machine before anything is sent: its bundle (refused when
+ * it cannot run, or would take a file from outside the app's folder) and its type check. The
+ * packages and data files bundled are said, so that an author sees what goes with the app.
+ */
+const prepareApp = (file: string, check: boolean) =>
+  Effect.gen(function* () {
+    // The npm packages (and local modules) it imports go with it, bundled from its own folder.
+    const bundle = yield* Effect.tryPromise({
+      try: () => bundleApp(file),
+      catch: (error) => new CliFailure({ message: `cannot read ${file}: ${(error as Error).message}` })
+    })
+    if (bundle._tag === "Refused") {
+      return yield* new CliFailure({ message: `${file} cannot be registered:\n${bundle.message}` })
+    }
+    // CORNSERVE_APP_CHECK=off skips it as --no-check does (a pipeline that checks apps in a step of its own).
+    if (check && process.env.CORNSERVE_APP_CHECK !== "off") {
+      yield* typeCheck(
+        file,
+        "register",
+        bundle.inputs.map((input) => input.path)
+      )
+    }
+    if (bundle.packages.length > 0) process.stderr.write(`  bundled with ${bundle.packages.join(", ")}\n`)
+    const dataFiles = dataFilesLine(bundle.inputs)
+    if (dataFiles !== undefined) process.stderr.write(`  ${dataFiles}\n`)
+    return bundle
+  })
+
+/** `app register --dry-run`: what registering the app would send, file by file; nothing is sent. */
+export const previewRegistration = (file: string, name: string | undefined, check = true) =>
+  Effect.gen(function* () {
+    const { source, inputs } = yield* prepareApp(file, check)
+    const appName = name ?? basename(file, extname(file))
+    yield* write(
+      `would register ${appName} from ${inputListing(inputs, Buffer.byteLength(source))}\n` +
+        "nothing was sent (--dry-run)\n"
+    )
+  })
+
 export const registerApp = (
   target: GatewayTarget,
   file: string,
@@ -112,17 +153,7 @@ export const registerApp = (
   check = true
 ) =>
   Effect.gen(function* () {
-    // The npm packages (and local modules) it imports go with it, bundled from its own folder.
-    const bundle = yield* Effect.tryPromise({
-      try: () => bundleApp(file),
-      catch: (error) => new CliFailure({ message: `cannot read ${file}: ${(error as Error).message}` })
-    })
-    if (bundle._tag === "Refused") {
-      return yield* new CliFailure({ message: `${file} cannot be registered:\n${bundle.message}` })
-    }
-    // CORNSERVE_APP_CHECK=off skips it as --no-check does (a pipeline that checks apps in a step of its own).
-    if (check && process.env.CORNSERVE_APP_CHECK !== "off") yield* typeCheck(file, "register", bundle.inputs)
-    if (bundle.packages.length > 0) process.stderr.write(`  bundled with ${bundle.packages.join(", ")}\n`)
+    const bundle = yield* prepareApp(file, check)
     const source = bundle.source
     const appName = name ?? basename(file, extname(file))
     const response = yield* Effect.flatMap(

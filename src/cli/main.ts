@@ -30,6 +30,7 @@ import {
   recordTaskProfile,
   scaleTask,
   showTaskProfile,
+  previewRegistration,
   registerApp,
   unregisterApp
 } from "./client.js"
@@ -455,6 +456,12 @@ const register = Command.make(
     noCheck: Options.boolean("no-check").pipe(
       Options.withDescription("Register the app without type-checking it first.")
     ),
+    dryRun: Options.boolean("dry-run").pipe(
+      Options.withDescription(
+        "Bundle and check the app as register does, then list every file that would be sent, its size and the " +
+          "total; send nothing."
+      )
+    ),
     allowHosts: Options.text("allow-host").pipe(
       Options.withDescription(
         "A host the app may connect to through `outbound.fetch` or `outbound.connect` of `cornserve/app`: " +
@@ -477,8 +484,10 @@ const register = Command.make(
     apiKeys,
     allowHosts,
     noCheck,
+    dryRun,
     gateway
   }) => {
+    if (dryRun) return previewRegistration(file, Option.getOrUndefined(name), !noCheck)
     const admission = {
       ...Option.match(maxConcurrency, { onNone: () => ({}), onSome: (value) => ({ maxConcurrency: value }) }),
       ...Option.match(maxQueue, { onNone: () => ({}), onSome: (value) => ({ maxQueue: value }) }),
