@@ -592,14 +592,22 @@ export const invokeApp = (target: GatewayTarget, appId: string, data: string, ag
 
 /**
  * `app dev FILE`: registers the app (replacing a running version), prints its log as it writes it,
- * and registers it again each time a file of its folder changes (node_modules aside). A failed
- * registration (a syntax error, a package that cannot be bundled, an app that fails to load) is
- * printed and the running version keeps serving; the next save tries again.
+ * and registers it again each time a file of its folder changes (node_modules aside). The folder is
+ * watched before the first registration, so that a save made while one runs (its type check takes
+ * seconds) is registered after it. A failed registration (a syntax error, a package that cannot be
+ * bundled, an app that fails to load) is printed and the running version keeps serving; the next
+ * save tries again.
  */
 export const developApp = (target: GatewayTarget, file: string, name: string | undefined) =>
   Effect.gen(function* () {
     const appName = name ?? basename(file, extname(file))
     const folder = dirname(resolvePath(file))
+    const changes = yield* Queue.sliding<void>(1)
+    const watcher = watch(folder, { recursive: true }, (_, changed) => {
+      if (changed !== null && /(^|[\\/])(node_modules|\.git)([\\/]|$)/.test(changed)) return
+      changes.unsafeOffer(undefined)
+    })
+    yield* Effect.addFinalizer(() => Effect.sync(() => watcher.close()))
     let following = false
     const registerOnce = Effect.gen(function* () {
       const started = Date.now()
@@ -624,12 +632,6 @@ export const developApp = (target: GatewayTarget, file: string, name: string | u
       }
     })
     yield* registerOnce
-    const changes = yield* Queue.sliding<void>(1)
-    const watcher = watch(folder, { recursive: true }, (_, changed) => {
-      if (changed !== null && /(^|[\\/])(node_modules|\.git)([\\/]|$)/.test(changed)) return
-      changes.unsafeOffer(undefined)
-    })
-    yield* Effect.addFinalizer(() => Effect.sync(() => watcher.close()))
     for (;;) {
       yield* Queue.take(changes)
       // An editor writes a file in several steps: the last of them is the one registered.

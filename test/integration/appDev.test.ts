@@ -45,8 +45,8 @@ describe("cornserve app dev: edit, save, call", () => {
     await rm(folder, { recursive: true, force: true })
   })
 
-  const greeting = async () => {
-    const response = await invoke(platform.url, "dev_app", "{}")
+  const greeting = async (appId = "dev_app") => {
+    const response = await invoke(platform.url, appId, "{}")
     return response.status === 200 ? ((await response.json()) as { greeting: string }).greeting : undefined
   }
 
@@ -79,4 +79,37 @@ describe("cornserve app dev: edit, save, call", () => {
     console.log(`app dev: an edit was served ${Date.now() - saved} ms after it was saved`)
     await eventually(async () => (output.includes("serving second") ? true : undefined))
   }, 120_000)
+
+  it("registers a save made while the first type check runs", async () => {
+    // A folder of its own: the first test's app dev still watches its folder.
+    const earlyFolder = await mkdtemp(join(tmpdir(), "cornserve-dev-early-"))
+    const file = join(earlyFolder, "early_app.ts")
+    await writeFile(file, version("first"))
+    const early = spawn(process.execPath, [binPath, "app", "dev", file, "--gateway", platform.url], {
+      cwd: repoRoot,
+      stdio: ["ignore", "pipe", "pipe"]
+    })
+    let earlyOutput = ""
+    early.stdout!.on("data", (chunk: Buffer) => (earlyOutput += chunk.toString()))
+    early.stderr!.on("data", (chunk: Buffer) => (earlyOutput += chunk.toString()))
+    try {
+      // The app answers as soon as it is registered; its type check (seconds) starts then, and the
+      // save lands while it runs, as an author's first edit does.
+      const first = await eventually(() => greeting("early_app"), 60_000).catch(() => {
+        throw new Error(`the app was not registered; app dev printed:\n${earlyOutput}`)
+      })
+      expect(first).toBe("first")
+      await writeFile(file, version("second"))
+      const served = await eventually(
+        async () => ((await greeting("early_app")) === "second" ? "second" : undefined),
+        45_000
+      ).catch(() => {
+        throw new Error(`the save was not registered; app dev printed:\n${earlyOutput}`)
+      })
+      expect(served).toBe("second")
+    } finally {
+      early.kill("SIGINT")
+      await rm(earlyFolder, { recursive: true, force: true })
+    }
+  }, 150_000)
 })
