@@ -155,7 +155,8 @@ const appFilesPlugin = (
         return { path: resolved.path, external: resolved.external, namespace: resolved.namespace }
       }
       const real = realpathSync(resolved.path)
-      if (!mayBundle(folder, real)) {
+      // The app's own file is the one its author named, wherever a link to it leads.
+      if (args.kind !== "entry-point" && !mayBundle(folder, real)) {
         outside.set(real, (outside.get(real) ?? new Set()).add(args.importer))
         return { path: real, namespace: outsideNamespace }
       }
@@ -214,8 +215,8 @@ export const bundleApp = async (file: string): Promise<AppBundle> => {
   for (const [outsider, importers] of outside) {
     const names = [...importers].map((importer) => nameIn(folder, importer))
     problems.push(
-      `${outsider} (imported by ${names.join(", ")}) is outside the app's folder and its node_modules: ` +
-        "an app bundles only its own files and the packages installed for it"
+      `${outsider} (imported by ${names.join(", ")}) is outside the app's folder (${folder.dir}) and its ` +
+        "node_modules: an app bundles only the files of its folder and the packages installed for it"
     )
   }
   if (problems.length > 0 || result === undefined) return { _tag: "Refused", message: problems.join("\n") }

@@ -132,4 +132,12 @@ describe("bundling an app takes files from its folder and its packages only", ()
     expect(bundle).toMatchObject({ _tag: "Bundled", source, packages: [] })
     expect(bundle._tag === "Bundled" && bundle.inputs.map((input) => input.name)).toEqual(["app.ts"])
   })
+
+  it("takes the app's own file through a link to it", async () => {
+    const source = `import { Schema } from "effect"\nexport default Schema.Number\n`
+    await layOut(base, { "kept/app.ts": source })
+    await mkdir(join(base, "links"))
+    await symlink(join(base, "kept", "app.ts"), join(base, "links", "app.ts"))
+    expect(await bundleApp(join(base, "links", "app.ts"))).toMatchObject({ _tag: "Bundled", source })
+  })
 })
