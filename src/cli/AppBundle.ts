@@ -18,7 +18,7 @@ export type AppBundle =
       readonly _tag: "Bundled"
       readonly source: string
       readonly packages: ReadonlyArray<string>
-      /** Every file the app is made of (its own modules, the packages' files, data they inline), by name. */
+      /** Every file the app is made of: its own modules, the packages' files, the data they inline. */
       readonly inputs: ReadonlyArray<BundleInput>
     }
   | { readonly _tag: "Refused"; readonly message: string }
@@ -149,8 +149,8 @@ const appFilesPlugin = (
         with: args.with,
         pluginData: resolving
       })
-      // esbuild resolves it again by itself and says why it cannot, where the import is.
-      if (resolved.errors.length > 0) return undefined
+      // Said where the import is; never left to a resolution the plugin does not judge.
+      if (resolved.errors.length > 0) return { errors: resolved.errors }
       if (resolved.external || resolved.namespace !== "file") {
         return { path: resolved.path, external: resolved.external, namespace: resolved.namespace }
       }
