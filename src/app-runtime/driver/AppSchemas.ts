@@ -8,12 +8,19 @@ import { JSONSchema, Schema } from "effect"
 import type { App } from "../App.js"
 import { jsonDepthWithin } from "../JsonDepth.js"
 import { shortened } from "../Shortened.js"
+import { UniqueNames } from "./UniqueNames.js"
 
 /** The most characters an app's schemas may take as JSON: far above a real app's (an OpenAI chat request takes 5 KB). */
 export const maxSchemasChars = 256 * 1024
 
 /** How deeply they may nest arrays and objects: each level of a request's data is two or three of JSON Schema's. */
 export const maxSchemasDepth = 128
+
+/**
+ * How many named schemas (`$defs`) they may hold: far above a real app's (an OpenAI chat request
+ * names 3), and few enough that the platform's work on them, linear in their size, stays small.
+ */
+export const maxSchemaDefs = 1_000
 
 /** The app's schemas as its process sends them. */
 export const AppSchemasWire = Schema.Struct({
@@ -91,8 +98,10 @@ const jsonSchemaOf = (
 const isAsyncGeneratorFunction = (value: unknown): boolean =>
   Object.prototype.toString.call(value) === "[object AsyncGeneratorFunction]"
 
-/** Why schemas written as `json` are not sent: over the bounds the platform holds them to. */
-const boundsProblem = (json: string): string | undefined => {
+/** Why schemas written as `json`, naming `defs` schemas, are not sent: over the bounds the platform holds them to. */
+const boundsProblem = (json: string, defs: number): string | undefined => {
+  if (defs > maxSchemaDefs)
+    return `The app's schemas name ${defs} schemas ($defs) as JSON Schema, over the limit of ${maxSchemaDefs}.`
   if (json.length > maxSchemasChars)
     return `The app's schemas take ${json.length} characters as JSON Schema, over the limit of ${maxSchemasChars}.`
   if (jsonDepthWithin(json, maxSchemasDepth) === undefined)
@@ -117,7 +126,7 @@ export const appSchemasOf = (app: App): AppSchemasWire => {
     // An annotation JSON cannot carry (a cycle, a BigInt) fails here.
     json = JSON.stringify({ request: { description: shortened(errorText(error), 500) } })
   }
-  const problem = boundsProblem(json)
+  const problem = boundsProblem(json, Object.keys(defs).length)
   if (problem === undefined) return { json, streams }
   const note = { description: problem }
   return { json: JSON.stringify({ request: note, ...(response === undefined ? {} : { response: note }) }), streams }
@@ -248,8 +257,9 @@ const pointerEscaped = (name: string) => name.replace(/~/g, "~0").replace(/\//g,
 
 /**
  * The schemas an app's process sent, or why they cannot be read (which only a process that
- * replaced the SDK's code sends): refused when nested too deeply or not JSON; then cleaned
- * (`cleanSchema`), their references pointing into their own `$defs` under names a document takes.
+ * replaced the SDK's code sends): refused when nested too deeply, not JSON, or naming more than
+ * `maxSchemaDefs` schemas; then cleaned (`cleanSchema`), their references pointing into their own
+ * `$defs` under names a document takes. Linear in their size: within the bounds, a few milliseconds.
  */
 export const readAppSchemas = (wire: AppSchemasWire): AppSchemas | string => {
   if (jsonDepthWithin(wire.json, maxSchemasDepth) === undefined)
@@ -262,21 +272,18 @@ export const readAppSchemas = (wire: AppSchemasWire): AppSchemas | string => {
   }
   if (!isRecord(parsed) || !("request" in parsed)) return "its schemas are not an object with a request schema"
   const given = isRecord(parsed.$defs) ? parsed.$defs : {}
+  const givenNames = Object.keys(given)
+  if (givenNames.length > maxSchemaDefs)
+    return `its schemas name ${givenNames.length} schemas ($defs), over the limit of ${maxSchemaDefs}`
   const names = new Map<string, string>()
-  const taken = new Set<string>()
-  for (const name of Object.keys(given)) {
-    const base = documentName(name)
-    let unique = base
-    for (let suffix = 2; taken.has(unique); suffix++) unique = `${base}_${suffix}`
-    taken.add(unique)
-    names.set(`${defsRefPrefix}${pointerEscaped(name)}`, unique)
-  }
+  const unique = new UniqueNames()
+  for (const name of givenNames) names.set(`${defsRefPrefix}${pointerEscaped(name)}`, unique.take(documentName(name)))
   const rename = (ref: string) => {
     const name = names.get(ref)
     return name === undefined ? undefined : `${defsRefPrefix}${name}`
   }
   const defs = new Map<string, JsonSchema>()
-  for (const name of Object.keys(given)) {
+  for (const name of givenNames) {
     defs.set(names.get(`${defsRefPrefix}${pointerEscaped(name)}`)!, cleanSchema(given[name], rename))
   }
   return {

@@ -13,6 +13,7 @@ import {
   holdsRef,
   type JsonSchema
 } from "../../app-runtime/driver/AppSchemas.js"
+import { componentNames } from "./ComponentNames.js"
 import {
   ChatCompletion,
   ChatCompletionChunk,
@@ -126,67 +127,6 @@ const platformSchemas: ReadonlyMap<string, JsonSchema> = (() => {
     target.startsWith(schemasPrefix) && named.has(target.slice(schemasPrefix.length)) ? target : undefined
   return new Map([...named].map(([name, schema]) => [name, cleanSchema(schema, keep)]))
 })()
-
-// ---- Names: every app's named schemas in one `components/schemas` ----
-
-/** The `$defs` names a schema refers to. */
-const refsOf = (schema: JsonSchema): Array<string> => {
-  const found: Array<string> = []
-  cleanSchema(schema, (target) => {
-    if (target.startsWith(defsRefPrefix)) found.push(target.slice(defsRefPrefix.length))
-    return target
-  })
-  return found
-}
-
-/**
- * The name each app's named schema takes in the document. A name every app that has it gives the
- * same schema (and whose references are shared alike) is kept once, as the OpenAI chat request of
- * every chat app is, or a platform's schema the same as an app's (`Int`); another is named for
- * its app (`Request.hello`).
- */
-const componentNames = (apps: ReadonlyArray<DescribedApp>): Map<string, Map<string, string>> => {
-  const texts = new Map<string, Set<string>>(
-    [...platformSchemas].map(([name, schema]) => [name, new Set([JSON.stringify(schema)])])
-  )
-  for (const app of apps) {
-    for (const [name, schema] of app.schemas.defs) {
-      const seen = texts.get(name) ?? new Set<string>()
-      seen.add(JSON.stringify(schema))
-      texts.set(name, seen)
-    }
-  }
-  const shared = new Set([...texts].filter(([, seen]) => seen.size === 1).map(([name]) => name))
-  for (let changed = true; changed; ) {
-    changed = false
-    for (const app of apps) {
-      for (const [name, schema] of app.schemas.defs) {
-        if (shared.has(name) && refsOf(schema).some((target) => !shared.has(target))) {
-          shared.delete(name)
-          changed = true
-        }
-      }
-    }
-  }
-  const taken = new Set([...platformSchemas.keys(), ...shared])
-  const names = new Map<string, Map<string, string>>()
-  for (const app of apps) {
-    const own = new Map<string, string>()
-    for (const name of app.schemas.defs.keys()) {
-      if (shared.has(name)) {
-        own.set(name, name)
-        continue
-      }
-      const base = `${name}.${app.id}`
-      let unique = base
-      for (let suffix = 2; taken.has(unique); suffix++) unique = `${base}_${suffix}`
-      taken.add(unique)
-      own.set(name, unique)
-    }
-    names.set(app.id, own)
-  }
-  return names
-}
 
 // ---- Operations ----
 
@@ -624,7 +564,7 @@ const namedSchemas = (entries: Iterable<readonly [string, JsonSchema]>) => Objec
 
 /** `GET /app/:id/openapi.json`: the app's routes, its schemas, its example. */
 export const appDocument = (app: DescribedApp): OpenApiDocument => {
-  const { paths, schemas } = appPaths(app, componentNames([app]).get(app.id)!)
+  const { paths, schemas } = appPaths(app, componentNames(platformSchemas, [app]).get(app.id)!)
   return {
     openapi: "3.1.0",
     info: {
@@ -860,7 +800,7 @@ export const platformDocument = (
   auth: PlatformAuth
 ): OpenApiDocument => {
   const described = apps.filter((app): app is DescribedApp => "schemas" in app)
-  const names = componentNames(described)
+  const names = componentNames(platformSchemas, described)
   const paths: Record<string, unknown> = {}
   const schemas = new Map(platformSchemas)
   const tags: Array<{ readonly name: string; readonly description?: string }> = [
