@@ -10,7 +10,7 @@ import {
   type UnitTaskSpec
 } from "../../app-runtime/driver/protocol.js"
 import { watchSignal } from "../../app-runtime/driver/Cancellation.js"
-import { type AppSchemas, readAppSchemas, undescribedSchemas } from "../../app-runtime/driver/AppSchemas.js"
+import type { AppSchemasWire } from "../../app-runtime/driver/AppSchemas.js"
 import {
   answerWindowChars,
   dispatchWindowChunks,
@@ -25,6 +25,7 @@ import { type AppShare, dispatchFailureOf, type GraphDispatcher, type RequestObs
 import type { Span } from "../../tracing/Tracing.js"
 import { RequestClocks } from "./RequestClocks.js"
 import type { ReplyHandlers } from "./ReplyHandlers.js"
+import { type CleanedSchemas, undescribedCleanedSchemas } from "../SchemaThread.js"
 
 export interface LoadedApp {
   readonly tasks: ReadonlyArray<UnitTaskSpec>
@@ -33,9 +34,12 @@ export interface LoadedApp {
   readonly admission: AdmissionSettings | undefined
   /** How long its requests may take, streams included, by its own definition. */
   readonly timeoutMs: number | undefined
-  /** What it takes and answers, as JSON Schema. */
-  readonly schemas: AppSchemas
+  /** What it takes and answers, as JSON Schema: cleaned, as the schema thread wrote them. */
+  readonly schemas: CleanedSchemas
 }
+
+/** Reads the schemas an app's process sent, off the main thread: cleaned, or why they are refused. */
+export type SchemasReader = (wire: AppSchemasWire) => Promise<CleanedSchemas | string>
 
 /** Why an app's process could not load it: the registration's error, or a restart's. */
 export class AppLoadError extends Schema.TaggedError<AppLoadError>()("AppLoadError", { message: Schema.String }) {}
@@ -60,11 +64,19 @@ const admissionRefusal = (admission: unknown): string | undefined => {
 const settingsRefusal = (message: { readonly admission?: unknown; readonly timeoutMs?: unknown }): string | undefined =>
   admissionRefusal(message.admission) ?? timeoutProblem(message.timeoutMs, "timeoutMs")
 
-/** What an app's "loaded" message says, or why it cannot be taken. */
-const loadedApp = (message: Extract<FromWorker, { readonly t: "loaded" }>): LoadedApp | string => {
+/** What an app's "loaded" message says, or why it cannot be taken; its schemas are read by `readSchemas`. */
+const loadedApp = async (
+  message: Extract<FromWorker, { readonly t: "loaded" }>,
+  readSchemas: SchemasReader
+): Promise<LoadedApp | string> => {
   const refusal = settingsRefusal(message)
   if (refusal !== undefined) return refusal
-  const schemas = message.schemas === undefined ? undescribedSchemas : readAppSchemas(message.schemas)
+  const schemas =
+    message.schemas === undefined
+      ? undescribedCleanedSchemas
+      : await readSchemas(message.schemas).catch(
+          (error: unknown) => `they could not be read (${error instanceof Error ? error.message : String(error)})`
+        )
   if (typeof schemas === "string") return `the app's process sent schemas the platform cannot read: ${schemas}`
   return {
     tasks: message.tasks,
@@ -137,6 +149,7 @@ export class AppDriver {
     private readonly limits: AppLimits,
     private readonly dispatch: GraphDispatcher,
     private readonly log: (message: string) => void,
+    private readonly readSchemas: SchemasReader,
     observer: RequestObserver | undefined,
     /** Where its worker's restarts run: closed when the driver closes, or with its owner's scope. */
     private readonly scope: Scope.CloseableScope,
@@ -164,6 +177,8 @@ export class AppDriver {
     readonly limits: AppLimits
     readonly dispatch: GraphDispatcher
     readonly log: (message: string) => void
+    /** Reads the schemas its process sends when it loads (the schema thread's). */
+    readonly readSchemas: SchemasReader
     readonly observer?: RequestObserver
     /** The owner's scope (the app manager's): the driver's work ends with it at the latest. */
     readonly scope: Scope.Scope
@@ -179,6 +194,7 @@ export class AppDriver {
       options.limits,
       options.dispatch,
       options.log,
+      options.readSchemas,
       options.observer,
       Effect.runSync(Scope.fork(options.scope, ExecutionStrategy.sequential)),
       options.outbound,
@@ -288,52 +304,70 @@ export class AppDriver {
     this.nextDispatchId = 0
     this.stopReason = undefined
     return new Promise<LoadedApp>((resolve, reject) => {
-      let loaded = false
+      /**
+       * Its schemas are read once it says it loaded, off the main thread; it is loaded once they are.
+       * What it sends meanwhile waits, to be acted on as it would have been at once.
+       */
+      let stage: "loading" | "reading" | "loaded" | "failed" = "loading"
+      const held: Array<FromWorker> = []
+      const fail = (error: AppLoadError) => {
+        clearTimeout(timer)
+        stage = "failed"
+        held.length = 0
+        reject(error)
+      }
       const timer = setTimeout(() => {
-        reject(new AppLoadError({ message: `the app did not finish loading within ${this.loadTimeoutMs} ms` }))
+        fail(new AppLoadError({ message: `the app did not finish loading within ${this.loadTimeoutMs} ms` }))
         void worker.terminate()
       }, this.loadTimeoutMs)
-      worker.on("message", (message: FromWorker) => {
-        if (this.worker !== worker) return
-        if (loaded && (message.t === "loaded" || message.t === "load-failed")) {
+      const accept = async (message: Extract<FromWorker, { readonly t: "loaded" }>) => {
+        const app = await loadedApp(message, this.readSchemas)
+        if (stage !== "reading") return
+        if (typeof app === "string") {
+          // defineApp and the SDK check them in the app's process; a process that skips it is checked here.
+          fail(new AppLoadError({ message: app }))
+          void worker.terminate()
+          return
+        }
+        clearTimeout(timer)
+        stage = "loaded"
+        this.loadedAt = Date.now()
+        this.declaredTasks = new Set(app.tasks.map((task) => task.id))
+        this.loaded = app
+        resolve(app)
+        for (const message of held.splice(0)) if (this.worker === worker) act(message)
+      }
+      const act = (message: FromWorker) => {
+        if (stage !== "loading" && (message.t === "loaded" || message.t === "load-failed")) {
           this.violation(`it sent "${message.t}" after its app had loaded`)
         } else if (message.t === "loaded") {
-          clearTimeout(timer)
-          const app = loadedApp(message)
-          if (typeof app === "string") {
-            // defineApp and the SDK check them in the app's process; a process that skips it is checked here.
-            reject(new AppLoadError({ message: app }))
-            void worker.terminate()
-            return
-          }
-          loaded = true
-          this.loadedAt = Date.now()
-          this.declaredTasks = new Set(app.tasks.map((task) => task.id))
-          this.loaded = app
-          resolve(app)
+          stage = "reading"
+          void accept(message)
         } else if (message.t === "load-failed") {
-          clearTimeout(timer)
-          reject(new AppLoadError({ message: message.message }))
+          fail(new AppLoadError({ message: message.message }))
           void worker.terminate()
-        } else if (!loaded) {
+        } else if (stage !== "loaded") {
           this.violation(`it sent "${message.t}" before its app had loaded`)
         } else {
           this.onMessage(message)
         }
+      }
+      worker.on("message", (message: FromWorker) => {
+        if (this.worker !== worker || stage === "failed") return
+        if (stage === "reading") held.push(message)
+        else act(message)
       })
       worker.on("error", (error) => {
-        if (!loaded) {
-          clearTimeout(timer)
-          reject(new AppLoadError({ message: `the app failed while loading: ${error.message}` }))
+        if (stage !== "loaded") {
+          fail(new AppLoadError({ message: `the app failed while loading: ${error.message}` }))
         } else if (this.worker === worker) {
           this.stopReason = error.message
           this.log(`app ${this.appId}: its worker failed: ${error.message}`)
         }
       })
       worker.on("exit", (code) => {
-        clearTimeout(timer)
-        if (!loaded) {
-          reject(new AppLoadError({ message: `the app's process exited with code ${code} while loading` }))
+        if (stage !== "loaded") {
+          fail(new AppLoadError({ message: `the app's process exited with code ${code} while loading` }))
           return
         }
         if (!this.closing && this.worker === worker) this.restart(code)

@@ -24,6 +24,7 @@ import { disallowedModelPath } from "../../models/ModelStore.js"
 import { Admission, type AdmissionLimits, unlimitedAdmission } from "./Admission.js"
 import { AppLog } from "./AppLog.js"
 import { parseOutboundHost } from "./OutboundProxy.js"
+import { SchemaThread } from "../SchemaThread.js"
 
 export type AppState = "registering" | "ready" | "unregistering" | "failed"
 
@@ -173,6 +174,11 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       return log
     }
     const pending = new Set<string>()
+    /** Reads the apps' schemas and writes their documents, off the main thread. */
+    const schemaThread = yield* Effect.acquireRelease(
+      Effect.sync(() => new SchemaThread()),
+      (thread) => Effect.promise(() => thread.close())
+    )
 
     const log = (message: string) => Runtime.runSync(runtime)(Effect.logWarning(message))
     const dispatch: GraphDispatcher = (graph, requestId, signal, request) =>
@@ -218,6 +224,7 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
               limits: config.appLimits,
               dispatch,
               log,
+              readSchemas: (wire) => schemaThread.read(wire),
               observer: metrics.requestObserver,
               scope,
               output: appLogOf(name),
@@ -461,6 +468,7 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       apiKeyDigestsOf,
       modelsOf,
       restore,
+      schemaThread,
       has: (id: string) => apps.has(id) || pending.has(id),
       list: (): ReadonlyArray<AppSummary> => [...apps.values()].map(summarize),
       inFlight: () => [...apps.values()].reduce((sum, entry) => sum + (entry.driver?.inFlight ?? 0), 0)

@@ -48,7 +48,7 @@ import { adminRequestRefusal } from "./AdminGuard.js"
 import { errorBody, errorResponse } from "./ErrorResponse.js"
 import { docsAsset, docsContentSecurityPolicy, docsPage } from "./DocsPage.js"
 import { consoleContentSecurityPolicy, consoleFile } from "./ConsolePage.js"
-import { appDocument, type DescribedApp, platformDocument, type UndescribedApp } from "./OpenApi.js"
+import type { DescribedAppText, UndescribedApp } from "../SchemaThread.js"
 import { shortened } from "../../app-runtime/Shortened.js"
 import { parseJsonBody } from "./JsonBody.js"
 import { llmPrefixCaches, prefixCacheMetrics } from "./LlmCacheMetrics.js"
@@ -391,7 +391,10 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
      * An app as the OpenAPI documents show it to a reader who sent `authorization`: with its schemas
      * once it is ready and the reader may call it (the API-key rule of its invoke routes), else named only.
      */
-    const describedApp = (summary: AppSummary, authorization: string | undefined): DescribedApp | UndescribedApp => {
+    const describedApp = (
+      summary: AppSummary,
+      authorization: string | undefined
+    ): DescribedAppText | UndescribedApp => {
       const needsApiKey = config.apiKeys.length > 0 || appManager.apiKeyDigestsOf(summary.id).length > 0
       if (!apiKeyAccepted(authorization, summary.id)) {
         return {
@@ -422,14 +425,16 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
     const platformOpenApi = Effect.gen(function* () {
       const request = yield* HttpServerRequest.HttpServerRequest
       const apps = appManager.list().filter((app) => app.state !== "unregistering")
-      const document = platformDocument(
-        apps.map((app) => describedApp(app, request.headers.authorization)),
-        {
-          adminToken: config.adminToken !== undefined,
-          metricsToken: !config.publicMetrics && (config.metricsToken ?? config.adminToken) !== undefined
-        }
+      const document = yield* Effect.promise(() =>
+        appManager.schemaThread.platformDocument(
+          apps.map((app) => describedApp(app, request.headers.authorization)),
+          {
+            adminToken: config.adminToken !== undefined,
+            metricsToken: !config.publicMetrics && (config.metricsToken ?? config.adminToken) !== undefined
+          }
+        )
       )
-      return HttpServerResponse.unsafeJson(document)
+      return HttpServerResponse.text(document, { contentType: "application/json" })
     })
 
     /** An app's document: for whoever may call it (its API-key rule), once it is ready. */
@@ -446,7 +451,8 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       if (described === undefined || !("schemas" in described)) {
         return yield* new AppNotReady({ appId, state: summary?.state ?? "registering" })
       }
-      return HttpServerResponse.unsafeJson(appDocument(described))
+      const document = yield* Effect.promise(() => appManager.schemaThread.appDocument(described))
+      return HttpServerResponse.text(document, { contentType: "application/json" })
     })
 
     const htmlPage = (html: string) =>

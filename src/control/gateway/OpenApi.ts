@@ -13,6 +13,7 @@ import {
   holdsRef,
   type JsonSchema
 } from "../../app-runtime/driver/AppSchemas.js"
+import type { AppDescription, PlatformAuth, UndescribedApp } from "../AppDescriptions.js"
 import { componentNames } from "./ComponentNames.js"
 import {
   ChatCompletion,
@@ -40,31 +41,9 @@ import {
 export type OpenApiDocument = { readonly openapi: string } & { readonly [field: string]: unknown }
 
 /** An app whose schemas the document shows. */
-export interface DescribedApp {
-  readonly id: string
-  readonly description: string | undefined
-  readonly example: unknown
-  readonly schemas: AppSchemas
-  /** Its invoke routes want an API key (the platform's, or one of its own). */
-  readonly needsApiKey: boolean
-  /** When its current version was registered: its document's version. */
-  readonly registeredAt: string
-}
+export type DescribedApp = AppDescription<AppSchemas>
 
-/** An app the platform's document names without its schemas: not ready, or its API keys keep them from this reader. */
-export interface UndescribedApp {
-  readonly id: string
-  readonly why: string
-  readonly needsApiKey: boolean
-}
-
-/** Who must show what to the platform's routes. */
-export interface PlatformAuth {
-  /** The admin routes want the admin token (all but `--insecure-no-auth`). */
-  readonly adminToken: boolean
-  /** `/metrics` wants the metrics token or the admin token (unless `--public-metrics`). */
-  readonly metricsToken: boolean
-}
+export type { PlatformAuth, UndescribedApp }
 
 const schemasPrefix = "#/components/schemas/"
 const ref = (name: string) => ({ $ref: `${schemasPrefix}${name}` })
