@@ -20,6 +20,7 @@ import {
 import { AppLog } from "./AppLog.js"
 import type { OutboundRules } from "./OutboundProxy.js"
 import { AppProcess, type AppProcessLimits } from "./AppProcess.js"
+import { ChannelBudget, channelRateOf } from "./ChannelBudget.js"
 import { restartPolicy } from "../../process/RestartPolicy.js"
 import { type AppShare, dispatchFailureOf, type GraphDispatcher, type RequestObserver } from "../DispatchContract.js"
 import type { Span } from "../../tracing/Tracing.js"
@@ -103,6 +104,8 @@ export class AppDriver {
   share: AppShare
   /** What its process said at its last load (each restart loads it again). */
   loaded: LoadedApp | undefined
+  /** Why its process last stopped while the app stayed registered, and when (`app list` shows it). */
+  lastStop: { readonly reason: string; readonly at: string } | undefined
   private worker!: AppProcess
   private readonly replies = new Map<number, ReplyHandlers>()
   /** What arrived and left of each streaming request's lines, to give the app room as they leave. */
@@ -137,6 +140,8 @@ export class AppDriver {
 
   /** What the app writes to its stdout and stderr, across its processes. */
   private readonly output: AppLog
+  /** What the app may write to its channel, across its processes: a process restarted for writing too fast starts with none. */
+  private readonly channelBudget: ChannelBudget
 
   /** Asks the app's process for a sign of life, whether or not any client is still waiting on it. */
   private readonly watchdog: NodeJS.Timeout
@@ -159,6 +164,7 @@ export class AppDriver {
   ) {
     this.share = { app: appId, weight: 1 }
     this.output = output ?? new AppLog(appId)
+    this.channelBudget = new ChannelBudget(channelRateOf(limits.maxResponseBytes))
     this.clocks = new RequestClocks(appId, observer)
     this.watchdog = setInterval(() => {
       if (this.watchdogPinging || this.replies.size === 0) return
@@ -210,6 +216,11 @@ export class AppDriver {
 
   get inFlight(): number {
     return this.replies.size
+  }
+
+  /** Whether its process is being started again after it stopped. */
+  get isRestarting(): boolean {
+    return this.restarting !== undefined
   }
 
   /** Hands a request to the app; `parent` is the gateway's span of it. */
@@ -299,7 +310,7 @@ export class AppDriver {
   }
 
   private spawn(): Promise<LoadedApp> {
-    const worker = new AppProcess(this.code, this.limits, this.output, this.outbound)
+    const worker = new AppProcess(this.code, this.limits, this.output, this.outbound, this.channelBudget)
     this.worker = worker
     this.nextDispatchId = 0
     this.stopReason = undefined
@@ -376,7 +387,10 @@ export class AppDriver {
   }
 
   private restart(exitCode: number) {
-    this.failAll(`${this.stopReason ?? `the app's worker stopped (exit code ${exitCode})`}; it is being restarted`)
+    const reason = this.stopReason ?? `the app's worker stopped (exit code ${exitCode})`
+    this.lastStop = { reason, at: new Date().toISOString() }
+    this.output.note(`${reason}; it is being restarted`)
+    this.failAll(`${reason}; it is being restarted`)
     for (const controller of this.dispatches.values()) controller.abort()
     this.dispatches.clear()
     this.dispatchWindows.clear()

@@ -132,6 +132,18 @@ const appNamePattern = /^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$/
  */
 const reservedAppNames: ReadonlySet<string> = new Set(["logs"])
 
+/** Why an app failed; for a registered one, why its process last stopped and was started again. */
+const errorOf = (entry: AppEntry): { readonly error?: string } => {
+  if (entry.error !== undefined) return { error: entry.error }
+  const stopped = entry.driver?.lastStop
+  if (stopped === undefined) return {}
+  return {
+    error: entry.driver?.isRestarting
+      ? `its process is being restarted: ${stopped.reason}`
+      : `its process was restarted at ${stopped.at}: ${stopped.reason}`
+  }
+}
+
 const summarize = (entry: AppEntry): AppSummary => ({
   id: entry.id,
   state: entry.state,
@@ -143,7 +155,7 @@ const summarize = (entry: AppEntry): AppSummary => ({
     ? {}
     : { admission: entry.driver.admission.limits }),
   ...(entry.driver?.timeoutMs === undefined ? {} : { timeoutMs: entry.driver.timeoutMs }),
-  ...(entry.error === undefined ? {} : { error: entry.error }),
+  ...errorOf(entry),
   ...(entry.example === undefined ? {} : { example: entry.example }),
   ...(entry.description === undefined ? {} : { description: entry.description })
 })

@@ -13,6 +13,7 @@ import {
   type ToWorker
 } from "../../app-runtime/driver/protocol.js"
 import { AppLog } from "./AppLog.js"
+import { ChannelBudget, channelRateExceeded, channelRateOf } from "./ChannelBudget.js"
 import { appSandbox } from "./AppSandbox.js"
 import { OutboundProxy, type OutboundRules } from "./OutboundProxy.js"
 
@@ -61,6 +62,8 @@ const residentBytes = (pid: number): number | undefined => {
  * throws here on a line that is not JSON, and acts on its own messages (`{ cmd: "NODE_..." }`) before
  * any decoder sees them; an app's code can write to the fd whatever the SDK does. Here every frame is
  * refused by its length before it is buffered, then parsed and decoded, and a bad one stops the app.
+ * Its bytes are counted as they arrive against the app's rate (ChannelBudget.ts): a process that
+ * writes faster is stopped before what it wrote is buffered any further.
  *
  * It has the shape of a worker thread (`postMessage`, `message`/`error`/`exit` events, `terminate`),
  * so the app driver runs it as it ran one.
@@ -80,13 +83,17 @@ export class AppProcess extends EventEmitter<{
   private readonly log: AppLog
   /** The proxy to the hosts the app's registration allows; none when it allows none. */
   private readonly outbound: OutboundProxy | undefined
+  /** What the app may still write to its channel. */
+  private readonly budget: ChannelBudget
 
   /**
    * `log` is the app's, kept across its processes; without one, the process has a log of its own,
-   * named by its pid. `outbound` names the hosts the app may connect to (OutboundProxy.ts).
+   * named by its pid. `outbound` names the hosts the app may connect to (OutboundProxy.ts). `budget`
+   * is the app's, kept across its processes; without one, the process has one of its own.
    */
-  constructor(code: string, limits: AppProcessLimits, log?: AppLog, outbound?: OutboundRules) {
+  constructor(code: string, limits: AppProcessLimits, log?: AppLog, outbound?: OutboundRules, budget?: ChannelBudget) {
     super()
+    this.budget = budget ?? new ChannelBudget(channelRateOf(limits.maxResponseBytes))
     const sandbox = appSandbox()
     const { runtime } = sandbox
     const launch = sandbox.launch([
@@ -123,6 +130,7 @@ export class AppProcess extends EventEmitter<{
     const receive = (message: unknown) => this.receive(message)
     this.channel.on("data", (chunk: Buffer) => {
       if (this.stopped || this.exited) return
+      if (!this.budget.spend(chunk.length)) return this.stop(channelRateExceeded(this.budget.rate))
       const broken = frames.read(chunk, receive)
       if (broken !== undefined) this.stop(`the app's process broke the protocol with ${broken}`)
     })
@@ -221,7 +229,9 @@ export class AppProcess extends EventEmitter<{
   private post(message: ToAppProcess) {
     if (this.exited || this.stopped || !this.channel.writable) return
     // A process that is going away cannot take messages; its exit fails what it held.
-    this.channel.write(encodeFrame(message))
+    const frame = encodeFrame(message)
+    this.budget.credit(frame.length)
+    this.channel.write(frame)
   }
 }
 
