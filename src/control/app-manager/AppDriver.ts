@@ -42,6 +42,9 @@ export interface LoadedApp {
 /** Reads the schemas an app's process sent, off the main thread: cleaned, or why they are refused. */
 export type SchemasReader = (wire: AppSchemasWire) => Promise<CleanedSchemas | string>
 
+/** The most messages a process may send between its "loaded" and the end of its schemas' reading (the SDK sends none). */
+const maxHeldWhileReading = 16
+
 /** Why an app's process could not load it: the registration's error, or a restart's. */
 export class AppLoadError extends Schema.TaggedError<AppLoadError>()("AppLoadError", { message: Schema.String }) {}
 
@@ -346,7 +349,7 @@ export class AppDriver {
         this.declaredTasks = new Set(app.tasks.map((task) => task.id))
         this.loaded = app
         resolve(app)
-        for (const message of held.splice(0)) if (this.worker === worker) act(message)
+        for (const message of held.splice(0)) if (this.worker === worker && !worker.stopping) act(message)
       }
       const act = (message: FromWorker) => {
         if (stage !== "loading" && (message.t === "loaded" || message.t === "load-failed")) {
@@ -365,8 +368,9 @@ export class AppDriver {
       }
       worker.on("message", (message: FromWorker) => {
         if (this.worker !== worker || stage === "failed") return
-        if (stage === "reading") held.push(message)
-        else act(message)
+        if (stage !== "reading") act(message)
+        else if (held.length < maxHeldWhileReading) held.push(message)
+        else this.violation(`it sent more than ${maxHeldWhileReading} messages while its schemas were read`)
       })
       worker.on("error", (error) => {
         if (stage !== "loaded") {

@@ -178,6 +178,11 @@ export class AppProcess extends EventEmitter<{
     return this.child.pid
   }
 
+  /** Whether it broke a rule or exited: nothing more it sent is acted on. */
+  get stopping(): boolean {
+    return this.stopped || this.exited
+  }
+
   /** The last lines the app wrote to its stdout and stderr (its log's, across its processes). */
   logTail(): string {
     return this.log.tail()
