@@ -272,8 +272,8 @@ const transcriptionPaths = (app: DescribedApp, rename: (ref: string) => string |
       response_format: { type: "string", enum: ["json", "text", "verbose_json", "srt", "vtt"] },
       temperature: { type: "number", description: "Only 0 (greedy) is implemented." },
       "timestamp_granularities[]": { type: "array", items: { type: "string", enum: ["segment"] } },
-      chunk_length_s: { type: "number", description: "Windows long audio is cut in, at most 30 s." },
-      stride_length_s: { type: "number" },
+      chunk_length_s: { type: "number", description: "Windows long audio is cut in, from 1 to 30 s." },
+      stride_length_s: { type: "number", description: "Overlap on each side of a window, at most 3/8 of it." },
       task: { type: "string", enum: ["transcribe", "translate"] }
     }
   }
