@@ -1,4 +1,5 @@
 import { Schema } from "effect"
+import { checkSchemaBounds, schemaBounds, schemaTooLarge } from "./SchemaBounds.js"
 
 /**
  * What a structured-output request asks for (OpenAI's `response_format`, or a tool's parameters),
@@ -25,6 +26,11 @@ import { Schema } from "effect"
  * - strings: any length; escapes `\" \\ \/ \b \f \n \r \t \uXXXX` (no lone surrogates: a
  *   \uD800–\uDFFF escape is refused); raw characters are valid UTF-8 at or above U+0020.
  * - enum and const values are written as JSON.stringify writes them.
+ *
+ * A schema past SchemaBounds.ts's bounds is refused (SchemaTooLarge) before it is compiled, and
+ * compiling takes time linear in the schema: an object's properties, optional or not, are laid
+ * out in one pass, references are compiled from a queue rather than by recursion, and the
+ * shortest values are found in one pass over the schema's graph.
  */
 
 export type ResponseFormat =
@@ -72,11 +78,14 @@ export interface Property {
 
 /**
  * Bytes still to write in an object with declared properties, by the index of the next property
- * that may be written (all earlier ones written or left out).
+ * that may be written (all earlier ones written or left out). The keys that may come next at an
+ * index are those from it up to the first required one (see `keyCandidates`).
  */
 export interface ObjectLayout {
-  /** The properties whose key may come next: from the index up to the first required one. */
-  readonly candidates: ReadonlyArray<ReadonlyArray<number>>
+  /** The first required property from this index on (the count of properties when none is left). */
+  readonly nextRequired: ReadonlyArray<number>
+  /** Of the keys that may come next, the one whose key, value and tail are the fewest bytes (-1 when none may). */
+  readonly cheapest: ReadonlyArray<number>
   /** After a value, with properties from this index left: `}` or `,` and the rest. */
   readonly tail: ReadonlyArray<number>
   /** Where a key starts (after `,` or `{`): the cheapest candidate's key, `:`, value, and the tail. */
@@ -84,6 +93,19 @@ export interface ObjectLayout {
   /** Right after `{`. */
   readonly open: number
 }
+
+/** The properties whose key may come next at `index` (all before it written or left out). */
+export const keyCandidates = (layout: ObjectLayout, index: number): Array<number> => {
+  const count = layout.nextRequired.length - 1
+  const end = Math.min(layout.nextRequired[index]! + 1, count)
+  const candidates: Array<number> = []
+  for (let j = index; j < end; j++) candidates.push(j)
+  return candidates
+}
+
+/** No property is left to write from `index` on but optional ones: the object may close. */
+export const mayCloseAt = (layout: ObjectLayout, index: number): boolean =>
+  layout.nextRequired[index] === layout.nextRequired.length - 1
 
 export type GrammarNode =
   | {
@@ -130,8 +152,9 @@ export const compileGrammar = (format: ResponseFormat): Grammar => {
 
 /** The grammar of a JSON Schema (a `json_schema` response format's, or a tool's parameters). */
 export const compileJsonSchema = (schema: unknown, options: { readonly strict: boolean }): Grammar => {
+  checkSchemaBounds(schema)
   const compiler = new Compiler(schema, options.strict)
-  const root = compiler.compile(schema, "#")
+  const root = compiler.compileAll(schema)
   return { key: `${options.strict ? "strict" : "loose"}:${JSON.stringify(schema)}`, root: compiler.finish(root) }
 }
 
@@ -187,19 +210,34 @@ type Draft =
   | { kind: "union"; id: number; options: Array<Draft>; minLength: number }
   | { kind: "ref"; id: number; target: Draft | undefined; path: string; minLength: number }
 
-const noLayout: ObjectLayout = { candidates: [], tail: [], nextKey: [], open: 0 }
+const noLayout: ObjectLayout = { nextRequired: [0], cheapest: [-1], tail: [1], nextKey: [Infinity], open: 1 }
 
 class Compiler {
   private nextId = 0
   private nextLiteralId = 0
   private readonly nodes: Array<Draft> = []
   private readonly refs = new Map<string, Draft>()
+  /** References whose targets are still to compile: compiled in turn, so that a chain of them is no recursion. */
+  private readonly unresolved: Array<{
+    readonly ref: Extract<Draft, { kind: "ref" }>
+    readonly schema: unknown
+    readonly path: string
+  }> = []
   private anyValue: Draft | undefined
 
   constructor(
     private readonly document: unknown,
     private readonly strict: boolean
   ) {}
+
+  /** The whole schema, the targets of its references included. */
+  compileAll(schema: unknown): Draft {
+    const root = this.compile(schema, "#")
+    for (let next = this.unresolved.pop(); next !== undefined; next = this.unresolved.pop()) {
+      next.ref.target = this.compile(next.schema, next.path)
+    }
+    return root
+  }
 
   compile(schema: unknown, path: string): Draft {
     if (schema === true) return this.any()
@@ -249,21 +287,25 @@ class Compiler {
 
   /** Resolves references, drops what admits no finite value, and fills in lengths and layouts. */
   finish(root: Draft): GrammarNode {
-    const resolve = (node: Draft, seen = new Set<Draft>()): Draft => {
-      if (node.kind !== "ref") return node
-      if (seen.has(node) || node.target === undefined) {
-        throw new UnsupportedSchema({ keyword: "$ref", path: node.path, reason: "$ref refers to itself" })
+    const resolved = new Map<Draft, Draft>()
+    /** What a reference (or a chain of them) stands for; each reference is followed once. */
+    const resolve = (node: Draft): Draft => {
+      const chain: Array<Draft> = []
+      let at = node
+      while (at.kind === "ref") {
+        const known = resolved.get(at)
+        if (known !== undefined) {
+          at = known
+          break
+        }
+        if (chain.includes(at) || at.target === undefined) {
+          throw new UnsupportedSchema({ keyword: "$ref", path: at.path, reason: "$ref refers to itself" })
+        }
+        chain.push(at)
+        at = at.target
       }
-      seen.add(node)
-      return resolve(node.target, seen)
-    }
-    const flatten = (options: ReadonlyArray<Draft>, out: Array<Draft>, seen: Set<Draft>) => {
-      for (const option of options.map((o) => resolve(o))) {
-        if (seen.has(option)) continue
-        seen.add(option)
-        if (option.kind === "union") flatten(option.options, out, seen)
-        else out.push(option)
-      }
+      for (const ref of chain) resolved.set(ref, at)
+      return at
     }
     for (const node of this.nodes) {
       if (node.kind === "object") {
@@ -271,25 +313,33 @@ class Compiler {
         if (node.extra !== undefined) node.extra = resolve(node.extra)
       } else if (node.kind === "array") node.items = resolve(node.items)
     }
-    for (const node of this.nodes) {
-      if (node.kind !== "union") continue
-      const options: Array<Draft> = []
-      flatten(node.options, options, new Set([node]))
-      node.options = options
+    let steps = 0
+    /** A union's options, the options of unions among them in their place, each once. */
+    const flatten = (union: Extract<Draft, { kind: "union" }>): Array<Draft> => {
+      const out: Array<Draft> = []
+      const seen = new Set<Draft>([union])
+      const pending: Array<{ readonly options: ReadonlyArray<Draft>; at: number }> = [{ options: union.options, at: 0 }]
+      while (pending.length > 0) {
+        const top = pending[pending.length - 1]!
+        if (top.at === top.options.length) {
+          pending.pop()
+          continue
+        }
+        if (++steps > schemaBounds.alternatives) {
+          throw schemaTooLarge("alternatives", "steps of gathering the options of nested anyOf")
+        }
+        const option = resolve(top.options[top.at++]!)
+        if (seen.has(option)) continue
+        seen.add(option)
+        if (option.kind === "union") pending.push({ options: option.options, at: 0 })
+        else out.push(option)
+      }
+      return out
     }
+    for (const node of this.nodes) if (node.kind === "union") node.options = flatten(node)
     const top = resolve(root)
     const live = this.nodes.filter((node) => node.kind !== "ref")
-    // Shortest values, by fixpoint: recursion through $ref makes the nodes a graph.
-    for (let changed = true; changed; ) {
-      changed = false
-      for (const node of live) {
-        const length = minLength(node)
-        if (length < node.minLength) {
-          node.minLength = length
-          changed = true
-        }
-      }
-    }
+    shortestValues(live)
     if (!Number.isFinite(top.minLength)) {
       throw new UnsupportedSchema({
         keyword: "$ref",
@@ -367,7 +417,7 @@ class Compiler {
         })
       }
     }
-    node.target = this.compile(schema, target)
+    this.unresolved.push({ ref: node, schema, path: target })
     return node
   }
 
@@ -416,8 +466,10 @@ class Compiler {
       throw new UnsupportedSchema({ keyword: "required", path, reason: "required must be a list of names" })
     }
     const names = Object.keys(properties)
-    for (const name of required as ReadonlyArray<string>) {
-      if (!names.includes(name)) {
+    const declared = new Set(names)
+    const requiredNames = new Set(required as ReadonlyArray<string>)
+    for (const name of requiredNames) {
+      if (!declared.has(name)) {
         throw new UnsupportedSchema({
           keyword: "required",
           path,
@@ -426,7 +478,7 @@ class Compiler {
       }
     }
     if (this.strict) {
-      const optional = names.find((name) => !required.includes(name))
+      const optional = names.find((name) => !requiredNames.has(name))
       if (optional !== undefined) {
         throw new UnsupportedSchema({
           keyword: "required",
@@ -462,7 +514,7 @@ class Compiler {
         name,
         key: utf8.encode(JSON.stringify(name)),
         value: this.compile((properties as Record<string, unknown>)[name], pointer(path, "properties", name)),
-        required: required.includes(name)
+        required: requiredNames.has(name)
       })
     }
     return node
@@ -499,7 +551,10 @@ class Compiler {
         throw new UnsupportedSchema({ keyword: "enum", path, reason: "enum must be a non-empty list" })
       }
       values = s.enum
-      if (s.const !== undefined) values = values.filter((v) => JSON.stringify(v) === JSON.stringify(s.const))
+      if (s.const !== undefined) {
+        const only = JSON.stringify(s.const)
+        values = values.filter((v) => JSON.stringify(v) === only)
+      }
     } else {
       values = [s.const]
     }
@@ -543,18 +598,24 @@ class Compiler {
       }
       node.terminal = true
     }
-    const measure = (node: Building): number => {
+    // Children before parents, without recursion: a literal may be long.
+    const order: Array<Building> = []
+    for (const pending = [root]; pending.length > 0; ) {
+      const node = pending.pop()!
+      order.push(node)
+      for (const child of node.children.values()) pending.push(child)
+    }
+    for (let i = order.length - 1; i >= 0; i--) {
+      const node = order[i]!
       if (node.terminal) node.minRemaining = 0
       for (const [byte, child] of node.children) {
-        const length = measure(child) + 1
-        if (length < node.minRemaining) {
-          node.minRemaining = length
+        if (child.minRemaining + 1 < node.minRemaining) {
+          node.minRemaining = child.minRemaining + 1
           node.minNext = byte
         }
       }
-      return node.minRemaining
     }
-    return this.add({ kind: "literal", id: 0, trie: root, minLength: measure(root) })
+    return this.add({ kind: "literal", id: 0, trie: root, minLength: root.minRemaining })
   }
 }
 
@@ -577,14 +638,35 @@ const isOfType = (value: unknown, type: TypeName): boolean => {
   }
 }
 
-const minLength = (node: Draft): number => {
+/** What a node's shortest value needs first: none (its length is known), all of `needs`, or any one of them. */
+const needsOf = (node: Draft): { readonly all: boolean; readonly needs: ReadonlyArray<Draft> } | undefined => {
+  switch (node.kind) {
+    case "object":
+      return node.extra !== undefined
+        ? undefined
+        : { all: true, needs: node.properties.filter((p) => p.required).map((p) => p.value) }
+    case "array":
+      return node.minItems === 0 ? undefined : { all: true, needs: [node.items] }
+    case "union":
+      return { all: false, needs: node.options }
+    default:
+      return undefined
+  }
+}
+
+/** The length of a node's shortest value, from those of the nodes it needs. */
+const lengthOf = (node: Draft): number => {
   switch (node.kind) {
     case "object": {
       if (node.extra !== undefined) return 2
-      const required = node.properties.filter((p) => p.required)
-      let length = 2 + Math.max(0, required.length - 1)
-      for (const p of required) length += p.key.length + 1 + p.value.minLength
-      return length
+      let required = 0
+      let length = 2
+      for (const p of node.properties) {
+        if (!p.required) continue
+        required++
+        length += p.key.length + 1 + p.value.minLength
+      }
+      return length + Math.max(0, required - 1)
     }
     case "array":
       return node.minItems === 0 ? 2 : 2 + node.minItems * (node.items.minLength + 1) - 1
@@ -595,33 +677,120 @@ const minLength = (node: Draft): number => {
     case "literal":
       return node.trie.minRemaining
     case "union":
-      return Math.min(...node.options.map((o) => o.minLength))
     case "ref":
-      return node.target?.minLength ?? Infinity
+      return Infinity
   }
 }
 
+/**
+ * Sets each node's `minLength`, Knuth's generalization of Dijkstra's algorithm over the schema's
+ * graph (recursion through $ref makes it one): the shortest values are settled shortest first, a
+ * node needing all its parts once they all are, a union at its first settled option. A node
+ * never settled admits no finite value. Refuses a schema whose shortest values are longer, or
+ * nest deeper, than SchemaBounds.ts takes.
+ */
+const shortestValues = (nodes: ReadonlyArray<Draft>): void => {
+  const dependents = new Map<Draft, Array<Draft>>()
+  const waiting = new Map<Draft, number>()
+  const depth = new Map<Draft, number>()
+  const queue = new SettleQueue()
+  for (const node of nodes) {
+    const needs = needsOf(node)
+    if (needs === undefined || (needs.all && needs.needs.length === 0)) {
+      queue.push(node, lengthOf(node), 1)
+      continue
+    }
+    if (needs.all) waiting.set(node, needs.needs.length)
+    for (const need of needs.needs) {
+      const list = dependents.get(need)
+      if (list === undefined) dependents.set(need, [node])
+      else list.push(node)
+    }
+  }
+  for (let next = queue.pop(); next !== undefined; next = queue.pop()) {
+    const { node, length, nesting } = next
+    if (depth.has(node)) continue
+    if (length > schemaBounds.shortestValue) {
+      throw schemaTooLarge("shortestValue", "bytes in its shortest value (or in that of one of its parts)")
+    }
+    if (nesting > schemaBounds.shortestValueDepth) {
+      throw schemaTooLarge("shortestValueDepth", "values within values in its shortest value")
+    }
+    node.minLength = length
+    depth.set(node, nesting)
+    for (const dependent of dependents.get(node) ?? []) {
+      if (depth.has(dependent)) continue
+      if (dependent.kind === "union") {
+        queue.push(dependent, length, nesting)
+        continue
+      }
+      const left = waiting.get(dependent)! - 1
+      waiting.set(dependent, left)
+      if (left > 0) continue
+      let deepest = 0
+      for (const need of needsOf(dependent)!.needs) deepest = Math.max(deepest, depth.get(need)!)
+      queue.push(dependent, lengthOf(dependent), deepest + 1)
+    }
+  }
+}
+
+/** A binary heap of nodes by the length they would settle at. */
+class SettleQueue {
+  private readonly items: Array<{ readonly node: Draft; readonly length: number; readonly nesting: number }> = []
+
+  push(node: Draft, length: number, nesting: number): void {
+    const items = this.items
+    items.push({ node, length, nesting })
+    for (let at = items.length - 1; at > 0; ) {
+      const parent = (at - 1) >> 1
+      if (items[parent]!.length <= items[at]!.length) break
+      ;[items[parent], items[at]] = [items[at]!, items[parent]!]
+      at = parent
+    }
+  }
+
+  pop(): { readonly node: Draft; readonly length: number; readonly nesting: number } | undefined {
+    const items = this.items
+    const first = items[0]
+    const last = items.pop()
+    if (first === undefined || last === undefined || items.length === 0) return first
+    items[0] = last
+    for (let at = 0; ; ) {
+      const left = 2 * at + 1
+      const right = left + 1
+      let least = at
+      if (left < items.length && items[left]!.length < items[least]!.length) least = left
+      if (right < items.length && items[right]!.length < items[least]!.length) least = right
+      if (least === at) break
+      ;[items[least], items[at]] = [items[at]!, items[least]!]
+      at = least
+    }
+    return first
+  }
+}
+
+/** An object's layout in one pass from its last property back. */
 const layout = (node: Extract<Draft, { kind: "object" }>): ObjectLayout => {
   const properties = node.properties
   const count = properties.length
-  const candidates: Array<Array<number>> = []
-  for (let i = 0; i <= count; i++) {
-    const list: Array<number> = []
-    for (let j = i; j < count; j++) {
-      list.push(j)
-      if (properties[j]!.required) break
-    }
-    candidates.push(list)
-  }
+  const nextRequired = new Array<number>(count + 1).fill(count)
+  const cheapest = new Array<number>(count + 1).fill(-1)
   const tail = new Array<number>(count + 1).fill(1)
   const nextKey = new Array<number>(count + 1).fill(Infinity)
   for (let i = count - 1; i >= 0; i--) {
-    for (const j of candidates[i]!) {
-      const p = properties[j]!
-      nextKey[i] = Math.min(nextKey[i]!, p.key.length + 1 + p.value.minLength + tail[j + 1]!)
+    const p = properties[i]!
+    nextRequired[i] = p.required ? i : nextRequired[i + 1]!
+    // The candidates at i: i itself, and if it may be left out, those at i + 1 (earlier wins a tie).
+    const cost = p.key.length + 1 + p.value.minLength + tail[i + 1]!
+    if (p.required || cost <= nextKey[i + 1]!) {
+      nextKey[i] = cost
+      cheapest[i] = i
+    } else {
+      nextKey[i] = nextKey[i + 1]!
+      cheapest[i] = cheapest[i + 1]!
     }
-    tail[i] = properties.slice(i).some((p) => p.required) ? 1 + nextKey[i]! : 1
+    tail[i] = nextRequired[i]! < count ? 1 + nextKey[i]! : 1
   }
-  const open = properties.some((p) => p.required) ? nextKey[0]! : 1
-  return { candidates, tail, nextKey, open }
+  const open = nextRequired[0]! < count ? nextKey[0]! : 1
+  return { nextRequired, cheapest, tail, nextKey, open }
 }

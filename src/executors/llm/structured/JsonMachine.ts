@@ -1,4 +1,11 @@
-import { type Grammar, type GrammarNode, type LiteralTrie, numberLimits } from "./JsonGrammar.js"
+import {
+  type Grammar,
+  type GrammarNode,
+  keyCandidates,
+  type LiteralTrie,
+  mayCloseAt,
+  numberLimits
+} from "./JsonGrammar.js"
 import { stringClosed, stringCompletion, stringNext, stringPlain, stringRefused } from "./JsonString.js"
 
 /**
@@ -118,7 +125,7 @@ export class Thread {
   completion(): Array<number> {
     const bytes: Array<number> = []
     for (let thread: Thread | undefined = this; thread !== undefined; thread = thread.below) {
-      bytes.push(...thread.frame.completion)
+      append(bytes, thread.frame.completion)
     }
     return bytes
   }
@@ -215,7 +222,9 @@ export class Machine {
     position = 0,
     candidates: ReadonlyArray<number> = []
   ): Frame {
-    const sig = `o${node.id}.${phase}.${index}.${position}.${candidates.join(",")}`
+    // In a key, the candidates are the keys from `index` on (up to a required one) that start with
+    // the bytes written so far: the first of them names those bytes, and so the whole list.
+    const sig = `o${node.id}.${phase}.${index}.${position}.${candidates[0] ?? ""}`
     const existing = this.frames.get(sig)
     if (existing !== undefined) return existing
     let need: number
@@ -385,14 +394,14 @@ export class Machine {
     ): ReadonlyArray<Move> => [{ kind: "replace", frame: this.objectFrame(node, phase, at, position, candidates) }]
     const startKey = (at: number): ReadonlyArray<Move> => {
       if (any) return [{ kind: "push", frame: this.objectFrame(node, colon, 0), child: this.stringFrame(stringPlain) }]
-      const candidates = node.layout.candidates[at]!
+      const candidates = keyCandidates(node.layout, at)
       return candidates.length === 0 ? none : replace(key, at, 1, candidates)
     }
     const startValue = () =>
       any
         ? this.valueMoves(node.extra!, byte, this.objectFrame(node, afterValue, 0))
         : this.valueMoves(node.properties[index]!.value, byte, this.objectFrame(node, afterValue, index + 1))
-    const mayClose = (at: number) => any || !node.properties.slice(at).some((p) => p.required)
+    const mayClose = (at: number) => any || mayCloseAt(node.layout, at)
     switch (frame.phase) {
       case open:
         if (byte === char("}") && mayClose(0)) return [pop]
@@ -410,7 +419,7 @@ export class Machine {
       case value:
         return startValue()
       case afterValue:
-        if (byte === char(",")) return any || node.layout.candidates[index]!.length > 0 ? replace(nextSpace) : none
+        if (byte === char(",")) return any || index < node.properties.length ? replace(nextSpace) : none
         return byte === char("}") && mayClose(index) ? [pop] : none
       case nextSpace:
         if (byte === char(" ")) return replace(nextKey)
@@ -561,27 +570,36 @@ export class Machine {
       }
     }
     const { properties, layout } = node
-    const entry = (j: number, from: number): Array<number> => [
-      ...properties[j]!.key.subarray(from),
-      char(":"),
-      ...this.minValue(properties[j]!.value),
-      ...after(j + 1)
-    ]
-    const cheapest = (candidates: ReadonlyArray<number>, from: number) =>
-      candidates.reduce((best, j) => {
-        const cost = (k: number) =>
-          properties[k]!.key.length - from + properties[k]!.value.minLength + layout.tail[k + 1]!
-        return cost(j) < cost(best) ? j : best
-      })
+    const close = char("}")
+    /** The key of property `j` from its byte `from`, its shortest value, and the shortest way on to `}`. */
+    const entry = (j: number, from: number): Array<number> => {
+      const bytes: Array<number> = []
+      for (let at = j, skip = from; ; skip = 0) {
+        append(bytes, properties[at]!.key.subarray(skip))
+        bytes.push(char(":"))
+        append(bytes, this.minValue(properties[at]!.value))
+        if (mayCloseAt(layout, at + 1)) break
+        bytes.push(char(","))
+        at = layout.cheapest[at + 1]!
+      }
+      bytes.push(close)
+      return bytes
+    }
+    /** After a value, with properties from `i` left. */
     const after = (i: number): Array<number> =>
-      properties.slice(i).some((p) => p.required)
-        ? [char(","), ...entry(cheapest(layout.candidates[i]!, 0), 0)]
-        : [char("}")]
+      mayCloseAt(layout, i) ? [close] : [char(","), ...entry(layout.cheapest[i]!, 0)]
     switch (frame.phase) {
       case open:
-        return properties.some((p) => p.required) ? entry(cheapest(layout.candidates[0]!, 0), 0) : [char("}")]
-      case key:
-        return entry(cheapest(frame.candidates, frame.position), frame.position)
+        return mayCloseAt(layout, 0) ? [close] : entry(layout.cheapest[0]!, 0)
+      case key: {
+        const from = frame.position
+        const cost = (k: number) =>
+          properties[k]!.key.length - from + properties[k]!.value.minLength + layout.tail[k + 1]!
+        return entry(
+          frame.candidates.reduce((best, j) => (cost(j) < cost(best) ? j : best)),
+          from
+        )
+      }
       case colon:
         return [char(":"), ...this.minValue(properties[frame.index]!.value), ...after(frame.index + 1)]
       case valueSpace:
@@ -590,9 +608,14 @@ export class Machine {
       case afterValue:
         return after(frame.index)
       default:
-        return entry(cheapest(layout.candidates[frame.index]!, 0), 0)
+        return entry(layout.cheapest[frame.index]!, 0)
     }
   }
+}
+
+/** Appends `bytes` to `out` one by one: a spread into push would take them all as arguments. */
+const append = (out: Array<number>, bytes: ArrayLike<number>): void => {
+  for (let i = 0; i < bytes.length; i++) out.push(bytes[i]!)
 }
 
 const literalCompletion = (trie: LiteralTrie): Array<number> => {
