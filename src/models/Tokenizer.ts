@@ -4,12 +4,14 @@ import { Template } from "@huggingface/jinja"
 import { Tokenizer } from "@huggingface/tokenizers"
 import { Either, Schema } from "effect"
 import { decodeConfig, InvalidModelDirectory, type ModelDirectory } from "./ModelDirectory.js"
+import { LiteralEncoder, type LiteralPrompt, SpecialTokens, unmark } from "./SpecialTokenText.js"
 
 /**
  * A model directory's tokenizer (tokenizer.json with tokenizer_config.json) and chat template,
  * read and applied as transformers.js reads and applies them: the same tokenizer implementation,
  * the same Jinja implementation, the same variables given to the template, and a rendered chat
- * tokenized without the tokenizer's own special tokens (the template writes them).
+ * tokenized without the tokenizer's own special tokens (the template writes them). A client's texts
+ * in a chat are text: a special token spelled in one is its characters (SpecialTokenText.ts).
  *
  * The template comes from the first of, as transformers saves it: chat_template.jinja,
  * chat_template.json (`{"chat_template": ...}`), tokenizer_config.json's `chat_template`. The last
@@ -70,6 +72,9 @@ export class ChatTokenizer {
   private readonly source: TemplateSource | undefined
   private readonly compiled = new Map<string, Template>()
   private readonly specialTokens: Readonly<Record<string, string>>
+  /** The special tokens a client's text may spell, which a prompt takes as text. */
+  readonly specials: SpecialTokens
+  private readonly literalEncoder: LiteralEncoder
 
   constructor(model: ModelDirectory) {
     if (model.tokenizer === undefined) {
@@ -85,6 +90,8 @@ export class ChatTokenizer {
       })
     }
     this.specialTokens = specialTokens(model.path, rawConfig)
+    this.specials = SpecialTokens.of(this.tokenizer)
+    this.literalEncoder = new LiteralEncoder(this.tokenizer, rawConfig)
     this.source = templateSource(model)
     if (this.source?.templates.has("default") === true) {
       try {
@@ -101,6 +108,11 @@ export class ChatTokenizer {
    */
   encode(text: string, options: { readonly addSpecialTokens?: boolean } = {}): Array<number> {
     return this.tokenizer.encode(text, { add_special_tokens: options.addSpecialTokens ?? false }).ids
+  }
+
+  /** Token ids of a rendered prompt: special tokens written in its literals are their characters. */
+  encodePrompt(prompt: LiteralPrompt): Array<number> {
+    return prompt.literals.length === 0 ? this.encode(prompt.text) : this.literalEncoder.encode(prompt)
   }
 
   decode(ids: ReadonlyArray<number>, options: { readonly skipSpecialTokens?: boolean } = {}): string {
@@ -152,12 +164,25 @@ export class ChatTokenizer {
     }
   }
 
-  /** The ids the model runs for a chat: the rendered template, its special tokens as written. */
+  /**
+   * The ids the model runs for a chat: the rendered template, its special tokens as written, and
+   * the messages' contents as text, special tokens spelled in them included.
+   */
   encodeChat(
     messages: ReadonlyArray<ChatMessage>,
     options: { readonly addGenerationPrompt?: boolean; readonly template?: string } = {}
   ): Array<number> {
-    return this.encode(this.applyChatTemplate(messages, options))
+    const marker = this.specials.marker()
+    const marked = messages.map((message) => ({
+      ...message,
+      content:
+        typeof message.content === "string"
+          ? marker.text(message.content)
+          : (message.content?.map((part) =>
+              part.text === undefined ? part : { ...part, text: marker.text(part.text) }
+            ) ?? null)
+    }))
+    return this.encodePrompt(unmark(this.applyChatTemplate(marked, options), marker.marks))
   }
 
   private describe(name: string): string {

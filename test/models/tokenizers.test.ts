@@ -176,6 +176,11 @@ describe.each(variants.map((variant) => [variant.name, variant] as const))("%s: 
         }
         const rendered = ours.applyChatTemplate(messages, { addGenerationPrompt })
         expect(rendered).toBe(theirs.apply_chat_template(messages as Array<never>, { ...options, tokenize: false }))
+        // A special token spelled in a message is its characters here (specialTokenText.test.ts), not in transformers.js.
+        const spelled = messages.some((message) =>
+          theirs.all_special_tokens.some((token) => String(message.content).includes(token))
+        )
+        if (spelled) continue
         expect(ours.encodeChat(messages, { addGenerationPrompt })).toEqual(
           theirs.apply_chat_template(messages as Array<never>, {
             ...options,
