@@ -110,9 +110,15 @@ export class ChatTokenizer {
     return this.tokenizer.encode(text, { add_special_tokens: options.addSpecialTokens ?? false }).ids
   }
 
-  /** Token ids of a rendered prompt: special tokens written in its literals are their characters. */
-  encodePrompt(prompt: LiteralPrompt): Array<number> {
-    return prompt.literals.length === 0 ? this.encode(prompt.text) : this.literalEncoder.encode(prompt)
+  /**
+   * Token ids of a prompt: special tokens written in its literals are their characters. The
+   * tokenizer's own special tokens are added, when asked, to a prompt without literals alone (a
+   * raw prompt): a chat's template writes its own.
+   */
+  encodePrompt(prompt: LiteralPrompt, options: { readonly addSpecialTokens?: boolean } = {}): Array<number> {
+    if (prompt.literals.length === 0) return this.encode(prompt.text, options)
+    if (options.addSpecialTokens === true) throw new Error("a prompt with literals takes no added special tokens")
+    return this.literalEncoder.encode(prompt)
   }
 
   decode(ids: ReadonlyArray<number>, options: { readonly skipSpecialTokens?: boolean } = {}): string {

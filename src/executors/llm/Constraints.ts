@@ -1,23 +1,28 @@
 /**
  * Structured output in the LLM executor: a request's `response_format` (or the schema of the tool
  * call it must make) held to by masking the logits at each step (`structured/`). A worker builds
- * its tokenizer's vocabulary index once, at the first constrained request, and compiles each
- * schema once; the router compiles it too, so that a schema the decoder cannot hold to is the
- * request's 400 before anything runs.
+ * its tokenizer's vocabulary index once, when it loads (`prepare`: built at the first constrained
+ * request instead, it would hold up the step of every request the worker runs), and compiles each
+ * schema once; the router checks each request's schema first (`check`, in its threads), so that a
+ * schema the decoder cannot hold to is the request's 400 before anything runs.
  */
 import { GenerationConfig } from "../../models/GenerationConfig.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { ConstrainedDecoder } from "./structured/ConstrainedDecoder.js"
 import { compileGrammar, type Grammar, type ResponseFormat, UnsupportedSchema } from "./structured/JsonGrammar.js"
-import { TokenVocabulary, tokenBytes } from "./structured/TokenVocabulary.js"
+import { missingBytes, TokenVocabulary, tokenBytes, UnspelledBytes } from "./structured/TokenVocabulary.js"
 
 export type { ResponseFormat } from "./structured/JsonGrammar.js"
+export { SchemaTooLarge } from "./structured/SchemaBounds.js"
 
 /** Compiled grammars kept per worker and router, at most. */
 const keptGrammars = 64
 
+/** Vocabulary indexes by model and logits width, one per process: the worker prepares the one its runner uses. */
+const vocabularies = new Map<string, TokenVocabulary>()
+
 export class Constraints {
-  private vocabulary: TokenVocabulary | undefined
+  private unspelled: ReadonlyArray<number> | undefined
   private readonly grammars = new Map<string, Grammar>()
 
   constructor(
@@ -47,19 +52,45 @@ export class Constraints {
     return new ConstrainedDecoder(this.grammar(format), this.tokens())
   }
 
-  private tokens(): TokenVocabulary {
-    if (this.vocabulary === undefined) {
-      const json = this.model.tokenizer?.json
-      if (json === undefined)
-        throw new Error(`${this.model.path} has no tokenizer.json: it cannot decode under a schema`)
-      this.vocabulary = new TokenVocabulary(
-        tokenBytes(json as Record<string, unknown>),
-        GenerationConfig.of(this.model).eosTokenIds,
-        { size: this.vocabSize }
-      )
+  /**
+   * Throws what `decoder(format)` would (UnsupportedSchema, SchemaTooLarge, UnspelledBytes)
+   * without indexing the vocabulary: the router's check of a request.
+   */
+  check(format: ResponseFormat): void {
+    this.grammar(format)
+    this.unspelled ??= missingBytes(tokenBytes(this.tokenizerJson()), GenerationConfig.of(this.model).eosTokenIds)
+    if (this.unspelled.length > 0) throw new UnspelledBytes(this.unspelled)
+  }
+
+  /**
+   * Indexes the model's vocabulary now, for the runner's Constraints of the same model. A
+   * tokenizer that cannot be indexed is left to fail the requests that need it, as without this.
+   */
+  static prepare(model: ModelDirectory): void {
+    try {
+      new Constraints(model, model.decoder!.vocabSize).tokens()
+    } catch {
+      // The same error is each constrained request's, from `decoder`.
     }
-    return this.vocabulary
+  }
+
+  private tokens(): TokenVocabulary {
+    const key = `${this.model.path}\0${this.vocabSize}`
+    let vocabulary = vocabularies.get(key)
+    if (vocabulary === undefined) {
+      vocabulary = new TokenVocabulary(tokenBytes(this.tokenizerJson()), GenerationConfig.of(this.model).eosTokenIds, {
+        size: this.vocabSize
+      })
+      vocabularies.set(key, vocabulary)
+    }
+    return vocabulary
+  }
+
+  private tokenizerJson(): Record<string, unknown> {
+    const json = this.model.tokenizer?.json
+    if (json === undefined) throw new Error(`${this.model.path} has no tokenizer.json: it cannot decode under a schema`)
+    return json as Record<string, unknown>
   }
 }
 
-export { UnsupportedSchema }
+export { UnspelledBytes, UnsupportedSchema }

@@ -1,7 +1,7 @@
 /**
  * Chat messages → the prompt the model runs: the chat template rendered over the messages (media
- * parts become the model's placeholder tokens), tokenized, and each placeholder expanded to as many
- * positions as its media item has embedding rows.
+ * parts become the model's placeholder tokens, the client's texts stay text), tokenized, and each
+ * placeholder expanded to as many positions as its media item has embedding rows.
  */
 import { Schema } from "effect"
 import { chatMediaParts, type MediaModality } from "../../app-runtime/schemas/OpenAI.js"
@@ -59,6 +59,33 @@ export const templateMessages = (
             id: call.id,
             type: call.type,
             function: { name: call.function.name, arguments: parsedArguments(call.function.arguments) }
+          }))
+        })
+  }))
+
+/**
+ * The messages with each of the client's texts in them (contents, names, calls' ids, names and
+ * arguments) passed through `mark`, which a chat template then renders (see SpecialTokenText.ts).
+ */
+export const markClientTexts = (
+  messages: ReadonlyArray<ChatMessage>,
+  mark: (text: string) => string
+): Array<ChatMessage> =>
+  messages.map((message) => ({
+    ...message,
+    content:
+      typeof message.content === "string"
+        ? mark(message.content)
+        : (message.content?.map((part) => (part.type === "text" ? { ...part, text: mark(part.text) } : part)) ?? null),
+    ...(message.name === undefined ? {} : { name: mark(message.name) }),
+    ...(message.tool_call_id === undefined ? {} : { tool_call_id: mark(message.tool_call_id) }),
+    ...(message.tool_calls === undefined
+      ? {}
+      : {
+          tool_calls: message.tool_calls.map((call) => ({
+            ...call,
+            id: mark(call.id),
+            function: { name: mark(call.function.name), arguments: mark(call.function.arguments) }
           }))
         })
   }))

@@ -16,6 +16,9 @@ import { DataId } from "../common/DataId.js"
  * - `POST /v1/cornserve/image-tokens`: on a Janus-Pro model, an image's tokens for a prompt, sent
  *   through the sidecar to the generator that decodes them (the LLMImageTokensTask).
  * - `GET /v1/cornserve/stats`: requests waiting and running, KV cache positions held.
+ *
+ * The texts of a request's messages and tools are text: a special token spelled in one is its
+ * characters, unless `cornserve_parse_special_tokens` says they are an app's own trusted prompt.
  */
 
 /** Chat messages as apps send them: the same schema on both sides of the dispatcher. */
@@ -37,6 +40,7 @@ export const ChatCompletionRequest = Schema.extend(
     cornserve_embeddings: Schema.optional(Schema.Array(EmbeddingRef)),
     /** Each streamed chunk also carries the ids of the tokens it says (`cornserve_token_ids`). */
     cornserve_token_ids: Schema.optional(Schema.Boolean),
+    cornserve_parse_special_tokens: Schema.optional(Schema.Boolean),
     /**
      * Go on with a completion another executor began: these tokens follow the prompt as if this
      * executor had generated them, and only what comes after them is streamed (no role chunk). The
@@ -89,6 +93,7 @@ export const PromptEmbeddingsRequest = Schema.Struct({
   add_generation_prompt: Schema.optionalWith(Schema.Boolean, { default: () => false }),
   /** …or plain text, tokenized as it is. */
   prompt: Schema.optional(Schema.String),
+  cornserve_parse_special_tokens: Schema.optional(Schema.Boolean),
   cornserve_embeddings: Schema.optional(Schema.Array(EmbeddingRef)),
   /** The sidecar id the [rows, hidden] float32 tensor goes out under. */
   id: DataId,

@@ -4,6 +4,11 @@
  * embeddings taken from the sidecar), and tokens turned back into text and OpenAI chunks; the
  * engine sees only token ids and tensors. A Janus-Pro model, served for image generation, has its
  * own routes (JanusImageTokens.ts).
+ *
+ * The event loop streams every request's tokens, so what may take long is bounded first and done
+ * in the router's threads (preprocess.ts): a schema is measured before its thread compiles it, a
+ * prompt refused by its length in bytes when it certainly takes more tokens than the context
+ * holds, and a long prompt tokenized in a thread.
  */
 import { randomInt, randomUUID } from "node:crypto"
 import { relative } from "node:path"
@@ -15,6 +20,7 @@ import { decoderFiles } from "../../models/DecoderLayout.js"
 import { GenerationConfig } from "../../models/GenerationConfig.js"
 import { isJanus } from "../../models/JanusModel.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
+import { type LiteralPrompt, type Marks, unmark } from "../../models/SpecialTokenText.js"
 import { ChatTemplateError, ChatTokenizer } from "../../models/Tokenizer.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { BadRequest, ContextLengthExceeded, EmptyPrompt, ModelNotFound, NoSidecar } from "../common/errors.js"
@@ -49,7 +55,7 @@ import {
   type PromptEmbeddingsResponse,
   type Usage
 } from "./api.js"
-import { Constraints, type ResponseFormat, UnsupportedSchema } from "./Constraints.js"
+import type { ResponseFormat } from "./Constraints.js"
 import { type GeneratedToken, Generation, type Outcome } from "./Generation.js"
 import {
   type AnswerDelta,
@@ -62,14 +68,16 @@ import {
 import { janusRouter } from "./JanusImageTokens.js"
 import { contextLength, kvCacheTokens } from "./Limits.js"
 import { makeMediaInputs } from "./MediaInputs.js"
-import { type MediaPart, mediaParts, PromptError, templateMessages } from "./Prompt.js"
+import { markClientTexts, type MediaPart, mediaParts, PromptError, templateMessages } from "./Prompt.js"
+import { bytesPerToken, fewestTokens } from "./PromptBytes.js"
 import type { EmbedResult, GenerateMeta, LlmRequestMeta, PromptInput, SamplingParams } from "./protocol.js"
+import { checkSchemaBounds, SchemaTooLarge } from "./structured/SchemaBounds.js"
 
 const sseLine = (data: unknown) =>
   new TextEncoder().encode(`data: ${typeof data === "string" ? data : JSON.stringify(data)}\n\n`)
 
 export const routerKind: RouterKind = {
-  preprocessModule: new URL("../common/media/preprocess.js", import.meta.url).href,
+  preprocessModule: new URL("./preprocess.js", import.meta.url).href,
   make: ({ config, engine, pool }) =>
     Effect.gen(function* () {
       const model = yield* Effect.tryPromise({
@@ -100,7 +108,8 @@ export const routerKind: RouterKind = {
               }),
               (client) => Effect.promise(() => client.close())
             )
-      const media = makeMediaInputs({ config, model, pool: pool!, sidecar })
+      const threads = pool!
+      const media = makeMediaInputs({ config, model, pool: threads, sidecar })
       const maxModelLength = contextLength(model)
       const generation = yield* Effect.try({ try: () => GenerationConfig.of(model), catch: (error) => error as Error })
       const stopTokenIds = generation.eosTokenIds
@@ -112,17 +121,25 @@ export const routerKind: RouterKind = {
           ? Effect.void
           : Effect.fail(new ModelNotFound({ message: `this executor serves "${config.model}", not "${name}"` }))
 
-      /** The chat template over the messages; a template that refuses them (or none at all) is the request's problem. */
+      /**
+       * The chat template over the messages, the client's texts in them and in the tools marked
+       * (unless `trusted`: an app's own prompt) so that the special tokens they spell stay text; a
+       * template that refuses them (or none at all) is the request's problem.
+       */
       const renderChat = (
         messages: ReadonlyArray<ChatMessage>,
         addGenerationPrompt: boolean,
-        tools?: ReadonlyArray<FunctionTool>
-      ): string => {
+        tools: ReadonlyArray<FunctionTool> | undefined,
+        trusted: boolean
+      ): { readonly text: string; readonly marks: Marks } => {
+        const marker = tokenizer.specials.marker()
+        const clientTools = tools === undefined || trusted ? tools : marker.value(tools)
         try {
-          return tokenizer.applyChatTemplate(templateMessages(messages, media.mediaText), {
-            addGenerationPrompt,
-            ...(tools === undefined ? {} : { tools })
-          })
+          const text = tokenizer.applyChatTemplate(
+            templateMessages(trusted ? messages : markClientTexts(messages, marker.text), media.mediaText),
+            { addGenerationPrompt, ...(clientTools === undefined ? {} : { tools: clientTools }) }
+          )
+          return { text, marks: marker.marks }
         } catch (error) {
           if (!(error instanceof ChatTemplateError)) throw error
           throw new PromptError(
@@ -131,25 +148,60 @@ export const routerKind: RouterKind = {
         }
       }
 
-      /** The prompt a chat request (or a plain text) runs: ids with expanded placeholders, media rows to splice. */
+      /** The most bytes of a text one token stands for, if the tokenizer bounds it (PromptBytes.ts). */
+      const perToken = bytesPerToken(model.tokenizer!.json as Record<string, unknown>, model.tokenizer!.rawConfig)
+
+      /**
+       * Refuses a prompt that certainly takes more than `maxTokens` tokens, by its length in bytes
+       * alone: before it is tokenized.
+       */
+      const checkPromptBytes = (text: string, maxTokens: number) => {
+        if (perToken === undefined) return
+        const bytes = Buffer.byteLength(text, "utf8")
+        const fewest = fewestTokens(bytes, perToken)
+        if (fewest > maxTokens) {
+          throw new ContextLengthExceeded({
+            message: `this model's maximum context length is ${maxModelLength} tokens; the prompt (${bytes} bytes) takes at least ${fewest}, as no token stands for more than ${perToken} bytes, and it may take ${maxTokens}`
+          })
+        }
+      }
+
+      /** Prompts longer than this (UTF-16 units) are tokenized in a thread, shorter ones here. */
+      const tokenizedHere = 8192
+
+      const encode = async (prompt: LiteralPrompt, addSpecialTokens: boolean): Promise<ReadonlyArray<number>> =>
+        prompt.text.length <= tokenizedHere
+          ? tokenizer.encodePrompt(prompt, { addSpecialTokens })
+          : Array.from(
+              await threads.run<Int32Array>("tokenize", { modelDir: config.modelDir, prompt, addSpecialTokens })
+            )
+
+      /**
+       * The prompt a chat request (or a plain text) runs: ids with expanded placeholders, media rows
+       * to splice. It may take `maxTokens` tokens at most, which its bytes are checked against first.
+       */
       const buildPrompt = async (
         source:
           | {
               readonly messages: ReadonlyArray<ChatMessage>
               readonly addGenerationPrompt: boolean
               readonly tools?: ReadonlyArray<FunctionTool>
+              readonly trusted: boolean
             }
           | { readonly text: string },
         refs: ReadonlyArray<EmbeddingRef> | undefined,
+        maxTokens: number,
         processor?: MediaProcessorOptions
       ): Promise<PromptInput> => {
+        const rendered =
+          "messages" in source
+            ? renderChat(source.messages, source.addGenerationPrompt, source.tools, source.trusted)
+            : { text: source.text, marks: { nonce: "", contents: [] } }
+        checkPromptBytes(unmark(rendered.text, rendered.marks).text, maxTokens)
         const parts = "messages" in source ? mediaParts(source.messages) : []
         const resolved = await media.resolve(parts, refs, processor)
-        const text = media.promptText(
-          "messages" in source ? renderChat(source.messages, source.addGenerationPrompt, source.tools) : source.text,
-          resolved
-        )
-        const { inputIds, spans, rope } = media.layout(tokenizer.encode(text), resolved)
+        const prompt = unmark(media.promptText(rendered.text, resolved), rendered.marks)
+        const { inputIds, spans, rope } = media.layout(await encode(prompt, false), resolved)
         if (inputIds.length === 0) throw new EmptyPrompt()
         return { inputIds, media: spans, ...(rope === undefined ? {} : { rope }) }
       }
@@ -242,9 +294,10 @@ export const routerKind: RouterKind = {
       const check = <A>(run: () => A) => Effect.try({ try: run, catch: (error) => error })
 
       /** A prompt given as it is (`/v1/completions`): a text tokenized with the model's own special tokens, or token ids. */
-      const rawPrompt = (raw: RawPrompt): PromptInput => {
+      const rawPrompt = async (raw: RawPrompt, maxTokens: number): Promise<PromptInput> => {
         if (typeof raw === "string") {
-          const inputIds = Int32Array.from(tokenizer.encode(raw, { addSpecialTokens: true }))
+          checkPromptBytes(raw, maxTokens)
+          const inputIds = Int32Array.from(await encode({ text: raw, literals: [] }, true))
           if (inputIds.length === 0) throw new EmptyPrompt()
           return { inputIds, media: [] }
         }
@@ -275,8 +328,6 @@ export const routerKind: RouterKind = {
         })
       })
 
-      /** Schemas compiled here (and the vocabulary indexed, once) to refuse what the decoder cannot hold to before anything runs. */
-      const constraints = new Constraints(model, model.decoder!.vocabSize)
       const toolCallFormat = toolCallFormatOf(tokenizer.chatTemplateSource())
 
       /**
@@ -337,19 +388,31 @@ export const routerKind: RouterKind = {
             }
           }
         })()
-        if (plan.format !== undefined) {
-          // A decoder made here, as the worker will make it: what it refuses (a schema, or a tokenizer
-          // that cannot spell every byte) is this request's 400, not a failed step for its batch.
-          try {
-            constraints.decoder(plan.format)
-          } catch (error) {
-            if (error instanceof UnsupportedSchema)
-              throw new BadRequest({ message: `the schema cannot be held to: ${error.message}` })
-            throw new BadRequest({ message: `this model cannot decode under a schema: ${(error as Error).message}` })
-          }
-        }
         return plan
       }
+
+      /**
+       * What the worker's decoder would refuse of a format (a schema, or a tokenizer that cannot
+       * spell every byte) is the request's 400, not a failed step for its batch: the schema is
+       * measured here, and compiled in a thread, as the worker will compile it.
+       */
+      const checkFormat = (format: ResponseFormat | undefined) =>
+        Effect.gen(function* () {
+          if (format === undefined) return
+          if (format.type === "json_schema") {
+            yield* Effect.try({
+              try: () => checkSchemaBounds(format.json_schema.schema),
+              catch: (error) =>
+                error instanceof SchemaTooLarge
+                  ? new BadRequest({ message: `the schema cannot be held to: ${error.message}` })
+                  : error
+            })
+          }
+          const refusal = yield* attempt(() =>
+            threads.run<string | undefined>("checkFormat", { modelDir: config.modelDir, format })
+          )
+          if (refusal !== undefined) return yield* new BadRequest({ message: refusal })
+        })
 
       const chatCompletions = Effect.gen(function* () {
         const body = yield* HttpServerRequest.schemaBodyJson(ChatCompletionRequest)
@@ -362,21 +425,28 @@ export const routerKind: RouterKind = {
           return yield* new BadRequest({ message: "a continuation goes on with one choice; n must be 1" })
         const raw = body.cornserve_prompt
         const plan = yield* check(() => answerPlan(body))
+        yield* checkFormat(plan.format)
         const tools = body.tools ?? undefined
         // A prompt must leave at least one position for the completion.
-        if (raw === undefined)
-          yield* checkMedia(mediaParts(body.messages), body.cornserve_embeddings, maxModelLength - 1)
+        const maxPromptTokens = maxModelLength - 1
+        if (raw === undefined) yield* checkMedia(mediaParts(body.messages), body.cornserve_embeddings, maxPromptTokens)
         const span = yield* RequestSpan
         // The prompt's media: decoded here, or their embeddings taken from the sidecar.
         const asked = yield* attempt(() =>
           inSpan("prompt", { parent: span }, async () =>
             raw === undefined
               ? buildPrompt(
-                  { messages: body.messages, addGenerationPrompt: true, ...(tools === undefined ? {} : { tools }) },
+                  {
+                    messages: body.messages,
+                    addGenerationPrompt: true,
+                    ...(tools === undefined ? {} : { tools }),
+                    trusted: body.cornserve_parse_special_tokens === true
+                  },
                   body.cornserve_embeddings,
+                  maxPromptTokens,
                   body.mm_processor_kwargs
                 )
-              : rawPrompt(raw)
+              : rawPrompt(raw, maxPromptTokens)
           )
         )
         const sampled = yield* check(() => sampling(body, asked.inputIds.length))
@@ -559,8 +629,13 @@ export const routerKind: RouterKind = {
             buildPrompt(
               body.messages === undefined
                 ? { text: body.prompt! }
-                : { messages: body.messages, addGenerationPrompt: body.add_generation_prompt },
-              body.cornserve_embeddings
+                : {
+                    messages: body.messages,
+                    addGenerationPrompt: body.add_generation_prompt,
+                    trusted: body.cornserve_parse_special_tokens === true
+                  },
+              body.cornserve_embeddings,
+              maxModelLength
             )
           )
         )

@@ -1,7 +1,7 @@
 import type { Grammar } from "./JsonGrammar.js"
 import { machineOf, stepState, type Thread } from "./JsonMachine.js"
 import { computeMask, computeNeedLevels } from "./TokenMask.js"
-import type { MaskEntry, TokenVocabulary } from "./TokenVocabulary.js"
+import { type MaskEntry, type TokenVocabulary, UnspelledBytes } from "./TokenVocabulary.js"
 
 /**
  * One request's constrained decoding: which tokens may come next so that the output is a value of
@@ -33,12 +33,7 @@ export class ConstrainedDecoder {
     readonly grammar: Grammar,
     readonly vocabulary: TokenVocabulary
   ) {
-    if (vocabulary.missingBytes.length > 0) {
-      const missing = vocabulary.missingBytes.map((b) => `0x${b.toString(16)}`).join(", ")
-      throw new Error(
-        `constrained decoding needs a token for each byte (a byte-level or byte-fallback tokenizer); none spells ${missing}`
-      )
-    }
+    if (vocabulary.missingBytes.length > 0) throw new UnspelledBytes(vocabulary.missingBytes)
     this.threads = machineOf(grammar).start
     this.maskKey = vocabulary.maskKey(grammar.key, signature(this.threads))
     this.tight = new Uint8Array(vocabulary.size)

@@ -66,22 +66,14 @@ export class TokenVocabulary {
     options: VocabularyOptions = {}
   ) {
     this.size = Math.max(options.size ?? 0, tokens.length, ...endOfSequence.map((id) => id + 1))
-    this.bytes = Array.from({ length: this.size }, (_, id) => {
-      const bytes = tokens[id]
-      return bytes === undefined || bytes.length === 0 || endOfSequence.includes(id) ? undefined : bytes
-    })
+    this.bytes = spelling(tokens, endOfSequence, this.size)
     this.endOfSequence = [...new Set(endOfSequence)]
     const entries: Array<readonly [Uint8Array, number]> = []
     this.bytes.forEach((bytes, id) => {
       if (bytes !== undefined) entries.push([bytes, id])
     })
     this.trie = new ByteTrie(entries)
-    const missing: Array<number> = []
-    for (let byte = completionBytes.from; byte <= completionBytes.to; byte++) {
-      const node = this.trie.child(0, byte)
-      if (node < 0 || this.trie.tokenStart[node] === this.trie.tokenStart[node + 1]) missing.push(byte)
-    }
-    this.missingBytes = missing
+    this.missingBytes = unspelledBytes(this.bytes)
     this.cache = new MaskCache(options.cacheBytes ?? 64 * 1024 * 1024)
   }
 
@@ -207,6 +199,41 @@ class MaskCache {
 }
 
 const size = (entry: MaskEntry) => entry.mask.byteLength + (entry.byNeed?.tokens.byteLength ?? 0)
+
+/** The bytes each token writes inside JSON: none for an empty one or an end of sequence. */
+const spelling = (
+  tokens: ReadonlyArray<Uint8Array | undefined>,
+  endOfSequence: ReadonlyArray<number>,
+  size: number
+): Array<Uint8Array | undefined> =>
+  Array.from({ length: size }, (_, id) => {
+    const bytes = tokens[id]
+    return bytes === undefined || bytes.length === 0 || endOfSequence.includes(id) ? undefined : bytes
+  })
+
+/** The bytes a shortest completion may need that no single token spells. */
+const unspelledBytes = (bytes: ReadonlyArray<Uint8Array | undefined>): Array<number> => {
+  const single = new Set<number>()
+  for (const token of bytes) if (token?.length === 1) single.add(token[0]!)
+  const missing: Array<number> = []
+  for (let byte = completionBytes.from; byte <= completionBytes.to; byte++) if (!single.has(byte)) missing.push(byte)
+  return missing
+}
+
+/** What `new TokenVocabulary(tokens, endOfSequence).missingBytes` is, without indexing the vocabulary. */
+export const missingBytes = (
+  tokens: ReadonlyArray<Uint8Array | undefined>,
+  endOfSequence: ReadonlyArray<number>
+): ReadonlyArray<number> => unspelledBytes(spelling(tokens, endOfSequence, tokens.length))
+
+/** A tokenizer that cannot spell every byte in one token: no value can be planned to its end. */
+export class UnspelledBytes extends Error {
+  constructor(readonly bytes: ReadonlyArray<number>) {
+    super(
+      `constrained decoding needs a token for each byte (a byte-level or byte-fallback tokenizer); none spells ${bytes.map((b) => `0x${b.toString(16)}`).join(", ")}`
+    )
+  }
+}
 
 /** GPT-2's byte-level alphabet read backwards: character code to byte (-1 for none). */
 const byteLevelBytes: Int16Array = (() => {
