@@ -18,19 +18,45 @@ export type LLMConfig = typeof LLMConfig.Encoded
 /** A chat request plus the embeddings (one per media part, in order) that encoder tasks produce. */
 export const LLMInput = Schema.extend(
   ChatCompletionRequest,
-  Schema.Struct({ cornserveEmbeddings: Schema.optional(Schema.Array(Schema.instanceOf(DataForward))) })
+  Schema.Struct({
+    cornserveEmbeddings: Schema.optional(Schema.Array(Schema.instanceOf(DataForward))),
+    /**
+     * The messages are the app's own trusted prompt: a special token spelled in their texts
+     * (`<|im_start|>`) is the model's special token. Without it, as for any client's text, it is
+     * its characters. A field of the app's input to the task, not of the OpenAI request clients send.
+     */
+    parseSpecialTokensInContent: Schema.optional(Schema.Boolean)
+  })
 )
 export type LLMInput = typeof LLMInput.Type
+
+/** Settings of an LLM task that are not its deployment's: tasks that differ in them share executors. */
+export interface LLMTaskOptions {
+  /** Every call's messages are the app's own trusted prompt (see LLMInput's `parseSpecialTokensInContent`). */
+  readonly parseSpecialTokensInContent?: boolean
+}
+
+/** A call's input with the task's default for trusting its messages, unless the call says. */
+const trusting = (input: LLMInput, options: LLMTaskOptions): LLMInput =>
+  options.parseSpecialTokensInContent === true && input.parseSpecialTokensInContent === undefined
+    ? { ...input, parseSpecialTokensInContent: true }
+    : input
 
 /** Text generation with an LLM (the LLM executor); answers a stream of chat-completion chunks. */
 export class LLMTask extends UnitTask<LLMInput, TaskStream<ChatCompletionChunk>, typeof LLMConfig.Type> {
   readonly operation = "chat"
   readonly name: string
   protected readonly inputSchema = LLMInput
+  private readonly options: LLMTaskOptions
 
-  constructor(config: LLMConfig) {
+  constructor({ parseSpecialTokensInContent, ...config }: LLMConfig & LLMTaskOptions) {
     super("llm", LLMConfig, config)
     this.name = `llm-${modelShortName(this.config.model)}`
+    this.options = parseSpecialTokensInContent === undefined ? {} : { parseSpecialTokensInContent }
+  }
+
+  override compose(input: LLMInput): TaskStream<ChatCompletionChunk> {
+    return super.compose(trusting(input, this.options))
   }
 
   protected makeRecordOutput(): TaskStream<ChatCompletionChunk> {
@@ -51,10 +77,16 @@ export class LLMEmbeddingTask extends UnitTask<LLMInput, LLMEmbeddingOutput, typ
   readonly operation = "hidden-states"
   readonly name: string
   protected readonly inputSchema = LLMInput
+  private readonly options: LLMTaskOptions
 
-  constructor(config: LLMConfig) {
+  constructor({ parseSpecialTokensInContent, ...config }: LLMConfig & LLMTaskOptions) {
     super("llm", LLMConfig, config)
     this.name = `llm-${modelShortName(this.config.model)}`
+    this.options = parseSpecialTokensInContent === undefined ? {} : { parseSpecialTokensInContent }
+  }
+
+  override compose(input: LLMInput): LLMEmbeddingOutput {
+    return super.compose(trusting(input, this.options))
   }
 
   protected makeRecordOutput(): LLMEmbeddingOutput {

@@ -16,7 +16,9 @@ export const MLLMConfig = Schema.Struct({
   /** Run each encoder as its own task (Eric) and forward embeddings; false: encode inside the LLM. */
   encoderFission: Schema.optionalWith(Schema.Boolean, { default: () => true }),
   /** The encoder's model when it differs from the LLM's. */
-  encoderModel: Schema.optional(Schema.NonEmptyTrimmedString)
+  encoderModel: Schema.optional(Schema.NonEmptyTrimmedString),
+  /** The messages are the app's own trusted prompt (see LLMTask). */
+  parseSpecialTokensInContent: Schema.optional(Schema.Boolean)
 })
 export type MLLMConfig = typeof MLLMConfig.Encoded
 
@@ -39,7 +41,7 @@ export class MLLMTask extends CompositeTask<ChatCompletionRequest, TaskStream<Ch
       })
     }
     this.config = { ...decoded.right, modalities: [...new Set(decoded.right.modalities)].sort() }
-    const { model, dtype, encoderFission, encoderModel } = this.config
+    const { model, dtype, encoderFission, encoderModel, parseSpecialTokensInContent } = this.config
     this.encoders = new Map(
       encoderFission
         ? this.config.modalities.map((modality) => [
@@ -49,7 +51,12 @@ export class MLLMTask extends CompositeTask<ChatCompletionRequest, TaskStream<Ch
         : []
     )
     this.llm = this.use(
-      new LLMTask({ model, receiveEmbeddings: encoderFission, ...(dtype === undefined ? {} : { dtype }) })
+      new LLMTask({
+        model,
+        receiveEmbeddings: encoderFission,
+        ...(dtype === undefined ? {} : { dtype }),
+        ...(parseSpecialTokensInContent === undefined ? {} : { parseSpecialTokensInContent })
+      })
     )
     this.name = `mllm-${this.llm.name.slice("llm-".length)}`
   }

@@ -353,8 +353,15 @@ const transcribe = async (url: string, invocation: TaskInvocationWire, context: 
 
 const ChatInput = Schema.extend(
   OpenAIChatRequest,
-  Schema.Struct({ cornserveEmbeddings: Schema.optional(Schema.Array(ForwardedId)) })
+  Schema.Struct({
+    cornserveEmbeddings: Schema.optional(Schema.Array(ForwardedId)),
+    parseSpecialTokensInContent: Schema.optional(Schema.Boolean)
+  })
 )
+
+/** An app's own trusted prompt (LLMTask's `parseSpecialTokensInContent`), as the executor's requests say it. */
+const specialTokensParsed = (trusted: boolean | undefined) =>
+  trusted === true ? { cornserve_parse_special_tokens: true } : {}
 
 const decodeChatCall = decodeInvocation(Schema.Struct({ config: LLMConfig, input: ChatInput }))
 const decodeHiddenStatesCall = decodeInvocation(
@@ -383,10 +390,11 @@ async function* chatChunks(response: ExecutorAnswer): AsyncIterable<LlmChunk> {
 
 const chat = async (url: string, invocation: TaskInvocationWire, context: CallContext): Promise<CallResult> => {
   const { config, input } = decodeChatCall(invocation)
-  const { cornserveEmbeddings, ...request } = input
+  const { cornserveEmbeddings, parseSpecialTokensInContent, ...request } = input
   const body: ChatCompletionRequest = {
     ...request,
     ...embeddingRefs(cornserveEmbeddings, context),
+    ...specialTokensParsed(parseSpecialTokensInContent),
     model: config.model,
     stream: true,
     stream_options: { include_usage: request.stream_options?.include_usage ?? false },
@@ -411,6 +419,7 @@ const promptEmbeddings = async (
     messages: input.messages,
     add_generation_prompt: false,
     ...embeddingRefs(input.cornserveEmbeddings, context),
+    ...specialTokensParsed(input.parseSpecialTokensInContent),
     id: output.embeddings,
     receivers: context.receivers,
     source: "embed_tokens",
