@@ -235,34 +235,36 @@ interface TrieNode {
 const split = (trie: TokenTrie, text: string, literals: ReadonlyArray<number>): Array<Section> => {
   const sections: Array<{ text: string; token: AddedToken | undefined; literal: boolean }> = []
   if (trie.empty) return [{ text, token: undefined, literal: literals.length > 0 }]
+  /** The first literal that ends after the current position, and after the current gap's start. */
   let literal = 0
+  let gapLiteral = 0
   let start = 0
   let at = 0
-  const overlapsLiteral = (from: number, to: number) => {
-    for (let i = literal; i < literals.length; i += 2) {
+  const overlapsLiteral = (from: number, to: number, first: number) => {
+    for (let i = first; i < literals.length; i += 2) {
       if (literals[i]! >= to) return false
       if (literals[i + 1]! > from) return true
     }
     return false
   }
-  const text_ = (from: number, to: number) => ({
-    text: text.slice(from, to),
-    token: undefined,
-    literal: overlapsLiteral(from, to)
-  })
+  const endGap = () => {
+    if (at > start)
+      sections.push({ text: text.slice(start, at), token: undefined, literal: overlapsLiteral(start, at, gapLiteral) })
+  }
   while (at < text.length) {
     while (literal < literals.length && literals[literal + 1]! <= at) literal += 2
-    const token = trie.longestAt(text, at, (candidate, end) => !candidate.special || !overlapsLiteral(at, end))
+    const token = trie.longestAt(text, at, (candidate, end) => !candidate.special || !overlapsLiteral(at, end, literal))
     if (token === undefined) {
       at += text.codePointAt(at)! > 0xffff ? 2 : 1
       continue
     }
-    if (at > start) sections.push(text_(start, at))
+    endGap()
     sections.push({ text: token.content, token, literal: false })
     at += token.content.length
     start = at
+    gapLiteral = literal
   }
-  if (start < text.length) sections.push(text_(start, text.length))
+  endGap()
   sections.forEach((section, i) => {
     const token = section.token
     if (token === undefined) return

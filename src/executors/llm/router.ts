@@ -20,7 +20,7 @@ import { decoderFiles } from "../../models/DecoderLayout.js"
 import { GenerationConfig } from "../../models/GenerationConfig.js"
 import { isJanus } from "../../models/JanusModel.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
-import { type LiteralPrompt, type Marks, unmark } from "../../models/SpecialTokenText.js"
+import { type LiteralPrompt, type Marker, type Marks, unmark } from "../../models/SpecialTokenText.js"
 import { ChatTemplateError, ChatTokenizer } from "../../models/Tokenizer.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { BadRequest, ContextLengthExceeded, EmptyPrompt, ModelNotFound, NoSidecar } from "../common/errors.js"
@@ -122,24 +122,23 @@ export const routerKind: RouterKind = {
           : Effect.fail(new ModelNotFound({ message: `this executor serves "${config.model}", not "${name}"` }))
 
       /**
-       * The chat template over the messages, the client's texts in them and in the tools marked
-       * (unless `trusted`: an app's own prompt) so that the special tokens they spell stay text; a
+       * The chat template over the messages, with the client's texts in them and in the tools
+       * marked by `marker` when one is given, so that the special tokens they spell stay text; a
        * template that refuses them (or none at all) is the request's problem.
        */
       const renderChat = (
         messages: ReadonlyArray<ChatMessage>,
         addGenerationPrompt: boolean,
         tools: ReadonlyArray<FunctionTool> | undefined,
-        trusted: boolean
-      ): { readonly text: string; readonly marks: Marks } => {
-        const marker = tokenizer.specials.marker()
-        const clientTools = tools === undefined || trusted ? tools : marker.value(tools)
+        marker: Marker | undefined
+      ): string => {
+        const clientMessages = marker === undefined ? messages : markClientTexts(messages, marker.text)
+        const clientTools = tools === undefined || marker === undefined ? tools : marker.value(tools)
         try {
-          const text = tokenizer.applyChatTemplate(
-            templateMessages(trusted ? messages : markClientTexts(messages, marker.text), media.mediaText),
-            { addGenerationPrompt, ...(clientTools === undefined ? {} : { tools: clientTools }) }
-          )
-          return { text, marks: marker.marks }
+          return tokenizer.applyChatTemplate(templateMessages(clientMessages, media.mediaText), {
+            addGenerationPrompt,
+            ...(clientTools === undefined ? {} : { tools: clientTools })
+          })
         } catch (error) {
           if (!(error instanceof ChatTemplateError)) throw error
           throw new PromptError(
@@ -193,14 +192,21 @@ export const routerKind: RouterKind = {
         maxTokens: number,
         processor?: MediaProcessorOptions
       ): Promise<PromptInput> => {
-        const rendered =
+        let text =
           "messages" in source
-            ? renderChat(source.messages, source.addGenerationPrompt, source.tools, source.trusted)
-            : { text: source.text, marks: { nonce: "", contents: [] } }
-        checkPromptBytes(unmark(rendered.text, rendered.marks).text, maxTokens)
+            ? renderChat(source.messages, source.addGenerationPrompt, source.tools, undefined)
+            : source.text
+        // The prompt as the model reads it is measured before the client's texts are scanned for special tokens.
+        checkPromptBytes(text, maxTokens)
+        let marks: Marks = { nonce: "", contents: [] }
+        if ("messages" in source && !source.trusted) {
+          const marker = tokenizer.specials.marker()
+          text = renderChat(source.messages, source.addGenerationPrompt, source.tools, marker)
+          marks = marker.marks
+        }
         const parts = "messages" in source ? mediaParts(source.messages) : []
         const resolved = await media.resolve(parts, refs, processor)
-        const prompt = unmark(media.promptText(rendered.text, resolved), rendered.marks)
+        const prompt = unmark(media.promptText(text, resolved), marks)
         const { inputIds, spans, rope } = media.layout(await encode(prompt, false), resolved)
         if (inputIds.length === 0) throw new EmptyPrompt()
         return { inputIds, media: spans, ...(rope === undefined ? {} : { rope }) }
