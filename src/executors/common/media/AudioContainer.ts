@@ -4,16 +4,17 @@
  * temporary file; ffprobe reads the header first and the duration and sample rate are checked from
  * it before a sample is decoded; ffmpeg then decodes the first audio stream, mixed down to mono (the
  * channels' mean) and resampled to the model's rate by its own band-limited resampler (swresample's
- * windowed sinc), as 32-bit float, bounded in time and in output bytes (by the duration the limit
- * allows at the model's rate, so that a small file of a long clip at a high rate cannot fill the
- * memory). The demuxer is the one the bytes' signature names and the only protocol `file`.
+ * windowed sinc), as 32-bit float, bounded as MediaProcess.ts bounds its children and in output
+ * bytes (by the duration the limit allows at the model's rate, so that a small file of a long clip
+ * at a high rate cannot fill the memory). The demuxer is the one the bytes' signature names and the
+ * only protocol `file`.
  */
-import { mkdtemp, rm, writeFile } from "node:fs/promises"
-import { tmpdir } from "node:os"
+import { writeFile } from "node:fs/promises"
 import { join } from "node:path"
 import { MediaError, MediaTooLarge } from "./errors.js"
 import type { MediaLimits } from "./MediaLimits.js"
-import { decodeTimeoutMs, lastLines, positive, probeHeader, runBounded, videoTools } from "./VideoContainer.js"
+import { runBounded, withScratchDirectory } from "./MediaProcess.js"
+import { decodeTimeoutMs, lastLines, positive, probeHeader, videoTools } from "./VideoContainer.js"
 
 /** ffmpeg's demuxer for each audio format this module reads; WAV is read in process. */
 export type AudioDemuxer = "wav" | "mp3" | "aac" | "ogg" | "flac" | "mov" | "matroska"
@@ -77,14 +78,13 @@ const probe = async (demuxer: AudioDemuxer, path: string): Promise<AudioProbe> =
  * 8–192 kHz; while decoding: one that decodes to more samples than the limit allows (a header
  * that lies), or fails to decode (MediaError, with ffmpeg's reason).
  */
-export const decodeAudioContainer = async (
+export const decodeAudioContainer = (
   bytes: Uint8Array,
   demuxer: Exclude<AudioDemuxer, "wav">,
   sampleRate: number,
   limits: MediaLimits
-): Promise<Float32Array> => {
-  const directory = await mkdtemp(join(tmpdir(), "cornserve-audio-"))
-  try {
+): Promise<Float32Array> =>
+  withScratchDirectory("audio", async (directory) => {
     const path = join(directory, "input")
     await writeFile(path, bytes, { mode: 0o600 })
     const audio = await probe(demuxer, path)
@@ -150,7 +150,4 @@ export const decodeAudioContainer = async (
       throw new MediaTooLarge({ message: `the audio is longer than the limit of ${limits.maxAudioSeconds} s` })
     }
     return samples
-  } finally {
-    await rm(directory, { recursive: true, force: true })
-  }
-}
+  })

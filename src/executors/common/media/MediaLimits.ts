@@ -41,6 +41,28 @@ export const mediaLimitsOf = (config: typeof MediaLimits.Type): MediaLimits => (
   maxVideoFrames: config.maxVideoFrames ?? defaultMediaLimits.maxVideoFrames
 })
 
+/**
+ * What the ffmpeg and ffprobe children that decode media may take (MediaProcess.ts), whatever the
+ * input: a header can lie about a stream's frame size, and its decoding allocates what the stream
+ * itself says.
+ */
+export const mediaProcessBounds = {
+  /**
+   * Children at once per preprocessing thread (a router has `--preprocess-threads` of them); the
+   * others wait their turn.
+   */
+  perThread: 1,
+  /**
+   * Address space of one child. Measured with the packaged ffmpeg (4.x) decoding two sampled frames
+   * to RGB with two decoder threads: 1080p needs under 192 MiB, 4K UHD under 384 MiB, 8K UHD
+   * (7680×4320) under 768 MiB; 8192×8192 frames need 1.2 GiB and are refused. ffprobe needs under
+   * 96 MiB.
+   */
+  addressSpaceBytes: 1024 * 1024 * 1024,
+  /** Decoder threads of one child: ffmpeg's default, one per core, holds a frame per thread. */
+  decoderThreads: 2
+} as const
+
 /** Media items one request may carry; each is fetched and decoded, so they are counted before any is. */
 export const defaultMaxMediaItems = 16
 

@@ -3,23 +3,22 @@
  * bytes go to a private temporary file (an mp4 may keep its index at its end, which a pipe cannot
  * seek to); ffprobe reads the header first, and the limits are checked from it before any frame is
  * decoded; then one ffmpeg run decodes only the sampled frames to raw RGB on its stdout. Each run
- * is bounded in time, in output bytes and in what it may open: the demuxer is the one the bytes'
- * signature names (never guessed by ffmpeg, which knows playlists and other files that name other
- * files), and the only protocol is `file`.
+ * is bounded as MediaProcess.ts bounds it (its turn, memory, time, lifetime), in output bytes, and
+ * in what it may open: the demuxer is the one the bytes' signature names (never guessed by ffmpeg,
+ * which knows playlists and other files that name other files), and the only protocol is `file`.
  *
  * The binaries: `CORNSERVE_FFMPEG` / `CORNSERVE_FFPROBE` when set, else the static builds that the
  * optional npm packages `@ffmpeg-installer/linux-x64` and `@ffprobe-installer/linux-x64` ship,
  * else `ffmpeg` / `ffprobe` on the PATH.
  */
-import { spawn } from "node:child_process"
 import { accessSync, constants } from "node:fs"
-import { mkdtemp, rm, writeFile } from "node:fs/promises"
+import { writeFile } from "node:fs/promises"
 import { createRequire } from "node:module"
-import { tmpdir } from "node:os"
 import { dirname, join } from "node:path"
 import type { RgbImage } from "../../../models/ImageProcessor.js"
 import { MediaError, MediaTooLarge } from "./errors.js"
-import type { MediaLimits } from "./MediaLimits.js"
+import { type MediaLimits, mediaProcessBounds } from "./MediaLimits.js"
+import { type RunBounds, runBounded, withScratchDirectory } from "./MediaProcess.js"
 
 /** ffmpeg's demuxer for each container family this module reads. */
 export type ContainerDemuxer = "mov" | "matroska"
@@ -71,19 +70,9 @@ export const videoTools = (): VideoTools => {
   return tools
 }
 
-/** What one bounded run of ffmpeg or ffprobe may take, and what it decodes (for its errors). */
-export interface RunBounds {
-  readonly timeoutMs: number
-  readonly maxStdoutBytes: number
-  readonly what?: "video" | "audio"
-}
-
 /** How long probing may take, and decoding the sampled frames. */
 export const probeBounds: RunBounds = { timeoutMs: 10_000, maxStdoutBytes: 1024 * 1024 }
 export const decodeTimeoutMs = 60_000
-
-/** The end of what a run wrote to stderr: ffmpeg's reason comes last. */
-const maxStderrBytes = 8 * 1024
 
 /** The last lines of ffmpeg's stderr, without the names of the executor's own files. */
 export const lastLines = (stderr: string, path: string) =>
@@ -95,66 +84,6 @@ export const lastLines = (stderr: string, path: string) =>
     .map((line) => line.replace(/^\[[^\]]*\]\s*/, "").trim())
     .filter((line) => line.length > 0)
     .join("; ")
-
-/**
- * Runs a binary with no stdin, the PATH its only environment (it needs none of the executor's
- * secrets), stdout handed to `onStdout` chunk by chunk (which may throw to stop it), stderr kept
- * to its end. Killed when it runs past its time or writes past its bound.
- */
-export const runBounded = (
-  binary: string,
-  args: ReadonlyArray<string>,
-  bounds: RunBounds,
-  onStdout: (chunk: Buffer) => void
-): Promise<{ readonly code: number | null; readonly stderr: string }> =>
-  new Promise((resolve, reject) => {
-    const child = spawn(binary, args, { stdio: ["ignore", "pipe", "pipe"], env: { PATH: process.env.PATH ?? "" } })
-    let stderr = ""
-    let written = 0
-    let failure: Error | undefined
-    const stop = (error: Error) => {
-      failure ??= error
-      child.kill("SIGKILL")
-    }
-    const timer = setTimeout(
-      () =>
-        stop(
-          new MediaError({ message: `decoding the ${bounds.what ?? "video"} took longer than ${bounds.timeoutMs} ms` })
-        ),
-      bounds.timeoutMs
-    )
-    child.stdout.on("data", (chunk: Buffer) => {
-      if (failure !== undefined) return
-      written += chunk.length
-      if (written > bounds.maxStdoutBytes) {
-        return stop(
-          new MediaError({ message: `the ${bounds.what ?? "video"} decoded to more data than its header declares` })
-        )
-      }
-      try {
-        onStdout(chunk)
-      } catch (error) {
-        stop(error as Error)
-      }
-    })
-    child.stderr.setEncoding("utf8")
-    child.stderr.on("data", (chunk: string) => {
-      stderr = (stderr + chunk).slice(-maxStderrBytes)
-    })
-    child.once("error", (error) => {
-      clearTimeout(timer)
-      reject(
-        new MediaError({
-          message: `${bounds.what ?? "video"} decoding is not available: cannot run ${binary} (${error.message}); install ffmpeg or set CORNSERVE_FFMPEG and CORNSERVE_FFPROBE`
-        })
-      )
-    })
-    child.once("close", (code) => {
-      clearTimeout(timer)
-      if (failure !== undefined) reject(failure)
-      else resolve({ code, stderr })
-    })
-  })
 
 /** What ffprobe reads from a container's header, and its packet count. */
 export interface VideoProbe {
@@ -321,7 +250,7 @@ const decodeFrames = async <A>(
   const results: Array<Promise<A>> = []
   let pending: Array<Buffer> = []
   let pendingBytes = 0
-  const { code, stderr } = await runBounded(
+  const run = runBounded(
     videoTools().ffmpeg,
     [
       "-v",
@@ -330,6 +259,8 @@ const decodeFrames = async <A>(
       "-noautorotate",
       "-max_pixels",
       String(maxPixels),
+      "-threads",
+      String(mediaProcessBounds.decoderThreads),
       ...inputArgs(demuxer, path),
       "-map",
       "0:v:0",
@@ -363,6 +294,11 @@ const decodeFrames = async <A>(
       }
     }
   )
+  // A run that fails leaves frames still being handled: they settle before the failure goes on.
+  const { code, stderr } = await run.catch(async (error: unknown) => {
+    await Promise.allSettled(results)
+    throw error
+  })
   const frames = await Promise.all(results)
   if (code !== 0) {
     throw new MediaError({
@@ -383,15 +319,14 @@ const decodeFrames = async <A>(
  * decoded, each handed to `onFrame` (a resize, say) as it arrives. Corrupt, truncated or refused
  * input is a MediaError or MediaTooLarge.
  */
-export const decodeContainerFrames = async <A>(
+export const decodeContainerFrames = <A>(
   bytes: Uint8Array,
   demuxer: ContainerDemuxer,
   limits: MediaLimits,
   sample: (video: VideoProbe) => ReadonlyArray<number>,
   onFrame: (frame: RgbImage) => Promise<A>
-): Promise<Array<A>> => {
-  const directory = await mkdtemp(join(tmpdir(), "cornserve-video-"))
-  try {
+): Promise<Array<A>> =>
+  withScratchDirectory("video", async (directory) => {
     const path = join(directory, "input")
     await writeFile(path, bytes, { mode: 0o600 })
     const video = await probe(demuxer, path)
@@ -406,8 +341,5 @@ export const decodeContainerFrames = async <A>(
     ) {
       throw new Error(`frame indices must increase within 0…${video.frameCount - 1}: ${indices.join(", ")}`)
     }
-    return await decodeFrames(demuxer, path, video, indices, limits.maxImagePixels, onFrame)
-  } finally {
-    await rm(directory, { recursive: true, force: true })
-  }
-}
+    return decodeFrames(demuxer, path, video, indices, limits.maxImagePixels, onFrame)
+  })
