@@ -5,6 +5,7 @@
  */
 import { mkdir, rm } from "node:fs/promises"
 import * as Http from "node:http"
+import { join } from "node:path"
 import type * as HttpApp from "@effect/platform/HttpApp"
 import * as HttpBody from "@effect/platform/HttpBody"
 import * as HttpRouter from "@effect/platform/HttpRouter"
@@ -14,6 +15,7 @@ import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
 import { Console, Context, Effect, Schedule, type Scope, Stream } from "effect"
 import { errorHeaders, httpStatusOf } from "../../errors/HttpStatus.js"
 import { listening } from "../../process/Listening.js"
+import { executorOomScoreMargin, raiseOomScoreAdj, readOomScoreAdj } from "../../process/OomScore.js"
 import { noSpan, type Span, startSpan } from "../../tracing/Tracing.js"
 import { EngineClient } from "./EngineClient.js"
 import { type HealthReport, healthWatchPeriodMs } from "./Health.js"
@@ -138,19 +140,35 @@ const loadKind = (kind: ExecutorConfig["kind"]): Promise<{ readonly routerKind: 
 /** `secret`: the internal secret every call but a health probe carries (see ExecutorGate). */
 export const runRouter = (config: ExecutorConfig, secret: string) =>
   Effect.gen(function* () {
+    // Under memory pressure the executor goes before the platform that started it; its engine and
+    // workers, started below, inherit the score.
+    raiseOomScoreAdj(process.pid, (readOomScoreAdj(process.ppid) ?? 0) + executorOomScoreMargin)
     yield* Effect.acquireRelease(
       Effect.promise(() => mkdir(config.runDir, { recursive: true })),
       () => Effect.promise(() => rm(config.runDir, { recursive: true, force: true }))
     )
+    // Media decodes' temporary files: what a router killed outright left (its successor has the same run dir) goes now.
+    const scratchDir = join(config.runDir, "media")
+    yield* Effect.promise(async () => {
+      await rm(scratchDir, { recursive: true, force: true })
+      await mkdir(scratchDir, { mode: 0o700 })
+    })
     const { routerKind } = yield* Effect.promise(() => loadKind(config.kind))
     const engine = yield* EngineClient.start(config)
     const pool =
       routerKind.preprocessModule === undefined
         ? undefined
-        : yield* ThreadPool.make(routerKind.preprocessModule, config.preprocessThreads)
+        : yield* ThreadPool.make({
+            moduleUrl: routerKind.preprocessModule,
+            size: config.preprocessThreads,
+            scratchDir
+          })
     const { info, routes } = yield* routerKind.make({ config, engine, pool })
 
     const healthReport = (): HealthReport => {
+      // Preprocessing threads that keep dying: every request with media would fail.
+      const poolFailure = pool?.failure
+      if (poolFailure !== undefined) return { status: "unhealthy", reason: poolFailure }
       const state = engine.state
       if (state._tag === "Ready") return { status: "ready", workers: state.workers, inFlight: engine.inFlight }
       return state._tag === "Starting" ? { status: "starting" } : { status: "unhealthy", reason: state.reason }

@@ -1,8 +1,15 @@
-import { Worker } from "node:worker_threads"
+import { type ResourceLimits, Worker } from "node:worker_threads"
 import { Effect, Schema, type Scope } from "effect"
+import { EngineUnavailable, ExecutorFailed } from "./errors.js"
 import { MediaFailure } from "./media/errors.js"
+import { abortReason } from "./ThreadJob.js"
 
 const workerEntry = new URL("./ThreadPoolWorker.js", import.meta.url)
+
+/** What the router asks a thread: run a job, or stop one whose request ended. */
+export type ThreadRequest =
+  | { readonly type: "run"; readonly id: number; readonly task: string; readonly input: unknown }
+  | { readonly type: "cancel"; readonly id: number }
 
 /**
  * A thread's answer to a job. A media failure travels as its Schema, so the caller gets the same
@@ -13,55 +20,176 @@ export type ThreadReply =
   | { readonly id: number; readonly ok: false; readonly mediaFailure: typeof MediaFailure.Encoded }
   | { readonly id: number; readonly ok: false; readonly error: { readonly name: string; readonly message: string } }
 
+/** What each thread is started with. */
+export interface ThreadData {
+  readonly moduleUrl: string
+  readonly scratchDir: string | undefined
+}
+
 const decodeMediaFailure = Schema.decodeUnknownSync(MediaFailure)
+
+/**
+ * More thread deaths than `deaths` within `windowMs` and the pool cannot work: its router reports
+ * itself unhealthy (and is restarted), and a thread that dies then is replaced after `pauseMs`.
+ */
+export const threadDeathBound = { deaths: 5, windowMs: 60_000, pauseMs: 1_000 } as const
+
+export interface ThreadPoolOptions {
+  /** The module whose exported functions the threads run. */
+  readonly moduleUrl: string
+  readonly size: number
+  /** Where jobs keep their temporary files (see ThreadJob.ts); by default the system's directory. */
+  readonly scratchDir?: string
+  /** Heap bounds of each thread, past which it dies (and is replaced). */
+  readonly resourceLimits?: ResourceLimits
+}
 
 interface Job {
   readonly resolve: (value: unknown) => void
   readonly reject: (error: Error) => void
 }
 
+/** One thread and the jobs it was given; between a thread's death and its replacement, none. */
+interface Slot {
+  thread: Worker | undefined
+  readonly jobs: Map<number, Job>
+}
+
 /**
  * Worker threads that run the functions a module exports (an executor's preprocessing: decoding
  * and resizing media), so that the router's event loop stays free. Jobs go to the thread with the
- * fewest jobs; typed arrays in results are moved, not copied.
+ * fewest jobs; typed arrays in results are moved, not copied. A job ends early when its signal
+ * aborts (its request ended): the thread is told, and stops what it started for it. A thread that
+ * dies (exits, throws, runs out of heap) fails its jobs with its reason and is replaced.
  */
 export class ThreadPool {
-  private readonly jobs: Array<Map<number, Job>>
+  private readonly slots: ReadonlyArray<Slot>
+  private readonly deaths: Array<{ readonly at: number; readonly reason: string }> = []
   private nextId = 0
+  private closing = false
 
-  private constructor(private readonly threads: ReadonlyArray<Worker>) {
-    this.jobs = threads.map(() => new Map())
-    threads.forEach((thread, index) => {
-      thread.on("message", (message: ThreadReply) => {
-        const job = this.jobs[index]!.get(message.id)
-        this.jobs[index]!.delete(message.id)
-        if (job === undefined) return
-        if (message.ok) job.resolve(message.value)
-        else if ("mediaFailure" in message) job.reject(decodeMediaFailure(message.mediaFailure))
-        else job.reject(Object.assign(new Error(message.error.message), { name: message.error.name }))
-      })
-      thread.on("error", (error) => {
-        for (const job of this.jobs[index]!.values()) job.reject(error)
-        this.jobs[index]!.clear()
-      })
-    })
+  private constructor(private readonly options: ThreadPoolOptions) {
+    this.slots = Array.from({ length: options.size }, () => ({ thread: undefined, jobs: new Map() }))
+    for (const slot of this.slots) this.start(slot)
   }
 
-  static make(moduleUrl: string, size: number): Effect.Effect<ThreadPool, never, Scope.Scope> {
+  static make(options: ThreadPoolOptions): Effect.Effect<ThreadPool, never, Scope.Scope> {
     return Effect.acquireRelease(
-      Effect.sync(
-        () => new ThreadPool(Array.from({ length: size }, () => new Worker(workerEntry, { workerData: { moduleUrl } })))
-      ),
-      (pool) => Effect.promise(() => Promise.all(pool.threads.map((thread) => thread.terminate())))
+      Effect.sync(() => new ThreadPool(options)),
+      (pool) => Effect.promise(() => pool.close())
     )
   }
 
-  run<T>(task: string, input: unknown): Promise<T> {
-    const index = this.jobs.reduce((best, jobs, candidate) => (jobs.size < this.jobs[best]!.size ? candidate : best), 0)
+  /**
+   * Why the pool cannot work, or undefined while it can: its threads died more often than
+   * `threadDeathBound` allows.
+   */
+  get failure(): string | undefined {
+    const since = Date.now() - threadDeathBound.windowMs
+    while (this.deaths.length > 0 && this.deaths[0]!.at < since) this.deaths.shift()
+    if (this.deaths.length <= threadDeathBound.deaths) return undefined
+    return `preprocessing threads died ${this.deaths.length} times in ${threadDeathBound.windowMs / 1000} s; the last: ${this.deaths.at(-1)!.reason}`
+  }
+
+  run<T>(task: string, input: unknown, options: { readonly signal?: AbortSignal | undefined } = {}): Promise<T> {
+    const { signal } = options
+    if (signal?.aborted) return Promise.reject(abortReason(signal))
+    const live = this.slots.filter((slot) => slot.thread !== undefined)
+    if (live.length === 0) {
+      return Promise.reject(
+        new EngineUnavailable({ message: `no preprocessing thread is running: ${this.failure ?? "they are starting"}` })
+      )
+    }
+    const slot = live.reduce((best, candidate) => (candidate.jobs.size < best.jobs.size ? candidate : best))
+    const thread = slot.thread!
     const id = this.nextId++
     return new Promise<T>((resolve, reject) => {
-      this.jobs[index]!.set(id, { resolve: resolve as (value: unknown) => void, reject })
-      this.threads[index]!.postMessage({ id, task, input })
+      const onAbort = () => {
+        if (!slot.jobs.delete(id)) return
+        thread.postMessage({ type: "cancel", id } satisfies ThreadRequest)
+        reject(abortReason(signal!))
+      }
+      const settle =
+        <A>(end: (value: A) => void) =>
+        (value: A) => {
+          signal?.removeEventListener("abort", onAbort)
+          end(value)
+        }
+      slot.jobs.set(id, { resolve: settle(resolve as (value: unknown) => void), reject: settle(reject) })
+      signal?.addEventListener("abort", onAbort, { once: true })
+      thread.postMessage({ type: "run", id, task, input } satisfies ThreadRequest)
     })
+  }
+
+  private start(slot: Slot): void {
+    const thread = new Worker(workerEntry, {
+      workerData: { moduleUrl: this.options.moduleUrl, scratchDir: this.options.scratchDir } satisfies ThreadData,
+      ...(this.options.resourceLimits === undefined ? {} : { resourceLimits: this.options.resourceLimits })
+    })
+    let error: Error | undefined
+    thread.on("message", (reply: ThreadReply) => {
+      const job = slot.jobs.get(reply.id)
+      if (job === undefined) return
+      slot.jobs.delete(reply.id)
+      if (reply.ok) job.resolve(reply.value)
+      else if ("mediaFailure" in reply) job.reject(decodeMediaFailure(reply.mediaFailure))
+      else job.reject(Object.assign(new Error(reply.error.message), { name: reply.error.name }))
+    })
+    thread.on("error", (thrown) => {
+      error ??= thrown
+    })
+    thread.once("exit", (code) => this.died(slot, thread, error?.message ?? `it exited with code ${code}`))
+    slot.thread = thread
+  }
+
+  /** A thread is gone: its jobs fail with its reason, and another takes its place. */
+  private died(slot: Slot, thread: Worker, reason: string): void {
+    if (slot.thread !== thread) return
+    slot.thread = undefined
+    const failed = new ExecutorFailed({ message: `the preprocessing thread died: ${reason}` })
+    const jobs = [...slot.jobs.values()]
+    slot.jobs.clear()
+    for (const job of jobs) job.reject(failed)
+    if (this.closing) return
+    this.deaths.push({ at: Date.now(), reason })
+    if (this.failure === undefined) {
+      this.start(slot)
+      return
+    }
+    setTimeout(() => {
+      if (!this.closing && slot.thread === undefined) this.start(slot)
+    }, threadDeathBound.pauseMs).unref()
+  }
+
+  private async close(): Promise<void> {
+    this.closing = true
+    await Promise.all(this.slots.map((slot) => slot.thread?.terminate()))
+  }
+}
+
+/**
+ * Runs `work` for each item with one signal, which aborts when `signal` does or when one of them
+ * fails: a request's jobs end with it, and once one fails, the others' answer no longer matters.
+ */
+export const allOrNone = async <A, B>(
+  items: ReadonlyArray<A>,
+  signal: AbortSignal | undefined,
+  work: (item: A, signal: AbortSignal) => Promise<B>
+): Promise<Array<B>> => {
+  const together = new AbortController()
+  const abort = () => together.abort(signal?.reason)
+  if (signal?.aborted) abort()
+  else signal?.addEventListener("abort", abort, { once: true })
+  try {
+    return await Promise.all(
+      items.map((item) =>
+        work(item, together.signal).catch((error: unknown) => {
+          together.abort(error)
+          throw error
+        })
+      )
+    )
+  } finally {
+    signal?.removeEventListener("abort", abort)
   }
 }
