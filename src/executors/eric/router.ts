@@ -22,6 +22,7 @@ import { visionProcessorOf } from "../../models/VisionProcessor.js"
 import { hasTextEmbeddingGraph, textEmbeddingSpec } from "../../models/TextEmbedding.js"
 import { BadRequest, NoSidecar, UnsupportedModality } from "../common/errors.js"
 import { errorAnswer, RequestSpan, type RouterKind, workItemContext } from "../common/Router.js"
+import { allOrNone } from "../common/ThreadPool.js"
 import { inSpan } from "../../tracing/Tracing.js"
 import type { WorkItem } from "../common/wire.js"
 import { type EmbeddingResult, EmbeddingsRequest } from "./api.js"
@@ -85,21 +86,24 @@ export const routerKind: RouterKind = {
       const mediaOptions = mediaSourceOptionsOf(config)
       const limits = mediaLimitsOf(config)
 
+      /** An item's inputs, made in the thread pool; `signal` ends its job (its request ended, or another item failed). */
       const preprocess = (
         item: EmbeddingsRequest["items"][number],
-        settings: Qwen2VLRequestSettings | undefined
+        settings: Qwen2VLRequestSettings | undefined,
+        signal: AbortSignal
       ): Promise<Preprocessed> =>
         readMedia(item.url, mediaOptions).then((media) => {
+          const run = (task: string, input: unknown) => pool.run<Preprocessed>(task, input, { signal })
           const bytes = new Uint8Array(media.bytes.buffer, media.bytes.byteOffset, media.bytes.byteLength)
           if (vision?.kind === "qwen2vl" && item.modality !== "audio") {
             return item.modality === "image"
-              ? pool.run<Preprocessed>("qwen2VLImage", {
+              ? run("qwen2VLImage", {
                   bytes,
                   processor: vision.processor,
                   limits,
                   ...(settings === undefined ? {} : { bounds: settings.bounds })
                 })
-              : pool.run<Preprocessed>("qwen2VLVideo", {
+              : run("qwen2VLVideo", {
                   bytes,
                   processor: vision.processor,
                   maxTokens: qwen2VLVideoTokenBudget(model.decoder?.maxPositions),
@@ -110,10 +114,10 @@ export const routerKind: RouterKind = {
           switch (item.modality) {
             case "image":
               return vision?.kind === "idefics3"
-                ? pool.run<Preprocessed>("idefics3Image", { bytes, config: vision.processor.image, limits })
-                : pool.run<Preprocessed>("image", { bytes, config: imageConfig, limits })
+                ? run("idefics3Image", { bytes, config: vision.processor.image, limits })
+                : run("image", { bytes, config: imageConfig, limits })
             case "video":
-              return pool.run<Preprocessed>("video", {
+              return run("video", {
                 bytes,
                 config: imageConfig,
                 maxFrames: maxVideoFrames,
@@ -126,10 +130,11 @@ export const routerKind: RouterKind = {
                   mimeType: media.mimeType,
                   preprocessorConfig: model.preprocessorConfig,
                   ultravox,
-                  limits
+                  limits,
+                  signal
                 })
               }
-              return pool.run<Preprocessed>("audio", {
+              return run("audio", {
                 bytes,
                 mimeType: media.mimeType,
                 config: audioConfig,
@@ -162,10 +167,11 @@ export const routerKind: RouterKind = {
         if (!inline && sidecarNode === undefined) return yield* new NoSidecar()
         const span = yield* RequestSpan
         const itemContext = yield* workItemContext
+        // The signal aborts when the request ends (its caller hung up): its jobs and their decoders stop.
         const preprocessed = yield* Effect.tryPromise({
-          try: () =>
+          try: (signal) =>
             inSpan("preprocess", { parent: span, attributes: { "cornserve.items": body.items.length } }, () =>
-              Promise.all(body.items.map((item) => preprocess(item, settings)))
+              allOrNone(body.items, signal, (item, itemSignal) => preprocess(item, settings, itemSignal))
             ),
           catch: (error) => error
         })

@@ -21,7 +21,7 @@ import { RecvTimeout } from "../../sidecar/errors.js"
 import type { Payload, SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import type { ExecutorConfig } from "../common/ExecutorConfig.js"
-import type { ThreadPool } from "../common/ThreadPool.js"
+import { allOrNone, type ThreadPool } from "../common/ThreadPool.js"
 import { mediaSourceOptionsOf, readMedia } from "../common/media/MediaSource.js"
 import { EmbeddingMissing } from "../common/errors.js"
 import { mediaLimitsOf } from "../common/media/MediaLimits.js"
@@ -50,11 +50,15 @@ export interface MediaInputs {
   readonly placeholders: ReadonlyMap<number, Modality>
   /** The text a media part is in the prompt, for models whose templates read text only (Ultravox's <|audio|>). */
   readonly mediaText: Partial<Record<Modality, string>>
-  /** Each media part's input; `processor` is the request's processor settings (mm_processor_kwargs). */
+  /**
+   * Each media part's input; `processor` is the request's processor settings (mm_processor_kwargs);
+   * `signal` ends the decoding when the request ends.
+   */
   resolve(
     parts: ReadonlyArray<MediaPart>,
     refs: ReadonlyArray<EmbeddingRef> | undefined,
-    processor?: MediaProcessorOptions
+    processor?: MediaProcessorOptions,
+    signal?: AbortSignal
   ): Promise<Array<ResolvedMedia>>
   /** The rendered prompt with each media item spelled out as the model's processor does (Idefics3), else as it is. */
   promptText(text: string, media: ReadonlyArray<ResolvedMedia>): string
@@ -101,7 +105,11 @@ export const makeMediaInputs = (options: {
   const mediaOptions = mediaSourceOptionsOf(config)
   const limits = mediaLimitsOf(config)
 
-  const encode = async (part: MediaPart, settings: Qwen2VLRequestSettings | undefined): Promise<ResolvedMedia> => {
+  const encode = async (
+    part: MediaPart,
+    settings: Qwen2VLRequestSettings | undefined,
+    signal: AbortSignal
+  ): Promise<ResolvedMedia> => {
     if (!encodable.includes(part.modality)) {
       throw new PromptError(
         `model ${config.model} cannot take ${part.modality}${accepted.includes(part.modality) ? " without embeddings from an encoder (cornserve_embeddings)" : ""}`
@@ -109,16 +117,17 @@ export const makeMediaInputs = (options: {
     }
     const media = await readMedia(part.url, mediaOptions)
     const bytes = new Uint8Array(media.bytes.buffer, media.bytes.byteOffset, media.bytes.byteLength)
+    const run = (task: string, input: unknown) => pool.run<Preprocessed>(task, input, { signal })
     if (qwen2VL !== undefined && part.modality !== "audio") {
       const { inputs, thw } =
         part.modality === "image"
-          ? await pool.run<Preprocessed>("qwen2VLImage", {
+          ? await run("qwen2VLImage", {
               bytes,
               processor: qwen2VL,
               limits,
               ...(settings === undefined ? {} : { bounds: settings.bounds })
             })
-          : await pool.run<Preprocessed>("qwen2VLVideo", {
+          : await run("qwen2VLVideo", {
               bytes,
               processor: qwen2VL,
               maxTokens: qwen2VLVideoTokenBudget(model.decoder?.maxPositions),
@@ -134,7 +143,7 @@ export const makeMediaInputs = (options: {
       }
     }
     if (part.modality === "image" && idefics3 !== undefined) {
-      const { inputs, grid } = await pool.run<Preprocessed>("idefics3Image", { bytes, config: idefics3.image, limits })
+      const { inputs, grid } = await run("idefics3Image", { bytes, config: idefics3.image, limits })
       const pixels = inputs.pixel_values!
       return {
         modality: "image",
@@ -144,7 +153,7 @@ export const makeMediaInputs = (options: {
       }
     }
     if (part.modality === "image") {
-      const { inputs } = await pool.run<Preprocessed>("image", { bytes, config: imageConfig, limits })
+      const { inputs } = await run("image", { bytes, config: imageConfig, limits })
       const pixels = inputs.pixel_values!
       return {
         modality: "image",
@@ -158,7 +167,8 @@ export const makeMediaInputs = (options: {
         mimeType: media.mimeType,
         preprocessorConfig: model.preprocessorConfig,
         ultravox,
-        limits
+        limits,
+        signal
       })
       const values = inputs.audio_values!
       return {
@@ -167,7 +177,7 @@ export const makeMediaInputs = (options: {
         input: { kind: "audio_values", data: values.data as Float32Array, shape: values.shape }
       }
     }
-    const { inputs } = await pool.run<Preprocessed>("audio", {
+    const { inputs } = await run("audio", {
       bytes,
       mimeType: media.mimeType,
       config: audioConfig,
@@ -305,7 +315,7 @@ export const makeMediaInputs = (options: {
     mediaText: ultravox === undefined ? {} : { audio: ultravox.placeholder },
     promptText,
     layout,
-    resolve: async (parts, refs, processor) => {
+    resolve: async (parts, refs, processor, signal) => {
       for (const part of parts) {
         if (!accepted.includes(part.modality))
           throw new PromptError(
@@ -324,7 +334,7 @@ export const makeMediaInputs = (options: {
           if (typeof checked === "string") throw new PromptError(checked)
           settings = checked
         }
-        return Promise.all(parts.map((part) => encode(part, settings)))
+        return allOrNone(parts, signal, (part, partSignal) => encode(part, settings, partSignal))
       }
       if (refs.length !== parts.length)
         throw new PromptError(`cornserve_embeddings names ${refs.length} embeddings for ${parts.length} media parts`)

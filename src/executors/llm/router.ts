@@ -190,7 +190,8 @@ export const routerKind: RouterKind = {
           | { readonly text: string },
         refs: ReadonlyArray<EmbeddingRef> | undefined,
         maxTokens: number,
-        processor?: MediaProcessorOptions
+        processor?: MediaProcessorOptions,
+        signal?: AbortSignal
       ): Promise<PromptInput> => {
         let text =
           "messages" in source
@@ -205,7 +206,7 @@ export const routerKind: RouterKind = {
           marks = marker.marks
         }
         const parts = "messages" in source ? mediaParts(source.messages) : []
-        const resolved = await media.resolve(parts, refs, processor)
+        const resolved = await media.resolve(parts, refs, processor, signal)
         const prompt = unmark(media.promptText(text, resolved), marks)
         const { inputIds, spans, rope } = media.layout(await encode(prompt, false), resolved)
         if (inputIds.length === 0) throw new EmptyPrompt()
@@ -296,7 +297,9 @@ export const routerKind: RouterKind = {
           }
         })
 
-      const attempt = <A>(run: () => Promise<A>) => Effect.tryPromise({ try: run, catch: (error) => error })
+      /** `run`'s signal aborts when the request ends. */
+      const attempt = <A>(run: (signal: AbortSignal) => Promise<A>) =>
+        Effect.tryPromise({ try: run, catch: (error) => error })
       const check = <A>(run: () => A) => Effect.try({ try: run, catch: (error) => error })
 
       /** A prompt given as it is (`/v1/completions`): a text tokenized with the model's own special tokens, or token ids. */
@@ -438,7 +441,7 @@ export const routerKind: RouterKind = {
         if (raw === undefined) yield* checkMedia(mediaParts(body.messages), body.cornserve_embeddings, maxPromptTokens)
         const span = yield* RequestSpan
         // The prompt's media: decoded here, or their embeddings taken from the sidecar.
-        const asked = yield* attempt(() =>
+        const asked = yield* attempt((signal) =>
           inSpan("prompt", { parent: span }, async () =>
             raw === undefined
               ? buildPrompt(
@@ -450,7 +453,8 @@ export const routerKind: RouterKind = {
                   },
                   body.cornserve_embeddings,
                   maxPromptTokens,
-                  body.mm_processor_kwargs
+                  body.mm_processor_kwargs,
+                  signal
                 )
               : rawPrompt(raw, maxPromptTokens)
           )
@@ -630,7 +634,7 @@ export const routerKind: RouterKind = {
         const inline = body.return === "inline"
         if (!inline && sidecar === undefined) return yield* new NoSidecar()
         const span = yield* RequestSpan
-        const prompt = yield* attempt(() =>
+        const prompt = yield* attempt((signal) =>
           inSpan("prompt", { parent: span }, () =>
             buildPrompt(
               body.messages === undefined
@@ -641,7 +645,9 @@ export const routerKind: RouterKind = {
                     trusted: body.cornserve_parse_special_tokens === true
                   },
               body.cornserve_embeddings,
-              maxModelLength
+              maxModelLength,
+              undefined,
+              signal
             )
           )
         )

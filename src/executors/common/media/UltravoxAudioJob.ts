@@ -15,17 +15,23 @@ export const ultravoxAudioJob = (
     readonly preprocessorConfig: unknown
     readonly ultravox: UltravoxAudio
     readonly limits: MediaLimits
+    /** Ends the job: its request ended. */
+    readonly signal?: AbortSignal
   }
 ): Promise<Preprocessed> =>
-  pool.run<Preprocessed>("ultravoxAudio", {
-    bytes: input.bytes,
-    mimeType: input.mimeType,
-    preprocessorConfig: input.preprocessorConfig,
-    // The extractor's tables are built again in the thread, from the config.
-    audio: {
-      placeholder: input.ultravox.placeholder,
-      encoderDownsampling: input.ultravox.encoderDownsampling,
-      stackFactor: input.ultravox.stackFactor
+  pool.run<Preprocessed>(
+    "ultravoxAudio",
+    {
+      bytes: input.bytes,
+      mimeType: input.mimeType,
+      preprocessorConfig: input.preprocessorConfig,
+      // The extractor's tables are built again in the thread, from the config.
+      audio: {
+        placeholder: input.ultravox.placeholder,
+        encoderDownsampling: input.ultravox.encoderDownsampling,
+        stackFactor: input.ultravox.stackFactor
+      },
+      limits: input.limits
     },
-    limits: input.limits
-  })
+    { signal: input.signal }
+  )
