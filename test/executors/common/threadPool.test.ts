@@ -1,43 +1,27 @@
-import { statSync } from "node:fs"
+import { mkdtemp, readFile, rm } from "node:fs/promises"
+import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { pathToFileURL } from "node:url"
 import { Effect, Exit, Scope } from "effect"
 import { afterEach, beforeAll, describe, expect, it } from "vitest"
 import type * as ThreadPoolModule from "../../../src/executors/common/ThreadPool.js"
-import { repoRoot } from "../../support/platform.js"
+import { builtModuleUrl } from "../../support/builtModules.js"
+import { eventually, isAlive } from "../../support/platform.js"
 
 /**
  * The router's preprocessing threads, from dist/ (a worker thread runs JavaScript): the module
  * their jobs come from is written here, with jobs that end their own thread in each way a thread
- * dies (it exits, it throws where nobody catches, it runs out of heap).
+ * dies (it exits, it throws where nobody catches, it runs out of heap), and one that starts a
+ * decoder's child process.
  */
 
-const built = (path: string) => join(repoRoot, "dist", path.replace(/^src\//, "").replace(/\.ts$/, ".js"))
-
-const checkBuildIsFresh = () => {
-  for (const source of [
-    "src/executors/common/ThreadPool.ts",
-    "src/executors/common/ThreadPoolWorker.ts",
-    "src/executors/common/ThreadJob.ts"
-  ]) {
-    const builtTime = (() => {
-      try {
-        return statSync(built(source)).mtimeMs
-      } catch {
-        return 0
-      }
-    })()
-    if (statSync(join(repoRoot, source)).mtimeMs > builtTime)
-      throw new Error(`${built(source)} is older than ${source}: run npm run build first`)
-  }
-}
-
-const threadJob = pathToFileURL(built("src/executors/common/ThreadJob.ts")).href
+const threadJob = builtModuleUrl("src/executors/common/ThreadJob.ts")
+const mediaProcess = builtModuleUrl("src/executors/common/media/MediaProcess.ts")
 
 /** The jobs: each a function of its input, run in a thread. */
 const jobsModule = `data:text/javascript,${encodeURIComponent(`
 import { threadId } from "node:worker_threads"
 import { currentJob } from ${JSON.stringify(threadJob)}
+import { runBounded } from ${JSON.stringify(mediaProcess)}
 let cancelled = 0
 export const echo = (input) => ({ input, thread: threadId })
 export const exit = (code) => process.exit(code)
@@ -46,6 +30,7 @@ export const exhaustHeap = () => { const kept = []; for (;;) kept.push(new Array
 export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 export const waitForCancel = () => new Promise((resolve) => currentJob().signal.addEventListener("abort", () => { cancelled++; resolve("cancelled") }))
 export const cancelledCount = () => cancelled
+export const silentChild = (pidFile) => runBounded("sh", ["-c", \`echo $$ > \${pidFile}; exec sleep 60\`], { timeoutMs: 120000, maxStdoutBytes: 1 }, () => undefined)
 `)}`
 
 describe("ThreadPool", () => {
@@ -53,8 +38,8 @@ describe("ThreadPool", () => {
   let scope: Scope.CloseableScope | undefined
 
   beforeAll(async () => {
-    checkBuildIsFresh()
-    pools = (await import(built("src/executors/common/ThreadPool.ts"))) as typeof ThreadPoolModule
+    builtModuleUrl("src/executors/common/ThreadPoolWorker.ts")
+    pools = (await import(builtModuleUrl("src/executors/common/ThreadPool.ts"))) as typeof ThreadPoolModule
   })
 
   afterEach(async () => {
@@ -85,6 +70,22 @@ describe("ThreadPool", () => {
     const after = await Promise.all([1, 2, 3, 4].map((input) => pool.run<{ input: number }>("echo", input)))
     expect(after.map((answer) => answer.input)).toEqual([1, 2, 3, 4])
     expect(pool.failure).toBeUndefined()
+  })
+
+  it("takes the decoders a dying thread started with it, even one that writes nothing", async () => {
+    const pool = await makePool(1)
+    const dir = await mkdtemp(join(tmpdir(), "cornserve-test-pool-"))
+    try {
+      const pidFile = join(dir, "pid")
+      const decoding = pool.run("silentChild", pidFile)
+      const pid = await eventually(async () => Number((await readFile(pidFile, "utf8")).trim()) || undefined, 10_000)
+      expect(isAlive(pid)).toBe(true)
+      await expect(pool.run("exit", 3)).rejects.toMatchObject({ _tag: "ExecutorFailed" })
+      await expect(decoding).rejects.toMatchObject({ _tag: "ExecutorFailed" })
+      await eventually(async () => (isAlive(pid) ? undefined : true), 2_000)
+    } finally {
+      await rm(dir, { recursive: true, force: true })
+    }
   })
 
   it("replaces a thread that throws where no job catches it, or runs out of heap", async () => {

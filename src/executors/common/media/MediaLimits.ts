@@ -63,6 +63,13 @@ export const mediaProcessBounds = {
   decoderThreads: 2
 } as const
 
+/**
+ * About what decoding a video's frames of `width`×`height` to RGB takes a child, from the
+ * measurements above rounded up: 96 MiB of its own and 20 bytes a pixel (8K UHD: 729 MiB). A video
+ * whose header declares more than a child may take is refused before it is decoded.
+ */
+export const videoDecodeBytes = (width: number, height: number): number => 96 * 1024 * 1024 + 20 * width * height
+
 /** Media items one request may carry; each is fetched and decoded, so they are counted before any is. */
 export const defaultMaxMediaItems = 16
 

@@ -35,6 +35,8 @@ export interface RunBounds {
 /** The end of what a run wrote to stderr: ffmpeg's reason comes last. */
 const maxStderrBytes = 8 * 1024
 
+export const mebibytes = (bytes: number) => Math.round(bytes / 1024 / 1024)
+
 /** This thread's turns: a router's threads each have their own, so an executor runs threads × perThread. */
 const slots = new DecoderSlots(mediaProcessBounds.perThread)
 
@@ -207,7 +209,7 @@ const runChild = (
       if (command.confined && code !== 0 && outOfMemory(stderr, exitSignal)) {
         return reject(
           new MediaTooLarge({
-            message: `decoding the ${what} needs more memory than the ${mediaProcessBounds.addressSpaceBytes / 1024 / 1024} MiB one decoder may take`
+            message: `decoding the ${what} takes more memory than the ${mebibytes(mediaProcessBounds.addressSpaceBytes)} MiB one decoder may take`
           })
         )
       }

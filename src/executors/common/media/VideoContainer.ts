@@ -17,8 +17,8 @@ import { createRequire } from "node:module"
 import { dirname, join } from "node:path"
 import type { RgbImage } from "../../../models/ImageProcessor.js"
 import { MediaError, MediaTooLarge } from "./errors.js"
-import { type MediaLimits, mediaProcessBounds } from "./MediaLimits.js"
-import { type RunBounds, runBounded, withScratchDirectory } from "./MediaProcess.js"
+import { type MediaLimits, mediaProcessBounds, videoDecodeBytes } from "./MediaLimits.js"
+import { mebibytes, type RunBounds, runBounded, withScratchDirectory } from "./MediaProcess.js"
 
 /** ffmpeg's demuxer for each container family this module reads. */
 export type ContainerDemuxer = "mov" | "matroska"
@@ -202,6 +202,12 @@ export const checkVideoLimits = (probe: VideoProbe, limits: MediaLimits): void =
   if (pixels > limits.maxImagePixels) {
     throw new MediaTooLarge({
       message: `the video's frames are ${probe.width}×${probe.height}, more than the limit of ${limits.maxImagePixels} pixels`
+    })
+  }
+  const decodeBytes = videoDecodeBytes(probe.width, probe.height)
+  if (decodeBytes > mediaProcessBounds.addressSpaceBytes) {
+    throw new MediaTooLarge({
+      message: `the video's frames are ${probe.width}×${probe.height}: decoding them takes about ${mebibytes(decodeBytes)} MiB, more memory than the ${mebibytes(mediaProcessBounds.addressSpaceBytes)} MiB one decoder may take`
     })
   }
   if (probe.durationSeconds > limits.maxVideoSeconds) {

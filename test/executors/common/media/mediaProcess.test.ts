@@ -1,4 +1,5 @@
-import { mkdtemp, readdir, rm } from "node:fs/promises"
+import { spawn } from "node:child_process"
+import { mkdtemp, readdir, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { dirname, join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
@@ -6,13 +7,16 @@ import { decodeVideoFrames } from "../../../../src/executors/common/media/MediaD
 import { mediaProcessBounds } from "../../../../src/executors/common/media/MediaLimits.js"
 import { runBounded, withScratchDirectory } from "../../../../src/executors/common/media/MediaProcess.js"
 import { runAsJob } from "../../../../src/executors/common/ThreadJob.js"
-import { isAlive } from "../../../support/platform.js"
+import { videoTools } from "../../../../src/executors/common/media/VideoContainer.js"
+import { builtModuleUrl } from "../../../support/builtModules.js"
+import { eventually, isAlive } from "../../../support/platform.js"
 import { ffmpegFile } from "../../../support/videos.js"
 
 /**
  * The children that decode media, as a preprocessing thread runs them: one at a time, each in its
  * own process group, with an address-space bound and the out-of-memory killer's first place, ended
- * with its job and at its deadline; and a decode's temporary files in the job's scratch directory.
+ * with its job, with the process that started it (run from dist/) and at its deadline; and a
+ * decode's temporary files in the job's scratch directory.
  */
 
 const bounds = { timeoutMs: 10_000, maxStdoutBytes: 1024 * 1024 }
@@ -92,6 +96,20 @@ describe("media decoders' child processes", () => {
     expect(waitingStarted).toBe(false)
   })
 
+  it("die with the process that started them, however it ends, even one that writes nothing", async () => {
+    const script = `import { runBounded } from ${JSON.stringify(builtModuleUrl("src/executors/common/media/MediaProcess.ts"))}
+runBounded("sh", ["-c", "echo $$; exec sleep 60"], { timeoutMs: 120000, maxStdoutBytes: 100 }, (chunk) => process.stdout.write(chunk))`
+    const parent = spawn(process.execPath, ["--input-type=module", "-e", script], {
+      stdio: ["ignore", "pipe", "inherit"]
+    })
+    const pid = await new Promise<number>((resolve) =>
+      parent.stdout.once("data", (chunk: Buffer) => resolve(Number(chunk.toString().trim())))
+    )
+    expect(isAlive(pid)).toBe(true)
+    parent.kill("SIGKILL")
+    await eventually(async () => (isAlive(pid) ? undefined : true), 2_000)
+  })
+
   it("are killed at their deadline", async () => {
     const started = Date.now()
     await expect(shell("sleep 30", { timeoutMs: 300 })).rejects.toMatchObject({
@@ -117,7 +135,7 @@ describe("media decoders' child processes", () => {
     expect(await readdir(scratch)).toEqual([])
   })
 
-  it("decode 4K frames within the bound, and refuse frames whose decoding needs more (8192×8192) as MediaTooLarge", async () => {
+  it("decode 4K frames; refuse 8192×8192 from the header, and stop a decoder that reaches its bound anyway", async () => {
     const uhd = await ffmpegFile(
       ["-f", "lavfi", "-i", "testsrc=s=3840x2160:r=2", "-frames:v", "2", "-c:v", "libx264", "-preset", "ultrafast"],
       "mp4"
@@ -130,7 +148,23 @@ describe("media decoders' child processes", () => {
     )
     await expect(decodeVideoFrames(huge, { width: 64, height: 64, kernel: "linear" }, 2)).rejects.toMatchObject({
       _tag: "MediaTooLarge",
-      message: `decoding the video needs more memory than the ${mediaProcessBounds.addressSpaceBytes / 1024 / 1024} MiB one decoder may take`
+      message:
+        "the video's frames are 8192×8192: decoding them takes about 1376 MiB, more memory than the 1024 MiB one decoder may take"
     })
-  }, 120_000)
+    // A header that understates its frames (a stream may change size midway) gets as far as the decoder's bound.
+    const path = join(scratch, "huge.mp4")
+    await writeFile(path, huge)
+    await expect(
+      runBounded(
+        videoTools().ffmpeg,
+        ["-v", "error", "-threads", "2", "-i", path, "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1"],
+        { timeoutMs: 120_000, maxStdoutBytes: 2 * 8192 * 8192 * 3 },
+        () => undefined
+      )
+    ).rejects.toMatchObject({
+      _tag: "MediaTooLarge",
+      message: "decoding the video takes more memory than the 1024 MiB one decoder may take"
+    })
+    await rm(path)
+  }, 240_000)
 })
