@@ -4,6 +4,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { mediaProcessBounds } from "../../src/executors/common/media/MediaLimits.js"
+import { executorOomScoreMargin, readOomScoreAdj } from "../../src/process/OomScore.js"
 import { randomQwen2VLFiles } from "../../src/models/recipes/RandomQwen2VL.js"
 import { writeModelFiles } from "../models/support/SmolVlmFixture.js"
 import { mllmAppSource } from "../support/mllmApps.js"
@@ -73,10 +74,11 @@ const addressSpaceLimit = (pid: number): string | undefined => {
   }
 }
 
-/** What the platform's decoders did while it was watched: at most how many at once, and their memory. */
+/** What the platform's decoders did while it was watched: at most how many at once, their memory and OOM scores. */
 const watchDecoders = (root: number) => {
   const seen = new Map<number, Decoder>()
   const limits = new Map<number, string>()
+  const oomScoreAdjs = new Set<number | undefined>()
   let mostAtOnce = 0
   let mostRssBytes = 0
   const look = () => {
@@ -90,6 +92,7 @@ const watchDecoders = (root: number) => {
       seen.set(decoder.pid, decoder)
       const limit = addressSpaceLimit(decoder.pid)
       if (limit !== undefined && !limits.has(decoder.pid)) limits.set(decoder.pid, limit)
+      oomScoreAdjs.add(readOomScoreAdj(decoder.pid))
     }
   }
   const timer = setInterval(look, 50)
@@ -97,7 +100,12 @@ const watchDecoders = (root: number) => {
     seen: () => [...seen.values()],
     stop: () => {
       clearInterval(timer)
-      return { mostAtOnce, mostRssBytes, limits: [...new Set(limits.values())] }
+      return {
+        mostAtOnce,
+        mostRssBytes,
+        limits: [...new Set(limits.values())],
+        oomScoreAdjs: [...oomScoreAdjs].filter((score) => score !== undefined)
+      }
     }
   }
 }
@@ -232,10 +240,15 @@ describe("media decodes: bounded, cancelled with their request, supervised", () 
       /8192×8192: decoding them takes about 1376 MiB, more memory than the 1024 MiB one decoder may take/
     )
     await allGone(10_000)
-    const { mostAtOnce, mostRssBytes, limits } = watch.stop()
+    const { mostAtOnce, mostRssBytes, limits, oomScoreAdjs } = watch.stop()
     expect(mostAtOnce).toBeLessThanOrEqual(maxDecoders)
     expect(mostRssBytes).toBeLessThanOrEqual(maxDecoders * mediaProcessBounds.addressSpaceBytes)
     expect(limits.filter((limit) => limit !== String(mediaProcessBounds.addressSpaceBytes))).toEqual([])
+    // Under memory pressure the kernel ends a decoder first, then an executor, before the platform.
+    expect(oomScoreAdjs.filter((score) => score !== 1000)).toEqual([])
+    const platformScore = readOomScoreAdj(platform.process.pid!)!
+    for (const router of new Set(watch.seen().map((decoder) => decoder.parent)))
+      expect(readOomScoreAdj(router)).toBe(Math.min(1000, platformScore + executorOomScoreMargin))
     await stillAnswers()
   }, 300_000)
 

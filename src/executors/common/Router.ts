@@ -147,7 +147,8 @@ export const runRouter = (config: ExecutorConfig, secret: string) =>
       Effect.promise(() => mkdir(config.runDir, { recursive: true })),
       () => Effect.promise(() => rm(config.runDir, { recursive: true, force: true }))
     )
-    // Media decodes' temporary files: what a router killed outright left (its successor has the same run dir) goes now.
+    // Where media decodes keep their files: emptied of what a router killed outright left there
+    // (a restarted executor has the same run directory).
     const scratchDir = join(config.runDir, "media")
     yield* Effect.promise(async () => {
       await rm(scratchDir, { recursive: true, force: true })

@@ -109,13 +109,17 @@ export class ThreadPool {
         thread.postMessage({ type: "cancel", id } satisfies ThreadRequest)
         reject(abortReason(signal!))
       }
-      const settle =
-        <A>(end: (value: A) => void) =>
-        (value: A) => {
-          signal?.removeEventListener("abort", onAbort)
-          end(value)
+      const stopListening = () => signal?.removeEventListener("abort", onAbort)
+      slot.jobs.set(id, {
+        resolve: (value) => {
+          stopListening()
+          resolve(value as T)
+        },
+        reject: (error) => {
+          stopListening()
+          reject(error)
         }
-      slot.jobs.set(id, { resolve: settle(resolve as (value: unknown) => void), reject: settle(reject) })
+      })
       signal?.addEventListener("abort", onAbort, { once: true })
       thread.postMessage({ type: "run", id, task, input } satisfies ThreadRequest)
     })

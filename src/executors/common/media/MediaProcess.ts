@@ -4,12 +4,13 @@
  * - in number: a thread runs `mediaProcessBounds.perThread` at once, the others wait their turn;
  * - in memory: an address-space bound set by `prlimit` (util-linux), past which its allocations
  *   fail and it stops (MediaTooLarge), and the out-of-memory killer's first choice
- *   (`oom_score_adj` 1000), before the executor and the platform;
+ *   (`oom_score_adj` 1000, set by `choom` before it starts), before the executor and the platform;
  * - in time: killed at its deadline, when it writes more than its bound, and when its job is
  *   cancelled (its request ended: ThreadJob.ts), in its own process group;
  * - in lifetime: `setpriv --pdeathsig KILL` has the kernel kill it when the thread that started it
  *   ends, so it outlives neither its preprocessing thread nor the router, however they end.
- * Without util-linux's `setpriv` and `prlimit` a child runs with the rest of these bounds only.
+ * Without util-linux's `setpriv`, `prlimit` and `choom` a child runs with the rest of these bounds
+ * only (its score raised once it runs).
  *
  * A decode's temporary files go in a directory of their own under the job's scratch directory (the
  * executor's run directory, which the router empties when it starts), removed on every path.
@@ -43,6 +44,7 @@ const slots = new DecoderSlots(mediaProcessBounds.perThread)
 interface Confinement {
   readonly setpriv: string
   readonly prlimit: string
+  readonly choom: string
 }
 
 const findTool = (name: string): string | undefined => {
@@ -67,10 +69,12 @@ const confinementTools = (): Confinement | null => {
   if (confinement !== undefined) return confinement
   const setpriv = findTool("setpriv")
   const prlimit = findTool("prlimit")
-  confinement = setpriv === undefined || prlimit === undefined ? null : { setpriv, prlimit }
+  const choom = findTool("choom")
+  confinement =
+    setpriv === undefined || prlimit === undefined || choom === undefined ? null : { setpriv, prlimit, choom }
   if (confinement === null) {
     console.error(
-      "cornserve: setpriv and prlimit (util-linux) are not installed: media decoders run without a memory bound and could outlive an executor that is killed"
+      "cornserve: setpriv, prlimit and choom (util-linux) are not installed: media decoders run without a memory bound and could outlive an executor that is killed"
     )
   }
   return confinement
@@ -89,6 +93,10 @@ const boundedCommand = (binary: string, args: ReadonlyArray<string>) => {
       tools.prlimit,
       `--as=${mediaProcessBounds.addressSpaceBytes}`,
       "--core=0",
+      "--",
+      tools.choom,
+      "-n",
+      String(maxOomScoreAdj),
       "--",
       binary,
       ...args
@@ -157,7 +165,8 @@ const runChild = (
       env: { PATH: process.env.PATH ?? "" },
       detached: true
     })
-    if (child.pid !== undefined) raiseOomScoreAdj(child.pid, maxOomScoreAdj)
+    // Unconfined, the score is raised once it runs (choom raises it before the binary starts).
+    if (!command.confined && child.pid !== undefined) raiseOomScoreAdj(child.pid, maxOomScoreAdj)
     let stderr = ""
     let written = 0
     let failure: Error | undefined
