@@ -1,9 +1,9 @@
 /**
  * Structured output in the LLM executor: a request's `response_format` (or the schema of the tool
  * call it must make) held to by masking the logits at each step (`structured/`). A worker builds
- * its tokenizer's vocabulary index once, when it loads (`prepare`: built at the first constrained
- * request instead, it would hold up the step of every request the worker runs), and compiles each
- * schema once; the router checks each request's schema first (`check`, in its threads), so that a
+ * its tokenizer's vocabulary index once, at the first constrained request (built when it loads,
+ * the index would cost every LLM executor's start seconds of CPU on a large vocabulary, whether or
+ * not a request ever asks for a schema), and compiles each schema once; the router checks each request's schema first (`check`, in its threads), so that a
  * schema the decoder cannot hold to is the request's 400 before anything runs.
  */
 import { GenerationConfig } from "../../models/GenerationConfig.js"
@@ -18,7 +18,7 @@ export { SchemaTooLarge } from "./structured/SchemaBounds.js"
 /** Compiled grammars kept per worker and router, at most. */
 const keptGrammars = 64
 
-/** Vocabulary indexes by model and logits width, one per process: the worker prepares the one its runner uses. */
+/** Vocabulary indexes by model and logits width, one per process. */
 const vocabularies = new Map<string, TokenVocabulary>()
 
 export class Constraints {
@@ -60,18 +60,6 @@ export class Constraints {
     this.grammar(format)
     this.unspelled ??= missingBytes(tokenBytes(this.tokenizerJson()), GenerationConfig.of(this.model).eosTokenIds)
     if (this.unspelled.length > 0) throw new UnspelledBytes(this.unspelled)
-  }
-
-  /**
-   * Indexes the model's vocabulary now, for the runner's Constraints of the same model. A
-   * tokenizer that cannot be indexed is left to fail the requests that need it, as without this.
-   */
-  static prepare(model: ModelDirectory): void {
-    try {
-      new Constraints(model, model.decoder!.vocabSize).tokens()
-    } catch {
-      // The same error is each constrained request's, from `decoder`.
-    }
   }
 
   private tokens(): TokenVocabulary {

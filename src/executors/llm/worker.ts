@@ -13,7 +13,6 @@ import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import { noSpan, type Span, startSpan } from "../../tracing/Tracing.js"
 import type { LoadWorkerModel } from "../common/WorkerModel.js"
-import { Constraints } from "./Constraints.js"
 import type { EmbedResult, StepOp, TokenPartial, WorkerStats } from "./protocol.js"
 import { JanusRunner } from "./JanusRunner.js"
 import { Runner, type StepRunner } from "./Runner.js"
@@ -28,8 +27,6 @@ export const load: LoadWorkerModel = async ({ config, device, rank }) => {
         ...(config.quantizedRows === undefined ? {} : { quantizedRows: config.quantizedRows }),
         ...(config.kvCacheMode === undefined ? {} : { kvCache: config.kvCacheMode })
       })
-  // Before the first step: built at the first constrained request, the index would hold up every request's step.
-  if (!isJanus(model)) Constraints.prepare(model)
   const sidecar = config.sidecarSocket === undefined ? undefined : await SidecarClient.connect(config.sidecarSocket)
   /** The span of each traced request this worker generates for, with its tokens so far. */
   const generating = new Map<string, { readonly span: Span; tokens: number }>()
