@@ -67,6 +67,8 @@ function autoscaledColorChat(
     }
   }
 
+  // Starting the platform and an app starts their executors: on two busy cores that can take longer
+  // than the default hook limit.
   beforeAll(async () => {
     modelDir = await mkdtemp(join(tmpdir(), "cornserve-models-"))
     platform = await startPlatform({
@@ -76,7 +78,7 @@ function autoscaledColorChat(
     const registered = await runCli(["app", "register", join(repoRoot, "examples", "color_chat.ts")], helpers.env())
     expect(registered.code, registered.stderr).toBe(0)
     await prepare(helpers)
-  })
+  }, 180_000)
 
   afterAll(async () => {
     await platform?.stop()

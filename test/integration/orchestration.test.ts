@@ -64,6 +64,8 @@ describe("orchestration: apps' tasks run on executors, shared, supervised and wi
     return Number(/^cornserve_sidecar_bytes_in_use\{[^}]*\} (\d+)$/m.exec(text)![1])
   }
 
+  // Starting the platform and three apps starts their executors: on two busy cores that can take longer
+  // than the default hook limit.
   beforeAll(async () => {
     modelDir = await mkdtemp(join(tmpdir(), "cornserve-models-"))
     platform = await startPlatform({
@@ -75,7 +77,7 @@ describe("orchestration: apps' tasks run on executors, shared, supervised and wi
       const result = await runCli(["app", "register", file], env)
       expect(result.code, result.stderr).toBe(0)
     }
-  })
+  }, 180_000)
 
   afterAll(async () => {
     const code = await platform?.stop()

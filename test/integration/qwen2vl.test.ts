@@ -49,6 +49,8 @@ describe("Qwen2-VL end to end", () => {
   const sizes = { wide: [112, 42], tall: [40, 100], square: [70, 70], thin: [150, 20] } as const
   const images = new Map<string, Buffer>()
 
+  // Starting the platform and three apps starts their executors: on two busy cores that can take longer
+  // than the default hook limit.
   beforeAll(async () => {
     root = await mkdtemp(join(tmpdir(), "cornserve-qwen2vl-"))
     model = join(root, "qwen2-vl-tiny")
@@ -67,7 +69,7 @@ describe("Qwen2-VL end to end", () => {
       const registered = await runCli(["app", "register", file], { CORNSERVE_GATEWAY_URL: platform.url })
       expect(registered.code, registered.stderr).toBe(0)
     }
-  })
+  }, 180_000)
 
   afterAll(async () => {
     await platform?.stop()
