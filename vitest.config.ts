@@ -4,8 +4,11 @@ import { defineConfig } from "vitest/config"
 export default defineConfig({
   test: {
     include: ["test/**/*.test.ts"],
-    testTimeout: 60_000,
-    hookTimeout: 60_000,
+    // Backstops: a test or hook that starts executors bounds its own waits by the executors it
+    // starts (test/support/platform.ts, `readyWithin`), which on a slow or busy two-core host take
+    // minutes; these limits only end one that hangs.
+    testTimeout: 120_000,
+    hookTimeout: 600_000,
     pool: "forks",
     // At least two files at once, even on two cores (vitest's default would run one): the
     // integration tests spend much of their time waiting on processes they start, and two at a

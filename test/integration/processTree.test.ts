@@ -4,7 +4,7 @@ import { join } from "node:path"
 import { afterAll, describe, expect, it } from "vitest"
 import { type ColorChatPlatform, colorChatLoad, startColorChat } from "../support/colorChat.js"
 import { descendants } from "../support/executors.js"
-import { eventually, isAlive } from "../support/platform.js"
+import { eventually, isAlive, readyWithin } from "../support/platform.js"
 
 /** The shared-memory files whose names end with one of these pids. */
 const sharedMemoryFilesOf = (pids: ReadonlySet<number>) =>
@@ -26,37 +26,42 @@ describe("cornserve serve killed with SIGKILL under load", () => {
     for (const path of planted) rmSync(path, { force: true })
   })
 
-  it("takes its whole process tree with it within 2 s, and the next start removes the dead run's shared memory only", async () => {
-    const first = await startColorChat(`tree-${process.pid}`)
-    started.push(first)
-    const load = colorChatLoad(first.platform.url, 4)
-    await eventually(async () => (load.answers.some((answer) => answer.status === 200) ? true : undefined), 60_000)
-    const tree = descendants(first.platform.process.pid!)
-    const kinds = tree.map((entry) => /internal (\S+)/.exec(entry.command)?.[1])
-    expect(kinds).toEqual(expect.arrayContaining(["sidecar", "executor", "executor-engine", "executor-worker"]))
-    const treePids = new Set(tree.map((entry) => entry.pid))
+  it(
+    "takes its whole process tree with it within 2 s, and the next start removes the dead run's shared memory only",
+    async () => {
+      const first = await startColorChat(`tree-${process.pid}`)
+      started.push(first)
+      const load = colorChatLoad(first.platform.url, 4)
+      await eventually(async () => (load.answers.some((answer) => answer.status === 200) ? true : undefined), 60_000)
+      const tree = descendants(first.platform.process.pid!)
+      const kinds = tree.map((entry) => /internal (\S+)/.exec(entry.command)?.[1])
+      expect(kinds).toEqual(expect.arrayContaining(["sidecar", "executor", "executor-engine", "executor-worker"]))
+      const treePids = new Set(tree.map((entry) => entry.pid))
 
-    const killedAt = Date.now()
-    await first.platform.kill()
-    const survivors = await eventually(
-      async () => (tree.some((entry) => isAlive(entry.pid)) ? undefined : []),
-      2_000 - (Date.now() - killedAt)
-    ).catch(() => tree.filter((entry) => isAlive(entry.pid)))
-    expect(survivors).toEqual([])
-    await load.stop()
+      const killedAt = Date.now()
+      await first.platform.kill()
+      const survivors = await eventually(
+        async () => (tree.some((entry) => isAlive(entry.pid)) ? undefined : []),
+        2_000 - (Date.now() - killedAt)
+      ).catch(() => tree.filter((entry) => isAlive(entry.pid)))
+      expect(survivors).toEqual([])
+      await load.stop()
 
-    // Files as a killed run leaves them, one for a process that is gone and one for a live one.
-    const abandoned = join("/dev/shm", `cornserve-batches-${await deadPid()}`)
-    const inUse = join("/dev/shm", `cornserve-batches-${process.pid}`)
-    for (const path of [abandoned, inUse]) {
-      planted.push(path)
-      writeFileSync(path, "")
-    }
+      // Files as a killed run leaves them, one for a process that is gone and one for a live one.
+      const abandoned = join("/dev/shm", `cornserve-batches-${await deadPid()}`)
+      const inUse = join("/dev/shm", `cornserve-batches-${process.pid}`)
+      for (const path of [abandoned, inUse]) {
+        planted.push(path)
+        writeFileSync(path, "")
+      }
 
-    const second = await startColorChat(`tree-next-${process.pid}`)
-    started.push(second)
-    expect(sharedMemoryFilesOf(treePids)).toEqual([])
-    expect(existsSync(abandoned)).toBe(false)
-    expect(existsSync(inUse)).toBe(true)
-  })
+      const second = await startColorChat(`tree-next-${process.pid}`)
+      started.push(second)
+      expect(sharedMemoryFilesOf(treePids)).toEqual([])
+      expect(existsSync(abandoned)).toBe(false)
+      expect(existsSync(inUse)).toBe(true)
+      // Two platforms, each with color_chat's two executors.
+    },
+    2 * readyWithin(2)
+  )
 })

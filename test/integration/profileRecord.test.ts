@@ -4,9 +4,10 @@ import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import {
   adminHeaders,
-  appState,
+  appReady,
   eventually,
   makeStateDir,
+  readyWithin,
   removeStateDir,
   repoRoot,
   type RunningPlatform,
@@ -53,8 +54,16 @@ describe("cornserve tasks profile --record: a load sweep recorded ahead of time,
   let llmId = ""
   let encoderId = ""
 
+  /** color_chat's executors: its image encoder's and its LLM's. */
+  const executors = 2
+  /** The platform, and once color_chat is registered, color_chat brought back and ready. */
   const start = () =>
-    startPlatform({ args: ["--devices", "cpu:0,cpu:1,cpu:2"], env: { CORNSERVE_MODEL_DIR: modelDir }, stateDir })
+    startPlatform({
+      args: ["--devices", "cpu:0,cpu:1,cpu:2"],
+      env: { CORNSERVE_MODEL_DIR: modelDir },
+      stateDir,
+      ...(llmId === "" ? {} : { ready: ({ url }) => appReady(url, "color_chat", executors) })
+    })
   const cli = (args: ReadonlyArray<string>) => runCli(args, { CORNSERVE_GATEWAY_URL: platform.url })
   const profileOf = async (taskId: string) =>
     (await (await fetch(`${platform.url}/tasks/${taskId}/profile`)).json()) as ProfileAnswer
@@ -79,7 +88,7 @@ describe("cornserve tasks profile --record: a load sweep recorded ahead of time,
     const { tasks } = (await (await fetch(`${platform.url}/tasks/list`)).json()) as { tasks: Array<TaskRow> }
     llmId = tasks.find((task) => task.name.startsWith("llm"))!.id
     encoderId = tasks.find((task) => task.name.startsWith("encoder-image"))!.id
-  })
+  }, readyWithin(executors))
 
   afterAll(async () => {
     await platform?.stop()
@@ -154,20 +163,23 @@ describe("cornserve tasks profile --record: a load sweep recorded ahead of time,
     expect(misused.stderr).toMatch(/--levels and --seconds-per-level go with --record/)
   })
 
-  it("shows the recorded curves with the task's profile after a restart", async () => {
-    const before = (await profileOf(llmId)).recorded!
-    expect(await platform.stop()).toBe(0)
-    platform = await start()
-    await eventually(async () => ((await appState(platform.url, "color_chat")) === "ready" ? true : undefined))
-    expect((await profileOf(llmId)).recorded).toEqual(before)
-    // The encoder's latest recording: the one the second was refused beside.
-    expect((await profileOf(encoderId)).recorded).toMatchObject({ levels: [1], secondsPerLevel: 2 })
+  it(
+    "shows the recorded curves with the task's profile after a restart",
+    async () => {
+      const before = (await profileOf(llmId)).recorded!
+      expect(await platform.stop()).toBe(0)
+      platform = await start()
+      expect((await profileOf(llmId)).recorded).toEqual(before)
+      // The encoder's latest recording: the one the second was refused beside.
+      expect((await profileOf(encoderId)).recorded).toMatchObject({ levels: [1], secondsPerLevel: 2 })
 
-    const shown = await cli(["tasks", "profile", llmId])
-    expect(shown.code, shown.stderr).toBe(0)
-    expect(shown.stdout).toMatch(
-      new RegExp(`^task ${llmId} \\(llm-tiny-color-vlm, llm\\): 1 executor\\(s\\); 0 call\\(s\\)`)
-    )
-    expect(shown.stdout).toContain(`\nrecorded ${before.recordedAt} (load 1, 2; 1 s each): ${before.calls} call(s)`)
-  })
+      const shown = await cli(["tasks", "profile", llmId])
+      expect(shown.code, shown.stderr).toBe(0)
+      expect(shown.stdout).toMatch(
+        new RegExp(`^task ${llmId} \\(llm-tiny-color-vlm, llm\\): 1 executor\\(s\\); 0 call\\(s\\)`)
+      )
+      expect(shown.stdout).toContain(`\nrecorded ${before.recordedAt} (load 1, 2; 1 s each): ${before.calls} call(s)`)
+    },
+    readyWithin(executors)
+  )
 })

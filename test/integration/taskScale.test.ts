@@ -4,10 +4,11 @@ import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { chatRequest, streamedText } from "../support/colorChatRequest.js"
 import {
-  appState,
+  appReady,
   eventually,
   invoke,
   makeStateDir,
+  readyWithin,
   removeStateDir,
   repoRoot,
   type RunningPlatform,
@@ -37,27 +38,30 @@ describe("cornserve tasks scale and profile: by hand, kept across restarts, meas
   /** Set once color_chat is registered: later starts wait for it to come back. */
   let encoderId = ""
 
+  /** The most executors color_chat has here: its LLM's and two of its image encoder's. */
+  const executors = 3
   /** The platform on `devices`, once color_chat (registered, or brought back) is ready. */
-  const start = async (devices: string) => {
-    const started = await startPlatform({
+  const start = (devices: string) =>
+    startPlatform({
       args: ["--devices", devices],
       env: { CORNSERVE_MODEL_DIR: modelDir },
-      stateDir
+      stateDir,
+      ...(encoderId === "" ? {} : { ready: ({ url }) => appReady(url, "color_chat", executors) })
     })
-    if (encoderId !== "")
-      await eventually(async () => ((await appState(started.url, "color_chat")) === "ready" ? true : undefined))
-    return started
-  }
   const cli = (args: ReadonlyArray<string>) => runCli(args, { CORNSERVE_GATEWAY_URL: platform.url })
   const encoder = async () =>
     ((await (await fetch(`${platform.url}/tasks/list`)).json()) as { tasks: Array<TaskRow> }).tasks.find(
       (task) => task.id === encoderId
     )
   const readyEncoder = () =>
-    eventually(async () => {
-      const task = await encoder()
-      return task?.state === "ready" && task.executors.every((executor) => executor.healthy) ? task : undefined
-    })
+    eventually(
+      async () => {
+        const task = await encoder()
+        return task?.state === "ready" && task.executors.every((executor) => executor.healthy) ? task : undefined
+      },
+      readyWithin(2),
+      "the encoder's executors ready"
+    )
   const storedScales = async () =>
     JSON.parse(await readFile(join(stateDir, "task-scale.json"), "utf8")) as { tasks: Record<string, number> }
 
@@ -69,7 +73,7 @@ describe("cornserve tasks scale and profile: by hand, kept across restarts, meas
     expect(registered.code, registered.stderr).toBe(0)
     const listed = ((await (await fetch(`${platform.url}/tasks/list`)).json()) as { tasks: Array<TaskRow> }).tasks
     encoderId = listed.find((task) => task.name.startsWith("encoder-image"))!.id
-  })
+  }, readyWithin(executors))
 
   afterAll(async () => {
     await platform?.stop()
@@ -77,42 +81,58 @@ describe("cornserve tasks scale and profile: by hand, kept across restarts, meas
     await rm(modelDir, { recursive: true, force: true })
   })
 
-  it("adds a device to a task and says where its executors run; the scale is written to the state dir", async () => {
-    const scaled = await cli(["tasks", "scale", encoderId, "+1"])
-    expect(scaled.code, scaled.stderr).toBe(0)
-    expect(scaled.stdout).toMatch(new RegExp(`^task ${encoderId} has 2 executor\\(s\\) on cpu:\\d, cpu:\\d\\n$`))
-    expect((await readyEncoder()).executors).toHaveLength(2)
-    expect((await storedScales()).tasks).toEqual({ [encoderId]: 2 })
-  })
+  it(
+    "adds a device to a task and says where its executors run; the scale is written to the state dir",
+    async () => {
+      const scaled = await cli(["tasks", "scale", encoderId, "+1"])
+      expect(scaled.code, scaled.stderr).toBe(0)
+      expect(scaled.stdout).toMatch(new RegExp(`^task ${encoderId} has 2 executor\\(s\\) on cpu:\\d, cpu:\\d\\n$`))
+      expect((await readyEncoder()).executors).toHaveLength(2)
+      expect((await storedScales()).tasks).toEqual({ [encoderId]: 2 })
+    },
+    readyWithin(executors)
+  )
 
-  it("brings the task back at its scale after a restart", async () => {
-    expect(await platform.stop()).toBe(0)
-    platform = await start("cpu:0,cpu:1,cpu:2,cpu:3")
-    expect((await readyEncoder()).executors).toHaveLength(2)
-    expect(await streamedText(await invoke(platform.url, "color_chat", chatRequest))).toBe("red")
-  })
+  it(
+    "brings the task back at its scale after a restart",
+    async () => {
+      expect(await platform.stop()).toBe(0)
+      platform = await start("cpu:0,cpu:1,cpu:2,cpu:3")
+      expect((await readyEncoder()).executors).toHaveLength(2)
+      expect(await streamedText(await invoke(platform.url, "color_chat", chatRequest))).toBe("red")
+    },
+    readyWithin(executors)
+  )
 
-  it("starts one executor, and says so, when the scale no longer fits the devices", async () => {
-    expect(await platform.stop()).toBe(0)
-    platform = await start("cpu:0,cpu:1,cpu:2")
-    expect((await readyEncoder()).executors).toHaveLength(1)
-    expect(platform.output()).toMatch(
-      new RegExp(
-        `task\\(s\\) ${encoderId} \\(2 executors\\) do not fit at the scale they had .*: starting one executor each`
+  it(
+    "starts one executor, and says so, when the scale no longer fits the devices",
+    async () => {
+      expect(await platform.stop()).toBe(0)
+      platform = await start("cpu:0,cpu:1,cpu:2")
+      expect((await readyEncoder()).executors).toHaveLength(1)
+      expect(platform.output()).toMatch(
+        new RegExp(
+          `task\\(s\\) ${encoderId} \\(2 executors\\) do not fit at the scale they had .*: starting one executor each`
+        )
       )
-    )
-    expect(await streamedText(await invoke(platform.url, "color_chat", chatRequest))).toBe("red")
-  })
+      expect(await streamedText(await invoke(platform.url, "color_chat", chatRequest))).toBe("red")
+    },
+    readyWithin(executors)
+  )
 
-  it("takes a device away, and forgets the scale once the task is back at one executor", async () => {
-    expect(await platform.stop()).toBe(0)
-    platform = await start("cpu:0,cpu:1,cpu:2,cpu:3")
-    expect((await readyEncoder()).executors).toHaveLength(2)
-    const scaled = await cli(["tasks", "scale", encoderId, "-1"])
-    expect(scaled.code, scaled.stderr).toBe(0)
-    expect(scaled.stdout).toMatch(/has 1 executor\(s\) on cpu:\d\n$/)
-    expect((await storedScales()).tasks).toEqual({})
-  })
+  it(
+    "takes a device away, and forgets the scale once the task is back at one executor",
+    async () => {
+      expect(await platform.stop()).toBe(0)
+      platform = await start("cpu:0,cpu:1,cpu:2,cpu:3")
+      expect((await readyEncoder()).executors).toHaveLength(2)
+      const scaled = await cli(["tasks", "scale", encoderId, "-1"])
+      expect(scaled.code, scaled.stderr).toBe(0)
+      expect(scaled.stdout).toMatch(/has 1 executor\(s\) on cpu:\d\n$/)
+      expect((await storedScales()).tasks).toEqual({})
+    },
+    readyWithin(executors)
+  )
 
   it("profiles a task from its calls: the curve per executor count, the recent rate, over HTTP and the CLI", async () => {
     const llm = ((await (await fetch(`${platform.url}/tasks/list`)).json()) as { tasks: Array<TaskRow> }).tasks.find(

@@ -1,7 +1,6 @@
 import { mkdtemp, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { expect } from "vitest"
 import { invoke, removeStateDir, repoRoot, runCli, type RunningPlatform, startPlatform } from "./platform.js"
 
 import { chatRequest } from "./colorChatRequest.js"
@@ -34,12 +33,17 @@ export const startColorChat = async (
       String(colorChatArenaBytes),
       ...args
     ],
-    env: { ...env, CORNSERVE_MODEL_DIR: modelDir }
+    env: { ...env, CORNSERVE_MODEL_DIR: modelDir },
+    ready: async ({ url }) => {
+      const registered = await runCli(["app", "register", join(repoRoot, "examples", "color_chat.ts")], {
+        CORNSERVE_GATEWAY_URL: url
+      })
+      if (registered.code !== 0) throw new Error(`color_chat was not registered: ${registered.stderr}`)
+    }
+  }).catch(async (error: unknown) => {
+    await rm(modelDir, { recursive: true, force: true })
+    throw error
   })
-  const registered = await runCli(["app", "register", join(repoRoot, "examples", "color_chat.ts")], {
-    CORNSERVE_GATEWAY_URL: platform.url
-  })
-  expect(registered.code, registered.stderr).toBe(0)
   return {
     platform,
     dispose: async () => {

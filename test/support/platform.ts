@@ -33,12 +33,30 @@ export interface RunningPlatform {
 
 export const makeStateDir = () => mkdtemp(join(tmpdir(), "cornserve-test-"))
 
-/** Starts the real binary on a free port and resolves once its gateway listens. */
+/**
+ * How long `serve` may take to listen, and each executor to start, on a slow or busy two-core
+ * host (the CI machine, or this one with the suite's other files beside it): a bound that waits for
+ * a platform and N executors allows `platformStartMs + N × executorStartMs`.
+ */
+export const platformStartMs = 60_000
+export const executorStartMs = 45_000
+
+/** The time to allow for a platform's start and then `executors` executors' (see `executorStartMs`). */
+export const readyWithin = (executors: number) => platformStartMs + executors * executorStartMs
+
+/**
+ * Starts the real binary on a free port and resolves once its gateway listens (within
+ * `platformStartMs`) and `ready`, if given, has resolved. A start that fails or runs out of time
+ * kills the `serve` it started and waits for its exit before it throws, so that the next start on
+ * the same state dir is not refused for a `serve` still holding it.
+ */
 export const startPlatform = async (
   options: {
     readonly args?: ReadonlyArray<string>
     readonly env?: Readonly<Record<string, string>>
     readonly stateDir?: string
+    /** What else the start waits for once the gateway listens (an app ready, its executors healthy). */
+    readonly ready?: (platform: RunningPlatform) => Promise<unknown>
   } = {}
 ): Promise<RunningPlatform> => {
   const ownStateDir = options.stateDir === undefined
@@ -59,6 +77,16 @@ export const startPlatform = async (
   trackGroup(child)
   let output = ""
   const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)))
+  const kill = async () => {
+    if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL")
+    await exited
+  }
+  const failed = async (error: unknown): Promise<never> => {
+    await kill()
+    if (ownStateDir) await rm(stateDir, { recursive: true, force: true })
+    throw error
+  }
+  let listenTimer: NodeJS.Timeout | undefined
   const url = await new Promise<string>((resolve, reject) => {
     const onData = (chunk: Buffer) => {
       output += chunk.toString()
@@ -68,11 +96,14 @@ export const startPlatform = async (
     child.stdout!.on("data", onData)
     child.stderr!.on("data", onData)
     child.once("exit", (code) => reject(new Error(`cornserve serve exited with ${code} before listening:\n${output}`)))
-  }).catch(async (error: unknown) => {
-    if (ownStateDir) await rm(stateDir, { recursive: true, force: true })
-    throw error
+    listenTimer = setTimeout(
+      () => reject(new Error(`cornserve serve did not listen within ${platformStartMs} ms:\n${output}`)),
+      platformStartMs
+    )
   })
-  return {
+    .finally(() => clearTimeout(listenTimer))
+    .catch(failed)
+  const platform: RunningPlatform = {
     url,
     process: child,
     stateDir,
@@ -81,12 +112,28 @@ export const startPlatform = async (
       if (child.exitCode === null) child.kill("SIGTERM")
       return exited
     },
-    kill: async () => {
-      if (child.exitCode === null) child.kill("SIGKILL")
-      await exited
-    }
+    kill
   }
+  if (options.ready !== undefined)
+    await options
+      .ready(platform)
+      .catch((error: unknown) =>
+        failed(
+          new Error(
+            `${error instanceof Error ? error.message : String(error)}; the platform printed:\n${output.slice(-8_000)}`
+          )
+        )
+      )
+  return platform
 }
+
+/** Waits until the platform at `url` says app `appId` is ready, allowing for its `executors` to start. */
+export const appReady = (url: string, appId: string, executors: number) =>
+  eventually(
+    async () => ((await appState(url, appId)) === "ready" ? true : undefined),
+    readyWithin(executors),
+    `app ${appId} ready`
+  )
 
 export const removeStateDir = (dir: string) => rm(dir, { recursive: true, force: true })
 
@@ -96,13 +143,21 @@ export interface CliResult {
   readonly stderr: string
 }
 
-/** Runs `cornserve ARGS` as a user would, against the given gateway. */
-export const runCli = (args: ReadonlyArray<string>, env: Readonly<Record<string, string>> = {}, input?: string) =>
+/**
+ * Runs `cornserve ARGS` as a user would, against the given gateway. It is killed after
+ * `timeoutMs`: by default time for a command that starts a few executors (`app register`).
+ */
+export const runCli = (
+  args: ReadonlyArray<string>,
+  env: Readonly<Record<string, string>> = {},
+  input?: string,
+  timeoutMs = readyWithin(4)
+) =>
   new Promise<CliResult>((resolve) => {
     const child = execFile(
       process.execPath,
       [binPath, ...args],
-      { cwd: repoRoot, env: { ...process.env, ...env }, timeout: 60_000 },
+      { cwd: repoRoot, env: { ...process.env, ...env }, timeout: timeoutMs },
       (error, stdout, stderr) =>
         resolve({ code: error === null ? 0 : typeof error.code === "number" ? error.code : 1, stdout, stderr })
     )
@@ -113,13 +168,20 @@ export const runCli = (args: ReadonlyArray<string>, env: Readonly<Record<string,
     else child.stdin!.end()
   })
 
-/** Polls until `check` holds (or throws after `timeoutMs`). */
-export const eventually = async <A>(check: () => Promise<A | undefined>, timeoutMs = 30_000): Promise<A> => {
+/**
+ * Polls until `check` holds (or throws after `timeoutMs`, naming `what` it waited for). A wait for
+ * executors to start passes a bound from `readyWithin`.
+ */
+export const eventually = async <A>(
+  check: () => Promise<A | undefined>,
+  timeoutMs = 30_000,
+  what = "condition"
+): Promise<A> => {
   const deadline = Date.now() + timeoutMs
   for (;;) {
     const value = await check().catch(() => undefined)
     if (value !== undefined) return value
-    if (Date.now() > deadline) throw new Error("condition not met in time")
+    if (Date.now() > deadline) throw new Error(`${what} not met in ${timeoutMs} ms`)
     await new Promise((resolve) => setTimeout(resolve, 100))
   }
 }
