@@ -23,8 +23,20 @@ export class TaskQueueBound extends Context.Reference<TaskQueueBound>()("cornser
   defaultValue: () => 64
 }) {}
 
-/** How long an executor's health watch may stay silent: an unhealthy executor leaves rotation within a second. */
-const healthTimeoutMs = 750
+/**
+ * How long an executor's health watch may stay silent before the executor counts as wedged. Its
+ * process exiting ends the stream, and an executor that finds itself unhealthy says so, both at
+ * once; silence alone means only that its router's event loop is not running, which on a busy
+ * host (or a stopped process) lasts seconds and ends by itself. The executor stays in rotation
+ * meanwhile: its requests wait for it rather than being refused.
+ */
+export const wedgedAfterMs = 30_000
+
+/**
+ * How long a call waits for an executor to come back when none is in rotation: beyond the wedged
+ * bound, time for one that exited to start again on a busy host.
+ */
+const executorWaitMs = wedgedAfterMs + 30_000
 
 interface ManagedExecutor {
   readonly id: string
@@ -223,7 +235,7 @@ class ManagedTask implements TaskManager {
     exclude: ManagedExecutor | undefined,
     signal: AbortSignal | undefined
   ): Promise<ManagedExecutor> {
-    const deadline = Date.now() + 15_000
+    const deadline = Date.now() + executorWaitMs
     for (;;) {
       const member = this.pick(exclude)
       if (member !== undefined) return member
@@ -279,7 +291,7 @@ class ManagedTask implements TaskManager {
             executors,
             ok: outcome === "ok"
           })
-        if (outcome === "unavailable") member.healthy = false
+        if (outcome === "unavailable") this.setHealth(member, false)
         member.outstanding--
         if (member.outstanding === 0) for (const wake of member.idle.splice(0)) wake()
         this.mayBeFree.wakeAll()
@@ -297,9 +309,9 @@ class ManagedTask implements TaskManager {
 
 /**
  * Follows one executor's `/health/watch` stream until it ends: each line sets the executor's health;
- * silence for longer than `healthTimeoutMs` (a stuck executor) takes it out of rotation until a line
- * comes again; the stream ending (the executor gone or restarting) takes it out until a new watch
- * sees it ready. An executor that reports itself unhealthy is restarted.
+ * the stream ending (the executor gone or restarting) takes it out of rotation until a new watch
+ * sees it ready. A slow executor (lines late, its event loop starved) stays in rotation; one silent
+ * for `wedgedAfterMs` is wedged and restarted, as is one that reports itself unhealthy.
  */
 const watchHealth = (member: ManagedExecutor, task: ManagedTask, secret: string | undefined) =>
   Effect.async<void>((resume) => {
@@ -312,7 +324,10 @@ const watchHealth = (member: ManagedExecutor, task: ManagedTask, secret: string 
     let silence: NodeJS.Timeout | undefined
     const listen = () => {
       clearTimeout(silence)
-      silence = setTimeout(() => task.setHealth(member, false), healthTimeoutMs)
+      silence = setTimeout(() => {
+        task.setHealth(member, false)
+        member.executor.restart(`its health watch was silent for ${wedgedAfterMs / 1000} s`)
+      }, wedgedAfterMs)
     }
     let ended = false
     const end = () => {
