@@ -38,8 +38,8 @@ describe("cornserve tasks scale and profile: by hand, kept across restarts, meas
   /** Set once color_chat is registered: later starts wait for it to come back. */
   let encoderId = ""
 
-  /** The most executors color_chat has here: its LLM's and two of its image encoder's. */
-  const executors = 3
+  /** The most executors color_chat has here: its LLM's, its audio encoder's and two of its image encoder's. */
+  const executors = 4
   /** The platform on `devices`, once color_chat (registered, or brought back) is ready. */
   const start = (devices: string) =>
     startPlatform({
