@@ -3,10 +3,10 @@ import { homedir } from "node:os"
 import { join, delimiter as pathDelimiter, resolve as resolvePath } from "node:path"
 import { Args, Command, HelpDoc, Options, ValidationError } from "@effect/cli"
 import * as NodeContext from "@effect/platform-node/NodeContext"
-import * as NodeRuntime from "@effect/platform-node/NodeRuntime"
 import { Array as Arr, Cause, Config, Console, Effect, Exit, Option } from "effect"
 import { withTidyHelp } from "./HelpText.js"
 import { initAppFolder } from "./Init.js"
+import { runMain } from "../process/StopSignals.js"
 import { defaultMaxJsonDepth } from "../control/gateway/JsonBody.js"
 import { defaultLevels, defaultSecondsPerLevel } from "../control/task-manager/ProfileRecording.js"
 import { dtypes } from "../models/Dtype.js"
@@ -1071,7 +1071,7 @@ export const main = (argv: ReadonlyArray<string>) =>
     }),
     Effect.provide(NodeContext.layer),
     withTidyHelp,
-    NodeRuntime.runMain({
+    runMain({
       disableErrorReporting: true,
       // A failed command exits at once with its code: open handles (a parent watched through
       // stdin, a half-started child) must not keep a failed process alive.

@@ -8,6 +8,12 @@
 
 const lifelineEnvName = "CORNSERVE_LIFELINE"
 
+/**
+ * Whether a Cornserve process started this one and holds its lifeline: read once, as the process
+ * starts, since `exitWithParent` takes the marker out of the environment.
+ */
+export const startedWithLifeline: boolean = process.env[lifelineEnvName] === "stdin"
+
 /** How often a child without a lifeline checks whether its parent is still there. */
 const parentCheckIntervalMs = 500
 
@@ -30,7 +36,7 @@ export const lifelineEnv = (env: Readonly<Record<string, string | undefined>>) =
  * command's scope closes and its finalizers run), bounded by `stopGraceMs`.
  */
 export const exitWithParent = (): void => {
-  const hasLifeline = process.env[lifelineEnvName] === "stdin"
+  const hasLifeline = startedWithLifeline
   // The marker is this process's alone: its own children get theirs from whoever spawns them.
   delete process.env[lifelineEnvName]
   const parent = process.ppid

@@ -3,6 +3,7 @@ import { fileURLToPath } from "node:url"
 import { Clock, Deferred, Duration, Effect, Exit, Schedule, type Scope } from "effect"
 import { lifelineEnv } from "./Lifeline.js"
 import { restartPolicy } from "./RestartPolicy.js"
+import { stopHasBegun } from "./StopSignals.js"
 
 const binPath = fileURLToPath(new URL("../../bin/cornserve", import.meta.url))
 
@@ -36,7 +37,8 @@ const stopGrace = Duration.seconds(5)
 /**
  * A child process of the node agent (a sidecar, an executor): started from the same binary, ready
  * when it says so, restarted by `restartPolicy` when it exits unexpectedly, stopped when the scope
- * closes. Its stdin is a pipe from this process, so it stops itself if the agent dies.
+ * closes. Its stdin is a pipe from this process, so it stops itself if the agent dies. Once this
+ * process's stop has begun (see StopSignals.ts) an exit is never followed by a restart.
  */
 export class SupervisedProcess<R> {
   private child: ChildProcess | undefined
@@ -80,7 +82,8 @@ export class SupervisedProcess<R> {
   /**
    * Runs the process again each time it ends, after the wait the restart policy picks. A start
    * that fails before the process was ever ready fails `firstStart` and ends the supervision:
-   * the process cannot run as configured. Later failed starts are crashes like any other.
+   * the process cannot run as configured. Later failed starts are crashes like any other. A run
+   * that ends once the stop has begun ends the supervision.
    */
   private supervise(firstStart: Deferred.Deferred<void, Error>): Effect.Effect<void> {
     const restarts = Schedule.mapInput(restartPolicy, (ended: RunEnded) => ended.uptime).pipe(
@@ -101,8 +104,14 @@ export class SupervisedProcess<R> {
         })
       )
     )
-    // A failed first start was handed to the caller through `firstStart`.
-    return Effect.repeat(runOnce, restarts).pipe(Effect.ignore)
+    const runUntilStop = Effect.flatMap(runOnce, (ended) => {
+      if (!stopHasBegun()) return Effect.succeed(ended)
+      this.options.log(`${ended.reason} while the platform stops; not restarted`)
+      this.setState({ _tag: "Stopped" })
+      return Effect.fail(new Error("stopping"))
+    })
+    // A failed first start was handed to the caller through `firstStart`; a stop ends the repeat.
+    return Effect.repeat(runUntilStop, restarts).pipe(Effect.ignore)
   }
 
   /** Starts the process, waits until it is ready (then runs `onReady`), and returns once it exits. */

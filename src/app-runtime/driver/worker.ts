@@ -46,6 +46,9 @@ channel.on("data", (chunk: Buffer) => {
 // The platform going away, however it goes, takes the app with it.
 channel.on("close", () => process.exit(0))
 channel.on("error", () => process.exit(0))
+// A terminal's Ctrl-C reaches this process with the platform's: the platform lets the app's
+// requests in flight finish first, then stops it.
+process.on("SIGINT", () => undefined)
 
 /**
  * The permission model leaves signals alone, so an app could still kill the platform (or any process
