@@ -74,11 +74,13 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
       startTimeoutMs: 30_000,
       log,
       onState: (state) => {
-        if (state._tag === "Crashed") {
-          // A sidecar that was killed could not remove its arena file; nothing else would.
-          if (sidecarArena !== undefined) rmSync(sidecarArena, { force: true })
-          for (const listener of sidecarLossListeners) listener()
+        // A sidecar that was killed (crashed, or stopped past its grace) could not remove its arena
+        // file; nothing else would. It has exited by then: the file is no one's.
+        if ((state._tag === "Crashed" || state._tag === "Stopped") && sidecarArena !== undefined) {
+          rmSync(sidecarArena, { force: true })
+          sidecarArena = undefined
         }
+        if (state._tag === "Crashed") for (const listener of sidecarLossListeners) listener()
         if (state._tag !== "Ready") return
         sidecarArena = state.ready.arenaPath
         for (const wake of sidecarWaiters) wake()

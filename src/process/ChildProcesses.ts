@@ -1,4 +1,5 @@
 import { type ChildProcess, spawn } from "node:child_process"
+import { rmSync } from "node:fs"
 import { getPriority, setPriority } from "node:os"
 import { fileURLToPath } from "node:url"
 import { Effect } from "effect"
@@ -19,6 +20,11 @@ export interface ChildOptions {
   readonly lowerPriority?: number
   /** Node and V8 flags for the child's runtime. */
   readonly nodeFlags?: ReadonlyArray<string>
+  /**
+   * The files a child with this pid makes and removes on its way out, which it cannot remove when
+   * it is killed: removed once it has exited, however it exited.
+   */
+  readonly leaves?: (pid: number) => ReadonlyArray<string>
 }
 
 /**
@@ -51,6 +57,8 @@ export const startChild = (options: ChildOptions): Effect.Effect<ChildProcess, n
       }
       let stopping = false
       child.once("exit", (code, signal) => {
+        const left = child.pid === undefined ? [] : (options.leaves?.(child.pid) ?? [])
+        for (const path of left) rmSync(path, { force: true })
         if (!stopping) options.onUnexpectedExit?.(code, signal)
       })
       return { child, stop: () => (stopping = true) }

@@ -1,3 +1,4 @@
+import { join } from "node:path"
 import { Effect, type Scope } from "effect"
 import { Arena } from "../../sidecar/Arena.js"
 import { bytesPerElement, elementCount, Tensor, type TensorData } from "../../sidecar/Tensor.js"
@@ -8,6 +9,9 @@ const align = (offset: number) => Math.ceil(offset / alignment) * alignment
 
 /** Every batch buffer file's name starts with this. */
 export const batchBufferPrefix = "cornserve-batches-"
+
+/** The batch buffer of the engine with this pid. */
+export const batchBufferPathOf = (enginePid: number): string => join("/dev/shm", `${batchBufferPrefix}${enginePid}`)
 
 /** The environment variable that gives a worker the path of its engine's batch buffer. */
 export const batchBufferEnvName = "CORNSERVE_BATCH_BUFFER"

@@ -3,9 +3,8 @@
  * router, asks the scheduler for the next batch, stacks it into shared memory, has the workers run
  * it, and replies. No request parsing or output formatting happens here.
  */
-import { join } from "node:path"
 import { Effect } from "effect"
-import { BatchBuffer, batchBufferPrefix, batchSlots } from "./BatchBuffer.js"
+import { BatchBuffer, batchBufferPathOf, batchSlots } from "./BatchBuffer.js"
 import { exitWithParent } from "../../process/ChildProcesses.js"
 import { bindEngineSockets } from "./EngineSockets.js"
 import type { ExecutorConfig } from "./ExecutorConfig.js"
@@ -59,7 +58,7 @@ export const runEngine = (config: ExecutorConfig) =>
   Effect.gen(function* () {
     exitWithParent()
     const buffer = yield* BatchBuffer.create(
-      join("/dev/shm", `${batchBufferPrefix}${process.pid}`),
+      batchBufferPathOf(process.pid),
       batchSlots(config.kind),
       config.batchSlotBytes
     )

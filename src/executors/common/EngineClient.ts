@@ -2,6 +2,7 @@ import { randomUUID } from "node:crypto"
 import { Effect, type Scope } from "effect"
 import * as zmq from "zeromq"
 import { startChild } from "../../process/ChildProcesses.js"
+import { batchBufferPathOf } from "./BatchBuffer.js"
 import { EngineUnavailable, type ExecutorError } from "./errors.js"
 import { configEnvName, type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
 import { failureOf, messagesOf, type FromEngine, orderedSender, type ToEngine, type WorkItem } from "./wire.js"
@@ -55,6 +56,7 @@ export class EngineClient {
       yield* startChild({
         args: ["executor-engine"],
         env: { [configEnvName]: JSON.stringify(config) },
+        leaves: (pid) => [batchBufferPathOf(pid)],
         onUnexpectedExit: (code, signal) =>
           client.becomeUnhealthy(`the engine exited ${signal === null ? `with code ${code}` : `on ${signal}`}`)
       })
