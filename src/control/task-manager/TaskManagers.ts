@@ -393,7 +393,10 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
         return Scope.close(task.scope, Exit.void).pipe(Effect.ensuring(Effect.sync(() => tasks.delete(taskId))))
       })
 
-    yield* Effect.addFinalizer(() => Effect.forEach([...tasks.keys()], teardown, { discard: true }))
+    // All at once: a stop waits for the slowest executor, not for the sum of them.
+    yield* Effect.addFinalizer(() =>
+      Effect.forEach([...tasks.keys()], teardown, { concurrency: "unbounded", discard: true })
+    )
 
     const startExecutor = (task: ManagedTask, group: ExecutorGroup) =>
       Effect.gen(function* () {
