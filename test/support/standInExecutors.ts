@@ -18,11 +18,15 @@ export type StandInHandler = (request: ReceivedRequest, response: Http.ServerRes
 
 /**
  * A small HTTP server on 127.0.0.1 that speaks an executor's API as the test tells it: `/health` and
- * `/health/watch` report `health` (200, ready, unless changed), every POST goes to `handle`.
+ * `/health/watch` report `health` (200, ready, unless changed), every POST goes to `handle`. While
+ * `silent`, its health watch writes nothing (as an executor whose event loop does not run); the
+ * reasons it was asked to restart for are in `restarts`.
  */
 export class StandInExecutor {
   readonly received: Array<ReceivedRequest> = []
+  readonly restarts: Array<string> = []
   health = 200
+  silent = false
   handle: StandInHandler = (_, response) => response.writeHead(500).end()
 
   private constructor(
@@ -55,7 +59,9 @@ export class StandInExecutor {
 
   /** Reports `health` as a real executor's router does: a line now, then one every watch period. */
   private watchHealth(response: Http.ServerResponse) {
-    const report = () => response.write(`${JSON.stringify({ status: this.health === 200 ? "ready" : "starting" })}\n`)
+    const report = () => {
+      if (!this.silent) response.write(`${JSON.stringify({ status: this.health === 200 ? "ready" : "starting" })}\n`)
+    }
     response.writeHead(200, { "content-type": "application/x-ndjson" })
     report()
     const timer = setInterval(report, healthWatchPeriodMs)
@@ -84,7 +90,7 @@ export const standInKind = (kind: string, standIns: ReadonlyArray<StandInExecuto
     start: (_, slot) =>
       Effect.sync((): Executor => {
         const standIn = standIns[next++]!
-        return { devices: slot.devices, url: () => standIn.url, restart: () => undefined }
+        return { devices: slot.devices, url: () => standIn.url, restart: (reason) => standIn.restarts.push(reason) }
       })
   }
 }

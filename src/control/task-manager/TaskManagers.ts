@@ -30,13 +30,15 @@ export class TaskQueueBound extends Context.Reference<TaskQueueBound>()("cornser
  * host (or a stopped process) lasts seconds and ends by itself. The executor stays in rotation
  * meanwhile: its requests wait for it rather than being refused.
  */
-export const wedgedAfterMs = 30_000
+export class ExecutorWedgedAfter extends Context.Reference<ExecutorWedgedAfter>()("cornserve/ExecutorWedgedAfter", {
+  defaultValue: () => 30_000
+}) {}
 
 /**
  * How long a call waits for an executor to come back when none is in rotation: beyond the wedged
  * bound, time for one that exited to start again on a busy host.
  */
-const executorWaitMs = wedgedAfterMs + 30_000
+const executorWaitMs = ExecutorWedgedAfter.defaultValue() + 30_000
 
 interface ManagedExecutor {
   readonly id: string
@@ -311,9 +313,10 @@ class ManagedTask implements TaskManager {
  * Follows one executor's `/health/watch` stream until it ends: each line sets the executor's health;
  * the stream ending (the executor gone or restarting) takes it out of rotation until a new watch
  * sees it ready. A slow executor (lines late, its event loop starved) stays in rotation; one silent
- * for `wedgedAfterMs` is wedged and restarted, as is one that reports itself unhealthy.
+ * for `wedgedAfterMs` (see ExecutorWedgedAfter) is wedged and restarted, as is one that reports
+ * itself unhealthy.
  */
-const watchHealth = (member: ManagedExecutor, task: ManagedTask, secret: string | undefined) =>
+const watchHealth = (member: ManagedExecutor, task: ManagedTask, secret: string | undefined, wedgedAfterMs: number) =>
   Effect.async<void>((resume) => {
     const url = member.executor.url()
     if (url === undefined) {
@@ -343,7 +346,6 @@ const watchHealth = (member: ManagedExecutor, task: ManagedTask, secret: string 
       if (response.statusCode !== 200) return end()
       response.setEncoding("utf8")
       let pending = ""
-      listen()
       response.on("data", (text: string) => {
         pending += text
         for (let newline = pending.indexOf("\n"); newline >= 0; newline = pending.indexOf("\n")) {
@@ -367,6 +369,8 @@ const watchHealth = (member: ManagedExecutor, task: ManagedTask, secret: string 
     })
     request.once("error", end)
     request.once("close", end)
+    // Silence counts from the request: an executor that takes the connection but never answers is wedged too.
+    listen()
     return Effect.sync(() => {
       ended = true
       clearTimeout(silence)
@@ -378,6 +382,7 @@ const watchHealth = (member: ManagedExecutor, task: ManagedTask, secret: string 
 export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/TaskManagers", {
   scoped: Effect.gen(function* () {
     const queueBound = yield* TaskQueueBound
+    const wedgedAfterMs = yield* ExecutorWedgedAfter
     // Recorded profiles are kept in the state dir; task managers without one (in a test) keep none.
     const config = yield* Effect.serviceOption(ServeConfig)
     const profiles = Option.map(config, (served) => makeProfileStore(served.stateDir))
@@ -407,7 +412,7 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
           scope
         ).pipe(Effect.onError(() => Scope.close(scope, Exit.void)))
         const member = task.add(id, group.node.name, executor, scope)
-        yield* watchHealth(member, task, secret).pipe(
+        yield* watchHealth(member, task, secret, wedgedAfterMs).pipe(
           Effect.zipRight(Effect.sleep(healthWatchPeriodMs)),
           Effect.forever,
           Effect.forkIn(scope)

@@ -1,6 +1,11 @@
 import { Layer, ManagedRuntime } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { type TaskManager, TaskManagers, TaskQueueBound } from "../../../src/control/task-manager/TaskManagers.js"
+import {
+  ExecutorWedgedAfter,
+  type TaskManager,
+  TaskManagers,
+  TaskQueueBound
+} from "../../../src/control/task-manager/TaskManagers.js"
 import { cpuGroups, StandInExecutor, standInKind } from "../../support/standInExecutors.js"
 
 describe("TaskManagers: leasing executors of a task, by their health", () => {
@@ -103,6 +108,55 @@ describe("TaskManagers: leasing executors of a task, by their health", () => {
     executors[0]!.health = 200
     ;(await lease).release("ok")
     await until(() => healthy() === 2)
+  })
+})
+
+describe("TaskManagers: a slow executor stays in rotation, a wedged one leaves it and is restarted", () => {
+  // A short wedged bound, so that the test sees one pass; the default is 30 s.
+  const wedgedAfterMs = 2_000
+  const runtime = ManagedRuntime.make(
+    TaskManagers.Default.pipe(Layer.provide(Layer.succeed(ExecutorWedgedAfter, wedgedAfterMs)))
+  )
+  let executor: StandInExecutor
+  let task: TaskManager
+
+  beforeAll(async () => {
+    executor = await StandInExecutor.start()
+    const managers = await runtime.runPromise(TaskManagers)
+    task = await runtime.runPromise(
+      managers.deploy(
+        { id: "llm-slow", kind: "llm", name: "llm", config: {} },
+        standInKind("llm", [executor]),
+        cpuGroups(1)
+      )
+    )
+  })
+
+  afterAll(async () => {
+    await runtime.dispose()
+    await executor.close()
+  })
+
+  it("keeps a silent executor in rotation, leasing it, until the wedged bound; then restarts it", async () => {
+    executor.silent = true
+    // Until it is restarted, it is in rotation at every look, and a call gets it.
+    let leftRotation = false
+    while (executor.restarts.length === 0) {
+      if (!task.executors()[0]!.healthy) leftRotation = true
+      const lease = await task.lease({})
+      expect(lease.url).toBe(executor.url)
+      lease.release("ok")
+      await new Promise((resolve) => setTimeout(resolve, 50))
+    }
+    expect(leftRotation).toBe(false)
+    expect(executor.restarts).toEqual([`its health watch was silent for ${wedgedAfterMs / 1000} s`])
+    expect(task.executors()[0]!.healthy).toBe(false)
+    // Speaking again, it is back.
+    executor.silent = false
+    const deadline = Date.now() + 5_000
+    while (!task.executors()[0]!.healthy && Date.now() < deadline)
+      await new Promise((resolve) => setTimeout(resolve, 25))
+    expect(task.executors()[0]!.healthy).toBe(true)
   })
 })
 
