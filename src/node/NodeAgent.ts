@@ -15,6 +15,15 @@ import { type ProcessState, SupervisedProcess } from "../process/SupervisedProce
 const sidecarReadyPattern = /cornserve sidecar: ready (\{.*\})/
 const executorReadyPattern = /executor: serving at (http:\/\/\S+)[\s\S]*executor: ready/
 
+/**
+ * How long the sidecar, and an executor (whose engine and worker load its model), may take to say
+ * they are ready. A child that exits ends the wait at once; these bounds only catch a start that
+ * hangs, so they allow for a slow or busy host, where a start that takes seconds on an idle one
+ * takes minutes: a slow start is not a dead one.
+ */
+const sidecarStartTimeoutMs = 120_000
+const executorStartTimeoutMs = 300_000
+
 export interface ExecutorLaunch {
   readonly kind: "eric" | "geri" | "llm"
   readonly model: string
@@ -71,7 +80,7 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
         const match = sidecarReadyPattern.exec(output)
         return match === null ? undefined : (JSON.parse(match[1]!) as SidecarReady)
       },
-      startTimeoutMs: 30_000,
+      startTimeoutMs: sidecarStartTimeoutMs,
       log,
       onState: (state) => {
         // A sidecar that was killed (crashed, or stopped past its grace) could not remove its arena
@@ -209,7 +218,7 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
         // What the control plane's calls carry: in the environment, which other users cannot read.
         env: internalSecretEnv(config.internalSecret),
         parseReady: (output) => executorReadyPattern.exec(output)?.[1],
-        startTimeoutMs: 120_000,
+        startTimeoutMs: executorStartTimeoutMs,
         log,
         ...(launch.onState === undefined ? {} : { onState: launch.onState })
       })
