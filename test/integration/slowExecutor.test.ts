@@ -29,7 +29,7 @@ describe("cornserve serve: an executor stopped for seconds keeps its requests", 
 
   beforeAll(async () => {
     running = await startColorChat(`slow-${process.pid}`)
-  }, readyWithin(2))
+  }, readyWithin(3))
 
   afterAll(async () => {
     expect(await running?.dispose()).toBe(0)
