@@ -54,8 +54,8 @@ describe("cornserve tasks profile --record: a load sweep recorded ahead of time,
   let llmId = ""
   let encoderId = ""
 
-  /** color_chat's executors: its image encoder's and its LLM's. */
-  const executors = 2
+  /** color_chat's executors: its image encoder's, its audio encoder's and its LLM's. */
+  const executors = 3
   /** The platform, and once color_chat is registered, color_chat brought back and ready. */
   const start = () =>
     startPlatform({
