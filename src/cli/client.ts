@@ -14,6 +14,7 @@ import {
   RegistrationProgress,
   ScaleAnswer,
   TaskList,
+  type TaskSettingsListing,
   TaskProfileAnswer,
   UnregisterAnswer
 } from "../control/gateway/GatewayAnswers.js"
@@ -340,12 +341,13 @@ export const listTasks = (target: GatewayTarget) =>
     if (tasks.length === 0) return yield* write("no tasks are deployed\n")
     yield* write(
       table(
-        ["TASK", "NAME", "KIND", "STATE", "USED BY", "DEVICES", "EXECUTORS (NODE)"],
+        ["TASK", "NAME", "KIND", "STATE", "SETTINGS", "USED BY", "DEVICES", "EXECUTORS (NODE)"],
         tasks.map((task) => [
           task.id,
           task.name,
           task.kind,
           task.state,
+          settingsText(task.settings),
           task.usedBy.join(", "),
           task.devices.join(", "),
           task.executors
@@ -353,6 +355,50 @@ export const listTasks = (target: GatewayTarget) =>
             .join(", ")
         ])
       )
+    )
+  })
+
+/** A byte count as people read it: 512 MiB, 1.5 GiB, 300 KiB, 17 B. */
+const bytesText = (bytes: number): string => {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"]
+  let value = bytes
+  let unit = 0
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024
+    unit++
+  }
+  return `${Number.isInteger(value) ? value : value.toFixed(1)} ${units[unit]}`
+}
+
+/** A task's settings on one line: `maxBatchSize=4 kvCacheBytes=16 MiB ...`. */
+const settingsText = (settings: typeof TaskSettingsListing.Type): string =>
+  Object.entries(settings)
+    .map(([key, value]) => `${key}=${typeof value === "number" && key.endsWith("Bytes") ? bytesText(value) : value}`)
+    .join(" ")
+
+/** `tasks show ID`: one task, its config as the app declared it and the settings its executors run with. */
+export const showTask = (target: GatewayTarget, given: string, json: boolean) =>
+  Effect.gen(function* () {
+    const taskId = yield* resolveTaskId(target, given)
+    const response = yield* Effect.flatMap(request(target, "GET", "tasks/list"), expectOk)
+    const { tasks } = yield* readAnswer(TaskList, "list of tasks")(response)
+    const task = tasks.find((entry) => entry.id === taskId)
+    if (task === undefined) return yield* new CliFailure({ message: `no task ${given} is deployed` })
+    if (json) return yield* write(`${JSON.stringify(task, null, 2)}\n`)
+    const width = Math.max(...Object.keys(task.settings).map((key) => key.length))
+    yield* write(
+      [
+        `task ${task.id} (${task.name}, ${task.kind}): ${task.state}`,
+        `used by: ${task.usedBy.join(", ") || "-"}`,
+        `devices: ${task.devices.join(", ") || "-"}`,
+        `executors: ${task.executors.map((executor) => `${executor.id} (${executor.node}${executor.healthy ? "" : ", unhealthy"})`).join(", ") || "-"}`,
+        `config: ${JSON.stringify(task.config)}`,
+        "settings:",
+        ...Object.entries(task.settings).map(
+          ([key, value]) =>
+            `  ${key.padEnd(width)}  ${typeof value === "number" && key.endsWith("Bytes") ? `${value} (${bytesText(value)})` : value}`
+        )
+      ].join("\n") + "\n"
     )
   })
 

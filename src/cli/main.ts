@@ -12,6 +12,7 @@ import { defaultLevels, defaultSecondsPerLevel } from "../control/task-manager/P
 import { dtypes } from "../models/Dtype.js"
 import { modelRootsEnvName, modelRootsFromEnvironment } from "../models/ModelRoots.js"
 import { adminTokenPath, ensureAdminToken, readAdminToken } from "../config/AdminTokenFile.js"
+import { defaultEngineSettings, type EngineDefaults } from "../config/ServeConfig.js"
 import { nodeNameProblem } from "../contracts/ClusterRpcs.js"
 import { internalSecretOf } from "../contracts/Credentials.js"
 import { parseDevices } from "../node/Devices.js"
@@ -27,6 +28,7 @@ import {
   listApps,
   listNodes,
   listTasks,
+  showTask,
   recordTaskProfile,
   scaleTask,
   showTaskProfile,
@@ -80,6 +82,81 @@ const seconds = (name: string, fallback: number, description: string) =>
       `--${name} must be a positive number of seconds`
     )
   )
+
+/**
+ * `serve`'s defaults for the settings a task's config may give its executors (LLMTask's
+ * maxBatchSize, kvCacheBytes, ...; every task's maxBatchDelayMs and preprocessThreads).
+ */
+const engineDefaultOptions = {
+  llmMaxBatchSize: Options.integer("llm-max-batch-size").pipe(
+    Options.withDescription("Requests an LLM executor decodes together on a device, where its task does not say."),
+    Options.withDefault(defaultEngineSettings.llmMaxBatchSize)
+  ),
+  maxBatchDelayMs: Options.float("max-batch-delay-ms").pipe(
+    Options.withDescription(
+      "How long an executor's batch that is not full may wait to fill, where its task does not say."
+    ),
+    Options.withDefault(defaultEngineSettings.maxBatchDelayMs)
+  ),
+  preprocessThreads: Options.integer("preprocess-threads").pipe(
+    Options.withDescription("Each executor's threads that decode and preprocess media, where its task does not say."),
+    Options.withDefault(defaultEngineSettings.preprocessThreads)
+  ),
+  kvCacheBytes: Options.integer("kv-cache-bytes").pipe(
+    Options.withDescription(
+      "An LLM executor's KV cache per device in bytes, its running requests' and its prefix cache's together, where its task does not say (default: its batch at the model's context length, plus the prefix cache's)."
+    ),
+    Options.optional
+  ),
+  prefixCacheBytes: Options.integer("prefix-cache-bytes").pipe(
+    Options.withDescription(
+      "Of an LLM executor's KV cache, the bytes kept for prompts' prefixes per device; 0 keeps none (default 512 MiB, or a quarter of --kv-cache-bytes)."
+    ),
+    Options.optional
+  ),
+  prefillChunkTokens: Options.integer("prefill-chunk-tokens").pipe(
+    Options.withDescription(
+      "Prompt tokens an LLM executor prefills in a step while others decode; 0 prefills each prompt whole (default: sized to their decode step)."
+    ),
+    Options.optional
+  ),
+  kvCacheMode: Options.choice("kv-cache-mode", ["shared", "copies"]).pipe(
+    Options.withDescription(
+      "An LLM executor's KV cache in buffers it owns, read in place (shared, the default where the decoder matches), or the decoder as exported (copies)."
+    ),
+    Options.optional
+  ),
+  quantizedRows: Options.choice("quantized-rows", ["apart", "per-row"]).pipe(
+    Options.withDescription(
+      "8-bit LLM exports that quantise activations per tensor: each request apart (exact, the default), or decode steps batched with a scale per row."
+    ),
+    Options.optional
+  )
+}
+
+/** The engine defaults `serve` was given. */
+const engineDefaultsOf = (
+  options: {
+    readonly [K in keyof typeof engineDefaultOptions]: (typeof engineDefaultOptions)[K] extends Options.Options<infer A>
+      ? A
+      : never
+  }
+): EngineDefaults => ({
+  llmMaxBatchSize: options.llmMaxBatchSize,
+  maxBatchDelayMs: options.maxBatchDelayMs,
+  preprocessThreads: options.preprocessThreads,
+  ...Option.match(options.kvCacheBytes, { onNone: () => ({}), onSome: (kvCacheBytes) => ({ kvCacheBytes }) }),
+  ...Option.match(options.prefixCacheBytes, {
+    onNone: () => ({}),
+    onSome: (prefixCacheBytes) => ({ prefixCacheBytes })
+  }),
+  ...Option.match(options.prefillChunkTokens, {
+    onNone: () => ({}),
+    onSome: (prefillChunkTokens) => ({ prefillChunkTokens })
+  }),
+  ...Option.match(options.kvCacheMode, { onNone: () => ({}), onSome: (kvCacheMode) => ({ kvCacheMode }) }),
+  ...Option.match(options.quantizedRows, { onNone: () => ({}), onSome: (quantizedRows) => ({ quantizedRows }) })
+})
 
 const serveCommand = Command.make(
   "serve",
@@ -146,6 +223,7 @@ const serveCommand = Command.make(
     examples: Options.boolean("examples").pipe(
       Options.withDescription("Also register the example apps that ship with Cornserve.")
     ),
+    ...engineDefaultOptions,
     requestTimeout: seconds(
       "request-timeout",
       300,
@@ -373,6 +451,7 @@ const serveCommand = Command.make(
         join: Option.getOrUndefined(options.join),
         advertiseHost: Option.getOrElse(options.advertiseHost, () => options.host),
         sidecarArenaBytes: options.sidecarArenaBytes,
+        engineDefaults: engineDefaultsOf(options),
         examples: options.examples,
         adminToken,
         metricsToken: process.env.CORNSERVE_METRICS_TOKEN || undefined,
@@ -604,7 +683,22 @@ const tasks = Command.make("tasks").pipe(
   Command.withDescription("Inspect deployed unit tasks."),
   Command.withSubcommands([
     Command.make("list", { gateway: gatewayOption }, ({ gateway }) => listTasks(target(gateway))).pipe(
-      Command.withDescription("List deployed unit tasks, the apps that use them and their devices.")
+      Command.withDescription("List deployed unit tasks, their settings, the apps that use them and their devices.")
+    ),
+    Command.make(
+      "show",
+      {
+        taskId: Args.text({ name: "task-id" }).pipe(
+          Args.withDescription("The task's id or name, as tasks list shows them.")
+        ),
+        json: Options.boolean("json").pipe(Options.withDescription("Print the task as JSON.")),
+        gateway: gatewayOption
+      },
+      ({ taskId, json, gateway }) => showTask(target(gateway), taskId, json)
+    ).pipe(
+      Command.withDescription(
+        "Show one task: its config as its app declared it, and the settings its executors run with (the config's over serve's defaults)."
+      )
     ),
     Command.make(
       "scale",
@@ -847,9 +941,9 @@ const executorCommand = Command.make(
       ),
       Options.optional
     ),
-    kvCacheTokens: Options.integer("kv-cache-tokens").pipe(
+    kvCacheBytes: Options.integer("kv-cache-bytes").pipe(
       Options.withDescription(
-        "LLM: the KV cache positions all requests may hold at once (default: max batch size × context length)."
+        "LLM: bytes of KV cache per device, the running requests' and the prefix cache's together; requests are admitted by it and the cache never grows past it (default: max batch size requests at the context length, plus the prefix cache's bytes)."
       ),
       Options.optional
     ),
@@ -874,6 +968,12 @@ const executorCommand = Command.make(
     quantizedRows: Options.choice("quantized-rows", ["apart", "per-row"]).pipe(
       Options.withDescription(
         "LLM, 8-bit exports that quantise activations per tensor: run each request apart, answering exactly as alone (the default), or batch decode steps with a scale per row (about 2.4x the throughput of 8 concurrent requests; answers then differ from alone by float rounding, which 8-bit activations can turn into another token at a near-tie)."
+      ),
+      Options.optional
+    ),
+    settings: Options.text("settings").pipe(
+      Options.withDescription(
+        "Its batches, threads and KV cache as one JSON record (how the platform starts it); fields it names replace the flags above."
       ),
       Options.optional
     )
@@ -906,9 +1006,9 @@ const executorCommand = Command.make(
           maxVideoSeconds: options.maxVideoSeconds,
           maxVideoFrames: options.maxVideoFrames,
           embeddingWaitMs: options.embeddingWaitMs,
-          ...Option.match(options.kvCacheTokens, {
+          ...Option.match(options.kvCacheBytes, {
             onNone: () => ({}),
-            onSome: (kvCacheTokens) => ({ kvCacheTokens })
+            onSome: (kvCacheBytes) => ({ kvCacheBytes })
           }),
           ...Option.match(options.prefixCacheBytes, {
             onNone: () => ({}),
@@ -932,7 +1032,8 @@ const executorCommand = Command.make(
             onNone: () => ({}),
             onSome: (sidecarSocket) => ({ sidecarSocket })
           }),
-          ...Option.match(options.mediaRoot, { onNone: () => ({}), onSome: (mediaRoot) => ({ mediaRoot }) })
+          ...Option.match(options.mediaRoot, { onNone: () => ({}), onSome: (mediaRoot) => ({ mediaRoot }) }),
+          ...Option.match(options.settings, { onNone: () => ({}), onSome: (settings) => ({ settings }) })
         })
     )
 ).pipe(Command.withDescription("Run a task executor: its router (HTTP), which starts its engine and workers."))

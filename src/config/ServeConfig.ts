@@ -2,6 +2,24 @@ import { Context } from "effect"
 
 export type Role = "all" | "control-plane" | "data-plane"
 
+/**
+ * How executors run where a task's config says nothing (`serve`'s --llm-max-batch-size,
+ * --kv-cache-bytes, ...); a task's own fields replace them.
+ */
+export interface EngineDefaults {
+  /** Requests an LLM executor decodes together on a device. */
+  readonly llmMaxBatchSize: number
+  readonly maxBatchDelayMs: number
+  readonly preprocessThreads: number
+  readonly kvCacheBytes?: number
+  readonly prefixCacheBytes?: number
+  readonly prefillChunkTokens?: number
+  readonly kvCacheMode?: "shared" | "copies"
+  readonly quantizedRows?: "apart" | "per-row"
+}
+
+export const defaultEngineSettings: EngineDefaults = { llmMaxBatchSize: 8, maxBatchDelayMs: 2, preprocessThreads: 2 }
+
 /** Everything `cornserve serve` was told on its command line and in its environment. */
 export interface ServeOptions {
   readonly role: Role
@@ -25,6 +43,8 @@ export interface ServeOptions {
   /** data-plane: where other nodes reach this node's executors and sidecar. */
   readonly advertiseHost: string
   readonly sidecarArenaBytes: number
+  /** Executors' settings that tasks leave out (default: defaultEngineSettings). */
+  readonly engineDefaults?: EngineDefaults
   /** The admin routes' token: CORNSERVE_ADMIN_TOKEN, or the one `serve` keeps in the state dir; undefined only with --insecure-no-auth. */
   readonly adminToken: string | undefined
   /** The token `/metrics` needs (CORNSERVE_METRICS_TOKEN); the admin token serves too. */

@@ -1,6 +1,7 @@
 import { Rpc, RpcGroup } from "@effect/rpc"
 import { Schema } from "effect"
 import { ClusterTokenRefused } from "./ClusterRpcs.js"
+import { ExecutorSettings } from "./ExecutorSettings.js"
 
 /**
  * What the control plane asks of a data-plane node (served by the node on its --port at /rpc,
@@ -18,9 +19,11 @@ export const ExecutorPlacement = Schema.Struct({
   taskId: Schema.String,
   program: ExecutorProgram,
   model: Schema.String,
+  /** Which of the model's ONNX exports runs (`q4`); absent, fp32 or the closest there is. */
+  dtype: Schema.optional(Schema.String.pipe(Schema.maxLength(16))),
   /** Device ids of the node (`cpu:0`). */
   devices: Schema.Array(Schema.String),
-  args: Schema.Array(Schema.String)
+  settings: ExecutorSettings
 })
 export type ExecutorPlacement = typeof ExecutorPlacement.Type
 

@@ -1,8 +1,9 @@
 import { mkdtempSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { Effect, Runtime, type Scope } from "effect"
+import { Effect, Runtime, Schema, type Scope } from "effect"
 import { ServeConfig } from "../config/ServeConfig.js"
+import { ExecutorSettings } from "../contracts/ExecutorSettings.js"
 import type { ModelDownloadEvent } from "../models/Hub.js"
 import type { Dtype } from "../models/Dtype.js"
 import { SidecarClient } from "../sidecar/SidecarClient.js"
@@ -13,6 +14,7 @@ import { type Device, parseDevices } from "./Devices.js"
 import { type ProcessState, SupervisedProcess } from "../process/SupervisedProcess.js"
 
 const sidecarReadyPattern = /cornserve sidecar: ready (\{.*\})/
+const encodeSettings = Schema.encodeSync(ExecutorSettings)
 const executorReadyPattern = /executor: serving at (http:\/\/\S+)[\s\S]*executor: ready/
 
 /**
@@ -27,8 +29,9 @@ const executorStartTimeoutMs = 300_000
 export interface ExecutorLaunch {
   readonly kind: "eric" | "geri" | "llm"
   readonly model: string
+  readonly dtype?: string
   readonly devices: ReadonlyArray<Device>
-  readonly args?: ReadonlyArray<string>
+  readonly settings: ExecutorSettings
   readonly onState?: (state: ProcessState<string>) => void
 }
 
@@ -213,7 +216,9 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
           join(runDir, `executor-${executorCount++}`),
           // A node of a cluster serves its executors to the control plane on its own address.
           ...(config.role === "data-plane" ? ["--host", config.host] : []),
-          ...(launch.args ?? [])
+          ...(launch.dtype === undefined ? [] : ["--dtype", launch.dtype]),
+          "--settings",
+          JSON.stringify(encodeSettings(launch.settings))
         ],
         // What the control plane's calls carry: in the environment, which other users cannot read.
         env: internalSecretEnv(config.internalSecret),

@@ -1,5 +1,6 @@
 import { Effect, ExecutionStrategy, Exit, Scope } from "effect"
 import type { ExecutorReport } from "../contracts/ClusterRpcs.js"
+import { sameSettings } from "../contracts/ExecutorSettings.js"
 import type { ExecutorPlacement } from "../contracts/NodeRpcs.js"
 import type { NodeAgent } from "./NodeAgent.js"
 import type { SupervisedProcess } from "../process/SupervisedProcess.js"
@@ -30,8 +31,9 @@ const samePlacement = (a: ExecutorPlacement, b: ExecutorPlacement) =>
   a.taskId === b.taskId &&
   a.program === b.program &&
   a.model === b.model &&
+  a.dtype === b.dtype &&
   a.devices.join(",") === b.devices.join(",") &&
-  a.args.join("\0") === b.args.join("\0")
+  sameSettings(a.settings, b.settings)
 
 const overlaps = (executor: Held, placement: ExecutorPlacement) =>
   executor.placement.devices.some((id) => placement.devices.includes(id))
@@ -103,7 +105,13 @@ export const makeNodeExecutors = (
         )
       }
       executor.process = yield* agent
-        .startExecutor({ kind: placement.program, model: placement.model, devices, args: placement.args })
+        .startExecutor({
+          kind: placement.program,
+          model: placement.model,
+          ...(placement.dtype === undefined ? {} : { dtype: placement.dtype }),
+          devices,
+          settings: placement.settings
+        })
         .pipe(
           Scope.extend(scope),
           Effect.onError(() => stop(executor, "it failed to start"))

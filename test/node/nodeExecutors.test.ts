@@ -28,7 +28,7 @@ const placement = (id: string, taskId: string, onDevices: ReadonlyArray<string>)
   program: "eric",
   model: taskId,
   devices: onDevices,
-  args: []
+  settings: { threadsPerDevice: 1, maxBatchSize: 1, maxBatchDelayMs: 2, preprocessThreads: 2 }
 })
 
 describe("NodeExecutors", () => {

@@ -1,12 +1,14 @@
 import { Schema } from "effect"
 import type { AudioChunk } from "./GeneratorTask.js"
+import { BatchSettings } from "./EngineSettings.js"
 import { modelShortName, ScalingBounds, UnitTask } from "./Task.js"
 import { TaskStream } from "./TaskStream.js"
 
 export const CodecDecoderConfig = Schema.Struct({
   model: Schema.NonEmptyTrimmedString,
   /** Sequences the executor decodes at once (their windows interleave). */
-  maxBatchSize: Schema.optionalWith(Schema.Int.pipe(Schema.positive()), { default: () => 8 }),
+  maxBatchSize: Schema.optionalWith(Schema.Int.pipe(Schema.between(1, 4096)), { default: () => 8 }),
+  ...BatchSettings,
   ...ScalingBounds
 })
 export type CodecDecoderConfig = typeof CodecDecoderConfig.Encoded

@@ -1,6 +1,7 @@
 import { Schema } from "effect"
 import { MediaProcessorOptions } from "../schemas/OpenAI.js"
 import { DataForward } from "./DataForward.js"
+import { BatchSettings } from "./EngineSettings.js"
 import { modelShortName, ScalingBounds, UnitTask } from "./Task.js"
 
 export const Modality = Schema.Literal("image", "video", "audio")
@@ -8,7 +9,8 @@ export const Modality = Schema.Literal("image", "video", "audio")
 export const EncoderConfig = Schema.Struct({
   model: Schema.NonEmptyTrimmedString,
   modality: Modality,
-  maxBatchSize: Schema.optionalWith(Schema.Int.pipe(Schema.positive()), { default: () => 1 }),
+  maxBatchSize: Schema.optionalWith(Schema.Int.pipe(Schema.between(1, 4096)), { default: () => 1 }),
+  ...BatchSettings,
   ...ScalingBounds
 })
 export type EncoderConfig = typeof EncoderConfig.Encoded

@@ -1,11 +1,13 @@
 import { Schema } from "effect"
 import { DataForward } from "./DataForward.js"
+import { BatchSettings } from "./EngineSettings.js"
 import { modelShortName, ScalingBounds, UnitTask } from "./Task.js"
 import { TaskStream } from "./TaskStream.js"
 
 export const GeneratorConfig = Schema.Struct({
   model: Schema.NonEmptyTrimmedString,
-  maxBatchSize: Schema.optionalWith(Schema.Int.pipe(Schema.positive()), { default: () => 1 }),
+  maxBatchSize: Schema.optionalWith(Schema.Int.pipe(Schema.between(1, 4096)), { default: () => 1 }),
+  ...BatchSettings,
   ...ScalingBounds
 })
 export type GeneratorConfig = typeof GeneratorConfig.Encoded

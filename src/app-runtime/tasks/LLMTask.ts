@@ -2,6 +2,7 @@ import { Schema } from "effect"
 import { ModelDtype } from "../schemas/ModelDtype.js"
 import { type ChatCompletionChunk, ChatCompletionRequest } from "../schemas/OpenAI.js"
 import { DataForward } from "./DataForward.js"
+import { LlmEngineSettings } from "./EngineSettings.js"
 import { modelShortName, ScalingBounds, UnitTask } from "./Task.js"
 import { TaskStream } from "./TaskStream.js"
 
@@ -11,6 +12,7 @@ export const LLMConfig = Schema.Struct({
   dtype: Schema.optional(ModelDtype),
   /** Media arrives as embeddings from encoder tasks through the sidecar, not encoded in-process. */
   receiveEmbeddings: Schema.optionalWith(Schema.Boolean, { default: () => false }),
+  ...LlmEngineSettings,
   ...ScalingBounds
 })
 export type LLMConfig = typeof LLMConfig.Encoded

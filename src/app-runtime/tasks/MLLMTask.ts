@@ -1,9 +1,10 @@
-import { ParseResult, Schema } from "effect"
+import { Schema } from "effect"
 import { type ChatCompletionChunk, type ChatCompletionRequest, chatMediaParts } from "../schemas/OpenAI.js"
 import type { DataForward } from "./DataForward.js"
 import { EncoderTask, Modality } from "./EncoderTask.js"
 import { ModelDtype } from "../schemas/ModelDtype.js"
 import { LLMTask } from "./LLMTask.js"
+import { EncoderSettings, LlmSettings } from "./EngineSettings.js"
 import { CompositeTask, TaskConfigError } from "./Task.js"
 import { TaskInputError } from "./TaskGraph.js"
 import type { TaskStream } from "./TaskStream.js"
@@ -18,7 +19,11 @@ export const MLLMConfig = Schema.Struct({
   /** The encoder's model when it differs from the LLM's. */
   encoderModel: Schema.optional(Schema.NonEmptyTrimmedString),
   /** The messages are the app's own trusted prompt (see LLMTask). */
-  parseSpecialTokensInContent: Schema.optional(Schema.Boolean)
+  parseSpecialTokensInContent: Schema.optional(Schema.Boolean),
+  /** The LLM's engine settings (see LLMTask: maxBatchSize, kvCacheBytes, ...). */
+  llmSettings: Schema.optional(LlmSettings),
+  /** The encoders' batch settings (see EncoderTask). */
+  encoderSettings: Schema.optional(EncoderSettings)
 })
 export type MLLMConfig = typeof MLLMConfig.Encoded
 
@@ -36,17 +41,16 @@ export class MLLMTask extends CompositeTask<ChatCompletionRequest, TaskStream<Ch
     super()
     const decoded = Schema.decodeUnknownEither(MLLMConfig)(config, { errors: "all", onExcessProperty: "error" })
     if (decoded._tag === "Left") {
-      throw new TaskConfigError({
-        message: `invalid MLLM task config: ${ParseResult.TreeFormatter.formatErrorSync(decoded.left)}`
-      })
+      throw TaskConfigError.of("MLLM", decoded.left)
     }
     this.config = { ...decoded.right, modalities: [...new Set(decoded.right.modalities)].sort() }
-    const { model, dtype, encoderFission, encoderModel, parseSpecialTokensInContent } = this.config
+    const { model, dtype, encoderFission, encoderModel, parseSpecialTokensInContent, llmSettings, encoderSettings } =
+      this.config
     this.encoders = new Map(
       encoderFission
         ? this.config.modalities.map((modality) => [
             modality,
-            this.use(new EncoderTask({ model: encoderModel ?? model, modality }))
+            this.use(new EncoderTask({ model: encoderModel ?? model, modality, ...encoderSettings }))
           ])
         : []
     )
@@ -54,6 +58,7 @@ export class MLLMTask extends CompositeTask<ChatCompletionRequest, TaskStream<Ch
       new LLMTask({
         model,
         receiveEmbeddings: encoderFission,
+        ...llmSettings,
         ...(dtype === undefined ? {} : { dtype }),
         ...(parseSpecialTokensInContent === undefined ? {} : { parseSpecialTokensInContent })
       })

@@ -1,11 +1,13 @@
 import { Schema } from "effect"
 import { type Transcription, TranscriptionRequest, windowingProblems } from "../schemas/Transcriptions.js"
+import { BatchSettings } from "./EngineSettings.js"
 import { modelShortName, ScalingBounds, UnitTask } from "./Task.js"
 
 export const SpeechRecognitionConfig = Schema.Struct({
   model: Schema.NonEmptyTrimmedString,
   /** Windows (30 s of audio each, from one request or several) the executor decodes in one batch. */
-  maxBatchSize: Schema.optionalWith(Schema.Int.pipe(Schema.positive()), { default: () => 8 }),
+  maxBatchSize: Schema.optionalWith(Schema.Int.pipe(Schema.between(1, 4096)), { default: () => 8 }),
+  ...BatchSettings,
   ...ScalingBounds
 })
 export type SpeechRecognitionConfig = typeof SpeechRecognitionConfig.Encoded

@@ -1,13 +1,15 @@
 import { Schema } from "effect"
 import { SpeechRequest } from "../schemas/Speech.js"
 import type { AudioChunk } from "./GeneratorTask.js"
+import { BatchSettings } from "./EngineSettings.js"
 import { modelShortName, ScalingBounds, UnitTask } from "./Task.js"
 import { TaskStream } from "./TaskStream.js"
 
 export const SpeechSynthesisConfig = Schema.Struct({
   model: Schema.NonEmptyTrimmedString,
   /** Utterances the executor speaks at once (their decoding steps interleave). */
-  maxBatchSize: Schema.optionalWith(Schema.Int.pipe(Schema.positive()), { default: () => 8 }),
+  maxBatchSize: Schema.optionalWith(Schema.Int.pipe(Schema.between(1, 4096)), { default: () => 8 }),
+  ...BatchSettings,
   ...ScalingBounds
 })
 export type SpeechSynthesisConfig = typeof SpeechSynthesisConfig.Encoded

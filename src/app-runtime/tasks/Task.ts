@@ -1,12 +1,21 @@
 import { createHash } from "node:crypto"
-import { ParseResult, Schema } from "effect"
+import { type ParseResult, Schema } from "effect"
+import { issueLines, readableIssues } from "../SchemaIssues.js"
 import { reviveDataForwards } from "./DataForward.js"
 import { composeUnit, invokeGraph, type RecordableUnitTask } from "./TaskGraph.js"
 
 /** A task was declared with a config its kind does not take: the app's fault, found when it loads. */
 export class TaskConfigError extends Schema.TaggedError<TaskConfigError>()("TaskConfigError", {
   message: Schema.String
-}) {}
+}) {
+  /** The config's problems, one line per field (`maxBatchSize: expected ...`). */
+  static of(what: string, error: ParseResult.ParseError): TaskConfigError {
+    const lines = issueLines(readableIssues(error))
+    return new TaskConfigError({
+      message: `invalid ${what} task config:\n${lines.map((line) => `  ${line}`).join("\n")}`
+    })
+  }
+}
 
 /**
  * A task an app can invoke. `compose` builds the task's graph synchronously out of unit-task calls;
@@ -87,9 +96,7 @@ export abstract class UnitTask<I, O, C> extends Task<I, O> implements Recordable
     super()
     const decoded = Schema.decodeUnknownEither(configSchema)(config, { errors: "all", onExcessProperty: "error" })
     if (decoded._tag === "Left") {
-      throw new TaskConfigError({
-        message: `invalid ${kind} task config: ${ParseResult.TreeFormatter.formatErrorSync(decoded.left)}`
-      })
+      throw TaskConfigError.of(kind, decoded.left)
     }
     this.config = Schema.encodeSync(configSchema)(decoded.right) as C
     const digest = createHash("sha256")

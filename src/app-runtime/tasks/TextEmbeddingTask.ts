@@ -1,6 +1,7 @@
 import { Schema } from "effect"
 import { EmbeddingRequest, type EmbeddingResponse } from "../schemas/Embeddings.js"
 import { ModelDtype } from "../schemas/ModelDtype.js"
+import { BatchSettings } from "./EngineSettings.js"
 import { modelShortName, ScalingBounds, UnitTask } from "./Task.js"
 
 /** How a text's token embeddings become one vector: their mean, the first ([CLS]), or the last. */
@@ -19,7 +20,8 @@ export const TextEmbeddingConfig = Schema.Struct({
   /** Whether vectors are scaled to unit length; by default as modules.json says, else yes. */
   normalize: Schema.optional(Schema.Boolean),
   /** Inputs the executor runs in one batch, from one request or several. */
-  maxBatchSize: Schema.optionalWith(Schema.Int.pipe(Schema.positive()), { default: () => 32 }),
+  maxBatchSize: Schema.optionalWith(Schema.Int.pipe(Schema.between(1, 4096)), { default: () => 32 }),
+  ...BatchSettings,
   ...ScalingBounds
 })
 export type TextEmbeddingConfig = typeof TextEmbeddingConfig.Encoded

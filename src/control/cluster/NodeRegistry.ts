@@ -385,8 +385,9 @@ export class NodeRegistry extends Effect.Service<NodeRegistry>()("cornserve/Node
           agent.startExecutor({
             kind: placement.program,
             model: placement.model,
+            ...(placement.dtype === undefined ? {} : { dtype: placement.dtype }),
             devices: agent.devices.filter((device) => placement.devices.includes(device.id)),
-            args: placement.args
+            settings: placement.settings
           }),
           (process): RunningExecutor => ({
             url: () => (process.state._tag === "Ready" ? process.state.ready : undefined),

@@ -3,6 +3,7 @@
  * (the CLI decodes them with these, and the platform's OpenAPI document describes the routes with
  * them). A client reads the fields it uses: a struct takes an answer with more.
  */
+import { ExecutorSettings } from "../../contracts/ExecutorSettings.js"
 import { Schema, Struct } from "effect"
 import { SchemaIssue } from "../../app-runtime/driver/protocol.js"
 import { ErrorBody } from "../../executors/common/errors.js"
@@ -79,10 +80,16 @@ export const AppList = Schema.Struct({
   )
 })
 
+/** What a task's executors run with: its config's engine settings over `serve`'s defaults (threads are each executor's). */
+export const TaskSettingsListing = Schema.Struct(Struct.omit(ExecutorSettings.fields, "threadsPerDevice"))
+
 const TaskListing = Schema.Struct({
   id: Schema.String,
   name: Schema.String,
   kind: Schema.String,
+  /** The config the app declared the task with. */
+  config: Schema.Unknown,
+  settings: TaskSettingsListing,
   state: Schema.String,
   usedBy: Schema.Array(Schema.String),
   devices: Schema.Array(Schema.String),

@@ -4,6 +4,7 @@ import type { Device } from "../../node/Devices.js"
 import type { NodeRegistry, NodeSummary } from "../cluster/NodeRegistry.js"
 import { TaskNotFound } from "../errors.js"
 import type { ExecutorSummary, TaskManagers } from "../task-manager/TaskManagers.js"
+import { type TaskSettings, taskSettings } from "../task-manager/TaskSettings.js"
 import type { DeviceHoldings } from "./DeviceHoldings.js"
 
 export interface TaskSummary {
@@ -11,6 +12,8 @@ export interface TaskSummary {
   readonly kind: string
   readonly name: string
   readonly config: unknown
+  /** What its executors run with: its config's engine settings over `serve`'s defaults. */
+  readonly settings: TaskSettings
   readonly state: string
   readonly usedBy: ReadonlyArray<string>
   readonly devices: ReadonlyArray<string>
@@ -30,13 +33,14 @@ export interface NodeListing extends Omit<NodeSummary, "devices"> {
  */
 export const makeListings = (options: {
   readonly role: ServeOptions["role"]
+  readonly engineDefaults: ServeOptions["engineDefaults"]
   readonly registry: NodeRegistry
   readonly taskManagers: TaskManagers
   readonly holdings: DeviceHoldings
   /** The users (apps) of a deployed task. */
   readonly usersOf: (taskId: string) => Iterable<string>
 }) => {
-  const { role, registry, taskManagers, holdings, usersOf } = options
+  const { role, engineDefaults, registry, taskManagers, holdings, usersOf } = options
   const deviceName = (node: string, device: string) => (role === "all" ? device : `${node}/${device}`)
 
   const tasks = (): ReadonlyArray<TaskSummary> =>
@@ -45,6 +49,7 @@ export const makeListings = (options: {
       kind: task.spec.kind,
       name: task.spec.name,
       config: task.spec.config,
+      settings: taskSettings(task.spec, engineDefaults),
       state: task.state,
       usedBy: [...usersOf(task.spec.id)].map((user) => user.split("#")[0]!),
       devices: task.executors().flatMap((executor) => executor.devices.map((id) => deviceName(executor.node, id))),

@@ -489,6 +489,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
 
     const listings = makeListings({
       role: config.role,
+      engineDefaults: config.engineDefaults,
       registry,
       taskManagers,
       holdings,

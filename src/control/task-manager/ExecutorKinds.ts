@@ -1,8 +1,10 @@
 import type { Dtype } from "../../models/Dtype.js"
 import { Effect, type Scope } from "effect"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
+import { ServeConfig } from "../../config/ServeConfig.js"
 import type { Device } from "../../node/Devices.js"
 import type { NodeHandle } from "../cluster/NodeHandle.js"
+import { taskSettings } from "./TaskSettings.js"
 
 /** A running executor (a process group) that serves one unit task on its devices. */
 export interface Executor {
@@ -39,21 +41,7 @@ export interface ExecutorKind {
 }
 
 const modelOf = (task: UnitTaskSpec) => (task.config as { readonly model: string }).model
-const batchArgs = (task: UnitTaskSpec) => {
-  const size = (task.config as { readonly maxBatchSize?: number }).maxBatchSize
-  return size === undefined ? [] : ["--max-batch-size", String(size)]
-}
-
-const dtypeArgs = (task: UnitTaskSpec) => {
-  const dtype = (task.config as { readonly dtype?: string }).dtype
-  return dtype === undefined ? [] : ["--dtype", dtype]
-}
-
-/**
- * A text embedder's batches take what is queued when its worker is free, without waiting to fill:
- * a lone request runs at once, and requests that arrive during a batch form the next.
- */
-const textEmbedderArgs = (task: UnitTaskSpec) => [...batchArgs(task), ...dtypeArgs(task), "--max-batch-delay-ms", "0"]
+const dtypeOf = (task: UnitTaskSpec) => (task.config as { readonly dtype?: Dtype }).dtype
 
 /**
  * The executor kinds this platform runs, by unit-task kind: the encoder and the text embedder on
@@ -61,14 +49,14 @@ const textEmbedderArgs = (task: UnitTaskSpec) => [...batchArgs(task), ...dtypeAr
  * supervised process group that the node of its devices starts.
  */
 export class ExecutorKinds extends Effect.Service<ExecutorKinds>()("cornserve/ExecutorKinds", {
-  succeed: (() => {
+  effect: Effect.gen(function* () {
+    const { engineDefaults } = yield* ServeConfig
     const onNode =
-      (program: "eric" | "geri" | "llm", extraArgs: (task: UnitTaskSpec) => ReadonlyArray<string>) =>
+      (program: "eric" | "geri" | "llm") =>
       (kind: string): ExecutorKind => ({
         kind,
         devicesPerExecutor: () => 1,
-        prepare: (task, node, onProgress) =>
-          node.prepareModel(modelOf(task), (task.config as { readonly dtype?: Dtype }).dtype, onProgress),
+        prepare: (task, node, onProgress) => node.prepareModel(modelOf(task), dtypeOf(task), onProgress),
         start: (task, slot) =>
           Effect.map(
             slot.node.startExecutor({
@@ -76,24 +64,25 @@ export class ExecutorKinds extends Effect.Service<ExecutorKinds>()("cornserve/Ex
               taskId: task.id,
               program,
               model: modelOf(task),
+              ...(dtypeOf(task) === undefined ? {} : { dtype: dtypeOf(task) }),
               devices: slot.devices.map((device) => device.id),
-              args: [...extraArgs(task), "--threads-per-device", String(slot.threads)]
+              settings: { ...taskSettings(task, engineDefaults), threadsPerDevice: slot.threads }
             }),
             (running): Executor => ({ devices: slot.devices, url: running.url, restart: running.restart })
           )
       })
     const kinds = new Map<string, ExecutorKind>(
       [
-        onNode("eric", batchArgs)("encoder"),
-        onNode("eric", textEmbedderArgs)("text-embedder"),
-        onNode("eric", textEmbedderArgs)("speech-recognizer"),
-        onNode("llm", dtypeArgs)("llm"),
-        onNode("geri", batchArgs)("image-generator"),
-        onNode("geri", batchArgs)("audio-generator"),
-        onNode("geri", batchArgs)("speech-synthesizer"),
-        onNode("geri", batchArgs)("codec-decoder")
+        onNode("eric")("encoder"),
+        onNode("eric")("text-embedder"),
+        onNode("eric")("speech-recognizer"),
+        onNode("llm")("llm"),
+        onNode("geri")("image-generator"),
+        onNode("geri")("audio-generator"),
+        onNode("geri")("speech-synthesizer"),
+        onNode("geri")("codec-decoder")
       ].map((kind) => [kind.kind, kind])
     )
     return { kinds }
-  })()
+  })
 }) {}

@@ -6,13 +6,20 @@
  */
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { Effect } from "effect"
+import { Effect, Either, ParseResult, Schema } from "effect"
+import { ExecutorSettings } from "../../contracts/ExecutorSettings.js"
 import { exitWithParent } from "../../process/ChildProcesses.js"
 import { internalSecretEnvName, takeInternalSecret } from "../../sidecar/InternalSecret.js"
 import { traceProcess } from "../../tracing/Tracing.js"
 import { configEnvName, decodeConfig, type ExecutorConfig } from "./ExecutorConfig.js"
 
-export type ExecutorOptions = Omit<ExecutorConfig, "modelDir" | "runDir"> & { readonly runDir?: string }
+export type ExecutorOptions = Omit<ExecutorConfig, "modelDir" | "runDir"> & {
+  readonly runDir?: string
+  /** The settings record as JSON (ExecutorSettings), over the fields given one by one. */
+  readonly settings?: string
+}
+
+const decodeSettings = Schema.decodeUnknownEither(Schema.parseJson(ExecutorSettings), { onExcessProperty: "error" })
 
 const asError = (error: unknown) => (error instanceof Error ? error : new Error(String(error)))
 
@@ -40,13 +47,20 @@ export const runExecutor = (options: ExecutorOptions) =>
         )
       )
     yield* traceExecutorProcess(options, "router")
+    const { settings: settingsText, ...given } = options
+    const settings = settingsText === undefined ? Either.right({}) : decodeSettings(settingsText)
+    if (Either.isLeft(settings))
+      return yield* Effect.fail(
+        new Error(`--settings: ${ParseResult.TreeFormatter.formatErrorSync(settings.left).replaceAll("\n", " ")}`)
+      )
     const { resolveModel } = yield* Effect.promise(() => import("../../models/ModelStore.js"))
     const modelDir = yield* Effect.tryPromise({
       try: () => resolveModel(options.model, { dtype: options.dtype }),
       catch: (error) => new Error(`model ${options.model}: ${asError(error).message}`)
     })
     const config: ExecutorConfig = {
-      ...options,
+      ...given,
+      ...settings.right,
       modelDir,
       runDir: options.runDir ?? join(tmpdir(), `cornserve-executor-${process.pid}`)
     }

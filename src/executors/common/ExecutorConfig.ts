@@ -1,4 +1,5 @@
 import { Schema } from "effect"
+import { ExecutorSettings } from "../../contracts/ExecutorSettings.js"
 import { dtypes } from "../../models/Dtype.js"
 import { MediaLimits } from "./media/MediaLimits.js"
 
@@ -16,16 +17,12 @@ export const ExecutorConfig = Schema.Struct({
   /** Which of the model's ONNX exports to run; by default fp32, or the closest there is. */
   dtype: Schema.optional(Schema.Literal(...dtypes)),
   devices: Schema.Array(Schema.String),
-  threadsPerDevice: Schema.Int.pipe(Schema.positive()),
   host: Schema.String,
   port: Schema.Int.pipe(Schema.between(0, 65535)),
   /** A private directory for the executor's sockets and shared memory names. */
   runDir: Schema.String,
-  maxBatchSize: Schema.Int.pipe(Schema.positive()),
-  maxBatchDelayMs: Schema.Number.pipe(Schema.nonNegative()),
   maxQueuedRequests: Schema.Int.pipe(Schema.positive()),
   batchSlotBytes: Schema.Int.pipe(Schema.positive()),
-  preprocessThreads: Schema.Int.pipe(Schema.positive()),
   /** The node's sidecar, when tensors go to or come from other executors. */
   sidecarSocket: Schema.optional(Schema.String),
   /** Directory below which file: media URLs may be read. */
@@ -37,25 +34,8 @@ export const ExecutorConfig = Schema.Struct({
   ...MediaLimits.fields,
   /** How long Geri waits for an embedding to arrive through the sidecar. */
   embeddingWaitMs: Schema.Int.pipe(Schema.positive()),
-  /** LLM: KV cache positions per device (default: maxBatchSize requests at the model's context length). */
-  kvCacheTokens: Schema.optional(Schema.Int.pipe(Schema.positive())),
-  /** LLM: bytes of KV cache blocks kept for prompts' prefixes, per device; 0 keeps none (default 512 MiB). */
-  prefixCacheBytes: Schema.optional(Schema.Int.pipe(Schema.nonNegative())),
-  /**
-   * LLM: prompt tokens a step prefills while other requests decode; absent, sized to take no
-   * longer than their decode step; 0 prefills each prompt whole.
-   */
-  prefillChunkTokens: Schema.optional(Schema.Int.pipe(Schema.nonNegative())),
-  /**
-   * LLM, a decoder that quantises activations per tensor (8-bit exports): each request's runs
-   * apart (exact; the default), or decode steps batched with a scale per row.
-   */
-  quantizedRows: Schema.optional(Schema.Literal("apart", "per-row")),
-  /**
-   * LLM: the KV cache in buffers the runner owns, the decoder's attention rewritten to read them
-   * in place (the default, where the graph matches), or the decoder as exported.
-   */
-  kvCacheMode: Schema.optional(Schema.Literal("shared", "copies"))
+  /** Batches, threads and the LLM's KV cache: the record the control plane sends with the placement. */
+  ...ExecutorSettings.fields
 })
 export type ExecutorConfig = typeof ExecutorConfig.Type
 

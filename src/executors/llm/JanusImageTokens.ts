@@ -22,7 +22,7 @@ import { BadRequest, ContextLengthExceeded, ModelNotFound } from "../common/erro
 import { errorAnswer, RequestSpan, workItemContext } from "../common/Router.js"
 import { inSpan } from "../../tracing/Tracing.js"
 import { ImageTokensRequest, type ImageTokensResponse, type LlmStats, type ModelList } from "./api.js"
-import { contextLength, kvCacheTokens } from "./Limits.js"
+import { contextLength, kvBudget } from "./Limits.js"
 import type { GenerateMeta, GenerateResult, LlmRequestMeta, SamplingParams, TokenPartial } from "./protocol.js"
 
 const imageTemplate = "text_to_image"
@@ -139,7 +139,7 @@ export const janusRouter = (config: ExecutorConfig, engine: EngineClient, model:
         modalities: [],
         encoders: [],
         maxModelLength,
-        kvCacheTokensPerDevice: kvCacheTokens(config, model),
+        kvCacheBytesPerDevice: kvBudget(config, model).totalBytes,
         sidecarNode: sidecar?.nodeId ?? null,
         imageTokens: spec.imageTokens
       },

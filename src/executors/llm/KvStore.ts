@@ -1,3 +1,4 @@
+import { kvBlockTokens } from "./Limits.js"
 import type { CacheArray } from "./PastCache.js"
 
 /**
@@ -7,13 +8,17 @@ import type { CacheArray } from "./PastCache.js"
  * decode step: the batch's; a prompt's piece: its own row) as they lie, with no copy, and the
  * step's new keys and values are written into them. The buffers grow in blocks of positions
  * and in doubled rows, which are the only times rows are copied whole, besides a row moved when
- * the batch's order changes (a request leaves, or joins the decoding rows).
+ * the batch's order changes (a request leaves, or joins the decoding rows). They never grow past
+ * `maxBytes`: ahead of it they grow only by what their rows need now, and what would need more is
+ * refused (the engine admits requests by the same bytes, so it is not asked to).
  */
 export class KvStore {
   private buffers: Array<CacheArray>
   private rowCapacity = 0
   /** Positions each row has room for. */
   width = 0
+  /** The most positions a row has asked room for since the longest left: what a narrower width must keep. */
+  private needed = 0
   /** Row i's holder. */
   private readonly holders: Array<string> = []
   private readonly rowOf = new Map<string, number>()
@@ -24,7 +29,9 @@ export class KvStore {
     private readonly headDim: number,
     private readonly half: boolean,
     /** Positions the width grows by. */
-    private readonly block = 256
+    private readonly block = kvBlockTokens,
+    /** The most bytes the buffers may take together. */
+    readonly maxBytes = Number.POSITIVE_INFINITY
   ) {
     this.buffers = []
   }
@@ -56,7 +63,15 @@ export class KvStore {
   /** A row for a request, after the others. */
   acquire(id: string): number {
     if (this.rowOf.has(id)) return this.rowOf.get(id)!
-    if (this.holders.length === this.rowCapacity) this.resize(Math.max(4, this.rowCapacity * 2), this.width)
+    if (this.holders.length === this.rowCapacity) {
+      const rows = this.holders.length + 1
+      // Near the budget, a row more fits by giving back the width the rows held do not need.
+      const width =
+        rows * this.width * this.positionBytes <= this.maxBytes
+          ? this.width
+          : Math.max(this.blocks(this.needed), this.blocksWithin(rows))
+      this.resize(this.rowsWithin(Math.max(4, this.rowCapacity * 2), width, rows), width)
+    }
     this.holders.push(id)
     this.rowOf.set(id, this.holders.length - 1)
     return this.holders.length - 1
@@ -76,6 +91,7 @@ export class KvStore {
     }
     this.holders.pop()
     if (this.holders.length === 0) {
+      this.needed = 0
       this.buffers = []
       this.rowCapacity = 0
       this.width = 0
@@ -101,9 +117,12 @@ export class KvStore {
    * that grows a position at a time copies the rows a logarithmic number of times.
    */
   ensureWidth(positions: number): void {
+    this.needed = Math.max(this.needed, positions)
     if (positions <= this.width) return
-    const needed = Math.max(positions, Math.ceil(this.width * 1.5))
-    this.resize(this.rowCapacity, Math.ceil(needed / this.block) * this.block)
+    const least = this.blocks(positions)
+    const wanted = Math.max(least, this.blocks(Math.ceil(this.width * 1.5)))
+    const width = Math.max(least, Math.min(wanted, this.blocksWithin(Math.max(1, this.rowCapacity))))
+    this.resize(this.rowsWithin(this.rowCapacity, width, Math.max(1, this.holders.length)), width)
   }
 
   /**
@@ -112,6 +131,7 @@ export class KvStore {
    * twice the rows held when they are under a quarter of it.
    */
   fit(positions: number): void {
+    this.needed = positions
     const width = Math.max(this.block, Math.ceil(positions / this.block) * this.block)
     const rows = Math.max(4, 2 * this.holders.length)
     const narrower = width * 2 <= this.width
@@ -150,6 +170,27 @@ export class KvStore {
     return this.buffers
   }
 
+  /** Bytes one position of one row takes in all the buffers. */
+  private get positionBytes(): number {
+    return this.tensors * this.heads * this.headDim * (this.half ? 2 : 4)
+  }
+
+  private blocks(positions: number): number {
+    return Math.ceil(positions / this.block) * this.block
+  }
+
+  /** The widest whole blocks `rows` rows may have within `maxBytes`. */
+  private blocksWithin(rows: number): number {
+    return Math.floor(this.maxBytes / (rows * this.positionBytes) / this.block) * this.block
+  }
+
+  /** `wanted` rows of `width`, or as many as `maxBytes` holds, but never fewer than `least`. */
+  private rowsWithin(wanted: number, width: number, least: number): number {
+    if (width === 0) return wanted
+    const most = Math.floor(this.maxBytes / (width * this.positionBytes))
+    return Math.max(least, Math.min(wanted, most))
+  }
+
   private rowSize(): number {
     return this.heads * this.width * this.headDim
   }
@@ -170,6 +211,11 @@ export class KvStore {
 
   private resize(rows: number, width: number): void {
     const { heads, headDim } = this
+    const bytes = rows * width * this.positionBytes
+    if (bytes > this.maxBytes)
+      throw new Error(
+        `the KV cache would take ${bytes} bytes for ${rows} request(s) of ${width} positions, past its budget of ${this.maxBytes}`
+      )
     const old = this.buffers
     const oldWidth = this.width
     const size = rows * heads * width * headDim

@@ -80,6 +80,7 @@ import { rewriteRowQuantization } from "../../models/onnx/RowQuantizeRewrite.js"
 import { rewriteSharedCache, sharedCacheInputs } from "../../models/onnx/SharedCacheRewrite.js"
 import { createSession, qwen2VLGridInput } from "../common/Sessions.js"
 import { KvStore } from "./KvStore.js"
+import { kvBlockTokens } from "./Limits.js"
 import { type CacheArray, type CachedRow, gatherRows, type PastData, rightAlignedMask } from "./PastCache.js"
 import { chainKeys, mediaDigests, PrefixCache } from "./PrefixCache.js"
 import type {
@@ -159,6 +160,8 @@ export type KvCacheMode = "shared" | "copies"
 export interface PrefillOptions {
   /** Bytes the prefix cache may hold; 0 turns it off (default 512 MiB). */
   readonly prefixCacheBytes?: number
+  /** Bytes the shared KV cache's rows may take (default: no bound). */
+  readonly kvStoreBytes?: number
   /** Positions per prefix cache block (default 16). */
   readonly prefixBlockTokens?: number
   /**
@@ -272,7 +275,14 @@ export class Runner implements StepRunner {
     const spec = model.decoder!
     this.store =
       kvCache.mode === "shared"
-        ? new KvStore(io.cache.length, io.kvHeads, io.headDim, io.cacheType === "float16")
+        ? new KvStore(
+            io.cache.length,
+            io.kvHeads,
+            io.headDim,
+            io.cacheType === "float16",
+            kvBlockTokens,
+            prefill.kvStoreBytes
+          )
         : undefined
     this.heads = io.kvHeads
     this.headDim = io.headDim

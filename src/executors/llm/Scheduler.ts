@@ -4,18 +4,21 @@
  * step boundary of a device (a lane), waiting requests join its running batch as long as its batch
  * size and KV cache budget allow; a finished or cancelled request leaves and gives its cache back.
  * A request reserves its whole KV cache when it joins (prompt plus the most tokens it may
- * generate), so a running request never runs out of cache and nothing is ever preempted.
+ * generate), so a running request never runs out of cache and nothing is ever preempted. The
+ * budget is in bytes, counted as the worker's KV store holds them: a row per request, each as
+ * wide as the longest request's positions (in the store's blocks).
  */
 
 import { defaultShare, FairTags, insertByTag, type Share } from "../common/FairShare.js"
+import { type KvBudget, rowsBytes } from "./Limits.js"
 
 export interface ContinuousLimits {
   /** Devices, each with its own batch and cache. */
   readonly lanes: number
   /** Requests decoding together on one device. */
   readonly maxRunning: number
-  /** KV cache positions per device. */
-  readonly kvCacheTokens: number
+  /** The KV cache's bytes per device for running requests' rows, and how positions count in them. */
+  readonly kvCache: Pick<KvBudget, "rowBytes" | "bytesPerPosition" | "blockTokens">
   /** Requests waiting or running, all devices together; one more is refused (503). */
   readonly maxQueuedRequests: number
 }
@@ -24,7 +27,7 @@ export type Admission =
   | { readonly _tag: "Queued" }
   | { readonly _tag: "QueueFull" }
   /** It needs more cache than a device has: it could never run. */
-  | { readonly _tag: "TooLarge"; readonly kvCacheTokens: number }
+  | { readonly _tag: "TooLarge"; readonly neededBytes: number; readonly budgetBytes: number }
 
 export type Placement = { readonly _tag: "Waiting" } | { readonly _tag: "Running"; readonly lane: number }
 
@@ -40,14 +43,16 @@ export class ContinuousScheduler {
   private readonly placements = new Map<string, { readonly lane: number; readonly tokens: number }>()
 
   constructor(private readonly limits: ContinuousLimits) {
-    if (limits.lanes < 1 || limits.maxRunning < 1 || limits.kvCacheTokens < 1)
+    if (limits.lanes < 1 || limits.maxRunning < 1 || limits.kvCache.rowBytes < 1)
       throw new Error("an LLM engine needs a lane, a batch and a cache")
     this.lanes = Array.from({ length: limits.lanes }, () => ({ running: [], usedTokens: 0 }))
   }
 
   /** Queues a request that will hold `tokens` cache positions while it runs. */
   enqueue(id: string, tokens: number, share: Share = defaultShare): Admission {
-    if (tokens > this.limits.kvCacheTokens) return { _tag: "TooLarge", kvCacheTokens: this.limits.kvCacheTokens }
+    const alone = rowsBytes(this.limits.kvCache, 1, tokens)
+    if (alone > this.limits.kvCache.rowBytes)
+      return { _tag: "TooLarge", neededBytes: alone, budgetBytes: this.limits.kvCache.rowBytes }
     if (this.waiting.length + this.placements.size >= this.limits.maxQueuedRequests) return { _tag: "QueueFull" }
     if (this.placements.has(id) || this.waiting.some((request) => request.id === id))
       throw new Error(`request ${id} is already queued`)
@@ -111,18 +116,31 @@ export class ContinuousScheduler {
     readonly waiting: number
     readonly running: number
     readonly usedTokens: number
-    readonly totalTokens: number
+    /** Bytes the running requests' rows take, all lanes together. */
+    readonly reservedBytes: number
+    /** The rows' budget, all lanes together. */
+    readonly budgetBytes: number
   } {
     return {
       waiting: this.waiting.length,
       running: this.placements.size,
       usedTokens: this.lanes.reduce((sum, lane) => sum + lane.usedTokens, 0),
-      totalTokens: this.limits.kvCacheTokens * this.limits.lanes
+      reservedBytes: this.lanes.reduce((sum, _, index) => sum + this.laneBytes(index, 0, 0), 0),
+      budgetBytes: this.limits.kvCache.rowBytes * this.limits.lanes
     }
+  }
+
+  /** Bytes `lane`'s rows take with `more` requests of `tokens` positions beside its running ones. */
+  private laneBytes(lane: number, more: number, tokens: number): number {
+    const { running } = this.lanes[lane]!
+    const widest = running.reduce((most, id) => Math.max(most, this.placements.get(id)!.tokens), tokens)
+    return rowsBytes(this.limits.kvCache, running.length + more, widest)
   }
 
   private fits(lane: number, tokens: number): boolean {
     const state = this.lanes[lane]!
-    return state.running.length < this.limits.maxRunning && state.usedTokens + tokens <= this.limits.kvCacheTokens
+    return (
+      state.running.length < this.limits.maxRunning && this.laneBytes(lane, 1, tokens) <= this.limits.kvCache.rowBytes
+    )
   }
 }

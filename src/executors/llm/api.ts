@@ -15,7 +15,8 @@ import { DataId } from "../common/DataId.js"
  *   sidecar to a generator (the LLMEmbeddingTask).
  * - `POST /v1/cornserve/image-tokens`: on a Janus-Pro model, an image's tokens for a prompt, sent
  *   through the sidecar to the generator that decodes them (the LLMImageTokensTask).
- * - `GET /v1/cornserve/stats`: requests waiting and running, KV cache positions held.
+ * - `GET /v1/cornserve/stats`: requests waiting and running, the batch size and the KV cache's
+ *   budget in effect, what it holds.
  *
  * The texts of a request's messages and tools are text: a special token spelled in one is its
  * characters, unless `cornserve_parse_special_tokens` says they are an app's own trusted prompt.
@@ -117,10 +118,22 @@ export type PromptEmbeddingsResponse = typeof PromptEmbeddingsResponse.Type
 export const LlmStats = Schema.Struct({
   waiting: Schema.Int,
   running: Schema.Int,
-  /** KV cache positions reserved by running requests and the budget, over all devices. */
+  /** Requests decoding together on a device. */
+  maxBatchSize: Schema.Int,
+  /** Prompt tokens a step prefills while others decode (absent: sized to the decode step; 0: whole prompts). */
+  prefillChunkTokens: Schema.optional(Schema.Int),
+  /** The KV cache: its budget per device and what running requests hold of it, over all devices. */
   kvCache: Schema.Struct({
+    /** Positions running requests reserved (prompt and max_tokens). */
     usedTokens: Schema.Int,
-    totalTokens: Schema.Int,
+    /** The budget per device (`kvCacheBytes`): running requests' rows and the prefix cache together. */
+    budgetBytes: Schema.Int,
+    /** Of it, the prefix cache's share per device. */
+    prefixBytes: Schema.Int,
+    /** Bytes one position of one request takes. */
+    bytesPerPosition: Schema.Int,
+    /** Bytes running requests' rows reserve now, over all devices (each row as wide as the longest). */
+    reservedBytes: Schema.Int,
     /**
      * "shared": the cache is in buffers the executor owns, which the decoder's attention
      * (rewritten at load time) reads in place; "copies": the decoder as exported, which copies

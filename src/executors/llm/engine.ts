@@ -14,7 +14,7 @@ import { EngineRejected, EngineUnavailable, type ExecutorError, ExecutorFailed }
 import { type BatchItem, failedMessage, messagesOf, type ToEngine, type ToWorker } from "../common/wire.js"
 import { startWorkerGroup } from "../common/WorkerGroup.js"
 import type { LlmStats } from "./api.js"
-import { kvCacheTokens } from "./Limits.js"
+import { kvBudget } from "./Limits.js"
 import {
   cachePositions,
   type EmbedMeta,
@@ -62,10 +62,11 @@ export const runEngine = (config: ExecutorConfig) =>
     const sockets = yield* bindEngineSockets(config)
     const { fromRouter, sendRouter } = sockets
 
+    const budget = yield* Effect.try({ try: () => kvBudget(config, model), catch: (error) => error as Error })
     const scheduler = new ContinuousScheduler({
       lanes: config.devices.length,
       maxRunning: config.maxBatchSize,
-      kvCacheTokens: kvCacheTokens(config, model),
+      kvCache: budget,
       maxQueuedRequests: config.maxQueuedRequests
     })
     const requests = new Map<string, OpenRequest>()
@@ -100,7 +101,7 @@ export const runEngine = (config: ExecutorConfig) =>
 
     /** The engine's counts, with the workers' prefix caches summed. */
     const stats = (answers: Iterable<WorkerStats>): LlmStats => {
-      const { waiting, running, usedTokens, totalTokens } = scheduler.stats
+      const { waiting, running, usedTokens, reservedBytes } = scheduler.stats
       const workers = [...answers]
       const caches = workers.flatMap((answer) => (answer.prefixCache === undefined ? [] : [answer.prefixCache]))
       const sum = (field: keyof (typeof caches)[number]) => caches.reduce((total, cache) => total + cache[field], 0)
@@ -121,9 +122,14 @@ export const runEngine = (config: ExecutorConfig) =>
       return {
         waiting: waiting + embedQueue.length,
         running,
+        maxBatchSize: config.maxBatchSize,
+        ...(config.prefillChunkTokens === undefined ? {} : { prefillChunkTokens: config.prefillChunkTokens }),
         kvCache: {
           usedTokens,
-          totalTokens,
+          budgetBytes: budget.totalBytes,
+          prefixBytes: budget.prefixBytes,
+          bytesPerPosition: budget.bytesPerPosition,
+          reservedBytes,
           ...(layout === undefined
             ? {}
             : {
@@ -162,7 +168,10 @@ export const runEngine = (config: ExecutorConfig) =>
               failedMessage(id, new EngineUnavailable({ message: "the executor's queue is full" }))
             )
           if (admission._tag === "TooLarge") {
-            const message = `the request needs ${positions} KV cache positions (prompt and max_tokens); a device has ${admission.kvCacheTokens}`
+            const message =
+              `the request needs ${admission.neededBytes} bytes of KV cache (${positions} positions of prompt and max_tokens, ` +
+              `${budget.bytesPerPosition} bytes each, in blocks of ${budget.blockTokens}); the executor's KV cache budget is ` +
+              `${budget.totalBytes} bytes a device, ${admission.budgetBytes} of them for running requests (the rest for the prefix cache)`
             return void sendRouter(failedMessage(id, new EngineRejected({ message })))
           }
           requests.set(id, { op: "generate", meta, generated: 0, trace, received })

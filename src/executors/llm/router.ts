@@ -66,7 +66,7 @@ import {
   toolCallFormatOf
 } from "./ToolCalls.js"
 import { janusRouter } from "./JanusImageTokens.js"
-import { contextLength, kvCacheTokens } from "./Limits.js"
+import { contextLength, kvBudget } from "./Limits.js"
 import { makeMediaInputs } from "./MediaInputs.js"
 import { markClientTexts, type MediaPart, mediaParts, PromptError, templateMessages } from "./Prompt.js"
 import { bytesPerToken, fewestTokens } from "./PromptBytes.js"
@@ -694,7 +694,7 @@ export const routerKind: RouterKind = {
           modalities: media.accepted,
           encoders: media.encodable,
           maxModelLength,
-          kvCacheTokensPerDevice: kvCacheTokens(config, model),
+          kvCacheBytesPerDevice: kvBudget(config, model).totalBytes,
           sidecarNode: sidecar?.nodeId ?? null
         },
         routes: HttpRouter.empty.pipe(

@@ -15,14 +15,17 @@ import { noSpan, type Span, startSpan } from "../../tracing/Tracing.js"
 import type { LoadWorkerModel } from "../common/WorkerModel.js"
 import type { EmbedResult, StepOp, TokenPartial, WorkerStats } from "./protocol.js"
 import { JanusRunner } from "./JanusRunner.js"
+import { kvBudget } from "./Limits.js"
 import { Runner, type StepRunner } from "./Runner.js"
 
 export const load: LoadWorkerModel = async ({ config, device, rank }) => {
   const model = await loadModelDirectory(config.modelDir)
+  const budget = kvBudget(config, model)
   const runner: StepRunner = isJanus(model)
     ? await JanusRunner.open(model, device, config.threadsPerDevice, config.dtype)
     : await Runner.open(model, device, config.threadsPerDevice, config.dtype, {
-        ...(config.prefixCacheBytes === undefined ? {} : { prefixCacheBytes: config.prefixCacheBytes }),
+        prefixCacheBytes: budget.prefixBytes,
+        kvStoreBytes: budget.rowBytes,
         ...(config.prefillChunkTokens === undefined ? {} : { chunkTokens: config.prefillChunkTokens }),
         ...(config.quantizedRows === undefined ? {} : { quantizedRows: config.quantizedRows }),
         ...(config.kvCacheMode === undefined ? {} : { kvCache: config.kvCacheMode })

@@ -68,7 +68,7 @@ describe("weighted fair queuing between apps on a shared task", () => {
     const scheduler = new ContinuousScheduler({
       lanes: 1,
       maxRunning: 2,
-      kvCacheTokens: 10_000,
+      kvCache: { rowBytes: 10_000, bytesPerPosition: 1, blockTokens: 1 },
       maxQueuedRequests: 1000
     })
     for (let index = 0; index < 32; index++) scheduler.enqueue(`a${index}`, 10, a)

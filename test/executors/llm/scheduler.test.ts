@@ -2,7 +2,9 @@ import { describe, expect, it } from "vitest"
 import { gatherRows, rightAlignedMask } from "../../../src/executors/llm/PastCache.js"
 import { ContinuousScheduler } from "../../../src/executors/llm/Scheduler.js"
 
-const limits = { lanes: 1, maxRunning: 8, kvCacheTokens: 100, maxQueuedRequests: 10 }
+/** A position is a byte and a block, so that bytes read as positions. */
+const kvCache = { rowBytes: 100, bytesPerPosition: 1, blockTokens: 1 }
+const limits = { lanes: 1, maxRunning: 8, kvCache, maxQueuedRequests: 10 }
 
 describe("ContinuousScheduler", () => {
   it("lets requests join at step boundaries and keeps the ones already running", () => {
@@ -24,11 +26,12 @@ describe("ContinuousScheduler", () => {
     scheduler.enqueue("small", 5)
     // "small" would fit, but it does not overtake "large".
     expect(scheduler.admit(0)).toEqual(["big"])
-    expect(scheduler.stats).toEqual({ waiting: 2, running: 1, usedTokens: 70, totalTokens: 100 })
+    expect(scheduler.stats).toEqual({ waiting: 2, running: 1, usedTokens: 70, reservedBytes: 70, budgetBytes: 100 })
     expect(scheduler.release("big")).toEqual({ _tag: "Running", lane: 0 })
     expect(scheduler.stats.usedTokens).toBe(0)
     expect(scheduler.admit(0)).toEqual(["large", "small"])
-    expect(scheduler.stats).toEqual({ waiting: 0, running: 2, usedTokens: 45, totalTokens: 100 })
+    // Two rows as wide as the longer: 80 bytes.
+    expect(scheduler.stats).toEqual({ waiting: 0, running: 2, usedTokens: 45, reservedBytes: 80, budgetBytes: 100 })
   })
 
   it("caps a batch at maxRunning", () => {
@@ -45,7 +48,7 @@ describe("ContinuousScheduler", () => {
     scheduler.admit(0)
     expect(scheduler.enqueue("b", 10)._tag).toBe("Queued")
     expect(scheduler.enqueue("c", 10)._tag).toBe("QueueFull")
-    expect(scheduler.enqueue("d", 101)).toEqual({ _tag: "TooLarge", kvCacheTokens: 100 })
+    expect(scheduler.enqueue("d", 101)).toEqual({ _tag: "TooLarge", neededBytes: 101, budgetBytes: 100 })
     scheduler.release("a")
     expect(scheduler.enqueue("c", 10)._tag).toBe("Queued")
   })
@@ -59,7 +62,7 @@ describe("ContinuousScheduler", () => {
     expect(scheduler.release("b")).toEqual({ _tag: "Waiting" })
     expect(scheduler.release("a")).toEqual({ _tag: "Running", lane: 0 })
     expect(scheduler.release("a")).toBeUndefined()
-    expect(scheduler.stats).toEqual({ waiting: 0, running: 0, usedTokens: 0, totalTokens: 100 })
+    expect(scheduler.stats).toEqual({ waiting: 0, running: 0, usedTokens: 0, reservedBytes: 0, budgetBytes: 100 })
   })
 
   it("spreads requests over devices, each with its own batch and budget", () => {
@@ -70,7 +73,26 @@ describe("ContinuousScheduler", () => {
     expect(scheduler.admit(1)).toEqual(["b", "c"])
     expect(scheduler.admit(0)).toEqual(["d"])
     expect(scheduler.running(1)).toEqual(["b", "c"])
-    expect(scheduler.stats).toEqual({ waiting: 0, running: 4, usedTokens: 120, totalTokens: 200 })
+    expect(scheduler.stats).toEqual({ waiting: 0, running: 4, usedTokens: 120, reservedBytes: 120, budgetBytes: 200 })
+  })
+
+  it("counts the bytes as the KV store holds them: every row as wide as the longest, in whole blocks", () => {
+    const scheduler = new ContinuousScheduler({
+      ...limits,
+      kvCache: { rowBytes: 1024, bytesPerPosition: 4, blockTokens: 16 }
+    })
+    // 100 positions take 7 blocks of 16: 448 bytes alone, 896 beside another row.
+    scheduler.enqueue("long", 100)
+    scheduler.enqueue("short", 10)
+    scheduler.enqueue("third", 10)
+    expect(scheduler.admit(0)).toEqual(["long", "short"])
+    // A third row would make 3 × 448 = 1344 bytes, though its positions alone would fit.
+    expect(scheduler.stats).toMatchObject({ usedTokens: 110, reservedBytes: 896 })
+    scheduler.release("long")
+    expect(scheduler.admit(0)).toEqual(["third"])
+    expect(scheduler.stats).toMatchObject({ reservedBytes: 2 * 64 })
+    // One that cannot fit alone says how many bytes it needs.
+    expect(scheduler.enqueue("huge", 257)).toEqual({ _tag: "TooLarge", neededBytes: 17 * 16 * 4, budgetBytes: 1024 })
   })
 })
 
