@@ -161,54 +161,98 @@ describe("unit task identity", () => {
     expect(new LLMTask({ model: "org/My_Model" }).name).toBe("llm-my-model")
   })
 
-  describe("rejects an invalid config with a TaskConfigError naming the field", () => {
+  describe("rejects an invalid config with a TaskConfigError, one line naming each bad field", () => {
     it("an empty model", () => {
       const error = thrownBy(() => new EncoderTask({ model: "", modality: "image" }))
       expect(error).toBeInstanceOf(TaskConfigError)
-      expect(error.message).toContain('["model"]')
+      expect(error.message).toMatch(/^ {2}model: /m)
     })
 
     it("an unknown modality", () => {
       const error = thrownBy(() => new EncoderTask({ model, modality: "smell" as "image" }))
       expect(error).toBeInstanceOf(TaskConfigError)
-      expect(error.message).toContain('["modality"]')
-      expect(error.message).toContain("smell")
+      expect(error.message).toMatch(/^ {2}modality: expected .*, got "smell"$/m)
     })
 
     it("an extra unknown key", () => {
       const config = { model, modality: "image", temperature: 0.5 } as unknown as { model: string; modality: "image" }
       const error = thrownBy(() => new EncoderTask(config))
       expect(error).toBeInstanceOf(TaskConfigError)
-      expect(error.message).toContain('["temperature"]')
-      expect(error.message).toContain("is unexpected")
+      expect(error.message).toMatch(/^ {2}temperature: is not a field here \(the fields are /m)
     })
 
     it("a non-positive or fractional executor bound", () => {
       const error = thrownBy(() => new LLMTask({ model, minExecutors: 0 }))
       expect(error).toBeInstanceOf(TaskConfigError)
-      expect(error.message).toContain('["minExecutors"]')
-      expect(thrownBy(() => new EncoderTask({ model, modality: "image", maxExecutors: 1.5 })).message).toContain(
-        '["maxExecutors"]'
+      expect(error.message).toMatch(/^ {2}minExecutors: /m)
+      expect(thrownBy(() => new EncoderTask({ model, modality: "image", maxExecutors: 1.5 })).message).toMatch(
+        /^ {2}maxExecutors: /m
       )
     })
 
     it("a non-positive batch size", () => {
       const error = thrownBy(() => new EncoderTask({ model, modality: "image", maxBatchSize: 0 }))
       expect(error).toBeInstanceOf(TaskConfigError)
-      expect(error.message).toContain('["maxBatchSize"]')
+      expect(error.message).toMatch(/^ {2}maxBatchSize: /m)
     })
 
     it("an unknown key in an LLM or MLLM config", () => {
       const llmError = thrownBy(() => new LLMTask({ model, stream: true } as unknown as { model: string }))
       expect(llmError).toBeInstanceOf(TaskConfigError)
-      expect(llmError.message).toContain('["stream"]')
+      expect(llmError.message).toMatch(/^ {2}stream: is not a field here/m)
 
       const mllmError = thrownBy(
         () =>
           new MLLMTask({ model, modalities: ["image"], fission: true } as unknown as { model: string; modalities: [] })
       )
       expect(mllmError).toBeInstanceOf(TaskConfigError)
-      expect(mllmError.message).toContain('["fission"]')
+      expect(mllmError.message).toMatch(/^ {2}fission: is not a field here/m)
+    })
+
+    it("bad engine settings, each on its own line, and nothing else", () => {
+      const error = thrownBy(
+        () =>
+          new LLMTask({
+            model,
+            maxBatchSize: 0,
+            kvCacheBytes: -1,
+            kvCacheMode: "fast" as "shared",
+            prefillChunkTokens: 1.5
+          })
+      )
+      expect(error).toBeInstanceOf(TaskConfigError)
+      const lines = error.message.split("\n")
+      expect(lines[0]).toBe("invalid llm task config:")
+      expect(
+        lines
+          .slice(1)
+          .map((line) => line.trim().split(":")[0])
+          .sort()
+      ).toEqual(["kvCacheBytes", "kvCacheMode", "maxBatchSize", "prefillChunkTokens"])
+      expect(error.message).toMatch(/^ {2}kvCacheMode: expected "shared" or "copies", got "fast"$/m)
+      const nested = thrownBy(() => new MLLMTask({ model, modalities: ["image"], llmSettings: { maxBatchSize: 0 } }))
+      expect(nested.message).toMatch(/^ {2}llmSettings\.maxBatchSize: /m)
+    })
+  })
+
+  describe("engine settings", () => {
+    it("are part of the deployment: tasks that differ in them are different tasks", () => {
+      const plain = new LLMTask({ model })
+      const sized = new LLMTask({ model, maxBatchSize: 4, kvCacheBytes: 64 * 1024 * 1024 })
+      expect(sized.id).not.toBe(plain.id)
+      expect(new LLMTask({ model, kvCacheBytes: 64 * 1024 * 1024, maxBatchSize: 4 }).id).toBe(sized.id)
+      expect(sized.config).toMatchObject({ maxBatchSize: 4, kvCacheBytes: 64 * 1024 * 1024 })
+    })
+
+    it("an MLLMTask passes its LLM's and its encoders' on", () => {
+      const mllm = new MLLMTask({
+        model,
+        modalities: ["image"],
+        llmSettings: { maxBatchSize: 2, prefixCacheBytes: 0 },
+        encoderSettings: { maxBatchSize: 6, preprocessThreads: 3 }
+      })
+      expect(mllm.llm.config).toMatchObject({ maxBatchSize: 2, prefixCacheBytes: 0 })
+      expect(mllm.encoders.get("image")!.config).toMatchObject({ maxBatchSize: 6, preprocessThreads: 3 })
     })
   })
 })
