@@ -35,8 +35,22 @@ export const LlmEngineSettings = {
   ...BatchSettings
 }
 
+/** The prefix cache takes its bytes out of the KV cache's: a share as large as the whole leaves running requests none. */
+export const prefixWithinKvCache = (settings: {
+  readonly kvCacheBytes?: number | undefined
+  readonly prefixCacheBytes?: number | undefined
+}) =>
+  settings.kvCacheBytes !== undefined &&
+  settings.prefixCacheBytes !== undefined &&
+  settings.prefixCacheBytes >= settings.kvCacheBytes
+    ? {
+        path: ["prefixCacheBytes"],
+        message: `must be less than kvCacheBytes (${settings.kvCacheBytes}), of which it is the prefix cache's share`
+      }
+    : undefined
+
 /** An LLM's engine settings as one object (an MLLMTask passes them on to its LLM). */
-export const LlmSettings = Schema.Struct(LlmEngineSettings)
+export const LlmSettings = Schema.Struct(LlmEngineSettings).pipe(Schema.filter(prefixWithinKvCache))
 export type LlmSettings = typeof LlmSettings.Encoded
 
 /** An encoder's settings as one object (an MLLMTask passes them on to its encoders). */

@@ -2,7 +2,7 @@ import { Schema } from "effect"
 import { ModelDtype } from "../schemas/ModelDtype.js"
 import { type ChatCompletionChunk, ChatCompletionRequest } from "../schemas/OpenAI.js"
 import { DataForward } from "./DataForward.js"
-import { LlmEngineSettings } from "./EngineSettings.js"
+import { LlmEngineSettings, prefixWithinKvCache } from "./EngineSettings.js"
 import { modelShortName, ScalingBounds, UnitTask } from "./Task.js"
 import { TaskStream } from "./TaskStream.js"
 
@@ -14,7 +14,7 @@ export const LLMConfig = Schema.Struct({
   receiveEmbeddings: Schema.optionalWith(Schema.Boolean, { default: () => false }),
   ...LlmEngineSettings,
   ...ScalingBounds
-})
+}).pipe(Schema.filter(prefixWithinKvCache))
 export type LLMConfig = typeof LLMConfig.Encoded
 
 /** A chat request plus the embeddings (one per media part, in order) that encoder tasks produce. */

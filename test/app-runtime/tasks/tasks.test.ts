@@ -232,6 +232,8 @@ describe("unit task identity", () => {
       expect(error.message).toMatch(/^ {2}kvCacheMode: expected "shared" or "copies", got "fast"$/m)
       const nested = thrownBy(() => new MLLMTask({ model, modalities: ["image"], llmSettings: { maxBatchSize: 0 } }))
       expect(nested.message).toMatch(/^ {2}llmSettings\.maxBatchSize: /m)
+      const share = thrownBy(() => new LLMTask({ model, kvCacheBytes: 1024, prefixCacheBytes: 1024 }))
+      expect(share.message).toMatch(/^ {2}prefixCacheBytes: must be less than kvCacheBytes \(1024\)/m)
     })
   })
 
