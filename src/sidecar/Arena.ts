@@ -1,5 +1,4 @@
-import { closeSync, fstatSync, ftruncateSync, openSync, rmSync, statfsSync, unlinkSync } from "node:fs"
-import { dirname } from "node:path"
+import { closeSync, fstatSync, ftruncateSync, openSync, rmSync, unlinkSync, writeSync } from "node:fs"
 import mmapModule from "@riaskov/mmap-io"
 import { Effect } from "effect"
 import { ArenaUnavailable } from "./errors.js"
@@ -11,12 +10,24 @@ import { ArenaUnavailable } from "./errors.js"
  * The file is mapped in segments because a Node 20 Buffer holds at most 4 GiB; the allocator's
  * largest block is the segment size and blocks are aligned to their size, so no tensor straddles
  * two segments.
+ *
+ * The file's size is the arena's bound, but the file is sparse: it holds memory only where its
+ * creator committed some, in steps, as it hands out the bytes (`commit`). Every process maps the
+ * whole file once, so growing moves nothing a reader has mapped. A step is committed by writing
+ * zeros into it with write(2), which fails with ENOSPC when /dev/shm is full, rather than by
+ * touching the mapping, which would kill the process with SIGBUS in the middle of a transfer.
  */
 
 /** Every arena file's name starts with this, so a leftover one is easy to recognise. */
 export const arenaFilePrefix = "cornserve-arena-"
 
 const defaultSegmentBytes = 2 ** 31
+
+/** The arena grows in steps of this many bytes, each committed once. */
+export const commitStepBytes = 64 * 1024
+
+/** Zeros written at once while committing. */
+const zeroRunBytes = 1024 * 1024
 
 // The package's typings declare a default export, but at run time the CommonJS module itself is the API.
 const mmap = mmapModule as unknown as typeof mmapModule.default
@@ -33,33 +44,28 @@ export class Arena {
     readonly path: string,
     readonly byteLength: number,
     readonly segmentBytes: number,
-    private readonly segments: ReadonlyArray<Buffer>
+    private readonly segments: ReadonlyArray<Buffer>,
+    private readonly growth?: Growth
   ) {}
 
   /**
-   * Creates the arena file and maps it. The pages are populated up front: the memory is committed
-   * when the sidecar starts rather than failing (SIGBUS) in the middle of a transfer. The file is
-   * unlinked when the scope closes, and on any process exit before that.
+   * Creates the arena file, `byteLength` bytes of which none is committed yet, and maps it. The
+   * file is unlinked when the scope closes, and on any process exit before that.
    */
   static create(path: string, byteLength: number, segmentBytes = defaultSegmentBytes) {
     return Effect.acquireRelease(
       Effect.try({
         try: () => {
-          const available = statfsSync(dirname(path))
-          const availableBytes = available.bavail * available.bsize
-          if (availableBytes < byteLength) {
-            throw new Error(`${dirname(path)} has ${availableBytes} bytes free, ${byteLength} were asked for`)
-          }
           // Exclusive: a file already there belongs to a running sidecar or to one that was killed.
           const fd = openSync(path, "wx+", 0o600)
           try {
             ftruncateSync(fd, byteLength)
-            return new Arena(path, byteLength, segmentBytes, mapSegments(fd, byteLength, segmentBytes))
+            const segments = mapSegments(fd, byteLength, segmentBytes)
+            return new Arena(path, byteLength, segmentBytes, segments, new Growth(fd, byteLength))
           } catch (error) {
+            closeSync(fd)
             rmSync(path, { force: true })
             throw error
-          } finally {
-            closeSync(fd)
           }
         },
         catch: (error) => new ArenaUnavailable({ path, reason: describe(error) })
@@ -70,9 +76,10 @@ export class Arena {
           return { arena, unlinkOnExit }
         })
       ),
-      ({ unlinkOnExit }) =>
+      ({ arena, unlinkOnExit }) =>
         Effect.sync(() => {
           process.off("exit", unlinkOnExit)
+          arena.growth?.close()
           unlinkSync(path)
         })
     ).pipe(Effect.map(({ arena }) => arena))
@@ -91,6 +98,24 @@ export class Arena {
     } catch (error) {
       throw new ArenaUnavailable({ path, reason: describe(error) })
     }
+  }
+
+  /** The bytes of the file that hold memory. */
+  get committedBytes(): number {
+    return this.growth?.committedBytes ?? 0
+  }
+
+  /**
+   * Commits the steps of [offset, offset + length) not committed yet, before the bytes are handed
+   * out: false when /dev/shm has no room for them. Only the creator commits, and a step is
+   * committed before anyone may write into it, so its zeros overwrite nothing.
+   */
+  commit(offset: number, length: number): boolean {
+    if (this.growth === undefined) throw new Error(`the arena ${this.path} grows in the process that created it`)
+    if (offset < 0 || length < 0 || offset + length > this.byteLength) {
+      throw new RangeError(`bytes [${offset}, ${offset + length}) are not within the arena ${this.path}`)
+    }
+    return this.growth.commit(offset, length)
   }
 
   /** Where `view` starts in the arena, or undefined when it is not memory of this mapping. */
@@ -112,12 +137,61 @@ export class Arena {
   }
 }
 
+/** The creator's side of a sparse file: which steps hold memory, and the descriptor it writes them through. */
+class Growth {
+  private readonly committed: Uint8Array
+  private zeros: Buffer | undefined
+  committedBytes = 0
+
+  constructor(
+    private fd: number | undefined,
+    private readonly byteLength: number
+  ) {
+    this.committed = new Uint8Array(Math.ceil(byteLength / commitStepBytes))
+  }
+
+  commit(offset: number, length: number): boolean {
+    const last = Math.ceil((offset + length) / commitStepBytes)
+    let step = Math.floor(offset / commitStepBytes)
+    while (step < last) {
+      if (this.committed[step] === 1) {
+        step++
+        continue
+      }
+      let end = step
+      while (end < last && this.committed[end] === 0) end++
+      if (!this.write(step * commitStepBytes, Math.min(end * commitStepBytes, this.byteLength))) return false
+      this.committed.fill(1, step, end)
+      step = end
+    }
+    return true
+  }
+
+  close(): void {
+    if (this.fd !== undefined) closeSync(this.fd)
+    this.fd = undefined
+  }
+
+  private write(from: number, to: number): boolean {
+    if (this.fd === undefined) return false
+    this.zeros ??= Buffer.alloc(zeroRunBytes)
+    try {
+      for (let at = from; at < to; ) at += writeSync(this.fd, this.zeros, 0, Math.min(zeroRunBytes, to - at), at)
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code === "ENOSPC") return false
+      throw error
+    }
+    this.committedBytes += to - from
+    return true
+  }
+}
+
 /** PROT_READ | PROT_WRITE, which the typings list as a literal. */
 const readWrite = 3
 
-/** Shared, and populated: a process fills its page tables once rather than faulting on a transfer's path. */
+/** Shared, not populated: populating would fill the whole sparse file with memory. */
 const mapSegments = (fd: number, byteLength: number, segmentBytes: number): ReadonlyArray<Buffer> => {
-  const flags = mmap.MAP_SHARED | mmap.MAP_POPULATE
+  const flags = mmap.MAP_SHARED
   const segments: Array<Buffer> = []
   for (let offset = 0; offset < byteLength; offset += segmentBytes) {
     segments.push(mmap.map(Math.min(segmentBytes, byteLength - offset), readWrite, flags, fd, offset))

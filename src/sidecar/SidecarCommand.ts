@@ -85,7 +85,8 @@ const serve = (options: SidecarOptions) =>
     const arena = yield* Arena.create(arenaPath, options.arenaBytes)
     const slots = new SlotPool(
       options.nodeId,
-      new SizeClassAllocator(arena.byteLength, { maxBlockBytes: arena.segmentBytes })
+      new SizeClassAllocator(arena.byteLength, { maxBlockBytes: arena.segmentBytes }),
+      (offset, bytes) => arena.commit(offset, bytes)
     )
     const table = new TransferTable(slots, options.ttlMs, log.warn)
     const transport = yield* PeerTransport.start({

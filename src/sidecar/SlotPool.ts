@@ -38,9 +38,14 @@ export class SlotPool {
   private waits = 0
   private timeouts = 0
 
+  /**
+   * `commit` gives a block memory before it is handed out (the arena grows on demand); a block it
+   * cannot commit is not handed out, as if the arena were full.
+   */
   constructor(
     readonly nodeId: string,
-    private readonly allocator: SizeClassAllocator
+    private readonly allocator: SizeClassAllocator,
+    private readonly commit: (offset: number, bytes: number) => boolean = () => true
   ) {}
 
   /** A slot now, or undefined when the arena is full or others wait ahead; throws if it can never fit. */
@@ -166,7 +171,12 @@ export class SlotPool {
 
   private take(bytes: number): number | undefined {
     const offset = this.allocator.allocate(bytes)
-    if (offset !== undefined) this.owners.set(offset, 1)
+    if (offset === undefined) return undefined
+    if (!this.commit(offset, this.allocator.sizeAt(offset)!)) {
+      this.allocator.release(offset)
+      return undefined
+    }
+    this.owners.set(offset, 1)
     return offset
   }
 

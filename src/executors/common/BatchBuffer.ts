@@ -21,7 +21,7 @@ export const batchBufferEnvName = "CORNSERVE_BATCH_BUFFER"
  * the next batch is written while one runs; eight for Geri, whose batches last as long as their
  * output streams (an utterance spoken as it is generated) and whose speech worker runs them side
  * by side, so that a request arriving mid-utterance starts at once. The buffer is sparse: a slot
- * costs memory only for what a batch writes in it.
+ * costs memory only for the largest batch written in it, committed as it first comes.
  */
 export const batchSlots = (kind: "eric" | "geri" | "llm"): number => (kind === "geri" ? 8 : 2)
 
@@ -59,6 +59,11 @@ export class BatchBuffer {
     return this.arena.path
   }
 
+  /** The bytes of the buffer that hold memory (the engine's side). */
+  get committedBytes(): number {
+    return this.arena.committedBytes
+  }
+
   /** A free slot, once there is one. */
   acquire(): Promise<number> {
     const slot = this.free.shift()
@@ -74,8 +79,8 @@ export class BatchBuffer {
 
   /**
    * Stacks the items' inputs along their first axis into `slot`. Every item must give the same
-   * inputs, each with the same dtype and trailing dimensions. A batch larger than a slot travels
-   * inline in the message instead.
+   * inputs, each with the same dtype and trailing dimensions. A batch larger than a slot, or one
+   * that /dev/shm has no room for, travels inline in the message instead.
    */
   write(
     slot: number,
@@ -105,11 +110,12 @@ export class BatchBuffer {
       return { name, dtype: first.dtype, shape, bytes: elementCount(shape) * bytesPerElement(first.dtype) }
     })
     const total = layouts.reduce((sum, layout) => align(sum) + layout.bytes, 0)
+    const inSlot = total <= this.slotBytes && this.arena.commit(slot * this.slotBytes, total)
     const inputs: Record<string, BatchInput> = {}
     let offset = slot * this.slotBytes
     for (const layout of layouts) {
       offset = align(offset)
-      if (total > this.slotBytes) {
+      if (!inSlot) {
         const joined = Tensor.zeros(layout.dtype, layout.shape)
         const target = joined.bytes
         let at = 0

@@ -1,7 +1,8 @@
-import { readdirSync } from "node:fs"
+import { readdirSync, statSync } from "node:fs"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { BatchBuffer, batchBufferPrefix } from "../../../src/executors/common/BatchBuffer.js"
+import { commitStepBytes } from "../../../src/sidecar/Arena.js"
 import { shardItems } from "../../../src/executors/common/Engine.js"
 import { decode, encode, type ToWorker, type WorkItem } from "../../../src/executors/common/wire.js"
 
@@ -50,6 +51,27 @@ describe("BatchBuffer", () => {
       expect(second.shape).toEqual([2, 2, 3])
       expect([...(second.data as Float32Array)]).toEqual(Array.from({ length: 12 }, (_, index) => 1000 + index))
       expect([...(worker.read(message.inputs.ids!, 0, 3).data as BigInt64Array)]).toEqual([100n, 200n, 201n])
+    })
+  )
+
+  it.scoped("holds memory for what its batches wrote, not for its slots' size", () =>
+    Effect.gen(function* () {
+      const path = bufferPath()
+      const engine = yield* BatchBuffer.create(path, 2, 64 * 1024 * 1024)
+      const worker = BatchBuffer.open(path, 2, 64 * 1024 * 1024)
+      expect(statSync(path).blocks).toBe(0)
+      // 3 rows of 6 floats: one step of the slot.
+      const { inputs } = engine.write(1, [item(1, 0), item(2, 6)])
+      expect(inputs.pixels!.inline).toBeUndefined()
+      expect(engine.committedBytes).toBe(commitStepBytes)
+      expect(statSync(path).blocks * 512).toBe(commitStepBytes)
+      // A batch of 20,000 rows grows the same slot to hold it; the worker, mapped before, reads it.
+      const rows = 20_000
+      const large = engine.write(1, [item(rows, 0)])
+      expect(large.inputs.pixels!.inline).toBeUndefined()
+      expect(engine.committedBytes).toBe(Math.ceil((rows * 6 * 4) / commitStepBytes) * commitStepBytes)
+      const read = worker.read(large.inputs.pixels!, rows - 1, rows)
+      expect([...(read.data as Float32Array)]).toEqual(Array.from({ length: 6 }, (_, index) => (rows - 1) * 6 + index))
     })
   )
 
