@@ -30,13 +30,14 @@ const decodeMediaFailure = Schema.decodeUnknownSync(MediaFailure)
 
 /**
  * More thread deaths than `deaths` within `windowMs` and the pool cannot work: its router reports
- * itself unhealthy (and is restarted), and a thread that dies then is replaced after `pauseMs`.
+ * itself unhealthy (and is restarted), and no thread is started until the deaths leave the window.
  */
-export const threadDeathBound = { deaths: 5, windowMs: 60_000, pauseMs: 1_000 } as const
+export const threadDeathBound = { deaths: 5, windowMs: 60_000 } as const
 
 export interface ThreadPoolOptions {
   /** The module whose exported functions the threads run. */
   readonly moduleUrl: string
+  /** The most threads; each starts when a job finds every running one busy. */
   readonly size: number
   /** Where jobs keep their temporary files (see ThreadJob.ts); by default the system's directory. */
   readonly scratchDir?: string
@@ -61,6 +62,10 @@ interface Slot {
  * fewest jobs; typed arrays in results are moved, not copied. A job ends early when its signal
  * aborts (its request ended): the thread is told, and stops what it started for it. A thread that
  * dies (exits, throws, runs out of heap) fails its jobs with its reason and is replaced.
+ *
+ * Threads start on demand: one when a job finds every running thread busy, up to `size`. A thread
+ * is an isolate with the preprocessing module loaded (tens of MiB), and an executor that is never
+ * sent media, or one request at a time, needs none or one.
  */
 export class ThreadPool {
   private readonly slots: ReadonlyArray<Slot>
@@ -70,7 +75,6 @@ export class ThreadPool {
 
   private constructor(private readonly options: ThreadPoolOptions) {
     this.slots = Array.from({ length: options.size }, () => ({ thread: undefined, jobs: new Map() }))
-    for (const slot of this.slots) this.start(slot)
   }
 
   static make(options: ThreadPoolOptions): Effect.Effect<ThreadPool, never, Scope.Scope> {
@@ -94,13 +98,14 @@ export class ThreadPool {
   run<T>(task: string, input: unknown, options: { readonly signal?: AbortSignal | undefined } = {}): Promise<T> {
     const { signal } = options
     if (signal?.aborted) return Promise.reject(abortReason(signal))
-    const live = this.slots.filter((slot) => slot.thread !== undefined)
-    if (live.length === 0) {
+    const slot = this.slotFor()
+    if (slot === undefined) {
       return Promise.reject(
-        new EngineUnavailable({ message: `no preprocessing thread is running: ${this.failure ?? "they are starting"}` })
+        new EngineUnavailable({
+          message: `no preprocessing thread is running: ${this.failure ?? "the pool is closing"}`
+        })
       )
     }
-    const slot = live.reduce((best, candidate) => (candidate.jobs.size < best.jobs.size ? candidate : best))
     const thread = slot.thread!
     const id = this.nextId++
     return new Promise<T>((resolve, reject) => {
@@ -125,6 +130,19 @@ export class ThreadPool {
     })
   }
 
+  /** The running thread with the fewest jobs, or a new one when every running thread is busy. */
+  private slotFor(): Slot | undefined {
+    let best: Slot | undefined
+    for (const slot of this.slots) {
+      if (slot.thread !== undefined && (best === undefined || slot.jobs.size < best.jobs.size)) best = slot
+    }
+    if (best !== undefined && best.jobs.size === 0) return best
+    const idle = this.slots.find((slot) => slot.thread === undefined)
+    if (idle === undefined || this.closing || this.failure !== undefined) return best
+    this.start(idle)
+    return idle
+  }
+
   private start(slot: Slot): void {
     const thread = new Worker(workerEntry, {
       workerData: { moduleUrl: this.options.moduleUrl, scratchDir: this.options.scratchDir } satisfies ThreadData,
@@ -146,7 +164,7 @@ export class ThreadPool {
     slot.thread = thread
   }
 
-  /** A thread is gone: its jobs fail with its reason, and another takes its place. */
+  /** A thread is gone: its jobs fail with its reason; the next job that needs a thread starts one. */
   private died(slot: Slot, thread: Worker, reason: string): void {
     if (slot.thread !== thread) return
     slot.thread = undefined
@@ -154,15 +172,7 @@ export class ThreadPool {
     const jobs = [...slot.jobs.values()]
     slot.jobs.clear()
     for (const job of jobs) job.reject(failed)
-    if (this.closing) return
-    this.deaths.push({ at: Date.now(), reason })
-    if (this.failure === undefined) {
-      this.start(slot)
-      return
-    }
-    setTimeout(() => {
-      if (!this.closing && slot.thread === undefined) this.start(slot)
-    }, threadDeathBound.pauseMs).unref()
+    if (!this.closing) this.deaths.push({ at: Date.now(), reason })
   }
 
   private async close(): Promise<void> {
