@@ -16,6 +16,7 @@ import { TaskQueueBound } from "../control/task-manager/TaskManagers.js"
 import { ClusterServer } from "../control/cluster/ClusterServer.js"
 import { lostAfterMs, NodeRegistry } from "../control/cluster/NodeRegistry.js"
 import { runDataPlane } from "../node/ClusterMember.js"
+import { formatFootprint, measureFootprint } from "../metrics/Footprint.js"
 import { NodeAgent } from "../node/NodeAgent.js"
 import { traceProcess } from "../tracing/Tracing.js"
 
@@ -118,6 +119,11 @@ const runPlatform = (options: ServeOptions & { readonly examples: boolean }) =>
       yield* Console.log(`\nApps ready to try:\n${ready.map((app) => tryLine(gateway.url, app)).join("\n")}\n`)
     }
     yield* gateway.markReady
-    yield* Console.log(`cornserve: ready (Ctrl-C to stop); the web console is at ${gateway.url}/console`)
+    const readyAfterS = process.uptime()
+    const footprint = yield* Effect.sync(() => measureFootprint())
+    yield* Console.log(
+      `cornserve: ready in ${readyAfterS.toFixed(1)} s (Ctrl-C to stop); the web console is at ${gateway.url}/console\n` +
+        `cornserve: the platform holds ${formatFootprint(footprint)}`
+    )
     return yield* Effect.never
   }).pipe(Effect.provide(platformLayer(options)))
