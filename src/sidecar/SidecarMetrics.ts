@@ -8,6 +8,12 @@ export const sidecarMetrics = (sidecar: SidecarStats): ReadonlyArray<string> => 
     metric("cornserve_sidecar_arena_bytes", "gauge", "Size of the node's shared-memory arena.", [
       [node, sidecar.arenaBytes]
     ]),
+    metric(
+      "cornserve_sidecar_arena_committed_bytes",
+      "gauge",
+      "Bytes of the arena that hold memory, grown as its slots are first handed out.",
+      [[node, sidecar.arenaCommittedBytes]]
+    ),
     metric("cornserve_sidecar_bytes_in_use", "gauge", "Arena bytes held by tensors in transit.", [
       [node, sidecar.bytesInUse]
     ]),

@@ -79,12 +79,13 @@ export class SidecarServer {
   }
 
   get stats(): SidecarStats {
-    const { slots, table, peers, nodeId } = this.options
+    const { slots, table, peers, nodeId, arena } = this.options
     const { chunksReleasedOnDisconnect, ...tableStats } = table.stats
     return {
       _tag: "SidecarStats",
       nodeId,
       ...slots.stats,
+      arenaCommittedBytes: arena.committedBytes,
       ...tableStats,
       ...peers.stats,
       slotsReleasedOnDisconnect: this.slotsReleasedOnDisconnect + chunksReleasedOnDisconnect,

@@ -114,6 +114,8 @@ export const transferSecondsBuckets: ReadonlyArray<number> = [
 export const SidecarStats = Schema.TaggedStruct("SidecarStats", {
   nodeId: NodeId,
   arenaBytes: Count,
+  /** Bytes of the arena that hold memory: it grows as slots are first handed out. */
+  arenaCommittedBytes: Count,
   /** Bytes of the arena held by slots (whole size classes), spare slots not included. */
   bytesInUse: Count,
   slotsInUse: Count,
