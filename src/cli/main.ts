@@ -17,25 +17,37 @@ import { nodeNameProblem } from "../contracts/ClusterRpcs.js"
 import { internalSecretOf } from "../contracts/Credentials.js"
 import { parseDevices } from "../node/Devices.js"
 import { defaultMaxMediaItems, defaultMediaLimits } from "../executors/common/media/MediaLimits.js"
-import {
-  CliFailure,
-  type GatewayTarget,
-  invokeApp,
-  appLogs,
-  checkAppFile,
-  developApp,
-  describeApp,
-  listApps,
-  listNodes,
-  listTasks,
-  showTask,
-  recordTaskProfile,
-  scaleTask,
-  showTaskProfile,
-  previewRegistration,
-  registerApp,
-  unregisterApp
-} from "./client.js"
+import type { GatewayTarget } from "./client.js"
+
+type Client = typeof import("./client.js")
+
+/**
+ * The client side of the CLI (bundling and checking apps, the gateway's answers) is loaded by the
+ * commands that use it: every process the platform starts runs this binary, and none of them
+ * needs it (about 9 MiB of each one's memory).
+ */
+const fromClient =
+  <Args extends ReadonlyArray<unknown>, A, E, R>(pick: (client: Client) => (...args: Args) => Effect.Effect<A, E, R>) =>
+  (...args: Args): Effect.Effect<A, E, R> =>
+    Effect.flatMap(
+      Effect.promise(() => import("./client.js")),
+      (client) => pick(client)(...args)
+    )
+const invokeApp = fromClient((client) => client.invokeApp)
+const appLogs = fromClient((client) => client.appLogs)
+const checkAppFile = fromClient((client) => client.checkAppFile)
+const developApp = fromClient((client) => client.developApp)
+const describeApp = fromClient((client) => client.describeApp)
+const listApps = fromClient((client) => client.listApps)
+const listNodes = fromClient((client) => client.listNodes)
+const listTasks = fromClient((client) => client.listTasks)
+const recordTaskProfile = fromClient((client) => client.recordTaskProfile)
+const scaleTask = fromClient((client) => client.scaleTask)
+const showTask = fromClient((client) => client.showTask)
+const showTaskProfile = fromClient((client) => client.showTaskProfile)
+const previewRegistration = fromClient((client) => client.previewRegistration)
+const registerApp = fromClient((client) => client.registerApp)
+const unregisterApp = fromClient((client) => client.unregisterApp)
 
 const version = "0.1.0"
 
@@ -1148,7 +1160,8 @@ const cli = Command.run(cornserve, { name: "cornserve", version })
 
 /** What a failed command says: its message, or (an error with none, such as a server's) its cause's. */
 const failureMessage = (error: unknown): string => {
-  if (error instanceof CliFailure) return error.message
+  // client.js's CliFailure, known by its tag: that module is loaded only by the commands that use it.
+  if ((error as { readonly _tag?: unknown } | undefined)?._tag === "CliFailure") return (error as Error).message
   const { message, cause } = (error ?? {}) as { readonly message?: unknown; readonly cause?: unknown }
   if (typeof message === "string" && message !== "") return message
   if (cause !== undefined && cause !== error) return failureMessage(cause)
