@@ -5,7 +5,7 @@ import { EncoderTask, Modality } from "./EncoderTask.js"
 import { ModelDtype } from "../schemas/ModelDtype.js"
 import { LLMTask } from "./LLMTask.js"
 import { EncoderSettings, LlmSettings } from "./EngineSettings.js"
-import { CompositeTask, TaskConfigError } from "./Task.js"
+import { CompositeTask, ScalingBounds, TaskConfigError } from "./Task.js"
 import { TaskInputError } from "./TaskGraph.js"
 import type { TaskStream } from "./TaskStream.js"
 
@@ -23,7 +23,9 @@ export const MLLMConfig = Schema.Struct({
   /** The LLM's engine settings (see LLMTask: maxBatchSize, kvCacheBytes, ...). */
   llmSettings: Schema.optional(LlmSettings),
   /** The encoders' batch settings (see EncoderTask). */
-  encoderSettings: Schema.optional(EncoderSettings)
+  encoderSettings: Schema.optional(EncoderSettings),
+  /** Seconds without a call after which its encoders' and LLM's executors stop (see ScalingBounds). */
+  idleReleaseS: ScalingBounds.idleReleaseS
 })
 export type MLLMConfig = typeof MLLMConfig.Encoded
 
@@ -44,13 +46,14 @@ export class MLLMTask extends CompositeTask<ChatCompletionRequest, TaskStream<Ch
       throw TaskConfigError.of("MLLM", decoded.left)
     }
     this.config = { ...decoded.right, modalities: [...new Set(decoded.right.modalities)].sort() }
-    const { model, dtype, encoderFission, encoderModel, parseSpecialTokensInContent, llmSettings, encoderSettings } =
+    const { model, dtype, encoderFission, encoderModel, parseSpecialTokensInContent, llmSettings, encoderSettings, idleReleaseS } =
       this.config
+    const idle = idleReleaseS === undefined ? {} : { idleReleaseS }
     this.encoders = new Map(
       encoderFission
         ? this.config.modalities.map((modality) => [
             modality,
-            this.use(new EncoderTask({ model: encoderModel ?? model, modality, ...encoderSettings }))
+            this.use(new EncoderTask({ model: encoderModel ?? model, modality, ...encoderSettings, ...idle }))
           ])
         : []
     )
@@ -59,6 +62,7 @@ export class MLLMTask extends CompositeTask<ChatCompletionRequest, TaskStream<Ch
         model,
         receiveEmbeddings: encoderFission,
         ...llmSettings,
+        ...idle,
         ...(dtype === undefined ? {} : { dtype }),
         ...(parseSpecialTokensInContent === undefined ? {} : { parseSpecialTokensInContent })
       })

@@ -61,11 +61,14 @@ const canonicalJson = (value: unknown): string => {
 /**
  * Bounds on a unit task's executors for rebalancing (`cornserve serve --autoscale`): it keeps at
  * least `minExecutors` (default 1) and is never grown past `maxExecutors` (default: no bound).
+ * `idleReleaseS`: seconds without a call after which its executors stop, their devices freed,
+ * until the next call starts them again (0: they are kept; default: `serve --idle-release`).
  * Part of the config: two tasks that differ in them are two deployments.
  */
 export const ScalingBounds = {
   minExecutors: Schema.optional(Schema.Int.pipe(Schema.positive())),
-  maxExecutors: Schema.optional(Schema.Int.pipe(Schema.positive()))
+  maxExecutors: Schema.optional(Schema.Int.pipe(Schema.positive())),
+  idleReleaseS: Schema.optional(Schema.Number.pipe(Schema.nonNegative(), Schema.lessThanOrEqualTo(86_400 * 365)))
 }
 
 export const modelShortName = (model: string): string =>

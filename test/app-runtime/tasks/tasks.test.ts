@@ -149,6 +149,17 @@ describe("unit task identity", () => {
     expect(new EncoderTask({ model, modality: "image", maxExecutors: 2 }).config).toMatchObject({ maxExecutors: 2 })
   })
 
+  it("takes an idle time (scale to zero) as part of the config, and an MLLMTask passes it to its encoders and LLM", () => {
+    const idle = new LLMTask({ model, idleReleaseS: 60 })
+    expect(idle.config).toMatchObject({ idleReleaseS: 60 })
+    expect(idle.id).not.toBe(new LLMTask({ model }).id)
+    const mllm = new MLLMTask({ model, modalities: ["image"], idleReleaseS: 90 })
+    expect(mllm.unitTasks().map((task) => (task.config as { idleReleaseS?: number }).idleReleaseS)).toEqual([90, 90])
+    expect(thrownBy(() => new EncoderTask({ model, modality: "image", idleReleaseS: -1 })).message).toContain(
+      '["idleReleaseS"]'
+    )
+  })
+
   it("gives an LLMTask and an LLMEmbeddingTask with the same config the same id (one executor serves both)", () => {
     expect(new LLMEmbeddingTask({ model }).id).toBe(new LLMTask({ model }).id)
     expect(new LLMEmbeddingTask({ model, receiveEmbeddings: true }).id).toBe(
