@@ -267,6 +267,16 @@ const serveCommand = Command.make(
       )
     ),
     autoscaleInterval: seconds("autoscale-interval", 5, "With --autoscale: seconds between two rebalancing rounds."),
+    idleRelease: Options.float("idle-release").pipe(
+      Options.withDescription(
+        "Seconds without a call after which a task's executors stop and free their devices; its next call starts them again and waits (a cold start). For tasks whose config sets no idleReleaseS. 0: they are kept."
+      ),
+      Options.withDefault(0),
+      Options.filterMap(
+        (value) => (value >= 0 && value <= 86_400 * 365 ? Option.some(value) : Option.none()),
+        "--idle-release must be 0 (keep executors) or a positive number of seconds"
+      )
+    ),
     executorGrace: seconds(
       "executor-grace",
       30,
@@ -491,6 +501,7 @@ const serveCommand = Command.make(
         shutdownGraceMs: Math.round(options.shutdownGrace * 1000),
         executorGraceMs: Math.round(options.executorGrace * 1000),
         ...(options.autoscale ? { autoscaleIntervalMs: Math.round(options.autoscaleInterval * 1000) } : {}),
+        idleReleaseS: options.idleRelease,
         unregisterGraceMs: Math.round(options.shutdownGrace * 1000)
       })
     })

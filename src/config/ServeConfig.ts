@@ -94,6 +94,11 @@ export interface ServeOptions {
   /** control plane: how often the resource manager moves devices to the tasks that need them; off when absent. */
   readonly autoscaleIntervalMs?: number
   readonly unregisterGraceMs: number
+  /**
+   * Seconds without a call after which a task's executors stop (their devices freed) until its next
+   * call, for tasks whose config sets no `idleReleaseS`; 0 or absent: they are kept.
+   */
+  readonly idleReleaseS?: number
 }
 
 export class ServeConfig extends Context.Tag("cornserve/ServeConfig")<ServeConfig, ServeOptions>() {}

@@ -97,7 +97,9 @@ const runGraph =
     const managers = graph.invocations.map((invocation) => {
       const task = environment.task(invocation.taskId)
       if (task === undefined) throw new TaskUnavailable({ message: `task ${invocation.taskId} is not deployed` })
-      if (task.state !== "ready") throw new TaskUnavailable({ message: `task ${invocation.taskId} is ${task.state}` })
+      // A released task takes calls too: its lease starts its executors again.
+      if (task.state === "deploying" || task.state === "tearing-down")
+        throw new TaskUnavailable({ message: `task ${invocation.taskId} is ${task.state}` })
       return task
     })
     const wiring = wireDataForwards(graph)

@@ -1,11 +1,11 @@
-import { Effect, Either, Runtime } from "effect"
+import { Cause, Effect, Either, Exit, Runtime } from "effect"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
 import { ExecutorKinds } from "../task-manager/ExecutorKinds.js"
 import { NodeCallError } from "../cluster/NodeHandle.js"
 import { NodeRegistry } from "../cluster/NodeRegistry.js"
 import { BadRequest, DeploymentFailed, DevicesExhausted, NoExecutorForKind, TaskNotFound } from "../errors.js"
 import { ServeConfig } from "../../config/ServeConfig.js"
-import { TaskManagers } from "../task-manager/TaskManagers.js"
+import { type TaskManager, TaskManagers } from "../task-manager/TaskManagers.js"
 import { makeDeviceHoldings } from "./DeviceHoldings.js"
 import { makeListings } from "./Listings.js"
 import { type PlacedExecutor, type PlacementNode, type PlacementRequest, place } from "./Placement.js"
@@ -328,7 +328,24 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
      * there would add no cores), or takes some away: those executors drain first.
      */
     const scale = (taskId: string, deltaDevices: number) =>
-      lock.withPermits(1)(scaleNow(taskId, deltaDevices, "when-full"))
+      Effect.suspend(() => {
+        const task = taskManagers.get(taskId)
+        if (task === undefined || task.state === "ready" || task.state === "deploying")
+          return lock.withPermits(1)(scaleNow(taskId, deltaDevices, "when-full"))
+        return deltaDevices > 0
+          ? wakeReleased(task)
+          : Effect.fail(new BadRequest({ message: `task ${taskId} is ${task.state}: it has no executor to take away` }))
+      })
+
+    /** A released task scaled up starts its executors again (its scale as it was), as its next call would. */
+    const wakeReleased = (task: TaskManager) =>
+      Effect.tryPromise({
+        try: () => task.wake(),
+        catch: (error) =>
+          new DeploymentFailed({
+            message: error instanceof Error ? error.message : `task ${task.spec.id} could not start`
+          })
+      })
 
     /**
      * `sharing`: "when-full", the executors may share CPU devices other tasks hold when none is
@@ -443,6 +460,73 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
           )
         )
       }
+    })
+
+    /**
+     * An idle task's executors stop and their devices are free (IdleRelease.ts): unless a call came
+     * for them meanwhile, or the task is going. Its scale is kept for its next start.
+     */
+    const releaseIdle = (taskId: string) =>
+      lock.withPermits(1)(
+        Effect.gen(function* () {
+          const task = taskManagers.get(taskId)
+          if (task === undefined || task.state !== "releasing") return false
+          const freed = yield* taskManagers.shrink(
+            taskId,
+            task.executors().map((executor) => executor.id)
+          )
+          holdings.give(taskId, freed)
+          changedAt.set(taskId, Date.now())
+          yield* Effect.logInfo(
+            `task ${taskId} was idle for ${task.idleStats().releaseAfterS} s: its executors stopped`
+          )
+          return true
+        })
+      )
+
+    /**
+     * A released task's executors start again for a call (a cold start): as many as it had (the
+     * scale kept for it), else one, on a shared CPU device when no device is free.
+     */
+    const startReleased = (taskId: string) =>
+      lock.withPermits(1)(
+        Effect.gen(function* () {
+          const task = taskManagers.get(taskId)
+          if (task === undefined || task.state !== "starting")
+            return yield* new DeploymentFailed({ message: `task ${taskId} is being torn down` })
+          if (task.executors().length > 0) return
+          const request: PlacementRequest = {
+            task: taskId,
+            executors: scales.executorsOf(taskId),
+            devicesPerExecutor: perExecutorOf(task.spec),
+            related: relatedTo(taskId),
+            preferred: preferredFor(taskId)
+          }
+          const placed = yield* placeExecutors([request]).pipe(
+            Effect.catchTag("DevicesExhausted", () => placeExecutors([{ ...request, executors: 1, share: true }]))
+          )
+          yield* logPlacement(placed)
+          yield* Effect.gen(function* () {
+            yield* prepareOn(task.spec, placed, () => Effect.void)
+            yield* taskManagers
+              .grow(taskId, yield* groupsOf(placed))
+              .pipe(Effect.tapError((error) => noteFailure(error)))
+          }).pipe(Effect.onError(() => Effect.sync(() => holdings.give(taskId, placed))))
+          changedAt.set(taskId, Date.now())
+        })
+      )
+
+    /** Runs one of the resource manager's effects for the task managers' promises: it fails with its error's message. */
+    const asPromise = <A, E extends { readonly message: string }>(effect: Effect.Effect<A, E>) =>
+      Runtime.runPromiseExit(runtime)(effect).then((exit) => {
+        if (Exit.isSuccess(exit)) return exit.value
+        const failure = Cause.failureOption(exit.cause)
+        throw new Error(failure._tag === "Some" ? failure.value.message : Cause.pretty(exit.cause))
+      })
+
+    taskManagers.controlIdle({
+      release: (taskId) => asPromise(releaseIdle(taskId)),
+      start: (taskId) => asPromise(startReleased(taskId))
     })
 
     /** A node's executors are gone: they leave their tasks, and the tasks are made whole elsewhere. */

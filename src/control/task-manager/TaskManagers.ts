@@ -2,6 +2,7 @@ import * as Http from "node:http"
 import { Context, Effect, ExecutionStrategy, Exit, Option, Scope } from "effect"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
 import type { Executor, ExecutorKind } from "./ExecutorKinds.js"
+import { IdleRelease, type IdleControl, type IdleStats, idleReleaseAfterS, untilStarted } from "./IdleRelease.js"
 import type { NodeHandle } from "../cluster/NodeHandle.js"
 import { type HealthReport, healthWatchPeriodMs } from "../../executors/common/Health.js"
 import { Wakeup } from "../../executors/common/Wakeup.js"
@@ -12,7 +13,8 @@ import type { RecordedProfile } from "./ProfileRecording.js"
 import { makeProfileStore } from "./ProfileStore.js"
 import { type ProfileSummary, TaskProfile } from "./TaskProfile.js"
 
-export type TaskState = "deploying" | "ready" | "tearing-down"
+/** "releasing", "released", "starting": its executors stop when idle and start again on the next call (IdleRelease.ts). */
+export type TaskState = "deploying" | "ready" | "releasing" | "released" | "starting" | "tearing-down"
 
 /**
  * How many calls each task takes at the dispatcher, per executor in rotation, before it refuses the
@@ -102,6 +104,10 @@ export interface TaskManager {
   readonly shed: number
   /** Calls that asked for an executor since deployment, those refused included (not synthetic ones). */
   readonly arrived: number
+  /** Its releases when idle and cold starts since deployment. */
+  idleStats(): IdleStats
+  /** Its executors started again if they were released (an explicit scale); resolves once they run. */
+  wake(): Promise<void>
 }
 
 /** One request's hold on an executor. */
@@ -140,18 +146,33 @@ class ManagedTask implements TaskManager {
   shed = 0
   /** Calls that asked for an executor, refused ones included. */
   arrived = 0
+  readonly idle: IdleRelease
 
   constructor(
     readonly spec: UnitTaskSpec,
     readonly kind: ExecutorKind,
     readonly scope: Scope.CloseableScope,
-    private readonly queueBound: number
-  ) {}
+    private readonly queueBound: number,
+    idle: { readonly afterS: number; readonly control: () => IdleControl | undefined }
+  ) {
+    this.idle = new IdleRelease(spec.id, idle.afterS, idle.control, (phase) => {
+      if (this.state !== "tearing-down") this.state = phase === "running" ? "ready" : phase
+    })
+  }
 
   /** The task is going: calls waiting for an executor fail at once. */
   tearDown() {
     this.state = "tearing-down"
+    this.idle.stop()
     this.mayBeFree.wakeAll()
+  }
+
+  idleStats(): IdleStats {
+    return this.idle.stats()
+  }
+
+  wake(): Promise<void> {
+    return this.idle.wake()
   }
 
   profile(): ProfileSummary {
@@ -250,7 +271,33 @@ class ManagedTask implements TaskManager {
     }
   }
 
+  /** A lease, the task's executors started first when they were released (see IdleRelease). */
   async lease(options: {
+    readonly exclude?: string | undefined
+    readonly signal?: AbortSignal
+    readonly synthetic?: boolean
+  }): Promise<ExecutorLease> {
+    const coldStart = this.idle.enter()
+    try {
+      if (coldStart !== undefined) await untilStarted(this.spec.id, coldStart, options.signal)
+      const lease = await this.leaseRunning(options)
+      let left = false
+      return {
+        ...lease,
+        release: (outcome) => {
+          lease.release(outcome)
+          if (left) return
+          left = true
+          this.idle.leave()
+        }
+      }
+    } catch (error) {
+      this.idle.leave()
+      throw error
+    }
+  }
+
+  private async leaseRunning(options: {
     readonly exclude?: string | undefined
     readonly signal?: AbortSignal
     readonly synthetic?: boolean
@@ -388,6 +435,9 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
     const profiles = Option.map(config, (served) => makeProfileStore(served.stateDir))
     // The internal secret executors take calls with, their health watch included.
     const secret = Option.getOrUndefined(Option.map(config, (served) => served.internalSecret))
+    const idleDefaultS = Option.match(config, { onNone: () => 0, onSome: (served) => served.idleReleaseS ?? 0 })
+    /** Who stops and starts idle tasks' executors: the resource manager, once it is up. */
+    let idleControl: IdleControl | undefined
     const tasks = new Map<string, ManagedTask>()
 
     const teardown = (taskId: string) =>
@@ -423,7 +473,10 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
     /** Starts the task's executors, one per group, and waits until each is up. */
     const deploy = (spec: UnitTaskSpec, kind: ExecutorKind, groups: ReadonlyArray<ExecutorGroup>) =>
       Effect.gen(function* () {
-        const task = new ManagedTask(spec, kind, yield* Scope.make(), queueBound)
+        const task = new ManagedTask(spec, kind, yield* Scope.make(), queueBound, {
+          afterS: idleReleaseAfterS(spec.config, idleDefaultS),
+          control: () => idleControl
+        })
         task.wanted = groups.length
         if (Option.isSome(profiles)) task.recordedProfile = yield* profiles.value.load(spec.id)
         tasks.set(spec.id, task)
@@ -431,6 +484,7 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
           concurrency: "unbounded"
         }).pipe(Effect.onError(() => teardown(spec.id)))
         task.state = "ready"
+        task.idle.started()
         return task as TaskManager
       })
 
@@ -513,6 +567,10 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
     return {
       deploy,
       teardown,
+      /** Who stops idle tasks' executors and starts them again (the resource manager, which holds the devices). */
+      controlIdle: (control: IdleControl) => {
+        idleControl = control
+      },
       grow,
       shrink,
       dropNode,
