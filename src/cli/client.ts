@@ -334,6 +334,13 @@ export const describeApp = (target: GatewayTarget, appId: string, json: boolean)
     yield* write(`${out.join("\n")}\n`)
   })
 
+/** A task's scale to zero as `tasks list` prints it: after how long, and its last cold start. */
+const idleReleaseText = (idle: (typeof TaskList.Type)["tasks"][number]["idleRelease"]) => {
+  if (idle === undefined || idle.releaseAfterS <= 0) return "never"
+  const last = idle.lastColdStartS === null ? "" : `, last cold start ${idle.lastColdStartS.toFixed(1)} s`
+  return `after ${idle.releaseAfterS} s${last}`
+}
+
 export const listTasks = (target: GatewayTarget) =>
   Effect.gen(function* () {
     const response = yield* Effect.flatMap(request(target, "GET", "tasks/list"), expectOk)
@@ -341,12 +348,13 @@ export const listTasks = (target: GatewayTarget) =>
     if (tasks.length === 0) return yield* write("no tasks are deployed\n")
     yield* write(
       table(
-        ["TASK", "NAME", "KIND", "STATE", "SETTINGS", "USED BY", "DEVICES", "EXECUTORS (NODE)"],
+        ["TASK", "NAME", "KIND", "STATE", "IDLE RELEASE", "SETTINGS", "USED BY", "DEVICES", "EXECUTORS (NODE)"],
         tasks.map((task) => [
           task.id,
           task.name,
           task.kind,
           task.state,
+          idleReleaseText(task.idleRelease),
           settingsText(task.settings),
           task.usedBy.join(", "),
           task.devices.join(", "),

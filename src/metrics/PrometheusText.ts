@@ -17,27 +17,45 @@ export const metric = (
     })
   ].join("\n")
 
+/** A histogram's values: per-bucket (not cumulative) counts, their sum and count. */
+export interface HistogramValues {
+  readonly buckets: ReadonlyArray<number>
+  readonly sum: number
+  readonly count: number
+}
+
 /** A histogram in the Prometheus text format, from per-bucket (not cumulative) counts. */
 export const histogram = (
   name: string,
   help: string,
   labels: Readonly<Record<string, string>>,
   bounds: ReadonlyArray<number>,
-  values: { readonly buckets: ReadonlyArray<number>; readonly sum: number; readonly count: number }
-) => {
-  const rendered = Object.entries(labels).map(([key, label]) => `${key}="${escapeLabel(label)}"`)
-  const withLe = (le: string) => `{${[...rendered, `le="${le}"`].join(",")}}`
-  const plain = rendered.length > 0 ? `{${rendered.join(",")}}` : ""
-  let cumulative = 0
-  return [
+  values: HistogramValues
+) => histograms(name, help, bounds, [[labels, values]])
+
+/** A histogram with a series per label set, in the Prometheus text format. */
+export const histograms = (
+  name: string,
+  help: string,
+  bounds: ReadonlyArray<number>,
+  series: ReadonlyArray<readonly [Readonly<Record<string, string>>, HistogramValues]>
+) =>
+  [
     `# HELP ${name} ${help}`,
     `# TYPE ${name} histogram`,
-    ...bounds.map((bound, index) => {
-      cumulative += values.buckets[index] ?? 0
-      return `${name}_bucket${withLe(String(bound))} ${cumulative}`
-    }),
-    `${name}_bucket${withLe("+Inf")} ${values.count}`,
-    `${name}_sum${plain} ${values.sum}`,
-    `${name}_count${plain} ${values.count}`
+    ...series.flatMap(([labels, values]) => {
+      const rendered = Object.entries(labels).map(([key, label]) => `${key}="${escapeLabel(label)}"`)
+      const withLe = (le: string) => `{${[...rendered, `le="${le}"`].join(",")}}`
+      const plain = rendered.length > 0 ? `{${rendered.join(",")}}` : ""
+      let cumulative = 0
+      return [
+        ...bounds.map((bound, index) => {
+          cumulative += values.buckets[index] ?? 0
+          return `${name}_bucket${withLe(String(bound))} ${cumulative}`
+        }),
+        `${name}_bucket${withLe("+Inf")} ${values.count}`,
+        `${name}_sum${plain} ${values.sum}`,
+        `${name}_count${plain} ${values.count}`
+      ]
+    })
   ].join("\n")
-}

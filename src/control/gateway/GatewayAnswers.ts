@@ -93,7 +93,15 @@ const TaskListing = Schema.Struct({
   state: Schema.String,
   usedBy: Schema.Array(Schema.String),
   devices: Schema.Array(Schema.String),
-  executors: Schema.Array(Schema.Struct({ id: Schema.String, node: Schema.String, healthy: Schema.Boolean }))
+  executors: Schema.Array(Schema.Struct({ id: Schema.String, node: Schema.String, healthy: Schema.Boolean })),
+  /** Scale to zero: its idle time (0: kept), and the last cold start's seconds (null: none yet). */
+  idleRelease: Schema.optional(
+    Schema.Struct({
+      releaseAfterS: Schema.Number,
+      releases: Schema.Int,
+      lastColdStartS: Schema.NullOr(Schema.Number)
+    })
+  )
 })
 
 /** A device of the platform: the first task holding it (null: free), and every task sharing it. */

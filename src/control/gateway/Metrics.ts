@@ -1,8 +1,9 @@
-import { metric } from "../../metrics/PrometheusText.js"
+import { histograms, metric } from "../../metrics/PrometheusText.js"
 import { sidecarMetrics } from "../../sidecar/SidecarMetrics.js"
 import type { SidecarStats } from "../../sidecar/protocol.js"
 import type { AppSummary } from "../app-manager/AppManager.js"
 import type { TaskSummary } from "../resource-manager/ResourceManager.js"
+import { coldStartBuckets } from "../task-manager/IdleRelease.js"
 
 /** The platform's state as Prometheus metrics: apps, requests, tasks and their executors, the sidecar. */
 export const renderMetrics = (state: {
@@ -59,6 +60,30 @@ export const renderMetrics = (state: {
       "counter",
       "Calls each task refused at the dispatcher because it was full (serve --task-queue per executor): 503 to the client.",
       state.tasks.map((task) => [{ task: task.id }, task.callsShed] as const)
+    ),
+    metric(
+      "cornserve_task_released",
+      "gauge",
+      "1 while a task's executors are stopped because it was idle (serve --idle-release, its config's idleReleaseS), else 0.",
+      state.tasks.map((task) => [{ task: task.id }, task.state === "released" ? 1 : 0] as const)
+    ),
+    metric(
+      "cornserve_task_releases_total",
+      "counter",
+      "Times each task's executors stopped because no call came for its idle time.",
+      state.tasks.map((task) => [{ task: task.id }, task.idleRelease.releases] as const)
+    ),
+    metric(
+      "cornserve_task_cold_starts_failed_total",
+      "counter",
+      "Cold starts of a released task that failed: the calls waiting for them got an error, the next call tries again.",
+      state.tasks.map((task) => [{ task: task.id }, task.idleRelease.coldStartsFailed] as const)
+    ),
+    histograms(
+      "cornserve_task_cold_start_seconds",
+      "Cold starts of a released task, from its next call to its executors running again, by task.",
+      coldStartBuckets,
+      state.tasks.map((task) => [{ task: task.id }, task.idleRelease.coldStarts] as const)
     )
   ]
   if (state.rebalanceMoves !== undefined) {

@@ -3,6 +3,7 @@ import type { ServeOptions } from "../../config/ServeConfig.js"
 import type { Device } from "../../node/Devices.js"
 import type { NodeRegistry, NodeSummary } from "../cluster/NodeRegistry.js"
 import { TaskNotFound } from "../errors.js"
+import type { IdleStats } from "../task-manager/IdleRelease.js"
 import type { ExecutorSummary, TaskManagers } from "../task-manager/TaskManagers.js"
 import { type TaskSettings, taskSettings } from "../task-manager/TaskSettings.js"
 import type { DeviceHoldings } from "./DeviceHoldings.js"
@@ -20,6 +21,8 @@ export interface TaskSummary {
   readonly executors: ReadonlyArray<ExecutorSummary>
   /** Calls refused since deployment because the task was full. */
   readonly callsShed: number
+  /** Its executors stopped when idle and started again for a call (scale to zero). */
+  readonly idleRelease: IdleStats
 }
 
 /** A node as /nodes/list shows it: what holds each of its devices. */
@@ -54,7 +57,8 @@ export const makeListings = (options: {
       usedBy: [...usersOf(task.spec.id)].map((user) => user.split("#")[0]!),
       devices: task.executors().flatMap((executor) => executor.devices.map((id) => deviceName(executor.node, id))),
       executors: task.executors(),
-      callsShed: task.shed
+      callsShed: task.shed,
+      idleRelease: task.idleStats()
     }))
 
   /** A device as listed: `task` the first of its tasks (null: free), `tasks` all of them. */

@@ -1,0 +1,135 @@
+import { mkdtemp, rm } from "node:fs/promises"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { descendants } from "../support/executors.js"
+import {
+  adminHeaders,
+  eventually,
+  invoke,
+  removeStateDir,
+  repoRoot,
+  type RunningPlatform,
+  runCli,
+  startPlatform
+} from "../support/platform.js"
+
+/**
+ * Scale to zero on the real binary: an app whose task sets `idleReleaseS: 1` has its executor
+ * stopped once no call came for a second; calls that arrive together then start it again once and
+ * all answer; /metrics, `tasks list` and `tasks scale` tell and act on it; an app unregistered
+ * while its task is released goes cleanly.
+ */
+
+interface TaskRow {
+  readonly id: string
+  readonly name: string
+  readonly state: string
+  readonly devices: ReadonlyArray<string>
+  readonly executors: ReadonlyArray<{ readonly id: string; readonly healthy: boolean }>
+  readonly idleRelease: {
+    readonly releaseAfterS: number
+    readonly releases: number
+    readonly lastColdStartS: number | null
+  }
+}
+
+describe("idle executors released: stopped after their idle time, started again by the next call", () => {
+  let platform: RunningPlatform
+  let modelDir: string
+  const cli = (args: ReadonlyArray<string>) => runCli(args, { CORNSERVE_GATEWAY_URL: platform.url })
+  const tasks = async () =>
+    ((await (await fetch(`${platform.url}/tasks/list`)).json()) as { tasks: Array<TaskRow> }).tasks
+  const executorProcesses = () =>
+    descendants(platform.process.pid!).filter((process) => / internal executor /.test(process.command))
+  const allReleased = () =>
+    eventually(async () => {
+      const listed = await tasks()
+      return listed.length === 1 && listed.every((task) => task.state === "released" && task.executors.length === 0)
+        ? listed
+        : undefined
+    }, 120_000)
+  /** Embeds two texts through the app: answers how many vectors came back. */
+  const embed = async () => {
+    const response = await invoke(platform.url, "idle_embed", JSON.stringify({ input: ["warm today", "cold"] }))
+    const answer = (await response.json()) as { readonly data?: ReadonlyArray<unknown>; readonly error?: unknown }
+    if (response.status !== 200) throw new Error(`the call answered ${response.status}: ${JSON.stringify(answer)}`)
+    return answer.data?.length
+  }
+  const metrics = async () => (await fetch(`${platform.url}/metrics`, { headers: adminHeaders() })).text()
+
+  beforeAll(async () => {
+    modelDir = await mkdtemp(join(tmpdir(), "cornserve-models-"))
+    platform = await startPlatform({
+      args: ["--devices", "cpu:0"],
+      env: { CORNSERVE_MODEL_DIR: modelDir }
+    })
+    const registered = await cli([
+      "app",
+      "register",
+      join(repoRoot, "test", "fixtures", "apps", "idle_embed.ts"),
+      "--name",
+      "idle_embed"
+    ])
+    expect(registered.code, registered.stderr).toBe(0)
+    // A platform and an executor to start: on a busy machine, minutes.
+  }, 240_000)
+
+  afterAll(async () => {
+    await platform?.stop()
+    if (platform !== undefined) await removeStateDir(platform.stateDir)
+    await rm(modelDir, { recursive: true, force: true })
+  }, 60_000)
+
+  it("answers a call, then stops the task's executor and frees its device once no call came for its idle time", async () => {
+    expect(await embed()).toBe(2)
+    const released = await allReleased()
+    expect(released.map((task) => task.idleRelease.releaseAfterS)).toEqual([1])
+    expect(released.every((task) => task.devices.length === 0)).toBe(true)
+    await eventually(async () => (executorProcesses().length === 0 ? true : undefined), 60_000)
+    const { devices } = (await (await fetch(`${platform.url}/tasks/list`)).json()) as {
+      devices: Array<{ readonly task: string | null }>
+    }
+    expect(devices.map((device) => device.task)).toEqual([null])
+    const listed = await cli(["tasks", "list"])
+    expect(listed.code, listed.stderr).toBe(0)
+    expect(listed.stdout).toMatch(/released\s+after 1 s/)
+    expect(await metrics()).toMatch(/cornserve_task_released\{task="text-embedder-[0-9a-f]+"\} 1/)
+  }, 240_000)
+
+  it("starts it again for the next calls: calls that arrive together wait for one cold start and all answer", async () => {
+    await allReleased()
+    const before = await metrics()
+    const answers = await Promise.all(Array.from({ length: 4 }, embed))
+    expect(answers).toEqual([2, 2, 2, 2])
+    const after = await metrics()
+    for (const task of await tasks()) {
+      const count = (text: string) =>
+        Number(new RegExp(`cornserve_task_cold_start_seconds_count\\{task="${task.id}"\\} (\\d+)`).exec(text)?.[1])
+      expect(count(after) - count(before)).toBe(1)
+      expect(task.idleRelease.lastColdStartS).toBeGreaterThan(0)
+      expect(after).toMatch(new RegExp(`cornserve_task_releases_total\\{task="${task.id}"\\} [1-9]`))
+    }
+    expect((await cli(["tasks", "list"])).stdout).toMatch(/last cold start \d+\.\d s/)
+  }, 240_000)
+
+  it("brings a released task back on `tasks scale +1`; taking from a released task is refused", async () => {
+    const [embedder] = await allReleased()
+    const refused = await cli(["tasks", "scale", embedder!.id, "-1"])
+    expect(refused.code).not.toBe(0)
+    expect(refused.stderr).toMatch(/released: it has no executor to take away/)
+    const scaled = await cli(["tasks", "scale", embedder!.id, "+1"])
+    expect(scaled.code, scaled.stderr).toBe(0)
+    expect(scaled.stdout).toMatch(new RegExp(`task ${embedder!.id} has 1 executor\\(s\\) on cpu:\\d`))
+    // Idle again, it is released again.
+    await allReleased()
+  }, 240_000)
+
+  it("unregisters an app whose task is released: the task goes, nothing is left running", async () => {
+    await allReleased()
+    const unregistered = await cli(["app", "unregister", "idle_embed"])
+    expect(unregistered.code, unregistered.stderr).toBe(0)
+    expect(await tasks()).toEqual([])
+    expect(executorProcesses()).toEqual([])
+  }, 120_000)
+})
