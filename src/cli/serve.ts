@@ -56,7 +56,10 @@ const tryLine = (gatewayUrl: string, app: AppSummary): string => {
   return `  ${app.id}:\n    curl -s ${gatewayUrl}/app/invoke/${app.id} -H 'content-type: application/json' -d ${data}\n    node ${cli} app invoke ${app.id} --data ${data}`
 }
 
-/** Registers every example app that is not registered yet; one that cannot deploy is reported. */
+/**
+ * Registers every example app that is not registered yet; one that cannot deploy is reported.
+ * Tasks whose executors stop when idle (`--idle-release`) are deployed released: started by their first call.
+ */
 const registerExamples = Effect.gen(function* () {
   const apps = yield* AppManager
   const files = (yield* Effect.promise(() => readdir(examplesDir))).filter((file) => file.endsWith(".ts")).sort()
@@ -65,7 +68,7 @@ const registerExamples = Effect.gen(function* () {
     if (apps.has(name)) continue
     const source = yield* Effect.promise(() => readFile(join(examplesDir, file), "utf8"))
     yield* apps
-      .register(name, source, false, () => Effect.void)
+      .register(name, source, false, () => Effect.void, undefined, true)
       .pipe(
         Effect.tap(() => Effect.logInfo(`registered example ${name}`)),
         Effect.catchAll((error) => Effect.logWarning(`example ${name} is not registered: ${error.message}`))

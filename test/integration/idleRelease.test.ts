@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { descendants } from "../support/executors.js"
 import {
   adminHeaders,
+  appState,
   eventually,
   invoke,
   removeStateDir,
@@ -17,8 +18,9 @@ import {
 /**
  * Scale to zero on the real binary: an app whose task sets `idleReleaseS: 1` has its executor
  * stopped once no call came for a second; calls that arrive together then start it again once and
- * all answer; /metrics, `tasks list` and `tasks scale` tell and act on it; an app unregistered
- * while its task is released goes cleanly.
+ * all answer; /metrics, `tasks list` and `tasks scale` tell and act on it; after a restart the app
+ * comes back released, its executor started by its first call; an app unregistered while its task
+ * is released goes cleanly.
  */
 
 interface TaskRow {
@@ -123,6 +125,21 @@ describe("idle executors released: stopped after their idle time, started again 
     expect(scaled.stdout).toMatch(new RegExp(`task ${embedder!.id} has 1 executor\\(s\\) on cpu:\\d`))
     // Idle again, it is released again.
     await allReleased()
+  }, 240_000)
+
+  it("brings the app back released after a restart: no executor starts until its first call, which answers", async () => {
+    expect(await platform.stop()).toBe(0)
+    platform = await startPlatform({
+      args: ["--devices", "cpu:0"],
+      env: { CORNSERVE_MODEL_DIR: modelDir },
+      stateDir: platform.stateDir
+    })
+    await eventually(async () => ((await appState(platform.url, "idle_embed")) === "ready" ? true : undefined), 120_000)
+    const [embedder] = await tasks()
+    expect(embedder).toMatchObject({ state: "released", executors: [] })
+    expect(executorProcesses()).toEqual([])
+    expect(await embed()).toBe(2)
+    expect((await tasks())[0]!.idleRelease.lastColdStartS).toBeGreaterThan(0)
   }, 240_000)
 
   it("unregisters an app whose task is released: the task goes, nothing is left running", async () => {

@@ -302,12 +302,13 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
         yield* resources.release(entry.user, entry.tasks)
       })
 
-    const deploy = (prepared: PreparedApp, onProgress: (message: string) => Effect.Effect<void>) =>
+    /** `released`: its tasks whose executors stop when idle start released (see ResourceManager.acquire). */
+    const deploy = (prepared: PreparedApp, onProgress: (message: string) => Effect.Effect<void>, released = false) =>
       Effect.gen(function* () {
         const user = `${prepared.id}#${randomUUID()}`
         yield* onProgress(`deploying ${prepared.tasks.length} unit task(s) for app ${prepared.id}`)
         yield* resources
-          .acquire(user, prepared.tasks, onProgress)
+          .acquire(user, prepared.tasks, onProgress, released)
           .pipe(
             Effect.catchAll((error) =>
               Effect.zipRight(discard(prepared), Effect.fail(new DeploymentFailed({ message: error.message })))
@@ -351,8 +352,9 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
       source: string,
       replace: boolean,
       onProgress: (message: string) => Effect.Effect<void>,
-      settings?: RegistrationSettings
-    ) => Effect.flatMap(prepare(name, source, replace, settings), (prepared) => deploy(prepared, onProgress))
+      settings?: RegistrationSettings,
+      released = false
+    ) => Effect.flatMap(prepare(name, source, replace, settings), (prepared) => deploy(prepared, onProgress, released))
 
     const unregister = (id: string) =>
       Effect.gen(function* () {
@@ -453,7 +455,8 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
           return compiling
             .withPermits(1)(prepare(app.id, app.source, true, app))
             .pipe(
-              Effect.flatMap((prepared) => deploy(prepared, onProgress)),
+              // Its tasks that stop when idle wait for their first call: the platform is ready sooner.
+              Effect.flatMap((prepared) => deploy(prepared, onProgress, true)),
               Effect.tap(() => Effect.logInfo(`restored app ${app.id}`)),
               Effect.catchAll((error) =>
                 Effect.zipRight(

@@ -5,6 +5,7 @@ import { NodeCallError } from "../cluster/NodeHandle.js"
 import { NodeRegistry } from "../cluster/NodeRegistry.js"
 import { BadRequest, DeploymentFailed, DevicesExhausted, NoExecutorForKind, TaskNotFound } from "../errors.js"
 import { ServeConfig } from "../../config/ServeConfig.js"
+import { idleReleaseAfterS } from "../task-manager/IdleRelease.js"
 import { type TaskManager, TaskManagers } from "../task-manager/TaskManagers.js"
 import { makeDeviceHoldings } from "./DeviceHoldings.js"
 import { makeListings } from "./Listings.js"
@@ -271,11 +272,16 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         return yield* deployFresh(fresh, ids, onProgress, new Set([...tried, ...newly]))
       })
 
-    /** `user` now uses `specs`; deploys those not yet deployed, all or none. An app with no tasks waits for nothing. */
+    /**
+     * `user` now uses `specs`; deploys those not yet deployed, all or none. An app with no tasks
+     * waits for nothing. `released`: those whose executors stop when idle are deployed released,
+     * their executors started by their first call (apps brought back when the platform starts).
+     */
     const acquire = (
       user: string,
       specs: ReadonlyArray<UnitTaskSpec>,
-      onProgress: (message: string) => Effect.Effect<void>
+      onProgress: (message: string) => Effect.Effect<void>,
+      released = false
     ): Effect.Effect<void, NoExecutorForKind | DevicesExhausted | DeploymentFailed> =>
       specs.length === 0
         ? Effect.void
@@ -284,18 +290,26 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
               for (const spec of specs) {
                 if (!kinds.has(spec.kind)) return yield* new NoExecutorForKind({ kind: spec.kind, taskId: spec.id })
               }
-              const fresh = specs.filter((spec) => taskManagers.get(spec.id) === undefined)
+              const undeployed = specs.filter((spec) => taskManagers.get(spec.id) === undefined)
               for (const spec of specs) {
-                if (!fresh.includes(spec))
+                if (!undeployed.includes(spec))
                   yield* onProgress(`task ${spec.name} (${spec.id}) is already deployed; sharing it`)
               }
+              const idle = released
+                ? undeployed.filter((spec) => idleReleaseAfterS(spec.config, config.idleReleaseS ?? 0) > 0)
+                : []
+              for (const spec of idle) {
+                yield* onProgress(`task ${spec.name} (${spec.id}) is deployed released: its first call starts it`)
+                yield* taskManagers.deployReleased(spec, kinds.get(spec.kind)!)
+              }
+              const fresh = undeployed.filter((spec) => !idle.includes(spec))
               if (fresh.length > 0)
                 yield* deployFresh(
                   fresh,
                   specs.map((spec) => spec.id),
                   onProgress,
                   new Set()
-                )
+                ).pipe(Effect.onError(() => Effect.forEach(idle, (spec) => teardown(spec.id), { discard: true })))
               for (const spec of specs) {
                 const set = users.get(spec.id) ?? new Set<string>()
                 set.add(user)

@@ -77,6 +77,11 @@ export class IdleRelease {
     return this.phaseNow
   }
 
+  /** The task was deployed without its executors: its first call starts them. */
+  deployedReleased(): void {
+    this.setPhase("released")
+  }
+
   /** The task's executors are up: its idle time counts from now while no call wants them. */
   started(): void {
     this.arm()

@@ -488,6 +488,19 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
         return task as TaskManager
       })
 
+    /** The task deployed released: no executor until its first call starts them (IdleRelease.ts). */
+    const deployReleased = (spec: UnitTaskSpec, kind: ExecutorKind) =>
+      Effect.gen(function* () {
+        const task = new ManagedTask(spec, kind, yield* Scope.make(), queueBound, {
+          afterS: idleReleaseAfterS(spec.config, idleDefaultS),
+          control: () => idleControl
+        })
+        if (Option.isSome(profiles)) task.recordedProfile = yield* profiles.value.load(spec.id)
+        tasks.set(spec.id, task)
+        task.idle.deployedReleased()
+        return task as TaskManager
+      })
+
     /**
      * More executors. `replacing`: they stand in for executors the task lost (its wanted count
      * stays); otherwise the task grows.
@@ -566,6 +579,7 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
 
     return {
       deploy,
+      deployReleased,
       teardown,
       /** Who stops idle tasks' executors and starts them again (the resource manager, which holds the devices). */
       controlIdle: (control: IdleControl) => {
