@@ -7,6 +7,7 @@ import { chatRequest, streamedText } from "../support/colorChatRequest.js"
 import {
   eventually,
   invoke,
+  readyWithin,
   removeStateDir,
   repoRoot,
   type RunningPlatform,
@@ -67,8 +68,7 @@ function autoscaledColorChat(
     }
   }
 
-  // Starting the platform and an app starts their executors: on two busy cores that can take longer
-  // than the default hook limit.
+  // color_chat's three executors, and one more that `prepare` may scale a task to.
   beforeAll(async () => {
     modelDir = await mkdtemp(join(tmpdir(), "cornserve-models-"))
     platform = await startPlatform({
@@ -78,7 +78,7 @@ function autoscaledColorChat(
     const registered = await runCli(["app", "register", join(repoRoot, "examples", "color_chat.ts")], helpers.env())
     expect(registered.code, registered.stderr).toBe(0)
     await prepare(helpers)
-  }, 180_000)
+  }, readyWithin(4))
 
   afterAll(async () => {
     await platform?.stop()
@@ -101,39 +101,48 @@ describe("cornserve serve --autoscale: devices follow the load", () => {
     }
   )
 
-  it("grows the bottleneck on the free device, then on a device taken from a task with slack", async () => {
-    expect(await moves("free_device")).toBe(0)
-    const llm = await named("llm")
-    const audio = await named("encoder-audio")
-    expect(llm.executors).toHaveLength(1)
-    expect(audio.executors).toHaveLength(2)
+  it(
+    "grows the bottleneck on the free device, then on a device taken from a task with slack",
+    async () => {
+      expect(await moves("free_device")).toBe(0)
+      const llm = await named("llm")
+      const audio = await named("encoder-audio")
+      expect(llm.executors).toHaveLength(1)
+      expect(audio.executors).toHaveLength(2)
 
-    const answers = await underLoad(() =>
-      eventually(async () => ((await moves("taken_from_slack")) >= 1 ? true : undefined), 60_000)
-    )
-
-    expect(answers.length).toBeGreaterThan(0)
-    expect(new Set(answers)).toEqual(new Set(["red"]))
-    expect(await moves("free_device")).toBeGreaterThanOrEqual(1)
-    // The LLM was the bottleneck first; the second move went to whichever task was then (on two
-    // cores, the image encoder as often as the LLM), on the audio encoder's second device. A
-    // bottleneck is measured by its calls in flight, or by its profile once that shows what an
-    // executor sustains.
-    const pressed =
-      "(?:\\d+\\.\\d+ calls in flight per executor \\(above 2\\)|\\d+\\.\\d+ calls/s against \\d+\\.\\d+ per executor \\(\\d+ executor\\(s\\), utilisation \\d+\\.\\d+\\))"
-    expect(output()).toMatch(new RegExp(`rebalancing: ${llm.id} is a bottleneck: ${pressed}; a free device takes it`))
-    expect(output()).toMatch(
-      new RegExp(
-        `rebalancing: \\S+ is a bottleneck: ${pressed}; ${audio.id} has slack: 0\\.00 per executor \\(below 0\\.5\\)`
+      // Two moves, each starting an executor.
+      const answers = await underLoad(() =>
+        eventually(
+          async () => ((await moves("taken_from_slack")) >= 1 ? true : undefined),
+          readyWithin(2),
+          "a device taken from slack"
+        )
       )
-    )
-    const after = await tasks()
-    expect(after.find((task) => task.id === audio.id)!.executors).toHaveLength(1)
-    // Five devices; an executor the profile showed no gain from may have gone back to the pool. On a
-    // busy machine a later bottleneck may also have shared a calm task's device for a while.
-    const shared = (await moves("shared_device")) - (await moves("unshared"))
-    expect(after.reduce((sum, task) => sum + task.executors.length, 0)).toBeLessThanOrEqual(5 + shared)
-  }, 90_000)
+
+      expect(answers.length).toBeGreaterThan(0)
+      expect(new Set(answers)).toEqual(new Set(["red"]))
+      expect(await moves("free_device")).toBeGreaterThanOrEqual(1)
+      // The LLM was the bottleneck first; the second move went to whichever task was then (on two
+      // cores, the image encoder as often as the LLM), on the audio encoder's second device. A
+      // bottleneck is measured by its calls in flight, or by its profile once that shows what an
+      // executor sustains.
+      const pressed =
+        "(?:\\d+\\.\\d+ calls in flight per executor \\(above 2\\)|\\d+\\.\\d+ calls/s against \\d+\\.\\d+ per executor \\(\\d+ executor\\(s\\), utilisation \\d+\\.\\d+\\))"
+      expect(output()).toMatch(new RegExp(`rebalancing: ${llm.id} is a bottleneck: ${pressed}; a free device takes it`))
+      expect(output()).toMatch(
+        new RegExp(
+          `rebalancing: \\S+ is a bottleneck: ${pressed}; ${audio.id} has slack: 0\\.00 per executor \\(below 0\\.5\\)`
+        )
+      )
+      const after = await tasks()
+      expect(after.find((task) => task.id === audio.id)!.executors).toHaveLength(1)
+      // Five devices; an executor the profile showed no gain from may have gone back to the pool. On a
+      // busy machine a later bottleneck may also have shared a calm task's device for a while.
+      const shared = (await moves("shared_device")) - (await moves("unshared"))
+      expect(after.reduce((sum, task) => sum + task.executors.length, 0)).toBeLessThanOrEqual(5 + shared)
+    },
+    readyWithin(2) + 60_000
+  )
 
   it("leaves the devices where they are once the load is gone", async () => {
     const before = (await tasks()).map((task) => [task.id, task.executors.length])
@@ -158,38 +167,48 @@ describe("cornserve serve --autoscale: devices follow the load", () => {
 describe("cornserve serve --autoscale on shared CPU devices: a bottleneck takes the core calm tasks leave idle", () => {
   const { output, tasks, named, moves, underLoad } = autoscaledColorChat("cpu:0,cpu:1")
 
-  it("grows the LLM onto the other core under load, and gives it back when the load is gone", async () => {
-    const llm = await named("llm")
-    expect(llm.executors).toHaveLength(1)
-    const [held] = llm.devices
-    const other = held === "cpu:0" ? "cpu:1" : "cpu:0"
+  it(
+    "grows the LLM onto the other core under load, and gives it back when the load is gone",
+    async () => {
+      const llm = await named("llm")
+      expect(llm.executors).toHaveLength(1)
+      const [held] = llm.devices
+      const other = held === "cpu:0" ? "cpu:1" : "cpu:0"
 
-    const answers = await underLoad(async (answers) => {
-      await eventually(async () => ((await moves("shared_device")) >= 1 ? true : undefined), 60_000)
-      // The load goes on for a while with the LLM on both cores.
-      const served = answers.length
-      await eventually(async () => (answers.length >= served + 16 ? true : undefined), 30_000)
-    })
-    expect(new Set(answers)).toEqual(new Set(["red"]))
-    expect(output()).toMatch(
-      new RegExp(
-        `rebalancing: ${llm.id} is a bottleneck: [^\\n]*; no device is free or taken from slack, and ${other} holds only calm tasks \\(encoder-[^)]*\\): it shares it`
+      const answers = await underLoad(async (answers) => {
+        // One move, starting an executor.
+        await eventually(
+          async () => ((await moves("shared_device")) >= 1 ? true : undefined),
+          readyWithin(1),
+          "a shared device"
+        )
+        // The load goes on for a while with the LLM on both cores.
+        const served = answers.length
+        await eventually(async () => (answers.length >= served + 16 ? true : undefined), 60_000, "16 more answers")
+      })
+      expect(new Set(answers)).toEqual(new Set(["red"]))
+      expect(output()).toMatch(
+        new RegExp(
+          `rebalancing: ${llm.id} is a bottleneck: [^\\n]*; no device is free or taken from slack, and ${other} holds only calm tasks \\(encoder-[^)]*\\): it shares it`
+        )
       )
-    )
-    expect(await moves("free_device")).toBe(0)
+      expect(await moves("free_device")).toBe(0)
 
-    // It goes back once the LLM has slack, or sooner if its profile showed that two executors
-    // sustained no more than one (as on two busy cores).
-    await eventually(
-      async () => ((await moves("unshared")) + (await moves("released")) >= 1 ? true : undefined),
-      30_000
-    )
-    expect(output()).toMatch(
-      new RegExp(
-        `rebalancing: ${llm.id} (?:has slack: [^\\n]*; an executor it runs on a shared device goes back|gains nothing from its 2 executors)`
+      // It goes back once the LLM has slack, or sooner if its profile showed that two executors
+      // sustained no more than one (as on two busy cores).
+      await eventually(
+        async () => ((await moves("unshared")) + (await moves("released")) >= 1 ? true : undefined),
+        60_000,
+        "the shared device given back"
       )
-    )
-    const after = (await tasks()).find((task) => task.id === llm.id)!
-    expect(after.executors).toHaveLength(1)
-  }, 150_000)
+      expect(output()).toMatch(
+        new RegExp(
+          `rebalancing: ${llm.id} (?:has slack: [^\\n]*; an executor it runs on a shared device goes back|gains nothing from its 2 executors)`
+        )
+      )
+      const after = (await tasks()).find((task) => task.id === llm.id)!
+      expect(after.executors).toHaveLength(1)
+    },
+    readyWithin(1) + 180_000
+  )
 })

@@ -10,6 +10,8 @@ import {
   eventually,
   freePort,
   invoke,
+  platformStartMs,
+  readyWithin,
   removeStateDir,
   repoRoot,
   type RunningPlatform,
@@ -181,10 +183,13 @@ describe(`cluster across ${useNamespaces ? "network namespaces" : "loopback port
     clusterPort = await freePort(machines.controlPlaneHost)
     controlPlane = await startControlPlane()
     await Promise.all([0, 1, 2, 3].map(startNode))
-    await eventually(async () =>
-      (await nodesList()).filter((node) => node.state === "ready").length === 4 ? true : undefined
+    // Four nodes start beside each other, each with its sidecar.
+    await eventually(
+      async () => ((await nodesList()).filter((node) => node.state === "ready").length === 4 ? true : undefined),
+      4 * platformStartMs,
+      "four nodes ready"
     )
-  }, 60_000)
+  }, 5 * platformStartMs)
 
   afterAll(async () => {
     await controlPlane?.stop()
@@ -193,31 +198,36 @@ describe(`cluster across ${useNamespaces ? "network namespaces" : "loopback port
     await Promise.all(dirs.map((dir) => (dir === undefined ? undefined : rm(dir, { recursive: true, force: true }))))
   })
 
-  it("lists every node at its own address; color_chat's encoder and LLM run on different nodes and answer", async () => {
-    expect((await nodesList()).map((node) => [node.name, node.address])).toEqual(
-      [0, 1, 2, 3].map((index) => [`n${index}`, machines.nodeHost(index)])
-    )
-    const registered = await runCli(["app", "register", join(repoRoot, "examples", "color_chat.ts")], {
-      CORNSERVE_GATEWAY_URL: controlPlane.url,
-      CORNSERVE_ADMIN_TOKEN: adminToken
-    })
-    expect(registered.code, registered.stderr + nodes.map((node) => node.output()).join("\n")).toBe(0)
-    const encoder = (await taskNamed("encoder-image"))!
-    const llm = (await taskNamed("llm"))!
-    const encoderNode = encoder.executors[0]!.node
-    const llmNode = llm.executors[0]!.node
-    expect(encoderNode).not.toBe(llmNode)
-    expect(llm.devices).toEqual([`${llmNode}/cpu:0`])
-    // The LLM answers from the image's features: they crossed from one node's sidecar to the other's over TCP.
-    expect(await ask()).toBe("red")
-    expect(await nodeCounter(encoderNode, "cornserve_sidecar_bytes_sent_to_peers_total")).toBeGreaterThan(0)
-    expect(await nodeCounter(llmNode, "cornserve_sidecar_chunks_received_from_peers_total")).toBeGreaterThan(0)
-    expect(await nodeCounter(llmNode, "cornserve_sidecar_bytes_sent_to_peers_total")).toBe(0)
-    const listed = await runCli(["tasks", "list"], { CORNSERVE_GATEWAY_URL: controlPlane.url })
-    expect(listed.stdout).toContain(`(${llmNode})`)
-    const nodesCli = await runCli(["nodes", "list"], { CORNSERVE_GATEWAY_URL: controlPlane.url })
-    expect(nodesCli.stdout).toMatch(new RegExp(`${llmNode}\\s+data-plane\\s+\\S+\\s+ready\\s+cpu:0 \\(${llm.id}\\)`))
-  }, 120_000)
+  it(
+    "lists every node at its own address; color_chat's encoder and LLM run on different nodes and answer",
+    async () => {
+      expect((await nodesList()).map((node) => [node.name, node.address])).toEqual(
+        [0, 1, 2, 3].map((index) => [`n${index}`, machines.nodeHost(index)])
+      )
+      const registered = await runCli(["app", "register", join(repoRoot, "examples", "color_chat.ts")], {
+        CORNSERVE_GATEWAY_URL: controlPlane.url,
+        CORNSERVE_ADMIN_TOKEN: adminToken
+      })
+      expect(registered.code, registered.stderr + nodes.map((node) => node.output()).join("\n")).toBe(0)
+      const encoder = (await taskNamed("encoder-image"))!
+      const llm = (await taskNamed("llm"))!
+      const encoderNode = encoder.executors[0]!.node
+      const llmNode = llm.executors[0]!.node
+      expect(encoderNode).not.toBe(llmNode)
+      expect(llm.devices).toEqual([`${llmNode}/cpu:0`])
+      // The LLM answers from the image's features: they crossed from one node's sidecar to the other's over TCP.
+      expect(await ask()).toBe("red")
+      expect(await nodeCounter(encoderNode, "cornserve_sidecar_bytes_sent_to_peers_total")).toBeGreaterThan(0)
+      expect(await nodeCounter(llmNode, "cornserve_sidecar_chunks_received_from_peers_total")).toBeGreaterThan(0)
+      expect(await nodeCounter(llmNode, "cornserve_sidecar_bytes_sent_to_peers_total")).toBe(0)
+      const listed = await runCli(["tasks", "list"], { CORNSERVE_GATEWAY_URL: controlPlane.url })
+      expect(listed.stdout).toContain(`(${llmNode})`)
+      const nodesCli = await runCli(["nodes", "list"], { CORNSERVE_GATEWAY_URL: controlPlane.url })
+      expect(nodesCli.stdout).toMatch(new RegExp(`${llmNode}\\s+data-plane\\s+\\S+\\s+ready\\s+cpu:0 \\(${llm.id}\\)`))
+    },
+    // color_chat's three executors, one per node.
+    readyWithin(3)
+  )
 
   it.skipIf(!useNamespaces)(
     "a node cut off is lost within 5 s; its task is redeployed on the spare node and requests succeed again",
@@ -236,7 +246,7 @@ describe(`cluster across ${useNamespaces ? "network namespaces" : "loopback port
       const moved = await eventually(async () => {
         const task = await taskNamed("llm")
         return task?.executors.some((executor) => executor.node === spare && executor.healthy) ? task : undefined
-      }, 60_000)
+      }, readyWithin(1))
       expect(moved.executors.map((executor) => executor.node)).toEqual([spare])
       expect(await inFlight).toEqual(["red", "red", "red"])
       expect(await ask()).toBe("red")
@@ -251,49 +261,57 @@ describe(`cluster across ${useNamespaces ? "network namespaces" : "loopback port
       ])
       expect(await ask()).toBe("red")
     },
-    150_000
+    readyWithin(1) + 120_000
   )
 
-  it("a node killed with SIGKILL under a load of 20 requests loses none that could be retried; started again, it is ready", async () => {
-    const llm = (await taskNamed("llm"))!
-    const victimName = llm.executors[0]!.node
-    const victimIndex = Number(victimName.slice(1))
-    const victim = nodes.find((node) => node.name === victimName)!
-    const load = Array.from({ length: 20 }, () => invoke(controlPlane.url, "color_chat", chatRequest).then(outcomeOf))
-    await new Promise((resolve) => setTimeout(resolve, 150))
-    victim.process.kill("SIGKILL")
-    const outcomes = await Promise.all(load)
-    // A request whose stream had begun cannot be run again; every other one is answered in full.
-    const failedBeforeAnswering = outcomes.filter((outcome) => "status" in outcome)
-    expect(failedBeforeAnswering).toEqual([])
-    for (const outcome of outcomes) if ("text" in outcome) expect(outcome.text).toBe("red")
-    expect(outcomes.filter((outcome) => "text" in outcome).length).toBeGreaterThan(0)
+  it(
+    "a node killed with SIGKILL under a load of 20 requests loses none that could be retried; started again, it is ready",
+    async () => {
+      const llm = (await taskNamed("llm"))!
+      const victimName = llm.executors[0]!.node
+      const victimIndex = Number(victimName.slice(1))
+      const victim = nodes.find((node) => node.name === victimName)!
+      const load = Array.from({ length: 20 }, () => invoke(controlPlane.url, "color_chat", chatRequest).then(outcomeOf))
+      await new Promise((resolve) => setTimeout(resolve, 150))
+      victim.process.kill("SIGKILL")
+      const outcomes = await Promise.all(load)
+      // A request whose stream had begun cannot be run again; every other one is answered in full.
+      const failedBeforeAnswering = outcomes.filter((outcome) => "status" in outcome)
+      expect(failedBeforeAnswering).toEqual([])
+      for (const outcome of outcomes) if ("text" in outcome) expect(outcome.text).toBe("red")
+      expect(outcomes.filter((outcome) => "text" in outcome).length).toBeGreaterThan(0)
 
-    await eventually(async () => ((await nodeState(victimName)) === "lost" ? true : undefined), 15_000)
-    const nodesCli = await runCli(["nodes", "list"], { CORNSERVE_GATEWAY_URL: controlPlane.url })
-    expect(nodesCli.stdout).toMatch(new RegExp(`${victimName}\\s+data-plane\\s+\\S+\\s+lost`))
-    const moved = await eventually(async () => {
-      const task = await taskNamed("llm")
-      return task?.executors.some((executor) => executor.node !== victimName && executor.healthy) ? task : undefined
-    }, 60_000)
-    expect(moved.executors.map((executor) => executor.node)).not.toContain(victimName)
-    expect(await ask()).toBe("red")
+      await eventually(async () => ((await nodeState(victimName)) === "lost" ? true : undefined), 15_000)
+      const nodesCli = await runCli(["nodes", "list"], { CORNSERVE_GATEWAY_URL: controlPlane.url })
+      expect(nodesCli.stdout).toMatch(new RegExp(`${victimName}\\s+data-plane\\s+\\S+\\s+lost`))
+      const moved = await eventually(async () => {
+        const task = await taskNamed("llm")
+        return task?.executors.some((executor) => executor.node !== victimName && executor.healthy) ? task : undefined
+      }, readyWithin(1))
+      expect(moved.executors.map((executor) => executor.node)).not.toContain(victimName)
+      expect(await ask()).toBe("red")
 
-    await startNode(victimIndex)
-    await eventually(async () => ((await nodeState(victimName)) === "ready" ? true : undefined), 30_000)
-    expect(controlPlane.output()).toMatch(new RegExp(`node ${victimName} rejoined`))
-  }, 150_000)
+      await startNode(victimIndex)
+      await eventually(async () => ((await nodeState(victimName)) === "ready" ? true : undefined), platformStartMs)
+      expect(controlPlane.output()).toMatch(new RegExp(`node ${victimName} rejoined`))
+    },
+    readyWithin(1) + platformStartMs + 120_000
+  )
 
-  it("a control plane killed and started again takes the running executors back, and color_chat comes back", async () => {
-    const before = (await tasks()).map((task) => [task.id, task.executors.map((executor) => executor.url)])
-    await controlPlane.kill()
-    controlPlane = await startControlPlane(controlPlane.stateDir)
-    await eventually(async () => ((await ask()) === "red" ? true : undefined), 90_000)
-    const after = (await tasks()).map((task) => [task.id, task.executors.map((executor) => executor.url)])
-    expect(after.sort()).toEqual(before.sort())
-    expect((controlPlane.output().match(/kept executor \S+: it already ran there/g) ?? []).length).toBe(before.length)
-    // No node restarted an executor: each says it kept the one it had.
-    const keeping = nodes.map((node) => (node.output().match(/keeping executor/g) ?? []).length)
-    expect(keeping.reduce((sum, count) => sum + count, 0)).toBe(before.length)
-  }, 150_000)
+  it(
+    "a control plane killed and started again takes the running executors back, and color_chat comes back",
+    async () => {
+      const before = (await tasks()).map((task) => [task.id, task.executors.map((executor) => executor.url)])
+      await controlPlane.kill()
+      controlPlane = await startControlPlane(controlPlane.stateDir)
+      await eventually(async () => ((await ask()) === "red" ? true : undefined), readyWithin(3))
+      const after = (await tasks()).map((task) => [task.id, task.executors.map((executor) => executor.url)])
+      expect(after.sort()).toEqual(before.sort())
+      expect((controlPlane.output().match(/kept executor \S+: it already ran there/g) ?? []).length).toBe(before.length)
+      // No node restarted an executor: each says it kept the one it had.
+      const keeping = nodes.map((node) => (node.output().match(/keeping executor/g) ?? []).length)
+      expect(keeping.reduce((sum, count) => sum + count, 0)).toBe(before.length)
+    },
+    readyWithin(3) + 60_000
+  )
 })
