@@ -46,8 +46,16 @@ export class MLLMTask extends CompositeTask<ChatCompletionRequest, TaskStream<Ch
       throw TaskConfigError.of("MLLM", decoded.left)
     }
     this.config = { ...decoded.right, modalities: [...new Set(decoded.right.modalities)].sort() }
-    const { model, dtype, encoderFission, encoderModel, parseSpecialTokensInContent, llmSettings, encoderSettings, idleReleaseS } =
-      this.config
+    const {
+      model,
+      dtype,
+      encoderFission,
+      encoderModel,
+      parseSpecialTokensInContent,
+      llmSettings,
+      encoderSettings,
+      idleReleaseS
+    } = this.config
     const idle = idleReleaseS === undefined ? {} : { idleReleaseS }
     this.encoders = new Map(
       encoderFission
