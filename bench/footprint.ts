@@ -27,7 +27,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { performance } from "node:perf_hooks"
 import { setTimeout as sleep } from "node:timers/promises"
-import { footprintBytes, measureFootprint, processTree } from "../src/metrics/Footprint.js"
+import { footprintBytes, measureFootprint, processPss, processTree } from "../src/metrics/Footprint.js"
 
 const TARGET = { bytes: 2 ** 30, readyS: 30, coldS: 2 } as const
 const MiB = 2 ** 20
@@ -75,20 +75,10 @@ const pssByRole = (root: number) => {
   for (const pid of processTree(root)) {
     const role = roleOf(pid)
     const entry = roles.get(role) ?? { count: 0, bytes: 0 }
-    roles.set(role, { count: entry.count + 1, bytes: entry.bytes + pssWithoutShm(pid) })
+    const pss = processPss(pid)
+    roles.set(role, { count: entry.count + 1, bytes: entry.bytes + (typeof pss === "number" ? pss : 0) })
   }
   return roles
-}
-
-/** One process's PSS without its shared memory, as the footprint counts it. */
-const pssWithoutShm = (pid: number) => {
-  try {
-    const text = readFileSync(`/proc/${pid}/smaps_rollup`, "utf8")
-    const field = (name: string) => Number(new RegExp(`^${name}:\\s+(\\d+) kB$`, "m").exec(text)?.[1] ?? 0) * 1024
-    return field("Pss") - field("Pss_Shmem")
-  } catch {
-    return 0
-  }
 }
 
 /** The example requests `serve` prints once its apps are ready: app id, URL and JSON body. */

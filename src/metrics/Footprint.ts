@@ -61,11 +61,11 @@ export const measureFootprint = (root: number = process.pid, sources: FootprintS
   let unreadable = 0
   let processes = 0
   for (const pid of pids) {
-    const rollup = readRollup(procDir, pid)
-    if (rollup === "gone") continue
+    const pss = processPss(pid, procDir)
+    if (pss === "gone") continue
     processes++
-    if (rollup === "unreadable") unreadable++
-    else processBytes += rollup.pssBytes - rollup.pssShmemBytes
+    if (pss === "unreadable") unreadable++
+    else processBytes += pss
   }
   const shm = sharedMemoryOf(new Set(pids), sources.shmDir ?? "/dev/shm")
   return { processes, processBytes, sharedMemoryBytes: shm.bytes, sharedMemoryFiles: shm.files, unreadable }
@@ -91,17 +91,18 @@ const readStat = (procDir: string, pid: number) => {
   return { pid, state: fields[0] ?? "", ppid: Number(fields[1]) }
 }
 
-const readRollup = (procDir: string, pid: number) => {
+/** One process's PSS without its shared memory, as the footprint counts it. */
+export const processPss = (pid: number, procDir = "/proc"): number | "unreadable" | "gone" => {
   let text: string
   try {
     text = readFileSync(join(procDir, String(pid), "smaps_rollup"), "utf8")
   } catch (error) {
     const code = (error as NodeJS.ErrnoException).code
-    return code === "EACCES" || code === "EPERM" ? ("unreadable" as const) : ("gone" as const)
+    return code === "EACCES" || code === "EPERM" ? "unreadable" : "gone"
   }
   // A process that has exited but not been reaped reads as empty.
-  if (text === "") return "gone" as const
-  return { pssBytes: kibField(text, "Pss"), pssShmemBytes: kibField(text, "Pss_Shmem") }
+  if (text === "") return "gone"
+  return kibField(text, "Pss") - kibField(text, "Pss_Shmem")
 }
 
 const kibField = (text: string, name: string): number => {
