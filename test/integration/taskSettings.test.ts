@@ -1,3 +1,4 @@
+import { spawn } from "node:child_process"
 import { mkdtemp, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -5,7 +6,15 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { credentialHeaders } from "../../src/control/executor-calls/ExecutorHttp.js"
 import { internalSecretOf } from "../../src/contracts/Credentials.js"
 import type { LlmStats } from "../../src/executors/llm/api.js"
-import { adminHeaders, removeStateDir, type RunningPlatform, runCli, startPlatform } from "../support/platform.js"
+import {
+  adminHeaders,
+  binPath,
+  removeStateDir,
+  type RunningPlatform,
+  repoRoot,
+  runCli,
+  startPlatform
+} from "../support/platform.js"
 
 /**
  * An LLM task's engine settings, through the real binary: what an app sets (batch size, KV cache
@@ -45,10 +54,28 @@ let root: string
 
 const cli = (args: ReadonlyArray<string>) => runCli(args, { CORNSERVE_GATEWAY_URL: platform.url })
 
+/**
+ * `app register` as a user runs it, waited on until it exits: it returns once the task's executor
+ * is ready, which on a busy machine takes longer than runCli's bound on a quick command.
+ */
 const register = async (app: string, options: string) => {
   const file = join(root, `${app}.ts`)
   await writeFile(file, appSource(options))
-  return cli(["app", "register", file])
+  const child = spawn(process.execPath, [binPath, "app", "register", file], {
+    cwd: repoRoot,
+    env: { ...process.env, CORNSERVE_GATEWAY_URL: platform.url },
+    stdio: ["ignore", "pipe", "pipe"]
+  })
+  let stdout = ""
+  let stderr = ""
+  child.stdout.on("data", (chunk: Buffer) => {
+    stdout += chunk.toString()
+  })
+  child.stderr.on("data", (chunk: Buffer) => {
+    stderr += chunk.toString()
+  })
+  const code = await new Promise<number | null>((resolve) => child.once("exit", resolve))
+  return { code, stdout, stderr }
 }
 
 const taskOf = async (app: string): Promise<TaskListing> => {
