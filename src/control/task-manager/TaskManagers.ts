@@ -470,15 +470,22 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
         return member
       })
 
-    /** Starts the task's executors, one per group, and waits until each is up. */
-    const deploy = (spec: UnitTaskSpec, kind: ExecutorKind, groups: ReadonlyArray<ExecutorGroup>) =>
+    /** A task's manager, with its recorded profile, before any executor starts. */
+    const newTask = (spec: UnitTaskSpec, kind: ExecutorKind) =>
       Effect.gen(function* () {
         const task = new ManagedTask(spec, kind, yield* Scope.make(), queueBound, {
           afterS: idleReleaseAfterS(spec.config, idleDefaultS),
           control: () => idleControl
         })
-        task.wanted = groups.length
         if (Option.isSome(profiles)) task.recordedProfile = yield* profiles.value.load(spec.id)
+        return task
+      })
+
+    /** Starts the task's executors, one per group, and waits until each is up. */
+    const deploy = (spec: UnitTaskSpec, kind: ExecutorKind, groups: ReadonlyArray<ExecutorGroup>) =>
+      Effect.gen(function* () {
+        const task = yield* newTask(spec, kind)
+        task.wanted = groups.length
         tasks.set(spec.id, task)
         yield* Effect.forEach(groups, (group) => startExecutor(task, group), {
           concurrency: "unbounded"
@@ -491,11 +498,7 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
     /** The task deployed released: no executor until its first call starts them (IdleRelease.ts). */
     const deployReleased = (spec: UnitTaskSpec, kind: ExecutorKind) =>
       Effect.gen(function* () {
-        const task = new ManagedTask(spec, kind, yield* Scope.make(), queueBound, {
-          afterS: idleReleaseAfterS(spec.config, idleDefaultS),
-          control: () => idleControl
-        })
-        if (Option.isSome(profiles)) task.recordedProfile = yield* profiles.value.load(spec.id)
+        const task = yield* newTask(spec, kind)
         tasks.set(spec.id, task)
         task.idle.deployedReleased()
         return task as TaskManager
