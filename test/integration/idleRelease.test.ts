@@ -142,6 +142,28 @@ describe("idle executors released: stopped after their idle time, started again 
     expect((await tasks())[0]!.idleRelease.lastColdStartS).toBeGreaterThan(0)
   }, 240_000)
 
+  it("unregisters an app while its task starts again for a call: the call is answered or told why, nothing is left running", async () => {
+    await allReleased()
+    const call = invoke(platform.url, "idle_embed", JSON.stringify({ input: ["warm"] }))
+    await eventually(async () => ((await tasks())[0]?.state === "starting" ? true : undefined), 60_000)
+    const unregistered = await cli(["app", "unregister", "idle_embed"])
+    expect(unregistered.code, unregistered.stderr).toBe(0)
+    const answer = await call
+    const body = (await answer.json()) as { readonly data?: unknown; readonly error?: { readonly message: string } }
+    if (answer.status === 200) expect(body.data).toHaveLength(1)
+    else expect(body.error?.message).toBeTruthy()
+    expect(await tasks()).toEqual([])
+    expect(executorProcesses()).toEqual([])
+    const registered = await cli([
+      "app",
+      "register",
+      join(repoRoot, "test", "fixtures", "apps", "idle_embed.ts"),
+      "--name",
+      "idle_embed"
+    ])
+    expect(registered.code, registered.stderr).toBe(0)
+  }, 240_000)
+
   it("unregisters an app whose task is released: the task goes, nothing is left running", async () => {
     await allReleased()
     const unregistered = await cli(["app", "unregister", "idle_embed"])
