@@ -129,7 +129,8 @@ describe("shared CPU devices, shared encoder outputs", () => {
     // A one-thread device shared by several executors gives each one thread.
     const routers = descendants(platform.process.pid!).filter((entry) => entry.command.includes("internal executor "))
     expect(routers).toHaveLength(5)
-    for (const router of routers) expect(router.command).toMatch(/--threads-per-device 1(\s|$)/)
+    // Its settings record (`--settings`, JSON) carries the thread count.
+    for (const router of routers) expect(router.command).toMatch(/"threadsPerDevice":1[,}]/)
 
     const nodes = await runCli(["nodes", "list"], env)
     expect(nodes.code, nodes.stderr).toBe(0)

@@ -55,7 +55,9 @@ export const kvBudget = (config: ExecutorConfig, model: ModelDirectory): KvBudge
     (config.kvCacheBytes === undefined
       ? defaultPrefixCacheBytes
       : Math.min(defaultPrefixCacheBytes, Math.floor(totalBytes / 4)))
-  if (prefixBytes >= totalBytes)
+  // Without a budget given, the rows get a full batch's bytes: none where the decoder's geometry is
+  // not known (Janus's image-token LLM), whose rows are then counted as holding nothing.
+  if (config.kvCacheBytes !== undefined && prefixBytes >= totalBytes)
     throw new Error(
       `the prefix cache's ${prefixBytes} bytes leave nothing of the KV cache's ${totalBytes} bytes to running requests: give --kv-cache-bytes more than --prefix-cache-bytes`
     )

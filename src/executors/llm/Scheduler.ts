@@ -43,7 +43,9 @@ export class ContinuousScheduler {
   private readonly placements = new Map<string, { readonly lane: number; readonly tokens: number }>()
 
   constructor(private readonly limits: ContinuousLimits) {
-    if (limits.lanes < 1 || limits.maxRunning < 1 || limits.kvCache.rowBytes < 1)
+    // A decoder whose geometry is not known (Janus's image-token LLM) counts no bytes: it needs no room.
+    const needsRoom = limits.kvCache.bytesPerPosition > 0
+    if (limits.lanes < 1 || limits.maxRunning < 1 || (needsRoom && limits.kvCache.rowBytes < 1))
       throw new Error("an LLM engine needs a lane, a batch and a cache")
     this.lanes = Array.from({ length: limits.lanes }, () => ({ running: [], usedTokens: 0 }))
   }

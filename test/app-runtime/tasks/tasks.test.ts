@@ -156,7 +156,7 @@ describe("unit task identity", () => {
     const mllm = new MLLMTask({ model, modalities: ["image"], idleReleaseS: 90 })
     expect(mllm.unitTasks().map((task) => (task.config as { idleReleaseS?: number }).idleReleaseS)).toEqual([90, 90])
     expect(thrownBy(() => new EncoderTask({ model, modality: "image", idleReleaseS: -1 })).message).toContain(
-      '["idleReleaseS"]'
+      "idleReleaseS: expected a non-negative number"
     )
   })
 
