@@ -178,6 +178,8 @@ describe("cornserve serve: an app's worker that dies is restarted", () => {
     const waits = [...platform.output().matchAll(/app crashing: restarting its worker in (\d+) ms/g)].map((match) =>
       Number(match[1])
     )
-    expect(waits).toEqual([250, 500, 1_000, 2_000])
+    // Each crash's restart waits twice the one before. On a busy host the watchdog may also restart a
+    // worker that took longer than the stall timeout to load: a later restart, not one of these.
+    expect(waits.slice(0, 4)).toEqual([250, 500, 1_000, 2_000])
   })
 })
