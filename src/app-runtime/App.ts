@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { distinctUnitTasks, Task, type AnyUnitTask } from "./tasks/Task.js"
 
 /** What `serve` receives besides the request. */

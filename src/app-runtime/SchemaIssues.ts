@@ -1,4 +1,4 @@
-import { ParseResult } from "effect"
+import * as ParseResult from "effect/ParseResult"
 
 /** One field's problem, as a client reads it: where (keys and indices) and what. */
 export interface ReadableIssue {

@@ -1,4 +1,5 @@
-import { type Console, Effect } from "effect"
+import type * as Console from "effect/Console"
+import * as Effect from "effect/Effect"
 
 /** Terminal escapes (colours, bold): help written to a pipe or a file carries none. */
 const ansiEscape = new RegExp(`${String.fromCharCode(27)}\\[[0-9;]*m`, "g")

@@ -6,7 +6,7 @@ const appSource = `/**
  * An app: the tasks it calls, the schemas of its request and answer, and serve.
  * Register it with \`cornserve app register app.ts\`, or work on it with \`cornserve app dev app.ts\`.
  */
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { defineApp } from "cornserve/app"
 
 export default defineApp({

@@ -4,7 +4,11 @@ import { checkApp, checkAppOnce } from "./AppCheck.js"
 import { watch } from "node:fs"
 import { readFile } from "node:fs/promises"
 import { basename, dirname, extname, resolve as resolvePath } from "node:path"
-import { Effect, Either, ParseResult, Queue, Schema } from "effect"
+import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
+import * as ParseResult from "effect/ParseResult"
+import * as Queue from "effect/Queue"
+import * as Schema from "effect/Schema"
 import {
   AppDocument,
   AppList,

@@ -1,4 +1,5 @@
-import { Console, Effect } from "effect"
+import * as Console from "effect/Console"
+import * as Effect from "effect/Effect"
 import type { Dtype } from "../models/Dtype.js"
 import { type ModelDownloadEvent, parseHubId, resolveHubModel } from "../models/Hub.js"
 import { benchModelNames, buildModel, builtinModelNames, modelCacheDir, unknownBuiltin } from "../models/ModelStore.js"

@@ -1,4 +1,4 @@
-import { Context } from "effect"
+import * as Context from "effect/Context"
 
 export type Role = "all" | "control-plane" | "data-plane"
 

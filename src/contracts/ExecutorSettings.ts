@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 
 /**
  * How one executor runs its work: its batches, threads and, for the LLM executor, its KV cache.

@@ -1,5 +1,6 @@
-import { Rpc, RpcGroup } from "@effect/rpc"
-import { Schema } from "effect"
+import * as Rpc from "@effect/rpc/Rpc"
+import * as RpcGroup from "@effect/rpc/RpcGroup"
+import * as Schema from "effect/Schema"
 import { ClusterTokenRefused } from "./ClusterRpcs.js"
 import { ExecutorSettings } from "./ExecutorSettings.js"
 

@@ -1,8 +1,11 @@
 import type { IncomingMessage, RequestListener, ServerResponse } from "node:http"
-import { HttpClient, HttpClientRequest } from "@effect/platform"
+import * as HttpClient from "@effect/platform/HttpClient"
+import * as HttpClientRequest from "@effect/platform/HttpClientRequest"
 import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
-import { Effect, Layer } from "effect"
+import * as Effect from "effect/Effect"
+import * as Layer from "effect/Layer"
 import { carriesSecret } from "./Credentials.js"
+import { refuseUnread } from "./RefuseUnread.js"
 
 /**
  * The door of a cluster RPC endpoint (the control plane's cluster port, each node's `/rpc`): a
@@ -13,22 +16,6 @@ import { carriesSecret } from "./Credentials.js"
 
 /** The largest body a cluster call carries: a node's report of its executors, a placement. */
 export const maxRpcBodyBytes = 4 << 20
-
-/**
- * Answers a request refused from its headers, `{ error: { code, message } }`, without reading its
- * body: the connection is closed after, so that the unread body cannot reach a next request. (The
- * door of every port that checks a credential: cluster calls, executors, the gateway's API keys.)
- */
-export const refuseUnread = (response: ServerResponse, status: number, code: string, message: string) => {
-  const body = JSON.stringify({ error: { code, message } })
-  response.writeHead(status, {
-    "content-type": "application/json",
-    "content-length": Buffer.byteLength(body),
-    ...(status === 401 ? { "www-authenticate": "Bearer" } : {}),
-    connection: "close"
-  })
-  response.end(body)
-}
 
 /** The header a node names itself in, so that a refusal can say who was refused. */
 export const nodeNameHeader = "x-cornserve-node"

@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import type { BadRequest, RouteNotFound } from "../executors/common/errors.js"
 import { shortened } from "../app-runtime/Shortened.js"
 

@@ -1,5 +1,7 @@
 import { rawImageResize } from "./RawImageResize.js"
-import { Either, ParseResult, Schema } from "effect"
+import * as Either from "effect/Either"
+import * as ParseResult from "effect/ParseResult"
+import * as Schema from "effect/Schema"
 import { readFile } from "node:fs/promises"
 import { join } from "node:path"
 import sharp, { type Sharp } from "sharp"

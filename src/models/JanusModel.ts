@@ -1,4 +1,5 @@
-import { Either, Schema } from "effect"
+import * as Either from "effect/Either"
+import * as Schema from "effect/Schema"
 import { type Dtype, dtypePreference, onnxFileName } from "./Dtype.js"
 import { GenerationConfig } from "./GenerationConfig.js"
 import { DecoderConfig, decodeConfig, InvalidModelDirectory, type ModelDirectory } from "./ModelDirectory.js"

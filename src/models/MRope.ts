@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { type GridThw, type VisionGrids, type VisionPadTokens, visionTokenCount } from "./Qwen2VLProcessor.js"
 
 /**

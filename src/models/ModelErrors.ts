@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 
 /**
  * Why a model id does not give a model directory: each a tagged error with what a user needs to

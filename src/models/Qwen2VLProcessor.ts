@@ -1,5 +1,6 @@
 import { rawImageResize } from "./RawImageResize.js"
-import { Either, Schema } from "effect"
+import * as Either from "effect/Either"
+import * as Schema from "effect/Schema"
 import sharp from "sharp"
 import { InvalidProcessorConfig, preprocessorConfigFile } from "./Idefics3Processor.js"
 import type { RgbImage } from "./ImageProcessor.js"

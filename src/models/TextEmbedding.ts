@@ -1,6 +1,7 @@
 import { readFile } from "node:fs/promises"
 import { join } from "node:path"
-import { Either, Schema } from "effect"
+import * as Either from "effect/Either"
+import * as Schema from "effect/Schema"
 import { type Dtype, dtypePreference, onnxFileName } from "./Dtype.js"
 import { decodeConfig, InvalidModelDirectory, type ModelDirectory } from "./ModelDirectory.js"
 

@@ -1,5 +1,5 @@
 import type { Tokenizer } from "@huggingface/tokenizers"
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 
 /**
  * The transcript of Whisper's generated ids, for one clip or for the overlapping windows a long

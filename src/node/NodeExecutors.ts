@@ -1,4 +1,7 @@
-import { Effect, ExecutionStrategy, Exit, Scope } from "effect"
+import * as Effect from "effect/Effect"
+import * as ExecutionStrategy from "effect/ExecutionStrategy"
+import * as Exit from "effect/Exit"
+import * as Scope from "effect/Scope"
 import type { ExecutorReport } from "../contracts/ClusterRpcs.js"
 import { sameSettings } from "../contracts/ExecutorSettings.js"
 import type { ExecutorPlacement } from "../contracts/NodeRpcs.js"

@@ -1,6 +1,7 @@
 import type { Server } from "node:http"
 import type { AddressInfo } from "node:net"
-import { Effect, type Scope } from "effect"
+import * as Effect from "effect/Effect"
+import type * as Scope from "effect/Scope"
 
 /**
  * Why a server could not listen on host:port, in words: a port taken by another program (another

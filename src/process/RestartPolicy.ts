@@ -1,4 +1,5 @@
-import { Duration, Schedule } from "effect"
+import * as Duration from "effect/Duration"
+import * as Schedule from "effect/Schedule"
 
 /** A run that stayed up this long was healthy: a crash after it starts the backoff over. */
 export const healthyAfter = Duration.seconds(30)

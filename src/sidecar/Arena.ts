@@ -1,6 +1,6 @@
 import { closeSync, fstatSync, ftruncateSync, openSync, rmSync, unlinkSync, writeSync } from "node:fs"
 import mmapModule from "@riaskov/mmap-io"
-import { Effect } from "effect"
+import * as Effect from "effect/Effect"
 import { ArenaUnavailable } from "./errors.js"
 
 /**

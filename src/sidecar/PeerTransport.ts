@@ -1,5 +1,5 @@
 import net from "node:net"
-import { Effect } from "effect"
+import * as Effect from "effect/Effect"
 import type { Arena } from "./Arena.js"
 import { ChunkReceiver, type PeerWelcome } from "./ChunkReceiver.js"
 import { PeerUnavailable, type SidecarError, UnknownNode } from "./errors.js"

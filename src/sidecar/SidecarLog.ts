@@ -1,4 +1,5 @@
-import { Effect, Runtime } from "effect"
+import * as Effect from "effect/Effect"
+import * as Runtime from "effect/Runtime"
 
 /**
  * Logging for the sidecar's socket callbacks, which run outside any fiber: each line goes through

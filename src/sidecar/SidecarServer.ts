@@ -1,6 +1,6 @@
 import { existsSync, unlinkSync } from "node:fs"
 import net from "node:net"
-import { Effect } from "effect"
+import * as Effect from "effect/Effect"
 import type { Arena } from "./Arena.js"
 import { InvalidRequest, SidecarUnavailable, toSidecarError, UnknownNode } from "./errors.js"
 import { parseAddress, type PeerTransport } from "./PeerTransport.js"

@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 
 /**
  * What can go wrong in a tensor transfer. Each is a Schema class so that the sidecar can send it

@@ -1,5 +1,5 @@
 import { Packr } from "msgpackr"
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { InvalidRequest, SidecarError } from "./errors.js"
 import { type DType, dtypes, tensorByteLength } from "./Tensor.js"
 

@@ -16,7 +16,12 @@
  * The code that makes spans is plain: `startSpan` gives a span, or one that records nothing when
  * tracing is off or the client asked not to sample, at the cost of a branch.
  */
-import { Context, Effect, Exit, Option, type Scope, Tracer } from "effect"
+import * as Context from "effect/Context"
+import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import * as Option from "effect/Option"
+import type * as Scope from "effect/Scope"
+import * as Tracer from "effect/Tracer"
 
 export interface TraceSettings {
   readonly url: string

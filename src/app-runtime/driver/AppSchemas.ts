@@ -4,7 +4,8 @@
  * bounds and cleaned, for the app's OpenAPI document. Both sides use this module: one contract for
  * the wire.
  */
-import { JSONSchema, Schema } from "effect"
+import * as JSONSchema from "effect/JSONSchema"
+import * as Schema from "effect/Schema"
 import type { App } from "../App.js"
 import { jsonDepthWithin } from "../JsonDepth.js"
 import { shortened } from "../Shortened.js"

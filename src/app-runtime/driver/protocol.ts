@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { type DispatchFailureCode, TaskGraphWire } from "../tasks/TaskGraph.js"
 import { jsonDepthWithin } from "../JsonDepth.js"
 import { AppSchemasWire } from "./AppSchemas.js"

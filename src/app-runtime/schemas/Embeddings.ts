@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 
 /**
  * OpenAI's embeddings (`POST /v1/embeddings`): the request every OpenAI client sends and the answer

@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 
 /**
  * OpenAI's image generation (`POST /v1/images/generations`): the request an app takes and the

@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 
 /**
  * Which of a model's ONNX exports runs: the precisions the community publishes (fp32, fp16, 8-bit

@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 
 const TextPart = Schema.Struct({ type: Schema.Literal("text"), text: Schema.String })
 const ImageUrlPart = Schema.Struct({

@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 
 /**
  * OpenAI's speech (`POST /v1/audio/speech`): the request an app takes. An app whose request is

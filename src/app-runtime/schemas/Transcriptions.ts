@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 
 /**
  * OpenAI's transcriptions (`POST /v1/audio/transcriptions`): the request an app takes and the

@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 
 /**
  * How a task's executors run, as an app may set it in the task's config. A field left out takes

@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { ModelDtype } from "../schemas/ModelDtype.js"
 import { type ChatCompletionChunk, ChatCompletionRequest } from "../schemas/OpenAI.js"
 import { DataForward } from "./DataForward.js"

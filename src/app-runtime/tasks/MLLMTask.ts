@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { type ChatCompletionChunk, type ChatCompletionRequest, chatMediaParts } from "../schemas/OpenAI.js"
 import type { DataForward } from "./DataForward.js"
 import { EncoderTask, Modality } from "./EncoderTask.js"

@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { SpeechRequest } from "../schemas/Speech.js"
 import type { AudioChunk } from "./GeneratorTask.js"
 import { BatchSettings } from "./EngineSettings.js"

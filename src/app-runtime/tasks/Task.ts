@@ -1,5 +1,6 @@
 import { createHash } from "node:crypto"
-import { type ParseResult, Schema } from "effect"
+import type * as ParseResult from "effect/ParseResult"
+import * as Schema from "effect/Schema"
 import { issueLines, readableIssues } from "../SchemaIssues.js"
 import { reviveDataForwards } from "./DataForward.js"
 import { composeUnit, invokeGraph, type RecordableUnitTask } from "./TaskGraph.js"

@@ -1,5 +1,5 @@
 import { issueLines, readableIssues } from "../SchemaIssues.js"
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { TaskStream } from "./TaskStream.js"
 
 /** One call of a unit task inside a recorded graph, as it travels to the task dispatcher. */

@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { EmbeddingRequest, type EmbeddingResponse } from "../schemas/Embeddings.js"
 import { ModelDtype } from "../schemas/ModelDtype.js"
 import { BatchSettings } from "./EngineSettings.js"

@@ -1,5 +1,6 @@
 import { randomUUID } from "node:crypto"
-import { Effect, Runtime } from "effect"
+import * as Effect from "effect/Effect"
+import * as Runtime from "effect/Runtime"
 import { compileApp, stopCompiler } from "../../app-runtime/AppCompiler.js"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
 import { PlatformMetrics } from "../metrics/PlatformMetrics.js"

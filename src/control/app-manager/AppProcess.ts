@@ -2,7 +2,9 @@ import { type ChildProcess, spawn } from "node:child_process"
 import { EventEmitter } from "node:events"
 import { readFileSync } from "node:fs"
 import { constants } from "node:os"
-import { Either, ParseResult, Schema } from "effect"
+import * as Either from "effect/Either"
+import * as ParseResult from "effect/ParseResult"
+import * as Schema from "effect/Schema"
 import type { Socket } from "node:net"
 import {
   appMessageLimitBytes,

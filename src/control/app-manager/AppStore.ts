@@ -1,6 +1,7 @@
 import { mkdir, readdir, readFile, rename, rm, writeFile } from "node:fs/promises"
 import { join } from "node:path"
-import { Effect, Schema } from "effect"
+import * as Effect from "effect/Effect"
+import * as Schema from "effect/Schema"
 import { admissionMaxima, admissionMinima, timeoutBounds } from "../../app-runtime/App.js"
 import { ServeConfig } from "../../config/ServeConfig.js"
 import { maxOutboundHosts, parseOutboundHost } from "./OutboundProxy.js"

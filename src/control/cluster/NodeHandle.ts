@@ -1,4 +1,6 @@
-import { Data, type Effect, type Scope } from "effect"
+import * as Data from "effect/Data"
+import type * as Effect from "effect/Effect"
+import type * as Scope from "effect/Scope"
 import type { Dtype } from "../../models/Dtype.js"
 import type { Device } from "../../node/Devices.js"
 import type { ExecutorPlacement } from "../../contracts/NodeRpcs.js"

@@ -5,7 +5,10 @@
  * send and take through the sidecar.
  */
 import { randomUUID } from "node:crypto"
-import { Array as Arr, Either, ParseResult, Schema } from "effect"
+import * as Arr from "effect/Array"
+import * as Either from "effect/Either"
+import * as ParseResult from "effect/ParseResult"
+import * as Schema from "effect/Schema"
 import { EncoderConfig, EncoderInput } from "../../app-runtime/tasks/EncoderTask.js"
 import { AudioGeneratorInput, ImageGeneratorInput } from "../../app-runtime/tasks/GeneratorTask.js"
 import { LLMConfig, LLMImageTokensInput } from "../../app-runtime/tasks/LLMTask.js"

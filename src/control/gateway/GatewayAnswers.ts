@@ -4,7 +4,8 @@
  * them). A client reads the fields it uses: a struct takes an answer with more.
  */
 import { ExecutorSettings } from "../../contracts/ExecutorSettings.js"
-import { Schema, Struct } from "effect"
+import * as Schema from "effect/Schema"
+import * as Struct from "effect/Struct"
 import { SchemaIssue } from "../../app-runtime/driver/protocol.js"
 import { ErrorBody } from "../../executors/common/errors.js"
 import { AdmissionOverride, OutboundHosts, RequestTimeoutMs } from "../app-manager/AppStore.js"

@@ -4,7 +4,8 @@
  * a stream included, is the app's failure.
  */
 import type { ServerResponse } from "node:http"
-import { Either, Schema } from "effect"
+import * as Either from "effect/Either"
+import * as Schema from "effect/Schema"
 import { ImagesResponse } from "../../app-runtime/schemas/Images.js"
 import { AppFailed } from "../errors.js"
 import { type ReplyFormat, sendError, writeJson } from "./ReplyFormat.js"

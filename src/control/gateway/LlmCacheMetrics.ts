@@ -4,7 +4,7 @@
  * timeout); one that does not answer in time is left out of that scrape.
  */
 import * as Http from "node:http"
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { LlmStats } from "../../executors/llm/api.js"
 import { metric } from "../../metrics/PrometheusText.js"
 import { credentialHeaders } from "../executor-calls/ExecutorHttp.js"

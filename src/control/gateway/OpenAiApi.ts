@@ -7,7 +7,9 @@
  * route's client expects them (a stream of events, or one object gathered from the chunks).
  */
 import type { ServerResponse } from "node:http"
-import { Either, ParseResult, Schema } from "effect"
+import * as Either from "effect/Either"
+import * as ParseResult from "effect/ParseResult"
+import * as Schema from "effect/Schema"
 import { responseTooLargeMessage } from "../../app-runtime/driver/protocol.js"
 import {
   type ChatCompletion,

@@ -5,7 +5,8 @@
  * gateway hands in what it knows of the apps and of who asks.
  */
 import { readFileSync } from "node:fs"
-import { JSONSchema, Schema } from "effect"
+import * as JSONSchema from "effect/JSONSchema"
+import * as Schema from "effect/Schema"
 import {
   type AppSchemas,
   cleanSchema,

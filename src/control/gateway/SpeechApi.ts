@@ -11,7 +11,8 @@
  */
 import { type ChildProcessWithoutNullStreams, spawn } from "node:child_process"
 import type { ServerResponse } from "node:http"
-import { Either, Schema } from "effect"
+import * as Either from "effect/Either"
+import * as Schema from "effect/Schema"
 import type { SpeechFormat } from "../../app-runtime/schemas/Speech.js"
 import { lastLines, videoTools } from "../../executors/common/media/VideoContainer.js"
 import { wavHeader } from "../../executors/common/media/Wav.js"

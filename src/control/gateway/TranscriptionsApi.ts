@@ -6,7 +6,8 @@
  * text alone), `text`, `verbose_json`, `srt` or `vtt`.
  */
 import type { ServerResponse } from "node:http"
-import { Either, Schema } from "effect"
+import * as Either from "effect/Either"
+import * as Schema from "effect/Schema"
 import { Transcription, type TranscriptionFormat } from "../../app-runtime/schemas/Transcriptions.js"
 import { shortened } from "../../app-runtime/Shortened.js"
 import { AppFailed } from "../errors.js"

@@ -4,7 +4,7 @@
  * reports of its executor calls. The labels name registered apps and deployed tasks only (a
  * request for an unknown app counts under app=""), so that a client cannot grow the series.
  */
-import { Effect } from "effect"
+import * as Effect from "effect/Effect"
 import { Counter, Gauge, Histogram, Registry } from "prom-client"
 import type { CallObserver, RequestObserver } from "../DispatchContract.js"
 import type { EmbeddingCacheStats } from "../executor-calls/EmbeddingCache.js"

@@ -1,4 +1,4 @@
-import { Effect } from "effect"
+import * as Effect from "effect/Effect"
 import type { ServeOptions } from "../../config/ServeConfig.js"
 import type { Device } from "../../node/Devices.js"
 import type { NodeRegistry, NodeSummary } from "../cluster/NodeRegistry.js"

@@ -1,4 +1,4 @@
-import { Effect } from "effect"
+import * as Effect from "effect/Effect"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
 import { type BadRequest, type DeploymentFailed, DevicesExhausted, TaskNotFound } from "../errors.js"
 import type { TaskManager, TaskManagers } from "../task-manager/TaskManagers.js"

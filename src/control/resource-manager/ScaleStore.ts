@@ -1,7 +1,8 @@
 import { readFileSync } from "node:fs"
 import { rename, writeFile } from "node:fs/promises"
 import { join } from "node:path"
-import { Effect, Schema } from "effect"
+import * as Effect from "effect/Effect"
+import * as Schema from "effect/Schema"
 
 /**
  * How many executors each scaled task runs, kept in `<state-dir>/task-scale.json` so that a task

@@ -1,5 +1,6 @@
 import type { Dtype } from "../../models/Dtype.js"
-import { Effect, type Scope } from "effect"
+import * as Effect from "effect/Effect"
+import type * as Scope from "effect/Scope"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
 import { ServeConfig } from "../../config/ServeConfig.js"
 import type { Device } from "../../node/Devices.js"

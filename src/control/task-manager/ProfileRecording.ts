@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 
 /**
  * The wire of a profile recorded ahead of time (`cornserve tasks profile ID --record`): what is

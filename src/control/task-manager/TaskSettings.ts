@@ -1,4 +1,5 @@
-import { Option, Schema } from "effect"
+import * as Option from "effect/Option"
+import * as Schema from "effect/Schema"
 import { LlmSettings } from "../../app-runtime/tasks/EngineSettings.js"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
 import { defaultEngineSettings, type EngineDefaults } from "../../config/ServeConfig.js"

@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 
 /**
  * The id a tensor travels under through the sidecar: what an encoder's item, an LLM's embedding

@@ -1,4 +1,4 @@
-import { Effect } from "effect"
+import * as Effect from "effect/Effect"
 
 /** A loop of an engine: plain async code that ends when `stop` aborts (it checks at each turn). */
 export type EngineLoop = (stop: AbortSignal) => Promise<void>

@@ -1,4 +1,5 @@
-import { Effect, type Scope } from "effect"
+import * as Effect from "effect/Effect"
+import type * as Scope from "effect/Scope"
 import * as zmq from "zeromq"
 import { type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
 import { type FromEngine, orderedSender, type ToWorker } from "./wire.js"

@@ -1,6 +1,6 @@
 import type { IncomingMessage, RequestListener } from "node:http"
 import { carriesSecret } from "../../contracts/Credentials.js"
-import { refuseUnread } from "../../contracts/RpcGate.js"
+import { refuseUnread } from "../../contracts/RefuseUnread.js"
 
 /**
  * The door of an executor's HTTP server. A node's executors listen where other nodes (and, on one

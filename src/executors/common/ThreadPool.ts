@@ -1,5 +1,7 @@
 import { type ResourceLimits, Worker } from "node:worker_threads"
-import { Effect, Schema, type Scope } from "effect"
+import * as Effect from "effect/Effect"
+import * as Schema from "effect/Schema"
+import type * as Scope from "effect/Scope"
 import { EngineUnavailable, ExecutorFailed } from "./errors.js"
 import { MediaFailure } from "./media/errors.js"
 import { abortReason } from "./ThreadJob.js"

@@ -1,5 +1,5 @@
 import { parentPort, workerData } from "node:worker_threads"
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { MediaFailure } from "./media/errors.js"
 import { runAsJob } from "./ThreadJob.js"
 import type { ThreadData, ThreadReply, ThreadRequest } from "./ThreadPool.js"

@@ -1,4 +1,5 @@
-import { ParseResult, Schema } from "effect"
+import * as ParseResult from "effect/ParseResult"
+import * as Schema from "effect/Schema"
 import { SidecarUnavailable } from "../../sidecar/errors.js"
 import { MediaError, MediaTooLarge } from "./media/errors.js"
 

@@ -1,4 +1,6 @@
-import { Either, ParseResult, Schema } from "effect"
+import * as Either from "effect/Either"
+import * as ParseResult from "effect/ParseResult"
+import * as Schema from "effect/Schema"
 import { Packr } from "msgpackr"
 import type { DType, TensorData } from "../../sidecar/Tensor.js"
 import { EngineUnavailable, ExecutorError, ExecutorFailed, InternalError } from "./errors.js"

@@ -6,7 +6,7 @@
  */
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
-import { Effect } from "effect"
+import * as Effect from "effect/Effect"
 import type { Pooling, TextEmbeddingSpec } from "../../models/TextEmbedding.js"
 import { inSpan } from "../../tracing/Tracing.js"
 import type { EngineClient } from "../common/EngineClient.js"

@@ -9,7 +9,8 @@
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { Tokenizer } from "@huggingface/tokenizers"
-import { Effect, Either } from "effect"
+import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
 import { windowingProblems, windowingText } from "../../app-runtime/schemas/Transcriptions.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import {

@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { MediaProcessorOptions } from "../../app-runtime/schemas/OpenAI.js"
 import { Pooling } from "../../models/TextEmbedding.js"
 import { DataId } from "../common/DataId.js"

@@ -3,7 +3,8 @@
  * then `{ done: true, chunks, sampleRate }`, or an `{ error }` line when the work fails midway.
  */
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
-import { Effect, Stream } from "effect"
+import * as Effect from "effect/Effect"
+import * as Stream from "effect/Stream"
 import type { EngineClient } from "../common/EngineClient.js"
 import { answeredFailure, errorBody } from "../common/Router.js"
 import type { WorkItem } from "../common/wire.js"

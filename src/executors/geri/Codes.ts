@@ -5,7 +5,7 @@
  * PCM16), or one WAV file.
  */
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
-import { Effect } from "effect"
+import * as Effect from "effect/Effect"
 import { readFile } from "node:fs/promises"
 import { type ModelDirectory, onnxPath } from "../../models/ModelDirectory.js"
 import { onnxInputDims } from "../../models/onnx/Graph.js"

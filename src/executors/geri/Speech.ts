@@ -5,7 +5,7 @@
  * The answer is the `/generate` audio stream (NDJSON lines of PCM16), or one WAV file.
  */
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
-import { Effect } from "effect"
+import * as Effect from "effect/Effect"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { TextTokenizer } from "../../models/TextTokenizer.js"
 import type { EngineClient } from "../common/EngineClient.js"

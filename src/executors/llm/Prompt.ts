@@ -3,7 +3,7 @@
  * parts become the model's placeholder tokens, the client's texts stay text), tokenized, and each
  * placeholder expanded to as many positions as its media item has embedding rows.
  */
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { chatMediaParts, type MediaModality } from "../../app-runtime/schemas/OpenAI.js"
 import type { ChatMessage as TemplateMessage } from "../../models/Tokenizer.js"
 import type { ChatContentPart, ChatMessage, Modality } from "./api.js"

@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import * as OpenAI from "../../app-runtime/schemas/OpenAI.js"
 import { ChatMessage } from "../../app-runtime/schemas/OpenAI.js"
 import { DataId } from "../common/DataId.js"

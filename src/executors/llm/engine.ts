@@ -5,7 +5,7 @@
  * A request finishes when its worker says so (end of sequence or max tokens) or when the router
  * cancels it; either way it leaves the batch and its KV cache is freed.
  */
-import { Effect } from "effect"
+import * as Effect from "effect/Effect"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { exitWithParent } from "../../process/ChildProcesses.js"
 import { bindEngineSockets } from "../common/EngineSockets.js"

@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 
 /**
  * Why a request's media could not be used. Schema classes, so that a failure in a preprocessing

@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { checkSchemaBounds, schemaBounds, schemaTooLarge } from "./SchemaBounds.js"
 
 /**

@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 
 /**
  * How large a schema structured output takes: OpenAI's documented limits for strict structured
