@@ -1,5 +1,6 @@
 import { join } from "node:path"
-import { Effect, type Scope } from "effect"
+import * as Effect from "effect/Effect"
+import type * as Scope from "effect/Scope"
 import { Arena } from "../../sidecar/Arena.js"
 import { bytesPerElement, elementCount, Tensor, type TensorData } from "../../sidecar/Tensor.js"
 import type { BatchInput, WorkItem } from "./wire.js"
@@ -7,14 +8,7 @@ import type { BatchInput, WorkItem } from "./wire.js"
 const alignment = 64
 const align = (offset: number) => Math.ceil(offset / alignment) * alignment
 
-/** Every batch buffer file's name starts with this. */
-export const batchBufferPrefix = "cornserve-batches-"
-
-/** The batch buffer of the engine with this pid. */
-export const batchBufferPathOf = (enginePid: number): string => join("/dev/shm", `${batchBufferPrefix}${enginePid}`)
-
-/** The environment variable that gives a worker the path of its engine's batch buffer. */
-export const batchBufferEnvName = "CORNSERVE_BATCH_BUFFER"
+export { batchBufferEnvName, batchBufferPathOf, batchBufferPrefix } from "./WorkerSpawn.js"
 
 /**
  * Batches in flight between an engine and its workers, each in a slot of the buffer: two, so that

@@ -3,7 +3,7 @@
  * router, asks the scheduler for the next batch, stacks it into shared memory, has the workers run
  * it, and replies. No request parsing or output formatting happens here.
  */
-import { Effect } from "effect"
+import * as Effect from "effect/Effect"
 import { BatchBuffer, batchBufferPathOf, batchSlots } from "./BatchBuffer.js"
 import { exitWithParent } from "../../process/ChildProcesses.js"
 import { bindEngineSockets } from "./EngineSockets.js"
@@ -108,7 +108,6 @@ export const runEngine = (config: ExecutorConfig) =>
     const workers = yield* startWorkerGroup({
       config,
       sockets,
-      batchBuffer: buffer.path,
       replies: {
         partial: (batchId, itemIndex, value) => {
           const item = batches.get(batchId)?.items[itemIndex]

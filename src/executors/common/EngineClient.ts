@@ -1,7 +1,9 @@
+import type { ChildProcess } from "node:child_process"
 import { randomUUID } from "node:crypto"
-import { Effect, type Scope } from "effect"
+import * as Effect from "effect/Effect"
+import type * as Scope from "effect/Scope"
 import * as zmq from "zeromq"
-import { startChild } from "../../process/ChildProcesses.js"
+import { spawnChild, startChild } from "../../process/ChildProcesses.js"
 import { batchBufferPathOf } from "./BatchBuffer.js"
 import { EngineUnavailable, type ExecutorError } from "./errors.js"
 import { configEnvName, type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
@@ -17,6 +19,18 @@ export type EngineState =
   | { readonly _tag: "Starting" }
   | { readonly _tag: "Ready"; readonly workers: number }
   | { readonly _tag: "Unhealthy"; readonly reason: string }
+
+const engineChild = (config: ExecutorConfig) => ({
+  args: ["executor-engine"],
+  env: { [configEnvName]: JSON.stringify(config) }
+})
+
+/**
+ * Starts the engine's process (which starts the workers) before the router has loaded its routes,
+ * so that the three load side by side; `EngineClient.start` takes it over. Until then, it is held
+ * by its lifeline only: if the router fails first, the engine stops with it.
+ */
+export const spawnEngine = (config: ExecutorConfig): ChildProcess => spawnChild(engineChild(config))
 
 /**
  * The router's side of the engine: starts the engine process (which starts the workers), submits
@@ -42,7 +56,8 @@ export class EngineClient {
     return this.pending.size
   }
 
-  static start(config: ExecutorConfig): Effect.Effect<EngineClient, never, Scope.Scope> {
+  /** `started`: the engine's process as `spawnEngine` started it ahead of this (else started now). */
+  static start(config: ExecutorConfig, started?: ChildProcess): Effect.Effect<EngineClient, never, Scope.Scope> {
     return Effect.gen(function* () {
       const toEngine = new zmq.Push({ linger: 0 })
       const fromEngine = new zmq.Pull()
@@ -54,8 +69,8 @@ export class EngineClient {
       )
       const client = new EngineClient(toEngine)
       yield* startChild({
-        args: ["executor-engine"],
-        env: { [configEnvName]: JSON.stringify(config) },
+        ...engineChild(config),
+        ...(started === undefined ? {} : { started }),
         leaves: (pid) => [batchBufferPathOf(pid)],
         onUnexpectedExit: (code, signal) =>
           client.becomeUnhealthy(`the engine exited ${signal === null ? `with code ${code}` : `on ${signal}`}`)

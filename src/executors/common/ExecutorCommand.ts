@@ -4,11 +4,20 @@
  * engine start in turn with the config in their environment. Each role loads only its own modules:
  * a worker has no use for the HTTP stack, nor a router for ONNX Runtime.
  */
+import { mkdir, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { Effect, Either, ParseResult, Schema } from "effect"
+import * as Cause from "effect/Cause"
+import * as Console from "effect/Console"
+import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import * as Either from "effect/Either"
+import * as ParseResult from "effect/ParseResult"
+import * as Schema from "effect/Schema"
 import { ExecutorSettings } from "../../contracts/ExecutorSettings.js"
 import { exitWithParent } from "../../process/ChildProcesses.js"
+import { executorOomScoreMargin, raiseOomScoreAdj, readOomScoreAdj } from "../../process/OomScore.js"
+import { runMain } from "../../process/StopSignals.js"
 import { internalSecretEnvName, takeInternalSecret } from "../../sidecar/InternalSecret.js"
 import { traceProcess } from "../../tracing/Tracing.js"
 import { configEnvName, decodeConfig, type ExecutorConfig } from "./ExecutorConfig.js"
@@ -64,8 +73,19 @@ export const runExecutor = (options: ExecutorOptions) =>
       modelDir,
       runDir: options.runDir ?? join(tmpdir(), `cornserve-executor-${process.pid}`)
     }
+    // Under memory pressure the executor goes before the platform that started it; its engine and
+    // workers inherit the score.
+    raiseOomScoreAdj(process.pid, (readOomScoreAdj(process.ppid) ?? 0) + executorOomScoreMargin)
+    yield* Effect.acquireRelease(
+      Effect.promise(() => mkdir(config.runDir, { recursive: true })),
+      () => Effect.promise(() => rm(config.runDir, { recursive: true, force: true }))
+    )
+    // The engine (which starts the workers) before the routes are loaded: the three processes
+    // load side by side, which is most of a cold start.
+    const { spawnEngine } = yield* Effect.promise(() => import("./EngineClient.js"))
+    const engineProcess = spawnEngine(config)
     const { runRouter } = yield* Effect.promise(() => import("./Router.js"))
-    return yield* runRouter(config, secret)
+    return yield* runRouter(config, secret, engineProcess)
   }).pipe(Effect.scoped)
 
 const configFromEnvironment = (): ExecutorConfig => {
@@ -100,3 +120,41 @@ export const runExecutorWorker = (rank: number) =>
     const { runWorker } = yield* Effect.promise(() => import("./Worker.js"))
     return yield* Effect.tryPromise({ try: () => runWorker(config, rank), catch: asError })
   }).pipe(Effect.scoped)
+
+/**
+ * `cornserve internal executor-engine` and `executor-worker --rank N` as `bin/cornserve` runs them:
+ * without the CLI's parser and commands, which neither needs (their config is in the environment)
+ * and which would add about half a second to each of an executor's starts, one after the other on
+ * a cold start's path. `args`: what follows the role on the command line.
+ */
+export const runExecutorRole = (role: "executor-engine" | "executor-worker", args: ReadonlyArray<string>): void => {
+  const rank = role === "executor-worker" && args.length === 2 && args[0] === "--rank" ? Number(args[1]) : undefined
+  const usage =
+    role === "executor-engine"
+      ? args.length === 0
+        ? undefined
+        : "executor-engine takes no arguments"
+      : rank !== undefined && Number.isSafeInteger(rank) && rank >= 0
+        ? undefined
+        : "executor-worker takes --rank N (a device's index)"
+  const program =
+    usage !== undefined
+      ? Effect.fail(new Error(usage))
+      : role === "executor-engine"
+        ? runExecutorEngine()
+        : runExecutorWorker(rank!)
+  runMain(
+    program.pipe(
+      Effect.catchAllCause((cause) => {
+        if (Cause.isInterruptedOnly(cause)) return Effect.void
+        process.exitCode = 1
+        const error = Cause.squash(cause)
+        return Console.error(`cornserve: ${error instanceof Error ? error.message : String(error)}`)
+      })
+    ),
+    {
+      disableErrorReporting: true,
+      teardown: (exit, onExit) => onExit(Exit.isFailure(exit) ? 1 : Number(process.exitCode ?? 0))
+    }
+  )
+}

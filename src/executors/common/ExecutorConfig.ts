@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { ExecutorSettings } from "../../contracts/ExecutorSettings.js"
 import { dtypes } from "../../models/Dtype.js"
 import { MediaLimits } from "./media/MediaLimits.js"
@@ -39,7 +39,7 @@ export const ExecutorConfig = Schema.Struct({
 })
 export type ExecutorConfig = typeof ExecutorConfig.Type
 
-export const configEnvName = "CORNSERVE_EXECUTOR_CONFIG"
+export { configEnvName } from "./WorkerSpawn.js"
 
 export const decodeConfig = Schema.decodeUnknownSync(Schema.parseJson(ExecutorConfig))
 

@@ -3,6 +3,7 @@
  * thread pool, the engine behind ZeroMQ. Each kind supplies its routes and preprocessing; `/health`
  * and `/info` are common.
  */
+import type { ChildProcess } from "node:child_process"
 import { mkdir, rm } from "node:fs/promises"
 import * as Http from "node:http"
 import { join } from "node:path"
@@ -12,10 +13,14 @@ import * as HttpRouter from "@effect/platform/HttpRouter"
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
-import { Console, Context, Effect, Schedule, type Scope, Stream } from "effect"
+import * as Console from "effect/Console"
+import * as Context from "effect/Context"
+import * as Effect from "effect/Effect"
+import * as Schedule from "effect/Schedule"
+import type * as Scope from "effect/Scope"
+import * as Stream from "effect/Stream"
 import { errorHeaders, httpStatusOf } from "../../errors/HttpStatus.js"
 import { listening } from "../../process/Listening.js"
-import { executorOomScoreMargin, raiseOomScoreAdj, readOomScoreAdj } from "../../process/OomScore.js"
 import { noSpan, type Span, startSpan } from "../../tracing/Tracing.js"
 import { EngineClient } from "./EngineClient.js"
 import { type HealthReport, healthWatchPeriodMs } from "./Health.js"
@@ -137,16 +142,13 @@ const traced = <E, R>(app: HttpApp.Default<E, R>): HttpApp.Default<E, R> =>
 const loadKind = (kind: ExecutorConfig["kind"]): Promise<{ readonly routerKind: RouterKind }> =>
   import(new URL(`../${kind}/router.js`, import.meta.url).href)
 
-/** `secret`: the internal secret every call but a health probe carries (see ExecutorGate). */
-export const runRouter = (config: ExecutorConfig, secret: string) =>
+/**
+ * `secret`: the internal secret every call but a health probe carries (see ExecutorGate).
+ * `engineProcess`: the engine, started by `ExecutorCommand` as soon as the config was known, in
+ * the run directory it made (see `spawnEngine`).
+ */
+export const runRouter = (config: ExecutorConfig, secret: string, engineProcess: ChildProcess) =>
   Effect.gen(function* () {
-    // Under memory pressure the executor goes before the platform that started it; its engine and
-    // workers, started below, inherit the score.
-    raiseOomScoreAdj(process.pid, (readOomScoreAdj(process.ppid) ?? 0) + executorOomScoreMargin)
-    yield* Effect.acquireRelease(
-      Effect.promise(() => mkdir(config.runDir, { recursive: true })),
-      () => Effect.promise(() => rm(config.runDir, { recursive: true, force: true }))
-    )
     // Where media decodes keep their files: emptied of what a router killed outright left there
     // (a restarted executor has the same run directory).
     const scratchDir = join(config.runDir, "media")
@@ -154,8 +156,8 @@ export const runRouter = (config: ExecutorConfig, secret: string) =>
       await rm(scratchDir, { recursive: true, force: true })
       await mkdir(scratchDir, { mode: 0o700 })
     })
+    const engine = yield* EngineClient.start(config, engineProcess)
     const { routerKind } = yield* Effect.promise(() => loadKind(config.kind))
-    const engine = yield* EngineClient.start(config)
     const pool =
       routerKind.preprocessModule === undefined
         ? undefined

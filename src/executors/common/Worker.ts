@@ -29,14 +29,18 @@ export const runWorker = async (config: ExecutorConfig, rank: number): Promise<v
   if (device === undefined) throw new Error(`worker ${rank} has no device (devices: ${config.devices.join(", ")})`)
   const { load } = await loadKind(config.kind)
   const model = await load({ config, rank, device })
+  // Mapped at the first batch with inputs: this worker may have started before its engine made it
+  // (see WorkerSpawn), and a worker whose batches carry their inputs in their messages never maps it.
   const bufferPath = process.env[batchBufferEnvName]
-  const buffer =
-    bufferPath === undefined ? undefined : BatchBuffer.open(bufferPath, batchSlots(config.kind), config.batchSlotBytes)
+  let buffer: BatchBuffer | undefined
   const inputsOf = (message: BatchMessage, firstRow: number, lastRow: number) => {
     const inputs = Object.entries(message.inputs)
     if (inputs.length === 0) return {}
-    if (buffer === undefined) throw new Error(`batch ${message.batch} has inputs, but the engine has no batch buffer`)
-    return Object.fromEntries(inputs.map(([name, input]) => [name, buffer.read(input, firstRow, lastRow)]))
+    if (bufferPath === undefined)
+      throw new Error(`batch ${message.batch} has inputs, but the engine has no batch buffer`)
+    buffer ??= BatchBuffer.open(bufferPath, batchSlots(config.kind), config.batchSlotBytes)
+    const opened = buffer
+    return Object.fromEntries(inputs.map(([name, input]) => [name, opened.read(input, firstRow, lastRow)]))
   }
   const fromEngine = new zmq.Pull()
   const toEngine = new zmq.Push({ linger: 1_000 })

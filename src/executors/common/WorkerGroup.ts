@@ -4,13 +4,14 @@
  * `unhealthy` as soon as one exits; the engine hears what the workers say about its batches. The
  * batch engine and the LLM's engine both run their workers through this.
  */
-import { Effect, type Scope } from "effect"
-import { batchBufferEnvName } from "./BatchBuffer.js"
+import * as Effect from "effect/Effect"
+import type * as Scope from "effect/Scope"
 import { startChild } from "../../process/ChildProcesses.js"
 import type { EngineSockets } from "./EngineSockets.js"
-import { configEnvName, type ExecutorConfig } from "./ExecutorConfig.js"
+import type { ExecutorConfig } from "./ExecutorConfig.js"
 import type { ExecutorError } from "./errors.js"
 import { failureOf, messagesOf, type FromWorker, type ToWorker } from "./wire.js"
+import { takeEarlyWorkers, workerChild } from "./WorkerSpawn.js"
 
 /** What an engine does with its workers' replies. */
 export interface WorkerReplies {
@@ -31,42 +32,24 @@ export interface WorkerGroup {
   readonly send: (rank: number, message: ToWorker) => void
 }
 
-/** How much lower a worker's CPU priority is than its engine's (a nice increment). */
-const workerNiceness = 5
-
-/**
- * A worker's garbage is mostly ONNX Runtime's outputs (a decode step's KV cache is tens of MB of
- * fresh ArrayBuffers), so V8 collects every step or two. Its background GC threads would then run
- * on the cores the session's intra-op threads are computing on, and a step waits for whichever
- * thread they preempted; collecting on the worker's own thread, between runs, costs less.
- */
-const workerNodeFlags = ["--single-threaded-gc"]
-
 export const startWorkerGroup = (options: {
   readonly config: ExecutorConfig
   readonly sockets: EngineSockets
-  /** The path of the engine's batch buffer, for its workers to map; absent when batches carry their inputs. */
-  readonly batchBuffer?: string
   readonly replies: WorkerReplies
 }): Effect.Effect<WorkerGroup, never, Scope.Scope> =>
   Effect.gen(function* () {
     const { config, sockets, replies } = options
     let healthy = true
-    const env = {
-      [configEnvName]: JSON.stringify(config),
-      ...(options.batchBuffer === undefined ? {} : { [batchBufferEnvName]: options.batchBuffer })
-    }
+    const configText = JSON.stringify(config)
+    // Started as this process began (see WorkerSpawn), when it was: they have been loading since.
+    const early = takeEarlyWorkers()
 
     yield* Effect.forEach(
       config.devices,
       (device, rank) =>
         startChild({
-          args: ["executor-worker", "--rank", String(rank)],
-          env,
-          // A worker computes as fast as its threads let it; the gateway, the dispatcher and the
-          // routers answer requests and refusals in between, so a busy worker yields to them.
-          lowerPriority: workerNiceness,
-          nodeFlags: workerNodeFlags,
+          ...workerChild(configText, rank),
+          ...(early?.[rank] === undefined ? {} : { started: early[rank] }),
           onUnexpectedExit: (code, signal) => {
             if (!healthy) return
             healthy = false
