@@ -47,4 +47,3 @@ export const spawnChild = (options: SpawnOptions): ChildProcess => {
   }
   return child
 }
-

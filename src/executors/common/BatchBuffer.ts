@@ -1,4 +1,3 @@
-import { join } from "node:path"
 import * as Effect from "effect/Effect"
 import type * as Scope from "effect/Scope"
 import { Arena } from "../../sidecar/Arena.js"
