@@ -81,6 +81,8 @@ export interface AppSummary {
 /** An app that compiled, loaded and validated, and now waits for its tasks to deploy. */
 export interface PreparedApp {
   readonly id: string
+  /** Who uses its tasks (see ResourceManager.acquire): this version of the app. */
+  readonly user: string
   readonly source: string
   readonly driver: AppDriver
   readonly tasks: ReadonlyArray<UnitTaskSpec>
@@ -194,8 +196,16 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
     )
 
     const log = (message: string) => Runtime.runSync(runtime)(Effect.logWarning(message))
-    const dispatch: GraphDispatcher = (graph, requestId, signal, request) =>
-      dispatcher.dispatch(graph, requestId, signal, request)
+    /**
+     * App `user`'s dispatches. Its call to one of its tasks starts its other released tasks too:
+     * they start side by side, not each at the app's first call to it.
+     */
+    const dispatchOf =
+      (user: string): GraphDispatcher =>
+      (graph, requestId, signal, request) => {
+        resources.wakeTasksOf(user)
+        return dispatcher.dispatch(graph, requestId, signal, request)
+      }
 
     yield* Effect.addFinalizer(() =>
       Effect.gen(function* () {
@@ -223,6 +233,7 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
           })
         }
         pending.add(name)
+        const user = `${name}#${randomUUID()}`
         const compiled = yield* Effect.promise(() => compileApp(source, `${name}.ts`))
         if (compiled._tag === "SyntaxError") return yield* new AppSyntaxError({ message: compiled.message })
         if (compiled._tag === "ForbiddenImport") {
@@ -235,7 +246,7 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
               code: compiled.code,
               loadTimeoutMs: config.appLoadTimeoutMs,
               limits: config.appLimits,
-              dispatch,
+              dispatch: dispatchOf(user),
               log,
               readSchemas: (wire) => schemaThread.read(wire),
               observer: metrics.requestObserver,
@@ -270,6 +281,7 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
         started.driver.timeoutMs = settings.timeoutMs ?? started.loaded.timeoutMs
         return {
           id: name,
+          user,
           source,
           driver: started.driver,
           tasks: started.loaded.tasks,
@@ -306,7 +318,7 @@ export class AppManager extends Effect.Service<AppManager>()("cornserve/AppManag
     /** `released`: its tasks whose executors stop when idle start released (see ResourceManager.acquire). */
     const deploy = (prepared: PreparedApp, onProgress: (message: string) => Effect.Effect<void>, released = false) =>
       Effect.gen(function* () {
-        const user = `${prepared.id}#${randomUUID()}`
+        const { user } = prepared
         yield* onProgress(`deploying ${prepared.tasks.length} unit task(s) for app ${prepared.id}`)
         yield* resources
           .acquire(user, prepared.tasks, onProgress, released)

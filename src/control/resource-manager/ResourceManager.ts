@@ -503,36 +503,100 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
       )
 
     /**
-     * A released task's executors start again for a call (a cold start): as many as it had (the
-     * scale kept for it), else one, on a shared CPU device when no device is free.
+     * Released tasks' executors start again for calls (cold starts): each task as many as it had
+     * (the scale kept for it), else one, on a shared CPU device when no device is free. Starts
+     * asked for together (an app's tasks, woken by its first call) are placed under the lock one
+     * after another and their executors started side by side; each task's own outcome is its.
      */
-    const startReleased = (taskId: string) =>
+    const startReleased = (taskIds: ReadonlyArray<string>) =>
       lock.withPermits(1)(
         Effect.gen(function* () {
-          const task = taskManagers.get(taskId)
-          if (task === undefined || task.state !== "starting")
-            return yield* new DeploymentFailed({ message: `task ${taskId} is being torn down` })
-          if (task.executors().length > 0) return
-          const request: PlacementRequest = {
-            task: taskId,
-            executors: scales.executorsOf(taskId),
-            devicesPerExecutor: perExecutorOf(task.spec),
-            related: relatedTo(taskId),
-            preferred: preferredFor(taskId)
-          }
-          const placed = yield* placeExecutors([request]).pipe(
-            Effect.catchTag("DevicesExhausted", () => placeExecutors([{ ...request, executors: 1, share: true }]))
+          const placements = yield* Effect.forEach(taskIds, (taskId) =>
+            Effect.either(
+              Effect.gen(function* () {
+                const task = taskManagers.get(taskId)
+                if (task === undefined || task.state !== "starting")
+                  return yield* new DeploymentFailed({ message: `task ${taskId} is being torn down` })
+                if (task.executors().length > 0) return undefined
+                const request: PlacementRequest = {
+                  task: taskId,
+                  executors: scales.executorsOf(taskId),
+                  devicesPerExecutor: perExecutorOf(task.spec),
+                  related: relatedTo(taskId),
+                  preferred: preferredFor(taskId)
+                }
+                const placed = yield* placeExecutors([request]).pipe(
+                  Effect.catchTag("DevicesExhausted", () => placeExecutors([{ ...request, executors: 1, share: true }]))
+                )
+                yield* logPlacement(placed)
+                return { task, placed }
+              })
+            )
           )
-          yield* logPlacement(placed)
-          yield* Effect.gen(function* () {
-            yield* prepareOn(task.spec, placed, () => Effect.void)
-            yield* taskManagers
-              .grow(taskId, yield* groupsOf(placed))
-              .pipe(Effect.tapError((error) => noteFailure(error)))
-          }).pipe(Effect.onError(() => Effect.sync(() => holdings.give(taskId, placed))))
-          changedAt.set(taskId, Date.now())
+          return yield* Effect.forEach(
+            placements,
+            (placement) =>
+              Either.isLeft(placement) || placement.right === undefined
+                ? Effect.succeed(Either.map(placement, () => undefined))
+                : Effect.either(startPlaced(placement.right.task, placement.right.placed)),
+            { concurrency: "unbounded" }
+          )
         })
       )
+
+    /** A released task's executors started where they were placed; the devices given back if they fail. */
+    const startPlaced = (task: TaskManager, placed: ReadonlyArray<PlacedExecutor>) =>
+      Effect.gen(function* () {
+        yield* prepareOn(task.spec, placed, () => Effect.void)
+        yield* taskManagers
+          .grow(task.spec.id, yield* groupsOf(placed))
+          .pipe(Effect.tapError((error) => noteFailure(error)))
+        changedAt.set(task.spec.id, Date.now())
+      }).pipe(Effect.onError(() => Effect.sync(() => holdings.give(task.spec.id, placed))))
+
+    /**
+     * The cold starts the task managers ask for in one turn of the event loop, started together
+     * (see `startReleased`); a start asked for while others run waits for the lock, with those
+     * asked for beside it.
+     */
+    const coldStarts = (() => {
+      let asked = new Map<string, Array<{ resolve: () => void; reject: (error: Error) => void }>>()
+      const startAsked = () => {
+        const batch = asked
+        asked = new Map()
+        Runtime.runPromise(runtime)(startReleased([...batch.keys()])).then(
+          (outcomes) =>
+            [...batch.values()].forEach((waiters, index) => {
+              const outcome = outcomes[index]!
+              for (const waiter of waiters)
+                Either.isRight(outcome) ? waiter.resolve() : waiter.reject(new Error(outcome.left.message))
+            }),
+          (error: unknown) => {
+            for (const waiters of batch.values()) for (const waiter of waiters) waiter.reject(error as Error)
+          }
+        )
+      }
+      return (taskId: string) =>
+        new Promise<void>((resolve, reject) => {
+          if (asked.size === 0) setImmediate(startAsked)
+          const waiters = asked.get(taskId) ?? []
+          waiters.push({ resolve, reject })
+          asked.set(taskId, waiters)
+        })
+    })()
+
+    /**
+     * An app's call to one of its tasks: its other released tasks start now too, side by side with
+     * that one, rather than each at the app's first call to it.
+     */
+    const wakeTasksOf = (user: string): void => {
+      for (const [taskId, taskUsers] of users) {
+        if (!taskUsers.has(user)) continue
+        const task = taskManagers.get(taskId)
+        // Its own call, if any, hears of a failed start.
+        if (task?.state === "released") task.wake().catch(() => undefined)
+      }
+    }
 
     /** Runs one of the resource manager's effects for the task managers' promises: it fails with its error's message. */
     const asPromise = <A, E extends { readonly message: string }>(effect: Effect.Effect<A, E>) =>
@@ -544,7 +608,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
 
     taskManagers.controlIdle({
       release: (taskId) => asPromise(releaseIdle(taskId)),
-      start: (taskId) => asPromise(startReleased(taskId))
+      start: coldStarts
     })
 
     /** A node's executors are gone: they leave their tasks, and the tasks are made whole elsewhere. */
@@ -598,7 +662,16 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
       usersOf: (taskId) => users.get(taskId) ?? []
     })
 
-    return { acquire, release, scale, ...listings, rebalanceMoves: rebalancing.counts, survey, move }
+    return {
+      acquire,
+      release,
+      scale,
+      wakeTasksOf,
+      ...listings,
+      rebalanceMoves: rebalancing.counts,
+      survey,
+      move
+    }
   }),
   dependencies: [TaskManagers.Default, ExecutorKinds.Default, NodeRegistry.Default]
 }) {}
