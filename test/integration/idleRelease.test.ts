@@ -171,4 +171,34 @@ describe("idle executors released: stopped after their idle time, started again 
     expect(await tasks()).toEqual([])
     expect(executorProcesses()).toEqual([])
   }, 120_000)
+
+  it("starts an app's released tasks together: a call to one starts the others too", async () => {
+    const registered = await cli([
+      "app",
+      "register",
+      join(repoRoot, "test", "fixtures", "apps", "idle_pair.ts"),
+      "--name",
+      "idle_pair"
+    ])
+    expect(registered.code, registered.stderr).toBe(0)
+    const bothReleased = () =>
+      eventually(async () => {
+        const listed = await tasks()
+        return listed.length === 2 && listed.every((task) => task.state === "released") ? listed : undefined
+      }, 120_000)
+    const [one, other] = await bothReleased()
+    const response = await invoke(platform.url, "idle_pair", JSON.stringify({ input: ["both"] }))
+    expect(response.status, await response.text()).toBe(200)
+    // The app called one task; both have started again (the one it did not call starts on its own time).
+    const counts = async () => {
+      const text = await metrics()
+      return [one!, other!].map((task) =>
+        Number(new RegExp(`cornserve_task_cold_start_seconds_count\\{task="${task.id}"\\} (\\d+)`).exec(text)?.[1])
+      )
+    }
+    await eventually(async () => ((await counts()).every((count) => count >= 1) ? true : undefined), 120_000)
+    const unregistered = await cli(["app", "unregister", "idle_pair"])
+    expect(unregistered.code, unregistered.stderr).toBe(0)
+    expect(await tasks()).toEqual([])
+  }, 240_000)
 })
