@@ -4,6 +4,7 @@ import * as Effect from "effect/Effect"
 import type * as Scope from "effect/Scope"
 import * as zmq from "zeromq"
 import { spawnChild, startChild } from "../../process/ChildProcesses.js"
+import { serviceNodeFlags } from "../../process/SpawnChild.js"
 import { batchBufferPathOf } from "./BatchBuffer.js"
 import { EngineUnavailable, type ExecutorError } from "./errors.js"
 import { configEnvName, type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
@@ -22,7 +23,8 @@ export type EngineState =
 
 const engineChild = (config: ExecutorConfig) => ({
   args: ["executor-engine"],
-  env: { [configEnvName]: JSON.stringify(config) }
+  env: { [configEnvName]: JSON.stringify(config) },
+  nodeFlags: serviceNodeFlags
 })
 
 /**
