@@ -20,15 +20,6 @@ export interface SpawnOptions {
   readonly nodeFlags?: ReadonlyArray<string>
 }
 
-/**
- * V8 flags for the platform's long-lived service processes (sidecars, executors' routers and
- * engines, apps): a young generation of at most 2 MiB per semi-space instead of 16. Their
- * allocations are requests' small objects, so collections stay short, and each process holds about
- * 20 MiB less (PSS, measured on an engine at rest after a burst of allocations). Workers keep V8's
- * default: a decode step allocates more than that between two runs.
- */
-export const serviceNodeFlags: ReadonlyArray<string> = ["--max-semi-space-size=2"]
-
 const getPriorityOfSelf = (): number | undefined => {
   try {
     return getPriority()

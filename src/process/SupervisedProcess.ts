@@ -8,7 +8,6 @@ import * as Exit from "effect/Exit"
 import * as Schedule from "effect/Schedule"
 import type * as Scope from "effect/Scope"
 import { lifelineEnv } from "./Lifeline.js"
-import { serviceNodeFlags } from "./SpawnChild.js"
 import { restartPolicy } from "./RestartPolicy.js"
 import { stopHasBegun } from "./StopSignals.js"
 
@@ -159,7 +158,7 @@ export class SupervisedProcess<R> {
     exited: Deferred.Deferred<string>,
     append: (chunk: string) => string
   ) {
-    const child = spawn(process.execPath, [...serviceNodeFlags, binPath, ...this.options.args], {
+    const child = spawn(process.execPath, [binPath, ...this.options.args], {
       stdio: ["pipe", "pipe", "pipe"],
       env: lifelineEnv({ ...process.env, ...this.options.env })
     })

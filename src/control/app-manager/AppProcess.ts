@@ -18,7 +18,6 @@ import { AppLog } from "./AppLog.js"
 import { ChannelBudget, channelRateExceeded, channelRateOf } from "./ChannelBudget.js"
 import { appSandbox } from "./AppSandbox.js"
 import { OutboundProxy, type OutboundRules } from "./OutboundProxy.js"
-import { serviceNodeFlags } from "../../process/SpawnChild.js"
 
 export interface AppProcessLimits {
   /** V8's old-generation heap limit, in MiB (`--max-old-space-size`). */
@@ -103,7 +102,6 @@ export class AppProcess extends EventEmitter<{
       "--experimental-permission",
       ...runtime.readableDirs.map((dir) => `--allow-fs-read=${dir}`),
       `--max-old-space-size=${limits.heapMiB}`,
-      ...serviceNodeFlags,
       "--no-warnings=ExperimentalWarning",
       runtime.hostEntry
     ])

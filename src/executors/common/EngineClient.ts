@@ -4,7 +4,6 @@ import * as Effect from "effect/Effect"
 import type * as Scope from "effect/Scope"
 import * as zmq from "zeromq"
 import { spawnChild, startChild } from "../../process/ChildProcesses.js"
-import { serviceNodeFlags } from "../../process/SpawnChild.js"
 import { batchBufferPathOf } from "./BatchBuffer.js"
 import { EngineUnavailable, type ExecutorError } from "./errors.js"
 import { configEnvName, type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
@@ -23,8 +22,7 @@ export type EngineState =
 
 const engineChild = (config: ExecutorConfig) => ({
   args: ["executor-engine"],
-  env: { [configEnvName]: JSON.stringify(config) },
-  nodeFlags: serviceNodeFlags
+  env: { [configEnvName]: JSON.stringify(config) }
 })
 
 /**
