@@ -58,6 +58,9 @@ describe("idle executors released: stopped after their idle time, started again 
     if (response.status !== 200) throw new Error(`the call answered ${response.status}: ${JSON.stringify(answer)}`)
     return answer.data?.length
   }
+  /** Registers the fixture app `test/fixtures/apps/<name>.ts` under its own name. */
+  const register = (name: string) =>
+    cli(["app", "register", join(repoRoot, "test", "fixtures", "apps", `${name}.ts`), "--name", name])
   const metrics = async () => (await fetch(`${platform.url}/metrics`, { headers: adminHeaders() })).text()
 
   beforeAll(async () => {
@@ -66,13 +69,7 @@ describe("idle executors released: stopped after their idle time, started again 
       args: ["--devices", "cpu:0"],
       env: { CORNSERVE_MODEL_DIR: modelDir }
     })
-    const registered = await cli([
-      "app",
-      "register",
-      join(repoRoot, "test", "fixtures", "apps", "idle_embed.ts"),
-      "--name",
-      "idle_embed"
-    ])
+    const registered = await register("idle_embed")
     expect(registered.code, registered.stderr).toBe(0)
     // A platform and an executor to start: on a busy machine, minutes.
   }, 240_000)
@@ -154,13 +151,7 @@ describe("idle executors released: stopped after their idle time, started again 
     else expect(body.error?.message).toBeTruthy()
     expect(await tasks()).toEqual([])
     expect(executorProcesses()).toEqual([])
-    const registered = await cli([
-      "app",
-      "register",
-      join(repoRoot, "test", "fixtures", "apps", "idle_embed.ts"),
-      "--name",
-      "idle_embed"
-    ])
+    const registered = await register("idle_embed")
     expect(registered.code, registered.stderr).toBe(0)
   }, 240_000)
 
@@ -173,13 +164,7 @@ describe("idle executors released: stopped after their idle time, started again 
   }, 120_000)
 
   it("starts an app's released tasks together: a call to one starts the others too", async () => {
-    const registered = await cli([
-      "app",
-      "register",
-      join(repoRoot, "test", "fixtures", "apps", "idle_pair.ts"),
-      "--name",
-      "idle_pair"
-    ])
+    const registered = await register("idle_pair")
     expect(registered.code, registered.stderr).toBe(0)
     const bothReleased = () =>
       eventually(async () => {
