@@ -17,6 +17,7 @@ import { type PlacedExecutor, type PlacementNode, type PlacementRequest, place }
 import type { Move } from "./Rebalance.js"
 import { type Fleet, makeRebalanceMoves } from "./RebalanceMoves.js"
 import { makeScaleStore } from "./ScaleStore.js"
+import { batchedByTurn } from "./TurnBatch.js"
 
 export type { TaskSummary } from "./Listings.js"
 
@@ -559,31 +560,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
      * (see `startReleased`); a start asked for while others run waits for the lock, with those
      * asked for beside it.
      */
-    const coldStarts = (() => {
-      let asked = new Map<string, Array<{ resolve: () => void; reject: (error: Error) => void }>>()
-      const startAsked = () => {
-        const batch = asked
-        asked = new Map()
-        Runtime.runPromise(runtime)(startReleased([...batch.keys()])).then(
-          (outcomes) =>
-            [...batch.values()].forEach((waiters, index) => {
-              const outcome = outcomes[index]!
-              for (const waiter of waiters)
-                Either.isRight(outcome) ? waiter.resolve() : waiter.reject(new Error(outcome.left.message))
-            }),
-          (error: unknown) => {
-            for (const waiters of batch.values()) for (const waiter of waiters) waiter.reject(error as Error)
-          }
-        )
-      }
-      return (taskId: string) =>
-        new Promise<void>((resolve, reject) => {
-          if (asked.size === 0) setImmediate(startAsked)
-          const waiters = asked.get(taskId) ?? []
-          waiters.push({ resolve, reject })
-          asked.set(taskId, waiters)
-        })
-    })()
+    const coldStarts = batchedByTurn((taskIds) => Runtime.runPromise(runtime)(startReleased(taskIds)))
 
     /**
      * An app's call to one of its tasks: its other released tasks start now too, side by side with
