@@ -27,6 +27,7 @@ import { nodeNameProblem } from "../contracts/ClusterRpcs.js"
 import { internalSecretOf } from "../contracts/Credentials.js"
 import { parseDevices } from "../node/Devices.js"
 import { defaultMaxMediaItems, defaultMediaLimits } from "../executors/common/media/MediaLimits.js"
+import { executorDefaults } from "../executors/common/ExecutorConfig.js"
 import type { GatewayTarget } from "./client.js"
 
 type Client = typeof import("./client.js")
@@ -891,19 +892,19 @@ const executorCommand = Command.make(
     ),
     devices: Options.text("devices").pipe(
       Options.withDescription("Its devices, one worker each: cpu:0,cpu:1 or cuda:0."),
-      Options.withDefault("cpu:0")
+      Options.withDefault(executorDefaults.devices)
     ),
     threadsPerDevice: Options.integer("threads-per-device").pipe(
       Options.withDescription("ONNX Runtime threads of each CPU worker."),
-      Options.withDefault(1)
+      Options.withDefault(executorDefaults.threadsPerDevice)
     ),
     host: Options.text("host").pipe(
       Options.withDescription("The address its HTTP API listens on."),
-      Options.withDefault("127.0.0.1")
+      Options.withDefault(executorDefaults.host)
     ),
     port: Options.integer("port").pipe(
       Options.withDescription("Its HTTP port (0 picks a free one)."),
-      Options.withDefault(0)
+      Options.withDefault(executorDefaults.port)
     ),
     sidecarSocket: Options.text("sidecar-socket").pipe(
       Options.withDescription("The node's sidecar socket, for tensors to and from other executors."),
@@ -911,19 +912,19 @@ const executorCommand = Command.make(
     ),
     maxBatchSize: Options.integer("max-batch-size").pipe(
       Options.withDescription("Items in one batch."),
-      Options.withDefault(8)
+      Options.withDefault(executorDefaults.maxBatchSize)
     ),
     maxBatchDelayMs: Options.float("max-batch-delay-ms").pipe(
       Options.withDescription("How long a small batch may wait to fill."),
-      Options.withDefault(2)
+      Options.withDefault(executorDefaults.maxBatchDelayMs)
     ),
     maxQueue: Options.integer("max-queue").pipe(
       Options.withDescription("Requests waiting or running; more are answered 503."),
-      Options.withDefault(256)
+      Options.withDefault(executorDefaults.maxQueuedRequests)
     ),
     preprocessThreads: Options.integer("preprocess-threads").pipe(
       Options.withDescription("Threads that decode and preprocess media."),
-      Options.withDefault(2)
+      Options.withDefault(executorDefaults.preprocessThreads)
     ),
     mediaRoot: Options.directory("media-root").pipe(
       Options.withDescription("file: media URLs may be read below this directory only."),
@@ -934,7 +935,7 @@ const executorCommand = Command.make(
     ),
     maxMediaBytes: Options.integer("max-media-bytes").pipe(
       Options.withDescription("The largest media item accepted (413 beyond)."),
-      Options.withDefault(32 * 1024 * 1024)
+      Options.withDefault(executorDefaults.maxMediaBytes)
     ),
     maxMediaItems: Options.integer("max-media-items").pipe(
       Options.withDescription("Media items in one request, counted before any is read (400 beyond)."),
@@ -962,11 +963,11 @@ const executorCommand = Command.make(
     ),
     batchSlotBytes: Options.integer("batch-slot-bytes").pipe(
       Options.withDescription("Shared memory for one batch between engine and workers."),
-      Options.withDefault(64 * 1024 * 1024)
+      Options.withDefault(executorDefaults.batchSlotBytes)
     ),
     embeddingWaitMs: Options.integer("embedding-wait-ms").pipe(
       Options.withDescription("How long to wait for an embedding from the sidecar (404 after)."),
-      Options.withDefault(30_000)
+      Options.withDefault(executorDefaults.embeddingWaitMs)
     ),
     runDir: Options.text("run-dir").pipe(
       Options.withDescription(

@@ -7,7 +7,7 @@ import type { BatchInput, WorkItem } from "./wire.js"
 const alignment = 64
 const align = (offset: number) => Math.ceil(offset / alignment) * alignment
 
-export { batchBufferEnvName, batchBufferPathOf, batchBufferPrefix } from "./WorkerSpawn.js"
+export { batchBufferEnvName, batchBufferPathOf, batchBufferPrefix } from "./EarlySpawn.js"
 
 /**
  * Batches in flight between an engine and its workers, each in a slot of the buffer: two, so that

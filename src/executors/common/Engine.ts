@@ -183,7 +183,8 @@ export const runEngine = (config: ExecutorConfig) =>
     const receiveRequests = async (stop: AbortSignal) => {
       for await (const message of messagesOf<ToEngine>(fromRouter)) {
         if (stop.aborted) return
-        if (message.t === "cancel") {
+        if (message.t === "worker-lost") workers.lose(message.reason)
+        else if (message.t === "cancel") {
           if (requests.delete(message.id)) scheduler.remove(message.id)
           // Items already running: their workers are told, for a model that stops a long stream.
           for (const batch of batches.values()) {

@@ -1,12 +1,12 @@
-import type { ChildProcess } from "node:child_process"
 import { randomUUID } from "node:crypto"
 import * as Effect from "effect/Effect"
 import type * as Scope from "effect/Scope"
 import * as zmq from "zeromq"
-import { spawnChild, startChild } from "../../process/ChildProcesses.js"
+import { startChild } from "../../process/ChildProcesses.js"
 import { batchBufferPathOf } from "./BatchBuffer.js"
 import { EngineUnavailable, type ExecutorError } from "./errors.js"
-import { configEnvName, type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
+import { type EarlyProcesses, engineChild, workerChild } from "./EarlySpawn.js"
+import { type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
 import { failureOf, messagesOf, type FromEngine, orderedSender, type ToEngine, type WorkItem } from "./wire.js"
 
 interface Pending {
@@ -19,18 +19,6 @@ export type EngineState =
   | { readonly _tag: "Starting" }
   | { readonly _tag: "Ready"; readonly workers: number }
   | { readonly _tag: "Unhealthy"; readonly reason: string }
-
-const engineChild = (config: ExecutorConfig) => ({
-  args: ["executor-engine"],
-  env: { [configEnvName]: JSON.stringify(config) }
-})
-
-/**
- * Starts the engine's process (which starts the workers) before the router has loaded its routes,
- * so that the three load side by side; `EngineClient.start` takes it over. Until then, it is held
- * by its lifeline only: if the router fails first, the engine stops with it.
- */
-export const spawnEngine = (config: ExecutorConfig): ChildProcess => spawnChild(engineChild(config))
 
 /**
  * The router's side of the engine: starts the engine process (which starts the workers), submits
@@ -56,8 +44,12 @@ export class EngineClient {
     return this.pending.size
   }
 
-  /** `started`: the engine's process as `spawnEngine` started it ahead of this (else started now). */
-  static start(config: ExecutorConfig, started?: ChildProcess): Effect.Effect<EngineClient, never, Scope.Scope> {
+  /**
+   * `started`: the engine's and the workers' processes as `spawnEngine` started them ahead of this
+   * (else started now). The router is the workers' parent: when one exits, the executor is
+   * unhealthy, and the engine is told so that it fails what it holds.
+   */
+  static start(config: ExecutorConfig, started?: EarlyProcesses): Effect.Effect<EngineClient, never, Scope.Scope> {
     return Effect.gen(function* () {
       const toEngine = new zmq.Push({ linger: 0 })
       const fromEngine = new zmq.Pull()
@@ -68,13 +60,27 @@ export class EngineClient {
         })
       )
       const client = new EngineClient(toEngine)
-      yield* startChild({
+      const engine = yield* startChild({
         ...engineChild(config),
-        ...(started === undefined ? {} : { started }),
+        ...(started === undefined ? {} : { started: started.engine }),
         leaves: (pid) => [batchBufferPathOf(pid)],
         onUnexpectedExit: (code, signal) =>
           client.becomeUnhealthy(`the engine exited ${signal === null ? `with code ${code}` : `on ${signal}`}`)
       })
+      yield* Effect.forEach(
+        config.devices,
+        (device, rank) =>
+          startChild({
+            ...workerChild(config, rank, engine.pid ?? 0),
+            ...(started?.workers[rank] === undefined ? {} : { started: started.workers[rank] }),
+            onUnexpectedExit: (code, signal) => {
+              const reason = `worker ${rank} (${device}) exited ${signal === null ? `with code ${code}` : `on ${signal}`}`
+              client.becomeUnhealthy(reason)
+              void client.send({ t: "worker-lost", reason })
+            }
+          }),
+        { discard: true }
+      )
       toEngine.connect(ipcPath(config, "engine-in"))
       fromEngine.connect(ipcPath(config, "engine-out"))
       void client.receive(fromEngine)

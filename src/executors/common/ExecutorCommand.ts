@@ -1,12 +1,13 @@
 /**
  * Entry points of an executor's three process roles: `cornserve internal executor` (the router,
- * which the node agent starts), and `executor-engine` / `executor-worker`, which the router and the
- * engine start in turn with the config in their environment. Each role loads only its own modules:
+ * which the node agent starts), and `executor-engine` / `executor-worker`, which the router starts
+ * with the config in their environment. Each role loads only its own modules:
  * a worker has no use for the HTTP stack, nor a router for ONNX Runtime.
  */
 import { mkdir, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import { parseArgs } from "node:util"
 import * as Cause from "effect/Cause"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
@@ -20,7 +21,11 @@ import { executorOomScoreMargin, raiseOomScoreAdj, readOomScoreAdj } from "../..
 import { runMain } from "../../process/StopSignals.js"
 import { internalSecretEnvName, takeInternalSecret } from "../../sidecar/InternalSecret.js"
 import { traceProcess } from "../../tracing/Tracing.js"
-import { configEnvName, decodeConfig, type ExecutorConfig } from "./ExecutorConfig.js"
+import { dtypes } from "../../models/Dtype.js"
+import { configEnvName, spawnEngine } from "./EarlySpawn.js"
+import type { RouterKind } from "./Router.js"
+import { defaultMaxMediaItems, defaultMediaLimits } from "./media/MediaLimits.js"
+import { decodeConfig, type ExecutorConfig, executorDefaults } from "./ExecutorConfig.js"
 
 export type ExecutorOptions = Omit<ExecutorConfig, "modelDir" | "runDir"> & {
   readonly runDir?: string
@@ -44,6 +49,13 @@ const traceExecutorProcess = (
     "cornserve.executor.devices": config.devices.join(","),
     ...(rank === undefined ? {} : { "cornserve.executor.rank": String(rank) })
   })
+
+/** Each kind's routes, loaded only in that kind's routers (named one by one so that a bundler sees them). */
+const kindRouters: Record<ExecutorConfig["kind"], () => Promise<{ readonly routerKind: RouterKind }>> = {
+  llm: () => import("../llm/router.js"),
+  eric: () => import("../eric/router.js"),
+  geri: () => import("../geri/router.js")
+}
 
 export const runExecutor = (options: ExecutorOptions) =>
   Effect.gen(function* () {
@@ -80,12 +92,13 @@ export const runExecutor = (options: ExecutorOptions) =>
       Effect.promise(() => mkdir(config.runDir, { recursive: true })),
       () => Effect.promise(() => rm(config.runDir, { recursive: true, force: true }))
     )
-    // The engine (which starts the workers) before the routes are loaded: the three processes
+    // The engine and the workers before the routes are loaded: the three processes
     // load side by side, which is most of a cold start.
-    const { spawnEngine } = yield* Effect.promise(() => import("./EngineClient.js"))
-    const engineProcess = spawnEngine(config)
-    const { runRouter } = yield* Effect.promise(() => import("./Router.js"))
-    return yield* runRouter(config, secret, engineProcess)
+    const started = spawnEngine(config)
+    const [{ runRouter }, { routerKind }] = yield* Effect.promise(() =>
+      Promise.all([import("./Router.js"), kindRouters[config.kind]()])
+    )
+    return yield* runRouter(config, secret, started, routerKind)
   }).pipe(Effect.scoped)
 
 const configFromEnvironment = (): ExecutorConfig => {
@@ -103,13 +116,11 @@ export const runExecutorEngine = () =>
   Effect.gen(function* () {
     const config = configFromEnvironment()
     yield* traceExecutorProcess(config, "engine")
-    const module =
-      config.kind === "llm"
-        ? new URL(`../${config.kind}/engine.js`, import.meta.url).href
-        : new URL("./Engine.js", import.meta.url).href
-    const { runEngine } = (yield* Effect.promise(() => import(module))) as {
-      readonly runEngine: (config: ExecutorConfig) => Effect.Effect<never, Error, import("effect").Scope.Scope>
+    if (config.kind === "llm") {
+      const { runEngine } = yield* Effect.promise(() => import("../llm/engine.js"))
+      return yield* runEngine(config)
     }
+    const { runEngine } = yield* Effect.promise(() => import("./Engine.js"))
     return yield* runEngine(config)
   }).pipe(Effect.scoped)
 
@@ -120,6 +131,80 @@ export const runExecutorWorker = (rank: number) =>
     const { runWorker } = yield* Effect.promise(() => import("./Worker.js"))
     return yield* Effect.tryPromise({ try: () => runWorker(config, rank), catch: asError })
   }).pipe(Effect.scoped)
+
+const kinds: ReadonlyArray<string> = ["eric", "geri", "llm"] satisfies ReadonlyArray<ExecutorConfig["kind"]>
+
+/**
+ * A router's options from the command line a node agent starts it with (NodeAgent's
+ * `startExecutor`: its kind, model and devices, where its sockets go, and its settings as one
+ * record), every other field at its default; undefined for any other command line, which is left
+ * to the CLI (its flags, its help and its errors). A platform-started router thereby starts without
+ * loading the CLI, which is on a cold start's path.
+ */
+export const platformLaunch = (args: ReadonlyArray<string>): ExecutorOptions | undefined => {
+  let values: Partial<
+    Record<"kind" | "model" | "devices" | "sidecar-socket" | "run-dir" | "host" | "dtype" | "settings", string>
+  >
+  try {
+    values = parseArgs({
+      args: [...args],
+      strict: true,
+      allowPositionals: false,
+      options: {
+        kind: { type: "string" },
+        model: { type: "string" },
+        devices: { type: "string" },
+        "sidecar-socket": { type: "string" },
+        "run-dir": { type: "string" },
+        host: { type: "string" },
+        dtype: { type: "string" },
+        settings: { type: "string" }
+      }
+    }).values
+  } catch {
+    return undefined
+  }
+  const { kind, model, dtype } = values
+  if (kind === undefined || !kinds.includes(kind) || model === undefined) return undefined
+  if (dtype !== undefined && !(dtypes as ReadonlyArray<string>).includes(dtype)) return undefined
+  return {
+    ...executorDefaults,
+    kind: kind as ExecutorConfig["kind"],
+    model,
+    devices: (values.devices ?? executorDefaults.devices)
+      .split(",")
+      .map((device) => device.trim())
+      .filter((device) => device.length > 0),
+    host: values.host ?? executorDefaults.host,
+    allowPrivateHosts: false,
+    maxMediaItems: defaultMaxMediaItems,
+    ...defaultMediaLimits,
+    ...(dtype === undefined ? {} : { dtype: dtype as (typeof dtypes)[number] }),
+    ...(values["sidecar-socket"] === undefined ? {} : { sidecarSocket: values["sidecar-socket"] }),
+    ...(values["run-dir"] === undefined ? {} : { runDir: values["run-dir"] }),
+    ...(values.settings === undefined ? {} : { settings: values.settings })
+  }
+}
+
+/** Runs an executor role's program as its process's main, errors told as the CLI tells them. */
+const runRole = (program: Effect.Effect<unknown, Error, never>): void =>
+  runMain(
+    program.pipe(
+      Effect.catchAllCause((cause) => {
+        if (Cause.isInterruptedOnly(cause)) return Effect.void
+        process.exitCode = 1
+        const error = Cause.squash(cause)
+        return Console.error(`cornserve: ${error instanceof Error ? error.message : String(error)}`)
+      })
+    ),
+    {
+      disableErrorReporting: true,
+      teardown: (exit, onExit) => onExit(Exit.isFailure(exit) ? 1 : Number(process.exitCode ?? 0))
+    }
+  )
+
+/** `cornserve internal executor` as a node agent starts it (see platformLaunch), without the CLI. */
+export const runPlatformExecutor = (options: ExecutorOptions): void => runRole(runExecutor(options))
 
 /**
  * `cornserve internal executor-engine` and `executor-worker --rank N` as `bin/cornserve` runs them:
@@ -137,24 +222,11 @@ export const runExecutorRole = (role: "executor-engine" | "executor-worker", arg
       : rank !== undefined && Number.isSafeInteger(rank) && rank >= 0
         ? undefined
         : "executor-worker takes --rank N (a device's index)"
-  const program =
+  runRole(
     usage !== undefined
       ? Effect.fail(new Error(usage))
       : role === "executor-engine"
         ? runExecutorEngine()
         : runExecutorWorker(rank!)
-  runMain(
-    program.pipe(
-      Effect.catchAllCause((cause) => {
-        if (Cause.isInterruptedOnly(cause)) return Effect.void
-        process.exitCode = 1
-        const error = Cause.squash(cause)
-        return Console.error(`cornserve: ${error instanceof Error ? error.message : String(error)}`)
-      })
-    ),
-    {
-      disableErrorReporting: true,
-      teardown: (exit, onExit) => onExit(Exit.isFailure(exit) ? 1 : Number(process.exitCode ?? 0))
-    }
   )
 }

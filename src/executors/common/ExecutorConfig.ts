@@ -39,7 +39,24 @@ export const ExecutorConfig = Schema.Struct({
 })
 export type ExecutorConfig = typeof ExecutorConfig.Type
 
-export { configEnvName } from "./WorkerSpawn.js"
+/**
+ * What `cornserve internal executor` takes when a flag is not given: the CLI's defaults, and a
+ * platform-started router's (see `platformLaunch` in ExecutorCommand.ts), which the platform starts
+ * with the flags of its placement alone.
+ */
+export const executorDefaults = {
+  devices: "cpu:0",
+  threadsPerDevice: 1,
+  host: "127.0.0.1",
+  port: 0,
+  maxBatchSize: 8,
+  maxBatchDelayMs: 2,
+  maxQueuedRequests: 256,
+  preprocessThreads: 2,
+  maxMediaBytes: 32 * 1024 * 1024,
+  batchSlotBytes: 64 * 1024 * 1024,
+  embeddingWaitMs: 30_000
+} as const
 
 export const decodeConfig = Schema.decodeUnknownSync(Schema.parseJson(ExecutorConfig))
 

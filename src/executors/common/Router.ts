@@ -3,7 +3,6 @@
  * thread pool, the engine behind ZeroMQ. Each kind supplies its routes and preprocessing; `/health`
  * and `/info` are common.
  */
-import type { ChildProcess } from "node:child_process"
 import { mkdir, rm } from "node:fs/promises"
 import * as Http from "node:http"
 import { join } from "node:path"
@@ -22,6 +21,7 @@ import * as Stream from "effect/Stream"
 import { errorHeaders, httpStatusOf } from "../../errors/HttpStatus.js"
 import { listening } from "../../process/Listening.js"
 import { noSpan, type Span, startSpan } from "../../tracing/Tracing.js"
+import type { EarlyProcesses } from "./EarlySpawn.js"
 import { EngineClient } from "./EngineClient.js"
 import { type HealthReport, healthWatchPeriodMs } from "./Health.js"
 import { type AnsweredError, answeredErrorOf, type ErrorBody, RouteNotFound } from "./errors.js"
@@ -139,15 +139,12 @@ const traced = <E, R>(app: HttpApp.Default<E, R>): HttpApp.Default<E, R> =>
     )
   })
 
-const loadKind = (kind: ExecutorConfig["kind"]): Promise<{ readonly routerKind: RouterKind }> =>
-  import(new URL(`../${kind}/router.js`, import.meta.url).href)
-
 /**
  * `secret`: the internal secret every call but a health probe carries (see ExecutorGate).
- * `engineProcess`: the engine, started by `ExecutorCommand` as soon as the config was known, in
- * the run directory it made (see `spawnEngine`).
+ * `started`: the engine and workers, started by `ExecutorCommand` as soon as the config was known,
+ * in the run directory it made (see `spawnEngine`). `routerKind`: what the executor's kind adds.
  */
-export const runRouter = (config: ExecutorConfig, secret: string, engineProcess: ChildProcess) =>
+export const runRouter = (config: ExecutorConfig, secret: string, started: EarlyProcesses, routerKind: RouterKind) =>
   Effect.gen(function* () {
     // Where media decodes keep their files: emptied of what a router killed outright left there
     // (a restarted executor has the same run directory).
@@ -156,8 +153,7 @@ export const runRouter = (config: ExecutorConfig, secret: string, engineProcess:
       await rm(scratchDir, { recursive: true, force: true })
       await mkdir(scratchDir, { mode: 0o700 })
     })
-    const engine = yield* EngineClient.start(config, engineProcess)
-    const { routerKind } = yield* Effect.promise(() => loadKind(config.kind))
+    const engine = yield* EngineClient.start(config, started)
     const pool =
       routerKind.preprocessModule === undefined
         ? undefined

@@ -8,6 +8,7 @@ import { BatchBuffer, batchBufferEnvName, batchSlots } from "./BatchBuffer.js"
 import { exitWithParent } from "../../process/ChildProcesses.js"
 import { type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
 import type { LoadWorkerModel } from "./WorkerModel.js"
+import { yieldPriority } from "./EarlySpawn.js"
 import {
   type BatchItem,
   type BatchMessage,
@@ -19,9 +20,16 @@ import {
 } from "./wire.js"
 import { type Span, startSpan } from "../../tracing/Tracing.js"
 
-/** Each kind's worker module is `executors/<kind>/worker.ts`, loaded only in that kind's workers. */
-const loadKind = (kind: ExecutorConfig["kind"]): Promise<{ readonly load: LoadWorkerModel }> =>
-  import(new URL(`../${kind}/worker.js`, import.meta.url).href)
+/**
+ * Each kind's worker module is `executors/<kind>/worker.ts`, loaded only in that kind's workers
+ * (named one by one so that a bundler sees them).
+ */
+const kindWorkers: Record<ExecutorConfig["kind"], () => Promise<{ readonly load: LoadWorkerModel }>> = {
+  llm: () => import("../llm/worker.js"),
+  eric: () => import("../eric/worker.js"),
+  geri: () => import("../geri/worker.js")
+}
+const loadKind = (kind: ExecutorConfig["kind"]) => kindWorkers[kind]()
 
 export const runWorker = async (config: ExecutorConfig, rank: number): Promise<void> => {
   exitWithParent()
@@ -29,8 +37,9 @@ export const runWorker = async (config: ExecutorConfig, rank: number): Promise<v
   if (device === undefined) throw new Error(`worker ${rank} has no device (devices: ${config.devices.join(", ")})`)
   const { load } = await loadKind(config.kind)
   const model = await load({ config, rank, device })
+  yieldPriority()
   // Mapped at the first batch with inputs: this worker may have started before its engine made it
-  // (see WorkerSpawn), and a worker whose batches carry their inputs in their messages never maps it.
+  // (see EarlySpawn), and a worker whose batches carry their inputs in their messages never maps it.
   const bufferPath = process.env[batchBufferEnvName]
   let buffer: BatchBuffer | undefined
   const inputsOf = (message: BatchMessage, firstRow: number, lastRow: number) => {

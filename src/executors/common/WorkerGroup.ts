@@ -1,17 +1,16 @@
 /**
- * An engine's workers: one process per device, started in the engine's scope, and the loop that
- * receives their replies. The router hears `ready` once every worker has loaded its model and
- * `unhealthy` as soon as one exits; the engine hears what the workers say about its batches. The
- * batch engine and the LLM's engine both run their workers through this.
+ * An engine's workers: one process per device, which the router starts beside the engine (see
+ * EarlySpawn) and watches, and the loop that receives their replies. The router hears `ready` once
+ * every worker has loaded its model; the engine hears what the workers say about its batches, and
+ * from the router that one exited (`lose`). The batch engine and the LLM's engine both run their
+ * workers through this.
  */
 import * as Effect from "effect/Effect"
 import type * as Scope from "effect/Scope"
-import { startChild } from "../../process/ChildProcesses.js"
 import type { EngineSockets } from "./EngineSockets.js"
 import type { ExecutorConfig } from "./ExecutorConfig.js"
 import type { ExecutorError } from "./errors.js"
 import { failureOf, messagesOf, type FromWorker, type ToWorker } from "./wire.js"
-import { takeEarlyWorkers, workerChild } from "./WorkerSpawn.js"
 
 /** What an engine does with its workers' replies. */
 export interface WorkerReplies {
@@ -21,7 +20,7 @@ export interface WorkerReplies {
   readonly done: (batch: number, rank: number, results: ReadonlyArray<unknown>) => void
   /** Worker `rank` failed its shard of batch `batch` with `error` (decoded from its message). */
   readonly failed: (batch: number, rank: number, error: ExecutorError) => void
-  /** A worker exited while the engine ran, and the router has been told so. Called once. */
+  /** A worker exited while the engine ran (the router saw it, and told the engine). Called once. */
   readonly lost: (reason: string) => void
 }
 
@@ -30,6 +29,8 @@ export interface WorkerGroup {
   readonly healthy: boolean
   /** Hands worker `rank` a batch; one worker's messages arrive in the order they were sent. */
   readonly send: (rank: number, message: ToWorker) => void
+  /** A worker exited, for `reason`: the group is unhealthy for good, and the engine's `lost` runs. */
+  readonly lose: (reason: string) => void
 }
 
 export const startWorkerGroup = (options: {
@@ -40,27 +41,6 @@ export const startWorkerGroup = (options: {
   Effect.gen(function* () {
     const { config, sockets, replies } = options
     let healthy = true
-    const configText = JSON.stringify(config)
-    // Started as this process began (see WorkerSpawn), when it was: they have been loading since.
-    const early = takeEarlyWorkers()
-
-    yield* Effect.forEach(
-      config.devices,
-      (device, rank) =>
-        startChild({
-          ...workerChild(configText, rank),
-          ...(early?.[rank] === undefined ? {} : { started: early[rank] }),
-          onUnexpectedExit: (code, signal) => {
-            if (!healthy) return
-            healthy = false
-            const reason = `worker ${rank} (${device}) exited ${signal === null ? `with code ${code}` : `on ${signal}`}`
-            void sockets.sendRouter({ t: "unhealthy", reason })
-            replies.lost(reason)
-          }
-        }),
-      { discard: true }
-    )
-
     const receive = async () => {
       let ready = 0
       for await (const message of messagesOf<FromWorker>(sockets.fromWorkers)) {
@@ -86,6 +66,11 @@ export const startWorkerGroup = (options: {
       get healthy() {
         return healthy
       },
-      send: (rank, message) => void sockets.sendWorker[rank]!(message).catch(() => undefined)
+      send: (rank, message) => void sockets.sendWorker[rank]!(message).catch(() => undefined),
+      lose: (reason) => {
+        if (!healthy) return
+        healthy = false
+        replies.lost(reason)
+      }
     }
   })

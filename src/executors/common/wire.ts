@@ -71,6 +71,8 @@ export type WorkItemContext = Pick<WorkItem, "trace" | "share">
 export type ToEngine =
   | { readonly t: "request"; readonly id: string; readonly items: ReadonlyArray<WorkItem> }
   | { readonly t: "cancel"; readonly id: string }
+  /** A worker exited (the router, their parent, saw it): the engine fails what it holds. */
+  | { readonly t: "worker-lost"; readonly reason: string }
 
 /** Engine → router. */
 export type FromEngine =

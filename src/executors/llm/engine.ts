@@ -316,7 +316,8 @@ export const runEngine = (config: ExecutorConfig) =>
     const receiveRequests = async (stop: AbortSignal) => {
       for await (const message of messagesOf<ToEngine>(fromRouter)) {
         if (stop.aborted) return
-        if (message.t === "cancel") cancel(message.id)
+        if (message.t === "worker-lost") workers.lose(message.reason)
+        else if (message.t === "cancel") cancel(message.id)
         else if (!workers.healthy)
           void sendRouter(failedMessage(message.id, new EngineUnavailable({ message: "the executor is unhealthy" })))
         else {
