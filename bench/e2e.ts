@@ -12,6 +12,7 @@ import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import sharp from "sharp"
+import { internalSecretOf } from "../src/contracts/Credentials.js"
 import { eventually, runCli, startPlatform } from "../test/support/platform.js"
 
 const seconds = Number(process.env.BENCH_SECONDS ?? 6)
@@ -77,9 +78,14 @@ const textOfStream = async (response: Response, format: "ndjson" | "sse") => {
 export default async function e2eBench(): Promise<void> {
   const work = mkdtempSync(join(tmpdir(), "cornserve-bench-e2e-"))
   writeFileSync(join(work, "color_chat_local.ts"), noFissionApp)
+  // A cluster token makes the platform's internal secret one this bench can derive: the direct
+  // calls carry it, as the dispatcher's do.
+  const clusterToken = randomUUID()
+  const executorHeaders = { authorization: `Bearer ${internalSecretOf(clusterToken)}` }
   const platform = await startPlatform({
     // No cache of encoder outputs: every request sends the same image, and the encoder is measured.
     args: ["--devices", "cpu:0,cpu:1,cpu:2,cpu:3", "--embedding-cache-bytes", "0"],
+    env: { CORNSERVE_CLUSTER_TOKEN: clusterToken },
     stateDir: join(work, "state")
   })
   const env = { CORNSERVE_GATEWAY_URL: platform.url }
@@ -122,12 +128,12 @@ export default async function e2eBench(): Promise<void> {
       const [, text] = await Promise.all([
         fetch(`${ericUrl}/embeddings`, {
           method: "POST",
-          headers: { "content-type": "application/json" },
+          headers: { "content-type": "application/json", ...executorHeaders },
           body: JSON.stringify({ items: [{ id, modality: "image", url: image }], receivers: ["local"] })
         }).then((response) => response.arrayBuffer()),
         fetch(`${llmUrl}/v1/chat/completions`, {
           method: "POST",
-          headers: { "content-type": "application/json" },
+          headers: { "content-type": "application/json", ...executorHeaders },
           body: JSON.stringify({
             model: "cornserve/tiny-color-vlm",
             messages,
