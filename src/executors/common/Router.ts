@@ -42,6 +42,12 @@ export interface RouterContext {
 export interface RouterKind {
   /** The module whose exported functions the preprocessing threads run, if the kind preprocesses. */
   readonly preprocessModule?: string
+  /**
+   * Whether every request runs a preprocessing job (Eric's: media decoded, texts tokenized): then
+   * one thread starts with the router, loading beside the model, so that the first request after a
+   * cold start does not wait for a thread to load. Otherwise threads start with the first job.
+   */
+  readonly preprocessesEveryRequest?: boolean
   /** Loads what the routes need (the model's configs, a sidecar client…). */
   readonly make: (context: RouterContext) => Effect.Effect<
     {
@@ -160,7 +166,8 @@ export const runRouter = (config: ExecutorConfig, secret: string, started: Early
         : yield* ThreadPool.make({
             moduleUrl: routerKind.preprocessModule,
             size: config.preprocessThreads,
-            scratchDir
+            scratchDir,
+            startOne: routerKind.preprocessesEveryRequest === true
           })
     const { info, routes } = yield* routerKind.make({ config, engine, pool })
 

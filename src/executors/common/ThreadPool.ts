@@ -45,6 +45,8 @@ export interface ThreadPoolOptions {
   readonly scratchDir?: string
   /** Heap bounds of each thread, past which it dies (and is replaced). */
   readonly resourceLimits?: ResourceLimits
+  /** One thread started with the pool, for a caller whose every job would otherwise wait for the first. */
+  readonly startOne?: boolean
 }
 
 interface Job {
@@ -65,9 +67,10 @@ interface Slot {
  * aborts (its request ended): the thread is told, and stops what it started for it. A thread that
  * dies (exits, throws, runs out of heap) fails its jobs with its reason and is replaced.
  *
- * Threads start on demand: one when a job finds every running thread busy, up to `size`. A thread
- * is an isolate with the preprocessing module loaded (tens of MiB), and an executor that is never
- * sent media, or one request at a time, needs none or one.
+ * Threads start on demand: one when a job finds every running thread busy, up to `size` (and one
+ * with the pool where `startOne` says so). A thread is an isolate with the preprocessing module
+ * loaded (tens of MiB), and an executor that is never sent media, or one request at a time, needs
+ * none or one.
  */
 export class ThreadPool {
   private readonly slots: ReadonlyArray<Slot>
@@ -81,7 +84,11 @@ export class ThreadPool {
 
   static make(options: ThreadPoolOptions): Effect.Effect<ThreadPool, never, Scope.Scope> {
     return Effect.acquireRelease(
-      Effect.sync(() => new ThreadPool(options)),
+      Effect.sync(() => {
+        const pool = new ThreadPool(options)
+        if (options.startOne === true && pool.slots[0] !== undefined) pool.start(pool.slots[0])
+        return pool
+      }),
       (pool) => Effect.promise(() => pool.close())
     )
   }

@@ -40,6 +40,7 @@ export const maxVideoFrames = 32
 
 export const routerKind: RouterKind = {
   preprocessModule: new URL("./preprocess.js", import.meta.url).href,
+  preprocessesEveryRequest: true,
   make: ({ config, engine, pool: maybePool }) =>
     Effect.gen(function* () {
       const pool = maybePool!

@@ -72,6 +72,26 @@ describe("ThreadPool", () => {
     expect(pool.failure).toBeUndefined()
   })
 
+  it("starts one thread with the pool where asked (startOne), and the first job runs on it", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "cornserve-pool-"))
+    try {
+      const marker = join(dir, "loaded")
+      const loudModule = `data:text/javascript,${encodeURIComponent(`
+import { writeFileSync } from "node:fs"
+import { threadId } from "node:worker_threads"
+writeFileSync(${JSON.stringify(marker)}, String(threadId))
+export const echo = (input) => ({ input, thread: threadId })
+`)}`
+      const pool = await makePool(2, { moduleUrl: loudModule, startOne: true })
+      // Loaded before any job was asked for.
+      const started = Number(await eventually(() => readFile(marker, "utf8")))
+      const answer = await pool.run<{ thread: number }>("echo", 1)
+      expect(answer.thread).toBe(started)
+    } finally {
+      await rm(dir, { recursive: true, force: true })
+    }
+  })
+
   it("takes the decoders a dying thread started with it, even one that writes nothing", async () => {
     const pool = await makePool(1)
     const dir = await mkdtemp(join(tmpdir(), "cornserve-test-pool-"))
