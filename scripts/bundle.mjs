@@ -17,7 +17,7 @@
  *   A module that names another entry of the bundle that way (a thread's entry module) gets the
  *   bundled copy of that entry.
  */
-import { readFile, rm } from "node:fs/promises"
+import { mkdir, readdir, readFile, rename, rm, writeFile } from "node:fs/promises"
 import { dirname, relative, resolve } from "node:path"
 import { fileURLToPath } from "node:url"
 import * as esbuild from "esbuild"
@@ -88,8 +88,7 @@ const lazyPackages = {
   }
 }
 
-await rm(outdir, { recursive: true, force: true })
-await esbuild.build({
+const result = await esbuild.build({
   entryPoints: Object.fromEntries(Object.entries(entries).map(([name, path]) => [name, resolve(dist, path)])),
   outdir,
   bundle: true,
@@ -105,5 +104,27 @@ await esbuild.build({
   banner: {
     js: 'import { createRequire as __bundleRequire } from "node:module"; const require = __bundleRequire(import.meta.url);'
   },
-  logLevel: "warning"
+  logLevel: "warning",
+  write: false
 })
+
+/**
+ * Into place without a moment when a file is missing: the platform may be running from this
+ * bundle while it is rebuilt (an app folder's `npm install` of this package runs its `prepare`).
+ * A file whose bytes are unchanged is left alone; a changed one is written beside it and renamed
+ * over it; files no longer in the bundle go last.
+ */
+await mkdir(outdir, { recursive: true })
+const written = new Set()
+for (const file of result.outputFiles) {
+  written.add(file.path)
+  const current = await readFile(file.path).catch(() => undefined)
+  if (current !== undefined && Buffer.compare(current, file.contents) === 0) continue
+  const staging = `${file.path}.${process.pid}.tmp`
+  await writeFile(staging, file.contents)
+  await rename(staging, file.path)
+}
+for (const name of await readdir(outdir)) {
+  const path = resolve(outdir, name)
+  if (!written.has(path)) await rm(path, { force: true })
+}
