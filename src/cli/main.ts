@@ -27,7 +27,7 @@ import { nodeNameProblem } from "../contracts/ClusterRpcs.js"
 import { internalSecretOf } from "../contracts/Credentials.js"
 import { parseDevices } from "../node/Devices.js"
 import { defaultMaxMediaItems, defaultMediaLimits } from "../executors/common/media/MediaLimits.js"
-import { executorDefaults } from "../executors/common/ExecutorConfig.js"
+import { deviceList, executorDefaults } from "../executors/common/ExecutorConfig.js"
 import type { GatewayTarget } from "./client.js"
 
 type Client = typeof import("./client.js")
@@ -1019,10 +1019,7 @@ const executorCommand = Command.make(
         runExecutor({
           kind: options.kind,
           model: options.model,
-          devices: options.devices
-            .split(",")
-            .map((device) => device.trim())
-            .filter((device) => device.length > 0),
+          devices: deviceList(options.devices),
           threadsPerDevice: options.threadsPerDevice,
           host: options.host,
           port: options.port,

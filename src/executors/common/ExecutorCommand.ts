@@ -25,7 +25,7 @@ import { dtypes } from "../../models/Dtype.js"
 import { configEnvName, spawnEngine } from "./EarlySpawn.js"
 import type { RouterKind } from "./Router.js"
 import { defaultMaxMediaItems, defaultMediaLimits } from "./media/MediaLimits.js"
-import { decodeConfig, type ExecutorConfig, executorDefaults } from "./ExecutorConfig.js"
+import { decodeConfig, deviceList, ExecutorConfig, executorDefaults } from "./ExecutorConfig.js"
 
 export type ExecutorOptions = Omit<ExecutorConfig, "modelDir" | "runDir"> & {
   readonly runDir?: string
@@ -132,7 +132,7 @@ export const runExecutorWorker = (rank: number) =>
     return yield* Effect.tryPromise({ try: () => runWorker(config, rank), catch: asError })
   }).pipe(Effect.scoped)
 
-const kinds: ReadonlyArray<string> = ["eric", "geri", "llm"] satisfies ReadonlyArray<ExecutorConfig["kind"]>
+const kinds: ReadonlyArray<string> = ExecutorConfig.fields.kind.literals
 
 /**
  * A router's options from the command line a node agent starts it with (NodeAgent's
@@ -171,10 +171,7 @@ export const platformLaunch = (args: ReadonlyArray<string>): ExecutorOptions | u
     ...executorDefaults,
     kind: kind as ExecutorConfig["kind"],
     model,
-    devices: (values.devices ?? executorDefaults.devices)
-      .split(",")
-      .map((device) => device.trim())
-      .filter((device) => device.length > 0),
+    devices: deviceList(values.devices ?? executorDefaults.devices),
     host: values.host ?? executorDefaults.host,
     allowPrivateHosts: false,
     maxMediaItems: defaultMaxMediaItems,

@@ -39,6 +39,13 @@ export const ExecutorConfig = Schema.Struct({
 })
 export type ExecutorConfig = typeof ExecutorConfig.Type
 
+/** `--devices cpu:0,cpu:1` as a list: the names between its commas, blanks dropped. */
+export const deviceList = (text: string): ReadonlyArray<string> =>
+  text
+    .split(",")
+    .map((device) => device.trim())
+    .filter((device) => device.length > 0)
+
 /**
  * What `cornserve internal executor` takes when a flag is not given: the CLI's defaults, and a
  * platform-started router's (see `platformLaunch` in ExecutorCommand.ts), which the platform starts
