@@ -65,7 +65,6 @@ const roleOf = (pid: number): string => {
   const [command, sub] = args.slice(at + 1)
   if (command === "serve") return "serve"
   if (command === "internal" && sub === "executor") return "executor router"
-  if (command === "internal" && sub === "executor-engine") return "executor engine"
   if (command === "internal" && sub === "executor-worker") return "executor worker"
   return [command, sub].filter(Boolean).join(" ")
 }
@@ -211,6 +210,7 @@ export default async function footprint() {
     calls.push({ app: request.app, first, warm: await call(request) })
   }
   const afterCalls = measureFootprint(child.pid!)
+  const rolesAfterCalls = pssByRole(child.pid!)
 
   let released: ReturnType<typeof measureFootprint> | undefined
   if (idleRelease) {
@@ -249,17 +249,25 @@ export default async function footprint() {
     `\nserve --examples${idleRelease ? ` --idle-release ${idleReleaseS}` : ""}: ready in ${seconds(readyMs)} s`
   )
   if (printed !== undefined) console.log(`it printed: ${printed}`)
-  console.log("\nMemory by role at ready (PSS without shared memory; /dev/shm by file)")
-  table(
-    ["role", "processes", "MiB", "MiB each"],
-    [
-      ...[...roles.entries()]
-        .sort((a, b) => b[1].bytes - a[1].bytes)
-        .map(([role, { count, bytes }]) => [role, count, mib(bytes), mib(bytes / count)]),
-      ["/dev/shm", atReady.sharedMemoryFiles, mib(atReady.sharedMemoryBytes), ""],
-      ["total", atReady.processes, mib(footprintBytes(atReady)), ""]
-    ]
-  )
+  const roleTable = (
+    when: string,
+    byRole: ReturnType<typeof pssByRole>,
+    footprint: ReturnType<typeof measureFootprint>
+  ) => {
+    console.log(`\nMemory by role ${when} (PSS without shared memory; /dev/shm by file)`)
+    table(
+      ["role", "processes", "MiB", "MiB each"],
+      [
+        ...[...byRole.entries()]
+          .sort((a, b) => b[1].bytes - a[1].bytes)
+          .map(([role, { count, bytes }]) => [role, count, mib(bytes), mib(bytes / count)]),
+        ["/dev/shm", footprint.sharedMemoryFiles, mib(footprint.sharedMemoryBytes), ""],
+        ["total", footprint.processes, mib(footprintBytes(footprint)), ""]
+      ]
+    )
+  }
+  roleTable("at ready", roles, atReady)
+  roleTable("after the calls", rolesAfterCalls, afterCalls)
   console.log("\nFootprint")
   const footprintRow = (name: string, footprint: ReturnType<typeof measureFootprint>) => [
     name,

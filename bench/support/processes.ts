@@ -99,9 +99,9 @@ export interface ExecutorContext {
 
 /**
  * A process's role, from its command line: `cornserve serve`, `cornserve internal sidecar`,
- * `cornserve internal executor --kind K --devices D` (an executor's router), `internal
- * executor-engine` and `internal executor-worker --rank R` (below their router, whose kind and
- * devices they take), the app's sandboxed process (run with Node's permission model; its command
+ * `cornserve internal executor --kind K --devices D` (an executor's router, which runs its
+ * engine), `internal executor-worker --rank R` (below their router, whose kind and devices they
+ * take), the app's sandboxed process (run with Node's permission model; its command
  * line does not name the app: `app` is the one app the bench registers), or else the command's
  * short form. `taskOnDevice` gives the unit task that holds a device, from /tasks/list.
  */
@@ -130,8 +130,6 @@ export function roleOf(
         const where = task === undefined ? devices : `${task} on ${devices}`
         return executor("router", { kind: option(rest, "--kind") ?? "?", where })
       }
-      case "executor-engine":
-        return executor("engine", inherited)
       case "executor-worker":
         return executor(`worker ${option(rest, "--rank") ?? "?"}`, inherited)
       default:

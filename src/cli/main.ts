@@ -1067,14 +1067,7 @@ const executorCommand = Command.make(
           ...Option.match(options.settings, { onNone: () => ({}), onSome: (settings) => ({ settings }) })
         })
     )
-).pipe(Command.withDescription("Run a task executor: its router (HTTP), which starts its engine and workers."))
-
-const executorEngineCommand = Command.make("executor-engine", {}, () =>
-  Effect.flatMap(
-    Effect.promise(() => import("../executors/common/ExecutorCommand.js")),
-    ({ runExecutorEngine }) => runExecutorEngine()
-  )
-).pipe(Command.withDescription("An executor's engine (started by its router)."))
+).pipe(Command.withDescription("Run a task executor: its router (HTTP) and its engine, which start its workers."))
 
 const executorWorkerCommand = Command.make(
   "executor-worker",
@@ -1084,7 +1077,7 @@ const executorWorkerCommand = Command.make(
       Effect.promise(() => import("../executors/common/ExecutorCommand.js")),
       ({ runExecutorWorker }) => runExecutorWorker(rank)
     )
-).pipe(Command.withDescription("An executor's worker on one device (started by its engine)."))
+).pipe(Command.withDescription("An executor's worker on one device (started by its router)."))
 
 const pullCommand = Command.make(
   "pull",
@@ -1146,7 +1139,7 @@ const models = Command.make("models").pipe(
 
 const internal = Command.make("internal").pipe(
   Command.withDescription("Processes that cornserve starts by itself; not meant to be run by hand."),
-  Command.withSubcommands([sidecarCommand, executorCommand, executorEngineCommand, executorWorkerCommand])
+  Command.withSubcommands([sidecarCommand, executorCommand, executorWorkerCommand])
 )
 
 const init = Command.make(

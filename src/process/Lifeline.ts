@@ -19,7 +19,7 @@ const parentCheckIntervalMs = 500
 
 /**
  * How long a child whose parent is gone may take to stop cleanly (removing its shared-memory files,
- * stopping its own children) before it exits anyway. The graces add up down a tree (router, engine,
+ * stopping its own children) before it exits anyway. The graces add up down a tree (agent, router,
  * worker each wait for their parent to be gone), and a whole tree must be gone within 2 s even on a
  * loaded machine; what a cut-short cleanup leaves, the next start removes.
  */

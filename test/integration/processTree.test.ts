@@ -35,7 +35,7 @@ describe("cornserve serve killed with SIGKILL under load", () => {
       await eventually(async () => (load.answers.some((answer) => answer.status === 200) ? true : undefined), 60_000)
       const tree = descendants(first.platform.process.pid!)
       const kinds = tree.map((entry) => /internal (\S+)/.exec(entry.command)?.[1])
-      expect(kinds).toEqual(expect.arrayContaining(["sidecar", "executor", "executor-engine", "executor-worker"]))
+      expect(kinds).toEqual(expect.arrayContaining(["sidecar", "executor", "executor-worker"]))
       const treePids = new Set(tree.map((entry) => entry.pid))
 
       await first.platform.kill()

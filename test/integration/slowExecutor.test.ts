@@ -43,12 +43,12 @@ describe("cornserve serve: an executor stopped for seconds keeps its requests", 
     const ask = async () => outcomeOf(await invoke(url, "color_chat", chatRequest))
     expect(await ask()).toEqual({ text: "red" })
 
-    // Every executor of color_chat: its routers, engines and workers.
+    // Every executor of color_chat: its routers (with their engines) and workers.
     const executorProcesses = descendants(serve.pid!).filter((entry) =>
-      / internal executor(-engine|-worker)? /.test(entry.command)
+      / internal executor(-worker)? /.test(entry.command)
     )
     const kinds = new Set(executorProcesses.map((entry) => / internal (\S+) /.exec(entry.command)![1]))
-    expect(kinds).toEqual(new Set(["executor", "executor-engine", "executor-worker"]))
+    expect(kinds).toEqual(new Set(["executor", "executor-worker"]))
 
     const settled: Array<Outcome> = []
     const pending: Array<Promise<Outcome>> = []

@@ -1,8 +1,8 @@
 /**
- * Starting an executor's engine and workers, with nothing but Node's own modules: the router starts
- * them all as soon as its config is known (`spawnEngine`), before it loads its routes, so that an
- * executor's processes load side by side (most of a cold start) and no process waits for another's
- * start to start its own. `EngineClient.start` takes them over.
+ * Starting an executor's workers, with nothing but Node's own modules: the router starts them as
+ * soon as its config is known (`spawnWorkers`), before it loads its routes and its engine, so that
+ * an executor's processes load side by side (most of a cold start). `EngineClient.start` takes
+ * them over.
  */
 import type { ChildProcess } from "node:child_process"
 import { getPriority, setPriority } from "node:os"
@@ -10,23 +10,23 @@ import { join } from "node:path"
 import { type SpawnOptions, spawnChild } from "../../process/SpawnChild.js"
 import type { ExecutorConfig } from "./ExecutorConfig.js"
 
-/** The environment variable that carries an engine's and its workers' config (JSON). */
+/** The environment variable that carries a worker's config (JSON). */
 export const configEnvName = "CORNSERVE_EXECUTOR_CONFIG"
 
 /** Every batch buffer file's name starts with this. */
 export const batchBufferPrefix = "cornserve-batches-"
 
-/** The batch buffer of the engine with this pid. */
-export const batchBufferPathOf = (enginePid: number): string => join("/dev/shm", `${batchBufferPrefix}${enginePid}`)
+/** The batch buffer of the engine that runs in the router with this pid. */
+export const batchBufferPathOf = (routerPid: number): string => join("/dev/shm", `${batchBufferPrefix}${routerPid}`)
 
 /** The environment variable that gives a worker the path of its engine's batch buffer. */
 export const batchBufferEnvName = "CORNSERVE_BATCH_BUFFER"
 
 /**
- * How much lower a worker's CPU priority is than its engine's (a nice increment), once it has
+ * How much lower a worker's CPU priority is than its router's (a nice increment), once it has
  * loaded its model: a worker computes as fast as its threads let it; the gateway, the dispatcher
- * and the routers answer requests and refusals in between, so a busy worker yields to them. Until
- * then it loads at its engine's priority: a cold start waits for the worker's model, and the
+ * and the routers (with their engines) answer requests and refusals in between, so a busy worker
+ * yields to them. Until then it loads at its router's priority: a cold start waits for the worker's model, and the
  * router and engine loading beside it would otherwise take the cores first.
  */
 const workerNiceness = 5
@@ -36,7 +36,7 @@ export const yieldPriority = (): void => {
   try {
     setPriority(Math.min(19, getPriority() + workerNiceness))
   } catch {
-    // A platform that does not let us lower it runs the worker at its engine's priority.
+    // A platform that does not let us lower it runs the worker at its router's priority.
   }
 }
 
@@ -49,35 +49,20 @@ export const yieldPriority = (): void => {
 const workerNodeFlags = ["--single-threaded-gc"]
 
 /**
- * Worker `rank`'s process, given the executor's config and its engine's pid. Every worker is told
- * where its engine's batch buffer is; one whose batches carry their inputs in their messages (the
- * LLM's) never opens it.
+ * Worker `rank`'s process, given the executor's config and the pid of its router, whose engine
+ * holds the batch buffer. Every worker is told where that buffer is; one whose batches carry
+ * their inputs in their messages (the LLM's) never opens it.
  */
-export const workerChild = (config: ExecutorConfig, rank: number, enginePid: number): SpawnOptions => ({
+export const workerChild = (config: ExecutorConfig, rank: number, routerPid: number): SpawnOptions => ({
   args: ["executor-worker", "--rank", String(rank)],
-  env: { [configEnvName]: JSON.stringify(config), [batchBufferEnvName]: batchBufferPathOf(enginePid) },
+  env: { [configEnvName]: JSON.stringify(config), [batchBufferEnvName]: batchBufferPathOf(routerPid) },
   nodeFlags: workerNodeFlags
 })
 
-/** The engine's process, given the executor's config. */
-export const engineChild = (config: ExecutorConfig): SpawnOptions => ({
-  args: ["executor-engine"],
-  env: { [configEnvName]: JSON.stringify(config) }
-})
-
-/** An executor's engine and workers, as `spawnEngine` started them. */
-export interface EarlyProcesses {
-  readonly engine: ChildProcess
-  readonly workers: ReadonlyArray<ChildProcess>
-}
-
 /**
- * Starts the engine's process and a worker per device, side by side, before the router has loaded
- * its routes; `EngineClient.start` takes them over. Until then, each is held by its lifeline only:
- * if the router fails first, they stop with it.
+ * Starts a worker per device, side by side, before the router has loaded its routes and its
+ * engine; `EngineClient.start` takes them over. Until then, each is held by its lifeline only: if
+ * the router fails first, they stop with it.
  */
-export const spawnEngine = (config: ExecutorConfig): EarlyProcesses => {
-  const engine = spawnChild(engineChild(config))
-  const enginePid = engine.pid ?? 0
-  return { engine, workers: config.devices.map((_, rank) => spawnChild(workerChild(config, rank, enginePid))) }
-}
+export const spawnWorkers = (config: ExecutorConfig): ReadonlyArray<ChildProcess> =>
+  config.devices.map((_, rank) => spawnChild(workerChild(config, rank, process.pid)))

@@ -1,11 +1,10 @@
 /**
- * The engine of an executor (its own process): a plain loop that receives requests from the
+ * The engine of an executor (in its router's process): a plain loop that receives requests from the
  * router, asks the scheduler for the next batch, stacks it into shared memory, has the workers run
  * it, and replies. No request parsing or output formatting happens here.
  */
 import * as Effect from "effect/Effect"
 import { BatchBuffer, batchBufferPathOf, batchSlots } from "./BatchBuffer.js"
-import { exitWithParent } from "../../process/ChildProcesses.js"
 import { bindEngineSockets } from "./EngineSockets.js"
 import type { ExecutorConfig } from "./ExecutorConfig.js"
 import { type ScheduledItem, Scheduler } from "./Scheduler.js"
@@ -56,7 +55,6 @@ export const shardItems = (
 
 export const runEngine = (config: ExecutorConfig) =>
   Effect.gen(function* () {
-    exitWithParent()
     const buffer = yield* BatchBuffer.create(
       batchBufferPathOf(process.pid),
       batchSlots(config.kind),

@@ -1,11 +1,12 @@
+import type { ChildProcess } from "node:child_process"
 import { randomUUID } from "node:crypto"
+import * as Cause from "effect/Cause"
 import * as Effect from "effect/Effect"
 import type * as Scope from "effect/Scope"
 import * as zmq from "zeromq"
 import { startChild } from "../../process/ChildProcesses.js"
-import { batchBufferPathOf } from "./BatchBuffer.js"
 import { EngineUnavailable, type ExecutorError } from "./errors.js"
-import { type EarlyProcesses, engineChild, workerChild } from "./EarlySpawn.js"
+import { workerChild } from "./EarlySpawn.js"
 import { type ExecutorConfig, ipcPath } from "./ExecutorConfig.js"
 import { failureOf, messagesOf, type FromEngine, orderedSender, type ToEngine, type WorkItem } from "./wire.js"
 
@@ -21,9 +22,15 @@ export type EngineState =
   | { readonly _tag: "Unhealthy"; readonly reason: string }
 
 /**
- * The router's side of the engine: starts the engine process (which starts the workers), submits
- * requests over ZeroMQ and routes the replies back. When the engine or a worker dies, the executor
- * is unhealthy and every request in flight fails with the reason.
+ * The program of an executor's engine (its kind's `runEngine`): it runs in the router's process,
+ * beside the routes, and speaks to them over ZeroMQ as it speaks to the workers.
+ */
+export type EngineProgram = Effect.Effect<unknown, Error, Scope.Scope>
+
+/**
+ * The router's side of the engine: runs the engine, takes over the workers, submits requests over
+ * ZeroMQ and routes the replies back. When the engine fails or a worker dies, the executor is
+ * unhealthy and every request in flight fails with the reason.
  */
 export class EngineClient {
   private readonly pending = new Map<string, Pending>()
@@ -45,11 +52,16 @@ export class EngineClient {
   }
 
   /**
-   * `started`: the engine's and the workers' processes as `spawnEngine` started them ahead of this
-   * (else started now). The router is the workers' parent: when one exits, the executor is
-   * unhealthy, and the engine is told so that it fails what it holds.
+   * `engine`: the engine's program, run here until the scope closes. `workers`: the workers'
+   * processes as `spawnWorkers` started them ahead of this (else started now). The router is the
+   * workers' parent: when one exits, the executor is unhealthy, and the engine is told so that it
+   * fails what it holds.
    */
-  static start(config: ExecutorConfig, started?: EarlyProcesses): Effect.Effect<EngineClient, never, Scope.Scope> {
+  static start(
+    config: ExecutorConfig,
+    engine: EngineProgram,
+    workers?: ReadonlyArray<ChildProcess>
+  ): Effect.Effect<EngineClient, never, Scope.Scope> {
     return Effect.gen(function* () {
       const toEngine = new zmq.Push({ linger: 0 })
       const fromEngine = new zmq.Pull()
@@ -60,19 +72,20 @@ export class EngineClient {
         })
       )
       const client = new EngineClient(toEngine)
-      const engine = yield* startChild({
-        ...engineChild(config),
-        ...(started === undefined ? {} : { started: started.engine }),
-        leaves: (pid) => [batchBufferPathOf(pid)],
-        onUnexpectedExit: (code, signal) =>
-          client.becomeUnhealthy(`the engine exited ${signal === null ? `with code ${code}` : `on ${signal}`}`)
-      })
+      yield* Effect.scoped(engine).pipe(
+        Effect.catchAllCause((cause) =>
+          Effect.sync(() => {
+            if (!Cause.isInterruptedOnly(cause)) client.becomeUnhealthy(`the engine failed: ${engineFailure(cause)}`)
+          })
+        ),
+        Effect.forkScoped
+      )
       yield* Effect.forEach(
         config.devices,
         (device, rank) =>
           startChild({
-            ...workerChild(config, rank, engine.pid ?? 0),
-            ...(started?.workers[rank] === undefined ? {} : { started: started.workers[rank] }),
+            ...workerChild(config, rank, process.pid),
+            ...(workers?.[rank] === undefined ? {} : { started: workers[rank] }),
             onUnexpectedExit: (code, signal) => {
               const reason = `worker ${rank} (${device}) exited ${signal === null ? `with code ${code}` : `on ${signal}`}`
               client.becomeUnhealthy(reason)
@@ -170,4 +183,10 @@ export class EngineClient {
       // The socket closed: the router is stopping.
     }
   }
+}
+
+/** What stopped an engine, in one line. */
+const engineFailure = (cause: Cause.Cause<Error>): string => {
+  const error = Cause.squash(cause)
+  return error instanceof Error ? error.message : String(error)
 }

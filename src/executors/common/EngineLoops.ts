@@ -4,8 +4,8 @@ import * as Effect from "effect/Effect"
 export type EngineLoop = (stop: AbortSignal) => Promise<void>
 
 /**
- * Runs an engine's loops as the engine command's own work, for as long as the command runs: a loop
- * that fails fails the command, and so ends the engine's process with the loop's error; the command
+ * Runs an engine's loops as the engine's own work, for as long as the engine runs: a loop that fails
+ * fails the engine with the loop's error (its executor is then unhealthy: EngineClient); the engine
  * ending (interrupted, its scope closing, another loop failing) aborts every loop's `stop`. A loop
  * that returns (its socket closed) leaves the others running.
  */

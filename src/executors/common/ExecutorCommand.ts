@@ -1,8 +1,8 @@
 /**
- * Entry points of an executor's three process roles: `cornserve internal executor` (the router,
- * which the node agent starts), and `executor-engine` / `executor-worker`, which the router starts
- * with the config in their environment. Each role loads only its own modules:
- * a worker has no use for the HTTP stack, nor a router for ONNX Runtime.
+ * Entry points of an executor's two process roles: `cornserve internal executor` (the router, which
+ * the node agent starts, and which runs the engine), and `executor-worker`, which the router starts
+ * with the config in its environment. Each role loads only its own modules: a worker has no use
+ * for the HTTP stack, nor a router for ONNX Runtime.
  */
 import { mkdir, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
@@ -22,7 +22,8 @@ import { runMain } from "../../process/StopSignals.js"
 import { internalSecretEnvName, takeInternalSecret } from "../../sidecar/InternalSecret.js"
 import { traceProcess } from "../../tracing/Tracing.js"
 import { dtypes } from "../../models/Dtype.js"
-import { configEnvName, spawnEngine } from "./EarlySpawn.js"
+import { configEnvName, spawnWorkers } from "./EarlySpawn.js"
+import type { EngineProgram } from "./EngineClient.js"
 import type { RouterKind } from "./Router.js"
 import { defaultMaxMediaItems, defaultMediaLimits } from "./media/MediaLimits.js"
 import { decodeConfig, deviceList, ExecutorConfig, executorDefaults } from "./ExecutorConfig.js"
@@ -37,10 +38,10 @@ const decodeSettings = Schema.decodeUnknownEither(Schema.parseJson(ExecutorSetti
 
 const asError = (error: unknown) => (error instanceof Error ? error : new Error(String(error)))
 
-/** An executor's three processes are one service (its kind), told apart by `cornserve.executor.process`. */
+/** An executor's processes are one service (its kind), told apart by `cornserve.executor.process`. */
 const traceExecutorProcess = (
   config: Pick<ExecutorConfig, "kind" | "model" | "devices">,
-  process: "router" | "engine" | "worker",
+  process: "router" | "worker",
   rank?: number
 ) =>
   traceProcess(config.kind, {
@@ -55,6 +56,19 @@ const kindRouters: Record<ExecutorConfig["kind"], () => Promise<{ readonly route
   llm: () => import("../llm/router.js"),
   eric: () => import("../eric/router.js"),
   geri: () => import("../geri/router.js")
+}
+
+/**
+ * Each kind's engine: the batch engine serves Eric and Geri; the LLM has its own scheduling
+ * (continuous batching).
+ */
+const kindEngines: Record<
+  ExecutorConfig["kind"],
+  () => Promise<{ readonly runEngine: (config: ExecutorConfig) => EngineProgram }>
+> = {
+  llm: () => import("../llm/engine.js"),
+  eric: () => import("./Engine.js"),
+  geri: () => import("./Engine.js")
 }
 
 export const runExecutor = (options: ExecutorOptions) =>
@@ -92,13 +106,13 @@ export const runExecutor = (options: ExecutorOptions) =>
       Effect.promise(() => mkdir(config.runDir, { recursive: true })),
       () => Effect.promise(() => rm(config.runDir, { recursive: true, force: true }))
     )
-    // The engine and the workers before the routes are loaded: the three processes
-    // load side by side, which is most of a cold start.
-    const started = spawnEngine(config)
-    const [{ runRouter }, { routerKind }] = yield* Effect.promise(() =>
-      Promise.all([import("./Router.js"), kindRouters[config.kind]()])
+    // The workers before the routes and the engine are loaded: the processes load side by side,
+    // which is most of a cold start.
+    const workers = spawnWorkers(config)
+    const [{ runRouter }, { routerKind }, { runEngine }] = yield* Effect.promise(() =>
+      Promise.all([import("./Router.js"), kindRouters[config.kind](), kindEngines[config.kind]()])
     )
-    return yield* runRouter(config, secret, started, routerKind)
+    return yield* runRouter(config, secret, { engine: runEngine(config), workers }, routerKind)
   }).pipe(Effect.scoped)
 
 const configFromEnvironment = (): ExecutorConfig => {
@@ -107,22 +121,6 @@ const configFromEnvironment = (): ExecutorConfig => {
     throw new Error(`${configEnvName} is not set: this command is started by an executor, not by hand`)
   return decodeConfig(text)
 }
-
-/**
- * The batch engine serves Eric and Geri; a kind with its own scheduling (the LLM's continuous
- * batching) supplies `executors/<kind>/engine.ts` exporting `runEngine`.
- */
-export const runExecutorEngine = () =>
-  Effect.gen(function* () {
-    const config = configFromEnvironment()
-    yield* traceExecutorProcess(config, "engine")
-    if (config.kind === "llm") {
-      const { runEngine } = yield* Effect.promise(() => import("../llm/engine.js"))
-      return yield* runEngine(config)
-    }
-    const { runEngine } = yield* Effect.promise(() => import("./Engine.js"))
-    return yield* runEngine(config)
-  }).pipe(Effect.scoped)
 
 export const runExecutorWorker = (rank: number) =>
   Effect.gen(function* () {
@@ -204,26 +202,15 @@ const runRole = (program: Effect.Effect<unknown, Error, never>): void =>
 export const runPlatformExecutor = (options: ExecutorOptions): void => runRole(runExecutor(options))
 
 /**
- * `cornserve internal executor-engine` and `executor-worker --rank N` as `bin/cornserve` runs them:
- * without the CLI's parser and commands, which neither needs (their config is in the environment)
- * and which would add about half a second to each of an executor's starts, one after the other on
- * a cold start's path. `args`: what follows the role on the command line.
+ * `cornserve internal executor-worker --rank N` as `bin/cornserve` runs it: without the CLI's
+ * parser and commands, which it does not need (its config is in the environment) and which would
+ * add about half a second to a cold start. `args`: what follows the role on the command line.
  */
-export const runExecutorRole = (role: "executor-engine" | "executor-worker", args: ReadonlyArray<string>): void => {
-  const rank = role === "executor-worker" && args.length === 2 && args[0] === "--rank" ? Number(args[1]) : undefined
-  const usage =
-    role === "executor-engine"
-      ? args.length === 0
-        ? undefined
-        : "executor-engine takes no arguments"
-      : rank !== undefined && Number.isSafeInteger(rank) && rank >= 0
-        ? undefined
-        : "executor-worker takes --rank N (a device's index)"
+export const runWorkerRole = (args: ReadonlyArray<string>): void => {
+  const rank = args.length === 2 && args[0] === "--rank" ? Number(args[1]) : undefined
   runRole(
-    usage !== undefined
-      ? Effect.fail(new Error(usage))
-      : role === "executor-engine"
-        ? runExecutorEngine()
-        : runExecutorWorker(rank!)
+    rank !== undefined && Number.isSafeInteger(rank) && rank >= 0
+      ? runExecutorWorker(rank)
+      : Effect.fail(new Error("executor-worker takes --rank N (a device's index)"))
   )
 }

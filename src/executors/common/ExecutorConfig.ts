@@ -4,9 +4,8 @@ import { dtypes } from "../../models/Dtype.js"
 import { MediaLimits } from "./media/MediaLimits.js"
 
 /**
- * What an executor's three roles (router, engine, workers) are told. The router gets it on its
- * command line and hands it to the engine, which hands it to its workers, as JSON in the
- * environment.
+ * What an executor's router, engine and workers are told. The router gets it on its command line,
+ * runs the engine with it and hands it to its workers, as JSON in the environment.
  */
 export const ExecutorConfig = Schema.Struct({
   kind: Schema.Literal("eric", "geri", "llm"),

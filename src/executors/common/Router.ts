@@ -3,6 +3,7 @@
  * thread pool, the engine behind ZeroMQ. Each kind supplies its routes and preprocessing; `/health`
  * and `/info` are common.
  */
+import type { ChildProcess } from "node:child_process"
 import { mkdir, rm } from "node:fs/promises"
 import * as Http from "node:http"
 import { join } from "node:path"
@@ -21,8 +22,7 @@ import * as Stream from "effect/Stream"
 import { errorHeaders, httpStatusOf } from "../../errors/HttpStatus.js"
 import { listening } from "../../process/Listening.js"
 import { noSpan, type Span, startSpan } from "../../tracing/Tracing.js"
-import type { EarlyProcesses } from "./EarlySpawn.js"
-import { EngineClient } from "./EngineClient.js"
+import { EngineClient, type EngineProgram } from "./EngineClient.js"
 import { type HealthReport, healthWatchPeriodMs } from "./Health.js"
 import { type AnsweredError, answeredErrorOf, type ErrorBody, RouteNotFound } from "./errors.js"
 import type { ExecutorConfig } from "./ExecutorConfig.js"
@@ -147,10 +147,15 @@ const traced = <E, R>(app: HttpApp.Default<E, R>): HttpApp.Default<E, R> =>
 
 /**
  * `secret`: the internal secret every call but a health probe carries (see ExecutorGate).
- * `started`: the engine and workers, started by `ExecutorCommand` as soon as the config was known,
- * in the run directory it made (see `spawnEngine`). `routerKind`: what the executor's kind adds.
+ * `engine`: the kind's engine, run in this process. `workers`: the workers, started by
+ * `ExecutorCommand` as soon as the config was known, in the run directory it made (see `spawnWorkers`). `routerKind`: what the executor's kind adds.
  */
-export const runRouter = (config: ExecutorConfig, secret: string, started: EarlyProcesses, routerKind: RouterKind) =>
+export const runRouter = (
+  config: ExecutorConfig,
+  secret: string,
+  processes: { readonly engine: EngineProgram; readonly workers: ReadonlyArray<ChildProcess> },
+  routerKind: RouterKind
+) =>
   Effect.gen(function* () {
     // Where media decodes keep their files: emptied of what a router killed outright left there
     // (a restarted executor has the same run directory).
@@ -159,7 +164,7 @@ export const runRouter = (config: ExecutorConfig, secret: string, started: Early
       await rm(scratchDir, { recursive: true, force: true })
       await mkdir(scratchDir, { mode: 0o700 })
     })
-    const engine = yield* EngineClient.start(config, started)
+    const engine = yield* EngineClient.start(config, processes.engine, processes.workers)
     const pool =
       routerKind.preprocessModule === undefined
         ? undefined

@@ -1,5 +1,5 @@
 /**
- * The LLM executor's engine (its own process): continuous batching. One loop per worker (a lane)
+ * The LLM executor's engine (in its router's process): continuous batching. One loop per worker (a lane)
  * asks the scheduler, at every step boundary, which requests join and which go on, sends the step,
  * and waits for it; tokens stream from the worker through here to the router as they are sampled.
  * A request finishes when its worker says so (end of sequence or max tokens) or when the router
@@ -7,7 +7,6 @@
  */
 import * as Effect from "effect/Effect"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
-import { exitWithParent } from "../../process/ChildProcesses.js"
 import { bindEngineSockets } from "../common/EngineSockets.js"
 import type { ExecutorConfig } from "../common/ExecutorConfig.js"
 import { EngineRejected, EngineUnavailable, type ExecutorError, ExecutorFailed } from "../common/errors.js"
@@ -54,7 +53,6 @@ interface RunningStep {
 
 export const runEngine = (config: ExecutorConfig) =>
   Effect.gen(function* () {
-    exitWithParent()
     const model = yield* Effect.tryPromise({
       try: () => loadModelDirectory(config.modelDir),
       catch: (error) => error as Error
