@@ -10,6 +10,7 @@ import { ExecutorSettings } from "../contracts/ExecutorSettings.js"
 import type { ModelDownloadEvent } from "../models/Hub.js"
 import type { Dtype } from "../models/Dtype.js"
 import { SidecarClient } from "../sidecar/SidecarClient.js"
+import { batchBufferPathOf } from "../executors/common/EarlySpawn.js"
 import { internalSecretEnv } from "../sidecar/InternalSecret.js"
 import type { SidecarReady } from "../sidecar/SidecarProcess.js"
 import { removeAbandonedFiles, runDirPrefix } from "./AbandonedFiles.js"
@@ -227,6 +228,8 @@ export class NodeAgent extends Effect.Service<NodeAgent>()("cornserve/NodeAgent"
         env: internalSecretEnv(config.internalSecret),
         parseReady: (output) => executorReadyPattern.exec(output)?.[1],
         startTimeoutMs: executorStartTimeoutMs,
+        // The engine's batch buffer, which a router killed outright leaves behind.
+        leaves: (pid) => [batchBufferPathOf(pid)],
         log,
         ...(launch.onState === undefined ? {} : { onState: launch.onState })
       })

@@ -1,4 +1,5 @@
 import { type ChildProcess, spawn } from "node:child_process"
+import { rmSync } from "node:fs"
 import { fileURLToPath } from "node:url"
 import * as Clock from "effect/Clock"
 import * as Deferred from "effect/Deferred"
@@ -29,6 +30,11 @@ export interface SupervisedOptions<R> {
   readonly startTimeoutMs: number
   readonly onState?: (state: ProcessState<R>) => void
   readonly log: (message: string) => void
+  /**
+   * The files a run with this pid makes and removes on its way out, which it cannot remove when it
+   * is killed: removed once it has exited, however it exited.
+   */
+  readonly leaves?: (pid: number) => ReadonlyArray<string>
 }
 
 /** How one run of the process ended: how long it was up, and why it stopped. */
@@ -175,6 +181,13 @@ export class SupervisedProcess<R> {
     child.stdout!.on("data", onData)
     child.stderr!.on("data", onData)
     child.once("exit", (code, signal) => {
+      for (const path of child.pid === undefined ? [] : (this.options.leaves?.(child.pid) ?? [])) {
+        try {
+          rmSync(path, { force: true })
+        } catch {
+          // Not ours to remove after all; the next start's sweep (AbandonedFiles) tries again.
+        }
+      }
       const how = signal === null ? `with code ${code}` : `on ${signal}`
       Deferred.unsafeDone(exited, Exit.succeed(`${this.options.name} exited ${how}`))
     })

@@ -1,3 +1,4 @@
+import { existsSync } from "node:fs"
 import { mkdtemp, readdir, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -27,6 +28,9 @@ describe("SupervisedProcess", () => {
       if (name.startsWith(`${arenaFilePrefix}${nodeId}-`)) await rm(join("/dev/shm", name), { force: true })
     }
   })
+
+  /** The arena file of the sidecar with this pid. */
+  const arenaOf = (pid: number) => join("/dev/shm", `${arenaFilePrefix}${nodeId}-${pid}`)
 
   const startSidecar = Effect.gen(function* () {
     const states = yield* Queue.unbounded<ProcessState<true>>()
@@ -95,6 +99,37 @@ describe("SupervisedProcess", () => {
       })
     )
     await expect(Effect.runPromise(started)).rejects.toThrow(/sidecar exited with code \d+ before it was ready/)
+  })
+
+  it("removes what a killed run leaves (its `leaves`) once it has exited", async () => {
+    const { arena, kept } = await Effect.gen(function* () {
+      const states = yield* Queue.unbounded<ProcessState<true>>()
+      const sidecar = yield* SupervisedProcess.start<true>({
+        name: "sidecar",
+        args: [
+          "internal",
+          "sidecar",
+          "--node-id",
+          nodeId,
+          "--socket",
+          join(dir, "leaves.sock"),
+          "--arena-bytes",
+          String(8 * 1024 * 1024)
+        ],
+        parseReady: (output) => (output.includes("cornserve sidecar: ready") ? true : undefined),
+        startTimeoutMs: 60_000,
+        log: () => undefined,
+        onState: (state) => Queue.unsafeOffer(states, state),
+        leaves: (pid) => [arenaOf(pid)]
+      })
+      const arena = arenaOf(sidecar.pid!)
+      const kept = existsSync(arena)
+      process.kill(sidecar.pid!, "SIGKILL")
+      yield* nextState(states, "Crashed")
+      return { arena, kept }
+    }).pipe(Effect.scoped, Effect.runPromise)
+    expect(kept).toBe(true)
+    expect(existsSync(arena)).toBe(false)
   })
 
   it("stops the process when its scope closes", async () => {
