@@ -75,22 +75,30 @@ const control = { messages: [{ role: "user", content: "What colour is the sky?" 
 /**
  * Sends `hostile` to one app while a client of another app on the same LLM sends control requests
  * one after another; answers the hostile request's answer, the controls sent while it was in
- * flight (and after, two at least), and the slowest of the controls sent alone before it.
+ * flight (and after, two at least), and the slowest of the controls sent alone, three before it and
+ * three after it: the latency of the moment, which on a busy host is seconds, measured around the
+ * hostile request rather than assumed.
  */
 const meanwhile = async (hostile: unknown) => {
-  const baseline: Array<Answer> = []
-  for (let i = 0; i < 3; i++) baseline.push(await chat("others", control))
-  for (const answer of baseline) expect(answer.status, JSON.stringify(answer.body)).toBe(200)
+  const alone = async () => {
+    const answers: Array<Answer> = []
+    for (let i = 0; i < 3; i++) answers.push(await chat("others", control))
+    for (const answer of answers) expect(answer.status, JSON.stringify(answer.body)).toBe(200)
+    return answers
+  }
+  const before = await alone()
   let done = false
   const sent = chat("chat", hostile).finally(() => {
     done = true
   })
   const controls: Array<Answer> = []
   while (!done || controls.length < 2) controls.push(await chat("others", control))
+  const answered = await sent
+  const after = await alone()
   return {
-    hostile: await sent,
+    hostile: answered,
     controls,
-    baseline: Math.max(...baseline.map((answer) => answer.endedAt - answer.startedAt))
+    baseline: Math.max(...[...before, ...after].map((answer) => answer.endedAt - answer.startedAt))
   }
 }
 
