@@ -88,6 +88,9 @@ const server = createServer((_: IncomingMessage, response: ServerResponse) => {
 let url = ""
 
 beforeAll(async () => {
+  // Longer than any pause between two of its tests: fetch reuses its idle connection, and on a busy
+  // host a connection the server closes at its default 5 s may be the one a request was just sent on.
+  server.keepAliveTimeout = 60_000
   server.listen(0, "127.0.0.1")
   await once(server, "listening")
   url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/`
