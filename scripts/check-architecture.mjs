@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // The architecture's rules: which top-level folder of src/ may import which, no import cycle anywhere
-// (type-only imports count), and docs/architecture.md names only paths that exist. Run by `npm run lint`.
+// (type-only imports count), one error model (no plain `class … extends Error`: errors are tagged),
+// and docs/architecture.md names only paths that exist. Run by `npm run lint`.
 import { readdirSync, readFileSync, statSync } from "node:fs"
 import { dirname, join, relative, resolve } from "node:path"
 import { fileURLToPath } from "node:url"
@@ -166,10 +167,22 @@ export const missingDocumentedPaths = () => {
   })
 }
 
+/** Files of src/ that declare an error class outside the tagged model (`Data.TaggedError`, `Schema.TaggedError`). */
+export const plainErrorClasses = (graph) =>
+  [...graph.keys()].flatMap((file) =>
+    [
+      ...readFileSync(file, "utf8").matchAll(/^\s*(?:export\s+)?class\s+(\w+)\s+extends\s+(?:Type|Range)?Error\b/gm)
+    ].map(
+      (match) =>
+        `${relative(root, file)}: class ${match[1]} extends a plain Error; errors are tagged (Data.TaggedError, Schema.TaggedError)`
+    )
+  )
+
 if (process.argv[1] === fileURLToPath(import.meta.url)) {
   const graph = importGraph()
   const violations = [
     ...layerViolations(graph),
+    ...plainErrorClasses(graph),
     ...missingDocumentedPaths().map((path) => `docs/architecture.md names ${path}, which does not exist`)
   ]
   const cycles = [...importCycles(graph), ...importCycles(controlFolderGraph(graph))]
@@ -177,6 +190,6 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
   for (const cycle of cycles) console.error(`import cycle: ${cycle.join(" <-> ")}`)
   if (violations.length + cycles.length > 0) process.exit(1)
   console.log(
-    `architecture: ${graph.size} files in src/ follow the layering with no import cycle; docs/architecture.md names only paths that exist`
+    `architecture: ${graph.size} files in src/ follow the layering with no import cycle and no plain error class; docs/architecture.md names only paths that exist`
   )
 }

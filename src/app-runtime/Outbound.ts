@@ -10,21 +10,22 @@ import { Agent as HttpsAgent, type RequestOptions as HttpsRequestOptions, reques
 import { isIP, connect as netConnect, type Socket } from "node:net"
 import { type Duplex, Readable } from "node:stream"
 import { connect as tlsConnect } from "node:tls"
+import * as Schema from "effect/Schema"
 
 /** The proxy's socket, set by the platform for apps whose registration names hosts. */
 const proxySocket = () => process.env.CORNSERVE_OUTBOUND_SOCKET
 
-/** An outbound connection was refused (a host the registration does not allow, one that does not answer). */
-export class OutboundError extends Error {
-  override readonly name = "OutboundError"
-  constructor(
-    message: string,
-    /** The proxy's status: 403 not allowed, 502 unreachable, 504 no answer in time. */
-    readonly status: number | undefined
-  ) {
-    super(message)
-  }
-}
+/**
+ * An outbound connection was refused (a host the registration does not allow, one that does not
+ * answer): tagged like the platform's other errors, and an `Error` an app catches with `instanceof`.
+ */
+export class OutboundError extends Schema.TaggedError<OutboundError>()("OutboundError", {
+  message: Schema.String,
+  /** The proxy's status: 403 not allowed, 502 unreachable, 504 no answer in time. */
+  status: Schema.UndefinedOr(Schema.Number)
+}) {}
+
+const outboundError = (message: string, status: number | undefined) => new OutboundError({ message, status })
 
 const maxProxyAnswerBytes = 16 * 1024
 
@@ -34,7 +35,7 @@ const tunnel = (host: string, port: number, signal?: AbortSignal): Promise<Socke
     const path = proxySocket()
     if (path === undefined) {
       reject(
-        new OutboundError(
+        outboundError(
           `the app has no network: ${host}:${port} can be reached only when its registration allows it (app register --allow-host ${host}:${port})`,
           undefined
         )
@@ -61,17 +62,15 @@ const tunnel = (host: string, port: number, signal?: AbortSignal): Promise<Socke
     }
     const onError = (error: Error) =>
       settle(
-        error instanceof OutboundError
-          ? error
-          : new OutboundError(`the outbound proxy failed: ${error.message}`, undefined)
+        error instanceof OutboundError ? error : outboundError(`the outbound proxy failed: ${error.message}`, undefined)
       )
-    const onClose = () => settle(new OutboundError(`the outbound proxy closed before it answered`, undefined))
+    const onClose = () => settle(outboundError(`the outbound proxy closed before it answered`, undefined))
     const onData = (chunk: Buffer) => {
       answer = Buffer.concat([answer, chunk])
       const end = answer.indexOf("\r\n\r\n")
       if (end === -1) {
         if (answer.length > maxProxyAnswerBytes)
-          settle(new OutboundError("the outbound proxy's answer is too long", undefined))
+          settle(outboundError("the outbound proxy's answer is too long", undefined))
         return
       }
       const status = Number(/^HTTP\/1\.[01] (\d{3})/.exec(answer.toString("latin1", 0, end))?.[1] ?? 0)
@@ -80,7 +79,7 @@ const tunnel = (host: string, port: number, signal?: AbortSignal): Promise<Socke
           .subarray(end + 4)
           .toString("utf8")
           .trim()
-        settle(new OutboundError(`${host}:${port}: ${reason || `the outbound proxy answered ${status}`}`, status))
+        settle(outboundError(`${host}:${port}: ${reason || `the outbound proxy answered ${status}`}`, status))
         return
       }
       settle(undefined)

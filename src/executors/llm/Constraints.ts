@@ -59,7 +59,7 @@ export class Constraints {
   check(format: ResponseFormat): void {
     this.grammar(format)
     this.unspelled ??= missingBytes(tokenBytes(this.tokenizerJson()), GenerationConfig.of(this.model).eosTokenIds)
-    if (this.unspelled.length > 0) throw new UnspelledBytes(this.unspelled)
+    if (this.unspelled.length > 0) throw new UnspelledBytes({ bytes: this.unspelled })
   }
 
   private tokens(): TokenVocabulary {

@@ -1,3 +1,4 @@
+import * as Data from "effect/Data"
 import onnxProto from "onnx-proto"
 import { fromHalf } from "../Float16.js"
 
@@ -91,16 +92,17 @@ const scalarOfTensor = (tensor: TensorProto): number | undefined => {
   return undefined
 }
 
-class Fail extends Error {}
+/** Why a graph cannot be rewritten: thrown from deep in the walk, answered as `{ reason }`. */
+class NotRewritable extends Data.TaggedError("NotRewritable")<{ readonly reason: string }> {}
 const fail = (reason: string): never => {
-  throw new Fail(reason)
+  throw new NotRewritable({ reason })
 }
 
 export const rewriteSharedCache = (bytes: Uint8Array, geometry: AttentionGeometry): SharedCacheRewrite => {
   try {
     return rewrite(bytes, geometry)
   } catch (error) {
-    if (error instanceof Fail) return { reason: error.message }
+    if (error instanceof NotRewritable) return { reason: error.reason }
     throw error
   }
 }

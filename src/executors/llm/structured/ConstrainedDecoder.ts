@@ -33,7 +33,7 @@ export class ConstrainedDecoder {
     readonly grammar: Grammar,
     readonly vocabulary: TokenVocabulary
   ) {
-    if (vocabulary.missingBytes.length > 0) throw new UnspelledBytes(vocabulary.missingBytes)
+    if (vocabulary.missingBytes.length > 0) throw new UnspelledBytes({ bytes: vocabulary.missingBytes })
     this.threads = machineOf(grammar).start
     this.maskKey = vocabulary.maskKey(grammar.key, signature(this.threads))
     this.tight = new Uint8Array(vocabulary.size)

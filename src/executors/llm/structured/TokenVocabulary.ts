@@ -1,3 +1,4 @@
+import * as Schema from "effect/Schema"
 import { byteCharacters } from "../../../models/ByteLevelBpe.js"
 import { ByteTrie } from "./ByteTrie.js"
 import { scanString, stringCompletion, stringSubstates } from "./JsonString.js"
@@ -227,11 +228,12 @@ export const missingBytes = (
 ): ReadonlyArray<number> => unspelledBytes(spelling(tokens, endOfSequence, tokens.length))
 
 /** A tokenizer that cannot spell every byte in one token: no value can be planned to its end. */
-export class UnspelledBytes extends Error {
-  constructor(readonly bytes: ReadonlyArray<number>) {
-    super(
-      `constrained decoding needs a token for each byte (a byte-level or byte-fallback tokenizer); none spells ${bytes.map((b) => `0x${b.toString(16)}`).join(", ")}`
-    )
+export class UnspelledBytes extends Schema.TaggedError<UnspelledBytes>()("UnspelledBytes", {
+  /** The bytes no token spells alone. */
+  bytes: Schema.Array(Schema.Number)
+}) {
+  override get message() {
+    return `constrained decoding needs a token for each byte (a byte-level or byte-fallback tokenizer); none spells ${this.bytes.map((b) => `0x${b.toString(16)}`).join(", ")}`
   }
 }
 
