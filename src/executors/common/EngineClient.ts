@@ -115,13 +115,17 @@ export class EngineClient {
     )
   }
 
-  /** Runs a request's items; `onPartial` gets streamed pieces of results as they come. */
-  submit(
+  /**
+   * Runs a request's items; `onPartial` gets streamed pieces of results as they come. `Result` and
+   * `Partial` are what the kind's worker answers for these items (its wire types: the worker's
+   * messages are decoded by the wire codec on their way here).
+   */
+  submit<Result = unknown, Partial = never>(
     items: ReadonlyArray<WorkItem>,
-    onPartial?: (item: number, value: unknown) => void
-  ): { readonly id: string; readonly results: Promise<ReadonlyArray<unknown>> } {
+    onPartial?: (item: number, value: Partial) => void
+  ): { readonly id: string; readonly results: Promise<ReadonlyArray<Result>> } {
     const id = randomUUID()
-    const results = new Promise<ReadonlyArray<unknown>>((resolve, reject) => {
+    const results = new Promise<ReadonlyArray<Result>>((resolve, reject) => {
       if (this.current._tag !== "Ready") {
         return reject(
           new EngineUnavailable({
@@ -132,10 +136,38 @@ export class EngineClient {
           })
         )
       }
-      this.pending.set(id, { resolve, reject, onPartial })
+      this.pending.set(id, {
+        resolve: resolve as (results: ReadonlyArray<unknown>) => void,
+        reject,
+        onPartial: onPartial as ((item: number, value: unknown) => void) | undefined
+      })
       void this.send({ t: "request", id, items })
     })
     return { id, results }
+  }
+
+  /** `submit` as an effect: its results, or the engine's error; interrupting it cancels the request in the engine. */
+  run<Result = unknown, Partial = never>(
+    items: ReadonlyArray<WorkItem>,
+    onPartial?: (item: number, value: Partial) => void
+  ): Effect.Effect<ReadonlyArray<Result>, ExecutorError> {
+    return Effect.suspend(() => {
+      const submitted = this.submit<Result, Partial>(items, onPartial)
+      return Effect.tryPromise({ try: () => submitted.results, catch: (error) => error as ExecutorError }).pipe(
+        Effect.onInterrupt(() => Effect.sync(() => this.cancel(submitted.id)))
+      )
+    })
+  }
+
+  /** `run` of one item: its result. */
+  runOne<Result = unknown, Partial = never>(
+    item: WorkItem,
+    onPartial?: (value: Partial) => void
+  ): Effect.Effect<Result, ExecutorError> {
+    return Effect.map(
+      this.run<Result, Partial>([item], onPartial && ((_, value) => onPartial(value))),
+      (results) => results[0] as Result
+    )
   }
 
   cancel(id: string): void {

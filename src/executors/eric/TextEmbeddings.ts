@@ -161,16 +161,11 @@ export const textEmbeddings = (context: {
       meta,
       ...itemContext
     }))
-    const submitted = engine.submit(items)
-    const results = yield* Effect.tryPromise({
-      try: () => submitted.results,
-      catch: (error) => error
-    }).pipe(Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id))))
+    const results = yield* engine.run<Float32Array>(items)
     const answer: TextEmbeddingsResponse = {
-      embeddings: results.map((vector) => {
-        const full = vector as Float32Array
-        return base64Of(plan.dimensions === undefined ? full : cutDimensions(full, plan.dimensions, plan.normalize))
-      }),
+      embeddings: results.map((full) =>
+        base64Of(plan.dimensions === undefined ? full : cutDimensions(full, plan.dimensions, plan.normalize))
+      ),
       promptTokens: tokens.reduce((sum, ids) => sum + ids.length, 0)
     }
     return HttpServerResponse.unsafeJson(answer)

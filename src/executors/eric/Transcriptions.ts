@@ -117,9 +117,9 @@ export const transcriptions = (context: {
               meta: { modality: "speech", prompt: pass.prompt } satisfies SpeechItemMeta,
               ...itemContext
             }))
-            const submitted = engine.submit(items)
+            const submitted = engine.submit<Array<number>>(items)
             passes.push(submitted)
-            return (await submitted.results) as Array<Array<number>>
+            return await submitted.results
           }
         ),
       catch: (error) => error

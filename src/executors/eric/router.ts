@@ -195,13 +195,9 @@ export const routerKind: RouterKind = {
           } satisfies EricItemMeta,
           ...itemContext
         }))
-        const submitted = engine.submit(items)
-        const results = yield* Effect.tryPromise({
-          try: () => submitted.results,
-          catch: (error) => error
-        }).pipe(Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id))))
+        const results = yield* engine.run<EricItemResult>(items)
         const answer: Array<EmbeddingResult> = body.items.map((item, index) => {
-          const result = results[index] as EricItemResult
+          const result = results[index]!
           return {
             id: item.id,
             modality: item.modality,

@@ -32,7 +32,7 @@ export const audioLineStream = (
   const lines = Stream.async<Uint8Array>((emit) => {
     let chunks = 0
     const push = regroup((pcm) => void emit.single(ndjson({ chunk: chunks++, audio: pcmBase64(pcm), sampleRate })))
-    const submitted = engine.submit([item], (_, value) => push((value as GeriAudioPiece).pcm))
+    const submitted = engine.submit<unknown, GeriAudioPiece>([item], (_, value) => push(value.pcm))
     submitted.results.then(
       () => {
         void emit.single(ndjson({ done: true, chunks, sampleRate }))
@@ -52,9 +52,6 @@ export const audioLineStream = (
 export const wavAnswer = (engine: EngineClient, item: WorkItem, sampleRate: number) =>
   Effect.gen(function* () {
     const pieces: Array<Int16Array> = []
-    const submitted = engine.submit([item], (_, value) => pieces.push((value as GeriAudioPiece).pcm))
-    yield* Effect.tryPromise({ try: () => submitted.results, catch: (error) => error }).pipe(
-      Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id)))
-    )
+    yield* engine.runOne<unknown, GeriAudioPiece>(item, (piece) => pieces.push(piece.pcm))
     return HttpServerResponse.uint8Array(wavFile(pieces, sampleRate), { contentType: "audio/wav" })
   })

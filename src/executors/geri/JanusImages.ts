@@ -86,17 +86,12 @@ export const janusImageRoutes = (config: ExecutorConfig, engine: EngineClient, m
         chunks: 0,
         seed: body.seed ?? randomInt(2 ** 31)
       }
-      const submitted = engine.submit([
-        {
-          key: `${meta.width}x${meta.height}`,
-          inputs: { generated_tokens: { dtype: "int64", shape: [1, tokens.length], data: tokens } },
-          meta,
-          ...(yield* workItemContext)
-        }
-      ])
-      const [result] = (yield* Effect.tryPromise({ try: () => submitted.results, catch: (error) => error }).pipe(
-        Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id)))
-      )) as [GeriImageResult]
+      const result = yield* engine.runOne<GeriImageResult>({
+        key: `${meta.width}x${meta.height}`,
+        inputs: { generated_tokens: { dtype: "int64", shape: [1, tokens.length], data: tokens } },
+        meta,
+        ...(yield* workItemContext)
+      })
       const answer: ImageAnswer = {
         image: Buffer.from(result.png).toString("base64"),
         width: result.width,

@@ -147,12 +147,8 @@ export const routerKind: RouterKind = {
       }
 
       /** The engine's results for one item, cancelled with the request. */
-      const run = (item: WorkItem, onPiece?: (piece: GeriAudioPiece) => void) => {
-        const submitted = engine.submit([item], onPiece && ((_, value) => onPiece(value as GeriAudioPiece)))
-        return Effect.tryPromise({ try: () => submitted.results, catch: (error) => error }).pipe(
-          Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id)))
-        )
-      }
+      const run = (item: WorkItem, onPiece?: (piece: GeriAudioPiece) => void) =>
+        engine.run<unknown, GeriAudioPiece>([item], onPiece && ((_, piece) => onPiece(piece)))
 
       const generate = Effect.gen(function* () {
         const body = yield* HttpServerRequest.schemaBodyJson(GenerateRequest)

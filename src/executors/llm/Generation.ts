@@ -73,9 +73,8 @@ export class Generation {
     const stream = new TextStream(tokenizer, stops)
     for (const token of continued) stream.push(token)
     const item: WorkItem = { key: meta.op, inputs: {}, meta, ...itemContext }
-    const submitted = engine.submit([item], (_, value) => {
+    const submitted = engine.submit<GenerateResult, TokenPartial>([item], (_, partial) => {
       if (this.result !== undefined) return
-      const partial = value as TokenPartial
       const token = partial.token
       this.pending.push(token)
       if (partial.logprob !== undefined)
@@ -94,7 +93,7 @@ export class Generation {
         if (this.result !== undefined) return
         const rest = stream.end()
         this.say(rest.text)
-        const result = results[0] as GenerateResult
+        const result = results[0]!
         this.settle({
           outcome: {
             finishReason: rest.stopped ? "stop" : result.finishReason,

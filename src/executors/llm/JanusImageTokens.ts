@@ -95,12 +95,10 @@ export const janusRouter = (config: ExecutorConfig, engine: EngineClient, model:
       }
       const meta: GenerateMeta = { op: "generate", prompt: { inputIds, media: [] }, sampling }
       const tokens: Array<number> = []
-      const submitted = engine.submit([{ key: meta.op, inputs: {}, meta, ...(yield* workItemContext) }], (_, value) =>
-        tokens.push((value as TokenPartial).token)
+      const result = yield* engine.runOne<GenerateResult, TokenPartial>(
+        { key: meta.op, inputs: {}, meta, ...(yield* workItemContext) },
+        (partial) => tokens.push(partial.token)
       )
-      const [result] = (yield* Effect.tryPromise({ try: () => submitted.results, catch: (error) => error }).pipe(
-        Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id)))
-      )) as [GenerateResult]
       if (result.completionTokens !== spec.imageTokens || tokens.length !== spec.imageTokens)
         return yield* Effect.fail(
           new Error(`the engine chose ${tokens.length} image tokens; an image takes ${spec.imageTokens}`)
@@ -122,10 +120,11 @@ export const janusRouter = (config: ExecutorConfig, engine: EngineClient, model:
     }).pipe(Effect.catchAll(errorAnswer))
 
     const stats = Effect.gen(function* () {
-      const submitted = engine.submit([{ key: "stats", inputs: {}, meta: { op: "stats" } satisfies LlmRequestMeta }])
-      const [result] = (yield* Effect.tryPromise({ try: () => submitted.results, catch: (error) => error })) as [
-        LlmStats
-      ]
+      const result = yield* engine.runOne<LlmStats>({
+        key: "stats",
+        inputs: {},
+        meta: { op: "stats" } satisfies LlmRequestMeta
+      })
       return HttpServerResponse.unsafeJson(result)
     }).pipe(Effect.catchAll(errorAnswer))
 

@@ -665,10 +665,12 @@ export const routerKind: RouterKind = {
           receivers: body.receivers ?? (sidecar === undefined ? [] : [sidecar.nodeId]),
           inline
         }
-        const submitted = engine.submit([{ key: meta.op, inputs: {}, meta, ...(yield* workItemContext) }])
-        const [result] = (yield* attempt(() => submitted.results).pipe(
-          Effect.onInterrupt(() => Effect.sync(() => engine.cancel(submitted.id)))
-        )) as [EmbedResult]
+        const result = yield* engine.runOne<EmbedResult>({
+          key: meta.op,
+          inputs: {},
+          meta,
+          ...(yield* workItemContext)
+        })
         const answer: PromptEmbeddingsResponse = {
           id: body.id,
           source: body.source,
@@ -680,8 +682,11 @@ export const routerKind: RouterKind = {
       }).pipe(Effect.catchAll(errorAnswer))
 
       const stats = Effect.gen(function* () {
-        const submitted = engine.submit([{ key: "stats", inputs: {}, meta: { op: "stats" } satisfies LlmRequestMeta }])
-        const [result] = (yield* attempt(() => submitted.results)) as [LlmStats]
+        const result = yield* engine.runOne<LlmStats>({
+          key: "stats",
+          inputs: {},
+          meta: { op: "stats" } satisfies LlmRequestMeta
+        })
         return HttpServerResponse.unsafeJson(result)
       }).pipe(Effect.catchAll(errorAnswer))
 
