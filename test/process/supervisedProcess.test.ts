@@ -32,27 +32,31 @@ describe("SupervisedProcess", () => {
   /** The arena file of the sidecar with this pid. */
   const arenaOf = (pid: number) => join("/dev/shm", `${arenaFilePrefix}${nodeId}-${pid}`)
 
-  const startSidecar = Effect.gen(function* () {
-    const states = yield* Queue.unbounded<ProcessState<true>>()
-    const sidecar = yield* SupervisedProcess.start<true>({
-      name: "sidecar",
-      args: [
-        "internal",
-        "sidecar",
-        "--node-id",
-        nodeId,
-        "--socket",
-        join(dir, "sidecar.sock"),
-        "--arena-bytes",
-        String(8 * 1024 * 1024)
-      ],
-      parseReady: (output) => (output.includes("cornserve sidecar: ready") ? true : undefined),
-      startTimeoutMs: 60_000,
-      log: () => undefined,
-      onState: (state) => Queue.unsafeOffer(states, state)
+  /** A supervised sidecar, and the states its supervisor reports; `leaves` as SupervisedProcess takes it. */
+  const startSidecarWith = (leaves?: (pid: number) => ReadonlyArray<string>) =>
+    Effect.gen(function* () {
+      const states = yield* Queue.unbounded<ProcessState<true>>()
+      const sidecar = yield* SupervisedProcess.start<true>({
+        name: "sidecar",
+        args: [
+          "internal",
+          "sidecar",
+          "--node-id",
+          nodeId,
+          "--socket",
+          join(dir, "sidecar.sock"),
+          "--arena-bytes",
+          String(8 * 1024 * 1024)
+        ],
+        parseReady: (output) => (output.includes("cornserve sidecar: ready") ? true : undefined),
+        startTimeoutMs: 60_000,
+        log: () => undefined,
+        onState: (state) => Queue.unsafeOffer(states, state),
+        ...(leaves === undefined ? {} : { leaves })
+      })
+      return { sidecar, states }
     })
-    return { sidecar, states }
-  })
+  const startSidecar = startSidecarWith()
 
   const nextState = <Tag extends ProcessState<true>["_tag"]>(
     states: Queue.Queue<ProcessState<true>>,
@@ -103,25 +107,7 @@ describe("SupervisedProcess", () => {
 
   it("removes what a killed run leaves (its `leaves`) once it has exited", async () => {
     const { arena, kept } = await Effect.gen(function* () {
-      const states = yield* Queue.unbounded<ProcessState<true>>()
-      const sidecar = yield* SupervisedProcess.start<true>({
-        name: "sidecar",
-        args: [
-          "internal",
-          "sidecar",
-          "--node-id",
-          nodeId,
-          "--socket",
-          join(dir, "leaves.sock"),
-          "--arena-bytes",
-          String(8 * 1024 * 1024)
-        ],
-        parseReady: (output) => (output.includes("cornserve sidecar: ready") ? true : undefined),
-        startTimeoutMs: 60_000,
-        log: () => undefined,
-        onState: (state) => Queue.unsafeOffer(states, state),
-        leaves: (pid) => [arenaOf(pid)]
-      })
+      const { sidecar, states } = yield* startSidecarWith((pid) => [arenaOf(pid)])
       const arena = arenaOf(sidecar.pid!)
       const kept = existsSync(arena)
       process.kill(sidecar.pid!, "SIGKILL")
