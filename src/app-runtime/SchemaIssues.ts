@@ -1,4 +1,12 @@
 import * as ParseResult from "effect/ParseResult"
+import * as Schema from "effect/Schema"
+
+/** One field a value got wrong: where, and what. */
+export const SchemaIssue = Schema.Struct({
+  path: Schema.Array(Schema.Union(Schema.String, Schema.Number)),
+  message: Schema.String
+})
+export type SchemaIssue = typeof SchemaIssue.Type
 
 /** One field's problem, as a client reads it: where (keys and indices) and what. */
 export interface ReadableIssue {

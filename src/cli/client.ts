@@ -11,18 +11,15 @@ import * as Queue from "effect/Queue"
 import * as Schema from "effect/Schema"
 import {
   AppDocument,
-  AppList,
   ErrorAnswer,
-  NodeList,
   RegistrationFailed,
   RegistrationProgress,
-  ScaleAnswer,
-  TaskList,
+  type TaskList,
   type TaskSettingsListing,
-  TaskProfileAnswer,
-  UnregisterAnswer
+  TaskProfileAnswer
 } from "../control/gateway/GatewayAnswers.js"
 import { responseLines } from "../control/ResponseLines.js"
+import { CliFailure, callAdmin, type GatewayTarget } from "./AdminClient.js"
 import { SchemaText } from "./SchemaText.js"
 import {
   LevelMeasured,
@@ -31,13 +28,7 @@ import {
   type RecordRequest
 } from "../control/task-manager/ProfileRecording.js"
 
-/** A failed command: its message is printed as is and the process exits non-zero. */
-export class CliFailure extends Schema.TaggedError<CliFailure>()("CliFailure", { message: Schema.String }) {}
-
-export interface GatewayTarget {
-  readonly url: string
-  readonly token: string | undefined
-}
+export { CliFailure, type GatewayTarget }
 
 const request = (target: GatewayTarget, method: string, path: string, body?: unknown) =>
   Effect.tryPromise({
@@ -73,7 +64,7 @@ const decodeText = <A, I>(schema: Schema.Schema<A, I>, what: string) => {
 }
 
 /** A response's body as the route's answer. */
-const readAnswer = <A, I>(schema: Schema.Schema<A, I>, what: string) => {
+const _readAnswer = <A, I>(schema: Schema.Schema<A, I>, what: string) => {
   const decode = decodeText(schema, what)
   return (response: Response) => Effect.flatMap(readText(response), decode)
 }
@@ -219,11 +210,9 @@ export const checkAppFile = (file: string) =>
 
 export const unregisterApp = (target: GatewayTarget, appId: string) =>
   Effect.gen(function* () {
-    const response = yield* Effect.flatMap(
-      request(target, "POST", `app/unregister/${encodeURIComponent(appId)}`),
-      expectOk
+    const body = yield* callAdmin(target, "answer to unregister", (client) =>
+      client.apps.unregisterApp({ path: { id: appId } })
     )
-    const body = yield* readAnswer(UnregisterAnswer, "answer to unregister")(response)
     yield* write(`${body.message}\n`)
   })
 
@@ -275,8 +264,7 @@ const limitsText = (app: {
 
 export const listApps = (target: GatewayTarget) =>
   Effect.gen(function* () {
-    const response = yield* Effect.flatMap(request(target, "GET", "app/list"), expectOk)
-    const { apps } = yield* readAnswer(AppList, "list of apps")(response)
+    const { apps } = yield* callAdmin(target, "list of apps", (client) => client.apps.listApps())
     if (apps.length === 0) return yield* write("no apps are registered\n")
     yield* write(
       table(
@@ -347,8 +335,7 @@ const idleReleaseText = (idle: (typeof TaskList.Type)["tasks"][number]["idleRele
 
 export const listTasks = (target: GatewayTarget) =>
   Effect.gen(function* () {
-    const response = yield* Effect.flatMap(request(target, "GET", "tasks/list"), expectOk)
-    const { tasks } = yield* readAnswer(TaskList, "list of tasks")(response)
+    const { tasks } = yield* callAdmin(target, "list of tasks", (client) => client.tasks.listTasks())
     if (tasks.length === 0) return yield* write("no tasks are deployed\n")
     yield* write(
       table(
@@ -392,14 +379,13 @@ const settingsText = (settings: typeof TaskSettingsListing.Type): string =>
 export const showTask = (target: GatewayTarget, given: string, json: boolean) =>
   Effect.gen(function* () {
     const taskId = yield* resolveTaskId(target, given)
-    const response = yield* Effect.flatMap(request(target, "GET", "tasks/list"), expectOk)
-    const { tasks } = yield* readAnswer(TaskList, "list of tasks")(response)
+    const { tasks } = yield* callAdmin(target, "list of tasks", (client) => client.tasks.listTasks())
     const task = tasks.find((entry) => entry.id === taskId)
     if (task === undefined) return yield* new CliFailure({ message: `no task ${given} is deployed` })
     if (json) return yield* write(`${JSON.stringify(task, null, 2)}\n`)
     const width = Math.max(...Object.keys(task.settings).map((key) => key.length))
     yield* write(
-      [
+      `${[
         `task ${task.id} (${task.name}, ${task.kind}): ${task.state}`,
         `used by: ${task.usedBy.join(", ") || "-"}`,
         `devices: ${task.devices.join(", ") || "-"}`,
@@ -410,7 +396,7 @@ export const showTask = (target: GatewayTarget, given: string, json: boolean) =>
           ([key, value]) =>
             `  ${key.padEnd(width)}  ${typeof value === "number" && key.endsWith("Bytes") ? `${value} (${bytesText(value)})` : value}`
         )
-      ].join("\n") + "\n"
+      ].join("\n")}\n`
     )
   })
 
@@ -421,8 +407,7 @@ export const showTask = (target: GatewayTarget, given: string, json: boolean) =>
  */
 export const resolveTaskId = (target: GatewayTarget, given: string) =>
   Effect.gen(function* () {
-    const response = yield* Effect.flatMap(request(target, "GET", "tasks/list"), expectOk)
-    const { tasks } = yield* readAnswer(TaskList, "list of tasks")(response)
+    const { tasks } = yield* callAdmin(target, "list of tasks", (client) => client.tasks.listTasks())
     if (tasks.some((task) => task.id === given)) return given
     const named = tasks.filter((task) => task.name === given)
     if (named.length === 1) return named[0]!.id
@@ -439,8 +424,9 @@ export const resolveTaskId = (target: GatewayTarget, given: string) =>
 export const scaleTask = (target: GatewayTarget, given: string, devices: number) =>
   Effect.gen(function* () {
     const taskId = yield* resolveTaskId(target, given)
-    const response = yield* Effect.flatMap(request(target, "POST", "task/scale", { taskId, devices }), expectOk)
-    const { tasks } = yield* readAnswer(ScaleAnswer, "answer to scale")(response)
+    const { tasks } = yield* callAdmin(target, "answer to scale", (client) =>
+      client.tasks.scaleTask({ payload: { taskId, devices } })
+    )
     const task = tasks.find((entry) => entry.id === taskId)
     if (task === undefined) return yield* write(`task ${taskId} is scaled\n`)
     yield* write(
@@ -556,8 +542,7 @@ export const recordTaskProfile = (
 
 export const listNodes = (target: GatewayTarget) =>
   Effect.gen(function* () {
-    const response = yield* Effect.flatMap(request(target, "GET", "nodes/list"), expectOk)
-    const { nodes } = yield* readAnswer(NodeList, "list of nodes")(response)
+    const { nodes } = yield* callAdmin(target, "list of nodes", (client) => client.tasks.listNodes())
     if (nodes.length === 0) return yield* write("no nodes: the control plane has no devices and no node has joined\n")
     yield* write(
       table(

@@ -1,6 +1,7 @@
 import * as Schema from "effect/Schema"
 import { type DispatchFailureCode, TaskGraphWire } from "../tasks/TaskGraph.js"
 import { jsonDepthWithin } from "../JsonDepth.js"
+import { SchemaIssue } from "../SchemaIssues.js"
 import { AppSchemasWire } from "./AppSchemas.js"
 
 /** A unit task an app needs deployed, as the control plane sees it. */
@@ -31,11 +32,7 @@ export interface DispatchFailure {
 }
 
 /** Where a request did not match its app's schema (a JSON body's keys are strings and indices), and why. */
-export const SchemaIssue = Schema.Struct({
-  path: Schema.Array(Schema.Union(Schema.String, Schema.Number)),
-  message: Schema.String
-})
-export type SchemaIssue = typeof SchemaIssue.Type
+export { SchemaIssue } from "../SchemaIssues.js"
 
 /** Messages from the platform to an app's process. */
 export type ToWorker =

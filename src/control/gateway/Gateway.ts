@@ -1,17 +1,4 @@
 import { listenFailure } from "../../process/Listening.js"
-import { issueLines, readableIssues } from "../../app-runtime/SchemaIssues.js"
-import {
-  type AppList,
-  type HealthAnswer,
-  type NodeList,
-  type ReadyAnswer,
-  RegisterRequest,
-  type ScaleAnswer,
-  ScaleRequest,
-  type TaskList,
-  type TaskProfileAnswer,
-  type UnregisterAnswer
-} from "./GatewayAnswers.js"
 import * as Http from "node:http"
 import * as Https from "node:https"
 import type { AddressInfo } from "node:net"
@@ -19,50 +6,27 @@ import * as HttpRouter from "@effect/platform/HttpRouter"
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
-import * as NodeHttpServerRequest from "@effect/platform-node/NodeHttpServerRequest"
-import { ServeError } from "@effect/platform/HttpServerError"
+import * as HttpServerError from "@effect/platform/HttpServerError"
+import * as Cause from "effect/Cause"
 import * as Effect from "effect/Effect"
-import * as Fiber from "effect/Fiber"
-import * as Queue from "effect/Queue"
-import * as Schema from "effect/Schema"
-import * as Stream from "effect/Stream"
-import { AppDriver } from "../app-manager/AppDriver.js"
-import { AppManager, type AppSummary } from "../app-manager/AppManager.js"
-import {
-  AppNotFound,
-  AppNotReady,
-  BadRequest,
-  echoedChars,
-  Forbidden,
-  type PayloadTooLarge,
-  type RequestBodyTimeout,
-  RouteNotFound,
-  ShuttingDown,
-  Unauthorized
-} from "../errors.js"
+import { AppManager } from "../app-manager/AppManager.js"
+import { AppNotFound, echoedChars, RouteNotFound, ShuttingDown } from "../errors.js"
 import { ResourceManager } from "../resource-manager/ResourceManager.js"
 import { ProfileRecorder } from "../task-manager/ProfileRecorder.js"
-import { LevelMeasured, RecordedProfile, RecordingDone, RecordRequest } from "../task-manager/ProfileRecording.js"
 import { ServeConfig } from "../../config/ServeConfig.js"
-import { adminTokenPath } from "../../config/AdminTokenFile.js"
 import { bearerOf, keyDigest, sameSecret } from "../../contracts/Credentials.js"
 import { refuseUnread } from "../../contracts/RefuseUnread.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
-import { adminRequestRefusal } from "./AdminGuard.js"
-import { errorBody, errorResponse } from "./ErrorResponse.js"
+import { errorResponse } from "./ErrorResponse.js"
 import { docsAsset, docsContentSecurityPolicy, docsPage } from "./DocsPage.js"
 import { consoleContentSecurityPolicy, consoleFile } from "./ConsolePage.js"
-import type { DescribedAppText, UndescribedApp } from "../SchemaThread.js"
 import { shortened } from "../../app-runtime/Shortened.js"
-import { parseJsonBody } from "./JsonBody.js"
-import { llmPrefixCaches, prefixCacheMetrics } from "./LlmCacheMetrics.js"
-import { renderMetrics } from "./Metrics.js"
 import { PlatformMetrics } from "../metrics/PlatformMetrics.js"
 import { invokePrefix, makeInvokeRoute, makeModelsRoute } from "./InvokeRoute.js"
 import { matchOpenAiRoute } from "./OpenAiApi.js"
-import { readRequestBody } from "./RequestBody.js"
+import { adminRoutes } from "./AdminRoutes.js"
 
-const sseEvent = (event: string, data: unknown) => `event: ${event}\ndata: ${JSON.stringify(data)}\n\n`
+const _sseEvent = (event: string, data: unknown) => `event: ${event}\ndata: ${JSON.stringify(data)}\n\n`
 
 /**
  * The platform's HTTP front door: app registration (SSE), invocation (JSON or NDJSON), listing,
@@ -97,9 +61,9 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
         ? Http.createServer(serverOptions)
         : Https.createServer({ ...serverOptions, cert: config.tls.cert, key: config.tls.key })
     yield* Effect.acquireRelease(
-      Effect.async<void, ServeError>((resume) => {
+      Effect.async<void, HttpServerError.ServeError>((resume) => {
         nodeServer.once("error", (cause) =>
-          resume(Effect.fail(new ServeError({ cause: listenFailure(cause, config.host, config.port) })))
+          resume(Effect.fail(new HttpServerError.ServeError({ cause: listenFailure(cause, config.host, config.port) })))
         )
         nodeServer.listen(config.port, config.host, () => resume(Effect.void))
       }),
@@ -131,333 +95,21 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
       })
     )
 
-    const readBody = Effect.gen(function* () {
-      const request = yield* HttpServerRequest.HttpServerRequest
-      const raw = NodeHttpServerRequest.toIncomingMessage(request)
-      return yield* Effect.async<string, PayloadTooLarge | RequestBodyTimeout | BadRequest>((resume) =>
-        readRequestBody(raw, bodyLimits, (body) =>
-          resume(typeof body === "string" ? Effect.succeed(body) : Effect.fail(body))
-        )
-      )
-    })
-
-    const readJson = <A, I>(schema: Schema.Schema<A, I, never>) =>
-      Effect.gen(function* () {
-        const text = yield* readBody
-        const parsed = parseJsonBody(text, config.maxJsonDepth)
-        if (!parsed.ok) return yield* new BadRequest({ message: parsed.message })
-        return yield* Schema.decodeUnknown(schema)(parsed.value, { errors: "all", onExcessProperty: "error" }).pipe(
-          Effect.mapError(
-            (error) =>
-              new BadRequest({
-                message: `malformed request: ${shortened(issueLines(readableIssues(error).slice(0, 20)).join("; "), 1000)}`
-              })
-          )
-        )
-      })
-
-    const guardOptions = { boundHost: config.host, allowedHosts: config.allowedHosts }
-    /** The admin token, when the platform has one (all but --insecure-no-auth). */
-    const requireAdminToken = (request: HttpServerRequest.HttpServerRequest) =>
-      Effect.gen(function* () {
-        if (config.adminToken === undefined) return
-        const given = bearerOf(request.headers.authorization)
-        if (given === undefined) {
-          return yield* new Unauthorized({
-            message: `this route needs the admin token: Authorization: Bearer <token> (on the platform's machine: ${adminTokenPath(config.stateDir)})`
-          })
-        }
-        if (!sameSecret(given, config.adminToken))
-          return yield* new Unauthorized({ message: "the admin token is wrong" })
-      })
-    const requireAdmin = Effect.gen(function* () {
-      const request = yield* HttpServerRequest.HttpServerRequest
-      yield* requireAdminToken(request)
-      const refusal = adminRequestRefusal(request.headers, guardOptions)
-      if (refusal !== undefined) return yield* new Forbidden({ message: refusal })
-    })
-
-    /** `/metrics` needs the metrics token or the admin token, unless the operator made it public. */
-    const requireMetricsReader = Effect.gen(function* () {
-      if (config.publicMetrics) return
-      const tokens = [config.metricsToken, config.adminToken].filter((token) => token !== undefined)
-      if (tokens.length === 0) return
-      const request = yield* HttpServerRequest.HttpServerRequest
-      const given = bearerOf(request.headers.authorization)
-      if (given === undefined || !tokens.some((token) => sameSecret(given, token))) {
-        return yield* new Unauthorized({
-          message:
-            "/metrics needs CORNSERVE_METRICS_TOKEN or the admin token as Authorization: Bearer (or serve --public-metrics)"
-        })
-      }
+    const { metrics: requestMetrics } = yield* PlatformMetrics
+    const adminApp = yield* adminRoutes({
+      config,
+      appManager,
+      resources,
+      recorder,
+      agent,
+      requestMetrics,
+      draining: () => draining,
+      started: () => started,
+      inFlight: () => inFlight,
+      apiKeyAccepted: (header, appId) => apiKeyAccepted(header, appId)
     })
 
     const param = (name: string) => Effect.map(HttpRouter.params, (params) => params[name] ?? "")
-
-    const register = Effect.gen(function* () {
-      yield* requireAdmin
-      const body = yield* readJson(RegisterRequest)
-      const prepared = yield* appManager.prepare(body.name, body.source, body.replace, {
-        admission: body.admission,
-        apiKeyDigests: (body.apiKeys ?? []).map(keyDigest),
-        outboundHosts: body.allowHosts,
-        timeoutMs: body.timeoutMs
-      })
-      const events = yield* Queue.unbounded<string | undefined>()
-      yield* events.offer(
-        sseEvent("progress", {
-          appId: prepared.id,
-          message: `app ${prepared.id} loaded; it uses ${prepared.tasks.length} unit task(s)`,
-          tasks: prepared.tasks.map((task) => ({ id: task.id, name: task.name, kind: task.kind }))
-        })
-      )
-      yield* appManager
-        .deploy(prepared, (message) => events.offer(sseEvent("progress", { appId: prepared.id, message })))
-        .pipe(
-          Effect.matchEffect({
-            onSuccess: (app) =>
-              events.offer(sseEvent("final", { appId: app.id, message: `app ${app.id} is ready`, app })),
-            onFailure: (error) => events.offer(sseEvent("error", { appId: prepared.id, ...errorBody(error) }))
-          }),
-          Effect.ensuring(events.offer(undefined)),
-          Effect.forkDaemon
-        )
-      const stream = Stream.fromQueue(events).pipe(
-        Stream.takeWhile((event): event is string => event !== undefined),
-        Stream.map((event) => Buffer.from(event))
-      )
-      return HttpServerResponse.stream(stream, {
-        contentType: "text/event-stream",
-        headers: { "cache-control": "no-cache", connection: "keep-alive" }
-      })
-    })
-
-    /** What an app wrote to its stdout and stderr: an admin route, since an app's log may hold its clients' data. */
-    const logs = Effect.gen(function* () {
-      const request = yield* HttpServerRequest.HttpServerRequest
-      // A GET carries no body: the admin guard's content-type rule is for the routes that take one.
-      yield* requireAdminToken(request)
-      const appId = yield* param("id")
-      const tail = appManager.logsOf(appId)
-      if (typeof tail !== "string") return yield* tail
-      const follow = /[?&]follow=(?:1|true)(?:&|$)/.test(request.url)
-      if (!follow) return HttpServerResponse.text(tail, { contentType: "text/plain; charset=utf-8" })
-      // The tail, then each line as the app writes it, until the client goes; a client that reads
-      // slower than the app writes misses lines rather than holding them in the gateway.
-      const lines = Stream.async<Uint8Array>(
-        (emit) => {
-          void emit.single(Buffer.from(tail))
-          const stop = appManager.followLogsOf(appId, (line) => void emit.single(Buffer.from(`${line}\n`)))
-          return Effect.sync(() => {
-            if (typeof stop === "function") stop()
-          })
-        },
-        { bufferSize: 1024, strategy: "dropping" }
-      )
-      return HttpServerResponse.stream(lines, {
-        contentType: "text/plain; charset=utf-8",
-        headers: { "cache-control": "no-cache" }
-      })
-    })
-
-    const unregister = Effect.gen(function* () {
-      yield* requireAdmin
-      const appId = yield* param("id")
-      yield* appManager.unregister(appId)
-      return HttpServerResponse.unsafeJson({
-        appId,
-        message: `app ${appId} is unregistered`
-      } satisfies typeof UnregisterAnswer.Encoded)
-    })
-
-    const scale = Effect.gen(function* () {
-      yield* requireAdmin
-      const body = yield* readJson(ScaleRequest)
-      yield* resources.scale(body.taskId, body.devices)
-      return HttpServerResponse.unsafeJson({
-        taskId: body.taskId,
-        tasks: resources.tasks()
-      } satisfies typeof ScaleAnswer.Encoded)
-    })
-
-    /** A task's profile: what its calls measured, and the one recorded ahead of time (null: none). */
-    const profile = Effect.gen(function* () {
-      const taskId = yield* param("id")
-      const measured = yield* resources.profile(taskId)
-      const recorded = recorder.recorded(taskId)
-      return HttpServerResponse.unsafeJson({
-        ...measured,
-        recorded: recorded === undefined ? null : Schema.encodeSync(RecordedProfile)(recorded)
-      } satisfies typeof TaskProfileAnswer.Encoded)
-    })
-
-    /**
-     * Records a task's profile ahead of time (a load sweep against its executors). Refusals are
-     * answered at once; then Server-Sent Events: `started` at once, `progress` as each load level ends, and `final`
-     * with the recorded profile, or `error`. A client that goes away stops the recording.
-     */
-    const recordProfile = Effect.gen(function* () {
-      yield* requireAdmin
-      const taskId = yield* param("id")
-      const body = yield* readJson(RecordRequest)
-      const events = yield* Queue.unbounded<string | undefined>()
-      // The first event goes at once, so that the client knows the recording began (and holds the task).
-      events.unsafeOffer(sseEvent("started", { taskId, levels: body.levels, secondsPerLevel: body.secondsPerLevel }))
-      const recording = yield* recorder.record(taskId, body, (measured) =>
-        events.unsafeOffer(sseEvent("progress", Schema.encodeSync(LevelMeasured)(measured)))
-      )
-      // Until the response's stream is read, the request's end is what stops the recording.
-      return yield* Effect.gen(function* () {
-        yield* Fiber.join(recording).pipe(
-          Effect.matchEffect({
-            onSuccess: ({ profile, notKept }) =>
-              events.offer(
-                sseEvent(
-                  "final",
-                  Schema.encodeSync(RecordingDone)({
-                    taskId,
-                    message:
-                      notKept === undefined
-                        ? `the profile of task ${taskId} is recorded and kept in the state dir`
-                        : `the profile of task ${taskId} is recorded, but not kept: ${notKept}`,
-                    recorded: profile,
-                    kept: notKept === undefined
-                  })
-                )
-              ),
-            onFailure: (error) => events.offer(sseEvent("error", { taskId, ...errorBody(error) }))
-          }),
-          Effect.ensuring(events.offer(undefined)),
-          Effect.forkDaemon
-        )
-        const stream = Stream.fromQueue(events).pipe(
-          Stream.takeWhile((event): event is string => event !== undefined),
-          Stream.map((event) => Buffer.from(event)),
-          Stream.ensuring(Fiber.interrupt(recording))
-        )
-        return HttpServerResponse.stream(stream, {
-          contentType: "text/event-stream",
-          headers: { "cache-control": "no-cache", connection: "keep-alive" }
-        })
-      }).pipe(Effect.onInterrupt(() => Fiber.interrupt(recording)))
-    })
-
-    const health = Effect.sync(() =>
-      HttpServerResponse.unsafeJson(
-        {
-          status: draining ? "shutting-down" : "ok",
-          role: config.role,
-          apps: appManager.list().length
-        } satisfies typeof HealthAnswer.Encoded,
-        { status: draining ? 503 : 200 }
-      )
-    )
-
-    /**
-     * Readiness, beside /health's liveness: 503 until every app restored at start is ready or
-     * failed (a load balancer sends nothing yet), and while shutting down.
-     */
-    const ready = Effect.sync(() => {
-      // A count, not names: the route is open to anyone, as /health is.
-      const waiting = appManager.list().filter((app) => app.state === "registering").length
-      const status = draining ? "shutting-down" : started ? "ready" : "starting"
-      return HttpServerResponse.unsafeJson(
-        { status, ...(status === "starting" ? { restoring: waiting } : {}) } satisfies typeof ReadyAnswer.Encoded,
-        { status: status === "ready" ? 200 : 503 }
-      )
-    })
-
-    const { metrics: requestMetrics } = yield* PlatformMetrics
-
-    const metrics = Effect.gen(function* () {
-      yield* requireMetricsReader
-      const sidecar = yield* Effect.tryPromise(() => agent.sidecarClient().then((client) => client.stats())).pipe(
-        Effect.orElseSucceed(() => undefined)
-      )
-      const measured = yield* Effect.promise(() => requestMetrics.text())
-      const tasks = resources.tasks()
-      const caches = yield* Effect.promise(() => llmPrefixCaches(tasks, config.internalSecret))
-      return HttpServerResponse.text(
-        `${renderMetrics({
-          apps: appManager.list(),
-          inFlight,
-          tasks,
-          sidecar,
-          rebalanceMoves: resources.rebalanceMoves()
-        })}${prefixCacheMetrics(caches).join("\n")}\n${measured}`,
-        {
-          contentType: "text/plain; version=0.0.4"
-        }
-      )
-    })
-
-    /**
-     * An app as the OpenAPI documents show it to a reader who sent `authorization`: with its schemas
-     * once it is ready and the reader may call it (the API-key rule of its invoke routes), else named only.
-     */
-    const describedApp = (
-      summary: AppSummary,
-      authorization: string | undefined
-    ): DescribedAppText | UndescribedApp => {
-      const needsApiKey = config.apiKeys.length > 0 || appManager.apiKeyDigestsOf(summary.id).length > 0
-      if (!apiKeyAccepted(authorization, summary.id)) {
-        return {
-          id: summary.id,
-          needsApiKey,
-          why: "Its schemas are shown to callers with an API key it takes (`/app/ID/openapi.json`)."
-        }
-      }
-      const driver = appManager.lookup(summary.id)
-      if (!(driver instanceof AppDriver) || driver.loaded === undefined) {
-        return {
-          id: summary.id,
-          needsApiKey,
-          why: `The app is ${summary.state}${summary.error === undefined ? "" : `: ${shortened(summary.error, 500)}`}; its schemas are known once it is ready.`
-        }
-      }
-      return {
-        id: summary.id,
-        description: driver.loaded.description,
-        example: driver.loaded.example,
-        schemas: driver.loaded.schemas,
-        needsApiKey,
-        registeredAt: summary.registeredAt
-      }
-    }
-
-    /** Like `/app/list`, open to all; an app's schemas follow its API-key rule (see `describedApp`). */
-    const platformOpenApi = Effect.gen(function* () {
-      const request = yield* HttpServerRequest.HttpServerRequest
-      const apps = appManager.list().filter((app) => app.state !== "unregistering")
-      const document = yield* Effect.promise(() =>
-        appManager.schemaThread.platformDocument(
-          apps.map((app) => describedApp(app, request.headers.authorization)),
-          {
-            adminToken: config.adminToken !== undefined,
-            metricsToken: !config.publicMetrics && (config.metricsToken ?? config.adminToken) !== undefined
-          }
-        )
-      )
-      return HttpServerResponse.text(document, { contentType: "application/json" })
-    })
-
-    /** An app's document: for whoever may call it (its API-key rule), once it is ready. */
-    const appOpenApi = Effect.gen(function* () {
-      const request = yield* HttpServerRequest.HttpServerRequest
-      const appId = yield* param("id")
-      if (!apiKeyAccepted(request.headers.authorization, appId)) {
-        return yield* new Unauthorized({ message: "this app's document needs an API key: Authorization: Bearer <key>" })
-      }
-      const driver = appManager.lookup(appId)
-      if (!(driver instanceof AppDriver)) return yield* driver
-      const summary = appManager.list().find((app) => app.id === appId)
-      const described = summary === undefined ? undefined : describedApp(summary, request.headers.authorization)
-      if (described === undefined || !("schemas" in described)) {
-        return yield* new AppNotReady({ appId, state: summary?.state ?? "registering" })
-      }
-      const document = yield* Effect.promise(() => appManager.schemaThread.appDocument(described))
-      return HttpServerResponse.text(document, { contentType: "application/json" })
-    })
 
     const htmlPage = (html: string) =>
       HttpServerResponse.text(html, {
@@ -505,35 +157,8 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
         })
       })
 
-    const router = HttpRouter.empty.pipe(
-      HttpRouter.post("/app/register", register),
-      HttpRouter.post("/app/unregister/:id", unregister),
-      HttpRouter.get("/app/logs/:id", logs),
-      HttpRouter.get(
-        "/app/list",
-        Effect.sync(() => HttpServerResponse.unsafeJson({ apps: appManager.list() } satisfies typeof AppList.Encoded))
-      ),
-      HttpRouter.get(
-        "/tasks/list",
-        Effect.sync(() =>
-          HttpServerResponse.unsafeJson({
-            tasks: resources.tasks(),
-            devices: resources.devices()
-          } satisfies typeof TaskList.Encoded)
-        )
-      ),
-      HttpRouter.get(
-        "/nodes/list",
-        Effect.sync(() => HttpServerResponse.unsafeJson({ nodes: resources.nodes() } satisfies typeof NodeList.Encoded))
-      ),
-      HttpRouter.get("/tasks/:id/profile", profile),
-      HttpRouter.post("/tasks/:id/profile/record", recordProfile),
-      HttpRouter.post("/task/scale", scale),
-      HttpRouter.get("/health", health),
-      HttpRouter.get("/ready", ready),
-      HttpRouter.get("/metrics", metrics),
-      HttpRouter.get("/openapi.json", platformOpenApi),
-      HttpRouter.get("/app/:id/openapi.json", appOpenApi),
+    /** The pages and files: the docs and the console. */
+    const pages = HttpRouter.empty.pipe(
       HttpRouter.get("/app/:id/docs", appDocsPage),
       HttpRouter.get(
         "/docs",
@@ -547,7 +172,14 @@ export class Gateway extends Effect.Service<Gateway>()("cornserve/Gateway", {
     )
 
     const refuseWhileDraining = Effect.suspend(() => (draining ? Effect.fail(new ShuttingDown()) : Effect.void))
-    const app = Effect.zipRight(refuseWhileDraining, router).pipe(
+    // A path the platform's API does not have is a page's or a file's.
+    const routes = adminApp.pipe(
+      Effect.catchAllCause((cause) => {
+        const failure = Cause.squash(cause)
+        return failure instanceof HttpServerError.RouteNotFound ? pages : Effect.failCause(cause)
+      })
+    )
+    const app = Effect.zipRight(refuseWhileDraining, routes).pipe(
       Effect.catchTags({
         RouteNotFound: () =>
           Effect.gen(function* () {

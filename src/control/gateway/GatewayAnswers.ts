@@ -6,9 +6,8 @@
 import { ExecutorSettings } from "../../contracts/ExecutorSettings.js"
 import * as Schema from "effect/Schema"
 import * as Struct from "effect/Struct"
-import { SchemaIssue } from "../../app-runtime/driver/protocol.js"
-import { ErrorBody } from "../../executors/common/errors.js"
-import { AdmissionOverride, OutboundHosts, RequestTimeoutMs } from "../app-manager/AppStore.js"
+import { SchemaIssue } from "../../app-runtime/SchemaIssues.js"
+import { ErrorBody } from "../../errors/ErrorBody.js"
 import { RecordedProfile } from "../task-manager/ProfileRecording.js"
 
 /** What every route answers on failure, as executors do: its error's tag and message (and details a route adds). */
@@ -25,37 +24,6 @@ export const DetailedErrorAnswer = Schema.Struct({
   })
 })
 
-/** `POST /app/register` */
-export const RegisterRequest = Schema.Struct({
-  source: Schema.String,
-  name: Schema.String,
-  replace: Schema.optionalWith(Schema.Boolean, { default: () => false }),
-  /** Admission settings over the app's own (defineApp's `admission`). */
-  admission: Schema.optional(AdmissionOverride),
-  /** Keys this app's invoke and OpenAI routes take, besides the platform's (`--api-key`); kept as digests. */
-  apiKeys: Schema.optional(
-    Schema.Array(
-      Schema.String.pipe(
-        Schema.pattern(/^[\x21-\x7e]{16,256}$/, {
-          message: () => "an API key is 16 to 256 printable ASCII characters, no spaces"
-        })
-      )
-    ).pipe(Schema.maxItems(16))
-  ),
-  /** Hosts the app may connect to (`host` or `host:port`), through its outbound proxy. */
-  allowHosts: Schema.optional(OutboundHosts),
-  /** How long the app's requests may take, streams included, in ms; over the app's own `timeoutMs`. */
-  timeoutMs: Schema.optional(RequestTimeoutMs)
-})
-
-/** `POST /task/scale` */
-export const ScaleRequest = Schema.Struct({
-  taskId: Schema.String,
-  devices: Schema.Int.pipe(
-    Schema.filter((n) => n !== 0 || "devices must be a non-zero whole number (+ adds, - removes)")
-  )
-})
-
 /** The data of a registration's Server-Sent Events: `progress` and `final` tell, `error` fails it. */
 export const RegistrationProgress = Schema.Struct({ message: Schema.String })
 export const RegistrationFailed = ErrorAnswer
@@ -69,14 +37,18 @@ export const AppList = Schema.Struct({
     Schema.Struct({
       id: Schema.String,
       state: Schema.String,
-      tasks: Schema.Array(Schema.Struct({ name: Schema.String })),
+      registeredAt: Schema.String,
+      tasks: Schema.Array(Schema.Struct({ id: Schema.String, name: Schema.String, kind: Schema.String })),
       inFlight: Schema.Int,
       queued: Schema.optionalWith(Schema.Int, { default: () => 0 }),
       admission: Schema.optional(
         Schema.Struct({ maxConcurrency: Schema.Int, maxQueue: Schema.Int, queueTimeoutMs: Schema.Number })
       ),
       timeoutMs: Schema.optional(Schema.Number),
-      error: Schema.optional(Schema.String)
+      error: Schema.optional(Schema.String),
+      /** What its `serve` takes, as the app declared it (its document's example). */
+      example: Schema.optional(Schema.Unknown),
+      description: Schema.optional(Schema.String)
     })
   )
 })
@@ -94,15 +66,27 @@ const TaskListing = Schema.Struct({
   state: Schema.String,
   usedBy: Schema.Array(Schema.String),
   devices: Schema.Array(Schema.String),
-  executors: Schema.Array(Schema.Struct({ id: Schema.String, node: Schema.String, healthy: Schema.Boolean })),
-  /** Scale to zero: its idle time (0: kept), and the last cold start's seconds (null: none yet). */
-  idleRelease: Schema.optional(
+  /** Each executor: where it runs and answers (null: not started), its devices, and its calls in flight. */
+  executors: Schema.Array(
     Schema.Struct({
-      releaseAfterS: Schema.Number,
-      releases: Schema.Int,
-      lastColdStartS: Schema.NullOr(Schema.Number)
+      id: Schema.String,
+      node: Schema.String,
+      url: Schema.NullOr(Schema.String),
+      devices: Schema.Array(Schema.String),
+      healthy: Schema.Boolean,
+      outstanding: Schema.Int
     })
-  )
+  ),
+  /** Calls refused since deployment because the task was full. */
+  callsShed: Schema.Int,
+  /** Scale to zero: its idle time (0: kept), its releases and cold starts (seconds per bucket), the last one's seconds (null: none yet). */
+  idleRelease: Schema.Struct({
+    releaseAfterS: Schema.Number,
+    releases: Schema.Int,
+    coldStarts: Schema.Struct({ buckets: Schema.Array(Schema.Int), sum: Schema.Number, count: Schema.Int }),
+    coldStartsFailed: Schema.Int,
+    lastColdStartS: Schema.NullOr(Schema.Number)
+  })
 })
 
 /** A device of the platform: the first task holding it (null: free), and every task sharing it. */
@@ -151,9 +135,12 @@ export const NodeList = Schema.Struct({
       role: Schema.String,
       address: Schema.String,
       state: Schema.String,
+      joinedAt: Schema.String,
+      lastSeenAt: Schema.String,
       devices: Schema.Array(
         Schema.Struct({
           id: Schema.String,
+          type: Schema.String,
           task: Schema.NullOr(Schema.String),
           tasks: Schema.optional(Schema.Array(Schema.String))
         })
@@ -196,3 +183,9 @@ export const AppDocument = Schema.Struct({
     Schema.Struct({ schemas: Schema.optional(Schema.Record({ key: Schema.String, value: Schema.Unknown })) })
   )
 })
+
+/** The answers as their readers type them (the console imports these: checked against the routes at build time). */
+export type AppList = typeof AppList.Type
+export type TaskList = typeof TaskList.Type
+export type NodeList = typeof NodeList.Type
+export type TaskProfileAnswer = typeof TaskProfileAnswer.Type

@@ -15,7 +15,8 @@ import {
   UnsupportedMediaType
 } from "../errors.js"
 import { errorBody, type GatewayError } from "./ErrorResponse.js"
-import { modelsAnswer, type OpenAiRoute, openAiFormat, prepareOpenAiRequest, sendRefusal } from "./OpenAiApi.js"
+import { modelsAnswer, type OpenAiRoute, prepareOpenAiRequest, sendRefusal } from "./OpenAiApi.js"
+import { openAiFormat } from "./OpenAiReplies.js"
 import { errorCodes, type ReplyFormat, sendError, writeJson } from "./ReplyFormat.js"
 import { remoteError } from "../RemoteError.js"
 import { jsonDepthWithin, tooDeepMessage } from "./JsonBody.js"

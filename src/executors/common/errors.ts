@@ -99,8 +99,7 @@ export type ForeignErrorTag = (typeof foreignErrorTags)[number]
 export type ExecutorErrorTag = ExecutorError["_tag"] | ForeignErrorTag
 
 /** What every executor answers on failure; the dispatcher decodes it. */
-export const ErrorBody = Schema.Struct({ error: Schema.Struct({ code: Schema.String, message: Schema.String }) })
-export type ErrorBody = typeof ErrorBody.Type
+export { ErrorBody } from "../../errors/ErrorBody.js"
 
 /** An error as the router answers it: its tag and message. */
 export interface AnsweredError {
