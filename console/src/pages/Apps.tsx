@@ -1,19 +1,10 @@
 import { useEffect, useState } from "preact/hooks"
+import type { AppList } from "../../../src/control/gateway/GatewayAnswers"
 import { call, getJson, lines, type Refusal, refusalOf } from "../api"
 import { clipped, formatMs, RefusalNotice, usePolling } from "../components"
 
-/** An app as `GET /app/list` lists it (the fields the page shows). */
-export interface AppSummary {
-  readonly id: string
-  readonly state: string
-  readonly description?: string
-  readonly tasks: ReadonlyArray<{ readonly id?: string; readonly name: string; readonly kind?: string }>
-  readonly inFlight: number
-  readonly queued?: number
-  readonly admission?: { readonly maxConcurrency: number; readonly maxQueue: number; readonly queueTimeoutMs: number }
-  readonly timeoutMs?: number
-  readonly error?: string
-}
+/** An app as `GET /app/list` lists it. */
+export type AppSummary = AppList["apps"][number]
 
 /** An app file's size the page sends: the gateway bounds its bodies too; this says so before sending. */
 const maxSourceBytes = 8 * 1024 * 1024
@@ -198,7 +189,7 @@ export const AppsPage = () => {
   const [tick, setTick] = useState(0)
   usePolling(
     async (signal) => {
-      const listed = await getJson<{ apps: ReadonlyArray<AppSummary> }>("/app/list", "none", signal)
+      const listed = await getJson<AppList>("/app/list", "none", signal)
       if (signal.aborted) return
       if (!listed.ok) return setRefusal(listed.refusal)
       setRefusal(undefined)

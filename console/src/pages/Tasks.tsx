@@ -1,65 +1,13 @@
 import { Fragment } from "preact"
 import { useState } from "preact/hooks"
+import type { NodeList, TaskList, TaskProfileAnswer } from "../../../src/control/gateway/GatewayAnswers"
 import { getJson, type Refusal } from "../api"
 import { formatMs, RefusalNotice, usePolling } from "../components"
 import { LineChart, type Series } from "../LineChart"
 
-interface TaskListing {
-  readonly id: string
-  readonly name: string
-  readonly kind: string
-  readonly state: string
-  readonly usedBy: ReadonlyArray<string>
-  readonly devices: ReadonlyArray<string>
-  readonly executors: ReadonlyArray<{ readonly id: string; readonly node: string; readonly healthy: boolean }>
-}
-
-interface DeviceListing {
-  readonly id: string
-  readonly type: string
-  readonly threads: number
-  readonly tasks: ReadonlyArray<string>
-}
-
-interface NodeListing {
-  readonly name: string
-  readonly role: string
-  readonly address: string
-  readonly state: string
-  readonly devices: ReadonlyArray<{
-    readonly id: string
-    readonly task: string | null
-    readonly tasks?: ReadonlyArray<string>
-  }>
-}
-
-interface CurvePoint {
-  readonly meanLevel: number
-  readonly calls: number
-  readonly p50Ms: number
-  readonly p95Ms: number
-  readonly p99Ms: number
-  readonly callsPerSecond: number
-}
-
-interface ProfileSummary {
-  readonly calls: number
-  readonly failed: number
-  readonly recent: {
-    readonly windowSeconds: number
-    readonly callsPerSecond: number
-    readonly p50Ms: number | null
-    readonly p99Ms: number | null
-  }
-  readonly queueDepth: { readonly mean: number; readonly max: number }
-  readonly curves: ReadonlyArray<{ readonly executors: number; readonly points: ReadonlyArray<CurvePoint> }>
-}
-
-interface TaskProfile extends ProfileSummary {
-  readonly taskId: string
-  readonly executors: number
-  readonly recorded: (ProfileSummary & { readonly recordedAt: string }) | null
-}
+type NodeListing = NodeList["nodes"][number]
+type ProfileSummary = Pick<TaskProfileAnswer, "calls" | "failed" | "recent" | "queueDepth" | "curves">
+type TaskProfile = TaskProfileAnswer
 
 /** A profile's latency by load: p50 and p99 for each executor count. */
 const latencyCurves = (profile: ProfileSummary): Array<Series> =>
@@ -133,19 +81,15 @@ const ProfileCharts = ({ taskId }: { readonly taskId: string }) => {
 }
 
 export const TasksPage = () => {
-  const [tasks, setTasks] = useState<{ tasks: ReadonlyArray<TaskListing>; devices: ReadonlyArray<DeviceListing> }>()
+  const [tasks, setTasks] = useState<TaskList>()
   const [nodes, setNodes] = useState<ReadonlyArray<NodeListing>>()
   const [refusal, setRefusal] = useState<Refusal | undefined>(undefined)
   /** The task whose profile is shown; "" once the reader closed it. */
   const [open, setOpen] = useState<string | undefined>(undefined)
   usePolling(async (signal) => {
     const [taskList, nodeList] = await Promise.all([
-      getJson<{ tasks: ReadonlyArray<TaskListing>; devices: ReadonlyArray<DeviceListing> }>(
-        "/tasks/list",
-        "none",
-        signal
-      ),
-      getJson<{ nodes: ReadonlyArray<NodeListing> }>("/nodes/list", "none", signal)
+      getJson<TaskList>("/tasks/list", "none", signal),
+      getJson<NodeList>("/nodes/list", "none", signal)
     ])
     if (signal.aborted) return
     if (!taskList.ok) return setRefusal(taskList.refusal)
