@@ -12,6 +12,7 @@
  * JSON object.
  */
 import { type ChildProcess, spawn } from "node:child_process"
+import { randomBytes } from "node:crypto"
 import { once } from "node:events"
 import { mkdtempSync, rmSync } from "node:fs"
 import http from "node:http"
@@ -20,11 +21,13 @@ import { join } from "node:path"
 import { performance } from "node:perf_hooks"
 import { createInterface } from "node:readline"
 import { setTimeout as sleep } from "node:timers/promises"
-import { repoRoot } from "../test/support/platform.js"
+import { repoRoot, runCli } from "../test/support/platform.js"
 
 const REQUESTS = Number(process.env.BENCH_REQUESTS ?? 500)
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3)
 const BASELINE_ROOT = process.env.BENCH_BASELINE_ROOT || undefined
+/** The platforms' admin token: the bench registers hello with it; the listing routes it measures need none. */
+const ADMIN_TOKEN = randomBytes(24).toString("hex")
 
 interface Route {
   readonly name: string
@@ -47,7 +50,7 @@ const startPlatform = async (root: string, stateDir: string): Promise<URL> => {
   const child = spawn(
     process.execPath,
     [join(root, "bin/cornserve"), "serve", "--host", "127.0.0.1", "--port", "0", "--state-dir", stateDir],
-    { stdio: ["ignore", "pipe", "pipe"], cwd: root }
+    { stdio: ["ignore", "pipe", "pipe"], cwd: root, env: { ...process.env, CORNSERVE_ADMIN_TOKEN: ADMIN_TOKEN } }
   )
   children.add(child)
   createInterface({ input: child.stderr! }).on("line", () => {})
@@ -62,13 +65,11 @@ const startPlatform = async (root: string, stateDir: string): Promise<URL> => {
       }
     })
   })
-  const source = await import("node:fs/promises").then((fs) => fs.readFile(join(repoRoot, "examples/hello.ts"), "utf8"))
-  const registered = await fetch(new URL("/app/register", url), {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify({ source, name: "hello" })
+  const registered = await runCli(["app", "register", join(repoRoot, "examples/hello.ts")], {
+    CORNSERVE_GATEWAY_URL: url.origin,
+    CORNSERVE_ADMIN_TOKEN: ADMIN_TOKEN
   })
-  await registered.text()
+  if (registered.code !== 0) throw new Error(`registering hello failed: ${registered.stderr}`)
   for (let i = 0; i < 600; i++) {
     const listed = (await (await fetch(new URL("/app/list", url))).json()) as {
       apps: ReadonlyArray<{ id: string; state: string }>
@@ -120,7 +121,10 @@ export default async function adminRoutesBench(): Promise<void> {
   const agents: Array<http.Agent> = []
   try {
     const targets: Array<{ readonly name: string; readonly url: URL; readonly agent: http.Agent }> = []
-    for (const [name, root] of [["now", repoRoot], ...(BASELINE_ROOT === undefined ? [] : [["before", BASELINE_ROOT]])]) {
+    for (const [name, root] of [
+      ["now", repoRoot],
+      ...(BASELINE_ROOT === undefined ? [] : [["before", BASELINE_ROOT]])
+    ]) {
       const dir = mkdtempSync(join(tmpdir(), "cornserve-bench-"))
       dirs.push(dir)
       const agent = new http.Agent({ keepAlive: true, maxSockets: 1 })
@@ -136,7 +140,12 @@ export default async function adminRoutesBench(): Promise<void> {
         }
     const rows = [...results].map(([key, rounds]) => {
       const [target, route] = key.split("\t") as [string, string]
-      return { target, route, p50Ms: round(median(rounds.map((r) => r.p50))), p99Ms: round(median(rounds.map((r) => r.p99))) }
+      return {
+        target,
+        route,
+        p50Ms: round(median(rounds.map((r) => r.p50))),
+        p99Ms: round(median(rounds.map((r) => r.p99)))
+      }
     })
     const invoke = (target: string) => rows.find((row) => row.target === target && row.route.startsWith("invoke"))!
     console.log(`admin routes: ${ROUNDS} rounds of ${REQUESTS} requests in a row per route, medians`)
@@ -159,7 +168,9 @@ export default async function adminRoutesBench(): Promise<void> {
       console.log("p50 now / before:")
       for (const [name, ratio] of Object.entries(ratios)) console.log(`  ${name}: ${ratio}`)
     }
-    console.log(JSON.stringify({ bench: "adminRoutes", requests: REQUESTS, rounds: ROUNDS, rows, nowOverBefore: ratios }))
+    console.log(
+      JSON.stringify({ bench: "adminRoutes", requests: REQUESTS, rounds: ROUNDS, rows, nowOverBefore: ratios })
+    )
   } finally {
     for (const agent of agents) agent.destroy()
     await Promise.all(
