@@ -22,7 +22,7 @@ export type KvGeometry = PrefixCacheGeometry
 
 /** A decoder run, as the layout lays out its past. */
 export type KvRun =
-  /** Prompts with nothing cached, whole, left-padded to `width`, rows in `ids`' order. */
+  /** Prompts with nothing cached, whole, left-padded to `width`, rows in `ids`' order (where `batchesPrompts`). */
   | {
       readonly kind: "prompts"
       readonly ids: ReadonlyArray<string>
