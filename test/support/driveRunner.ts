@@ -1,5 +1,5 @@
 import type { PromptInput, SamplingParams, StepOp, TokenPartial } from "../../src/executors/llm/protocol.js"
-import type { StepRunner } from "../../src/executors/llm/Runner.js"
+import type { StepRunner } from "../../src/executors/llm/StepRunner.js"
 
 export interface Scripted {
   readonly id: string

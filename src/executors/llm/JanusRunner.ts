@@ -26,7 +26,8 @@ import { isGuided, janusGraphPath, type JanusSpec, janusSpec } from "../../model
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { createSession } from "../common/Sessions.js"
 import type { PromptInput, SamplingParams, TokenPartial } from "./protocol.js"
-import type { EmbedOutput, StepItem, StepRunner } from "./Runner.js"
+import type { EmbedOutput, StepItem, StepRunner } from "./StepRunner.js"
+import { int64 } from "./Tensors.js"
 import { Sampler } from "./Sampler.js"
 
 interface ImageSequence {
@@ -43,8 +44,6 @@ interface ImageSequence {
   width: number
   past: ReadonlyArray<ort.Tensor>
 }
-
-const int64 = (data: BigInt64Array, dims: ReadonlyArray<number>) => new ort.Tensor("int64", data, dims)
 
 /** An empty tensor of a float input's type. */
 const emptyFloat = (type: string, dims: ReadonlyArray<number>) =>

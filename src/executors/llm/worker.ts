@@ -16,7 +16,8 @@ import type { LoadWorkerModel } from "../common/WorkerModel.js"
 import type { EmbedResult, StepOp, TokenPartial, WorkerStats } from "./protocol.js"
 import { JanusRunner } from "./JanusRunner.js"
 import { kvBudget } from "./Limits.js"
-import { Runner, type StepRunner } from "./Runner.js"
+import { Runner } from "./Runner.js"
+import type { StepRunner } from "./StepRunner.js"
 
 export const load: LoadWorkerModel = async ({ config, device, rank }) => {
   const model = await loadModelDirectory(config.modelDir)

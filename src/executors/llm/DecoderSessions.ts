@@ -1,0 +1,118 @@
+/**
+ * Opens an LLM's sessions as its decoder plan says (DecoderPlan.ts): reads what the plan needs to
+ * know of the decoder file, applies the rewrites it asks for, and opens the decoder (and, where
+ * they differ, the decoder for runs of several rows), embed_tokens and the media encoders.
+ */
+import { readFile } from "node:fs/promises"
+import { dirname } from "node:path"
+import type * as ort from "onnxruntime-node"
+import { type DecoderFiles, type DecoderInterface, decoderFiles, decoderInterface } from "../../models/DecoderLayout.js"
+import type { Dtype } from "../../models/Dtype.js"
+import type { ModelDirectory } from "../../models/ModelDirectory.js"
+import { rewriteRowQuantization } from "../../models/onnx/RowQuantizeRewrite.js"
+import { rewriteSharedCache, sharedCacheInputs } from "../../models/onnx/SharedCacheRewrite.js"
+import { createSession } from "../common/Sessions.js"
+import {
+  addsScoreBiases,
+  chooseDecoder,
+  type DecoderChoice,
+  type KvCacheMode,
+  planDecoder,
+  type QuantizedRows
+} from "./DecoderPlan.js"
+import { MediaEncoders } from "./MediaEncoders.js"
+
+export interface DecoderSessions {
+  /** The files it runs: layout and dtype. */
+  readonly files: DecoderFiles
+  readonly choice: DecoderChoice
+  readonly io: DecoderInterface
+  readonly embed: ort.InferenceSession | undefined
+  readonly decoder: ort.InferenceSession
+  /** Runs of several rows, on a decoder that quantises per tensor: the per-row rewrite of `decoder`. */
+  readonly rowsDecoder: ort.InferenceSession | undefined
+  readonly encoders: MediaEncoders
+}
+
+/** The dtypes whose exports quantise activations with DynamicQuantizeLinear. */
+const dynamicallyQuantised: ReadonlyArray<Dtype> = ["q8", "int8", "uint8"]
+
+const metadataOf = (values: ReadonlyArray<ort.InferenceSession.ValueMetadata>) =>
+  values.flatMap((value) => (value.isTensor ? [{ name: value.name, type: value.type, shape: value.shape }] : []))
+
+/** Opens the model's decoder files at `dtype` (by default fp32, or the closest there is). */
+export const openDecoderSessions = async (
+  model: ModelDirectory,
+  device: string,
+  threads: number,
+  dtype: Dtype | undefined,
+  options: { readonly quantizedRows?: QuantizedRows; readonly kvCache?: KvCacheMode }
+): Promise<DecoderSessions> => {
+  const spec = model.decoder
+  if (spec === undefined) throw new Error(`${model.path} is not a decoder: its config.json has no vocab_size`)
+  const files = decoderFiles(model, dtype)
+  // Only the decoder's threads spin between runs: the others run briefly before it, on the same cores.
+  const session = (path: string | undefined, spin = false) =>
+    path === undefined ? Promise.resolve(undefined) : createSession(path, device, threads, { spin })
+  // The decoder file is read once, when a check or a rewrite first needs it.
+  let read: Promise<Buffer> | undefined
+  const bytes = () => {
+    read ??= readFile(files.decoder)
+    return read
+  }
+  // Only 8-bit exports are read: a DynamicQuantizeLinear node's op type is in the file as written.
+  const quantisesPerTensor =
+    dynamicallyQuantised.includes(files.dtype) && (await bytes()).includes("DynamicQuantizeLinear")
+  const plan = planDecoder({
+    quantizedRows: options.quantizedRows ?? "apart",
+    kvCache: options.kvCache ?? "shared",
+    quantisesPerTensor,
+    slidingWindow: spec.slidingWindow !== undefined,
+    scoreBiases: addsScoreBiases(model.rawConfig),
+    device
+  })
+  const geometry = { heads: spec.heads, kvHeads: spec.keyValueHeads, headDim: spec.headDim }
+  const perRow = plan.rowRewrite ? rewriteRowQuantization(await bytes()) : undefined
+  const rows = perRow !== undefined && perRow.rewritten > 0 ? perRow.bytes : undefined
+  const shared = plan.sharedCache.rewrite ? rewriteSharedCache(await bytes(), geometry) : undefined
+  const sharedRows =
+    rows !== undefined && shared?.bytes !== undefined ? rewriteSharedCache(rows, geometry).bytes : undefined
+  const choice = chooseDecoder(plan, {
+    rows: rows !== undefined,
+    shared:
+      shared === undefined
+        ? undefined
+        : shared.bytes !== undefined
+          ? { matched: true }
+          : { matched: false, reason: shared.reason },
+    sharedRows: sharedRows !== undefined
+  })
+  const [embed, decoder, rowsDecoder, vision, audio] = await Promise.all([
+    session(files.embedTokens),
+    choice.decoder === "shared"
+      ? createSession(shared!.bytes!, device, threads, { spin: true, externalDataFolder: dirname(files.decoder) })
+      : session(files.decoder, true),
+    choice.rowsDecoder === undefined
+      ? undefined
+      : createSession(choice.rowsDecoder === "shared-rows" ? sharedRows! : rows!, device, threads, { spin: true }),
+    session(files.vision),
+    session(files.audio)
+  ])
+  const own = new Set<string>(Object.values(sharedCacheInputs))
+  const io = decoderInterface(
+    metadataOf(decoder!.inputMetadata).filter((value) => !own.has(value.name)),
+    metadataOf(decoder!.outputMetadata),
+    { layers: spec.layers, kvHeads: spec.keyValueHeads, headDim: spec.headDim },
+    files.decoder.slice(model.path.length + 1),
+    model.path
+  )
+  return {
+    files,
+    choice,
+    io,
+    embed,
+    decoder: decoder!,
+    rowsDecoder,
+    encoders: new MediaEncoders(model.path, vision, audio)
+  }
+}

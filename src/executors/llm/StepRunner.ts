@@ -1,0 +1,29 @@
+/**
+ * What the LLM worker drives one step at a time: Runner.ts, or JanusRunner.ts for Janus's image
+ * tokens; the items of a step and the answers of its embed and stats items.
+ */
+import type { KvCacheStats, PrefixCacheStats, StepOp, TokenPartial } from "./protocol.js"
+
+export interface StepItem {
+  readonly id: string
+  readonly op: StepOp
+}
+
+/** A runner the worker drives. */
+export interface StepRunner {
+  /** Requests whose cache it holds. */
+  readonly held: ReadonlyArray<string>
+  /** Runs one step; `emit(index, token)` reports each token as it is chosen; answers each embed item's output at its index. */
+  step(
+    items: ReadonlyArray<StepItem>,
+    emit: (index: number, partial: TokenPartial) => void
+  ): Promise<Array<EmbedOutput | undefined>>
+  close(): Promise<void>
+}
+
+/** An embed item's answer; `error` is the caller's mistake. */
+export type EmbedOutput =
+  | { readonly embedding: Float32Array; readonly shape: readonly [number, number] }
+  | { readonly error: string }
+  /** A stats item's answer. */
+  | { readonly prefixCache: PrefixCacheStats | undefined; readonly kvCache?: KvCacheStats }
