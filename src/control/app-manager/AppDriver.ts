@@ -4,56 +4,26 @@ import * as ExecutionStrategy from "effect/ExecutionStrategy"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import * as Schedule from "effect/Schedule"
-import * as Schema from "effect/Schema"
 import * as Scope from "effect/Scope"
-import { type AdmissionSettings, admissionProblems, timeoutProblem } from "../../app-runtime/App.js"
 import { Admission, unlimitedAdmission } from "./Admission.js"
-import type { TaskGraphWire } from "../../app-runtime/tasks/TaskGraph.js"
 import {
   type FromWorker,
   jsonExceeds,
   responseTooLargeMessage,
-  type ToWorker,
-  type UnitTaskSpec
+  type ToWorker
 } from "../../app-runtime/driver/protocol.js"
-import { watchSignal } from "../../app-runtime/driver/Cancellation.js"
-import type { AppSchemasWire } from "../../app-runtime/driver/AppSchemas.js"
-import {
-  answerWindowChars,
-  dispatchWindowChunks,
-  ReceiveLedger,
-  SendWindow
-} from "../../app-runtime/driver/StreamWindow.js"
+import { answerWindowChars, ReceiveLedger } from "../../app-runtime/driver/StreamWindow.js"
+import { type AppLoadError, type LoadedApp, loadIn, type SchemasReader } from "./AppLoading.js"
+import { AppDispatches } from "./AppDispatches.js"
 import { AppLog } from "./AppLog.js"
 import type { OutboundRules } from "./OutboundProxy.js"
 import { AppProcess, type AppProcessLimits } from "./AppProcess.js"
 import { ChannelBudget, channelRateOf } from "./ChannelBudget.js"
 import { restartPolicy } from "../../process/RestartPolicy.js"
-import { type AppShare, dispatchFailureOf, type GraphDispatcher, type RequestObserver } from "../DispatchContract.js"
+import type { AppShare, GraphDispatcher, RequestObserver } from "../DispatchContract.js"
 import type { Span } from "../../tracing/Tracing.js"
 import { RequestClocks } from "./RequestClocks.js"
 import type { ReplyHandlers } from "./ReplyHandlers.js"
-import { type CleanedSchemas, undescribedCleanedSchemas } from "../SchemaThread.js"
-
-export interface LoadedApp {
-  readonly tasks: ReadonlyArray<UnitTaskSpec>
-  readonly example: unknown
-  readonly description: string | undefined
-  readonly admission: AdmissionSettings | undefined
-  /** How long its requests may take, streams included, by its own definition. */
-  readonly timeoutMs: number | undefined
-  /** What it takes and answers, as JSON Schema: cleaned, as the schema thread wrote them. */
-  readonly schemas: CleanedSchemas
-}
-
-/** Reads the schemas an app's process sent, off the main thread: cleaned, or why they are refused. */
-export type SchemasReader = (wire: AppSchemasWire) => Promise<CleanedSchemas | string>
-
-/** The most messages a process may send between its "loaded" and the end of its schemas' reading (the SDK sends none). */
-const maxHeldWhileReading = 16
-
-/** Why an app's process could not load it: the registration's error, or a restart's. */
-export class AppLoadError extends Schema.TaggedError<AppLoadError>()("AppLoadError", { message: Schema.String }) {}
 
 /** What an app's process may use: its memory, and how long its event loop may stay busy. */
 export interface AppLimits extends AppProcessLimits {
@@ -64,46 +34,11 @@ export interface AppLimits extends AppProcessLimits {
 /** How often the watchdog pings an app that has requests in flight. */
 const watchdogPeriodMs = 1_000
 
-/** Why an app's own admission settings, as its process sent them, are refused; undefined when they are in bounds. */
-const admissionRefusal = (admission: unknown): string | undefined => {
-  if (admission === undefined) return undefined
-  const problems = admissionProblems(admission, "admission")
-  return problems.length === 0 ? undefined : `the app's admission settings are out of bounds: ${problems.join("; ")}`
-}
-
-/** Why the settings an app's process sent at load cannot be taken (its admission, its timeout), if they cannot. */
-const settingsRefusal = (message: { readonly admission?: unknown; readonly timeoutMs?: unknown }): string | undefined =>
-  admissionRefusal(message.admission) ?? timeoutProblem(message.timeoutMs, "timeoutMs")
-
-/** What an app's "loaded" message says, or why it cannot be taken; its schemas are read by `readSchemas`. */
-const loadedApp = async (
-  message: Extract<FromWorker, { readonly t: "loaded" }>,
-  readSchemas: SchemasReader
-): Promise<LoadedApp | string> => {
-  const refusal = settingsRefusal(message)
-  if (refusal !== undefined) return refusal
-  const schemas =
-    message.schemas === undefined
-      ? undescribedCleanedSchemas
-      : await readSchemas(message.schemas).catch(
-          (error: unknown) => `they could not be read (${error instanceof Error ? error.message : String(error)})`
-        )
-  if (typeof schemas === "string") return `the app's process sent schemas the platform cannot read: ${schemas}`
-  return {
-    tasks: message.tasks,
-    example: message.example,
-    description: message.description,
-    admission: message.admission,
-    timeoutMs: message.timeoutMs,
-    schemas
-  }
-}
-
 /**
  * The platform's side of one app's process. Requests are tagged with a number and their
  * replies routed back to their handlers. A worker that dies is started again after the wait
  * `restartPolicy` picks (requests that arrive meanwhile wait for it); the requests it held fail, the
- * app stays registered.
+ * app stays registered. Each process's load is `AppLoading.ts`'s, its dispatches `AppDispatches.ts`'s.
  */
 export class AppDriver {
   /** Who may run now, who waits, who is refused: set from the app's settings once it has loaded. */
@@ -120,15 +55,11 @@ export class AppDriver {
   private readonly replies = new Map<number, ReplyHandlers>()
   /** What arrived and left of each streaming request's lines, to give the app room as they leave. */
   private readonly answerLedgers = new Map<number, ReceiveLedger>()
-  private readonly dispatches = new Map<number, AbortController>()
-  private readonly dispatchWindows = new Map<number, SendWindow>()
   /** Where each request's time goes, by rid and by request id (dispatches name their request by id). */
   private readonly clocks: RequestClocks
   private nextRid = 0
-  /** The lowest dispatch id the app's current process has not used: its ids only grow. */
-  private nextDispatchId = 0
-  /** The unit tasks the app declared when it loaded: the only ones it may dispatch. */
-  private declaredTasks: ReadonlySet<string> = new Set()
+  /** The task graphs the app's process asks to run. */
+  private readonly dispatches: AppDispatches
   /** Why the app's current process is being stopped, when the platform stops it (its memory, the protocol). */
   private stopReason: string | undefined
   private nextNonce = 0
@@ -162,7 +93,7 @@ export class AppDriver {
     private readonly code: string,
     private readonly loadTimeoutMs: number,
     private readonly limits: AppLimits,
-    private readonly dispatch: GraphDispatcher,
+    dispatch: GraphDispatcher,
     private readonly log: (message: string) => void,
     private readonly readSchemas: SchemasReader,
     observer: RequestObserver | undefined,
@@ -176,6 +107,12 @@ export class AppDriver {
     this.output = output ?? new AppLog(appId)
     this.channelBudget = new ChannelBudget(channelRateOf(limits.maxResponseBytes))
     this.clocks = new RequestClocks(appId, observer)
+    this.dispatches = new AppDispatches(
+      dispatch,
+      this.clocks,
+      (message) => this.post(message),
+      () => this.share
+    )
     this.watchdog = setInterval(() => {
       if (this.watchdogPinging || this.replies.size === 0) return
       this.watchdogPinging = true
@@ -310,7 +247,7 @@ export class AppDriver {
     clearInterval(this.watchdog)
     // A restart under way stops here: its fiber is the scope's.
     await Effect.runPromise(Scope.close(this.scope, Exit.void))
-    for (const controller of this.dispatches.values()) controller.abort()
+    this.dispatches.abortAll(false)
     this.failAll("the app was unloaded")
     await this.worker.terminate()
   }
@@ -322,78 +259,26 @@ export class AppDriver {
   private spawn(): Promise<LoadedApp> {
     const worker = new AppProcess(this.code, this.limits, this.output, this.outbound, this.channelBudget)
     this.worker = worker
-    this.nextDispatchId = 0
+    this.dispatches.newProcess()
     this.stopReason = undefined
-    return new Promise<LoadedApp>((resolve, reject) => {
-      /**
-       * Its schemas are read once it says it loaded, off the main thread; it is loaded once they are.
-       * What it sends meanwhile waits, to be acted on as it would have been at once.
-       */
-      let stage: "loading" | "reading" | "loaded" | "failed" = "loading"
-      const held: Array<FromWorker> = []
-      const fail = (error: AppLoadError) => {
-        clearTimeout(timer)
-        stage = "failed"
-        held.length = 0
-        reject(error)
-      }
-      const timer = setTimeout(() => {
-        fail(new AppLoadError({ message: `the app did not finish loading within ${this.loadTimeoutMs} ms` }))
-        void worker.terminate()
-      }, this.loadTimeoutMs)
-      const accept = async (message: Extract<FromWorker, { readonly t: "loaded" }>) => {
-        const app = await loadedApp(message, this.readSchemas)
-        if (stage !== "reading") return
-        if (typeof app === "string") {
-          // defineApp and the SDK check them in the app's process; a process that skips it is checked here.
-          fail(new AppLoadError({ message: app }))
-          void worker.terminate()
-          return
-        }
-        clearTimeout(timer)
-        stage = "loaded"
+    return loadIn(worker, {
+      timeoutMs: this.loadTimeoutMs,
+      readSchemas: this.readSchemas,
+      isCurrent: () => this.worker === worker,
+      loaded: (app) => {
         this.loadedAt = Date.now()
-        this.declaredTasks = new Set(app.tasks.map((task) => task.id))
+        this.dispatches.declare(app.tasks.map((task) => task.id))
         this.loaded = app
-        resolve(app)
-        for (const message of held.splice(0)) if (this.worker === worker && !worker.stopping) act(message)
+      },
+      message: (message) => this.onMessage(message),
+      violation: (reason) => this.violation(reason),
+      failed: (error) => {
+        this.stopReason = error.message
+        this.log(`app ${this.appId}: its worker failed: ${error.message}`)
+      },
+      exited: (code) => {
+        if (!this.closing) this.restart(code)
       }
-      const act = (message: FromWorker) => {
-        if (stage !== "loading" && (message.t === "loaded" || message.t === "load-failed")) {
-          this.violation(`it sent "${message.t}" after its app had loaded`)
-        } else if (message.t === "loaded") {
-          stage = "reading"
-          void accept(message)
-        } else if (message.t === "load-failed") {
-          fail(new AppLoadError({ message: message.message }))
-          void worker.terminate()
-        } else if (stage !== "loaded") {
-          this.violation(`it sent "${message.t}" before its app had loaded`)
-        } else {
-          this.onMessage(message)
-        }
-      }
-      worker.on("message", (message: FromWorker) => {
-        if (this.worker !== worker || stage === "failed") return
-        if (stage !== "reading") act(message)
-        else if (held.length < maxHeldWhileReading) held.push(message)
-        else this.violation(`it sent more than ${maxHeldWhileReading} messages while its schemas were read`)
-      })
-      worker.on("error", (error) => {
-        if (stage !== "loaded") {
-          fail(new AppLoadError({ message: `the app failed while loading: ${error.message}` }))
-        } else if (this.worker === worker) {
-          this.stopReason = error.message
-          this.log(`app ${this.appId}: its worker failed: ${error.message}`)
-        }
-      })
-      worker.on("exit", (code) => {
-        if (stage !== "loaded") {
-          fail(new AppLoadError({ message: `the app's process exited with code ${code} while loading` }))
-          return
-        }
-        if (!this.closing && this.worker === worker) this.restart(code)
-      })
     })
   }
 
@@ -402,9 +287,7 @@ export class AppDriver {
     this.lastStop = { reason, at: new Date().toISOString() }
     this.output.note(`${reason}; it is being restarted`)
     this.failAll(`${reason}; it is being restarted`)
-    for (const controller of this.dispatches.values()) controller.abort()
-    this.dispatches.clear()
-    this.dispatchWindows.clear()
+    this.dispatches.abortAll(true)
     this.log(`app ${this.appId}: its process exited with code ${exitCode}`)
     const respawning = Effect.runSync(
       Effect.forkIn(this.respawnAfter(Duration.millis(Date.now() - this.loadedAt)), this.scope)
@@ -515,23 +398,17 @@ export class AppDriver {
         this.pongs.delete(message.nonce)
         return
       case "dispatch": {
-        if (message.did < this.nextDispatchId) return this.violation(`it used dispatch id ${message.did} again`)
-        const undeclared = message.graph.invocations.find((invocation) => !this.declaredTasks.has(invocation.taskId))
-        if (undeclared !== undefined)
-          return this.violation(`it dispatched task ${undeclared.taskId.slice(0, 200)}, which its app does not declare`)
-        this.nextDispatchId = message.did + 1
-        void this.runDispatch(message.did, message.requestId, message.graph)
+        const refusal = this.dispatches.start(message)
+        if (refusal !== undefined) this.violation(refusal)
         return
       }
       case "dispatch-cancel":
         if (this.unknownDispatch(message.did, message.t)) return
-        this.dispatches.get(message.did)?.abort()
-        this.dispatches.delete(message.did)
-        this.dispatchWindows.delete(message.did)
+        this.dispatches.cancel(message.did)
         return
       case "dispatch-credit":
         if (this.unknownDispatch(message.did, message.t)) return
-        this.dispatchWindows.get(message.did)?.acknowledged(message.chunks)
+        this.dispatches.credit(message.did, message.chunks)
         return
     }
   }
@@ -552,7 +429,7 @@ export class AppDriver {
 
   /** Whether `did` names no dispatch the app's process made (which breaks the protocol); an ended one is known. */
   private unknownDispatch(did: number, kind: FromWorker["t"]): boolean {
-    if (did >= 0 && did < this.nextDispatchId) return false
+    if (this.dispatches.made(did)) return false
     this.violation(`it sent "${kind}" for dispatch ${did}, which it never made`)
     return true
   }
@@ -572,41 +449,5 @@ export class AppDriver {
     this.settle(rid, { _tag: "ResponseTooLarge", message })?.onFailed("ResponseTooLarge", message)
     this.post({ t: "cancel", rid })
     return true
-  }
-
-  private async runDispatch(did: number, requestId: string, graph: TaskGraphWire) {
-    const controller = new AbortController()
-    this.dispatches.set(did, controller)
-    const request = this.clocks.dispatchOf(requestId)
-    request.timing?.dispatches.enter()
-    try {
-      const outcome = await this.dispatch(graph, requestId, controller.signal, { ...request, share: this.share })
-      if (controller.signal.aborted) return
-      this.post({ t: "dispatched", did, outputs: outcome.outputs, streams: outcome.stream !== undefined })
-      if (outcome.stream !== undefined) {
-        const window = new SendWindow(dispatchWindowChunks)
-        this.dispatchWindows.set(did, window)
-        for await (const chunk of outcome.stream) {
-          if (controller.signal.aborted) return
-          // Not pulling the next chunk leaves the executor's response body unread: its TCP stream pauses.
-          if (!window.open) await window.opened(watchSignal(controller.signal))
-          if (controller.signal.aborted) return
-          this.post({ t: "dispatch-chunk", did, chunk })
-          window.sent(1)
-        }
-        this.post({ t: "dispatch-end", did })
-      }
-    } catch (error) {
-      if (!controller.signal.aborted) {
-        this.post({ t: "dispatch-failed", did, failure: dispatchFailureOf(error) })
-      }
-    } finally {
-      request.timing?.dispatches.leave()
-      // A restarted process numbers its dispatches from 0 again: leave its dispatch of the same id alone.
-      if (this.dispatches.get(did) === controller) {
-        this.dispatches.delete(did)
-        this.dispatchWindows.delete(did)
-      }
-    }
   }
 }

@@ -18,12 +18,18 @@ import {
 import { ResourceManager } from "../resource-manager/ResourceManager.js"
 import { ServeConfig } from "../../config/ServeConfig.js"
 import { AppDriver } from "./AppDriver.js"
-import type { AppShare, GraphDispatcher } from "../DispatchContract.js"
+import type { GraphDispatcher } from "../DispatchContract.js"
 import { type AdmissionOverride, AppStore, type StoredApp } from "./AppStore.js"
-import type { AdmissionSettings } from "../../app-runtime/App.js"
 import { disallowedModelPath } from "../../models/ModelStore.js"
-import { Admission, type AdmissionLimits, unlimitedAdmission } from "./Admission.js"
+import { Admission, unlimitedAdmission } from "./Admission.js"
 import { AppLog } from "./AppLog.js"
+import {
+  admissionLimits,
+  appNamePattern,
+  appShare,
+  type RegistrationSettings,
+  reservedAppNames
+} from "./AppRegistration.js"
 import { parseOutboundHost } from "./OutboundProxy.js"
 import { SchemaThread } from "../SchemaThread.js"
 
@@ -48,18 +54,6 @@ interface AppEntry {
   readonly outboundHosts: ReadonlyArray<string>
   /** The request timeout the registration set, over the app's own. */
   readonly timeoutMs: number | undefined
-}
-
-/** What a registration sets beside the app's source. */
-export interface RegistrationSettings {
-  /** Admission settings over the app's own. */
-  readonly admission?: AdmissionOverride | undefined
-  /** The SHA-256 of each API key the registration set for the app's invoke routes. */
-  readonly apiKeyDigests?: ReadonlyArray<string> | undefined
-  /** The hosts (`host` or `host:port`) the app may connect to, through its outbound proxy. */
-  readonly outboundHosts?: ReadonlyArray<string> | undefined
-  /** How long a request may take, its stream included, over the app's own `timeoutMs`. */
-  readonly timeoutMs?: number | undefined
 }
 
 export interface AppSummary {
@@ -95,45 +89,6 @@ export interface PreparedApp {
   readonly outboundHosts: ReadonlyArray<string>
   readonly timeoutMs: number | undefined
 }
-
-/** Queued requests wait this long by default before they are refused. */
-export const defaultQueueTimeoutMs = 10_000
-
-/** The limits an app runs under: the registration's settings over the app's own; none when neither sets any. */
-const admissionLimits = (
-  own: AdmissionSettings | undefined,
-  override: AdmissionOverride | undefined
-): AdmissionLimits => {
-  const maxConcurrency = override?.maxConcurrency ?? own?.maxConcurrency
-  if (maxConcurrency === undefined) return unlimitedAdmission
-  return {
-    maxConcurrency,
-    maxQueue: override?.maxQueue ?? own?.maxQueue ?? 0,
-    queueTimeoutMs: override?.queueTimeoutMs ?? own?.queueTimeoutMs ?? defaultQueueTimeoutMs
-  }
-}
-
-/** An app's claim on the tasks it shares: the registration's settings over the app's own. */
-const appShare = (
-  app: string,
-  own: AdmissionSettings | undefined,
-  override: AdmissionOverride | undefined
-): AppShare => {
-  const maxCallsPerTask = override?.maxCallsPerTask ?? own?.maxCallsPerTask
-  return {
-    app,
-    weight: override?.weight ?? own?.weight ?? 1,
-    ...(maxCallsPerTask === undefined ? {} : { maxCallsPerTask })
-  }
-}
-
-const appNamePattern = /^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$/
-
-/**
- * Names an app cannot take: `GET /app/logs/:id` is the gateway's, so an app named logs could not
- * be told from it (`/app/logs/docs` would be both its docs page and the logs of an app named docs).
- */
-const reservedAppNames: ReadonlySet<string> = new Set(["logs"])
 
 /** Why an app failed; for a registered one, why its process last stopped and was started again. */
 const errorOf = (entry: AppEntry): { readonly error?: string } => {

@@ -1,38 +1,34 @@
-import * as Cause from "effect/Cause"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
-import * as Exit from "effect/Exit"
 import * as Runtime from "effect/Runtime"
 import type { UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
 import { ExecutorKinds } from "../task-manager/ExecutorKinds.js"
-import { NodeCallError } from "../cluster/NodeHandle.js"
 import { NodeRegistry } from "../cluster/NodeRegistry.js"
-import { BadRequest, DeploymentFailed, DevicesExhausted, NoExecutorForKind, TaskNotFound } from "../errors.js"
+import { BadRequest, DeploymentFailed, type DevicesExhausted, NoExecutorForKind, TaskNotFound } from "../errors.js"
 import { ServeConfig } from "../../config/ServeConfig.js"
 import { idleReleaseAfterS } from "../task-manager/IdleRelease.js"
-import { type TaskManager, TaskManagers } from "../task-manager/TaskManagers.js"
+import { TaskManagers } from "../task-manager/TaskManagers.js"
+import { makeColdStarts } from "./ColdStarts.js"
 import { makeDeviceHoldings } from "./DeviceHoldings.js"
 import { makeListings } from "./Listings.js"
-import { type PlacedExecutor, type PlacementNode, type PlacementRequest, place } from "./Placement.js"
+import { makeLivePlacement } from "./LivePlacement.js"
+import type { PlacedExecutor, PlacementRequest } from "./Placement.js"
 import type { Move } from "./Rebalance.js"
 import { type Fleet, makeRebalanceMoves } from "./RebalanceMoves.js"
 import { makeScaleStore } from "./ScaleStore.js"
-import { batchedByTurn } from "./TurnBatch.js"
 
 export type { TaskSummary } from "./Listings.js"
-
-/** How long a node that failed a start is avoided by placement (while other nodes have room). */
-const troubledForMs = 5 * 60_000
 
 /**
  * Which unit tasks are deployed, who uses them, and which devices of which nodes they hold.
  * Deployment is usage-counted: equal tasks (same id) deploy once and are torn down when their
  * last user goes. A request to use several tasks either deploys them all or rolls back every one
- * it deployed. Where executors go is the placement policy's answer (Placement.ts). When a node is
- * lost, its executors leave their tasks at once and are replaced on free devices of ready nodes;
- * a task that finds no room stays short and is made whole when room appears (a node joins or
- * comes back). Every change to the devices is made under one lock, the rebalancer's moves
- * (Rebalancer.ts) included.
+ * it deployed. Where executors go is the placement policy's answer (Placement.ts) on the cluster
+ * as it stands (LivePlacement.ts). When a node is lost, its executors leave their tasks at once
+ * and are replaced on free devices of ready nodes; a task that finds no room stays short and is
+ * made whole when room appears (a node joins or comes back). Every change to the devices is made
+ * under one lock, the rebalancer's moves (Rebalancer.ts) and idle tasks' releases and cold starts
+ * (ColdStarts.ts) included.
  */
 export class ResourceManager extends Effect.Service<ResourceManager>()("cornserve/ResourceManager", {
   scoped: Effect.gen(function* () {
@@ -49,14 +45,8 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
     const toldShort = new Map<string, string>()
     /** When each task last grew or shrank: the rebalancing policy leaves it alone for a while. */
     const changedAt = new Map<string, number>()
-    /**
-     * Nodes that failed to start an executor or make a model present, until when: placement goes
-     * elsewhere while another node has room (a node that lies about its devices takes nothing).
-     */
-    const troubled = new Map<string, number>()
-
-    const placementNodes = (): ReadonlyArray<PlacementNode> =>
-      registry.nodes().map((node) => ({ name: node.name, state: node.state, devices: node.devices }))
+    const placement = makeLivePlacement({ role: config.role, registry, kinds, holdings })
+    const { placementNodes, preferredFor, noteFailure, placeExecutors, groupsOf, logPlacement, prepareOn } = placement
 
     /** Tasks that share a user with `taskId`: they exchange data with it (an app's encoder and LLM). */
     const relatedTo = (taskId: string, extra: ReadonlyArray<string> = []): ReadonlyArray<string> => {
@@ -67,108 +57,6 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
       }
       return [...related]
     }
-
-    /** Device groups of ready nodes that already run an executor of this task (kept across a restart). */
-    const preferredFor = (taskId: string) =>
-      registry
-        .nodes()
-        .filter((node) => node.state === "ready")
-        .flatMap((node) =>
-          [...node.executors.values()]
-            .filter((executor) => executor.taskId === taskId)
-            .map((executor) => ({ node: node.name, devices: executor.devices }))
-        )
-
-    /** Nodes placement avoids now: those that failed a start lately. */
-    const troubledNodes = () => {
-      const at = Date.now()
-      for (const [node, until] of troubled) if (until <= at) troubled.delete(node)
-      return [...troubled.keys()]
-    }
-
-    /** The node an executor or model failed on: avoided for a while. */
-    const noteFailure = (error: unknown, failedOn?: Set<string>) =>
-      Effect.suspend(() => {
-        if (!(error instanceof NodeCallError)) return Effect.void
-        troubled.set(error.node, Date.now() + troubledForMs)
-        failedOn?.add(error.node)
-        return Effect.logWarning(`node ${error.node} failed a start; placement avoids it for a while: ${error.message}`)
-      })
-
-    /** Placement as the policy answers it, avoiding troubled nodes while the others have room. */
-    const placeExecutors = (
-      requests: ReadonlyArray<PlacementRequest>
-    ): Effect.Effect<ReadonlyArray<PlacedExecutor>, DevicesExhausted> =>
-      Effect.suspend(() => {
-        const nodes = placementNodes()
-        const held = holdings.all()
-        const avoiding = troubledNodes()
-        const elsewhere =
-          avoiding.length === 0
-            ? undefined
-            : place(
-                nodes,
-                held,
-                requests.map((request) => ({ ...request, avoidNodes: [...(request.avoidNodes ?? []), ...avoiding] }))
-              )
-        const answer = elsewhere === undefined || Either.isLeft(elsewhere) ? place(nodes, held, requests) : elsewhere
-        return Either.match(answer, {
-          onLeft: (shortfall) => Effect.fail(new DevicesExhausted({ message: shortfall.message })),
-          onRight: (placed) => {
-            holdings.take(placed)
-            return Effect.succeed(placed)
-          }
-        })
-      })
-
-    /** The placed executors as the task manager starts them: each with its node's handle. */
-    const groupsOf = (placed: ReadonlyArray<PlacedExecutor>) =>
-      Effect.forEach(placed, (executor) => {
-        const node = registry.handle(executor.node)
-        return node === undefined
-          ? Effect.fail(new DeploymentFailed({ message: `node ${executor.node} is gone` }))
-          : Effect.succeed({ node, devices: executor.devices, threads: executor.threads })
-      })
-
-    /** Where executors went: on a cluster, each; on one node, those that share a device. */
-    const logPlacement = (placed: ReadonlyArray<PlacedExecutor>) =>
-      Effect.forEach(
-        placed.filter((executor) => config.role !== "all" || executor.reason.startsWith("shares")),
-        (executor) =>
-          Effect.logInfo(
-            `placing an executor of task ${executor.task} on node ${executor.node} (${executor.devices.map((device) => device.id).join(", ")}, ${executor.threads} thread(s) each): ${executor.reason}`
-          ),
-        { discard: true }
-      )
-
-    /** Makes the task's model present on every node it is placed on. */
-    const prepareOn = (
-      spec: UnitTaskSpec,
-      placed: ReadonlyArray<PlacedExecutor>,
-      onProgress: (message: string) => Effect.Effect<void>,
-      failedOn?: Set<string>
-    ) =>
-      Effect.suspend(() => {
-        const kind = kinds.get(spec.kind)!
-        const prepare = kind.prepare
-        if (prepare === undefined) return Effect.void
-        const nodes = [...new Set(placed.map((executor) => executor.node))]
-        return Effect.forEach(
-          nodes,
-          (name) => {
-            const node = registry.handle(name)
-            return node === undefined
-              ? Effect.fail(new DeploymentFailed({ message: `task ${spec.id} failed to start: node ${name} is gone` }))
-              : prepare(spec, node, onProgress).pipe(
-                  Effect.tapError((error) => noteFailure(error, failedOn)),
-                  Effect.mapError(
-                    (error) => new DeploymentFailed({ message: `task ${spec.id} failed to start: ${error.message}` })
-                  )
-                )
-          },
-          { concurrency: "unbounded", discard: true }
-        )
-      })
 
     /** `failedOn` hears of the nodes it failed on. */
     const deployOne = (
@@ -193,6 +81,20 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
       taskManagers.teardown(taskId).pipe(Effect.ensuring(Effect.sync(() => holdings.giveAllOf(taskId))))
 
     const perExecutorOf = (spec: UnitTaskSpec) => Math.max(1, kinds.get(spec.kind)!.devicesPerExecutor(spec))
+
+    const { idleControl, wakeReleased, wakeTasksOf } = makeColdStarts({
+      taskManagers,
+      holdings,
+      scales,
+      placement,
+      lock,
+      runtime,
+      users,
+      devicesPerExecutor: perExecutorOf,
+      relatedTo,
+      changed: (taskId) => changedAt.set(taskId, Date.now())
+    })
+    taskManagers.controlIdle(idleControl)
 
     /**
      * Places the new tasks and starts them, all or none. Where every new task goes is decided at
@@ -253,7 +155,7 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
             )
           )
         )
-        for (const executor of placed) troubled.delete(executor.node)
+        placement.startedOn(placed)
       })
 
     /**
@@ -354,16 +256,6 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
         return deltaDevices > 0
           ? wakeReleased(task)
           : Effect.fail(new BadRequest({ message: `task ${taskId} is ${task.state}: it has no executor to take away` }))
-      })
-
-    /** A released task scaled up starts its executors again (its scale as it was), as its next call would. */
-    const wakeReleased = (task: TaskManager) =>
-      Effect.tryPromise({
-        try: () => task.wake(),
-        catch: (error) =>
-          new DeploymentFailed({
-            message: error instanceof Error ? error.message : `task ${task.spec.id} could not start`
-          })
       })
 
     /**
@@ -479,113 +371,6 @@ export class ResourceManager extends Effect.Service<ResourceManager>()("cornserv
           )
         )
       }
-    })
-
-    /**
-     * An idle task's executors stop and their devices are free (IdleRelease.ts): unless a call came
-     * for them meanwhile, or the task is going. Its scale is kept for its next start.
-     */
-    const releaseIdle = (taskId: string) =>
-      lock.withPermits(1)(
-        Effect.gen(function* () {
-          const task = taskManagers.get(taskId)
-          if (task === undefined || task.state !== "releasing") return false
-          const freed = yield* taskManagers.shrink(
-            taskId,
-            task.executors().map((executor) => executor.id)
-          )
-          holdings.give(taskId, freed)
-          changedAt.set(taskId, Date.now())
-          yield* Effect.logInfo(
-            `task ${taskId} was idle for ${task.idleStats().releaseAfterS} s: its executors stopped`
-          )
-          return true
-        })
-      )
-
-    /**
-     * Released tasks' executors start again for calls (cold starts): each task as many as it had
-     * (the scale kept for it), else one, on a shared CPU device when no device is free. Starts
-     * asked for together (an app's tasks, woken by its first call) are placed under the lock one
-     * after another and their executors started side by side; each task's own outcome is its.
-     */
-    const startReleased = (taskIds: ReadonlyArray<string>) =>
-      lock.withPermits(1)(
-        Effect.gen(function* () {
-          const placements = yield* Effect.forEach(taskIds, (taskId) =>
-            Effect.either(
-              Effect.gen(function* () {
-                const task = taskManagers.get(taskId)
-                if (task === undefined || task.state !== "starting")
-                  return yield* new DeploymentFailed({ message: `task ${taskId} is being torn down` })
-                if (task.executors().length > 0) return undefined
-                const request: PlacementRequest = {
-                  task: taskId,
-                  executors: scales.executorsOf(taskId),
-                  devicesPerExecutor: perExecutorOf(task.spec),
-                  related: relatedTo(taskId),
-                  preferred: preferredFor(taskId)
-                }
-                const placed = yield* placeExecutors([request]).pipe(
-                  Effect.catchTag("DevicesExhausted", () => placeExecutors([{ ...request, executors: 1, share: true }]))
-                )
-                yield* logPlacement(placed)
-                return { task, placed }
-              })
-            )
-          )
-          return yield* Effect.forEach(
-            placements,
-            (placement) =>
-              Either.isLeft(placement) || placement.right === undefined
-                ? Effect.succeed(Either.map(placement, () => undefined))
-                : Effect.either(startPlaced(placement.right.task, placement.right.placed)),
-            { concurrency: "unbounded" }
-          )
-        })
-      )
-
-    /** A released task's executors started where they were placed; the devices given back if they fail. */
-    const startPlaced = (task: TaskManager, placed: ReadonlyArray<PlacedExecutor>) =>
-      Effect.gen(function* () {
-        yield* prepareOn(task.spec, placed, () => Effect.void)
-        yield* taskManagers
-          .grow(task.spec.id, yield* groupsOf(placed))
-          .pipe(Effect.tapError((error) => noteFailure(error)))
-        changedAt.set(task.spec.id, Date.now())
-      }).pipe(Effect.onError(() => Effect.sync(() => holdings.give(task.spec.id, placed))))
-
-    /**
-     * The cold starts the task managers ask for in one turn of the event loop, started together
-     * (see `startReleased`); a start asked for while others run waits for the lock, with those
-     * asked for beside it.
-     */
-    const coldStarts = batchedByTurn((taskIds) => Runtime.runPromise(runtime)(startReleased(taskIds)))
-
-    /**
-     * An app's call to one of its tasks: its other released tasks start now too, side by side with
-     * that one, rather than each at the app's first call to it.
-     */
-    const wakeTasksOf = (user: string): void => {
-      for (const [taskId, taskUsers] of users) {
-        if (!taskUsers.has(user)) continue
-        const task = taskManagers.get(taskId)
-        // Its own call, if any, hears of a failed start.
-        if (task?.state === "released") task.wake().catch(() => undefined)
-      }
-    }
-
-    /** Runs one of the resource manager's effects for the task managers' promises: it fails with its error's message. */
-    const asPromise = <A, E extends { readonly message: string }>(effect: Effect.Effect<A, E>) =>
-      Runtime.runPromiseExit(runtime)(effect).then((exit) => {
-        if (Exit.isSuccess(exit)) return exit.value
-        const failure = Cause.failureOption(exit.cause)
-        throw new Error(failure._tag === "Some" ? failure.value.message : Cause.pretty(exit.cause))
-      })
-
-    taskManagers.controlIdle({
-      release: (taskId) => asPromise(releaseIdle(taskId)),
-      start: coldStarts
     })
 
     /** A node's executors are gone: they leave their tasks, and the tasks are made whole elsewhere. */
