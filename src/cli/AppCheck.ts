@@ -1,15 +1,8 @@
 import { createHash } from "node:crypto"
 import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from "node:fs"
 import { homedir } from "node:os"
-import { createRequire } from "node:module"
 import { dirname, join, relative, resolve } from "node:path"
-import { fileURLToPath } from "node:url"
-
-/** This installation: its SDK declarations, and the effect and Node types the platform runs with. */
-export const installRoot = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..")
-const require = createRequire(import.meta.url)
-/** The directory of a package this installation depends on. */
-export const packageDir = (name: string) => dirname(require.resolve(`${name}/package.json`))
+import { installRoot, packageDir } from "./Installation.js"
 
 /** What `app check` reports: `file:line:col: error TSnnnn: message`, one per problem; empty when the app type-checks. */
 export interface CheckResult {
@@ -77,8 +70,8 @@ const checkKey = (inputs: ReadonlyArray<string>): string => {
   const sdk = join(installRoot, "dist", "app-runtime")
   for (const stamp of [
     join(sdk, "index.d.ts"),
-    require.resolve("effect/package.json"),
-    require.resolve("typescript/package.json")
+    join(packageDir("effect"), "package.json"),
+    join(packageDir("typescript"), "package.json")
   ]) {
     const { mtimeMs, size } = statSync(stamp)
     hash.update(`${stamp}\0${mtimeMs}\0${size}\0`)

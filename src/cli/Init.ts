@@ -1,6 +1,6 @@
 import { mkdir, readdir, writeFile } from "node:fs/promises"
 import { basename, join, resolve } from "node:path"
-import { installRoot, packageDir } from "./AppCheck.js"
+import { installedManifest, installRoot, isSourceCheckout, packageDir } from "./Installation.js"
 
 const appSource = `/**
  * An app: the tasks it calls, the schemas of its request and answer, and serve.
@@ -20,10 +20,36 @@ export default defineApp({
 `
 
 /**
+ * What an app folder depends on: the SDK, effect, and for its own type check TypeScript and Node's
+ * types. From an installed package, by version: `cornserve` by a range of this package's version,
+ * the others by the ranges this package depends on them with, so that npm installs one effect for
+ * the app and the SDK. From a clone, whose version no registry has, `file:` links to the clone and
+ * the packages it has installed (npm needs no network, and the types are exactly those the
+ * platform runs with).
+ */
+const appDependencies = (): {
+  readonly dependencies: Record<string, string>
+  readonly devDependencies: Record<string, string>
+} => {
+  if (isSourceCheckout()) {
+    const link = (name: string) => `file:${packageDir(name)}`
+    return {
+      dependencies: { cornserve: `file:${installRoot}`, effect: link("effect") },
+      devDependencies: { typescript: link("typescript"), "@types/node": link("@types/node") }
+    }
+  }
+  const { version, dependencies } = installedManifest()
+  const range = (name: string) => dependencies[name] ?? "*"
+  return {
+    dependencies: { cornserve: `^${version}`, effect: range("effect") },
+    devDependencies: { typescript: range("typescript"), "@types/node": range("@types/node") }
+  }
+}
+
+/**
  * `cornserve init DIR`: an app folder in which \`npm install && npx tsc --noEmit\` type-checks the
- * app against this installation's SDK. Its package.json links the SDK, effect, TypeScript and
- * Node's types of this installation (file: dependencies, so that npm needs no network and the types
- * are exactly those the platform runs with); packages the app needs are added with npm as usual.
+ * app against the SDK it depends on (see `appDependencies`); packages the app needs are added with
+ * npm as usual.
  */
 export const initAppFolder = async (dir: string): Promise<ReadonlyArray<string>> => {
   const target = resolve(dir)
@@ -45,11 +71,7 @@ export const initAppFolder = async (dir: string): Promise<ReadonlyArray<string>>
         private: true,
         type: "module",
         scripts: { check: "tsc --noEmit", dev: "cornserve app dev app.ts" },
-        dependencies: { cornserve: `file:${installRoot}`, effect: `file:${packageDir("effect")}` },
-        devDependencies: {
-          typescript: `file:${packageDir("typescript")}`,
-          "@types/node": `file:${packageDir("@types/node")}`
-        }
+        ...appDependencies()
       },
       null,
       2

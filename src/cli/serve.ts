@@ -1,6 +1,6 @@
 import { lockStateDir } from "../config/StateDirLock.js"
 import { readdir, readFile } from "node:fs/promises"
-import { basename, join, relative } from "node:path"
+import { basename, join } from "node:path"
 import { fileURLToPath } from "node:url"
 import type { ServeError } from "@effect/platform/HttpServerError"
 import * as Console from "effect/Console"
@@ -21,9 +21,9 @@ import { runDataPlane } from "../node/ClusterMember.js"
 import { formatFootprint, measureFootprint } from "../metrics/Footprint.js"
 import { NodeAgent } from "../node/NodeAgent.js"
 import { traceProcess } from "../tracing/Tracing.js"
+import { cliCommand } from "./Installation.js"
 
 export const examplesDir = fileURLToPath(new URL("../../examples/", import.meta.url))
-const binPath = fileURLToPath(new URL("../../bin/cornserve", import.meta.url))
 
 /**
  * The control plane of one node. Each service's layer brings the layers of the services it
@@ -54,8 +54,8 @@ const shellQuote = (text: string) => `'${text.replaceAll("'", `'\\''`)}'`
 
 const tryLine = (gatewayUrl: string, app: AppSummary): string => {
   const data = shellQuote(JSON.stringify(app.example))
-  const cli = relative(process.cwd(), binPath) || binPath
-  return `  ${app.id}:\n    curl -s ${gatewayUrl}/app/invoke/${app.id} -H 'content-type: application/json' -d ${data}\n    node ${cli} app invoke ${app.id} --data ${data}`
+  const cli = cliCommand()
+  return `  ${app.id}:\n    curl -s ${gatewayUrl}/app/invoke/${app.id} -H 'content-type: application/json' -d ${data}\n    ${cli} app invoke ${app.id} --data ${data}`
 }
 
 /**
