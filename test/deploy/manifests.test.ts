@@ -399,19 +399,13 @@ describe("Dockerfile", () => {
   })
 })
 
-/** The README's "Running a cluster" section, its shell lines with continuations joined. */
-const clusterSection = (): ReadonlyArray<string> => {
-  const readme = readFileSync(join(repoRoot, "README.md"), "utf8")
-  const start = readme.indexOf("## Running a cluster")
-  expect(start, 'the README has a "Running a cluster" section').toBeGreaterThanOrEqual(0)
-  const end = readme.indexOf("\n## ", start + 1)
-  return readme
-    .slice(start, end < 0 ? undefined : end)
+/** The docs' "Running a cluster" page (`docs/cluster.md`), its shell lines with continuations joined. */
+const clusterSection = (): ReadonlyArray<string> =>
+  readFileSync(join(repoRoot, "docs", "cluster.md"), "utf8")
     .replace(/\\\n\s*/g, "")
     .split("\n")
-}
 
-describe('README: "Running a cluster"', () => {
+describe('docs: "Running a cluster"', () => {
   let specs: ReadonlyArray<FlagSpec> = []
   beforeAll(async () => {
     specs = await serveFlagSpecs()

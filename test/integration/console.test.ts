@@ -30,7 +30,8 @@ const pointCounts = (page: Page, selector: string) =>
  * lists them, registers an app with the admin token (and shows the 401 without it), names the colour
  * of an uploaded picture through color_chat's streamed OpenAI route, plays color_studio's tone, draws
  * task profiles and live metrics, under the page's strict Content-Security-Policy. Each page's
- * screenshot is written to a temporary folder, and to CORNSERVE_SCREENSHOTS when set (the README's).
+ * screenshot is written to a temporary folder, and to CORNSERVE_SCREENSHOTS when set (`docs`: the
+ * pictures of docs/getting-started.md).
  */
 describe("the web console", () => {
   let platform: RunningPlatform
@@ -51,7 +52,7 @@ describe("the web console", () => {
     const wanted = process.env.CORNSERVE_SCREENSHOTS
     if (wanted !== undefined && wanted !== "") {
       await mkdir(wanted, { recursive: true })
-      // A palette PNG: a quarter of the size, for the README.
+      // A palette PNG: a quarter of the size, for the docs.
       await sharp(path)
         .png({ palette: true, compressionLevel: 9 })
         .toFile(join(wanted, `console-${name}.png`))

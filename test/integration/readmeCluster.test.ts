@@ -18,7 +18,7 @@ import {
 import { reaperActive, trackGroup } from "../support/reaper/registry.js"
 
 /**
- * The README's cluster as a new user runs it: a control plane and two data-plane nodes on this
+ * The cluster of docs/cluster.md as a new user runs it: a control plane and two data-plane nodes on this
  * machine (node-a with cpu:0,cpu:1, node-b with cpu:2), the example apps registered one after
  * another. color_studio's generators share CPU devices with color_chat's encoders, and every app
  * goes on answering (node-a once stopped the encoders there). `tasks scale +1` shares a CPU device
@@ -49,7 +49,7 @@ interface DataPlane {
   readonly exited: Promise<number | null>
 }
 
-describe("the README's three-process cluster serves every example app, and a restarted control plane brings them back", () => {
+describe("the docs' three-process cluster serves every example app, and a restarted control plane brings them back", () => {
   let controlPlane: RunningPlatform
   let clusterPort: number
   let root: string
