@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // The architecture's rules: which top-level folder of src/ may import which, no import cycle anywhere
 // (type-only imports count), one error model (no plain `class … extends Error`: errors are tagged),
-// and docs/architecture.md names only paths that exist. Run by `npm run lint`.
+// no file of src/control/ over 500 lines, and docs/architecture.md names only paths that exist. Run by `npm run lint`.
 import { readdirSync, readFileSync, statSync } from "node:fs"
 import { dirname, join, relative, resolve } from "node:path"
 import { fileURLToPath } from "node:url"
@@ -178,11 +178,26 @@ export const plainErrorClasses = (graph) =>
     )
   )
 
+/** A file of the control plane holds one concept: past this many lines it holds several, and is split. */
+export const maxControlLines = 500
+
+/** Files of src/control/ longer than `maxControlLines`. */
+export const longControlFiles = (graph) =>
+  [...graph.keys()]
+    .filter((file) => file.startsWith(join(src, "control") + "/"))
+    .flatMap((file) => {
+      const lines = readFileSync(file, "utf8").split("\n").length - 1
+      return lines > maxControlLines
+        ? [`${relative(root, file)}: ${lines} lines, over ${maxControlLines}; split it by concept`]
+        : []
+    })
+
 if (process.argv[1] === fileURLToPath(import.meta.url)) {
   const graph = importGraph()
   const violations = [
     ...layerViolations(graph),
     ...plainErrorClasses(graph),
+    ...longControlFiles(graph),
     ...missingDocumentedPaths().map((path) => `docs/architecture.md names ${path}, which does not exist`)
   ]
   const cycles = [...importCycles(graph), ...importCycles(controlFolderGraph(graph))]
@@ -190,6 +205,6 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
   for (const cycle of cycles) console.error(`import cycle: ${cycle.join(" <-> ")}`)
   if (violations.length + cycles.length > 0) process.exit(1)
   console.log(
-    `architecture: ${graph.size} files in src/ follow the layering with no import cycle and no plain error class; docs/architecture.md names only paths that exist`
+    `architecture: ${graph.size} files in src/ follow the layering with no import cycle, no plain error class and no control file over ${maxControlLines} lines; docs/architecture.md names only paths that exist`
   )
 }
