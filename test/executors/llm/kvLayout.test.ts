@@ -64,8 +64,11 @@ const onShared = (run: KvRun): Array<ort.Tensor> => {
   )
 }
 
+/** A decoder: a run's presents, from the run and the past its layout gave. */
+type Decoder = (run: KvRun, past: RunPast) => Array<ort.Tensor>
+
 /** A run through a layout and its decoder. */
-const run = (layout: KvLayout, decoder: typeof onShared, step: KvRun): RunPast => {
+const run = (layout: KvLayout, decoder: Decoder, step: KvRun): RunPast => {
   const past = layout.past(step)
   layout.write(step, decoder(step, past))
   return past
