@@ -137,14 +137,7 @@ export const NodeList = Schema.Struct({
       state: Schema.String,
       joinedAt: Schema.String,
       lastSeenAt: Schema.String,
-      devices: Schema.Array(
-        Schema.Struct({
-          id: Schema.String,
-          type: Schema.String,
-          task: Schema.NullOr(Schema.String),
-          tasks: Schema.optional(Schema.Array(Schema.String))
-        })
-      )
+      devices: Schema.Array(DeviceListing)
     })
   )
 })

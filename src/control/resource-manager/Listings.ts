@@ -25,9 +25,18 @@ export interface TaskSummary {
   readonly idleRelease: IdleStats
 }
 
+/** A device as the listings show it: the first task holding it (null: free), and every task sharing it. */
+export interface DeviceListing {
+  readonly id: string
+  readonly type: string
+  readonly threads: number
+  readonly task: string | null
+  readonly tasks: ReadonlyArray<string>
+}
+
 /** A node as /nodes/list shows it: what holds each of its devices. */
 export interface NodeListing extends Omit<NodeSummary, "devices"> {
-  readonly devices: ReadonlyArray<{ readonly id: string; readonly type: string; readonly task: string | null }>
+  readonly devices: ReadonlyArray<DeviceListing>
 }
 
 /**
@@ -62,12 +71,12 @@ export const makeListings = (options: {
     }))
 
   /** A device as listed: `task` the first of its tasks (null: free), `tasks` all of them. */
-  const deviceListing = (node: string, device: Device) => {
+  const deviceListing = (node: string, device: Device): Omit<DeviceListing, "id"> => {
     const tasks = holdings.holdersOf(node, device.id)
     return { type: device.type, threads: device.threads, task: tasks[0] ?? null, tasks }
   }
 
-  const devices = () =>
+  const devices = (): ReadonlyArray<DeviceListing> =>
     registry
       .nodes()
       .flatMap((node) =>
