@@ -5,6 +5,7 @@
  * and model adapter; for Geri: the generation parameters), and stops at the first item with another
  * key or at `maxBatchSize`. A request completes when every one of its items is done.
  */
+import { defaultShare, FairTags, insertByTag, type Share } from "./FairShare.js"
 
 export interface SchedulerLimits {
   /** Items in one batch. */
@@ -22,8 +23,6 @@ export interface ScheduledItem<T> {
 }
 
 type ItemState = "queued" | "running" | "done"
-
-import { defaultShare, FairTags, insertByTag, type Share } from "./FairShare.js"
 
 interface QueuedRequest<T> {
   readonly id: string

@@ -68,8 +68,8 @@ export interface WorkItem<Meta = unknown> {
 export type WorkItemContext = Pick<WorkItem, "trace" | "share">
 
 /** Router → engine. */
-export type ToEngine =
-  | { readonly t: "request"; readonly id: string; readonly items: ReadonlyArray<WorkItem> }
+export type ToEngine<Meta = unknown> =
+  | { readonly t: "request"; readonly id: string; readonly items: ReadonlyArray<WorkItem<Meta>> }
   | { readonly t: "cancel"; readonly id: string }
   /** A worker exited (the router, their parent, saw it): the engine fails what it holds. */
   | { readonly t: "worker-lost"; readonly reason: string }
@@ -115,10 +115,11 @@ export interface BatchInput {
   readonly inline?: TensorData
 }
 
-export interface BatchItem {
+/** One item of a batch, as a worker gets it; `Meta` is what its kind's engine put on it. */
+export interface BatchItem<Meta = unknown> {
   readonly requestId: string
   readonly index: number
-  readonly meta: unknown
+  readonly meta: Meta
   /** Its rows along the first axis of every input, [start, end). */
   readonly rows: readonly [number, number]
   /** Its request's trace parent (see WorkItem); a worker's span of the item is its child. */

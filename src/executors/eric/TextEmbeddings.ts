@@ -155,7 +155,7 @@ export const textEmbeddings = (context: {
       catch: (error) => error
     })
     const meta: TextItemMeta = { modality: "text", pooling: plan.pooling, normalize: plan.normalize }
-    const items: Array<WorkItem> = tokens.map((ids) => ({
+    const items: Array<WorkItem<TextItemMeta>> = tokens.map((ids) => ({
       key: "text",
       inputs: { input_ids: { dtype: "int32", shape: [ids.length], data: ids } },
       meta,

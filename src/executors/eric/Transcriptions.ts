@@ -104,7 +104,7 @@ export const transcriptions = (context: {
           body.timestamps,
           clip.windows.map((window) => ({ features: window.features, melBins: speech.melBins })),
           async (batch) => {
-            const items: Array<WorkItem> = batch.map((pass) => ({
+            const items: Array<WorkItem<SpeechItemMeta>> = batch.map((pass) => ({
               // Passes decode in lockstep: a batch holds prompts of one length.
               key: `speech:${pass.prompt.length}`,
               inputs: {

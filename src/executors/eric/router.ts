@@ -176,7 +176,7 @@ export const routerKind: RouterKind = {
             ),
           catch: (error) => error
         })
-        const items: Array<WorkItem> = body.items.map((item, index) => ({
+        const items: Array<WorkItem<EricItemMeta>> = body.items.map((item, index) => ({
           // Ultravox clips batch only with clips of as many frames: their features stack by length.
           key:
             item.modality !== "audio"

@@ -21,7 +21,7 @@ import { hasTextEmbeddingGraph } from "../../models/TextEmbedding.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import { createSession, fromOrt, qwen2VLGridInput, toOrt } from "../common/Sessions.js"
-import type { LoadWorkerModel } from "../common/WorkerModel.js"
+import { everyItem, type LoadWorkerModel } from "../common/WorkerModel.js"
 import { isWhisper } from "../../models/WhisperGeneration.js"
 import { SpeechRecognizer } from "./SpeechRecognizer.js"
 import { TextEncoder, type TextItemMeta } from "./TextEncoder.js"
@@ -47,6 +47,10 @@ export interface SpeechItemMeta {
 /** What the router attaches to each work item. */
 export type EricItemMeta = MediaItemMeta | TextItemMeta | SpeechItemMeta
 
+const isText = (meta: EricItemMeta): meta is TextItemMeta => meta.modality === "text"
+const isSpeech = (meta: EricItemMeta): meta is SpeechItemMeta => meta.modality === "speech"
+const isMedia = (meta: EricItemMeta): meta is MediaItemMeta => !isText(meta) && !isSpeech(meta)
+
 /** A media item's result; a text's is its vector (a Float32Array). */
 export interface EricItemResult {
   readonly shape: readonly [number, number]
@@ -69,7 +73,11 @@ export const frameSequence = (shape: ReadonlyArray<number>, pixels: ort.Tensor):
   }
 }
 
-export const load: LoadWorkerModel = async ({ config, rank, device }) => {
+export const load: LoadWorkerModel<EricItemMeta, EricItemResult | Float32Array | Array<number>> = async ({
+  config,
+  rank,
+  device
+}) => {
   const model = await loadModelDirectory(config.modelDir)
   const sessions = new Map<"vision" | "audio", ort.InferenceSession>()
   for (const [encoder, file] of Object.entries(encoderFiles) as Array<["vision" | "audio", string]>) {
@@ -110,15 +118,14 @@ export const load: LoadWorkerModel = async ({ config, rank, device }) => {
 
   return {
     async run({ inputs, items }) {
-      const first = items[0]!.meta as EricItemMeta
-      if (first.modality === "text") {
+      if (everyItem(items, isText)) {
         if (text === undefined) throw new Error("the model has no onnx/model.onnx to embed text with")
         return text.embed(
           inputs.input_ids!.data as Int32Array,
-          items.map((item) => ({ rows: item.rows, meta: item.meta as TextItemMeta }))
+          items.map((item) => ({ rows: item.rows, meta: item.meta }))
         )
       }
-      if (first.modality === "speech") {
+      if (everyItem(items, isSpeech)) {
         if (speech === undefined) throw new Error("the model is not a Whisper: it has no onnx/encoder_model.onnx")
         // A pass's tokens come back as they are; the router stitches a clip's windows.
         const features = inputs.input_features!
@@ -126,11 +133,12 @@ export const load: LoadWorkerModel = async ({ config, rank, device }) => {
         return speech.decode(
           items.map((item) => ({
             features: (features.data as Float32Array).subarray(item.rows[0] * size, item.rows[1] * size),
-            prompt: (item.meta as SpeechItemMeta).prompt
+            prompt: item.meta.prompt
           }))
         )
       }
-      const encoder = first.modality === "audio" ? "audio" : "vision"
+      if (!everyItem(items, isMedia)) throw new Error("a batch holds items of different modalities")
+      const encoder = items[0]!.meta.modality === "audio" ? "audio" : "vision"
       const session = sessions.get(encoder)
       if (session === undefined) throw new Error(`the model has no ${encoderFiles[encoder]}.onnx`)
       const input = (encoder === "audio" ? (inputs.audio_values ?? inputs.input_values) : inputs.pixel_values)!
@@ -141,7 +149,7 @@ export const load: LoadWorkerModel = async ({ config, rank, device }) => {
         const patchDim = input.shape[1]!
         const results: Array<EricItemResult> = []
         for (const item of items) {
-          const meta = item.meta as MediaItemMeta
+          const meta = item.meta
           const [from, to] = item.rows
           const pixels = (input.data as Float32Array).subarray(from * patchDim, to * patchDim)
           const outputs = await session.run({
@@ -166,15 +174,7 @@ export const load: LoadWorkerModel = async ({ config, rank, device }) => {
           const outputs = await session.run({ audio_values: new ort.Tensor("float32", clip, [1, bins, frames]) })
           const features = fromOrt(outputs[session.outputNames[0]!]!)
           const [, rows, hidden] = features.shape as [number, number, number]
-          results.push(
-            await deliver(
-              item.meta as MediaItemMeta,
-              [rows, hidden],
-              features.data as Float32Array,
-              item.trace,
-              undefined
-            )
-          )
+          results.push(await deliver(item.meta, [rows, hidden], features.data as Float32Array, item.trace, undefined))
         }
         return results
       }
@@ -188,7 +188,7 @@ export const load: LoadWorkerModel = async ({ config, rank, device }) => {
       const rowElements = positions * hidden
       return Promise.all(
         items.map((item) => {
-          const meta = item.meta as MediaItemMeta
+          const meta = item.meta
           const [from, to] = item.rows
           const data = (features.data as Float32Array).subarray(from * rowElements, to * rowElements)
           const grid =

@@ -199,7 +199,7 @@ export interface CodecItemMeta {
  * Geri's worker on a codec: each item of a batch is one sequence of codes; their windows
  * interleave, and each streams its chunks (GeriAudioPiece) as they are decoded.
  */
-export const codecWorkerModel = async ({ config, device }: WorkerContext): Promise<WorkerModel> => {
+export const codecWorkerModel = async ({ config, device }: WorkerContext): Promise<WorkerModel<CodecItemMeta>> => {
   const decoder = await CodecDecoder.load(config.modelDir, device, config.threadsPerDevice)
   return {
     async run({ inputs, items, emit, cancelled }) {
@@ -208,7 +208,7 @@ export const codecWorkerModel = async ({ config, device }: WorkerContext): Promi
       const all = codes.data as BigInt64Array
       return Promise.all(
         items.map(async (item, index) => {
-          const meta = item.meta as CodecItemMeta
+          const meta = item.meta
           const [start, end] = item.rows
           const frames = end - start
           // [frames, quantizers] rows → [quantizers, frames], the graph's layout.

@@ -100,7 +100,7 @@ export const codecRoutes = (context: { readonly model: ModelDirectory; readonly 
         return yield* new BadRequest({
           message: `a window of contextFrames + maxChunkFrames is ${longestWindow} frames; this model's positions reach ${spec.maxWindowFrames}`
         })
-      const item: WorkItem = {
+      const item: WorkItem<CodecItemMeta> = {
         key: `codes:${quantizers}`,
         inputs: { audio_codes: { dtype: "int64", shape: [frames, quantizers], data: rows } },
         meta: { modality: "codes", plan } satisfies CodecItemMeta,

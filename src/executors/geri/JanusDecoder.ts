@@ -70,10 +70,16 @@ export const pngOf = async (image: RgbImage, width: number, height: number): Pro
 }
 
 /** The worker model: each batch's items are image tokens under `generated_tokens`, [1, image tokens] each. */
+/** What a Janus item's meta holds of worker.ts's GeriItemMeta: the image's size. */
+interface ImageSize {
+  readonly width: number
+  readonly height: number
+}
+
 export const janusWorkerModel = async (
   model: ModelDirectory,
   { config, device }: WorkerContext
-): Promise<WorkerModel> => {
+): Promise<WorkerModel<ImageSize>> => {
   const decoder = await JanusDecoder.open(model, device, config.threadsPerDevice)
   return {
     async run({ inputs, items }) {
@@ -86,9 +92,9 @@ export const janusWorkerModel = async (
       )
       const images = await decoder.decode(stacked, items.length)
       return Promise.all(
-        // The item's meta and result are worker.ts's GeriItemMeta and GeriImageResult (its image fields).
+        // The item's result is worker.ts's GeriImageResult (its image fields).
         items.map(async (item, index) => {
-          const { width, height } = item.meta as { readonly width: number; readonly height: number }
+          const { width, height } = item.meta
           return { png: await pngOf(images[index]!, width, height), width, height }
         })
       )

@@ -99,7 +99,7 @@ export const speechRoutes = (context: {
         chunkFrames,
         maxChunkFrames: Math.max(body.maxChunkFrames ?? defaultPlan.maxChunkFrames, chunkFrames)
       }
-      const item: WorkItem = {
+      const item: WorkItem<SynthesisItemMeta> = {
         key: "speech",
         inputs: { speaker_embeddings: { dtype: "float32", shape: [1, spec.speakerDim], data: speaker } },
         meta: { modality: "speech", tokens, plan } satisfies SynthesisItemMeta,

@@ -324,7 +324,7 @@ export const pcm16 = (samples: Float32Array): Int16Array =>
  * Geri's worker on a SpeechT5 model: each item of a batch is one utterance; their decoding steps
  * interleave, and each streams its chunks (GeriAudioPiece) as they are vocoded.
  */
-export const speechWorkerModel = async ({ config, device }: WorkerContext): Promise<WorkerModel> => {
+export const speechWorkerModel = async ({ config, device }: WorkerContext): Promise<WorkerModel<SynthesisItemMeta>> => {
   const { resolveModel } = await import("../../models/ModelStore.js")
   const vocoderDir = await vocoderDirectory(config.modelDir, (id) => resolveModel(id))
   const synthesizer = await SpeechSynthesizer.load(config.modelDir, vocoderDir, device, config.threadsPerDevice)
@@ -334,7 +334,7 @@ export const speechWorkerModel = async ({ config, device }: WorkerContext): Prom
       const dim = speakers.shape[1]!
       return Promise.all(
         items.map(async (item, index) => {
-          const meta = item.meta as SynthesisItemMeta
+          const meta = item.meta
           const speaker = (speakers.data as Float32Array).slice(item.rows[0] * dim, item.rows[1] * dim)
           // A request cancelled (its client gone) stops at its next step.
           const result = await synthesizer.synthesize(

@@ -186,7 +186,7 @@ export const routerKind: RouterKind = {
         const chunks = body.chunks ?? generator.default_num_chunks
         const total = chunks * chunkSize
         const meta: GeriItemMeta = { width: 0, height: 0, chunks: Math.ceil(total / generator.chunk_size), seed }
-        const item: WorkItem = { key: `audio:${meta.chunks}`, inputs, meta, ...traced }
+        const item: WorkItem<GeriItemMeta> = { key: `audio:${meta.chunks}`, inputs, meta, ...traced }
 
         if (!body.stream) {
           const pieces: Array<Int16Array> = []

@@ -16,7 +16,7 @@ import { isSpeechT5, speechWorkerModel } from "./SpeechSynthesizer.js"
 import { isJanus } from "../../models/JanusModel.js"
 import { janusWorkerModel } from "./JanusDecoder.js"
 import { codecWorkerModel, isMimi } from "./CodecDecoder.js"
-import type { LoadWorkerModel } from "../common/WorkerModel.js"
+import type { LoadWorkerModel, WorkerModel } from "../common/WorkerModel.js"
 
 export interface GeriItemMeta {
   readonly width: number
@@ -52,7 +52,7 @@ export const load: LoadWorkerModel = async (context) => {
   const session = await createSession(path, device, config.threadsPerDevice)
   const noiseShape = noiseShapeOf(session)
 
-  return {
+  const generatorModel: WorkerModel<GeriItemMeta, GeriImageResult | { readonly chunks: number }, GeriAudioPiece> = {
     async run({ inputs, items, emit }) {
       const embeddings = inputs.inputs_embeds!
       const hidden = embeddings.shape[1]!
@@ -72,9 +72,7 @@ export const load: LoadWorkerModel = async (context) => {
       if (noiseShape !== undefined) {
         const size = noiseShape.reduce((product, dim) => product * dim, 1)
         const noise = new Float32Array(items.length * size)
-        items.forEach((item, index) =>
-          noise.set(new Random((item.meta as GeriItemMeta).seed).normals(size, 1), index * size)
-        )
+        items.forEach((item, index) => noise.set(new Random(item.meta.seed).normals(size, 1), index * size))
         feeds.noise = new ort.Tensor("float32", noise, [items.length, ...noiseShape])
       }
 
@@ -85,7 +83,7 @@ export const load: LoadWorkerModel = async (context) => {
         const plane = height * width
         return Promise.all(
           items.map(async (item, index): Promise<GeriImageResult> => {
-            const meta = item.meta as GeriItemMeta
+            const meta = item.meta
             const rgb = Buffer.alloc(plane * 3)
             for (let c = 0; c < 3; c++) {
               for (let i = 0; i < plane; i++)
@@ -104,7 +102,7 @@ export const load: LoadWorkerModel = async (context) => {
         )
       }
 
-      const chunks = items.map((item) => (item.meta as GeriItemMeta).chunks)
+      const chunks = items.map((item) => item.meta.chunks)
       for (let chunk = 0; chunk < Math.max(...chunks); chunk++) {
         const index = new BigInt64Array(items.length).fill(BigInt(chunk))
         const output = (await session.run({ ...feeds, chunk_index: new ort.Tensor("int64", index, [items.length]) }))[
@@ -113,8 +111,7 @@ export const load: LoadWorkerModel = async (context) => {
         const size = output.dims[1]!
         const pcm = output.data as Int16Array
         items.forEach((_, item) => {
-          if (chunk < chunks[item]!)
-            emit(item, { chunk, pcm: pcm.slice(item * size, (item + 1) * size) } satisfies GeriAudioPiece)
+          if (chunk < chunks[item]!) emit(item, { chunk, pcm: pcm.slice(item * size, (item + 1) * size) })
         })
       }
       return chunks.map((count) => ({ chunks: count }))
@@ -123,6 +120,7 @@ export const load: LoadWorkerModel = async (context) => {
       await session.release()
     }
   }
+  return generatorModel
 }
 
 /** The per-item shape of the generator's `noise` input (after the batch dimension), if it has one. */

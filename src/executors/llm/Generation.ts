@@ -72,7 +72,7 @@ export class Generation {
     this.done.catch(() => undefined)
     const stream = new TextStream(tokenizer, stops)
     for (const token of continued) stream.push(token)
-    const item: WorkItem = { key: meta.op, inputs: {}, meta, ...itemContext }
+    const item: WorkItem<GenerateMeta> = { key: meta.op, inputs: {}, meta, ...itemContext }
     const submitted = engine.submit<GenerateResult, TokenPartial>([item], (_, partial) => {
       if (this.result !== undefined) return
       const token = partial.token

@@ -312,7 +312,7 @@ export const runEngine = (config: ExecutorConfig) =>
     })
 
     const receiveRequests = async (stop: AbortSignal) => {
-      for await (const message of messagesOf<ToEngine>(fromRouter)) {
+      for await (const message of messagesOf<ToEngine<LlmRequestMeta>>(fromRouter)) {
         if (stop.aborted) return
         if (message.t === "worker-lost") workers.lose(message.reason)
         else if (message.t === "cancel") cancel(message.id)
@@ -320,7 +320,7 @@ export const runEngine = (config: ExecutorConfig) =>
           void sendRouter(failedMessage(message.id, new EngineUnavailable({ message: "the executor is unhealthy" })))
         else {
           const item = message.items[0]!
-          accept(message.id, item.meta as LlmRequestMeta, item.trace, item.share)
+          accept(message.id, item.meta, item.trace, item.share)
         }
       }
     }

@@ -19,7 +19,11 @@ import { kvBudget } from "./Limits.js"
 import { Runner } from "./Runner.js"
 import type { StepRunner } from "./StepRunner.js"
 
-export const load: LoadWorkerModel = async ({ config, device, rank }) => {
+export const load: LoadWorkerModel<StepOp, EmbedResult | WorkerStats | undefined, TokenPartial> = async ({
+  config,
+  device,
+  rank
+}) => {
   const model = await loadModelDirectory(config.modelDir)
   const budget = kvBudget(config, model)
   const runner: StepRunner = isJanus(model)
@@ -40,10 +44,10 @@ export const load: LoadWorkerModel = async ({ config, device, rank }) => {
     async run({ items, emit }) {
       /** Spans of this step's embed items, from their compute to their send through the sidecar. */
       const embedding = items.map((item) =>
-        (item.meta as StepOp).op === "embed" ? startSpan("embed", { parent: item.trace }) : noSpan
+        item.meta.op === "embed" ? startSpan("embed", { parent: item.trace }) : noSpan
       )
       for (const item of items) {
-        const op = item.meta as StepOp
+        const op = item.meta
         if (op.op === "prefill" && item.trace !== undefined) {
           const span = startSpan("generate", {
             parent: item.trace,
@@ -60,13 +64,13 @@ export const load: LoadWorkerModel = async ({ config, device, rank }) => {
       let outputs: Awaited<ReturnType<StepRunner["step"]>>
       try {
         outputs = await runner.step(
-          items.map((item) => ({ id: item.requestId, op: item.meta as StepOp })),
+          items.map((item) => ({ id: item.requestId, op: item.meta })),
           (index, value) => {
             const id = items[index]!.requestId
             const traced = generating.get(id)
             if (traced !== undefined) {
               traced.tokens++
-              const finish = (value as TokenPartial).finish
+              const finish = value.finish
               if (finish !== undefined) {
                 traced.span.attribute("cornserve.completion_tokens", traced.tokens)
                 traced.span.attribute("cornserve.finish_reason", finish)
@@ -88,7 +92,7 @@ export const load: LoadWorkerModel = async ({ config, device, rank }) => {
       return Promise.all(
         items.map(async (item, index): Promise<EmbedResult | WorkerStats | undefined> => {
           const output = outputs[index]
-          const op = item.meta as StepOp
+          const op = item.meta
           if (output !== undefined && "prefixCache" in output)
             return {
               ...(output.prefixCache === undefined ? {} : { prefixCache: output.prefixCache }),
