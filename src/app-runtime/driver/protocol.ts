@@ -35,7 +35,7 @@ export interface DispatchFailure {
 export { SchemaIssue } from "../SchemaIssues.js"
 
 /** Messages from the platform to an app's process. */
-export type ToWorker =
+export type ToApp =
   | { readonly t: "invoke"; readonly rid: number; readonly requestId: string; readonly body: string }
   | { readonly t: "cancel"; readonly rid: number }
   | { readonly t: "ping"; readonly nonce: number }
@@ -70,7 +70,7 @@ const AdmissionSettingsWire = Schema.Struct({
  * platform decodes each one before acting on it. Its channel carries JSON: an undefined field
  * arrives absent.
  */
-export const FromWorker = Schema.Union(
+export const FromApp = Schema.Union(
   Schema.Struct({
     t: Schema.Literal("loaded"),
     tasks: Schema.Array(UnitTaskSpec),
@@ -99,7 +99,7 @@ export const FromWorker = Schema.Union(
   /** Room for this many more chunks of a dispatch's stream (the app's code took them). */
   Schema.Struct({ t: Schema.Literal("dispatch-credit"), did: Did, chunks: Count })
 )
-export type FromWorker = typeof FromWorker.Type
+export type FromApp = typeof FromApp.Type
 
 /** The first message an app's process gets: the app's compiled code, to load, and its bounds. */
 export interface LoadApp {
@@ -125,7 +125,7 @@ export const responseTooLargeMessage = (maxResponseBytes: number) =>
 export const jsonExceeds = (json: string, limitBytes: number): boolean =>
   json.length > limitBytes || (json.length * 3 > limitBytes && Buffer.byteLength(json) > limitBytes)
 
-export type ToAppProcess = ToWorker | LoadApp
+export type ToAppProcess = ToApp | LoadApp
 
 /** Bytes of a frame's header: the length of its body, big-endian. */
 export const frameHeaderBytes = 4

@@ -18,7 +18,7 @@ import {
   encodeFrame,
   FrameReader,
   frameHeaderBytes,
-  type FromWorker,
+  type FromApp,
   type InvokeFailureCode,
   jsonExceeds,
   type LoadApp,
@@ -32,7 +32,7 @@ import { answerWindowChars, dispatchWindowChunks, ReceiveLedger, SendWindow } fr
 
 /** The platform's channel: a pipe on fd 3 carrying frames (protocol.ts). */
 const channel = new Socket({ fd: 3, readable: true, writable: true })
-const post = (message: FromWorker) => {
+const post = (message: FromApp) => {
   channel.write(encodeFrame(message))
 }
 
@@ -289,7 +289,7 @@ function serveApp(app: App, maxResponseBytes: number, maxMessageBytes: number) {
           )
         const did = nextDispatchId++
         // Refused here, as the platform would refuse it: it stops a process that sends a larger message.
-        const frame = encodeFrame({ t: "dispatch", did, requestId: context.requestId, graph } satisfies FromWorker)
+        const frame = encodeFrame({ t: "dispatch", did, requestId: context.requestId, graph } satisfies FromApp)
         if (frame.length - frameHeaderBytes > maxMessageBytes)
           return reject(
             new TaskInputError({

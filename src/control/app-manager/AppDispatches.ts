@@ -1,5 +1,5 @@
 import { watchSignal } from "../../app-runtime/driver/Cancellation.js"
-import type { FromWorker, ToWorker } from "../../app-runtime/driver/protocol.js"
+import type { FromApp, ToApp } from "../../app-runtime/driver/protocol.js"
 import { dispatchWindowChunks, SendWindow } from "../../app-runtime/driver/StreamWindow.js"
 import type { TaskGraphWire } from "../../app-runtime/tasks/TaskGraph.js"
 import { type AppShare, dispatchFailureOf, type GraphDispatcher } from "../DispatchContract.js"
@@ -22,7 +22,7 @@ export class AppDispatches {
   constructor(
     private readonly dispatch: GraphDispatcher,
     private readonly clocks: RequestClocks,
-    private readonly post: (message: ToWorker) => void,
+    private readonly post: (message: ToApp) => void,
     /** The app's claim on shared tasks, as it stands when a dispatch starts. */
     private readonly share: () => AppShare
   ) {}
@@ -43,7 +43,7 @@ export class AppDispatches {
   }
 
   /** Runs a dispatch the process asked for; answers why it breaks the protocol instead, when it does. */
-  start(message: Extract<FromWorker, { readonly t: "dispatch" }>): string | undefined {
+  start(message: Extract<FromApp, { readonly t: "dispatch" }>): string | undefined {
     if (message.did < this.nextId) return `it used dispatch id ${message.did} again`
     const undeclared = message.graph.invocations.find((invocation) => !this.declaredTasks.has(invocation.taskId))
     if (undeclared !== undefined)

@@ -7,10 +7,10 @@ import * as Schedule from "effect/Schedule"
 import * as Scope from "effect/Scope"
 import { Admission, unlimitedAdmission } from "./Admission.js"
 import {
-  type FromWorker,
+  type FromApp,
   jsonExceeds,
   responseTooLargeMessage,
-  type ToWorker
+  type ToApp
 } from "../../app-runtime/driver/protocol.js"
 import { answerWindowChars, ReceiveLedger } from "../../app-runtime/driver/StreamWindow.js"
 import { type AppLoadError, type LoadedApp, loadIn, type SchemasReader } from "./AppLoading.js"
@@ -252,7 +252,7 @@ export class AppDriver {
     await this.worker.terminate()
   }
 
-  private post(message: ToWorker) {
+  private post(message: ToApp) {
     this.worker.postMessage(message)
   }
 
@@ -345,7 +345,7 @@ export class AppDriver {
    * what the process was asked (a request it was not given, a stream out of order, a task its app did
    * not declare, a dispatch it did not make) breaks the protocol, and the process is stopped.
    */
-  private onMessage(message: FromWorker) {
+  private onMessage(message: FromApp) {
     switch (message.t) {
       case "value": {
         const standing = this.standing(message.rid, message.t)
@@ -418,7 +418,7 @@ export class AppDriver {
    * it, or ended (a cancelled request's late messages cross the cancel). A request the app was never
    * given breaks the protocol: undefined.
    */
-  private standing(rid: number, kind: FromWorker["t"]): "waiting" | "streaming" | "ended" | undefined {
+  private standing(rid: number, kind: FromApp["t"]): "waiting" | "streaming" | "ended" | undefined {
     if (rid < 0 || rid >= this.nextRid) {
       this.violation(`it sent "${kind}" for request ${rid}, which it was never given`)
       return undefined
@@ -428,7 +428,7 @@ export class AppDriver {
   }
 
   /** Whether `did` names no dispatch the app's process made (which breaks the protocol); an ended one is known. */
-  private unknownDispatch(did: number, kind: FromWorker["t"]): boolean {
+  private unknownDispatch(did: number, kind: FromApp["t"]): boolean {
     if (this.dispatches.made(did)) return false
     this.violation(`it sent "${kind}" for dispatch ${did}, which it never made`)
     return true

@@ -1,7 +1,7 @@
 import * as Schema from "effect/Schema"
 import { type AdmissionSettings, admissionProblems, timeoutProblem } from "../../app-runtime/App.js"
 import type { AppSchemasWire } from "../../app-runtime/driver/AppSchemas.js"
-import type { FromWorker, UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
+import type { FromApp, UnitTaskSpec } from "../../app-runtime/driver/protocol.js"
 import { type CleanedSchemas, undescribedCleanedSchemas } from "../SchemaThread.js"
 import type { AppProcess } from "./AppProcess.js"
 
@@ -38,7 +38,7 @@ const settingsRefusal = (message: { readonly admission?: unknown; readonly timeo
 
 /** What an app's "loaded" message says, or why it cannot be taken; its schemas are read by `readSchemas`. */
 const loadedApp = async (
-  message: Extract<FromWorker, { readonly t: "loaded" }>,
+  message: Extract<FromApp, { readonly t: "loaded" }>,
   readSchemas: SchemasReader
 ): Promise<LoadedApp | string> => {
   const refusal = settingsRefusal(message)
@@ -76,7 +76,7 @@ export const loadIn = (
     readonly isCurrent: () => boolean
     /** The app loaded: called before the load's promise resolves and the held messages are acted on. */
     readonly loaded: (app: LoadedApp) => void
-    readonly message: (message: FromWorker) => void
+    readonly message: (message: FromApp) => void
     /** The process broke the protocol. */
     readonly violation: (reason: string) => void
     readonly failed: (error: Error) => void
@@ -85,7 +85,7 @@ export const loadIn = (
 ): Promise<LoadedApp> =>
   new Promise<LoadedApp>((resolve, reject) => {
     let stage: "loading" | "reading" | "loaded" | "failed" = "loading"
-    const held: Array<FromWorker> = []
+    const held: Array<FromApp> = []
     const fail = (error: AppLoadError) => {
       clearTimeout(timer)
       stage = "failed"
@@ -96,7 +96,7 @@ export const loadIn = (
       fail(new AppLoadError({ message: `the app did not finish loading within ${options.timeoutMs} ms` }))
       void worker.terminate()
     }, options.timeoutMs)
-    const accept = async (message: Extract<FromWorker, { readonly t: "loaded" }>) => {
+    const accept = async (message: Extract<FromApp, { readonly t: "loaded" }>) => {
       const app = await loadedApp(message, options.readSchemas)
       if (stage !== "reading") return
       if (typeof app === "string") {
@@ -111,7 +111,7 @@ export const loadIn = (
       resolve(app)
       for (const message of held.splice(0)) if (options.isCurrent() && !worker.stopping) act(message)
     }
-    const act = (message: FromWorker) => {
+    const act = (message: FromApp) => {
       if (stage !== "loading" && (message.t === "loaded" || message.t === "load-failed")) {
         options.violation(`it sent "${message.t}" after its app had loaded`)
       } else if (message.t === "loaded") {
@@ -126,7 +126,7 @@ export const loadIn = (
         options.message(message)
       }
     }
-    worker.on("message", (message: FromWorker) => {
+    worker.on("message", (message: FromApp) => {
       if (!options.isCurrent() || stage === "failed") return
       if (stage !== "reading") act(message)
       else if (held.length < maxHeldWhileReading) held.push(message)

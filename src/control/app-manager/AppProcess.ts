@@ -10,9 +10,9 @@ import {
   appMessageLimitBytes,
   encodeFrame,
   FrameReader,
-  FromWorker,
+  FromApp,
   type ToAppProcess,
-  type ToWorker
+  type ToApp
 } from "../../app-runtime/driver/protocol.js"
 import { AppLog } from "./AppLog.js"
 import { ChannelBudget, channelRateExceeded, channelRateOf } from "./ChannelBudget.js"
@@ -29,7 +29,7 @@ export interface AppProcessLimits {
 }
 
 /** Compiled once: every message an app's process sends goes through it. */
-const decodeFromWorker = Schema.decodeUnknownEither(FromWorker)
+const decodeFromWorker = Schema.decodeUnknownEither(FromApp)
 
 /** How often the resident memory of an app's process is read. */
 /** How long a process whose channel failed has to exit on its own, with its own exit code, before it is stopped. */
@@ -71,7 +71,7 @@ const residentBytes = (pid: number): number | undefined => {
  * so the app driver runs it as it ran one.
  */
 export class AppProcess extends EventEmitter<{
-  message: [FromWorker]
+  message: [FromApp]
   error: [Error]
   exit: [number]
 }> {
@@ -190,7 +190,7 @@ export class AppProcess extends EventEmitter<{
     return this.log.tail()
   }
 
-  postMessage(message: ToWorker): void {
+  postMessage(message: ToApp): void {
     this.post(message)
   }
 

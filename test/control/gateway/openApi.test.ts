@@ -8,7 +8,7 @@ import {
   maxSchemasDepth,
   readAppSchemas
 } from "../../../src/app-runtime/driver/AppSchemas.js"
-import { FromWorker } from "../../../src/app-runtime/driver/protocol.js"
+import { FromApp } from "../../../src/app-runtime/driver/protocol.js"
 import { EmbeddingRequest, EmbeddingResponse } from "../../../src/app-runtime/schemas/Embeddings.js"
 import { ChatCompletionRequest } from "../../../src/app-runtime/schemas/OpenAI.js"
 import { appDocument, type DescribedApp, platformDocument } from "../../../src/control/gateway/OpenApi.js"
@@ -256,7 +256,7 @@ describe("the schemas a hostile app's process sends", () => {
 
   it("are refused when over the bounds: too large by the protocol's schema, too deep or not JSON by the reader", () => {
     const loaded = (json: string) =>
-      Schema.decodeUnknownEither(FromWorker)({ t: "loaded", tasks: [], example: null, schemas: wire(json) })
+      Schema.decodeUnknownEither(FromApp)({ t: "loaded", tasks: [], example: null, schemas: wire(json) })
     expect(Either.isLeft(loaded(`{"request":{"description":"${"x".repeat(maxSchemasChars)}"}}`))).toBe(true)
     expect(Either.isRight(loaded('{"request":{}}'))).toBe(true)
     const deep = `{"request":${'{"not":'.repeat(maxSchemasDepth + 1)}{}${"}".repeat(maxSchemasDepth + 1)}}`
