@@ -1,10 +1,11 @@
 import { type ChildProcess, spawn } from "node:child_process"
-import { lstatSync, readdirSync, readFileSync } from "node:fs"
+import { lstatSync, readdirSync } from "node:fs"
 import { mkdtemp, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { binPath, eventually, invoke, repoRoot, runCli } from "../support/platform.js"
+import { groupMembers } from "../support/executors.js"
 import { trackGroup, trackPath } from "../support/reaper/registry.js"
 
 /** Starting the platform, building the tiny embedder and deploying its executor, on a busy machine. */
@@ -67,19 +68,6 @@ const startInGroup = async (nodeId: string, modelDir: string): Promise<GroupPlat
   })
   return { process: child, url, stateDir, nodeId, exited, output: () => output }
 }
-
-/** The processes of a process group, zombies left out. */
-const groupMembers = (group: number): Array<number> =>
-  readdirSync("/proc")
-    .filter((entry) => /^\d+$/.test(entry))
-    .flatMap((entry) => {
-      try {
-        const fields = readFileSync(`/proc/${entry}/stat`, "utf8").split(") ")[1]!.split(" ")
-        return fields[0] !== "Z" && Number(fields[2]) === group ? [Number(entry)] : []
-      } catch {
-        return []
-      }
-    })
 
 /**
  * Every pid the group has had since `watch` began: executors and sidecars a restart would start

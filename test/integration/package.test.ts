@@ -6,6 +6,7 @@ import { delimiter, join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { type LockRegistry, startLockRegistry } from "../support/lockRegistry.js"
 import { eventually, invoke, repoRoot } from "../support/platform.js"
+import { groupMembers } from "../support/executors.js"
 import { trackGroup, trackPath } from "../support/reaper/registry.js"
 
 /** An install of the package's dependencies from npm's cache, two at once, on a busy two-core machine. */
@@ -87,19 +88,6 @@ const expectShippable = (files: ReadonlyArray<string>) => {
   )
   expect(unwanted).toEqual([])
 }
-
-/** The live processes of process group `group`. */
-const groupMembers = (group: number): Array<number> =>
-  readdirSync("/proc")
-    .filter((entry) => /^\d+$/.test(entry))
-    .flatMap((entry) => {
-      try {
-        const fields = readFileSync(`/proc/${entry}/stat`, "utf8").split(") ")[1]!.split(" ")
-        return fields[0] !== "Z" && Number(fields[2]) === group ? [Number(entry)] : []
-      } catch {
-        return []
-      }
-    })
 
 /** Names new in `dir` since `before` that name one of `pids` or `nodeId`. */
 const newFilesOf = (dir: string, before: ReadonlySet<string>, pids: ReadonlySet<number>, nodeId: string) =>

@@ -83,6 +83,19 @@ export const startExecutor = async (args: ReadonlyArray<string>, env: Readonly<R
   return { ...running, url: running.match[1]! }
 }
 
+/** The live processes of process group `group`, zombies left out. */
+export const groupMembers = (group: number): Array<number> =>
+  readdirSync("/proc")
+    .filter((entry) => /^\d+$/.test(entry))
+    .flatMap((entry) => {
+      try {
+        const fields = readFileSync(`/proc/${entry}/stat`, "utf8").split(") ")[1]!.split(" ")
+        return fields[0] !== "Z" && Number(fields[2]) === group ? [Number(entry)] : []
+      } catch {
+        return []
+      }
+    })
+
 /** Every process below `pid`, children first. */
 export const descendants = (pid: number): Array<{ readonly pid: number; readonly command: string }> => {
   const all = readdirSync("/proc")

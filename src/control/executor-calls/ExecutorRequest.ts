@@ -70,29 +70,24 @@ const failedAnswer = async (response: ExecutorAnswer): Promise<ExecutorCallError
   return response.status === 503 ? new TaskUnavailable({ message }) : new DispatchFailed({ message })
 }
 
-/** An answer that does not match its executor's API is the executor's fault. */
-export const decodeAnswer =
+/** A value read with a schema; one that does not match fails with `failure` of what is wrong. */
+const decodeOrFail =
+  (failure: (wrong: string) => DispatchFailed | InvalidTaskGraph) =>
   <A, I>(schema: Schema.Schema<A, I>) =>
   (value: unknown): A =>
-    Either.getOrThrowWith(
-      Schema.decodeUnknownEither(schema)(value),
-      (error) =>
-        new DispatchFailed({
-          message: `the executor's answer does not match its API: ${ParseResult.TreeFormatter.formatErrorSync(error)}`
-        })
+    Either.getOrThrowWith(Schema.decodeUnknownEither(schema)(value), (error) =>
+      failure(ParseResult.TreeFormatter.formatErrorSync(error))
     )
 
+/** An answer that does not match its executor's API is the executor's fault. */
+export const decodeAnswer = decodeOrFail(
+  (wrong) => new DispatchFailed({ message: `the executor's answer does not match its API: ${wrong}` })
+)
+
 /** An invocation's recorded input, output or config, read with the schema its task wrote it with. */
-export const decodeInvocation =
-  <A, I>(schema: Schema.Schema<A, I>) =>
-  (value: unknown): A =>
-    Either.getOrThrowWith(
-      Schema.decodeUnknownEither(schema)(value),
-      (error) =>
-        new InvalidTaskGraph({
-          message: `a task invocation does not match its task: ${ParseResult.TreeFormatter.formatErrorSync(error)}`
-        })
-    )
+export const decodeInvocation = decodeOrFail(
+  (wrong) => new InvalidTaskGraph({ message: `a task invocation does not match its task: ${wrong}` })
+)
 
 /**
  * Posts a call's body, encoded with the executor's API schema, with the call's credential, trace and
