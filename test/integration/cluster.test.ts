@@ -1,5 +1,5 @@
 import { type ChildProcess, spawn } from "node:child_process"
-import { mkdtemp, readFile, rm } from "node:fs/promises"
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join as joinPath } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
@@ -233,9 +233,15 @@ describe("cluster: a control plane and data-plane nodes", () => {
     expect(noToken.stderr).toMatch(/needs CORNSERVE_CLUSTER_TOKEN/)
   })
 
-  it("nodes join a restarted control plane again without being restarted", async () => {
+  it("nodes join a restarted control plane again without being restarted; one whose nodes.json is torn starts all the same", async () => {
     const port = new URL(join).port
     await controlPlane.stop()
+    // The nodes that joined at once are all kept, in one whole file.
+    const knownPath = joinPath(controlPlane.stateDir, "nodes.json")
+    const known = JSON.parse(await readFile(knownPath, "utf8")) as { readonly nodes: ReadonlyArray<string> }
+    expect(known.nodes).toEqual(expect.arrayContaining(["node-a", "node-b"]))
+    // A torn write (as two writes at once once left): the control plane says so and starts.
+    await writeFile(knownPath, `${JSON.stringify(known)}"]}`)
     controlPlane = await startPlatform({
       args: ["--role", "control-plane", "--cluster-port", port],
       env: { CORNSERVE_CLUSTER_TOKEN: token },
@@ -243,6 +249,7 @@ describe("cluster: a control plane and data-plane nodes", () => {
     })
     await eventually(async () => ((await stateOf("node-b")) === "ready" ? true : undefined), 20_000)
     expect(started.find((node) => node.output().includes("node-b"))!.output()).toMatch(/joining again/)
+    expect(controlPlane.output()).toMatch(/ignoring \S*nodes\.json: it is not a list of node names/)
   })
 })
 

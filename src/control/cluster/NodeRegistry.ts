@@ -1,4 +1,4 @@
-import { readFile, writeFile } from "node:fs/promises"
+import { readFile, rename, writeFile } from "node:fs/promises"
 import { join as joinPath } from "node:path"
 import * as RpcClient from "@effect/rpc/RpcClient"
 import type * as RpcGroup from "@effect/rpc/RpcGroup"
@@ -9,6 +9,7 @@ import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as Runtime from "effect/Runtime"
 import * as Schedule from "effect/Schedule"
+import * as Schema from "effect/Schema"
 import * as Scope from "effect/Scope"
 import type { Device } from "../../node/Devices.js"
 import { NodeAgent } from "../../node/NodeAgent.js"
@@ -56,6 +57,9 @@ export interface ClusterNode {
   /** Its executors as its last heartbeat (or its join) told them, by id. */
   executors: ReadonlyMap<string, ExecutorReport>
 }
+
+/** `nodes.json` of the state dir: the data-plane nodes that were members. */
+const KnownNodes = Schema.parseJson(Schema.Struct({ nodes: Schema.Array(Schema.String) }))
 
 /** A listing as /nodes/list answers it (the resource manager adds what holds each device). */
 export interface NodeSummary {
@@ -123,18 +127,26 @@ export class NodeRegistry extends Effect.Service<NodeRegistry>()("cornserve/Node
      * control plane waits a moment for them before it places the apps it restores.
      */
     const knownPath = joinPath(config.stateDir, "nodes.json")
-    const known: Set<string> = yield* Effect.promise(() =>
-      readFile(knownPath, "utf8").then(
-        (text) => new Set((JSON.parse(text) as { readonly nodes: ReadonlyArray<string> }).nodes),
-        () => new Set<string>()
-      )
-    )
+    const text = yield* Effect.promise(() => readFile(knownPath, "utf8").catch(() => undefined))
+    const decoded = text === undefined ? undefined : Schema.decodeUnknownEither(KnownNodes)(text)
+    if (decoded?._tag === "Left") yield* Effect.logWarning(`ignoring ${knownPath}: it is not a list of node names`)
+    const known = new Set<string>(decoded?._tag === "Right" ? decoded.right.nodes : [])
+    // Nodes join at once: each write is the whole set at that moment, one after another, through a rename (atomic).
+    let writing = Promise.resolve()
     const remember = (name: string) =>
       known.has(name)
         ? Effect.void
         : Effect.promise(() => {
             known.add(name)
-            return writeFile(knownPath, JSON.stringify({ nodes: [...known].sort() })).catch(() => undefined)
+            const body = JSON.stringify({ nodes: [...known].sort() })
+            writing = writing
+              .then(async () => {
+                const temporary = `${knownPath}.${process.pid}.tmp`
+                await writeFile(temporary, body)
+                await rename(temporary, knownPath)
+              })
+              .catch(() => undefined)
+            return writing
           })
 
     /** Until the restored apps are placed, nodes keep executors the control plane does not hold yet. */
