@@ -6,12 +6,7 @@ import * as Fiber from "effect/Fiber"
 import * as Schedule from "effect/Schedule"
 import * as Scope from "effect/Scope"
 import { Admission, unlimitedAdmission } from "./Admission.js"
-import {
-  type FromApp,
-  jsonExceeds,
-  responseTooLargeMessage,
-  type ToApp
-} from "../../app-runtime/driver/protocol.js"
+import { type FromApp, jsonExceeds, responseTooLargeMessage, type ToApp } from "../../app-runtime/driver/protocol.js"
 import { answerWindowChars, ReceiveLedger } from "../../app-runtime/driver/StreamWindow.js"
 import { type AppLoadError, type LoadedApp, loadIn, type SchemasReader } from "./AppLoading.js"
 import { AppDispatches } from "./AppDispatches.js"
