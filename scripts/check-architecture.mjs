@@ -184,7 +184,7 @@ export const maxControlLines = 500
 /** Files of src/control/ longer than `maxControlLines`. */
 export const longControlFiles = (graph) =>
   [...graph.keys()]
-    .filter((file) => file.startsWith(join(src, "control") + "/"))
+    .filter((file) => file.startsWith(`${join(src, "control")}/`))
     .flatMap((file) => {
       const lines = readFileSync(file, "utf8").split("\n").length - 1
       return lines > maxControlLines
