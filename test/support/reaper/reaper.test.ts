@@ -86,7 +86,8 @@ const linkNames = () =>
  * What of the nested run is left: empty once the reaper did its work. With `group`, the whole run
  * (vitest, npx and the reaper included); without, what the platform fixture's worker made.
  */
-const leftovers = (ready: Ready, group?: number) => {
+const leftovers = (run: NestedRun, group?: number) => {
+  const { ready } = run
   const left: Array<string> = []
   for (const pid of ready.pids) if (isAlive(pid)) left.push(`process ${pid}`)
   if (group !== undefined) {
@@ -96,7 +97,7 @@ const leftovers = (ready: Ready, group?: number) => {
     if (existsSync(ready.reaperDir)) left.push(`reaper directory ${ready.reaperDir}`)
   }
   const runDirs = new Set(ready.pids.map((pid) => `cornserve-node-${pid}-`))
-  for (const name of readdirSync(tmpdir()))
+  for (const name of readdirSync(run.tmp))
     if ([...runDirs].some((prefix) => name.startsWith(prefix))) left.push(`run directory ${name}`)
   for (const name of ready.sharedMemory) if (existsSync(join("/dev/shm", name))) left.push(`/dev/shm/${name}`)
   if (ready.namespacePrefix !== null) {
@@ -120,10 +121,12 @@ const readReady = (file: string): Ready | undefined => {
 interface NestedRun {
   readonly child: ChildProcess
   readonly ready: Ready
+  /** The run's TMPDIR: a killed vitest leaves its own transform cache there, which is not the reaper's to know. */
+  readonly tmp: string
   output(): string
 }
 
-const started: Array<{ child: ChildProcess; ready?: Ready }> = []
+const started: Array<{ child: ChildProcess; tmp: string; ready?: Ready }> = []
 
 /**
  * Starts `npx vitest run` on the fixtures (`filter`: only those whose names hold it), in a process
@@ -132,13 +135,14 @@ const started: Array<{ child: ChildProcess; ready?: Ready }> = []
 const startNestedRun = async (filter?: string, mode: "wait" | "time-out" = "wait"): Promise<NestedRun> => {
   const dir = mkdtempSync(join(tmpdir(), "cornserve-reaper-ready-"))
   const readyFile = join(dir, "ready.json")
+  const tmp = mkdtempSync(join(tmpdir(), "cornserve-reaper-tmp-"))
   const child = spawn("npx", ["vitest", "run", "--config", fixtureConfig, ...(filter === undefined ? [] : [filter])], {
     cwd: repoRoot,
-    env: { ...process.env, REAPER_FIXTURE_READY: readyFile, REAPER_FIXTURE_MODE: mode },
+    env: { ...process.env, TMPDIR: tmp, REAPER_FIXTURE_READY: readyFile, REAPER_FIXTURE_MODE: mode },
     stdio: ["ignore", "pipe", "pipe"],
     detached: true
   })
-  const entry: { child: ChildProcess; ready?: Ready } = { child }
+  const entry: { child: ChildProcess; tmp: string; ready?: Ready } = { child, tmp }
   started.push(entry)
   let output = ""
   child.stdout!.on("data", (chunk: Buffer) => (output += chunk.toString()))
@@ -149,7 +153,7 @@ const startNestedRun = async (filter?: string, mode: "wait" | "time-out" = "wait
       const ready = readReady(readyFile)
       if (ready !== undefined) {
         entry.ready = ready
-        return { child, ready, output: () => output }
+        return { child, ready, tmp, output: () => output }
       }
       if (child.exitCode !== null || child.signalCode !== null)
         throw new Error(`the nested run ended (${child.exitCode ?? child.signalCode}) before it was ready:\n${output}`)
@@ -164,18 +168,19 @@ const startNestedRun = async (filter?: string, mode: "wait" | "time-out" = "wait
 /** Polls until nothing is left, at most `reapedWithinMs` after the kill; returns what is left then. */
 const leftAfterKill = async (run: NestedRun, killedAt: number, whole = true) => {
   for (;;) {
-    const left = leftovers(run.ready, whole ? run.child.pid! : undefined)
+    const left = leftovers(run, whole ? run.child.pid! : undefined)
     if (left.length === 0 || Date.now() - killedAt > reapedWithinMs) return left
     await sleep(100)
   }
 }
 
 afterEach(() => {
-  // Only when the reaper failed: end by hand what the nested run left.
-  for (const { child, ready } of started.splice(0)) {
+  // The run's TMPDIR goes; and, only when the reaper failed, what the nested run left is ended by hand.
+  for (const { child, tmp, ready } of started.splice(0)) {
     try {
       process.kill(-child.pid!, "SIGKILL")
     } catch {}
+    rmSync(tmp, { recursive: true, force: true })
     if (ready === undefined) continue
     for (const pid of [ready.runner, ...ready.pids, ...processesOfRun(ready)])
       try {
@@ -203,7 +208,7 @@ describe("the test run's reaper", () => {
   }, async () => {
     const run = await startNestedRun("platform")
     expect(run.ready.namespacePrefix !== null).toBe(netnsAvailable())
-    expect(leftovers(run.ready, run.child.pid!).length).toBeGreaterThan(0)
+    expect(leftovers(run, run.child.pid!).length).toBeGreaterThan(0)
     process.kill(run.ready.runner, "SIGKILL")
     const left = await leftAfterKill(run, Date.now())
     expect(left, run.output()).toEqual([])
