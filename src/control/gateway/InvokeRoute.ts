@@ -63,38 +63,22 @@ const routeNames: Readonly<Record<"native" | OpenAiRoute, string>> = {
 }
 
 /** The `response_format` and `stream_format` a speech request asks for (mp3 and audio when it names none or none known). */
-const speechFormatOf = (appId: string, body: string): ReplyFormat => {
-  const { format, stream } = speechFormatsOf(body)
-  return speechFormat(appId, format, stream)
-}
-
-const speechFormatsOf = (body: string): { readonly format: SpeechFormat; readonly stream: "audio" | "sse" } => {
-  try {
-    const asked = JSON.parse(body) as { readonly response_format?: unknown; readonly stream_format?: unknown }
-    return {
-      format:
-        typeof asked.response_format === "string" &&
-        (SpeechFormat.literals as ReadonlyArray<string>).includes(asked.response_format)
-          ? (asked.response_format as SpeechFormat)
-          : "mp3",
-      stream: asked.stream_format === "sse" ? "sse" : "audio"
-    }
-  } catch {
-    return { format: "mp3", stream: "audio" }
-  }
-}
+const speechFormatOf = (appId: string, asked: Readonly<Record<string, unknown>>): ReplyFormat =>
+  speechFormat(
+    appId,
+    typeof asked.response_format === "string" &&
+      (SpeechFormat.literals as ReadonlyArray<string>).includes(asked.response_format)
+      ? (asked.response_format as SpeechFormat)
+      : "mp3",
+    asked.stream_format === "sse" ? "sse" : "audio"
+  )
 
 /** The `response_format` a transcription request asks for (json when it names none or none known). */
-const responseFormatOf = (body: string): TranscriptionFormat => {
-  try {
-    const asked = (JSON.parse(body) as { readonly response_format?: unknown }).response_format
-    return typeof asked === "string" && (TranscriptionFormat.literals as ReadonlyArray<string>).includes(asked)
-      ? (asked as TranscriptionFormat)
-      : "json"
-  } catch {
-    return "json"
-  }
-}
+const responseFormatOf = (asked: Readonly<Record<string, unknown>>): TranscriptionFormat =>
+  typeof asked.response_format === "string" &&
+  (TranscriptionFormat.literals as ReadonlyArray<string>).includes(asked.response_format)
+    ? (asked.response_format as TranscriptionFormat)
+    : "json"
 
 const invokeFailure = (
   appId: string,
@@ -229,9 +213,9 @@ export const makeInvokeRoute =
           openAi === undefined || api === "native"
             ? nativeFormat
             : speech
-              ? transcriptionFormat(appId, responseFormatOf(openAi.body))
+              ? transcriptionFormat(appId, responseFormatOf(openAi.fields))
               : api === "speech"
-                ? speechFormatOf(appId, openAi.body)
+                ? speechFormatOf(appId, openAi.fields)
                 : api === "images"
                   ? imagesFormat(appId)
                   : (openAiFormat(api, openAi.stream, appId, options.maxResponseBytes) ?? nativeFormat)

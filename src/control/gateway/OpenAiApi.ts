@@ -183,6 +183,17 @@ const chatOfCompletion = (request: CompletionRequest): Record<string, unknown> =
 }
 
 /**
+ * An OpenAI request as its app takes it: whether its answer streams, the body sent to the app, and
+ * the fields the client sent (parsed once: the reply's format reads them; empty when the body is
+ * not a JSON object, which the app's schema refuses).
+ */
+export interface PreparedOpenAiRequest {
+  readonly stream: boolean
+  readonly body: string
+  readonly fields: Readonly<Record<string, unknown>>
+}
+
+/**
  * Checks an OpenAI request and gives the body its app takes, and whether the answer streams. A
  * body that is not a JSON object goes to the app as it is (chat), which says what is wrong.
  */
@@ -190,15 +201,16 @@ export const prepareOpenAiRequest = (
   route: OpenAiRoute,
   body: string,
   models: ReadonlyArray<string>
-): { readonly stream: boolean; readonly body: string } | { readonly refusal: OpenAiRefusal } => {
+): PreparedOpenAiRequest | { readonly refusal: OpenAiRefusal } => {
   let value: unknown
   try {
     value = JSON.parse(body)
   } catch {
-    return { stream: false, body }
+    return { stream: false, body, fields: {} }
   }
-  if (typeof value !== "object" || value === null || Array.isArray(value)) return { stream: false, body }
+  if (typeof value !== "object" || value === null || Array.isArray(value)) return { stream: false, body, fields: {} }
   const fields = value as Record<string, unknown>
+  const prepared = (stream: boolean, sent: string): PreparedOpenAiRequest => ({ stream, body: sent, fields })
   const allowed = known[route]
   for (const name of Object.keys(fields)) {
     if (unimplemented[route].has(name))
@@ -213,8 +225,8 @@ export const prepareOpenAiRequest = (
   }
   if (typeof fields.model === "string" && models.length > 0 && !models.includes(fields.model))
     return { refusal: modelNotFound(fields.model, models) }
-  if (route === "embeddings" || route === "transcriptions") return { stream: false, body }
-  if (route === "speech") return { stream: true, body }
+  if (route === "embeddings" || route === "transcriptions") return prepared(false, body)
+  if (route === "speech") return prepared(true, body)
   if (route === "images") {
     if (fields.response_format === "url")
       return {
@@ -223,10 +235,10 @@ export const prepareOpenAiRequest = (
           "`url` is not supported: the platform keeps no files to link to; use b64_json"
         )
       }
-    return { stream: false, body }
+    return prepared(false, body)
   }
   // A translation is a transcription into English: the same request, its task set.
-  if (route === "translations") return { stream: false, body: JSON.stringify({ ...fields, task: "translate" }) }
+  if (route === "translations") return prepared(false, JSON.stringify({ ...fields, task: "translate" }))
   let chat = fields
   if (route === "completions") {
     const decoded = decodeCompletionRequest(fields, { errors: "all" })
@@ -243,8 +255,8 @@ export const prepareOpenAiRequest = (
     }
     chat = chatOfCompletion(decoded.right)
   }
-  if (chat.stream === true) return { stream: true, body: route === "chat" ? body : JSON.stringify(chat) }
+  if (chat.stream === true) return prepared(true, route === "chat" ? body : JSON.stringify(chat))
   // One answer carries usage as OpenAI's does: the stream behind it is asked for it.
   if (chat.stream_options == null) chat = { ...chat, stream_options: { include_usage: true } }
-  return { stream: false, body: JSON.stringify(chat) }
+  return prepared(false, JSON.stringify(chat))
 }

@@ -54,6 +54,6 @@ describe("OpenAI routes on an app", () => {
   it("asks a chat request that does not stream for usage, and passes a body that is not JSON to the app", () => {
     const prepared = prepareOpenAiRequest("chat", JSON.stringify({ messages }), [])
     expect(JSON.parse((prepared as { body: string }).body).stream_options).toEqual({ include_usage: true })
-    expect(prepareOpenAiRequest("chat", "{not json", [])).toEqual({ stream: false, body: "{not json" })
+    expect(prepareOpenAiRequest("chat", "{not json", [])).toEqual({ stream: false, body: "{not json", fields: {} })
   })
 })
