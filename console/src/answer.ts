@@ -4,6 +4,7 @@
  * and what is shown of them: the text of chat chunks, images, audio chunks, and the other fields.
  */
 import { call, jsonOf, lines, type Outcome, type Refusal, refusalOf } from "./api"
+import { openAiPath } from "../../src/control/gateway/OpenAiRoutes"
 
 /** What one answer may weigh in all, and in one line (an image in base64 is one line). */
 const maxAnswerBytes = 64 * 1024 * 1024
@@ -23,9 +24,7 @@ export type Transport = "invoke" | "openai-chat"
 
 /** The route a request goes to. */
 export const routeOf = (appId: string, transport: Transport) =>
-  transport === "invoke"
-    ? `/app/invoke/${encodeURIComponent(appId)}`
-    : `/app/${encodeURIComponent(appId)}/v1/chat/completions`
+  transport === "invoke" ? `/app/invoke/${encodeURIComponent(appId)}` : openAiPath("chat", encodeURIComponent(appId))
 
 const errorOf = (value: unknown): Refusal | undefined => {
   const error = (value as { error?: { code?: unknown; message?: unknown } } | null)?.error

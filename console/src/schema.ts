@@ -2,6 +2,8 @@
  * Just enough of JSON Schema to draw a form for an app's request, from its OpenAPI document: the
  * top-level fields, each as an input of its kind; anything richer is edited as JSON.
  */
+import { openAiPath } from "../../src/control/gateway/OpenAiRoutes"
+
 export type JsonSchema = Readonly<Record<string, unknown>>
 
 export interface AppDocument {
@@ -94,4 +96,4 @@ export const isChatRequest = (shape: RequestShape) => shape.properties.some(([na
 
 /** Whether the app answers OpenAI's chat route, which streams Server-Sent Events. */
 export const hasOpenAiChat = (document: AppDocument, appId: string) =>
-  document.paths?.[`/app/${appId}/v1/chat/completions`] !== undefined
+  document.paths?.[openAiPath("chat", appId)] !== undefined

@@ -15,7 +15,8 @@ import {
   UnsupportedMediaType
 } from "../errors.js"
 import { errorBody, type GatewayError } from "./ErrorResponse.js"
-import { modelsAnswer, type OpenAiRoute, prepareOpenAiRequest, sendRefusal } from "./OpenAiApi.js"
+import { modelsAnswer, prepareOpenAiRequest, sendRefusal } from "./OpenAiApi.js"
+import { type OpenAiRoute, openAiPath } from "./OpenAiRoutes.js"
 import { openAiFormat } from "./OpenAiReplies.js"
 import { errorCodes, type ReplyFormat, sendError, writeJson } from "./ReplyFormat.js"
 import { remoteError } from "../RemoteError.js"
@@ -51,16 +52,8 @@ const nativeFormat: ReplyFormat = {
   }
 }
 
-const routeNames: Readonly<Record<"native" | OpenAiRoute, string>> = {
-  native: "/app/invoke/{id}",
-  chat: "/app/{id}/v1/chat/completions",
-  completions: "/app/{id}/v1/completions",
-  embeddings: "/app/{id}/v1/embeddings",
-  transcriptions: "/app/{id}/v1/audio/transcriptions",
-  translations: "/app/{id}/v1/audio/translations",
-  speech: "/app/{id}/v1/audio/speech",
-  images: "/app/{id}/v1/images/generations"
-}
+/** The route's template, as the metrics label it. */
+const routeName = (api: "native" | OpenAiRoute): string => (api === "native" ? "/app/invoke/{id}" : openAiPath(api))
 
 /** The `response_format` and `stream_format` a speech request asks for (mp3 and audio when it names none or none known). */
 const speechFormatOf = (appId: string, asked: Readonly<Record<string, unknown>>): ReplyFormat =>
@@ -138,14 +131,14 @@ export const makeInvokeRoute =
     // With tracing off, no span options are built: this is every request's path.
     const span = !tracing()
       ? noSpan
-      : startSpan(`POST ${routeNames[api]}`, {
+      : startSpan(`POST ${routeName(api)}`, {
           parent: typeof request.headers.traceparent === "string" ? request.headers.traceparent : undefined,
           root: true,
           kind: "server",
           startTime: arrived,
           attributes: {
             "http.request.method": "POST",
-            "http.route": routeNames[api]
+            "http.route": routeName(api)
           }
         })
     // What the request holds until its response closes: its place in the app's admission, its

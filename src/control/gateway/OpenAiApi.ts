@@ -15,19 +15,12 @@ import { SpeechRequest } from "../../app-runtime/schemas/Speech.js"
 import { TranscriptionRequest } from "../../app-runtime/schemas/Transcriptions.js"
 import { issueLines, readableIssues } from "../../app-runtime/SchemaIssues.js"
 import { shortened } from "../../app-runtime/Shortened.js"
+import { type OpenAiRoute, openAiRouteAt, openAiRoutes } from "./OpenAiRoutes.js"
 import { errorCodes, writeJson } from "./ReplyFormat.js"
 
-export type OpenAiRoute =
-  | "chat"
-  | "completions"
-  | "embeddings"
-  | "transcriptions"
-  | "translations"
-  | "speech"
-  | "images"
+export type { OpenAiRoute }
 
-const pathPattern =
-  /^\/app\/([^/]+)\/v1\/(chat\/completions|completions|embeddings|audio\/transcriptions|audio\/translations|audio\/speech|images\/generations|models)(?:\/([^/]+))?$/
+const pathPattern = /^\/app\/([^/]+)\/v1\/(.+)$/
 
 /** An OpenAI route's app (its id still percent-encoded) and route, from a request's method and path. */
 export const matchOpenAiRoute = (
@@ -39,20 +32,11 @@ export const matchOpenAiRoute = (
   | undefined => {
   const match = pathPattern.exec(path)
   if (match === null) return undefined
-  const [, appId, name, model] = match as unknown as [string, string, string, string | undefined]
-  if (name === "models") return method === "GET" ? { appId, route: "models", model } : undefined
-  if (method !== "POST" || model !== undefined) return undefined
-  return {
-    appId,
-    route:
-      name === "chat/completions"
-        ? "chat"
-        : name === "images/generations"
-          ? "images"
-          : name.startsWith("audio/")
-            ? (name.slice("audio/".length) as OpenAiRoute)
-            : (name as OpenAiRoute)
-  }
+  const [, appId, rest] = match as unknown as [string, string, string]
+  const models = /^models(?:\/([^/]+))?$/.exec(rest)
+  if (models !== null) return method === "GET" ? { appId, route: "models", model: models[1] } : undefined
+  const route = openAiRouteAt(rest)
+  return route === undefined || method !== "POST" ? undefined : { appId, route }
 }
 
 /** An answer in OpenAI's error shape (`{ error: { message, type, param, code } }`), for the checks OpenAI's clients know. */
@@ -105,36 +89,11 @@ export const modelsAnswer = (
 }
 
 /**
- * Parameters of OpenAI's API that the platform does not implement: a request that sets one is
+ * Parameters of OpenAI's API that the platform does not implement (OpenAiRoutes.ts): a request that sets one is
  * refused, naming it, rather than answered as if it had not been asked.
  */
-const unimplemented: Readonly<Record<OpenAiRoute, ReadonlySet<string>>> = {
-  chat: new Set([
-    "audio",
-    "function_call",
-    "functions",
-    "logit_bias",
-    "metadata",
-    "modalities",
-    "prediction",
-    "prompt_cache_key",
-    "reasoning_effort",
-    "safety_identifier",
-    "service_tier",
-    "store",
-    "verbosity",
-    "web_search_options"
-  ]),
-  completions: new Set(["logit_bias", "suffix"]),
-  embeddings: new Set(),
-  // OpenAI's `prompt` (Whisper's previous text) and streamed transcripts.
-  transcriptions: new Set(["prompt", "include", "stream"]),
-  translations: new Set(["prompt"]),
-  // Voice instructions (gpt-4o-mini-tts's) have no counterpart in the models served here.
-  speech: new Set(["instructions"]),
-  // Streamed partial images, and settings the generators served here have no counterpart for.
-  images: new Set(["stream", "partial_images", "background", "moderation", "output_compression", "quality", "style"])
-}
+const unimplemented = (route: OpenAiRoute, name: string): boolean =>
+  (openAiRoutes[route].unimplemented as ReadonlyArray<string>).includes(name)
 
 const known: Readonly<Record<OpenAiRoute, ReadonlySet<string> | undefined>> = {
   chat: new Set(Object.keys(ChatCompletionRequest.fields)),
@@ -145,16 +104,6 @@ const known: Readonly<Record<OpenAiRoute, ReadonlySet<string> | undefined>> = {
   translations: new Set(Object.keys(TranscriptionRequest.fields)),
   speech: new Set(Object.keys(SpeechRequest.fields)),
   images: new Set(Object.keys(ImageGenerationRequest.fields))
-}
-
-const routeNames: Readonly<Record<OpenAiRoute, string>> = {
-  chat: "chat completions",
-  completions: "completions",
-  embeddings: "embeddings",
-  transcriptions: "transcriptions",
-  translations: "translations",
-  speech: "speech",
-  images: "image generations"
 }
 
 const badParameter = (param: string, message: string): OpenAiRefusal => ({
@@ -213,13 +162,15 @@ export const prepareOpenAiRequest = (
   const prepared = (stream: boolean, sent: string): PreparedOpenAiRequest => ({ stream, body: sent, fields })
   const allowed = known[route]
   for (const name of Object.keys(fields)) {
-    if (unimplemented[route].has(name))
-      return { refusal: badParameter(name, `\`${name}\` is not supported by this platform's ${routeNames[route]}`) }
+    if (unimplemented(route, name))
+      return {
+        refusal: badParameter(name, `\`${name}\` is not supported by this platform's ${openAiRoutes[route].name}`)
+      }
     if (allowed !== undefined && !allowed.has(name))
       return {
         refusal: badParameter(
           shortened(name, 100),
-          `\`${shortened(name, 100)}\` is not a parameter of ${routeNames[route]}`
+          `\`${shortened(name, 100)}\` is not a parameter of ${openAiRoutes[route].name}`
         )
       }
   }

@@ -6,6 +6,7 @@
 import type { AppSchemas } from "../../app-runtime/driver/AppSchemas.js"
 import { cleanSchema, defsRefPrefix, holdsRef } from "../../app-runtime/driver/AppSchemas.js"
 import type { AppDescription } from "../AppDescriptions.js"
+import { openAiPath } from "./OpenAiRoutes.js"
 import { apiKeySecurity, appTag, failure, ref } from "./OpenApiParts.js"
 
 type DescribedApp = AppDescription<AppSchemas>
@@ -44,7 +45,7 @@ export const takesEmbeddingRequests = (schemas: AppSchemas): boolean =>
 
 /** OpenAI's embeddings route on an embeddings app. */
 const embeddingsPaths = (app: DescribedApp, rename: (ref: string) => string | undefined) => ({
-  [`/app/${app.id}/v1/embeddings`]: {
+  [openAiPath("embeddings", app.id)]: {
     post: {
       operationId: `embeddings_${app.id}`,
       tags: [appTag(app.id)],
@@ -126,8 +127,8 @@ const transcriptionPaths = (app: DescribedApp, rename: (ref: string) => string |
     }
   })
   return {
-    [`/app/${app.id}/v1/audio/transcriptions`]: operation("transcriptions"),
-    [`/app/${app.id}/v1/audio/translations`]: operation("translations")
+    [openAiPath("transcriptions", app.id)]: operation("transcriptions"),
+    [openAiPath("translations", app.id)]: operation("translations")
   }
 }
 
@@ -149,7 +150,7 @@ const audioTypes = {
 
 /** OpenAI's speech route on a speech app: the request as JSON, the audio streamed in the format asked for. */
 const speechPaths = (app: DescribedApp, rename: (ref: string) => string | undefined) => ({
-  [`/app/${app.id}/v1/audio/speech`]: {
+  [openAiPath("speech", app.id)]: {
     post: {
       operationId: `speech_${app.id}`,
       tags: [appTag(app.id)],
@@ -188,7 +189,7 @@ export const takesImageRequests = (schemas: AppSchemas): boolean =>
 
 /** OpenAI's image generations route on an images app. */
 const imagesPaths = (app: DescribedApp, rename: (ref: string) => string | undefined) => ({
-  [`/app/${app.id}/v1/images/generations`]: {
+  [openAiPath("images", app.id)]: {
     post: {
       operationId: `images_${app.id}`,
       tags: [appTag(app.id)],
@@ -226,7 +227,7 @@ const openAiPaths = (app: DescribedApp, rename: (ref: string) => string | undefi
   )
   const showsExample = app.example !== undefined && !holdsRef(app.example)
   return {
-    [`/app/${app.id}/v1/chat/completions`]: {
+    [openAiPath("chat", app.id)]: {
       post: {
         operationId: `chat_${app.id}`,
         tags,
@@ -256,7 +257,7 @@ const openAiPaths = (app: DescribedApp, rename: (ref: string) => string | undefi
         }
       }
     },
-    [`/app/${app.id}/v1/completions`]: {
+    [openAiPath("completions", app.id)]: {
       post: {
         operationId: `completions_${app.id}`,
         tags,
@@ -279,7 +280,7 @@ const openAiPaths = (app: DescribedApp, rename: (ref: string) => string | undefi
         }
       }
     },
-    [`/app/${app.id}/v1/models`]: {
+    [openAiPath("models", app.id)]: {
       get: {
         operationId: `models_${app.id}`,
         tags,
@@ -295,7 +296,7 @@ const openAiPaths = (app: DescribedApp, rename: (ref: string) => string | undefi
         }
       }
     },
-    [`/app/${app.id}/v1/models/{model}`]: {
+    [`${openAiPath("models", app.id)}/{model}`]: {
       get: {
         operationId: `model_${app.id}`,
         tags,
