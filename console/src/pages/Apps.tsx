@@ -1,10 +1,10 @@
 import { useEffect, useState } from "preact/hooks"
-import type { AppList } from "../../../src/control/gateway/GatewayAnswers"
+import type { AppListJson } from "../../../src/control/gateway/GatewayAnswers"
 import { call, getJson, lines, type Refusal, refusalOf } from "../api"
 import { clipped, formatMs, RefusalNotice, usePolling } from "../components"
 
 /** An app as `GET /app/list` lists it. */
-export type AppSummary = AppList["apps"][number]
+export type AppSummary = AppListJson["apps"][number]
 
 /** An app file's size the page sends: the gateway bounds its bodies too; this says so before sending. */
 const maxSourceBytes = 8 * 1024 * 1024
@@ -189,7 +189,7 @@ export const AppsPage = () => {
   const [tick, setTick] = useState(0)
   usePolling(
     async (signal) => {
-      const listed = await getJson<AppList>("/app/list", "none", signal)
+      const listed = await getJson<AppListJson>("/app/list", "none", signal)
       if (signal.aborted) return
       if (!listed.ok) return setRefusal(listed.refusal)
       setRefusal(undefined)

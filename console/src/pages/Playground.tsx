@@ -12,7 +12,7 @@ import {
   type RequestShape,
   requestShape
 } from "../schema"
-import type { AppList } from "../../../src/control/gateway/GatewayAnswers"
+import type { AppListJson } from "../../../src/control/gateway/GatewayAnswers"
 import type { AppSummary } from "./Apps"
 
 /** A file the page turns into a `data:` URL: within the gateway's default body limit once in base64. */
@@ -628,7 +628,7 @@ export const PlaygroundPage = ({ appId }: { readonly appId: string }) => {
   const [attempt, setAttempt] = useState(0)
   useEffect(() => {
     const abort = new AbortController()
-    void getJson<AppList>("/app/list", "none", abort.signal).then((listed) => {
+    void getJson<AppListJson>("/app/list", "none", abort.signal).then((listed) => {
       if (listed.ok) setApps(listed.value.apps)
     })
     return () => abort.abort()

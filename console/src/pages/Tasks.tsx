@@ -1,13 +1,13 @@
 import { Fragment } from "preact"
 import { useState } from "preact/hooks"
-import type { NodeList, TaskList, TaskProfileAnswer } from "../../../src/control/gateway/GatewayAnswers"
+import type { NodeListJson, TaskListJson, TaskProfileJson } from "../../../src/control/gateway/GatewayAnswers"
 import { getJson, type Refusal } from "../api"
 import { formatMs, RefusalNotice, usePolling } from "../components"
 import { LineChart, type Series } from "../LineChart"
 
-type NodeListing = NodeList["nodes"][number]
-type ProfileSummary = Pick<TaskProfileAnswer, "calls" | "failed" | "recent" | "queueDepth" | "curves">
-type TaskProfile = TaskProfileAnswer
+type NodeListing = NodeListJson["nodes"][number]
+type ProfileSummary = Pick<TaskProfileJson, "calls" | "failed" | "recent" | "queueDepth" | "curves">
+type TaskProfile = TaskProfileJson
 
 /** A profile's latency by load: p50 and p99 for each executor count. */
 const latencyCurves = (profile: ProfileSummary): Array<Series> =>
@@ -81,15 +81,15 @@ const ProfileCharts = ({ taskId }: { readonly taskId: string }) => {
 }
 
 export const TasksPage = () => {
-  const [tasks, setTasks] = useState<TaskList>()
+  const [tasks, setTasks] = useState<TaskListJson>()
   const [nodes, setNodes] = useState<ReadonlyArray<NodeListing>>()
   const [refusal, setRefusal] = useState<Refusal | undefined>(undefined)
   /** The task whose profile is shown; "" once the reader closed it. */
   const [open, setOpen] = useState<string | undefined>(undefined)
   usePolling(async (signal) => {
     const [taskList, nodeList] = await Promise.all([
-      getJson<TaskList>("/tasks/list", "none", signal),
-      getJson<NodeList>("/nodes/list", "none", signal)
+      getJson<TaskListJson>("/tasks/list", "none", signal),
+      getJson<NodeListJson>("/nodes/list", "none", signal)
     ])
     if (signal.aborted) return
     if (!taskList.ok) return setRefusal(taskList.refusal)

@@ -177,8 +177,17 @@ export const AppDocument = Schema.Struct({
   )
 })
 
-/** The answers as their readers type them (the console imports these: checked against the routes at build time). */
+/** The answers as decoded (the CLI reads them so). */
 export type AppList = typeof AppList.Type
 export type TaskList = typeof TaskList.Type
 export type NodeList = typeof NodeList.Type
 export type TaskProfileAnswer = typeof TaskProfileAnswer.Type
+
+/**
+ * The answers as JSON, as a client that does not decode them reads them (a latency of no call is
+ * null, a field with a default may be absent): the console imports these, checked at build time.
+ */
+export type AppListJson = typeof AppList.Encoded
+export type TaskListJson = typeof TaskList.Encoded
+export type NodeListJson = typeof NodeList.Encoded
+export type TaskProfileJson = typeof TaskProfileAnswer.Encoded
