@@ -287,13 +287,11 @@ export const listApps = (target: GatewayTarget) =>
  */
 export const describeApp = (target: GatewayTarget, appId: string, json: boolean) =>
   Effect.gen(function* () {
-    const response = yield* Effect.flatMap(
-      request(target, "GET", `app/${encodeURIComponent(appId)}/openapi.json`),
-      expectOk
+    const whole = yield* callAdmin(target, "app document", (client) => client.apps.appDocument({ path: { id: appId } }))
+    if (json) return yield* write(`${JSON.stringify(whole, null, 2)}\n`)
+    const document = yield* Schema.decodeUnknown(AppDocument)(whole).pipe(
+      Effect.mapError((error) => unreadable("app document", error))
     )
-    const text = yield* readText(response)
-    const document = yield* decodeText(AppDocument, "app document")(text)
-    if (json) return yield* write(`${JSON.stringify(JSON.parse(text), null, 2)}\n`)
     const schemas = new SchemaText(document.components?.schemas ?? {})
     const out: Array<string> = [document.info.title]
     if (document.info.description !== undefined) out.push(`  ${document.info.description}`)
@@ -458,8 +456,6 @@ const recordedSection = (recorded: RecordedProfile): string =>
   `${recorded.calls} call(s), ${recorded.failed} failed\n` +
   (curveTable(recorded.curves) ?? "no call succeeded\n")
 
-const decodeProfile = decodeText(TaskProfileAnswer, "task profile")
-
 /** A latency of no call at all (NaN, null in JSON) as a dash. */
 const milliseconds = (value: number) => (Number.isNaN(value) ? "-" : String(value))
 
@@ -470,13 +466,10 @@ const milliseconds = (value: number) => (Number.isNaN(value) ? "-" : String(valu
 export const showTaskProfile = (target: GatewayTarget, given: string, json: boolean) =>
   Effect.gen(function* () {
     const taskId = yield* resolveTaskId(target, given)
-    const response = yield* Effect.flatMap(
-      request(target, "GET", `tasks/${encodeURIComponent(taskId)}/profile`),
-      expectOk
+    const profile = yield* callAdmin(target, "task profile", (client) =>
+      client.tasks.taskProfile({ path: { id: taskId } })
     )
-    const text = yield* readText(response)
-    if (json) return yield* write(`${text}\n`)
-    const profile = yield* decodeProfile(text)
+    if (json) return yield* write(`${JSON.stringify(Schema.encodeSync(TaskProfileAnswer)(profile))}\n`)
     const { recent, queueDepth } = profile
     yield* write(
       `task ${profile.taskId} (${profile.name}, ${profile.kind}): ${profile.executors} executor(s); ` +
