@@ -1,4 +1,4 @@
-import { mkdir, mkdtemp, readFile, rename, rm, stat, writeFile } from "node:fs/promises"
+import { mkdir, mkdtemp, readFile, rename, rm, stat } from "node:fs/promises"
 import { homedir } from "node:os"
 import { basename, dirname, join, resolve } from "node:path"
 import type { Dtype } from "./Dtype.js"
@@ -9,8 +9,8 @@ import { isUnderModelRoots, modelRootsFromEnvironment } from "./ModelRoots.js"
 import { benchDecoder125m } from "./recipes/BenchDecoder125m.js"
 import { benchVitB16 } from "./recipes/BenchVitB16.js"
 import { benchMiniLmL6, tinyTextEmbedder } from "./recipes/RandomBert.js"
-import { benchSmolLm2 } from "./recipes/RandomLlama.js"
-import type { ModelRecipe } from "./recipes/Recipe.js"
+import { benchLlama1b, benchSmolLm2 } from "./recipes/RandomLlama.js"
+import { type ModelRecipe, writeModelBuild } from "./recipes/Recipe.js"
 import { tinyColorPainter } from "./recipes/TinyColorPainter.js"
 import { tinyColorTones } from "./recipes/TinyColorTones.js"
 import { tinyColorVlm } from "./recipes/TinyColorVlm.js"
@@ -38,7 +38,7 @@ const builtinRecipes = [
   tinyMimi
 ]
 /** Random-weight presets at realistic sizes; hundreds of MB each, so built only when named. */
-const benchRecipes = [benchVitB16, benchDecoder125m, benchSmolLm2, benchMiniLmL6]
+const benchRecipes = [benchVitB16, benchDecoder125m, benchSmolLm2, benchLlama1b, benchMiniLmL6]
 const recipes = new Map<string, ModelRecipe>(
   [...builtinRecipes, ...benchRecipes].map((recipe) => [recipe.name, recipe])
 )
@@ -81,10 +81,7 @@ const install = async (recipe: ModelRecipe, target: string, keepCurrentBuild: bo
   await mkdir(parent, { recursive: true })
   const staging = await mkdtemp(join(parent, `.${basename(target)}.building-`))
   try {
-    for (const [file, bytes] of recipe.build()) {
-      await mkdir(dirname(join(staging, file)), { recursive: true })
-      await writeFile(join(staging, file), bytes)
-    }
+    await writeModelBuild(staging, recipe.build())
     for (;;) {
       try {
         await rename(staging, target)

@@ -55,7 +55,13 @@ describe("buildModel", () => {
       "cornserve/tiny-janus",
       "cornserve/tiny-mimi"
     ])
-    expect(benchModelNames).toEqual(["bench/vit-b16", "bench/decoder-125m", "bench/smollm2-135m", "bench/minilm-l6"])
+    expect(benchModelNames).toEqual([
+      "bench/vit-b16",
+      "bench/decoder-125m",
+      "bench/smollm2-135m",
+      "bench/llama-3.2-1b",
+      "bench/minilm-l6"
+    ])
   })
 
   it("writes byte-identical files on every build, replacing an earlier build in place", async () => {

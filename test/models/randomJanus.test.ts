@@ -217,9 +217,9 @@ describe("random Janus-Pro in transformers.js", () => {
   })
 
   it("builds cornserve/tiny-janus in the same layout, stamped with its recipe", () => {
-    const files = tinyJanus.build()
+    const files = new Map(tinyJanus.build())
     expect([...files.keys()].sort()).toEqual([...built.files.keys()].sort())
-    const config = JSON.parse(new TextDecoder().decode(files.get("config.json")))
+    const config = JSON.parse(new TextDecoder().decode(files.get("config.json") as Uint8Array))
     expect(config.model_type).toBe("multi_modality")
     expect(config.cornserve).toEqual({ recipe: "cornserve/tiny-janus", version: 1 })
   })

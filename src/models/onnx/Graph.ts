@@ -235,7 +235,8 @@ export class Graph {
    */
   toFiles(options: { readonly docString?: string; readonly externalData?: ExternalDataOptions } = {}): {
     readonly model: Uint8Array
-    readonly data?: Uint8Array
+    /** The external data file, as the initializers' own bytes one after another (not copied). */
+    readonly data?: ReadonlyArray<Uint8Array>
   } {
     const external = options.externalData
     const chunks: Array<Uint8Array> = []
@@ -278,14 +279,7 @@ export class Graph {
       }
     })
     const bytes = onnx.ModelProto.encode(model).finish()
-    if (external === undefined) return { model: bytes }
-    const data = new Uint8Array(offset)
-    let at = 0
-    for (const chunk of chunks) {
-      data.set(chunk, at)
-      at += chunk.byteLength
-    }
-    return { model: bytes, data }
+    return external === undefined ? { model: bytes } : { model: bytes, data: chunks }
   }
 
   private withOutputNames(node: onnxProto.onnx.INodeProto): onnxProto.onnx.INodeProto {

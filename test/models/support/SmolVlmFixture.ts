@@ -1,11 +1,9 @@
-import { mkdir, writeFile } from "node:fs/promises"
-import { dirname, join } from "node:path"
 import { idefics3ImageSeqLen, idefics3VisionGraph } from "../../../src/models/architectures/Idefics3Vision.js"
 import { type ByteLevelBpe, byteLevelBpe } from "../../../src/models/ByteLevelBpe.js"
 import { idefics3Tokens } from "../../../src/models/Idefics3Processor.js"
 import { Random } from "../../../src/models/Random.js"
 import { unitLayerNorm } from "../../../src/models/recipes/RandomWeights.js"
-import { jsonFile, type ModelFiles } from "../../../src/models/recipes/Recipe.js"
+import { jsonFile, type ModelBuild, type ModelFiles, writeModelBuild } from "../../../src/models/recipes/Recipe.js"
 import { matrix } from "../../../src/models/Weights.js"
 
 /**
@@ -195,9 +193,4 @@ export const smolVlmFixture = (options: SmolVlmFixtureOptions = {}): SmolVlmFixt
   return { files, vocabulary, imageSeqLen, textHidden }
 }
 
-export const writeModelFiles = async (dir: string, files: ModelFiles): Promise<void> => {
-  for (const [path, bytes] of files) {
-    await mkdir(dirname(join(dir, path)), { recursive: true })
-    await writeFile(join(dir, path), bytes)
-  }
-}
+export const writeModelFiles = (dir: string, files: ModelBuild): Promise<void> => writeModelBuild(dir, files)
