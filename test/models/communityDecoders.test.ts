@@ -186,17 +186,19 @@ describe("the decoder-only layout (onnx/model*.onnx)", () => {
     expect(ours.batched).toEqual(ours.alone)
   })
 
-  it("weights in an external data file (model.onnx_data) load", async () => {
-    const dir = await writeModel("external-data", {
+  it.each(["fp32", "q4"] as const)("%s: weights in an external data file (model*.onnx_data) load", async (dtype) => {
+    const file = dtype === "fp32" ? "model.onnx" : "model_q4.onnx"
+    const dir = await writeModel(`external-data-${dtype}`, {
       layout: "decoder-only",
-      dtypes: ["fp32"],
+      dtypes: [dtype],
       externalDataMinBytes: 4096,
-      extraConfig: { "transformers.js_config": { use_external_data_format: { "model.onnx": 1 } } }
+      extraConfig: { "transformers.js_config": { use_external_data_format: { [file]: 1 } } }
     })
-    const ours = await runnerTokens(dir)
+    const ours = await runnerTokens(dir, dtype)
     // Rewritten onto the shared cache too: the rewritten graph finds its weights beside the file.
     expect(ours.kvCache.mode).toBe("shared")
-    expect(ours.alone).toEqual(await transformersGreedy(dir, "fp32", prompts, maxNewTokens))
+    expect(ours.alone).toEqual(await transformersGreedy(dir, dtype, prompts, maxNewTokens))
+    expect(ours.batched).toEqual(ours.alone)
   })
 
   it.each(["fp32", "fp16"] as const)(

@@ -11,6 +11,7 @@ import type { Dtype } from "../../models/Dtype.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { rewriteRowQuantization } from "../../models/onnx/RowQuantizeRewrite.js"
 import { rewriteSharedCache, sharedCacheInputs } from "../../models/onnx/SharedCacheRewrite.js"
+import { graphWithWeightsInPlace } from "../../models/onnx/WeightsInPlace.js"
 import { createSession } from "../common/Sessions.js"
 import {
   addsScoreBiases,
@@ -54,15 +55,22 @@ export const openDecoderSessions = async (
   // Only the decoder's threads spin between runs: the others run briefly before it, on the same cores.
   const session = (path: string | undefined, spin = false) =>
     path === undefined ? Promise.resolve(undefined) : createSession(path, device, threads, { spin })
-  // The decoder file is read once, when a check or a rewrite first needs it.
+  // The decoder's graph, its weights left in the file (WeightsInPlace.ts): what the checks and the
+  // shared cache's rewrite read, read once. The per-row rewrite sums weights, so it reads them all.
+  let graphRead: Promise<Uint8Array> | undefined
+  const graph = () => {
+    graphRead ??= graphWithWeightsInPlace(files.decoder).then((inPlace) => inPlace.bytes)
+    return graphRead
+  }
   let read: Promise<Buffer> | undefined
   const bytes = () => {
     read ??= readFile(files.decoder)
     return read
   }
-  // Only 8-bit exports are read: a DynamicQuantizeLinear node's op type is in the file as written.
+  // Only 8-bit exports are read: a DynamicQuantizeLinear node's op type is in the graph as written.
   const quantisesPerTensor =
-    dynamicallyQuantised.includes(files.dtype) && (await bytes()).includes("DynamicQuantizeLinear")
+    dynamicallyQuantised.includes(files.dtype) &&
+    (await graph().then((g) => Buffer.from(g.buffer, g.byteOffset, g.byteLength))).includes("DynamicQuantizeLinear")
   const plan = planDecoder({
     quantizedRows: options.quantizedRows ?? "apart",
     kvCache: options.kvCache ?? "shared",
@@ -74,7 +82,7 @@ export const openDecoderSessions = async (
   const geometry = { heads: spec.heads, kvHeads: spec.keyValueHeads, headDim: spec.headDim }
   const perRow = plan.rowRewrite ? rewriteRowQuantization(await bytes()) : undefined
   const rows = perRow !== undefined && perRow.rewritten > 0 ? perRow.bytes : undefined
-  const shared = plan.sharedCache.rewrite ? rewriteSharedCache(await bytes(), geometry) : undefined
+  const shared = plan.sharedCache.rewrite ? rewriteSharedCache(await graph(), geometry) : undefined
   const sharedRows =
     rows !== undefined && shared?.bytes !== undefined ? rewriteSharedCache(rows, geometry).bytes : undefined
   const choice = chooseDecoder(plan, {

@@ -452,7 +452,9 @@ const rewrite = (bytes: Uint8Array, { heads, kvHeads, headDim }: AttentionGeomet
     if (read !== undefined) fail(`${read} is still read by a ${node.opType} beside the attention`)
   }
   graph.node = kept
-  graph.initializer = [...(graph.initializer ?? []), ...initializerAdds]
+  // The constants of the nodes the rewrite dropped go with them (ONNX Runtime would warn of each).
+  const read = new Set([...kept.flatMap((node) => node.input ?? []), ...graph.output.map((value) => value.name!)])
+  graph.initializer = [...(graph.initializer ?? []), ...initializerAdds].filter((init) => read.has(init.name!))
   const names = new Set(kept.flatMap((node) => node.output ?? []))
   graph.valueInfo = (graph.valueInfo ?? []).filter((info) => names.has(info.name!) && !addedOutputs.has(info.name!))
   graph.input = [
