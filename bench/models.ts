@@ -47,15 +47,16 @@ import {
   streamed
 } from "./support/chat-stream.js"
 import { AutoModelForCausalLM, env, Tensor } from "@huggingface/transformers"
-import { existsSync } from "node:fs"
+import { execFileSync } from "node:child_process"
+import { existsSync, readFileSync, statSync } from "node:fs"
 import { basename, dirname, join } from "node:path"
 import { setFlagsFromString } from "node:v8"
 import { runInNewContext } from "node:vm"
 import { loadModelDirectory } from "../src/models/ModelDirectory.js"
 import { resolveModel } from "../src/models/ModelStore.js"
-import { smolLm2Geometry } from "../src/models/recipes/RandomLlama.js"
+import { llama32OneBGeometry, smolLm2Geometry } from "../src/models/recipes/RandomLlama.js"
 import { ChatTokenizer } from "../src/models/Tokenizer.js"
-import { startExecutor } from "../test/support/executors.js"
+import { descendants, startExecutor } from "../test/support/executors.js"
 import { readBandwidth } from "./support/bandwidth.js"
 import { LlamaCpp, type LlamaRun } from "./support/llamaCpp.js"
 import { writeLlamaGguf } from "./support/llamaGguf.js"
@@ -64,11 +65,21 @@ import { streamGaps, systemPromptTtft, textOfTokens } from "./support/llm-prefil
 const tokens = Number(process.env.BENCH_TOKENS ?? 64)
 const rounds = Number(process.env.BENCH_ROUNDS ?? 3)
 const threads = Number(process.env.BENCH_THREADS ?? 2)
-const dtypes = (process.env.BENCH_DTYPES ?? "fp32,q8").split(",") as Array<"fp32" | "q8">
+type BenchDtype = "fp32" | "fp16" | "q8" | "q4"
+const dtypes = (process.env.BENCH_DTYPES ?? "fp32,q8").split(",") as Array<BenchDtype>
 const parts = (process.env.BENCH_PARTS ?? "decode,kv,prefill").split(",")
+const sizes = {
+  "135m": { model: "bench/smollm2-135m", geometry: smolLm2Geometry },
+  "1b": { model: "bench/llama-3.2-1b", geometry: llama32OneBGeometry }
+} as const
+const size = (process.env.BENCH_SIZE ?? "135m") as keyof typeof sizes
+if (sizes[size] === undefined) throw new Error(`BENCH_SIZE=${size}: one of ${Object.keys(sizes).join(", ")}`)
+const { model, geometry } = sizes[size]
+/** The GGUF type llama.cpp runs for each dtype: the same numbers where the format allows. */
+const ggufTypes = { fp32: "F32", fp16: "F16", q8: "Q8_0", q4: "Q4_0" } as const
+const onnxFiles = { fp32: "model.onnx", fp16: "model_fp16.onnx", q8: "model_quantized.onnx", q4: "model_q4.onnx" }
 const quantizedRows = process.env.BENCH_QUANTIZED_ROWS ?? "apart"
 const concurrency = 8
-const model = "bench/smollm2-135m"
 const targets = {
   singleOverLlamaCpp: 1.0,
   concurrentOverLlamaCpp: 2,
@@ -90,11 +101,14 @@ const collect = runInNewContext("gc") as () => void
 const decodeRate = (run: { readonly tokens: number; readonly decodeMs: number }) =>
   (run.tokens - 1) / (run.decodeMs / 1000)
 
+/** Bytes a weight takes at each dtype (q4: half a byte, and a 4-byte scale per block of 32). */
+const bytesPerWeight = { fp32: 4, fp16: 2, q8: 1, q4: 0.5 + 4 / 32 }
+
 /** Bytes of weights a decode step reads for one token: every linear layer (lm_head included), at the dtype's width. */
-const weightBytesPerToken = (dtype: "fp32" | "q8") => {
-  const { hiddenSize: h, heads, kvHeads, headDim, layers, intermediateSize: ff, vocabSize } = smolLm2Geometry
+const weightBytesPerToken = (dtype: BenchDtype) => {
+  const { hiddenSize: h, heads, kvHeads, headDim, layers, intermediateSize: ff, vocabSize } = geometry
   const perLayer = h * heads * headDim * 2 + h * kvHeads * headDim * 2 + 3 * h * ff
-  return (layers * perLayer + h * vocabSize) * (dtype === "fp32" ? 4 : 1)
+  return (layers * perLayer + h * vocabSize) * bytesPerWeight[dtype]
 }
 
 const startLlmExecutor = (dtype: string, extra: ReadonlyArray<string> = []) =>
@@ -141,6 +155,7 @@ export default async function main(): Promise<void> {
       targetsMet &&= result.targetsMet
     }
   }
+  if (parts.includes("load")) summary.load = await loadBench(modelDir)
   if (parts.includes("kv")) summary.kvCache = await kvCacheBench(tokenizer)
   if (parts.includes("prefill")) {
     const result = await prefillBench(tokenizer)
@@ -150,8 +165,114 @@ export default async function main(): Promise<void> {
   console.log(JSON.stringify({ ...summary, targetsMet }))
 }
 
+/** `modelDir`'s export at `dtype` as GGUF (written on first use), for llama.cpp. */
+async function ggufOf(modelDir: string, dtype: BenchDtype): Promise<string> {
+  const gguf = join(modelDir, `bench-${ggufTypes[dtype].toLowerCase()}.gguf`)
+  if (!existsSync(gguf)) {
+    const start = performance.now()
+    await writeLlamaGguf(modelDir, geometry, dtype, gguf)
+    console.error(`wrote ${basename(gguf)} for llama.cpp in ${round((performance.now() - start) / 1000, 1)} s`)
+  }
+  return gguf
+}
+
+/** Peak resident memory (VmHWM) of process `pid`, in bytes. */
+const peakRssOf = (pid: number): number => {
+  try {
+    return Number(/VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0) * 1024
+  } catch {
+    return 0
+  }
+}
+
+/** The bytes of weights of `dtype`'s export: its .onnx file and its external data, if any. */
+const weightFileBytes = (modelDir: string, dtype: BenchDtype): number => {
+  const file = join(modelDir, "onnx", onnxFiles[dtype])
+  return statSync(file).size + (existsSync(`${file}_data`) ? statSync(`${file}_data`).size : 0)
+}
+
+/**
+ * Loading, for each dtype: the executor from its start to ready, then to the first token of one
+ * request, with the peak resident memory of its worker (which holds the weights) and its router;
+ * and llama.cpp on the same weights, in a process of its own (bench/support/llamaLoad.mjs). Both
+ * read the files from the page cache (each is read once untimed first).
+ */
+async function loadBench(modelDir: string) {
+  const rows: Array<Record<string, number | string>> = []
+  for (const dtype of dtypes) {
+    const weights = weightFileBytes(modelDir, dtype)
+    const gguf = await ggufOf(modelDir, dtype)
+    const onnx = join(modelDir, "onnx", onnxFiles[dtype])
+    const files = [onnx, `${onnx}_data`, gguf].filter((file) => existsSync(file))
+    execFileSync("sh", ["-c", 'cat "$@" > /dev/null', "sh", ...files])
+    collect()
+    const start = performance.now()
+    const executor = await startLlmExecutor(dtype)
+    const readyMs = performance.now() - start
+    try {
+      await streamed(executor.url, model, prompts[0]!, 1, performance.now())
+      const firstTokenMs = performance.now() - start
+      const pids = descendants(executor.process.pid!).map((entry) => entry.pid)
+      const workerPeak = Math.max(...pids.map(peakRssOf))
+      const routerPeak = peakRssOf(executor.process.pid!)
+      const llama = JSON.parse(
+        execFileSync(process.execPath, [
+          "bench/support/llamaLoad.mjs",
+          gguf,
+          String(threads),
+          String(concurrency),
+          "256"
+        ])
+          .toString()
+          .trim()
+          .split("\n")
+          .at(-1)!
+      ) as { loadedMs: number; firstTokenMs: number; peakRssBytes: number }
+      rows.push({
+        dtype,
+        weightsGB: round(weights / 1e9, 2),
+        executorReadyS: round(readyMs / 1000, 1),
+        executorFirstTokenS: round(firstTokenMs / 1000, 1),
+        workerPeakGB: round(workerPeak / 1e9, 2),
+        workerPeakOverWeights: round(workerPeak / weights, 2),
+        routerPeakGB: round(routerPeak / 1e9, 2),
+        llamaCppLoadS: round(llama.loadedMs / 1000, 1),
+        llamaCppFirstTokenS: round(llama.firstTokenMs / 1000, 1),
+        llamaCppPeakGB: round(llama.peakRssBytes / 1e9, 2),
+        firstTokenOverLlamaCpp: round(firstTokenMs / llama.firstTokenMs, 2)
+      })
+      console.error(`  load ${dtype}: ${JSON.stringify(rows.at(-1))}`)
+    } finally {
+      await executor.stop()
+    }
+  }
+  console.log(
+    `load: ${model}, ${threads} threads, files in the page cache; peak = VmHWM of the process holding the weights`
+  )
+  console.log(
+    "dtype | weights GB | executor ready s | executor first token s | worker peak GB | peak / weights | router peak GB | llama.cpp loaded s | llama.cpp first token s | llama.cpp peak GB | first token / llama.cpp's"
+  )
+  for (const row of rows)
+    console.log(
+      [
+        row.dtype,
+        row.weightsGB,
+        row.executorReadyS,
+        row.executorFirstTokenS,
+        row.workerPeakGB,
+        row.workerPeakOverWeights,
+        row.routerPeakGB,
+        row.llamaCppLoadS,
+        row.llamaCppFirstTokenS,
+        row.llamaCppPeakGB,
+        row.firstTokenOverLlamaCpp
+      ].join(" | ")
+    )
+  return rows
+}
+
 async function decodeBench(
-  dtype: "fp32" | "q8",
+  dtype: BenchDtype,
   modelDir: string,
   tokenizer: ChatTokenizer,
   promptIds: ReadonlyArray<ReadonlyArray<number>>,
@@ -189,11 +310,7 @@ async function decodeBench(
     }
   }
 
-  const gguf = join(modelDir, `bench-${dtype === "fp32" ? "f32" : "q8_0"}.gguf`)
-  if (!existsSync(gguf)) {
-    console.error(`writing ${basename(gguf)} for llama.cpp`)
-    await writeLlamaGguf(modelDir, smolLm2Geometry, dtype, gguf)
-  }
+  const gguf = await ggufOf(modelDir, dtype)
   const llama = await LlamaCpp.open(gguf, { threads, sequences: concurrency, positions: 256 })
   const executor = await startLlmExecutor(dtype)
   const stopExecutor = () => void executor.process.kill("SIGTERM")
@@ -343,7 +460,7 @@ async function decodeBench(
       ["8 requests", "executor API, concurrent", figures.apiConcurrent, "aggregate"]
     ]
     printTable(
-      `models bench: ${model} (decoder-only, ${dtype}${dtype === "q8" ? `, --quantized-rows ${quantizedRows}` : ""}; llama.cpp ${dtype === "fp32" ? "F32" : "Q8_0"}), ${tokens} tokens per request (greedy, streamed), ${threads} threads, medians over ${rounds} rounds`,
+      `models bench: ${model} (decoder-only, ${dtype}${dtype === "q8" ? `, --quantized-rows ${quantizedRows}` : ""}; llama.cpp ${ggufTypes[dtype]}), ${tokens} tokens per request (greedy, streamed), ${threads} threads, medians over ${rounds} rounds`,
       rows
     )
     console.log(
