@@ -1,10 +1,12 @@
 /**
- * A community-layout decoder-only model at SmolLM2-135M's geometry (`bench/smollm2-135m`: hidden
- * 576, 30 layers, 9 heads on 3 KV heads, vocabulary 49152, random weights, onnx/model.onnx in fp32
- * and onnx/model_quantized.onnx in q8) through the LLM executor's HTTP API, through transformers.js
- * in this process, and through llama.cpp (node-llama-cpp's prebuilt CPU binary) on the same
- * weights written as GGUF (F32, and Q8_0 with the q8 export's codes and scale), all with the same
- * thread count, in the same run.
+ * A community-layout decoder-only model with random weights, by BENCH_SIZE: 135m (the default,
+ * `bench/smollm2-135m`: SmolLM2-135M's geometry, hidden 576, 30 layers, 9 heads on 3 KV heads,
+ * vocabulary 49152, fp32 and q8) or 1b (`bench/llama-3.2-1b`: Llama-3.2-1B's geometry and Llama 3's
+ * tokenizer, fp32, fp16, q8 and q4; 13 GB, built on first use in about 5 minutes), through the LLM
+ * executor's HTTP API, through transformers.js in this process, and through llama.cpp
+ * (node-llama-cpp's prebuilt CPU binary) on the same weights written as GGUF (F32; F16; Q8_0 with
+ * the q8 export's codes and scale; Q4_0 with the q4 export's codes and its scales rounded to fp16),
+ * all with the same thread count, in the same run.
  *
  * Decode, for each dtype (BENCH_DTYPES, default fp32,q8):
  * - 1 request: one streamed chat completion at a time, one transformers.js generate() at a time,
@@ -30,9 +32,13 @@
  * llama.cpp's against ours, which for Q8_0 differ: llama.cpp quantises activations in blocks).
  * Prints tables, then (as the last line) one JSON object.
  *
- * Env: BENCH_TOKENS (tokens per request, default 64), BENCH_ROUNDS (default 3), BENCH_THREADS
- * (threads, default 2), BENCH_DTYPES, BENCH_PARTS (decode,kv,prefill), BENCH_QUANTIZED_ROWS (the q8
- * executor's --quantized-rows: apart, the default, or per-row).
+ * Load (BENCH_PARTS includes load): each engine from its start to ready and to a first token, and
+ * the peak resident memory of the process that holds the weights.
+ *
+ * Env: BENCH_SIZE (135m or 1b), BENCH_TOKENS (tokens per request, default 64), BENCH_ROUNDS
+ * (default 3), BENCH_THREADS (threads, default 2), BENCH_DTYPES, BENCH_PARTS (decode,kv,prefill;
+ * and load), BENCH_QUANTIZED_ROWS (the q8 executor's --quantized-rows: apart, the default, or
+ * per-row), BENCH_Q4_ACTIVATIONS (the q4 executor's --q4-activations: exported, the default, or int8).
  */
 import {
   benchPrompts,
@@ -79,6 +85,7 @@ const { model, geometry } = sizes[size]
 const ggufTypes = { fp32: "F32", fp16: "F16", q8: "Q8_0", q4: "Q4_0" } as const
 const onnxFiles = { fp32: "model.onnx", fp16: "model_fp16.onnx", q8: "model_quantized.onnx", q4: "model_q4.onnx" }
 const quantizedRows = process.env.BENCH_QUANTIZED_ROWS ?? "apart"
+const q4Activations = process.env.BENCH_Q4_ACTIVATIONS ?? "exported"
 const concurrency = 8
 const targets = {
   singleOverLlamaCpp: 1.0,
@@ -126,6 +133,7 @@ const startLlmExecutor = (dtype: string, extra: ReadonlyArray<string> = []) =>
     "--max-batch-size",
     String(concurrency),
     ...(dtype === "q8" ? ["--quantized-rows", quantizedRows] : []),
+    ...(dtype === "q4" ? ["--q4-activations", q4Activations] : []),
     ...extra
   ])
 
@@ -146,7 +154,7 @@ export default async function main(): Promise<void> {
   if (parts.includes("decode")) {
     const bandwidth = await readBandwidth(weightBytesPerToken("fp32"), threads)
     console.error(
-      `read bandwidth, ${threads} threads over ${round(weightBytesPerToken("fp32") / 1e6, 0)} MB: ${round(bandwidth / 1e9, 1)} GB/s`
+      `read bandwidth, ${threads} threads over ${round(Math.min(weightBytesPerToken("fp32"), 2 ** 30) / 1e6, 0)} MB: ${round(bandwidth / 1e9, 1)} GB/s`
     )
     summary.readBandwidthGBps = round(bandwidth / 1e9, 1)
     for (const dtype of dtypes) {
@@ -460,7 +468,7 @@ async function decodeBench(
       ["8 requests", "executor API, concurrent", figures.apiConcurrent, "aggregate"]
     ]
     printTable(
-      `models bench: ${model} (decoder-only, ${dtype}${dtype === "q8" ? `, --quantized-rows ${quantizedRows}` : ""}; llama.cpp ${ggufTypes[dtype]}), ${tokens} tokens per request (greedy, streamed), ${threads} threads, medians over ${rounds} rounds`,
+      `models bench: ${model} (decoder-only, ${dtype}${dtype === "q8" ? `, --quantized-rows ${quantizedRows}` : ""}${dtype === "q4" ? `, --q4-activations ${q4Activations}` : ""}; llama.cpp ${ggufTypes[dtype]}), ${tokens} tokens per request (greedy, streamed), ${threads} threads, medians over ${rounds} rounds`,
       rows
     )
     console.log(

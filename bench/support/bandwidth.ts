@@ -1,7 +1,8 @@
 /**
  * The machine's memory read bandwidth as a decode step meets it: `threads` threads each scan
  * their share of a buffer of `bytes` (memchr over bytes it never finds, which reads at the
- * memory's speed), best of a few passes. Answers bytes per second.
+ * memory's speed), best of a few passes. Answers bytes per second. A buffer of at most 1 GiB,
+ * far past any cache, stands for the weights of larger models (no typed array holds 6 GB).
  */
 import { Worker } from "node:worker_threads"
 
@@ -14,7 +15,8 @@ parentPort.on("message", () => {
 })
 `
 
-export const readBandwidth = async (bytes: number, threads = 2, passes = 5): Promise<number> => {
+export const readBandwidth = async (weightBytes: number, threads = 2, passes = 5): Promise<number> => {
+  const bytes = Math.min(weightBytes, 2 ** 30)
   const shared = new SharedArrayBuffer(bytes)
   // Touch every page (2 everywhere), so that the scan reads memory and not the zero page.
   new Uint8Array(shared).fill(2)

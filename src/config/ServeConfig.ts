@@ -16,6 +16,7 @@ export interface EngineDefaults {
   readonly prefillChunkTokens?: number
   readonly kvCacheMode?: "shared" | "copies"
   readonly quantizedRows?: "apart" | "per-row"
+  readonly q4Activations?: "exported" | "int8"
 }
 
 export const defaultEngineSettings: EngineDefaults = { llmMaxBatchSize: 8, maxBatchDelayMs: 2, preprocessThreads: 2 }

@@ -1,14 +1,17 @@
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises"
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { dirname, join } from "node:path"
+import onnxProto from "onnx-proto"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import type { SamplingParams } from "../../src/executors/llm/protocol.js"
 import type { QuantizedRows } from "../../src/executors/llm/DecoderPlan.js"
+import type { DecoderOptions } from "../../src/executors/llm/DecoderSessions.js"
 import { Runner } from "../../src/executors/llm/Runner.js"
 import type { StepItem, StepRunner } from "../../src/executors/llm/StepRunner.js"
 import { decoderFiles, decoderInterface, type GraphValue } from "../../src/models/DecoderLayout.js"
 import { type Dtype, dtypes } from "../../src/models/Dtype.js"
 import { loadModelDirectory } from "../../src/models/ModelDirectory.js"
+import { int8ActivationsLevel, withMatMulNBitsAccuracy } from "../../src/models/onnx/MatMulNBitsAccuracy.js"
 import { Random } from "../../src/models/Random.js"
 import { type RandomLlamaOptions, randomLlamaFiles } from "../../src/models/recipes/RandomLlama.js"
 import { drive } from "../support/driveRunner.js"
@@ -41,14 +44,8 @@ const writeModel = async (name: string, options: Omit<RandomLlamaOptions, "confi
 }
 
 /** Our tokens for each prompt: alone, and batched (the third joins two steps after the first two). */
-const runnerTokens = async (dir: string, dtype?: Dtype, quantizedRows?: QuantizedRows) => {
-  const runner = await Runner.open(
-    await loadModelDirectory(dir),
-    "cpu:0",
-    1,
-    dtype,
-    quantizedRows === undefined ? {} : { quantizedRows }
-  )
+const runnerTokens = async (dir: string, dtype?: Dtype, options: DecoderOptions = {}) => {
+  const runner = await Runner.open(await loadModelDirectory(dir), "cpu:0", 1, dtype, options)
   try {
     const alone: Array<Array<number>> = []
     for (const prompt of prompts) {
@@ -117,7 +114,7 @@ describe("the decoder-only layout (onnx/model*.onnx)", () => {
     expect(ours.kvCache.mode).toBe(batchDependent.includes(dtype) ? "copies" : "shared")
     if (batchDependent.includes(dtype)) {
       // With per-row scales, decode steps batch, and (on this model) the tokens are the same.
-      const perRow = await runnerTokens(decoderOnly, dtype, "per-row")
+      const perRow = await runnerTokens(decoderOnly, dtype, { quantizedRows: "per-row" })
       expect(perRow.rowsApart).toBe(false)
       expect(perRow.kvCache.mode).toBe("shared")
       expect(perRow.alone).toEqual(expected)
@@ -125,6 +122,23 @@ describe("the decoder-only layout (onnx/model*.onnx)", () => {
     }
     // Not a degenerate model: different prompts continue differently.
     expect(new Set(expected.map((tokens) => tokens.join(","))).size).toBe(prompts.length)
+  })
+
+  it("q4 with int8 activations: every MatMulNBits computes in int8, and a request's tokens do not depend on its batch", async () => {
+    const graph = onnxProto.onnx.ModelProto.decode(await readFile(join(decoderOnly, "onnx", "model_q4.onnx"))).graph!
+    const set = onnxProto.onnx.ModelProto.decode(
+      withMatMulNBitsAccuracy(onnxProto.onnx.ModelProto.encode({ graph }).finish(), int8ActivationsLevel).bytes
+    ).graph!
+    const levels = set
+      .node!.filter((node) => node.opType === "MatMulNBits")
+      .map((node) => node.attribute!.find((attribute) => attribute.name === "accuracy_level")?.i)
+    expect(levels.length).toBe(config.layers * 7 + 1)
+    expect(levels.every((level) => Number(level) === int8ActivationsLevel)).toBe(true)
+
+    const ours = await runnerTokens(decoderOnly, "q4", { q4Activations: "int8" })
+    expect(ours.kvCache.mode).toBe("shared")
+    expect(ours.batched).toEqual(ours.alone)
+    expect(ours.alone.every((tokens) => tokens.length === maxNewTokens)).toBe(true)
   })
 
   it("q8: a request's log probabilities do not depend on its batch neighbours (they would, batched as exported)", async () => {

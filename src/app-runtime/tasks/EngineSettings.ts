@@ -32,6 +32,8 @@ export const LlmEngineSettings = {
   kvCacheMode: Schema.optional(Schema.Literal("shared", "copies")),
   /** 8-bit exports that quantise activations per tensor: each request apart (exact), or decode steps batched per row. */
   quantizedRows: Schema.optional(Schema.Literal("apart", "per-row")),
+  /** 4-bit exports (MatMulNBits): activations in fp32 as exported (exact), or in 8 bits per row (about 2× the decode speed). */
+  q4Activations: Schema.optional(Schema.Literal("exported", "int8")),
   ...BatchSettings
 }
 

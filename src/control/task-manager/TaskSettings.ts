@@ -35,12 +35,14 @@ export const taskSettings = (task: UnitTaskSpec, defaults: EngineDefaults = defa
   const prefillChunkTokens = named.prefillChunkTokens ?? defaults.prefillChunkTokens
   const kvCacheMode = named.kvCacheMode ?? defaults.kvCacheMode
   const quantizedRows = named.quantizedRows ?? defaults.quantizedRows
+  const q4Activations = named.q4Activations ?? defaults.q4Activations
   return {
     ...base,
     ...(kvCacheBytes === undefined ? {} : { kvCacheBytes }),
     ...(prefixCacheBytes === undefined ? {} : { prefixCacheBytes }),
     ...(prefillChunkTokens === undefined ? {} : { prefillChunkTokens }),
     ...(kvCacheMode === undefined ? {} : { kvCacheMode }),
-    ...(quantizedRows === undefined ? {} : { quantizedRows })
+    ...(quantizedRows === undefined ? {} : { quantizedRows }),
+    ...(q4Activations === undefined ? {} : { q4Activations })
   }
 }

@@ -11,6 +11,7 @@ import type { Dtype } from "../../models/Dtype.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { rewriteRowQuantization } from "../../models/onnx/RowQuantizeRewrite.js"
 import { rewriteSharedCache, sharedCacheInputs } from "../../models/onnx/SharedCacheRewrite.js"
+import { int8ActivationsLevel, withMatMulNBitsAccuracy } from "../../models/onnx/MatMulNBitsAccuracy.js"
 import { graphWithWeightsInPlace } from "../../models/onnx/WeightsInPlace.js"
 import { createSession } from "../common/Sessions.js"
 import {
@@ -41,13 +42,20 @@ const dynamicallyQuantised: ReadonlyArray<Dtype> = ["q8", "int8", "uint8"]
 const metadataOf = (values: ReadonlyArray<ort.InferenceSession.ValueMetadata>) =>
   values.flatMap((value) => (value.isTensor ? [{ name: value.name, type: value.type, shape: value.shape }] : []))
 
+/** How the decoder runs: see DecoderPlan.ts, and MatMulNBitsAccuracy.ts for `q4Activations`. */
+export interface DecoderOptions {
+  readonly quantizedRows?: QuantizedRows
+  readonly kvCache?: KvCacheMode
+  readonly q4Activations?: "exported" | "int8"
+}
+
 /** Opens the model's decoder files at `dtype` (by default fp32, or the closest there is). */
 export const openDecoderSessions = async (
   model: ModelDirectory,
   device: string,
   threads: number,
   dtype: Dtype | undefined,
-  options: { readonly quantizedRows?: QuantizedRows; readonly kvCache?: KvCacheMode }
+  options: DecoderOptions
 ): Promise<DecoderSessions> => {
   const spec = model.decoder
   if (spec === undefined) throw new Error(`${model.path} is not a decoder: its config.json has no vocab_size`)
@@ -57,11 +65,19 @@ export const openDecoderSessions = async (
     path === undefined ? Promise.resolve(undefined) : createSession(path, device, threads, { spin })
   // The decoder's graph, its weights left in the file (WeightsInPlace.ts): what the checks and the
   // shared cache's rewrite read, read once. The per-row rewrite sums weights, so it reads them all.
-  let graphRead: Promise<Uint8Array> | undefined
-  const graph = () => {
-    graphRead ??= graphWithWeightsInPlace(files.decoder).then((inPlace) => inPlace.bytes)
+  // With int8 activations, its 4-bit MatMulNBits nodes set to compute in int8: the graph every
+  // decoder is made from, the export's own included.
+  let graphRead: Promise<{ readonly bytes: Uint8Array; readonly int8Nodes: number }> | undefined
+  const inPlace = () => {
+    graphRead ??= graphWithWeightsInPlace(files.decoder).then((read) => {
+      if (options.q4Activations !== "int8") return { bytes: read.bytes, int8Nodes: 0 }
+      const set = withMatMulNBitsAccuracy(read.bytes, int8ActivationsLevel)
+      return { bytes: set.bytes, int8Nodes: set.nodes }
+    })
     return graphRead
   }
+  const graph = () => inPlace().then((read) => read.bytes)
+  const int8Nodes = options.q4Activations === "int8" ? (await inPlace()).int8Nodes : 0
   let read: Promise<Buffer> | undefined
   const bytes = () => {
     read ??= readFile(files.decoder)
@@ -99,7 +115,9 @@ export const openDecoderSessions = async (
     session(files.embedTokens),
     choice.decoder === "shared"
       ? createSession(shared!.bytes!, device, threads, { spin: true, externalDataFolder: dirname(files.decoder) })
-      : session(files.decoder, true),
+      : int8Nodes > 0
+        ? createSession(await graph(), device, threads, { spin: true, externalDataFolder: dirname(files.decoder) })
+        : session(files.decoder, true),
     choice.rowsDecoder === undefined
       ? undefined
       : createSession(choice.rowsDecoder === "shared-rows" ? sharedRows! : rows!, device, threads, { spin: true }),

@@ -18,8 +18,8 @@ import { floatsOf } from "../../models/Float16.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { sharedCacheInputs } from "../../models/onnx/SharedCacheRewrite.js"
 import { Constraints } from "./Constraints.js"
-import type { DecoderChoice, KvCacheMode, QuantizedRows } from "./DecoderPlan.js"
-import { type DecoderSessions, openDecoderSessions } from "./DecoderSessions.js"
+import type { DecoderChoice } from "./DecoderPlan.js"
+import { type DecoderOptions, type DecoderSessions, openDecoderSessions } from "./DecoderSessions.js"
 import { CopiedKvLayout } from "./CopiedKvLayout.js"
 import type { KvLayout, KvRun, RunPast } from "./KvLayout.js"
 import { paddedPositions, piecePositions, type PromptPositions, promptPositions, stepPositions } from "./PositionIds.js"
@@ -150,7 +150,7 @@ export class Runner implements StepRunner {
     threads: number,
     dtype?: Dtype,
     /** How a decoder that quantises per tensor runs (DecoderPlan.ts), where its cache lies, and how to prefill. */
-    options: { readonly quantizedRows?: QuantizedRows; readonly kvCache?: KvCacheMode } & PrefillOptions = {}
+    options: DecoderOptions & PrefillOptions = {}
   ): Promise<Runner> {
     return new Runner(model, await openDecoderSessions(model, device, threads, dtype, options), options)
   }

@@ -33,7 +33,8 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | WorkerStats | undefined
         kvStoreBytes: budget.rowBytes,
         ...(config.prefillChunkTokens === undefined ? {} : { chunkTokens: config.prefillChunkTokens }),
         ...(config.quantizedRows === undefined ? {} : { quantizedRows: config.quantizedRows }),
-        ...(config.kvCacheMode === undefined ? {} : { kvCache: config.kvCacheMode })
+        ...(config.kvCacheMode === undefined ? {} : { kvCache: config.kvCacheMode }),
+        ...(config.q4Activations === undefined ? {} : { q4Activations: config.q4Activations })
       })
   const sidecar = config.sidecarSocket === undefined ? undefined : await SidecarClient.connect(config.sidecarSocket)
   /** The span of each traced request this worker generates for, with its tokens so far. */
