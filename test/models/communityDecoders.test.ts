@@ -124,6 +124,21 @@ describe("the decoder-only layout (onnx/model*.onnx)", () => {
     expect(new Set(expected.map((tokens) => tokens.join(","))).size).toBe(prompts.length)
   })
 
+  it("q8 with external data: per-row scales rewrite the graph alone, and decode steps batch", async () => {
+    const dir = await writeModel("external-data-q8", {
+      layout: "decoder-only",
+      dtypes: ["q8"],
+      externalDataMinBytes: 4096,
+      extraConfig: { "transformers.js_config": { use_external_data_format: { "model_quantized.onnx": 1 } } }
+    })
+    const expected = await transformersGreedy(dir, "q8", prompts, maxNewTokens)
+    const perRow = await runnerTokens(dir, "q8", { quantizedRows: "per-row" })
+    expect(perRow.rowsApart).toBe(false)
+    expect(perRow.kvCache.mode).toBe("shared")
+    expect(perRow.alone).toEqual(expected)
+    expect(perRow.batched).toEqual(expected)
+  })
+
   it("q4 with int8 activations: every MatMulNBits computes in int8, and a request's tokens do not depend on its batch", async () => {
     const graph = onnxProto.onnx.ModelProto.decode(await readFile(join(decoderOnly, "onnx", "model_q4.onnx"))).graph!
     const set = onnxProto.onnx.ModelProto.decode(

@@ -3,7 +3,6 @@
  * know of the decoder file, applies the rewrites it asks for, and opens the decoder (and, where
  * they differ, the decoder for runs of several rows), embed_tokens and the media encoders.
  */
-import { readFile } from "node:fs/promises"
 import { dirname } from "node:path"
 import type * as ort from "onnxruntime-node"
 import { type DecoderFiles, type DecoderInterface, decoderFiles, decoderInterface } from "../../models/DecoderLayout.js"
@@ -64,7 +63,7 @@ export const openDecoderSessions = async (
   const session = (path: string | undefined, spin = false) =>
     path === undefined ? Promise.resolve(undefined) : createSession(path, device, threads, { spin })
   // The decoder's graph, its weights left in the file (WeightsInPlace.ts): what the checks and the
-  // shared cache's rewrite read, read once. The per-row rewrite sums weights, so it reads them all.
+  // rewrites read, read once; every decoder made from it finds its weights in the file's folder.
   // With int8 activations, its 4-bit MatMulNBits nodes set to compute in int8: the graph every
   // decoder is made from, the export's own included.
   let graphRead: Promise<{ readonly bytes: Uint8Array; readonly int8Nodes: number }> | undefined
@@ -78,11 +77,6 @@ export const openDecoderSessions = async (
   }
   const graph = () => inPlace().then((read) => read.bytes)
   const int8Nodes = options.q4Activations === "int8" ? (await inPlace()).int8Nodes : 0
-  let read: Promise<Buffer> | undefined
-  const bytes = () => {
-    read ??= readFile(files.decoder)
-    return read
-  }
   // Only 8-bit exports are read: a DynamicQuantizeLinear node's op type is in the graph as written.
   const quantisesPerTensor =
     dynamicallyQuantised.includes(files.dtype) &&
@@ -96,7 +90,7 @@ export const openDecoderSessions = async (
     device
   })
   const geometry = { heads: spec.heads, kvHeads: spec.keyValueHeads, headDim: spec.headDim }
-  const perRow = plan.rowRewrite ? rewriteRowQuantization(await bytes()) : undefined
+  const perRow = plan.rowRewrite ? rewriteRowQuantization(await graph()) : undefined
   const rows = perRow !== undefined && perRow.rewritten > 0 ? perRow.bytes : undefined
   const shared = plan.sharedCache.rewrite ? rewriteSharedCache(await graph(), geometry) : undefined
   const sharedRows =
@@ -120,7 +114,10 @@ export const openDecoderSessions = async (
         : session(files.decoder, true),
     choice.rowsDecoder === undefined
       ? undefined
-      : createSession(choice.rowsDecoder === "shared-rows" ? sharedRows! : rows!, device, threads, { spin: true }),
+      : createSession(choice.rowsDecoder === "shared-rows" ? sharedRows! : rows!, device, threads, {
+          spin: true,
+          externalDataFolder: dirname(files.decoder)
+        }),
     session(files.vision),
     session(files.audio)
   ])

@@ -15,6 +15,8 @@ const { onnx } = onnxProto
  * apply it. `MatMulInteger` takes only one activation zero point, so each consumer runs with a
  * zero point of 0 and the product is corrected by the row's zero point times the weights' column
  * sums (less their zero point): Σ(a − z)(w − zw) = Σ a(w − zw) − z·Σ(w − zw), exact in int32.
+ * The sums are nodes of the graph (ONNX Runtime folds them at load): the rewrite reads no weight,
+ * so it takes a graph whose weights are external, opened with their folder.
  *
  * Rewritten only when every node that reads a DynamicQuantizeLinear's outputs is a MatMulInteger
  * (its quantised value and zero point, as inputs 0 and 2) or a Mul (its scale); otherwise the
@@ -48,8 +50,6 @@ export const rewriteRowQuantization = (
   if (graph?.node == null) return unchanged
   const quantizers = graph.node.filter((node) => node.opType === "DynamicQuantizeLinear" && (node.domain ?? "") === "")
   if (quantizers.length === 0) return unchanged
-  // Weights in external data files: a model given as bytes could not find them.
-  if ((graph.initializer ?? []).some((init) => (init.externalData ?? []).length > 0)) return unchanged
   const opset = opsetOf(model)
   // ReduceSum's axes became an input at 13, ReduceMax's at 18; per-axis QuantizeLinear needs 13.
   if (opset < 13) return unchanged
