@@ -62,15 +62,24 @@ describe("rewriteRowQuantization", () => {
   ]
 
   it.each([
-    ["int8", false],
-    ["uint8", false],
-    ["int8", true],
-    ["uint8", true]
+    ["int8", false, "graph"],
+    ["uint8", false, "graph"],
+    ["int8", true, "graph"],
+    ["uint8", true, "graph"],
+    ["int8", false, "read"],
+    ["uint8", false, "read"],
+    ["uint8", true, "read"]
   ] as const)(
-    "%s weights (per-column zero point: %s): a row alone as exported, bit for bit; batched, as alone",
-    async (weights, perColumn) => {
+    "%s weights (per-column zero point: %s), column sums from the %s: a row alone as exported, bit for bit; batched, as alone",
+    async (weights, perColumn, sums) => {
       const original = quantizedLinear(weights, perColumn)
-      const { bytes, rewritten } = rewriteRowQuantization(original)
+      // "read": the weights' bytes given, the sums are computed (a scalar zero point) and added as constants.
+      const { bytes, rewritten } = rewriteRowQuantization(
+        original,
+        sums === "read" ? (tensor) => tensor.rawData ?? undefined : undefined
+      )
+      const reduces = onnx.ModelProto.decode(bytes).graph!.node!.filter((node) => node.opType === "ReduceSum").length
+      expect(reduces).toBe(sums === "read" && !perColumn ? 0 : 1)
       expect(rewritten).toBe(1)
       const alone: Array<Float32Array> = []
       for (const row of rows) {

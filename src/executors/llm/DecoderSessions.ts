@@ -11,7 +11,7 @@ import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { rewriteRowQuantization } from "../../models/onnx/RowQuantizeRewrite.js"
 import { rewriteSharedCache, sharedCacheInputs } from "../../models/onnx/SharedCacheRewrite.js"
 import { int8ActivationsLevel, withMatMulNBitsAccuracy } from "../../models/onnx/MatMulNBitsAccuracy.js"
-import { graphWithWeightsInPlace } from "../../models/onnx/WeightsInPlace.js"
+import { graphWithWeightsInPlace, initializerBytes } from "../../models/onnx/WeightsInPlace.js"
 import { createSession } from "../common/Sessions.js"
 import {
   addsScoreBiases,
@@ -90,7 +90,9 @@ export const openDecoderSessions = async (
     device
   })
   const geometry = { heads: spec.heads, kvHeads: spec.keyValueHeads, headDim: spec.headDim }
-  const perRow = plan.rowRewrite ? rewriteRowQuantization(await graph()) : undefined
+  const perRow = plan.rowRewrite
+    ? rewriteRowQuantization(await graph(), initializerBytes(dirname(files.decoder)))
+    : undefined
   const rows = perRow !== undefined && perRow.rewritten > 0 ? perRow.bytes : undefined
   const shared = plan.sharedCache.rewrite ? rewriteSharedCache(await graph(), geometry) : undefined
   const sharedRows =

@@ -1,5 +1,7 @@
+import { closeSync, openSync, readSync } from "node:fs"
 import { open } from "node:fs/promises"
-import { basename } from "node:path"
+import { basename, join } from "node:path"
+import type onnxProto from "onnx-proto"
 
 /**
  * An ONNX model file read without its weights: the graph, with every large initializer turned
@@ -270,3 +272,25 @@ export const graphWithWeightsInPlace = async (
     await handle.close()
   }
 }
+
+/**
+ * An initializer's bytes, wherever they are: inline, or read (synchronously, one tensor at a time)
+ * from the external data file its reference names, below `folder`. Undefined when neither.
+ */
+export const initializerBytes =
+  (folder: string) =>
+  (tensor: onnxProto.onnx.ITensorProto): Uint8Array | undefined => {
+    if (tensor.rawData != null && tensor.rawData.length > 0) return tensor.rawData
+    const entry = Object.fromEntries((tensor.externalData ?? []).map(({ key, value }) => [key, value]))
+    if (entry.location === undefined || entry.location.includes("..")) return undefined
+    const length = Number(entry.length)
+    const offset = Number(entry.offset ?? 0)
+    if (!Number.isSafeInteger(length) || !Number.isSafeInteger(offset)) return undefined
+    const fd = openSync(join(folder, entry.location), "r")
+    try {
+      const bytes = Buffer.allocUnsafe(length)
+      return readSync(fd, bytes, 0, length, offset) === length ? bytes : undefined
+    } finally {
+      closeSync(fd)
+    }
+  }
