@@ -96,7 +96,10 @@ export const routerKind: RouterKind = {
         catch: (error) => error as Error
       })
       yield* Effect.logInfo(
-        `${config.model}: ${files.layout} layout at ${files.dtype}${config.dtype === undefined ? " (default)" : ""}, running ${relative(model.path, files.decoder)}`
+        `${config.model}: ${files.layout} layout at ${files.dtype}${config.dtype === undefined ? " (default)" : ""}, running ${relative(model.path, files.decoder)}` +
+          (config.q4Activations === "int8" && files.dtype.startsWith("q4")
+            ? ", its 4-bit products with int8 activations (--q4-activations int8)"
+            : "")
       )
       const tokenizer = yield* Effect.try({ try: () => new ChatTokenizer(model), catch: (error) => error as Error })
       const sidecar =
