@@ -26,10 +26,11 @@ export const startInternal = (args: ReadonlyArray<string>, ready: RegExp, env: R
     trackGroup(child)
     let output = ""
     const exited = new Promise<void>((done) => child.once("exit", () => done()))
-    const timer = setTimeout(
-      () => reject(new Error(`cornserve internal ${args[0]} did not get ready:\n${output}`)),
-      90_000
-    )
+    // Not ready in time: the caller gets no handle to stop it, so it is stopped here.
+    const timer = setTimeout(() => {
+      child.kill("SIGTERM")
+      reject(new Error(`cornserve internal ${args[0]} did not get ready:\n${output}`))
+    }, 90_000)
     const onData = (chunk: Buffer) => {
       output += chunk.toString()
       const match = ready.exec(output)
