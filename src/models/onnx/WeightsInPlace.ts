@@ -230,16 +230,25 @@ const tensor = async (cursor: Cursor, end: number, walk: Walk): Promise<Writer> 
   return out
 }
 
-const graph = async (cursor: Cursor, end: number, walk: Walk): Promise<Writer> => {
+/**
+ * The fields of a message up to `end`, written again: each one copied, but the length-delimited
+ * fields numbered `field`, which `inner` walks and writes.
+ */
+const message = async (
+  cursor: Cursor,
+  end: number,
+  field: number,
+  inner: (cursor: Cursor, end: number) => Promise<Writer>
+): Promise<Writer> => {
   const out = new Writer()
   while (cursor.position < end) {
-    const { field, type } = await readKey(cursor)
-    if (field === graphInitializer && type === wire.bytes) {
+    const key = await readKey(cursor)
+    if (key.field === field && key.type === wire.bytes) {
       const length = await cursor.varint()
-      out.lengthDelimited(field, await tensor(cursor, cursor.position + length, walk))
+      out.lengthDelimited(field, await inner(cursor, cursor.position + length))
       continue
     }
-    await copyField(cursor, out, field, type)
+    await copyField(cursor, out, key.field, key.type)
   }
   return out
 }
@@ -257,16 +266,10 @@ export const graphWithWeightsInPlace = async (
   try {
     const cursor = new Cursor(handle, (await handle.stat()).size)
     const walk: Walk = { location: basename(path), minBytes: options.minBytes ?? 4096, tensors: 0, weightBytes: 0 }
-    const out = new Writer()
-    while (cursor.position < cursor.size) {
-      const { field, type } = await readKey(cursor)
-      if (field === modelGraph && type === wire.bytes) {
-        const length = await cursor.varint()
-        out.lengthDelimited(field, await graph(cursor, cursor.position + length, walk))
-        continue
-      }
-      await copyField(cursor, out, field, type)
-    }
+    // ModelProto → its graph → the graph's initializers, each walked by `tensor`.
+    const out = await message(cursor, cursor.size, modelGraph, (inGraph, graphEnd) =>
+      message(inGraph, graphEnd, graphInitializer, (inTensor, tensorEnd) => tensor(inTensor, tensorEnd, walk))
+    )
     return { bytes: out.concat(), tensors: walk.tensors, weightBytes: walk.weightBytes }
   } finally {
     await handle.close()
