@@ -13,6 +13,11 @@ import { basename, join } from "node:path"
 import { fileURLToPath, pathToFileURL } from "node:url"
 import * as esbuild from "esbuild"
 
+// The benches' own ONNX Runtime sessions (and transformers.js's, the reference), and every process
+// they start, run as the platform's do: without ONNX Runtime's telemetry (see
+// src/executors/common/Sessions.ts).
+process.env.ORT_DISABLE_TELEMETRY ??= "1"
+
 const benchDir = fileURLToPath(new URL(".", import.meta.url))
 const rootDir = fileURLToPath(new URL("..", import.meta.url))
 const outDir = join(benchDir, ".out")

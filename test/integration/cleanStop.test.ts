@@ -25,7 +25,17 @@ interface GroupPlatform {
   output(): string
 }
 
-const startInGroup = async (nodeId: string, modelDir: string): Promise<GroupPlatform> => {
+/**
+ * The environment `serve` starts with: the test's own, less what the test setup adds for its own
+ * ONNX Runtime sessions (the platform's default is under test), with a cache dir of its own, where
+ * ONNX Runtime's telemetry would keep its files.
+ */
+const platformEnv = (modelDir: string, cacheDir: string): NodeJS.ProcessEnv => {
+  const { ORT_DISABLE_TELEMETRY: _set, ...env } = process.env
+  return { ...env, CORNSERVE_MODEL_DIR: modelDir, XDG_CACHE_HOME: cacheDir }
+}
+
+const startInGroup = async (nodeId: string, modelDir: string, cacheDir: string): Promise<GroupPlatform> => {
   const stateDir = await mkdtemp(join(tmpdir(), "cornserve-test-"))
   trackPath(stateDir)
   const child = spawn(
@@ -46,7 +56,7 @@ const startInGroup = async (nodeId: string, modelDir: string): Promise<GroupPlat
     ],
     {
       cwd: repoRoot,
-      env: { ...process.env, CORNSERVE_MODEL_DIR: modelDir },
+      env: platformEnv(modelDir, cacheDir),
       stdio: ["ignore", "pipe", "pipe"],
       detached: true
     }
@@ -87,13 +97,17 @@ const watchGroup = (group: number) => {
   }
 }
 
-/** Names in `dir` that are not in `before` and that name one of `pids` (as `-<pid>` or `-<pid>-`). */
+/**
+ * Names in `dir` that are not in `before` and are the platform's: a `cornserve-` name with its node
+ * id, or any name with one of `pids` (as `-<pid>`, followed by `-`, `.` or the end; whoever made it,
+ * ONNX Runtime's `mat-debug-<pid>.log` included).
+ */
 const newFilesOf = (dir: string, before: ReadonlySet<string>, pids: ReadonlySet<number>, nodeId: string) =>
   readdirSync(dir).filter(
     (name) =>
       !before.has(name) &&
-      name.startsWith("cornserve-") &&
-      (name.includes(nodeId) || [...name.matchAll(/-(\d+)(?=-|$)/g)].some((match) => pids.has(Number(match[1]))))
+      ((name.startsWith("cornserve-") && name.includes(nodeId)) ||
+        [...name.matchAll(/-(\d+)(?=[-.]|$)/g)].some((match) => pids.has(Number(match[1]))))
   )
 
 /** What a stopped platform may leave in its state dir: none of its run files (lock, sockets). */
@@ -143,11 +157,14 @@ describe.each([
   { how: "SIGTERM to its main process alone", signal: "SIGTERM", toGroup: false }
 ] as const)("cornserve serve stopped with $how", ({ signal, toGroup }) => {
   let modelDir: string
+  let cacheDir: string
   let platform: GroupPlatform | undefined
 
   beforeAll(async () => {
     modelDir = await mkdtemp(join(tmpdir(), "cornserve-models-"))
     trackPath(modelDir)
+    cacheDir = await mkdtemp(join(tmpdir(), "cornserve-cache-"))
+    trackPath(cacheDir)
   })
 
   afterAll(async () => {
@@ -157,6 +174,7 @@ describe.each([
     }
     if (platform !== undefined) await rm(platform.stateDir, { recursive: true, force: true })
     await rm(modelDir, { recursive: true, force: true })
+    await rm(cacheDir, { recursive: true, force: true })
   })
 
   it(
@@ -165,7 +183,7 @@ describe.each([
       const sharedMemoryBefore = new Set(readdirSync("/dev/shm"))
       const tmpBefore = new Set(readdirSync(tmpdir()))
       const nodeId = `stop-${toGroup ? "group" : "main"}-${process.pid}`
-      platform = await startInGroup(nodeId, modelDir)
+      platform = await startInGroup(nodeId, modelDir, cacheDir)
       const { url } = platform
       const group = platform.process.pid!
       for (const app of ["text_embed", "countdown"]) {
@@ -212,6 +230,8 @@ describe.each([
       expect(newFilesOf("/dev/shm", sharedMemoryBefore, members.seen, nodeId)).toEqual([])
       expect(newFilesOf(tmpdir(), tmpBefore, members.seen, nodeId)).toEqual([])
       expect(runFilesIn(platform.stateDir)).toEqual([])
+      // Nor anything of ONNX Runtime's telemetry: no events nor device id kept for an upload.
+      expect(readdirSync(cacheDir)).toEqual([])
     },
     startLimitMs + 120_000
   )

@@ -13,3 +13,11 @@ process.env.CORNSERVE_ADMIN_TOKEN = testAdminToken
  * (appTypes, readmeSnippets).
  */
 process.env.CORNSERVE_APP_CHECK = "off"
+
+/**
+ * The tests' own ONNX Runtime sessions (transformers.js's, the reference, among them) run as the
+ * platform's do, without ONNX Runtime's telemetry (src/executors/common/Sessions.ts); a test of the
+ * platform's own default takes it out of the environment it starts `serve` with
+ * (test/integration/cleanStop.test.ts).
+ */
+process.env.ORT_DISABLE_TELEMETRY ??= "1"

@@ -2,6 +2,18 @@ import * as ort from "onnxruntime-node"
 import { type DType, Tensor } from "../../sidecar/Tensor.js"
 
 /**
+ * ONNX Runtime 1.30's Linux build starts Microsoft's telemetry with its first session: it keeps
+ * events and a device id under `~/.cache/Microsoft/DeveloperTools`, leaves an empty
+ * `/tmp/mat-debug-<pid>.log` behind every process, and uploads over HTTPS when it can. A serving
+ * platform on its users' machines sends nothing and leaves nothing: it is off unless the operator
+ * set `ORT_DISABLE_TELEMETRY` themselves (to `0` to let it run). Read when the runtime's environment
+ * is made, at the first session, so setting it here, before that, is enough.
+ */
+export const onnxRuntimeTelemetryOff = (env: NodeJS.ProcessEnv = process.env): void => {
+  if (env.ORT_DISABLE_TELEMETRY === undefined) env.ORT_DISABLE_TELEMETRY = "1"
+}
+
+/**
  * An ONNX Runtime session on one device: the CPU provider with a fixed thread count, or CUDA device
  * N. With `spin: false` its threads sleep as soon as a run ends instead of spinning for more work:
  * for a session that runs now and then beside another on the same cores (a VLM's vision encoder
@@ -18,6 +30,7 @@ export const createSession = (
     readonly externalDataFolder?: string
   } = {}
 ): Promise<ort.InferenceSession> => {
+  onnxRuntimeTelemetryOff()
   const [type, index] = device.split(":")
   const executionProviders: ort.InferenceSession.SessionOptions["executionProviders"] =
     type === "cuda" ? [{ name: "cuda", deviceId: Number(index) }] : ["cpu"]
