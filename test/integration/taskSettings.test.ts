@@ -131,6 +131,8 @@ describe("an LLM task's engine settings", () => {
     expect(stats.maxBatchSize).toBe(3)
     expect(stats.kvCache).toMatchObject({ budgetBytes: kvCacheBytes, prefixBytes: prefixCacheBytes, bytesPerPosition })
     expect(stats.prefixCache?.maxBytes).toBe(prefixCacheBytes)
+    // The decoder it runs: not a 4-bit one, so nothing about its activations.
+    expect(stats.decoder).toEqual({ file: expect.stringMatching(/^onnx\/.+\.onnx$/), dtype: expect.any(String) })
   })
 
   it("are what tasks show prints, and tasks list", async () => {

@@ -116,6 +116,18 @@ export const PromptEmbeddingsResponse = Schema.Struct({
 export type PromptEmbeddingsResponse = typeof PromptEmbeddingsResponse.Type
 
 export const LlmStats = Schema.Struct({
+  /**
+   * The decoder it runs: its file (in the model's folder), its dtype, and how a 4-bit decoder's
+   * products compute ("int8": activations quantized to int8, `--q4-activations int8`; "exported":
+   * as its export says). Absent from a Janus-Pro executor's.
+   */
+  decoder: Schema.optional(
+    Schema.Struct({
+      file: Schema.String,
+      dtype: Schema.String,
+      q4Activations: Schema.optional(Schema.Literal("exported", "int8"))
+    })
+  ),
   waiting: Schema.Int,
   running: Schema.Int,
   /** Requests decoding together on a device. */

@@ -95,11 +95,14 @@ export const routerKind: RouterKind = {
         try: () => decoderFiles(model, config.dtype),
         catch: (error) => error as Error
       })
+      const decoder: NonNullable<LlmStats["decoder"]> = {
+        file: relative(model.path, files.decoder),
+        dtype: files.dtype,
+        ...(files.dtype.startsWith("q4") ? { q4Activations: config.q4Activations ?? "exported" } : {})
+      }
       yield* Effect.logInfo(
-        `${config.model}: ${files.layout} layout at ${files.dtype}${config.dtype === undefined ? " (default)" : ""}, running ${relative(model.path, files.decoder)}` +
-          (config.q4Activations === "int8" && files.dtype.startsWith("q4")
-            ? ", its 4-bit products with int8 activations (--q4-activations int8)"
-            : "")
+        `${config.model}: ${files.layout} layout at ${files.dtype}${config.dtype === undefined ? " (default)" : ""}, running ${decoder.file}` +
+          (decoder.q4Activations === "int8" ? ", its 4-bit products with int8 activations (--q4-activations int8)" : "")
       )
       const tokenizer = yield* Effect.try({ try: () => new ChatTokenizer(model), catch: (error) => error as Error })
       const sidecar =
@@ -690,7 +693,7 @@ export const routerKind: RouterKind = {
           inputs: {},
           meta: { op: "stats" } satisfies LlmRequestMeta
         })
-        return HttpServerResponse.unsafeJson(result)
+        return HttpServerResponse.unsafeJson({ decoder, ...result })
       }).pipe(Effect.catchAll(errorAnswer))
 
       const models: ModelList = {
