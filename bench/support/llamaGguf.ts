@@ -407,7 +407,14 @@ export const writeLlamaGguf = async (
     ["llama.attention.layer_norm_rms_epsilon", { type: "f32", value: config.rmsNormEps }],
     ["llama.vocab_size", { type: "u32", value: vocabSize }],
     ["tokenizer.ggml.model", { type: "string", value: "gpt2" }],
-    ["tokenizer.ggml.pre", { type: "string", value: "smollm" }],
+    // The pre-tokenizer llama.cpp names for this vocabulary: Llama 3's (the 1B geometry's) or SmolLM's.
+    [
+      "tokenizer.ggml.pre",
+      {
+        type: "string",
+        value: tokenizer.added_tokens.some((added) => added.content === "<|begin_of_text|>") ? "llama-bpe" : "smollm"
+      }
+    ],
     ["tokenizer.ggml.tokens", { type: "strings", value: tokens }],
     ["tokenizer.ggml.token_type", { type: "i32s", value: types }],
     [
