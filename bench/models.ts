@@ -35,9 +35,17 @@
  * Load (BENCH_PARTS includes load): each engine from its start to ready and to a first token, and
  * the peak resident memory of the process that holds the weights.
  *
+ * Ops (BENCH_PARTS includes ops): where a decode step's time goes, for each dtype at 1 row and at 8:
+ * the executor's runner in this process (its decoder as the executor makes it: the same rewrites
+ * and options), ONNX Runtime profiling each node of its runs, summed by op type per decode step
+ * (16 tokens a request at most), and what the run spent between its kernels (ONNX Runtime's own
+ * work, the profiler's included).
+ * Profiling adds a little to each node, so its step times are a touch slower than the decode part's.
+ * BENCH_OPS_DIR keeps the profiles (Chrome's trace format) in that folder.
+ *
  * Env: BENCH_SIZE (135m or 1b), BENCH_TOKENS (tokens per request, default 64), BENCH_ROUNDS
  * (default 3), BENCH_THREADS (threads, default 2), BENCH_DTYPES, BENCH_PARTS (decode,kv,prefill;
- * and load), BENCH_QUANTIZED_ROWS (the q8 executor's --quantized-rows: apart, the default, or
+ * and load, ops), BENCH_QUANTIZED_ROWS (the q8 executor's --quantized-rows: apart, the default, or
  * per-row), BENCH_Q4_ACTIVATIONS (the q4 executor's --q4-activations: exported, the default, or int8).
  */
 import {
@@ -55,17 +63,24 @@ import {
 import { AutoModelForCausalLM, env, Tensor } from "@huggingface/transformers"
 import { execFileSync } from "node:child_process"
 import { existsSync, readFileSync, statSync } from "node:fs"
+import { mkdtemp, readdir, rm } from "node:fs/promises"
+import { tmpdir } from "node:os"
 import { basename, dirname, join } from "node:path"
 import { setFlagsFromString } from "node:v8"
 import { runInNewContext } from "node:vm"
+import type { QuantizedRows } from "../src/executors/llm/DecoderPlan.js"
+import type { SamplingParams } from "../src/executors/llm/protocol.js"
+import { Runner } from "../src/executors/llm/Runner.js"
 import { loadModelDirectory } from "../src/models/ModelDirectory.js"
 import { resolveModel } from "../src/models/ModelStore.js"
 import { llama32OneBGeometry, smolLm2Geometry } from "../src/models/recipes/RandomLlama.js"
 import { ChatTokenizer } from "../src/models/Tokenizer.js"
+import { drive } from "../test/support/driveRunner.js"
 import { descendants, startExecutor } from "../test/support/executors.js"
 import { readBandwidth } from "./support/bandwidth.js"
 import { LlamaCpp, type LlamaRun } from "./support/llamaCpp.js"
 import { writeLlamaGguf } from "./support/llamaGguf.js"
+import { decodeProfile, type OpProfile } from "./support/opProfile.js"
 import { streamGaps, systemPromptTtft, textOfTokens } from "./support/llm-prefill.js"
 
 const tokens = Number(process.env.BENCH_TOKENS ?? 64)
@@ -164,6 +179,7 @@ export default async function main(): Promise<void> {
     }
   }
   if (parts.includes("load")) summary.load = await loadBench(modelDir)
+  if (parts.includes("ops")) summary.ops = await opsBench(modelDir, promptIds)
   if (parts.includes("kv")) summary.kvCache = await kvCacheBench(tokenizer)
   if (parts.includes("prefill")) {
     const result = await prefillBench(tokenizer)
@@ -171,6 +187,90 @@ export default async function main(): Promise<void> {
     targetsMet &&= result.targetsMet
   }
   console.log(JSON.stringify({ ...summary, targetsMet }))
+}
+
+/**
+ * For each dtype, one request decoding alone and eight decoding together through the runner, its
+ * decoder profiled: the time of a decode step by op type. Each in a runner of its own, so that a
+ * profile holds one batch size.
+ */
+async function opsBench(modelDir: string, promptIds: ReadonlyArray<ReadonlyArray<number>>) {
+  const model = await loadModelDirectory(modelDir)
+  // BENCH_OPS_DIR keeps the profiles there (chrome://tracing or Perfetto reads them).
+  const kept = process.env.BENCH_OPS_DIR
+  const dir = kept ?? (await mkdtemp(join(tmpdir(), "cornserve-ops-")))
+  // At most 16 tokens a request: a profile holds every node of every run (about 1 GB for eight
+  // rows decoding 64 tokens apart at the 1B geometry), and a few steps tell where a step goes.
+  const maxNewTokens = Math.min(tokens, 16)
+  const sampling: SamplingParams = { temperature: 0, topP: 1, seed: 0, maxNewTokens, stopTokenIds: [] }
+  const results: Record<string, Record<string, OpProfile>> = {}
+  try {
+    for (const dtype of dtypes) {
+      results[dtype] = {}
+      for (const rows of [1, concurrency]) {
+        const prefix = join(dir, `${dtype}-${rows}`)
+        const runner = await Runner.open(model, "cpu:0", threads, dtype, {
+          profilePrefix: prefix,
+          ...(dtype === "q8" ? { quantizedRows: quantizedRows as QuantizedRows } : {}),
+          ...(dtype === "q4" ? { q4Activations: q4Activations as "exported" | "int8" } : {})
+        })
+        try {
+          await drive(
+            runner,
+            Array.from({ length: rows }, (_, i) => ({
+              id: `r${i}`,
+              prompt: { inputIds: Int32Array.from(promptIds[i % promptIds.length]!), media: [] },
+              sampling,
+              joinAt: 0
+            }))
+          )
+        } finally {
+          await runner.close()
+        }
+        // A runner whose rows decode apart (8-bit rows quantised apart) profiles its rows decoder.
+        const files = (await readdir(dir)).filter((file) => file.startsWith(`${basename(prefix)}-`)).sort()
+        const profiles = files.flatMap((file) => {
+          const profile = decodeProfile(join(dir, file))
+          return profile === undefined ? [] : [profile]
+        })
+        const profile = profiles.sort((a, b) => b.steps * b.stepMs - a.steps * a.stepMs)[0]
+        if (profile === undefined) throw new Error(`no decode runs in the profiles of ${dtype} at ${rows} rows`)
+        results[dtype][String(rows)] = profile
+        if (kept === undefined) for (const file of files) await rm(join(dir, file))
+      }
+    }
+  } finally {
+    if (kept === undefined) await rm(dir, { recursive: true, force: true })
+  }
+  console.log(`\nops: where a decode step goes, ${model.path.split("/").slice(-2).join("/")}, ${threads} threads`)
+  console.log("dtype | rows a run | rows in the batch | step ms | ms per row | op: ms per step (share)")
+  console.log("---|---|---|---|---|---")
+  for (const [dtype, byRows] of Object.entries(results)) {
+    for (const [rows, profile] of Object.entries(byRows)) {
+      const outside = profile.ops.find((op) => op.op === "(between kernels)")!
+      const top = [...profile.ops.filter((op) => op !== outside).slice(0, 5), outside]
+        .map((op) => `${op.op} ${round(op.ms, 2)} (${round(op.share * 100, 0)}%)`)
+        .join(", ")
+      console.log(
+        `${dtype} | ${profile.rows} | ${rows} | ${round(profile.stepMs, 2)} | ${round((profile.stepMs * profile.rows) / Number(rows), 2)} | ${top}`
+      )
+    }
+  }
+  return Object.fromEntries(
+    Object.entries(results).map(([dtype, byRows]) => [
+      dtype,
+      Object.fromEntries(
+        Object.entries(byRows).map(([rows, profile]) => [
+          rows,
+          {
+            runRows: profile.rows,
+            stepMs: round(profile.stepMs, 2),
+            ops: Object.fromEntries(profile.ops.slice(0, 8).map((op) => [op.op, round(op.ms, 3)]))
+          }
+        ])
+      )
+    ])
+  )
 }
 
 /** `modelDir`'s export at `dtype` as GGUF (written on first use), for llama.cpp. */

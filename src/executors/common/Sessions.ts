@@ -28,6 +28,11 @@ export const createSession = (
     readonly spin?: boolean
     /** For a model given as bytes whose weights are in external data files: the folder they are in. */
     readonly externalDataFolder?: string
+    /**
+     * Where ONNX Runtime writes a profile of every node of every run (`<prefix>_<time>.json`,
+     * Chrome's trace format), written when the session is released: a bench's, as it slows each run.
+     */
+    readonly profilePrefix?: string
   } = {}
 ): Promise<ort.InferenceSession> => {
   onnxRuntimeTelemetryOff()
@@ -39,6 +44,7 @@ export const createSession = (
     intraOpNumThreads: threads,
     interOpNumThreads: 1,
     graphOptimizationLevel: "all",
+    ...(options.profilePrefix === undefined ? {} : { enableProfiling: true, profileFilePrefix: options.profilePrefix }),
     extra: {
       session: {
         ...(options.spin === false ? { intra_op: { allow_spinning: "0" } } : {}),

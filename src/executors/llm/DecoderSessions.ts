@@ -46,6 +46,11 @@ export interface DecoderOptions {
   readonly quantizedRows?: QuantizedRows
   readonly kvCache?: KvCacheMode
   readonly q4Activations?: "exported" | "int8"
+  /**
+   * A per-node profile of the decoder's runs, as ONNX Runtime writes it (`<prefix>-decoder_<time>.json`,
+   * and `<prefix>-rows_...` for a rows decoder), when the runner closes: a bench's.
+   */
+  readonly profilePrefix?: string
 }
 
 /** Opens the model's decoder files at `dtype` (by default fp32, or the closest there is). */
@@ -107,19 +112,26 @@ export const openDecoderSessions = async (
           : { matched: false, reason: shared.reason },
     sharedRows: sharedRows !== undefined
   })
+  const decoderOptions = (name: string) => ({
+    spin: true,
+    externalDataFolder: dirname(files.decoder),
+    ...(options.profilePrefix === undefined ? {} : { profilePrefix: `${options.profilePrefix}-${name}` })
+  })
   const [embed, decoder, rowsDecoder, vision, audio] = await Promise.all([
     session(files.embedTokens),
     choice.decoder === "shared"
-      ? createSession(shared!.bytes!, device, threads, { spin: true, externalDataFolder: dirname(files.decoder) })
-      : int8Nodes > 0
-        ? createSession(await graph(), device, threads, { spin: true, externalDataFolder: dirname(files.decoder) })
+      ? createSession(shared!.bytes!, device, threads, decoderOptions("decoder"))
+      : int8Nodes > 0 || options.profilePrefix !== undefined
+        ? createSession(await graph(), device, threads, decoderOptions("decoder"))
         : session(files.decoder, true),
     choice.rowsDecoder === undefined
       ? undefined
-      : createSession(choice.rowsDecoder === "shared-rows" ? sharedRows! : rows!, device, threads, {
-          spin: true,
-          externalDataFolder: dirname(files.decoder)
-        }),
+      : createSession(
+          choice.rowsDecoder === "shared-rows" ? sharedRows! : rows!,
+          device,
+          threads,
+          decoderOptions("rows")
+        ),
     session(files.vision),
     session(files.audio)
   ])
