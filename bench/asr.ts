@@ -1,6 +1,7 @@
 /**
  * Whisper speech recognition: a random-weight Whisper at whisper-tiny's geometry (d_model 384, 6
- * heads, 4 encoder and 4 decoder layers, Whisper's 51865-token vocabulary) in the community's
+ * heads, 4 encoder and 4 decoder layers, Whisper's 51865-token vocabulary; or BENCH_SIZE=base:
+ * whisper-base's, d_model 512, 8 heads, 6 and 6 layers) in the community's
  * layout (encoder_model.onnx, decoder_model_merged.onnx) through Eric's `POST /transcriptions`,
  * against transformers.js's automatic-speech-recognition pipeline on the same files in this
  * process, with the same ONNX Runtime thread count, in the same run.
@@ -18,7 +19,7 @@
  * alternate between the two sides in rounds; the ratios are medians. Prints a table, then (as the
  * last line) one JSON object.
  *
- * Env: BENCH_ROUNDS (default 3), BENCH_THREADS (ONNX Runtime threads, default 2), BENCH_SECONDS
+ * Env: BENCH_SIZE (tiny, the default, or base), BENCH_ROUNDS (default 3), BENCH_THREADS (ONNX Runtime threads, default 2), BENCH_SECONDS
  * (a clip's length, default 10), BENCH_MAX_LENGTH (generation_config's max_length, prompt
  * included, default 64; both sides stop at the end of text or there).
  */
@@ -36,6 +37,13 @@ import { offline } from "../test/models/support/TransformersJs.js"
 import { executorHeaders, startExecutor } from "../test/support/executors.js"
 import { median, round } from "./support/chat-stream.js"
 
+/** Whisper's geometries: the community's whisper-tiny and whisper-base. */
+const sizes = {
+  tiny: { dModel: 384, heads: 6, encoderLayers: 4, decoderLayers: 4 },
+  base: { dModel: 512, heads: 8, encoderLayers: 6, decoderLayers: 6 }
+} as const
+const size = (process.env.BENCH_SIZE ?? "tiny") as keyof typeof sizes
+if (sizes[size] === undefined) throw new Error(`BENCH_SIZE=${size}: one of ${Object.keys(sizes).join(", ")}`)
 const rounds = Number(process.env.BENCH_ROUNDS ?? 3)
 const threads = Number(process.env.BENCH_THREADS ?? 2)
 const clipSeconds = Number(process.env.BENCH_SECONDS ?? 10)
@@ -89,20 +97,13 @@ const load = () => ({
 })
 
 export default async function asrBench(): Promise<void> {
-  const fixture = randomWhisperFiles({
-    seed: 5,
-    dModel: 384,
-    heads: 6,
-    encoderLayers: 4,
-    decoderLayers: 4,
-    maxLength,
-    vocabSize: 51865
-  })
+  const built = performance.now()
+  const fixture = randomWhisperFiles({ seed: 5, ...sizes[size], maxLength, vocabSize: 51865 })
   const root = await mkdtemp(join(tmpdir(), "cornserve-bench-asr-"))
-  const model = join(root, "whisper-tiny-bench")
+  const model = join(root, `whisper-${size}-bench`)
   await writeModelFiles(model, fixture.files)
   console.error(
-    `asr bench: ${model}, ${clipSeconds} s clips, max_length ${maxLength}, ${threads} threads, ${rounds} rounds`
+    `asr bench: ${model} (built in ${((performance.now() - built) / 1000).toFixed(1)} s), ${clipSeconds} s clips, max_length ${maxLength}, ${threads} threads, ${rounds} rounds`
   )
 
   const asr = (await pipeline("automatic-speech-recognition", offline(model), {
@@ -266,7 +267,7 @@ export default async function asrBench(): Promise<void> {
     ]
     const widths = table[0]!.map((_, column) => Math.max(...table.map((row) => row[column]!.length)))
     console.log(
-      `asr bench: random Whisper (whisper-tiny geometry: d_model 384, 6 heads, 4+4 layers, 51865 tokens), ${clipSeconds} s clips (long form ${longSeconds} s in ${chunkSeconds} s windows), greedy up to max_length ${maxLength}, ${threads} ORT threads each side, medians over ${rounds} rounds`
+      `asr bench: random Whisper (whisper-${size} geometry: d_model ${sizes[size].dModel}, ${sizes[size].heads} heads, ${sizes[size].encoderLayers}+${sizes[size].decoderLayers} layers, 51865 tokens), ${clipSeconds} s clips (long form ${longSeconds} s in ${chunkSeconds} s windows), greedy up to max_length ${maxLength}, ${threads} ORT threads each side, medians over ${rounds} rounds`
     )
     console.log(
       `baseline: transformers.js automatic-speech-recognition pipeline; texts differing from it: ${mismatches.length} of ${compared}; tokens a short clip's transcript (median): ${figure(generatedTokens, 1)}`
@@ -281,6 +282,7 @@ export default async function asrBench(): Promise<void> {
     console.log(
       JSON.stringify({
         bench: "asr",
+        size,
         threads,
         rounds,
         clipSeconds,
