@@ -227,7 +227,8 @@ async function opsBench(modelDir: string, promptIds: ReadonlyArray<ReadonlyArray
         } finally {
           await runner.close()
         }
-        // A runner whose rows decode apart (8-bit rows quantised apart) profiles its rows decoder.
+        // A runner with a rows decoder (8-bit rows per row) writes a profile of each; the one that
+        // ran the decode steps is the one with the most time in them.
         const files = (await readdir(dir)).filter((file) => file.startsWith(`${basename(prefix)}-`)).sort()
         const profiles = files.flatMap((file) => {
           const profile = decodeProfile(join(dir, file))

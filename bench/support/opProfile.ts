@@ -34,33 +34,38 @@ export interface OpProfile {
 export const decodeProfile = (file: string, skip = 2): OpProfile | undefined => {
   const events = JSON.parse(readFileSync(file, "utf8")) as ReadonlyArray<TraceEvent>
   const runs = events.filter((event) => event.cat === "Session" && event.name === "model_run")
-  const nodes = events.filter((event) => event.cat === "Node" && event.name.endsWith("_kernel_time"))
-  // The new positions a run sees: the first node's first input of rank 3 (the hidden states).
-  const shapeOf = (run: TraceEvent) => {
-    for (const node of nodes) {
-      if (node.ts < run.ts || node.ts > run.ts + run.dur) continue
-      for (const input of node.args?.input_type_shape ?? []) {
-        const dims = Object.values(input)[0]
-        if (dims !== undefined && dims.length === 3) return { rows: dims[0]!, positions: dims[1]! }
-      }
-    }
-    return undefined
-  }
-  const decodes = runs.filter((run) => shapeOf(run)?.positions === 1).slice(skip)
+  const nodes = events
+    .filter((event) => event.cat === "Node" && event.name.endsWith("_kernel_time"))
+    .sort((a, b) => a.ts - b.ts)
+  // Each run with its kernels (those that start within it; runs follow one another) and the new
+  // positions it sees (its first input of rank 3, the hidden states), in one walk of the kernels.
+  let next = 0
+  const described = [...runs]
+    .sort((a, b) => a.ts - b.ts)
+    .map((run) => {
+      while (next < nodes.length && nodes[next]!.ts < run.ts) next++
+      const first = next
+      while (next < nodes.length && nodes[next]!.ts <= run.ts + run.dur) next++
+      const kernels = nodes.slice(first, next)
+      const dims = kernels
+        .flatMap((node) => (node.args?.input_type_shape ?? []).map((input) => Object.values(input)[0]))
+        .find((shape) => shape !== undefined && shape.length === 3)
+      return { run, kernels, rows: dims?.[0], positions: dims?.[1] }
+    })
+  const decodes = described.filter((run) => run.positions === 1).slice(skip)
   if (decodes.length === 0) return undefined
-  const rows = Math.max(...decodes.map((run) => shapeOf(run)!.rows))
-  const steps = decodes.filter((run) => shapeOf(run)!.rows === rows)
+  const rows = Math.max(...decodes.map((run) => run.rows!))
+  const steps = decodes.filter((run) => run.rows === rows)
   const byOp = new Map<string, number>()
   let kernels = 0
-  for (const run of steps) {
-    for (const node of nodes) {
-      if (node.ts < run.ts || node.ts > run.ts + run.dur) continue
+  for (const step of steps) {
+    for (const node of step.kernels) {
       const op = node.args?.op_name ?? "?"
       byOp.set(op, (byOp.get(op) ?? 0) + node.dur)
       kernels += node.dur
     }
   }
-  const stepUs = steps.reduce((sum, run) => sum + run.dur, 0) / steps.length
+  const stepUs = steps.reduce((sum, step) => sum + step.run.dur, 0) / steps.length
   const ops = [...byOp]
     .sort((a, b) => b[1] - a[1])
     .map(([op, us]) => ({ op, ms: us / steps.length / 1000, share: us / steps.length / stepUs }))
