@@ -77,6 +77,9 @@ describe("the web console", () => {
     const [launched] = await Promise.all([
       chromium.launch({
         executablePath: chromiumPath,
+        // Chromium's audio (the playground plays what an app says) goes through PulseAudio's client,
+        // which would otherwise make a pulse-* folder in /tmp that outlives the test.
+        env: { ...process.env, XDG_RUNTIME_DIR: shotsDir },
         args: [
           "--no-sandbox",
           "--disable-gpu",
