@@ -10,6 +10,7 @@ import type { Dtype } from "../../models/Dtype.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { rewriteRowQuantization } from "../../models/onnx/RowQuantizeRewrite.js"
 import { rewriteSharedCache, sharedCacheInputs } from "../../models/onnx/SharedCacheRewrite.js"
+import { exposeHiddenStates } from "../../models/onnx/HiddenStatesOutput.js"
 import { int8ActivationsLevel, withMatMulNBitsAccuracy } from "../../models/onnx/MatMulNBitsAccuracy.js"
 import { graphWithWeightsInPlace, initializerBytes } from "../../models/onnx/WeightsInPlace.js"
 import { createSession } from "../common/Sessions.js"
@@ -65,23 +66,20 @@ export const openDecoderSessions = async (
   if (spec === undefined) throw new Error(`${model.path} is not a decoder: its config.json has no vocab_size`)
   const files = decoderFiles(model, dtype)
   // Only the decoder's threads spin between runs: the others run briefly before it, on the same cores.
-  const session = (path: string | undefined, spin = false) =>
-    path === undefined ? Promise.resolve(undefined) : createSession(path, device, threads, { spin })
+  const session = (path: string | undefined) =>
+    path === undefined ? Promise.resolve(undefined) : createSession(path, device, threads, { spin: false })
   // The decoder's graph, its weights left in the file (WeightsInPlace.ts): what the checks and the
   // rewrites read, read once; every decoder made from it finds its weights in the file's folder.
-  // With int8 activations, its 4-bit MatMulNBits nodes set to compute in int8: the graph every
-  // decoder is made from, the export's own included.
-  let graphRead: Promise<{ readonly bytes: Uint8Array; readonly int8Nodes: number }> | undefined
-  const inPlace = () => {
+  // It gives its final hidden states too (HiddenStatesOutput.ts), and with int8 activations its
+  // 4-bit MatMulNBits nodes compute in int8: the graph every decoder is made from.
+  let graphRead: Promise<Uint8Array> | undefined
+  const graph = () => {
     graphRead ??= graphWithWeightsInPlace(files.decoder).then((read) => {
-      if (options.q4Activations !== "int8") return { bytes: read.bytes, int8Nodes: 0 }
-      const set = withMatMulNBitsAccuracy(read.bytes, int8ActivationsLevel)
-      return { bytes: set.bytes, int8Nodes: set.nodes }
+      const bytes = exposeHiddenStates(read.bytes).bytes ?? read.bytes
+      return options.q4Activations === "int8" ? withMatMulNBitsAccuracy(bytes, int8ActivationsLevel).bytes : bytes
     })
     return graphRead
   }
-  const graph = () => inPlace().then((read) => read.bytes)
-  const int8Nodes = options.q4Activations === "int8" ? (await inPlace()).int8Nodes : 0
   // Only 8-bit exports are read: a DynamicQuantizeLinear node's op type is in the graph as written.
   const quantisesPerTensor =
     dynamicallyQuantised.includes(files.dtype) &&
@@ -119,11 +117,12 @@ export const openDecoderSessions = async (
   })
   const [embed, decoder, rowsDecoder, vision, audio] = await Promise.all([
     session(files.embedTokens),
-    choice.decoder === "shared"
-      ? createSession(shared!.bytes!, device, threads, decoderOptions("decoder"))
-      : int8Nodes > 0 || options.profilePrefix !== undefined
-        ? createSession(await graph(), device, threads, decoderOptions("decoder"))
-        : session(files.decoder, true),
+    createSession(
+      choice.decoder === "shared" ? shared!.bytes! : await graph(),
+      device,
+      threads,
+      decoderOptions("decoder")
+    ),
     choice.rowsDecoder === undefined
       ? undefined
       : createSession(

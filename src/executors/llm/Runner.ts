@@ -85,6 +85,8 @@ export class Runner implements StepRunner {
   private readonly rowsDecoder: ort.InferenceSession | undefined
   private readonly hidden: number
   private readonly vocab: number
+  /** What a step reads of the decoder's outputs: logits and the cache (not its hidden states). */
+  private readonly fetches: ReadonlyArray<string>
   /** Schemas and the tokenizer's vocabulary index, for requests with a response format. */
   private readonly constraints: Constraints
   /** Requests whose prompts are being prefilled, in the order they joined. */
@@ -111,6 +113,7 @@ export class Runner implements StepRunner {
     this.rowsDecoder = sessions.rowsDecoder
     this.hidden = spec.hiddenSize
     this.vocab = spec.vocabSize
+    this.fetches = ["logits", ...io.cache.map((names) => names.output)]
     this.constraints = new Constraints(model, spec.vocabSize)
     this.tokens = new TokenInputs(
       model.path,
@@ -393,7 +396,9 @@ export class Runner implements StepRunner {
     if (this.io.useCacheBranch)
       feeds.use_cache_branch = new ort.Tensor("bool", Uint8Array.of(runPast.past[0]!.dims[2]! > 0 ? 1 : 0), [1])
     if (this.io.numLogitsToKeep) feeds.num_logits_to_keep = new ort.Tensor("int64", BigInt64Array.of(1n), [])
-    const outputs = await (batch > 1 && this.rowsDecoder !== undefined ? this.rowsDecoder : this.decoder).run(feeds)
+    const outputs = await (batch > 1 && this.rowsDecoder !== undefined ? this.rowsDecoder : this.decoder).run(feeds, [
+      ...this.fetches
+    ])
     this.kv.write(
       run,
       this.io.cache.map((names) => outputs[names.output]!)
@@ -439,30 +444,35 @@ export class Runner implements StepRunner {
     return out
   }
 
-  /** A prompt's embeddings: inputs_embeds as the decoder would take them, or its final hidden states. */
+  /**
+   * A prompt's embeddings: inputs_embeds as the decoder would take them, or its final hidden states
+   * (a decoder that gives none is opened rewritten to: see HiddenStatesOutput.ts), run alone.
+   */
   private async embedPrompt(prompt: PromptInput, source: "embed_tokens" | "hidden_states"): Promise<EmbedOutput> {
     const length = prompt.inputIds.length
-    if (!this.tokens.embeds) {
+    const output = hiddenStateOutputs.find((name) => this.decoder.outputNames.includes(name))
+    if (source === "hidden_states" && output === undefined)
       return {
-        error: `this model is a text-only export (onnx/model.onnx) with no embed_tokens or hidden-state output: it gives no prompt embeddings`
+        error: `this model's decoder gives no hidden states (no ${hiddenStateOutputs.join(" or ")} output, and no lm_head to read them before); ask for source "embed_tokens"`
+      }
+    if (!this.tokens.embeds && source === "embed_tokens") {
+      return {
+        error: `this model is a text-only export (onnx/model.onnx) with no embed_tokens: it gives no input embeddings; ask for source "hidden_states"`
       }
     }
-    const embeds = await this.tokens.promptEmbeds([prompt], length)
-    if (source === "embed_tokens") return { embedding: embeds, shape: [length, this.hidden] }
-    const output = hiddenStateOutputs.find((name) => this.decoder.outputNames.includes(name))
-    if (output === undefined)
-      return {
-        error: `this model's decoder gives no hidden states (no ${hiddenStateOutputs.join(" or ")} output); ask for source "embed_tokens"`
-      }
+    const embeds = this.tokens.embeds ? await this.tokens.promptEmbeds([prompt], length) : undefined
+    if (source === "embed_tokens") return { embedding: embeds!, shape: [length, this.hidden] }
     const axes = this.io.positionAxes
     const feeds = this.feeds(
-      floatsAs(this.io.embedsType, embeds, [1, length, this.hidden]),
+      embeds === undefined
+        ? int64(BigInt64Array.from(prompt.inputIds, BigInt), [1, length])
+        : floatsAs(this.io.embedsType, embeds, [1, length, this.hidden]),
       this.kv.past({ kind: "alone", length }),
       piecePositions(promptPositions(prompt, axes), 0, length, axes),
       [1, length]
     )
-    const outputs = await this.decoder.run(feeds, [output])
-    const states = outputs[output]!
+    const outputs = await this.decoder.run(feeds, [output!])
+    const states = outputs[output!]!
     return {
       embedding: new Float32Array(float32Data(states)),
       shape: [length, states.dims[states.dims.length - 1]!]

@@ -12,6 +12,7 @@ import { batchBufferPrefix } from "../../../src/executors/common/BatchBuffer.js"
 import type { LlmStats } from "../../../src/executors/llm/api.js"
 import { wavFile } from "../../../src/executors/geri/router.js"
 import { loadModelDirectory, type ModelDirectory, onnxPath } from "../../../src/models/ModelDirectory.js"
+import { exposeHiddenStates, hiddenStatesOutput } from "../../../src/models/onnx/HiddenStatesOutput.js"
 import { buildModel } from "../../../src/models/ModelStore.js"
 import { Random } from "../../../src/models/Random.js"
 import { colors, type NamedColor } from "../../../src/models/recipes/ColorChannels.js"
@@ -519,17 +520,57 @@ describe("prompt embeddings for a generator", () => {
     await session.release()
   })
 
-  it("400 without a sidecar to send to, and for hidden states the model does not export", async () => {
+  it("400 without a sidecar to send to", async () => {
     const messages = [{ role: "user", content: "paint it blue" }]
     expect((await post("/v1/cornserve/prompt-embeddings", { model, messages, id: "x" })).status).toBe(400)
-    const hidden = await post("/v1/cornserve/prompt-embeddings", {
+  })
+
+  it("answers the decoder's final hidden states, which its export does not give, as the decoder run in-process computes them", async () => {
+    const messages = [{ role: "user" as const, content: "paint the sea green" }]
+    const response = await post("/v1/cornserve/prompt-embeddings", {
       model,
       messages,
       id: "x",
       source: "hidden_states",
       return: "inline"
     })
-    expect(hidden.status).toBe(400)
-    expect(((await hidden.json()) as { error: { message: string } }).error.message).toMatch(/no hidden states/)
+    expect(response.status).toBe(200)
+    const answer = (await response.json()) as { shape: [number, number]; embedding: Array<number>; source: string }
+    expect(answer.source).toBe("hidden_states")
+    // In-process: embed_tokens, then the export's decoder with its lm_head's input as an output, no past.
+    const tokenizer = new ChatTokenizer(vlm)
+    const ids = tokenizer.encode(tokenizer.applyChatTemplate(messages, { addGenerationPrompt: false }))
+    const length = ids.length
+    const embedder = await ort.InferenceSession.create(onnxPath(vlm, "embed_tokens"))
+    const embeds = (
+      await embedder.run({ input_ids: new ort.Tensor("int64", BigInt64Array.from(ids, BigInt), [1, length]) })
+    ).inputs_embeds!
+    const rewritten = exposeHiddenStates(readFileSync(onnxPath(vlm, "decoder_model_merged")))
+    if (rewritten.bytes === undefined) throw new Error(rewritten.reason)
+    const decoder = await ort.InferenceSession.create(rewritten.bytes, { intraOpNumThreads: 1 })
+    const spec = vlm.decoder!
+    const feeds: Record<string, ort.Tensor> = {
+      inputs_embeds: embeds,
+      attention_mask: new ort.Tensor("int64", new BigInt64Array(length).fill(1n), [1, length])
+    }
+    if (decoder.inputNames.includes("position_ids"))
+      feeds.position_ids = new ort.Tensor(
+        "int64",
+        BigInt64Array.from({ length }, (_, i) => BigInt(i)),
+        [1, length]
+      )
+    for (const name of decoder.inputNames.filter((input) => input.startsWith("past")))
+      feeds[name] = new ort.Tensor("float32", new Float32Array(0), [1, spec.keyValueHeads, 0, spec.headDim])
+    const states = (await decoder.run(feeds, [hiddenStatesOutput]))[hiddenStatesOutput]!
+    expect(answer.shape).toEqual([length, spec.hiddenSize])
+    const expected = states.data as Float32Array
+    let worst = 0
+    let scale = 0
+    expected.forEach((value, i) => {
+      worst = Math.max(worst, Math.abs(answer.embedding[i]! - value))
+      scale = Math.max(scale, Math.abs(value))
+    })
+    expect(worst / scale).toBeLessThanOrEqual(1e-5)
+    await Promise.all([embedder.release(), decoder.release()])
   })
 })

@@ -178,6 +178,37 @@ describe("prompt embeddings through the sidecar (the LLM embedding task)", () =>
     await sidecarClient.markDone("prompt-green")
   })
 
+  it("sends the decoder's final hidden states of the prompt, as it answers them inline, with their shape", async () => {
+    const messages = [{ role: "user", content: "paint the hills brown" }]
+    const body = { model, messages, source: "hidden_states" }
+    const inline = await post<PromptEmbeddingsResponse>(`${llm.url}/v1/cornserve/prompt-embeddings`, {
+      ...body,
+      id: "inline",
+      return: "inline"
+    })
+    expect(inline.status).toBe(200)
+    const sent = await post<PromptEmbeddingsResponse>(`${llm.url}/v1/cornserve/prompt-embeddings`, {
+      ...body,
+      id: "prompt-states",
+      receivers: [sidecar.nodeId]
+    })
+    expect(sent.status).toBe(200)
+    expect(sent.body.source).toBe("hidden_states")
+    expect(sent.body.shape).toEqual(inline.body.shape)
+    const tensor = (await sidecarClient.recv("prompt-states", 0, { timeoutMs: 5_000 })) as Tensor
+    expect([tensor.dtype, ...tensor.shape]).toEqual(["float32", ...sent.body.shape])
+    expect(Array.from(tensor.data as Float32Array)).toEqual(inline.body.embedding)
+    // Hidden states, not the embedding table's rows.
+    const tokens = await post<PromptEmbeddingsResponse>(`${llm.url}/v1/cornserve/prompt-embeddings`, {
+      model,
+      messages,
+      id: "tokens",
+      return: "inline"
+    })
+    expect(tokens.body.embedding).not.toEqual(inline.body.embedding)
+    await sidecarClient.markDone("prompt-states")
+  })
+
   it("feeds Geri's painter, which paints the colour the prompt names", async () => {
     for (const [word, rgb] of [
       ["red", [1, 0, 0]],
