@@ -36,7 +36,10 @@ export {
   LLMImageTokensTask,
   type LLMConfig,
   type LLMInput,
+  type LLMEmbeddingInput,
   type LLMEmbeddingOutput,
+  type LLMEmbeddingTaskOptions,
+  type PromptEmbeddingSource,
   type LLMImageTokensInput,
   type LLMImageTokensOutput
 } from "./tasks/LLMTask.js"

@@ -1,4 +1,4 @@
-import { mkdtemp, rm } from "node:fs/promises"
+import { mkdtemp, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import {
@@ -291,6 +291,55 @@ describe("generators end to end: speech and images", () => {
       paths: Record<string, { post?: { requestBody?: unknown } }>
     }
     expect(document.paths["/app/speak/v1/audio/speech"]?.post?.requestBody).toBeDefined()
+  })
+
+  it("paints from the LLM's final hidden states when the embedding task asks for them, and says their shape", async () => {
+    // paint's tasks, the prompt's hidden states instead of its embed_tokens rows: the same deployments.
+    const file = join(root, "paint_states.ts")
+    await writeFile(
+      file,
+      `import { CompositeTask, defineApp, ImageGeneratorTask, LLMEmbeddingTask } from "cornserve/app"
+import { Schema } from "effect"
+class PaintStates extends CompositeTask<{ prompt: string; source: "embed_tokens" | "hidden_states" }, { image: string; shape?: readonly [number, number]; dtype?: string }> {
+  readonly name = "paint_states"
+  private readonly embed = this.use(new LLMEmbeddingTask({ model: "cornserve/tiny-color-vlm", receiveEmbeddings: true, source: "hidden_states" }))
+  private readonly painter = this.use(new ImageGeneratorTask({ model: "cornserve/tiny-color-painter" }))
+  compose({ prompt, source }: { prompt: string; source: "embed_tokens" | "hidden_states" }) {
+    const { embeddings, shape, dtype } = this.embed.compose({ messages: [{ role: "user", content: prompt }], embeddingSource: source })
+    const { image } = this.painter.compose({ embeddings, width: 16, height: 16 })
+    return { image, ...(shape === undefined ? {} : { shape }), ...(dtype === undefined ? {} : { dtype }) }
+  }
+}
+const paintStates = new PaintStates()
+export default defineApp({
+  tasks: { paintStates },
+  request: Schema.Struct({ prompt: Schema.String, source: Schema.Literal("embed_tokens", "hidden_states") }),
+  response: Schema.Struct({ image: Schema.String, shape: Schema.Tuple(Schema.Number, Schema.Number), dtype: Schema.String }),
+  serve: async (request) => {
+    const { image, shape, dtype } = await paintStates.invoke(request)
+    return { image, shape: shape!, dtype: dtype! }
+  }
+})
+`
+    )
+    const registered = await runCli(["app", "register", file], { CORNSERVE_GATEWAY_URL: platform.url })
+    expect(registered.code, registered.stderr).toBe(0)
+    const answers = []
+    for (const source of ["hidden_states", "embed_tokens"]) {
+      const response = await invoke(
+        platform.url,
+        "paint_states",
+        JSON.stringify({ prompt: "Paint me something blue.", source })
+      )
+      const text = await response.text()
+      expect(response.status, text).toBe(200)
+      answers.push(JSON.parse(text) as { image: string; shape: [number, number]; dtype: string })
+    }
+    const [states, rows] = answers
+    expect(states!.dtype).toBe("float32")
+    expect(states!.shape).toEqual(rows!.shape)
+    expect(states!.shape[0]).toBeGreaterThan(1)
+    for (const { image } of answers) expect((await sharp(Buffer.from(image, "base64")).metadata()).width).toBe(16)
   })
 
   it("paints images for OpenAI's image generations: the size asked for, the colour named, seeded", async () => {

@@ -39,7 +39,7 @@ export interface LLMTaskOptions {
 }
 
 /** A call's input with the task's default for trusting its messages, unless the call says. */
-const trusting = (input: LLMInput, options: LLMTaskOptions): LLMInput =>
+const trusting = <I extends LLMInput>(input: I, options: LLMTaskOptions): I =>
   options.parseSpecialTokensInContent === true && input.parseSpecialTokensInContent === undefined
     ? { ...input, parseSpecialTokensInContent: true }
     : input
@@ -66,29 +66,64 @@ export class LLMTask extends UnitTask<LLMInput, TaskStream<ChatCompletionChunk>,
   }
 }
 
+/** What an LLMEmbeddingTask forwards: the prompt's input embeddings, or the decoder's final hidden states. */
+export const PromptEmbeddingSource = Schema.Literal("embed_tokens", "hidden_states")
+export type PromptEmbeddingSource = typeof PromptEmbeddingSource.Type
+
+/** An LLMEmbeddingTask's input: a chat request, and which embeddings of its prompt are forwarded. */
+export const LLMEmbeddingInput = Schema.extend(
+  LLMInput,
+  Schema.Struct({
+    /** The task's `source` unless the call says (see LLMEmbeddingTaskOptions). */
+    embeddingSource: Schema.optional(PromptEmbeddingSource)
+  })
+)
+export type LLMEmbeddingInput = typeof LLMEmbeddingInput.Type
+
+export interface LLMEmbeddingTaskOptions extends LLMTaskOptions {
+  /**
+   * "embed_tokens" (the default): the embedding table's rows for the prompt's tokens, media spliced
+   * in, as the decoder takes them. "hidden_states": the decoder's final hidden states over the
+   * prompt (the final norm's output, what its lm_head reads; a text-generation export is opened
+   * rewritten to give them), for another model conditioned on this one's.
+   */
+  readonly source?: PromptEmbeddingSource
+}
+
 export interface LLMEmbeddingOutput {
-  /** The model's final hidden states over the prompt, for a generator to take. */
+  /** The embeddings, float32 [prompt tokens, hidden], for a generator or another model to take. */
   readonly embeddings: DataForward<"Tensor">
+  /** Their shape and dtype, once the call has run (not while an app's graph is being recorded). */
+  readonly shape?: readonly [rows: number, hidden: number]
+  readonly dtype?: "float32"
 }
 
 /**
- * Runs an LLM over a prompt and forwards its hidden states through the sidecar. An LLMEmbeddingTask
- * and an LLMTask with the same config are the same deployment: one executor serves both.
+ * Runs an LLM over a prompt and forwards its embeddings (see `source`) through the sidecar. An
+ * LLMEmbeddingTask and an LLMTask with the same config are the same deployment: one executor
+ * serves both.
  */
-export class LLMEmbeddingTask extends UnitTask<LLMInput, LLMEmbeddingOutput, typeof LLMConfig.Type> {
+export class LLMEmbeddingTask extends UnitTask<LLMEmbeddingInput, LLMEmbeddingOutput, typeof LLMConfig.Type> {
   readonly operation = "hidden-states"
   readonly name: string
-  protected readonly inputSchema = LLMInput
+  protected readonly inputSchema = LLMEmbeddingInput
   private readonly options: LLMTaskOptions
+  private readonly source: PromptEmbeddingSource | undefined
 
-  constructor({ parseSpecialTokensInContent, ...config }: LLMConfig & LLMTaskOptions) {
+  constructor({ parseSpecialTokensInContent, source, ...config }: LLMConfig & LLMEmbeddingTaskOptions) {
     super("llm", LLMConfig, config)
     this.name = `llm-${modelShortName(this.config.model)}`
     this.options = parseSpecialTokensInContent === undefined ? {} : { parseSpecialTokensInContent }
+    this.source = source
   }
 
-  override compose(input: LLMInput): LLMEmbeddingOutput {
-    return super.compose(trusting(input, this.options))
+  override compose(input: LLMEmbeddingInput): LLMEmbeddingOutput {
+    const trusted = trusting(input, this.options)
+    return super.compose(
+      this.source === undefined || trusted.embeddingSource !== undefined
+        ? trusted
+        : { ...trusted, embeddingSource: this.source }
+    )
   }
 
   protected makeRecordOutput(): LLMEmbeddingOutput {

@@ -11,7 +11,7 @@ import * as Either from "effect/Either"
 import * as Schema from "effect/Schema"
 import { EncoderConfig, EncoderInput } from "../../app-runtime/tasks/EncoderTask.js"
 import { AudioGeneratorInput, ImageGeneratorInput } from "../../app-runtime/tasks/GeneratorTask.js"
-import { LLMConfig, LLMImageTokensInput } from "../../app-runtime/tasks/LLMTask.js"
+import { LLMConfig, LLMImageTokensInput, PromptEmbeddingSource } from "../../app-runtime/tasks/LLMTask.js"
 import type { EmbeddingResponse } from "../../app-runtime/schemas/Embeddings.js"
 import { embeddingInputs, TextEmbeddingConfig, TextEmbeddingInput } from "../../app-runtime/tasks/TextEmbeddingTask.js"
 import {
@@ -269,7 +269,11 @@ const specialTokensParsed = (trusted: boolean | undefined) =>
 
 const decodeChatCall = decodeInvocation(Schema.Struct({ config: LLMConfig, input: ChatInput }))
 const decodeHiddenStatesCall = decodeInvocation(
-  Schema.Struct({ config: LLMConfig, input: ChatInput, output: Schema.Struct({ embeddings: ForwardedId }) })
+  Schema.Struct({
+    config: LLMConfig,
+    input: Schema.extend(ChatInput, Schema.Struct({ embeddingSource: Schema.optional(PromptEmbeddingSource) })),
+    output: Schema.Struct({ embeddings: ForwardedId })
+  })
 )
 
 const embeddingRefs = (ids: ReadonlyArray<string> | undefined, context: CallContext) =>
@@ -326,12 +330,12 @@ const promptEmbeddings = async (
     ...specialTokensParsed(input.parseSpecialTokensInContent),
     id: output.embeddings,
     receivers: context.receivers,
-    source: "embed_tokens",
+    source: input.embeddingSource ?? "embed_tokens",
     return: "sidecar"
   }
   const response = await post(`${url}/v1/cornserve/prompt-embeddings`, PromptEmbeddingsRequest, body, context)
-  decodeAnswer(PromptEmbeddingsResponse)(await response.json())
-  return { output: invocation.output }
+  const { shape } = decodeAnswer(PromptEmbeddingsResponse)(await response.json())
+  return { output: { ...(invocation.output as object), shape, dtype: "float32" } }
 }
 
 const decodeImageTokensCall = decodeInvocation(

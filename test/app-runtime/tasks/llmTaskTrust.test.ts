@@ -5,6 +5,7 @@ import { setTaskDispatcher, type TaskGraphWire } from "../../../src/app-runtime/
 /**
  * An app that writes its own LLM prompts may say so (parseSpecialTokensInContent): each call's
  * input carries it to the dispatcher, and the task's deployment is the same as without it.
+ * So does an LLM embedding task's source of embeddings.
  */
 
 const model = "Qwen/Qwen2.5-7B-Instruct"
@@ -65,5 +66,22 @@ describe("an LLM task whose prompts are the app's own", () => {
       )
       expect(llmInput(graphs).parseSpecialTokensInContent).toBe(true)
     }
+  })
+})
+
+describe("an LLM embedding task's source", () => {
+  it("is not its deployment's; every call says it, unless the call says otherwise", async () => {
+    const states = new LLMEmbeddingTask({ model, source: "hidden_states" })
+    expect(states.id).toBe(new LLMTask({ model }).id)
+    const graphs = recordGraphs()
+    const output = await states.invoke(request)
+    expect(llmInput(graphs).embeddingSource).toBe("hidden_states")
+    expect(output.embeddings.dataType).toBe("Tensor")
+    graphs.length = 0
+    await states.invoke({ ...request, embeddingSource: "embed_tokens" })
+    expect(llmInput(graphs).embeddingSource).toBe("embed_tokens")
+    graphs.length = 0
+    await new LLMEmbeddingTask({ model }).invoke(request)
+    expect(llmInput(graphs)).not.toHaveProperty("embeddingSource")
   })
 })
