@@ -293,31 +293,37 @@ describe("generators end to end: speech and images", () => {
     expect(document.paths["/app/speak/v1/audio/speech"]?.post?.requestBody).toBeDefined()
   })
 
-  it("paints from the LLM's final hidden states when the embedding task asks for them, and says their shape", async () => {
+  it("paints from the LLM's final hidden states when the embedding task asks for them, of its answer too, and says their shape", async () => {
     // paint's tasks, the prompt's hidden states instead of its embed_tokens rows: the same deployments.
     const file = join(root, "paint_states.ts")
     await writeFile(
       file,
-      `import { CompositeTask, defineApp, ImageGeneratorTask, LLMEmbeddingTask } from "cornserve/app"
+      `import { CompositeTask, defineApp, ImageGeneratorTask, LLMEmbeddingTask, type LLMEmbeddingOutput } from "cornserve/app"
 import { Schema } from "effect"
-class PaintStates extends CompositeTask<{ prompt: string; source: "embed_tokens" | "hidden_states" }, { image: string; shape?: readonly [number, number]; dtype?: string }> {
+interface Ask { prompt: string; source: "embed_tokens" | "hidden_states"; generate: boolean }
+class PaintStates extends CompositeTask<Ask, { image: string } & Omit<LLMEmbeddingOutput, "embeddings">> {
   readonly name = "paint_states"
   private readonly embed = this.use(new LLMEmbeddingTask({ model: "cornserve/tiny-color-vlm", receiveEmbeddings: true, source: "hidden_states" }))
   private readonly painter = this.use(new ImageGeneratorTask({ model: "cornserve/tiny-color-painter" }))
-  compose({ prompt, source }: { prompt: string; source: "embed_tokens" | "hidden_states" }) {
-    const { embeddings, shape, dtype } = this.embed.compose({ messages: [{ role: "user", content: prompt }], embeddingSource: source })
+  compose({ prompt, source, generate }: Ask) {
+    const { embeddings, ...about } = this.embed.compose({ messages: [{ role: "user", content: prompt }], embeddingSource: source, embeddingGenerate: generate, max_tokens: 4 })
     const { image } = this.painter.compose({ embeddings, width: 16, height: 16 })
-    return { image, ...(shape === undefined ? {} : { shape }), ...(dtype === undefined ? {} : { dtype }) }
+    return { image, ...about }
   }
 }
 const paintStates = new PaintStates()
 export default defineApp({
   tasks: { paintStates },
-  request: Schema.Struct({ prompt: Schema.String, source: Schema.Literal("embed_tokens", "hidden_states") }),
-  response: Schema.Struct({ image: Schema.String, shape: Schema.Tuple(Schema.Number, Schema.Number), dtype: Schema.String }),
+  request: Schema.Struct({ prompt: Schema.String, source: Schema.Literal("embed_tokens", "hidden_states"), generate: Schema.Boolean }),
+  response: Schema.Struct({
+    image: Schema.String,
+    shape: Schema.Tuple(Schema.Number, Schema.Number),
+    dtype: Schema.String,
+    completion: Schema.optional(Schema.Struct({ text: Schema.String, tokenIds: Schema.Array(Schema.Number), finishReason: Schema.String }))
+  }),
   serve: async (request) => {
-    const { image, shape, dtype } = await paintStates.invoke(request)
-    return { image, shape: shape!, dtype: dtype! }
+    const { image, shape, dtype, completion } = await paintStates.invoke(request)
+    return { image, shape: shape!, dtype: dtype!, ...(completion === undefined ? {} : { completion }) }
   }
 })
 `
@@ -325,20 +331,38 @@ export default defineApp({
     const registered = await runCli(["app", "register", file], { CORNSERVE_GATEWAY_URL: platform.url })
     expect(registered.code, registered.stderr).toBe(0)
     const answers = []
-    for (const source of ["hidden_states", "embed_tokens"]) {
+    for (const [source, generate] of [
+      ["hidden_states", false],
+      ["embed_tokens", false],
+      ["hidden_states", true]
+    ]) {
       const response = await invoke(
         platform.url,
         "paint_states",
-        JSON.stringify({ prompt: "Paint me something blue.", source })
+        JSON.stringify({ prompt: "Paint me something blue.", source, generate })
       )
       const text = await response.text()
       expect(response.status, text).toBe(200)
-      answers.push(JSON.parse(text) as { image: string; shape: [number, number]; dtype: string })
+      answers.push(
+        JSON.parse(text) as {
+          image: string
+          shape: [number, number]
+          dtype: string
+          completion?: { text: string; tokenIds: Array<number>; finishReason: string }
+        }
+      )
     }
-    const [states, rows] = answers
+    const [states, rows, generated] = answers
     expect(states!.dtype).toBe("float32")
     expect(states!.shape).toEqual(rows!.shape)
     expect(states!.shape[0]).toBeGreaterThan(1)
+    expect(states!.completion).toBeUndefined()
+    // The prompt with the generation prompt, then the tokens it generated, one row each.
+    const { tokenIds, finishReason } = generated!.completion!
+    expect(tokenIds.length).toBeGreaterThan(0)
+    expect(tokenIds.length).toBeLessThanOrEqual(4)
+    expect(["stop", "length"]).toContain(finishReason)
+    expect(generated!.shape[0] - tokenIds.length).toBeGreaterThanOrEqual(states!.shape[0])
     for (const { image } of answers) expect((await sharp(Buffer.from(image, "base64")).metadata()).width).toBe(16)
   })
 

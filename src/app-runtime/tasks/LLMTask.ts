@@ -75,7 +75,9 @@ export const LLMEmbeddingInput = Schema.extend(
   LLMInput,
   Schema.Struct({
     /** The task's `source` unless the call says (see LLMEmbeddingTaskOptions). */
-    embeddingSource: Schema.optional(PromptEmbeddingSource)
+    embeddingSource: Schema.optional(PromptEmbeddingSource),
+    /** The task's `generate` unless the call says (see LLMEmbeddingTaskOptions). */
+    embeddingGenerate: Schema.optional(Schema.Boolean)
   })
 )
 export type LLMEmbeddingInput = typeof LLMEmbeddingInput.Type
@@ -88,6 +90,12 @@ export interface LLMEmbeddingTaskOptions extends LLMTaskOptions {
    * rewritten to give them), for another model conditioned on this one's.
    */
   readonly source?: PromptEmbeddingSource
+  /**
+   * With source "hidden_states": first answer the call's messages (its `max_tokens`, `temperature`
+   * and `seed`; greedy by default), then forward the hidden states of the prompt and of the tokens
+   * generated, [prompt + generated, hidden]; the output's `completion` says what was generated.
+   */
+  readonly generate?: boolean
 }
 
 export interface LLMEmbeddingOutput {
@@ -96,6 +104,12 @@ export interface LLMEmbeddingOutput {
   /** Their shape and dtype, once the call has run (not while an app's graph is being recorded). */
   readonly shape?: readonly [rows: number, hidden: number]
   readonly dtype?: "float32"
+  /** With `generate`: the answer, whose tokens are the embeddings' last rows. */
+  readonly completion?: {
+    readonly text: string
+    readonly tokenIds: ReadonlyArray<number>
+    readonly finishReason: "stop" | "length" | "tool_calls"
+  }
 }
 
 /**
@@ -109,21 +123,25 @@ export class LLMEmbeddingTask extends UnitTask<LLMEmbeddingInput, LLMEmbeddingOu
   protected readonly inputSchema = LLMEmbeddingInput
   private readonly options: LLMTaskOptions
   private readonly source: PromptEmbeddingSource | undefined
+  private readonly generate: boolean | undefined
 
-  constructor({ parseSpecialTokensInContent, source, ...config }: LLMConfig & LLMEmbeddingTaskOptions) {
+  constructor({ parseSpecialTokensInContent, source, generate, ...config }: LLMConfig & LLMEmbeddingTaskOptions) {
     super("llm", LLMConfig, config)
     this.name = `llm-${modelShortName(this.config.model)}`
     this.options = parseSpecialTokensInContent === undefined ? {} : { parseSpecialTokensInContent }
     this.source = source
+    this.generate = generate
   }
 
   override compose(input: LLMEmbeddingInput): LLMEmbeddingOutput {
     const trusted = trusting(input, this.options)
-    return super.compose(
-      this.source === undefined || trusted.embeddingSource !== undefined
-        ? trusted
-        : { ...trusted, embeddingSource: this.source }
-    )
+    return super.compose({
+      ...trusted,
+      ...(this.source === undefined || trusted.embeddingSource !== undefined ? {} : { embeddingSource: this.source }),
+      ...(this.generate === undefined || trusted.embeddingGenerate !== undefined
+        ? {}
+        : { embeddingGenerate: this.generate })
+    })
   }
 
   protected makeRecordOutput(): LLMEmbeddingOutput {

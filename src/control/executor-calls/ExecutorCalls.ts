@@ -271,7 +271,13 @@ const decodeChatCall = decodeInvocation(Schema.Struct({ config: LLMConfig, input
 const decodeHiddenStatesCall = decodeInvocation(
   Schema.Struct({
     config: LLMConfig,
-    input: Schema.extend(ChatInput, Schema.Struct({ embeddingSource: Schema.optional(PromptEmbeddingSource) })),
+    input: Schema.extend(
+      ChatInput,
+      Schema.Struct({
+        embeddingSource: Schema.optional(PromptEmbeddingSource),
+        embeddingGenerate: Schema.optional(Schema.Boolean)
+      })
+    ),
     output: Schema.Struct({ embeddings: ForwardedId })
   })
 )
@@ -316,6 +322,16 @@ const chat = async (url: string, invocation: TaskInvocationWire, context: CallCo
   return { output: {}, stream: chatChunks(response) }
 }
 
+/** A completion before the hidden states (LLMEmbeddingTask's `generate`), as the call's chat request asks. */
+const generationOf = (input: typeof ChatInput.Type) => {
+  const maxTokens = input.max_completion_tokens ?? input.max_tokens
+  return {
+    ...(maxTokens == null ? {} : { max_tokens: maxTokens }),
+    ...(input.temperature == null ? {} : { temperature: input.temperature }),
+    ...(input.seed == null ? {} : { seed: input.seed })
+  }
+}
+
 const promptEmbeddings = async (
   url: string,
   invocation: TaskInvocationWire,
@@ -331,11 +347,27 @@ const promptEmbeddings = async (
     id: output.embeddings,
     receivers: context.receivers,
     source: input.embeddingSource ?? "embed_tokens",
-    return: "sidecar"
+    return: "sidecar",
+    ...(input.embeddingGenerate === true ? { generate: generationOf(input) } : {})
   }
   const response = await post(`${url}/v1/cornserve/prompt-embeddings`, PromptEmbeddingsRequest, body, context)
-  const { shape } = decodeAnswer(PromptEmbeddingsResponse)(await response.json())
-  return { output: { ...(invocation.output as object), shape, dtype: "float32" } }
+  const { shape, completion } = decodeAnswer(PromptEmbeddingsResponse)(await response.json())
+  return {
+    output: {
+      ...(invocation.output as object),
+      shape,
+      dtype: "float32",
+      ...(completion === undefined
+        ? {}
+        : {
+            completion: {
+              text: completion.text,
+              tokenIds: completion.token_ids,
+              finishReason: completion.finish_reason
+            }
+          })
+    }
+  }
 }
 
 const decodeImageTokensCall = decodeInvocation(

@@ -117,6 +117,18 @@ export class Generation {
     if (this.result !== undefined) this.deliver(this.result)
   }
 
+  /** Every token generated and the outcome, once the request has ended: for a caller that wants the ids, not a stream. */
+  tokens(): Promise<{ readonly outcome: Outcome; readonly tokens: ReadonlyArray<number> }> {
+    const tokens: Array<number> = []
+    return new Promise((resolve, reject) =>
+      this.subscribe({
+        text: (_, said) => tokens.push(...said),
+        end: (outcome) => resolve({ outcome, tokens: [...tokens, ...this.takeUnsaid()] }),
+        error: reject
+      })
+    )
+  }
+
   /** Tokens generated whose text was never said (an end-of-sequence token, say), now that the request ended. */
   takeUnsaid(): ReadonlyArray<number> {
     const tokens = this.pending

@@ -86,6 +86,15 @@ export type ModelList = typeof ModelList.Type
 export const EmbeddingSource = Schema.Literal("embed_tokens", "hidden_states")
 export type EmbeddingSource = typeof EmbeddingSource.Type
 
+/** A completion before a prompt's hidden states are taken: greedy unless `temperature` says. */
+export const PromptGeneration = Schema.Struct({
+  /** By default, as a chat completion's: what the model's generation config and context leave. */
+  max_tokens: Schema.optional(Schema.Int.pipe(Schema.between(1, 1_000_000))),
+  temperature: Schema.optional(Schema.Number.pipe(Schema.between(0, 2))),
+  seed: Schema.optional(Schema.Int)
+})
+export type PromptGeneration = typeof PromptGeneration.Type
+
 export const PromptEmbeddingsRequest = Schema.Struct({
   /** Checked when given, as in chat completions. */
   model: Schema.optional(Schema.String),
@@ -101,7 +110,12 @@ export const PromptEmbeddingsRequest = Schema.Struct({
   /** Node ids that receive it (default: this node). */
   receivers: Schema.optional(Schema.Array(Schema.String)),
   source: Schema.optionalWith(EmbeddingSource, { default: () => "embed_tokens" as const }),
-  return: Schema.optionalWith(Schema.Literal("sidecar", "inline"), { default: () => "sidecar" as const })
+  return: Schema.optionalWith(Schema.Literal("sidecar", "inline"), { default: () => "sidecar" as const }),
+  /**
+   * With source "hidden_states": first answer the messages (rendered with the generation prompt),
+   * then give the hidden states of the prompt and the generated tokens, [prompt + generated, hidden].
+   */
+  generate: Schema.optional(PromptGeneration)
 })
 export type PromptEmbeddingsRequest = typeof PromptEmbeddingsRequest.Type
 
@@ -111,7 +125,15 @@ export const PromptEmbeddingsResponse = Schema.Struct({
   dtype: Schema.Literal("float32"),
   shape: Schema.Tuple(Schema.Int, Schema.Int),
   /** Row-major, with `return: "inline"` only. */
-  embedding: Schema.optional(Schema.Array(Schema.Number))
+  embedding: Schema.optional(Schema.Array(Schema.Number)),
+  /** With `generate`: what was generated, whose tokens are the last rows. */
+  completion: Schema.optional(
+    Schema.Struct({
+      text: Schema.String,
+      token_ids: Schema.Array(Schema.Int),
+      finish_reason: OpenAI.FinishReason
+    })
+  )
 })
 export type PromptEmbeddingsResponse = typeof PromptEmbeddingsResponse.Type
 

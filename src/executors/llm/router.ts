@@ -54,6 +54,7 @@ import {
   type ModelList,
   PromptEmbeddingsRequest,
   type PromptEmbeddingsResponse,
+  type PromptGeneration,
   type Usage
 } from "./api.js"
 import type { ResponseFormat } from "./Constraints.js"
@@ -77,6 +78,22 @@ import { checkSchemaBounds, SchemaTooLarge } from "./structured/SchemaBounds.js"
 const sseLine = (data: unknown) =>
   new TextEncoder().encode(`data: ${typeof data === "string" ? data : JSON.stringify(data)}\n\n`)
 
+/** What a completion's sampling is read from: a chat request's fields, or prompt-embeddings' `generate`. */
+type SamplingFields = Pick<
+  ChatCompletionRequest,
+  | "max_completion_tokens"
+  | "max_tokens"
+  | "temperature"
+  | "top_p"
+  | "top_k"
+  | "repetition_penalty"
+  | "presence_penalty"
+  | "frequency_penalty"
+  | "logprobs"
+  | "top_logprobs"
+  | "seed"
+  | "ignore_eos"
+>
 export const routerKind: RouterKind = {
   preprocessModule: new URL("./preprocess.js", import.meta.url).href,
   make: ({ config, engine, pool }) =>
@@ -220,7 +237,7 @@ export const routerKind: RouterKind = {
         return { inputIds, media: spans, ...(rope === undefined ? {} : { rope }) }
       }
 
-      const sampling = (body: ChatCompletionRequest, promptTokens: number): SamplingParams => {
+      const sampling = (body: SamplingFields, promptTokens: number): SamplingParams => {
         if (promptTokens >= maxModelLength) {
           throw new ContextLengthExceeded({
             message: `this model's maximum context length is ${maxModelLength} tokens; the messages take ${promptTokens}`
@@ -628,6 +645,33 @@ export const routerKind: RouterKind = {
         })
       }).pipe(Effect.catchAll(errorAnswer))
 
+      /** A completion of `prompt` whose tokens its hidden states then run over too (prompt-embeddings' `generate`). */
+      const completeFirst = (prompt: PromptInput, asked: PromptGeneration) =>
+        Effect.gen(function* () {
+          if (prompt.rope !== undefined)
+            return yield* new BadRequest({
+              message:
+                "the hidden states of generated tokens are not given for a prompt with multimodal rotary positions"
+            })
+          const params = yield* check(() =>
+            sampling(
+              {
+                ...(asked.max_tokens === undefined ? {} : { max_tokens: asked.max_tokens }),
+                temperature: asked.temperature ?? 0,
+                ...(asked.seed === undefined ? {} : { seed: asked.seed })
+              },
+              prompt.inputIds.length
+            )
+          )
+          const generation = new Generation(engine, { op: "generate", prompt, sampling: params }, tokenizer, [], [], {
+            ...(yield* workItemContext)
+          })
+          const { outcome, tokens } = yield* attempt(() => generation.tokens()).pipe(
+            Effect.onInterrupt(() => Effect.sync(() => generation.cancel()))
+          )
+          return { text: generation.text, tokens, finishReason: outcome.finishReason }
+        })
+
       const promptEmbeddings = Effect.gen(function* () {
         const body = yield* HttpServerRequest.schemaBodyJson(PromptEmbeddingsRequest)
         yield* checkModel(body.model)
@@ -638,6 +682,10 @@ export const routerKind: RouterKind = {
         )
         if ((body.messages === undefined) === (body.prompt === undefined))
           return yield* new BadRequest({ message: "give either messages or prompt" })
+        if (body.generate !== undefined && body.source !== "hidden_states")
+          return yield* new BadRequest({
+            message: 'generate gives the hidden states of what it generates: ask for source "hidden_states"'
+          })
         const inline = body.return === "inline"
         if (!inline && sidecar === undefined) return yield* new NoSidecar()
         const span = yield* RequestSpan
@@ -648,7 +696,7 @@ export const routerKind: RouterKind = {
                 ? { text: body.prompt! }
                 : {
                     messages: body.messages,
-                    addGenerationPrompt: body.add_generation_prompt,
+                    addGenerationPrompt: body.add_generation_prompt || body.generate !== undefined,
                     trusted: body.cornserve_parse_special_tokens === true
                   },
               body.cornserve_embeddings,
@@ -663,9 +711,13 @@ export const routerKind: RouterKind = {
             message: `this model's maximum context length is ${maxModelLength} tokens; the prompt takes ${prompt.inputIds.length}`
           })
         }
+        const completion = body.generate === undefined ? undefined : yield* completeFirst(prompt, body.generate)
         const meta: LlmRequestMeta = {
           op: "embed",
-          prompt,
+          prompt:
+            completion === undefined
+              ? prompt
+              : { ...prompt, inputIds: Int32Array.from([...prompt.inputIds, ...completion.tokens]) },
           id: body.id,
           source: body.source,
           receivers: body.receivers ?? (sidecar === undefined ? [] : [sidecar.nodeId]),
@@ -682,7 +734,16 @@ export const routerKind: RouterKind = {
           source: body.source,
           dtype: "float32",
           shape: result.shape!,
-          ...(result.embedding === undefined ? {} : { embedding: Array.from(result.embedding) })
+          ...(result.embedding === undefined ? {} : { embedding: Array.from(result.embedding) }),
+          ...(completion === undefined
+            ? {}
+            : {
+                completion: {
+                  text: completion.text,
+                  token_ids: completion.tokens,
+                  finish_reason: completion.finishReason
+                }
+              })
         }
         return HttpServerResponse.unsafeJson(answer)
       }).pipe(Effect.catchAll(errorAnswer))

@@ -83,5 +83,9 @@ describe("an LLM embedding task's source", () => {
     graphs.length = 0
     await new LLMEmbeddingTask({ model }).invoke(request)
     expect(llmInput(graphs)).not.toHaveProperty("embeddingSource")
+    expect(llmInput(graphs)).not.toHaveProperty("embeddingGenerate")
+    graphs.length = 0
+    await new LLMEmbeddingTask({ model, source: "hidden_states", generate: true }).invoke({ ...request, max_tokens: 3 })
+    expect(llmInput(graphs)).toMatchObject({ embeddingSource: "hidden_states", embeddingGenerate: true, max_tokens: 3 })
   })
 })

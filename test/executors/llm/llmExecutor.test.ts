@@ -525,21 +525,8 @@ describe("prompt embeddings for a generator", () => {
     expect((await post("/v1/cornserve/prompt-embeddings", { model, messages, id: "x" })).status).toBe(400)
   })
 
-  it("answers the decoder's final hidden states, which its export does not give, as the decoder run in-process computes them", async () => {
-    const messages = [{ role: "user" as const, content: "paint the sea green" }]
-    const response = await post("/v1/cornserve/prompt-embeddings", {
-      model,
-      messages,
-      id: "x",
-      source: "hidden_states",
-      return: "inline"
-    })
-    expect(response.status).toBe(200)
-    const answer = (await response.json()) as { shape: [number, number]; embedding: Array<number>; source: string }
-    expect(answer.source).toBe("hidden_states")
-    // In-process: embed_tokens, then the export's decoder with its lm_head's input as an output, no past.
-    const tokenizer = new ChatTokenizer(vlm)
-    const ids = tokenizer.encode(tokenizer.applyChatTemplate(messages, { addGenerationPrompt: false }))
+  /** The final hidden states of `ids` in-process: embed_tokens, then the export's decoder with its lm_head's input as an output. */
+  const inProcessHiddenStates = async (ids: ReadonlyArray<number>): Promise<Float32Array> => {
     const length = ids.length
     const embedder = await ort.InferenceSession.create(onnxPath(vlm, "embed_tokens"))
     const embeds = (
@@ -562,15 +549,73 @@ describe("prompt embeddings for a generator", () => {
     for (const name of decoder.inputNames.filter((input) => input.startsWith("past")))
       feeds[name] = new ort.Tensor("float32", new Float32Array(0), [1, spec.keyValueHeads, 0, spec.headDim])
     const states = (await decoder.run(feeds, [hiddenStatesOutput]))[hiddenStatesOutput]!
-    expect(answer.shape).toEqual([length, spec.hiddenSize])
-    const expected = states.data as Float32Array
+    await Promise.all([embedder.release(), decoder.release()])
+    return states.data as Float32Array
+  }
+
+  const expectWithin = (actual: ReadonlyArray<number>, expected: Float32Array, bound: number) => {
+    expect(actual.length).toBe(expected.length)
     let worst = 0
     let scale = 0
     expected.forEach((value, i) => {
-      worst = Math.max(worst, Math.abs(answer.embedding[i]! - value))
+      worst = Math.max(worst, Math.abs(actual[i]! - value))
       scale = Math.max(scale, Math.abs(value))
     })
-    expect(worst / scale).toBeLessThanOrEqual(1e-5)
-    await Promise.all([embedder.release(), decoder.release()])
+    expect(worst / scale).toBeLessThanOrEqual(bound)
+  }
+
+  /** The prompt's hidden states, inline, with what else `extra` asks. */
+  const hiddenStates = async (messages: ReadonlyArray<{ role: "user"; content: string }>, extra: object = {}) => {
+    const response = await post("/v1/cornserve/prompt-embeddings", {
+      model,
+      messages,
+      id: "x",
+      source: "hidden_states",
+      return: "inline",
+      ...extra
+    })
+    expect(response.status).toBe(200)
+    return (await response.json()) as HiddenStatesAnswer
+  }
+
+  interface HiddenStatesAnswer {
+    readonly shape: [number, number]
+    readonly embedding: Array<number>
+    readonly source: string
+    readonly completion?: { readonly text: string; readonly token_ids: Array<number>; readonly finish_reason: string }
+  }
+
+  it("answers the decoder's final hidden states, which its export does not give, as the decoder run in-process computes them", async () => {
+    const messages = [{ role: "user" as const, content: "paint the sea green" }]
+    const answer = await hiddenStates(messages)
+    expect(answer.source).toBe("hidden_states")
+    const tokenizer = new ChatTokenizer(vlm)
+    const ids = tokenizer.encode(tokenizer.applyChatTemplate(messages, { addGenerationPrompt: false }))
+    expect(answer.shape).toEqual([ids.length, vlm.decoder!.hiddenSize])
+    expectWithin(answer.embedding, await inProcessHiddenStates(ids), 1e-5)
+  })
+
+  it("with generate, answers the messages first, then the hidden states of the prompt and the tokens it generated", async () => {
+    const messages = [{ role: "user" as const, content: "what colour is the sky?" }]
+    const answer = await hiddenStates(messages, { generate: { max_tokens: 6 } })
+    // What a greedy chat completion of the same messages says.
+    const chat = await client.chat.completions.create({ model, messages, max_tokens: 6, temperature: 0 })
+    expect(answer.completion!.text).toBe(chat.choices[0]!.message.content)
+    expect(answer.completion!.finish_reason).toBe(chat.choices[0]!.finish_reason)
+    const tokenizer = new ChatTokenizer(vlm)
+    const prompt = tokenizer.encode(tokenizer.applyChatTemplate(messages, { addGenerationPrompt: true }))
+    const ids = [...prompt, ...answer.completion!.token_ids]
+    expect(answer.completion!.token_ids.length).toBe(chat.usage!.completion_tokens)
+    expect(answer.shape).toEqual([ids.length, vlm.decoder!.hiddenSize])
+    expectWithin(answer.embedding, await inProcessHiddenStates(ids), 1e-5)
+    // Only hidden states are given for what it generates.
+    const refused = await post("/v1/cornserve/prompt-embeddings", {
+      model,
+      messages,
+      id: "x",
+      return: "inline",
+      generate: { max_tokens: 6 }
+    })
+    expect(refused.status).toBe(400)
   })
 })
