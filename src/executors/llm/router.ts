@@ -24,7 +24,7 @@ import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { type LiteralPrompt, type Marker, type Marks, unmark } from "../../models/SpecialTokenText.js"
 import { ChatTemplateError, ChatTokenizer } from "../../models/Tokenizer.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
-import { BadRequest, ContextLengthExceeded, EmptyPrompt, ModelNotFound, NoSidecar } from "../common/errors.js"
+import { BadRequest, ContextLengthExceeded, EmptyPrompt, ModelNotFound } from "../common/errors.js"
 import { checkMediaItemCount } from "../common/media/MediaLimits.js"
 import {
   answeredFailure,
@@ -52,9 +52,6 @@ import {
   type LlmChunk,
   type LlmStats,
   type ModelList,
-  PromptEmbeddingsRequest,
-  type PromptEmbeddingsResponse,
-  type PromptGeneration,
   type Usage
 } from "./api.js"
 import type { ResponseFormat } from "./Constraints.js"
@@ -68,32 +65,17 @@ import {
   toolCallFormatOf
 } from "./ToolCalls.js"
 import { janusRouter } from "./JanusImageTokens.js"
+import { type PromptSource, promptEmbeddingsRoute, type SamplingFields } from "./PromptEmbeddingsRoute.js"
 import { contextLength, kvBudget } from "./Limits.js"
 import { makeMediaInputs } from "./MediaInputs.js"
 import { markClientTexts, type MediaPart, mediaParts, PromptError, templateMessages } from "./Prompt.js"
 import { bytesPerToken, fewestTokens } from "./PromptBytes.js"
-import type { EmbedResult, GenerateMeta, LlmRequestMeta, PromptInput, SamplingParams } from "./protocol.js"
+import type { GenerateMeta, LlmRequestMeta, PromptInput, SamplingParams } from "./protocol.js"
 import { checkSchemaBounds, SchemaTooLarge } from "./structured/SchemaBounds.js"
 
 const sseLine = (data: unknown) =>
   new TextEncoder().encode(`data: ${typeof data === "string" ? data : JSON.stringify(data)}\n\n`)
 
-/** What a completion's sampling is read from: a chat request's fields, or prompt-embeddings' `generate`. */
-type SamplingFields = Pick<
-  ChatCompletionRequest,
-  | "max_completion_tokens"
-  | "max_tokens"
-  | "temperature"
-  | "top_p"
-  | "top_k"
-  | "repetition_penalty"
-  | "presence_penalty"
-  | "frequency_penalty"
-  | "logprobs"
-  | "top_logprobs"
-  | "seed"
-  | "ignore_eos"
->
 export const routerKind: RouterKind = {
   preprocessModule: new URL("./preprocess.js", import.meta.url).href,
   make: ({ config, engine, pool }) =>
@@ -204,14 +186,7 @@ export const routerKind: RouterKind = {
        * to splice. It may take `maxTokens` tokens at most, which its bytes are checked against first.
        */
       const buildPrompt = async (
-        source:
-          | {
-              readonly messages: ReadonlyArray<ChatMessage>
-              readonly addGenerationPrompt: boolean
-              readonly tools?: ReadonlyArray<FunctionTool>
-              readonly trusted: boolean
-            }
-          | { readonly text: string },
+        source: PromptSource,
         refs: ReadonlyArray<EmbeddingRef> | undefined,
         maxTokens: number,
         processor?: MediaProcessorOptions,
@@ -645,108 +620,16 @@ export const routerKind: RouterKind = {
         })
       }).pipe(Effect.catchAll(errorAnswer))
 
-      /** A completion of `prompt` whose tokens its hidden states then run over too (prompt-embeddings' `generate`). */
-      const completeFirst = (prompt: PromptInput, asked: PromptGeneration) =>
-        Effect.gen(function* () {
-          if (prompt.rope !== undefined)
-            return yield* new BadRequest({
-              message:
-                "the hidden states of generated tokens are not given for a prompt with multimodal rotary positions"
-            })
-          const params = yield* check(() =>
-            sampling(
-              {
-                ...(asked.max_tokens === undefined ? {} : { max_tokens: asked.max_tokens }),
-                temperature: asked.temperature ?? 0,
-                ...(asked.seed === undefined ? {} : { seed: asked.seed })
-              },
-              prompt.inputIds.length
-            )
-          )
-          const generation = new Generation(engine, { op: "generate", prompt, sampling: params }, tokenizer, [], [], {
-            ...(yield* workItemContext)
-          })
-          const { outcome, tokens } = yield* attempt(() => generation.tokens()).pipe(
-            Effect.onInterrupt(() => Effect.sync(() => generation.cancel()))
-          )
-          return { text: generation.text, tokens, finishReason: outcome.finishReason }
-        })
-
-      const promptEmbeddings = Effect.gen(function* () {
-        const body = yield* HttpServerRequest.schemaBodyJson(PromptEmbeddingsRequest)
-        yield* checkModel(body.model)
-        yield* checkMedia(
-          body.messages === undefined ? [] : mediaParts(body.messages),
-          body.cornserve_embeddings,
-          maxModelLength
-        )
-        if ((body.messages === undefined) === (body.prompt === undefined))
-          return yield* new BadRequest({ message: "give either messages or prompt" })
-        if (body.generate !== undefined && body.source !== "hidden_states")
-          return yield* new BadRequest({
-            message: 'generate gives the hidden states of what it generates: ask for source "hidden_states"'
-          })
-        const inline = body.return === "inline"
-        if (!inline && sidecar === undefined) return yield* new NoSidecar()
-        const span = yield* RequestSpan
-        const prompt = yield* attempt((signal) =>
-          inSpan("prompt", { parent: span }, () =>
-            buildPrompt(
-              body.messages === undefined
-                ? { text: body.prompt! }
-                : {
-                    messages: body.messages,
-                    addGenerationPrompt: body.add_generation_prompt || body.generate !== undefined,
-                    trusted: body.cornserve_parse_special_tokens === true
-                  },
-              body.cornserve_embeddings,
-              maxModelLength,
-              undefined,
-              signal
-            )
-          )
-        )
-        if (prompt.inputIds.length > maxModelLength) {
-          return yield* new ContextLengthExceeded({
-            message: `this model's maximum context length is ${maxModelLength} tokens; the prompt takes ${prompt.inputIds.length}`
-          })
-        }
-        const completion = body.generate === undefined ? undefined : yield* completeFirst(prompt, body.generate)
-        const meta: LlmRequestMeta = {
-          op: "embed",
-          prompt:
-            completion === undefined
-              ? prompt
-              : { ...prompt, inputIds: Int32Array.from([...prompt.inputIds, ...completion.tokens]) },
-          id: body.id,
-          source: body.source,
-          receivers: body.receivers ?? (sidecar === undefined ? [] : [sidecar.nodeId]),
-          inline
-        }
-        const result = yield* engine.runOne<EmbedResult>({
-          key: meta.op,
-          inputs: {},
-          meta,
-          ...(yield* workItemContext)
-        })
-        const answer: PromptEmbeddingsResponse = {
-          id: body.id,
-          source: body.source,
-          dtype: "float32",
-          shape: result.shape!,
-          ...(result.embedding === undefined ? {} : { embedding: Array.from(result.embedding) }),
-          ...(completion === undefined
-            ? {}
-            : {
-                completion: {
-                  text: completion.text,
-                  token_ids: completion.tokens,
-                  finish_reason: completion.finishReason
-                }
-              })
-        }
-        return HttpServerResponse.unsafeJson(answer)
-      }).pipe(Effect.catchAll(errorAnswer))
+      const promptEmbeddings = promptEmbeddingsRoute({
+        engine,
+        tokenizer,
+        sidecarNode: sidecar?.nodeId,
+        maxModelLength,
+        checkModel,
+        checkMedia,
+        buildPrompt,
+        sampling
+      })
 
       const stats = Effect.gen(function* () {
         const result = yield* engine.runOne<LlmStats>({
