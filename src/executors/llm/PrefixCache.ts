@@ -88,7 +88,7 @@ export class PrefixCache {
   constructor(
     readonly blockTokens: number,
     readonly maxBytes: number,
-    private readonly geometry: PrefixCacheGeometry
+    readonly geometry: PrefixCacheGeometry
   ) {
     if (!Number.isInteger(blockTokens) || blockTokens < 1) throw new Error("a prefix cache block needs a token")
     const { tensors, heads, headDim, half } = geometry

@@ -444,38 +444,50 @@ export class Runner implements StepRunner {
     return out
   }
 
+  /** The decoder's cache outputs, in cache order. */
+  get presentNames(): ReadonlyArray<string> {
+    return this.io.cache.map((names) => names.output)
+  }
+
+  /**
+   * The decoder run over `prompt`'s first `length` positions alone, from nothing cached, keeping
+   * nothing: its `outputs` (hidden states, or the presents, which are then those positions' keys
+   * and values).
+   */
+  async runAlone(prompt: PromptInput, length: number, outputs: ReadonlyArray<string>) {
+    const axes = this.io.positionAxes
+    const rows = this.tokens.embeds ? await this.tokens.promptEmbeds([prompt], prompt.inputIds.length) : undefined
+    const feeds = this.feeds(
+      rows === undefined
+        ? int64(BigInt64Array.from(prompt.inputIds.subarray(0, length), BigInt), [1, length])
+        : floatsAs(this.io.embedsType, rows.subarray(0, length * this.hidden), [1, length, this.hidden]),
+      this.kv.past({ kind: "alone", length }),
+      piecePositions(promptPositions(prompt, axes), 0, length, axes),
+      [1, length]
+    )
+    if (this.io.useCacheBranch) feeds.use_cache_branch = new ort.Tensor("bool", Uint8Array.of(0), [1])
+    if (this.io.numLogitsToKeep) feeds.num_logits_to_keep = new ort.Tensor("int64", BigInt64Array.of(1n), [])
+    return this.decoder.run(feeds, [...outputs])
+  }
+
   /**
    * A prompt's embeddings: inputs_embeds as the decoder would take them, or its final hidden states
    * (a decoder that gives none is opened rewritten to: see HiddenStatesOutput.ts), run alone.
    */
   private async embedPrompt(prompt: PromptInput, source: "embed_tokens" | "hidden_states"): Promise<EmbedOutput> {
     const length = prompt.inputIds.length
+    if (source === "embed_tokens")
+      return this.tokens.embeds
+        ? { embedding: await this.tokens.promptEmbeds([prompt], length), shape: [length, this.hidden] }
+        : {
+            error: `this model is a text-only export (onnx/model.onnx) with no embed_tokens: it gives no input embeddings; ask for source "hidden_states"`
+          }
     const output = hiddenStateOutputs.find((name) => this.decoder.outputNames.includes(name))
-    if (source === "hidden_states" && output === undefined)
+    if (output === undefined)
       return {
         error: `this model's decoder gives no hidden states (no ${hiddenStateOutputs.join(" or ")} output, and no lm_head to read them before); ask for source "embed_tokens"`
       }
-    if (!this.tokens.embeds && source === "embed_tokens") {
-      return {
-        error: `this model is a text-only export (onnx/model.onnx) with no embed_tokens: it gives no input embeddings; ask for source "hidden_states"`
-      }
-    }
-    const embeds = this.tokens.embeds ? await this.tokens.promptEmbeds([prompt], length) : undefined
-    if (source === "embed_tokens") return { embedding: embeds!, shape: [length, this.hidden] }
-    const axes = this.io.positionAxes
-    const feeds = this.feeds(
-      embeds === undefined
-        ? int64(BigInt64Array.from(prompt.inputIds, BigInt), [1, length])
-        : floatsAs(this.io.embedsType, embeds, [1, length, this.hidden]),
-      this.kv.past({ kind: "alone", length }),
-      piecePositions(promptPositions(prompt, axes), 0, length, axes),
-      [1, length]
-    )
-    const outputs = await this.decoder.run(feeds, [output!])
-    const states = outputs[output!]!
-    return {
-      embedding: new Float32Array(float32Data(states)),
-      shape: [length, states.dims[states.dims.length - 1]!]
-    }
+    const states = (await this.runAlone(prompt, length, [output]))[output]!
+    return { embedding: new Float32Array(float32Data(states)), shape: [length, states.dims.at(-1)!] }
   }
 }
