@@ -35,6 +35,7 @@ export default defineConfig({
       "test/executors/eric/ericVideo.test.ts",
       "test/executors/eric/textEmbeddings.test.ts",
       "test/executors/geri/geri.test.ts",
+      "test/executors/llm/kvTransfer.test.ts",
       "test/executors/llm/llmExecutor.test.ts",
       "test/executors/llm/sampling.test.ts",
       "test/executors/llm/sidecar.test.ts",

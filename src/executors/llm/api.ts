@@ -13,6 +13,8 @@ import { DataId } from "../common/DataId.js"
  * - `GET /v1/models`: the one model this executor serves.
  * - `POST /v1/cornserve/prompt-embeddings`: the model's embeddings of a prompt, sent through the
  *   sidecar to a generator (the LLMEmbeddingTask).
+ * - `POST /v1/cornserve/kv-prefill`: a chat's prompt prefilled, its KV cache sent through the
+ *   sidecar to a decode executor of the same model, whose chat completion names it (`cornserve_kv`).
  * - `POST /v1/cornserve/image-tokens`: on a Janus-Pro model, an image's tokens for a prompt, sent
  *   through the sidecar to the generator that decodes them (the LLMImageTokensTask).
  * - `GET /v1/cornserve/stats`: requests waiting and running, the batch size and the KV cache's
@@ -49,10 +51,38 @@ export const ChatCompletionRequest = Schema.extend(
      */
     cornserve_continuation: Schema.optional(
       Schema.Struct({ token_ids: Schema.Array(Schema.Int.pipe(Schema.nonNegative())) })
-    )
+    ),
+    /**
+     * The prompt's KV cache, which another executor of the model prefilled and sent through the
+     * sidecar under this id (`/v1/cornserve/kv-prefill`): this executor prefills only what follows it.
+     */
+    cornserve_kv: Schema.optional(Schema.Struct({ id: DataId }))
   })
 )
 export type ChatCompletionRequest = typeof ChatCompletionRequest.Type
+
+/** Prefill a chat's prompt and send its KV cache through the sidecar, for a decode executor's `cornserve_kv`. */
+export const KvPrefillRequest = Schema.Struct({
+  model: Schema.optional(Schema.String),
+  /** Rendered as a chat completion renders them, with the generation prompt. */
+  messages: Schema.NonEmptyArray(ChatMessage),
+  cornserve_parse_special_tokens: Schema.optional(Schema.Boolean),
+  cornserve_embeddings: Schema.optional(Schema.Array(EmbeddingRef)),
+  /** The sidecar id the cache goes out under. */
+  id: DataId,
+  /** Node ids that receive it (default: this node). */
+  receivers: Schema.optional(Schema.Array(Schema.String))
+})
+export type KvPrefillRequest = typeof KvPrefillRequest.Type
+
+export const KvPrefillResponse = Schema.Struct({
+  id: Schema.String,
+  /** [tensors, heads, positions, headDim]: a key and a value per layer, for the prompt's first `positions` tokens. */
+  shape: Schema.Tuple(Schema.Int, Schema.Int, Schema.Int, Schema.Int),
+  dtype: Schema.Literal("float32", "float16"),
+  prompt_tokens: Schema.Int
+})
+export type KvPrefillResponse = typeof KvPrefillResponse.Type
 
 /** A streamed chunk as the executor sends it: OpenAI's, with the token ids it says when they were asked for. */
 export const LlmChunk = Schema.extend(

@@ -20,6 +20,9 @@ import {
   type EmbedResult,
   type GenerateMeta,
   type GenerateResult,
+  type KvExportMeta,
+  type KvImportMeta,
+  type KvResult,
   type LlmRequestMeta,
   type StepOp,
   type TokenPartial,
@@ -36,9 +39,12 @@ const stepsAhead = 2
 
 type OpenRequest = (
   | { readonly op: "generate"; readonly meta: GenerateMeta; generated: number }
-  | { readonly op: "embed"; readonly meta: EmbedMeta }
+  /** An embedding or a KV export: one lane's, the first to take it. */
+  | { readonly op: "embed"; readonly meta: EmbedMeta | KvExportMeta }
   /** Asked of every lane's worker; answered when all have. */
   | { readonly op: "stats"; readonly answers: Map<number, WorkerStats> }
+  /** Put into every lane's prefix cache; answered when all have. */
+  | { readonly op: "kv-import"; readonly meta: KvImportMeta; readonly answers: Map<number, KvResult> }
 ) & {
   /** Its router's span (see WorkItem.trace), and when it arrived (performance.now()). */
   readonly trace: string | undefined
@@ -69,7 +75,7 @@ export const runEngine = (config: ExecutorConfig) =>
     })
     const requests = new Map<string, OpenRequest>()
     const embedQueue: Array<string> = []
-    /** Stats requests each lane's worker has yet to be asked. */
+    /** Stats requests and KV imports each lane's worker has yet to be given. */
     const statsQueues = config.devices.map(() => [] as Array<string>)
     /** Requests whose cache a lane's worker may still hold though they left the batch. */
     const frees = config.devices.map(() => new Set<string>())
@@ -149,6 +155,16 @@ export const runEngine = (config: ExecutorConfig) =>
           for (const queue of statsQueues) queue.push(id)
           return wakeup.wakeAll()
         }
+        case "kv-import": {
+          if (requests.size >= config.maxQueuedRequests)
+            return void sendRouter(
+              failedMessage(id, new EngineUnavailable({ message: "the executor's queue is full" }))
+            )
+          requests.set(id, { op: "kv-import", meta, answers: new Map(), trace, received })
+          for (const queue of statsQueues) queue.push(id)
+          return wakeup.wakeAll()
+        }
+        case "kv-export":
         case "embed": {
           if (requests.size >= config.maxQueuedRequests)
             return void sendRouter(
@@ -203,7 +219,11 @@ export const runEngine = (config: ExecutorConfig) =>
       }
       const items = [...frees[lane]!].map((id) => item(id, { op: "free" }))
       frees[lane]!.clear()
-      for (const id of statsQueues[lane]!.splice(0)) if (requests.has(id)) items.push(item(id, { op: "stats" }))
+      for (const id of statsQueues[lane]!.splice(0)) {
+        const request = requests.get(id)
+        if (request?.op === "stats") items.push(item(id, { op: "stats" }))
+        else if (request?.op === "kv-import") items.push(item(id, request.meta))
+      }
       for (const id of embedQueue.splice(0, config.maxBatchSize)) {
         const request = requests.get(id)
         if (request?.op === "embed") items.push(firstItem(id, request, request.meta))
@@ -273,8 +293,20 @@ export const runEngine = (config: ExecutorConfig) =>
           requests.delete(item.requestId)
           return void sendRouter({ t: "result", id: item.requestId, results: [stats(request.answers.values())] })
         }
+        if (request?.op === "kv-import") {
+          request.answers.set(step.lane, (results[index] ?? {}) as KvResult)
+          if (request.answers.size < config.devices.length) return
+          requests.delete(item.requestId)
+          const answers = [...request.answers.values()]
+          const refused = answers.find((answer) => answer.error !== undefined)?.error
+          return void sendRouter(
+            refused === undefined
+              ? { t: "result", id: item.requestId, results: [answers[0]!] }
+              : failedMessage(item.requestId, new EngineRejected({ message: refused }))
+          )
+        }
         if (request?.op !== "embed") return
-        const result = results[index] as EmbedResult
+        const result = results[index] as EmbedResult | KvResult
         requests.delete(item.requestId)
         if (result.error !== undefined)
           void sendRouter(failedMessage(item.requestId, new EngineRejected({ message: result.error })))

@@ -109,8 +109,32 @@ export interface StatsMeta {
   readonly op: "stats"
 }
 
+/** The KV cache of a prompt's whole blocks (PrefixTransfer.ts), sent through the sidecar under `id`. */
+export interface KvExportMeta {
+  readonly op: "kv-export"
+  readonly prompt: PromptInput
+  readonly id: string
+  readonly receivers: ReadonlyArray<string>
+}
+
+/** A prompt's KV cache from another executor, for every lane's prefix cache. */
+export interface KvImportMeta {
+  readonly op: "kv-import"
+  readonly prompt: PromptInput
+  readonly cache: Float32Array | Uint16Array
+  readonly shape: readonly [number, number, number, number]
+}
+
+/** The result of a kv-export or kv-import item; `error` is the caller's mistake (400). */
+export interface KvResult {
+  readonly shape?: readonly [number, number, number, number]
+  readonly dtype?: "float32" | "float16"
+  readonly positions?: number
+  readonly error?: string
+}
+
 /** `WorkItem.meta` of the router's requests; the item's key is the op. */
-export type LlmRequestMeta = GenerateMeta | EmbedMeta | StatsMeta
+export type LlmRequestMeta = GenerateMeta | EmbedMeta | StatsMeta | KvExportMeta | KvImportMeta
 
 /** `BatchItem.meta` of a step's items. */
 export type StepOp =
@@ -123,6 +147,8 @@ export type StepOp =
   /** The worker's own counts (its prefix cache). */
   | StatsMeta
   | EmbedMeta
+  | KvExportMeta
+  | KvImportMeta
 
 /** A partial value, worker → engine → router: one generated token, and whether it ends the request. */
 export interface TokenPartial {

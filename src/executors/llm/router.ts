@@ -65,6 +65,7 @@ import {
   toolCallFormatOf
 } from "./ToolCalls.js"
 import { janusRouter } from "./JanusImageTokens.js"
+import { importKv, type KvTransferContext, kvPrefillRoute } from "./KvTransferRoutes.js"
 import { type PromptSource, promptEmbeddingsRoute, type SamplingFields } from "./PromptEmbeddingsRoute.js"
 import { contextLength, kvBudget } from "./Limits.js"
 import { makeMediaInputs } from "./MediaInputs.js"
@@ -464,6 +465,8 @@ export const routerKind: RouterKind = {
           continued.length === 0
             ? { prompt: asked, sampling: params }
             : yield* check(() => continuing(asked, params, continued))
+        // Its KV cache, which a prefill executor sent (cornserve_kv): into the prefix cache before it joins.
+        if (body.cornserve_kv !== undefined) yield* importKv(kvContext, prompt, body.cornserve_kv.id)
         const stops =
           body.stop === undefined || body.stop === null ? [] : typeof body.stop === "string" ? [body.stop] : body.stop
         const context = yield* workItemContext
@@ -620,6 +623,16 @@ export const routerKind: RouterKind = {
         })
       }).pipe(Effect.catchAll(errorAnswer))
 
+      const kvContext: KvTransferContext = {
+        engine,
+        sidecar,
+        maxModelLength,
+        checkModel,
+        checkMedia,
+        buildPrompt,
+        waitMs: config.embeddingWaitMs
+      }
+
       const promptEmbeddings = promptEmbeddingsRoute({
         engine,
         tokenizer,
@@ -660,6 +673,7 @@ export const routerKind: RouterKind = {
             Effect.sync(() => HttpServerResponse.unsafeJson(models))
           ),
           HttpRouter.post("/v1/cornserve/prompt-embeddings", promptEmbeddings),
+          HttpRouter.post("/v1/cornserve/kv-prefill", kvPrefillRoute(kvContext)),
           HttpRouter.get("/v1/cornserve/stats", stats)
         )
       }

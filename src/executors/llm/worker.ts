@@ -13,13 +13,14 @@ import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import { noSpan, type Span, startSpan } from "../../tracing/Tracing.js"
 import type { LoadWorkerModel } from "../common/WorkerModel.js"
-import type { EmbedResult, StepOp, TokenPartial, WorkerStats } from "./protocol.js"
+import { exportPrefix, importPrefix } from "./PrefixTransfer.js"
+import type { EmbedResult, KvResult, StepOp, TokenPartial, WorkerStats } from "./protocol.js"
 import { JanusRunner } from "./JanusRunner.js"
 import { kvBudget } from "./Limits.js"
 import { Runner } from "./Runner.js"
 import type { StepRunner } from "./StepRunner.js"
 
-export const load: LoadWorkerModel<StepOp, EmbedResult | WorkerStats | undefined, TokenPartial> = async ({
+export const load: LoadWorkerModel<StepOp, EmbedResult | KvResult | WorkerStats | undefined, TokenPartial> = async ({
   config,
   device,
   rank
@@ -39,6 +40,18 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | WorkerStats | undefined
   const sidecar = config.sidecarSocket === undefined ? undefined : await SidecarClient.connect(config.sidecarSocket)
   /** The span of each traced request this worker generates for, with its tokens so far. */
   const generating = new Map<string, { readonly span: Span; tokens: number }>()
+
+  const transfer = async (op: StepOp): Promise<KvResult | undefined> => {
+    if (op.op !== "kv-export" && op.op !== "kv-import") return undefined
+    if (!(runner instanceof Runner)) return { error: "a Janus model's executor keeps no prefix cache to move" }
+    if (op.op === "kv-import") return importPrefix(runner, op.prompt, { cache: op.cache, shape: op.shape })
+    const exported = await exportPrefix(runner, op.prompt)
+    if ("error" in exported) return exported
+    if (sidecar === undefined) return { error: "this executor has no sidecar to send the cache through" }
+    const dtype = exported.cache instanceof Uint16Array ? "float16" : "float32"
+    await sidecar.send(op.id, new Tensor(dtype, exported.shape, exported.cache), { to: op.receivers })
+    return { shape: exported.shape, dtype }
+  }
 
   return {
     tracesItsItems: true,
@@ -62,6 +75,8 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | WorkerStats | undefined
           traced?.span.end()
         }
       }
+      // A prompt's KV cache out through the sidecar, or in from another executor (PrefixTransfer.ts).
+      const transfers = await Promise.all(items.map((item) => transfer(item.meta)))
       let outputs: Awaited<ReturnType<StepRunner["step"]>>
       try {
         outputs = await runner.step(
@@ -91,7 +106,8 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | WorkerStats | undefined
         throw error
       }
       return Promise.all(
-        items.map(async (item, index): Promise<EmbedResult | WorkerStats | undefined> => {
+        items.map(async (item, index): Promise<EmbedResult | KvResult | WorkerStats | undefined> => {
+          if (transfers[index] !== undefined) return transfers[index]
           const output = outputs[index]
           const op = item.meta
           if (output !== undefined && "prefixCache" in output)

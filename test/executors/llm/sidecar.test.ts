@@ -13,7 +13,7 @@ import { Random } from "../../../src/models/Random.js"
 import { colors } from "../../../src/models/recipes/ColorChannels.js"
 import { colorImage, tone } from "../../models/support/Synthetic.js"
 import { startExecutor, startSidecar } from "../../support/executors.js"
-import { authorized, secretEnv, testSecret } from "../executorSecret.js"
+import { postAuthorized, secretEnv, testSecret } from "../executorSecret.js"
 
 /**
  * The LLM executor among the others on one node, as real processes on loopback: Eric sends image
@@ -31,14 +31,7 @@ let painter: Awaited<ReturnType<typeof startExecutor>>
 let client: OpenAI
 let sidecarClient: SidecarClient
 
-const post = async <T>(url: string, body: unknown): Promise<{ readonly status: number; readonly body: T }> => {
-  const response = await fetch(url, {
-    method: "POST",
-    headers: { ...authorized, "content-type": "application/json" },
-    body: JSON.stringify(body)
-  })
-  return { status: response.status, body: (await response.json()) as T }
-}
+const post = postAuthorized
 
 const imageUrl = async (color: number, seed: number) => {
   const { image } = colorImage(new Random(seed), colors[color]!, colors[(color + 5) % 8]!, "patch")

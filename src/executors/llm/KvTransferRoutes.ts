@@ -1,0 +1,109 @@
+/**
+ * A prompt's KV cache between two LLM executors of one model, through the sidecar: prefill and
+ * decode apart. `POST /v1/cornserve/kv-prefill` renders a chat's messages as a chat completion
+ * would, runs its whole blocks but the last token (PrefixTransfer.ts) and sends their keys and
+ * values under the request's id; a chat completion on the decode executor that names that id
+ * (`cornserve_kv`) takes them into its prefix cache first, so that it prefills only the rest of
+ * the prompt and then decodes, as after any prefix cache hit.
+ */
+import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
+import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
+import * as Effect from "effect/Effect"
+import { RecvTimeout } from "../../sidecar/errors.js"
+import type { SidecarClient } from "../../sidecar/SidecarClient.js"
+import { Tensor } from "../../sidecar/Tensor.js"
+import { inSpan } from "../../tracing/Tracing.js"
+import { BadRequest, EmbeddingMissing, NoSidecar } from "../common/errors.js"
+import { errorAnswer, RequestSpan, workItemContext } from "../common/Router.js"
+import { KvPrefillRequest, type KvPrefillResponse } from "./api.js"
+import { mediaParts } from "./Prompt.js"
+import type { PromptEmbeddingsContext } from "./PromptEmbeddingsRoute.js"
+import type { KvResult, LlmRequestMeta, PromptInput } from "./protocol.js"
+
+/** What the routes share with the router: its engine, sidecar, and how it checks and builds prompts. */
+export interface KvTransferContext
+  extends Pick<PromptEmbeddingsContext, "engine" | "maxModelLength" | "checkModel" | "checkMedia" | "buildPrompt"> {
+  readonly sidecar: SidecarClient | undefined
+  /** How long a decode executor waits for a cache that has not arrived. */
+  readonly waitMs: number
+}
+
+const attempt = <A>(run: (signal: AbortSignal) => Promise<A>) =>
+  Effect.tryPromise({ try: run, catch: (error) => error })
+
+export const kvPrefillRoute = ({
+  engine,
+  sidecar,
+  maxModelLength,
+  checkModel,
+  checkMedia,
+  buildPrompt
+}: KvTransferContext) =>
+  Effect.gen(function* () {
+    const body = yield* HttpServerRequest.schemaBodyJson(KvPrefillRequest)
+    yield* checkModel(body.model)
+    // As a chat completion: the prompt leaves a position for the answer.
+    yield* checkMedia(mediaParts(body.messages), body.cornserve_embeddings, maxModelLength - 1)
+    if (sidecar === undefined) return yield* new NoSidecar()
+    const span = yield* RequestSpan
+    const prompt = yield* attempt((signal) =>
+      inSpan("prompt", { parent: span }, () =>
+        buildPrompt(
+          {
+            messages: body.messages,
+            addGenerationPrompt: true,
+            trusted: body.cornserve_parse_special_tokens === true
+          },
+          body.cornserve_embeddings,
+          maxModelLength - 1,
+          undefined,
+          signal
+        )
+      )
+    )
+    const meta: LlmRequestMeta = {
+      op: "kv-export",
+      prompt,
+      id: body.id,
+      receivers: body.receivers ?? [sidecar.nodeId]
+    }
+    const result = yield* engine.runOne<KvResult>({ key: meta.op, inputs: {}, meta, ...(yield* workItemContext) })
+    const answer: KvPrefillResponse = {
+      id: body.id,
+      shape: result.shape!,
+      dtype: result.dtype ?? "float32",
+      prompt_tokens: prompt.inputIds.length
+    }
+    return HttpServerResponse.unsafeJson(answer)
+  }).pipe(Effect.catchAll(errorAnswer))
+
+/**
+ * Takes the KV cache sent under `id` for `prompt` into every lane's prefix cache (see
+ * `cornserve_kv`); answers how many of the prompt's positions it holds. The cache is freed in the
+ * sidecar once read, whatever becomes of it.
+ */
+export const importKv = ({ engine, sidecar, waitMs }: KvTransferContext, prompt: PromptInput, id: string) =>
+  Effect.gen(function* () {
+    if (sidecar === undefined) return yield* new NoSidecar()
+    const payload = yield* attempt(() => sidecar.recv(id, 0, { timeoutMs: waitMs })).pipe(
+      Effect.mapError((error) =>
+        error instanceof RecvTimeout
+          ? new EmbeddingMissing({ message: `the KV cache ${id} did not arrive within ${waitMs} ms` })
+          : error
+      )
+    )
+    const copied = yield* Effect.sync(() => {
+      if (!(payload instanceof Tensor) || payload.shape.length !== 4) return undefined
+      if (payload.dtype === "float32") return new Float32Array(payload.data as Float32Array)
+      if (payload.dtype === "float16") return new Uint16Array(payload.data as Uint16Array)
+      return undefined
+    }).pipe(Effect.ensuring(Effect.promise(() => sidecar.markDone(id).catch(() => undefined))))
+    if (copied === undefined || !(payload instanceof Tensor))
+      return yield* new BadRequest({
+        message: `${id} is not a KV cache: a float32 or float16 tensor [tensors, heads, positions, headDim]`
+      })
+    const [tensors, heads, positions, headDim] = payload.shape as [number, number, number, number]
+    const meta: LlmRequestMeta = { op: "kv-import", prompt, cache: copied, shape: [tensors, heads, positions, headDim] }
+    const result = yield* engine.runOne<KvResult>({ key: meta.op, inputs: {}, meta, ...(yield* workItemContext) })
+    return result.positions ?? 0
+  })

@@ -1,0 +1,118 @@
+import { mkdtemp, rm } from "node:fs/promises"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import type { ChatCompletion, KvPrefillResponse, LlmStats } from "../../../src/executors/llm/api.js"
+import { randomLlamaFiles } from "../../../src/models/recipes/RandomLlama.js"
+import { SidecarClient } from "../../../src/sidecar/SidecarClient.js"
+import { Tensor } from "../../../src/sidecar/Tensor.js"
+import { writeModelFiles } from "../../models/support/EmbeddingFixtures.js"
+import { smallLlamaConfig } from "../../models/support/SmallLlama.js"
+import { startExecutor, startSidecar } from "../../support/executors.js"
+import { authorized, postAuthorized, secretEnv } from "../executorSecret.js"
+
+/**
+ * Prefill and decode apart, between two LLM executors of one model on one node, as real processes:
+ * the prefill executor runs a chat's prompt and sends its KV cache through the sidecar; the decode
+ * executor, named the cache in a chat completion (`cornserve_kv`), prefills only the rest of the
+ * prompt from it and answers the greedy text of an executor that ran it all.
+ */
+
+type Executor = Awaited<ReturnType<typeof startExecutor>>
+let root: string
+let model: string
+let sidecar: Awaited<ReturnType<typeof startSidecar>>
+let client: SidecarClient
+/** The prefill executor, and the decode executor that takes its caches. */
+let prefill: Executor
+let decode: Executor
+const post = postAuthorized
+
+beforeAll(async () => {
+  root = await mkdtemp(join(tmpdir(), "cornserve-kv-transfer-"))
+  model = join(root, "small-llama")
+  await writeModelFiles(
+    model,
+    randomLlamaFiles({ config: smallLlamaConfig, layout: "decoder-only", dtypes: ["fp32"], seed: 9 })
+  )
+  const env = { CORNSERVE_MODEL_DIR: root, ...secretEnv }
+  sidecar = await startSidecar("kv-node", env)
+  const common = ["--kind", "llm", "--model", model, "--devices", "cpu:0", "--sidecar-socket", sidecar.socket]
+  ;[prefill, decode] = await Promise.all([
+    startExecutor([...common, "--embedding-wait-ms", "500"], env),
+    startExecutor([...common, "--embedding-wait-ms", "500"], env)
+  ])
+  client = await SidecarClient.connect(sidecar.socket)
+})
+
+afterAll(async () => {
+  await client?.close()
+  await Promise.all([prefill?.stop(), decode?.stop()])
+  await sidecar?.stop()
+  await rm(root, { recursive: true, force: true })
+})
+
+const messages = [
+  {
+    role: "user",
+    content:
+      "the red fox and the blue bird went to the green hill where the yellow sun shone on the white snow and the black cat slept by the grey stone"
+  }
+]
+const greedy = () => ({ model, messages, max_tokens: 8, temperature: 0 })
+
+describe("a chat's KV cache from a prefill executor to a decode executor", () => {
+  it("decodes from the cache sent: the same greedy text, the prompt's whole blocks a prefix cache hit", async () => {
+    const sent = await post<KvPrefillResponse>(`${prefill.url}/v1/cornserve/kv-prefill`, {
+      model,
+      messages,
+      id: "kv-fox"
+    })
+    expect(sent.status, JSON.stringify(sent.body)).toBe(200)
+    const { shape, prompt_tokens } = sent.body
+    const positions = shape[2]
+    expect(shape).toEqual([2 * smallLlamaConfig.layers, smallLlamaConfig.kvHeads, positions, smallLlamaConfig.headDim])
+    expect(sent.body.dtype).toBe("float32")
+    expect(positions % 16).toBe(0)
+    expect(positions).toBeGreaterThanOrEqual(32)
+    expect(positions).toBeLessThan(prompt_tokens)
+    const decoded = await post<ChatCompletion>(`${decode.url}/v1/chat/completions`, {
+      ...greedy(),
+      cornserve_kv: { id: "kv-fox" }
+    })
+    expect(decoded.status, JSON.stringify(decoded.body)).toBe(200)
+    const whole = await post<ChatCompletion>(`${prefill.url}/v1/chat/completions`, greedy())
+    expect(decoded.body.choices[0]!.message.content).toBe(whole.body.choices[0]!.message.content)
+    expect(decoded.body.usage).toEqual(whole.body.usage)
+    const stats = (await (await fetch(`${decode.url}/v1/cornserve/stats`, { headers: authorized })).json()) as LlmStats
+    expect(stats.prefixCache).toMatchObject({ hits: 1, hitTokens: positions })
+  })
+
+  it("404 for a cache that never arrives, 400 for a tensor that is not one; the executor then decodes as before", async () => {
+    const missing = await post<{ error: { message: string } }>(`${decode.url}/v1/chat/completions`, {
+      ...greedy(),
+      cornserve_kv: { id: "kv-never" }
+    })
+    expect(missing.status).toBe(404)
+    expect(missing.body.error.message).toMatch(/did not arrive/)
+    await client.send("kv-wrong", new Tensor("float32", [2, 2], Float32Array.of(1, 2, 3, 4)), { to: [sidecar.nodeId] })
+    const wrong = await post<{ error: { message: string } }>(`${decode.url}/v1/chat/completions`, {
+      ...greedy(),
+      cornserve_kv: { id: "kv-wrong" }
+    })
+    expect(wrong.status).toBe(400)
+    expect(wrong.body.error.message).toMatch(/not a KV cache/)
+    // A cache of the prompt's blocks with the wrong width of heads: refused by the workers.
+    await client.send("kv-geometry", new Tensor("float32", [4, 3, 16, 24], new Float32Array(4 * 3 * 16 * 24)), {
+      to: [sidecar.nodeId]
+    })
+    const geometry = await post<{ error: { message: string } }>(`${decode.url}/v1/chat/completions`, {
+      ...greedy(),
+      cornserve_kv: { id: "kv-geometry" }
+    })
+    expect(geometry.status).toBe(400)
+    expect(geometry.body.error.message).toMatch(/this model's is/)
+    const plain = await post<ChatCompletion>(`${decode.url}/v1/chat/completions`, greedy())
+    expect(plain.status).toBe(200)
+  })
+})
