@@ -54,6 +54,14 @@ export {
 } from "./tasks/GeneratorTask.js"
 export { MLLMTask, type MLLMConfig } from "./tasks/MLLMTask.js"
 export {
+  DecodeLLMTask,
+  DisaggregatedLLMTask,
+  PrefillLLMTask,
+  type DecodeLLMInput,
+  type DisaggregatedLLMConfig,
+  type PrefillLLMOutput
+} from "./tasks/DisaggregatedLLMTask.js"
+export {
   ChatCompletionRequest,
   ChatCompletionChunk,
   ChatMessage,

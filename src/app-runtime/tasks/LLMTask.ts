@@ -12,6 +12,11 @@ export const LLMConfig = Schema.Struct({
   dtype: Schema.optional(ModelDtype),
   /** Media arrives as embeddings from encoder tasks through the sidecar, not encoded in-process. */
   receiveEmbeddings: Schema.optionalWith(Schema.Boolean, { default: () => false }),
+  /**
+   * A half of a DisaggregatedLLMTask (PrefillLLMTask, DecodeLLMTask): a deployment of its own,
+   * scaled apart from the other half's and from plain LLM tasks on the model.
+   */
+  phase: Schema.optional(Schema.Literal("prefill", "decode")),
   ...LlmEngineSettings,
   ...ScalingBounds
 }).pipe(Schema.filter(prefixWithinKvCache))

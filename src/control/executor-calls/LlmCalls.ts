@@ -1,0 +1,194 @@
+import * as Either from "effect/Either"
+import * as Schema from "effect/Schema"
+import { LLMConfig, LLMImageTokensInput, PromptEmbeddingSource } from "../../app-runtime/tasks/LLMTask.js"
+import type { TaskInvocationWire } from "../../app-runtime/tasks/TaskGraph.js"
+import { ChatCompletionRequest as OpenAIChatRequest } from "../../app-runtime/schemas/OpenAI.js"
+import { ErrorBody } from "../../executors/common/errors.js"
+import {
+  ChatCompletionRequest,
+  ImageTokensRequest,
+  ImageTokensResponse,
+  KvPrefillRequest,
+  KvPrefillResponse,
+  LlmChunk,
+  PromptEmbeddingsRequest,
+  PromptEmbeddingsResponse
+} from "../../executors/llm/api.js"
+import { fromExecutor, remoteError } from "../RemoteError.js"
+import { responseLines } from "../ResponseLines.js"
+import type { ExecutorAnswer } from "./ExecutorHttp.js"
+import {
+  type CallContext,
+  type CallResult,
+  decodeAnswer,
+  decodeInvocation,
+  ForwardedId,
+  post
+} from "./ExecutorRequest.js"
+
+const ChatInput = Schema.extend(
+  OpenAIChatRequest,
+  Schema.Struct({
+    cornserveEmbeddings: Schema.optional(Schema.Array(ForwardedId)),
+    /** A DecodeLLMTask's: the prompt's KV cache, which a PrefillLLMTask forwarded. */
+    cornserveKv: Schema.optional(ForwardedId),
+    parseSpecialTokensInContent: Schema.optional(Schema.Boolean)
+  })
+)
+
+/** An app's own trusted prompt (LLMTask's `parseSpecialTokensInContent`), as the executor's requests say it. */
+const specialTokensParsed = (trusted: boolean | undefined) =>
+  trusted === true ? { cornserve_parse_special_tokens: true } : {}
+
+const decodeChatCall = decodeInvocation(Schema.Struct({ config: LLMConfig, input: ChatInput }))
+const decodeHiddenStatesCall = decodeInvocation(
+  Schema.Struct({
+    config: LLMConfig,
+    input: Schema.extend(
+      ChatInput,
+      Schema.Struct({
+        embeddingSource: Schema.optional(PromptEmbeddingSource),
+        embeddingGenerate: Schema.optional(Schema.Boolean)
+      })
+    ),
+    output: Schema.Struct({ embeddings: ForwardedId })
+  })
+)
+
+const embeddingRefs = (ids: ReadonlyArray<string> | undefined, context: CallContext) =>
+  ids === undefined
+    ? {}
+    : { cornserve_embeddings: ids.map((id) => ({ id, modality: context.modalities.get(id) ?? "image" })) }
+
+const decodeChunk = decodeAnswer(Schema.parseJson(LlmChunk))
+const decodeStreamError = Schema.decodeUnknownEither(Schema.parseJson(ErrorBody))
+
+/** The chunks of a Server-Sent Events answer, until `data: [DONE]`; an error event fails the stream. */
+async function* chatChunks(response: ExecutorAnswer): AsyncIterable<LlmChunk> {
+  for await (const line of responseLines(response)) {
+    if (!line.startsWith("data:")) continue
+    const data = line.slice("data:".length).trim()
+    if (data === "[DONE]") return
+    const failure = decodeStreamError(data)
+    if (Either.isRight(failure)) throw remoteError(failure.right.error, fromExecutor)
+    yield decodeChunk(data)
+  }
+}
+
+const chat = async (url: string, invocation: TaskInvocationWire, context: CallContext): Promise<CallResult> => {
+  const { config, input } = decodeChatCall(invocation)
+  const { cornserveEmbeddings, parseSpecialTokensInContent, cornserveKv, ...request } = input
+  const body: ChatCompletionRequest = {
+    ...request,
+    ...embeddingRefs(cornserveEmbeddings, context),
+    // A failover runs the whole graph again: the prefill too, whose cache comes under a fresh id.
+    ...(cornserveKv === undefined ? {} : { cornserve_kv: { id: cornserveKv } }),
+    ...specialTokensParsed(parseSpecialTokensInContent),
+    model: config.model,
+    stream: true,
+    stream_options: { include_usage: request.stream_options?.include_usage ?? false },
+    // The token ids let the dispatcher carry the stream on elsewhere if this executor fails.
+    cornserve_token_ids: true,
+    ...(context.continuation === undefined || context.continuation.length === 0
+      ? {}
+      : { cornserve_continuation: { token_ids: context.continuation } })
+  }
+  const response = await post(`${url}/v1/chat/completions`, ChatCompletionRequest, body, context)
+  return { output: {}, stream: chatChunks(response) }
+}
+
+/** A completion before the hidden states (LLMEmbeddingTask's `generate`), as the call's chat request asks. */
+const generationOf = (input: typeof ChatInput.Type) => {
+  const maxTokens = input.max_completion_tokens ?? input.max_tokens
+  return {
+    ...(maxTokens == null ? {} : { max_tokens: maxTokens }),
+    ...(input.temperature == null ? {} : { temperature: input.temperature }),
+    ...(input.seed == null ? {} : { seed: input.seed })
+  }
+}
+
+const promptEmbeddings = async (
+  url: string,
+  invocation: TaskInvocationWire,
+  context: CallContext
+): Promise<CallResult> => {
+  const { config, input, output } = decodeHiddenStatesCall(invocation)
+  const body: PromptEmbeddingsRequest = {
+    model: config.model,
+    messages: input.messages,
+    add_generation_prompt: false,
+    ...embeddingRefs(input.cornserveEmbeddings, context),
+    ...specialTokensParsed(input.parseSpecialTokensInContent),
+    id: output.embeddings,
+    receivers: context.receivers,
+    source: input.embeddingSource ?? "embed_tokens",
+    return: "sidecar",
+    ...(input.embeddingGenerate === true ? { generate: generationOf(input) } : {})
+  }
+  const response = await post(`${url}/v1/cornserve/prompt-embeddings`, PromptEmbeddingsRequest, body, context)
+  const { shape, completion } = decodeAnswer(PromptEmbeddingsResponse)(await response.json())
+  return {
+    output: {
+      ...(invocation.output as object),
+      shape,
+      dtype: "float32",
+      ...(completion === undefined
+        ? {}
+        : {
+            completion: {
+              text: completion.text,
+              tokenIds: completion.token_ids,
+              finishReason: completion.finish_reason
+            }
+          })
+    }
+  }
+}
+
+const decodeKvPrefillCall = decodeInvocation(
+  Schema.Struct({ config: LLMConfig, input: ChatInput, output: Schema.Struct({ kv: ForwardedId }) })
+)
+
+/** A PrefillLLMTask's call: the prompt prefilled, its KV cache sent through the sidecar under the output's id. */
+const kvPrefill = async (url: string, invocation: TaskInvocationWire, context: CallContext): Promise<CallResult> => {
+  const { config, input, output } = decodeKvPrefillCall(invocation)
+  const body: KvPrefillRequest = {
+    model: config.model,
+    messages: input.messages,
+    ...embeddingRefs(input.cornserveEmbeddings, context),
+    ...specialTokensParsed(input.parseSpecialTokensInContent),
+    id: output.kv,
+    receivers: context.receivers
+  }
+  const response = await post(`${url}/v1/cornserve/kv-prefill`, KvPrefillRequest, body, context)
+  decodeAnswer(KvPrefillResponse)(await response.json())
+  return { output: invocation.output }
+}
+
+const decodeImageTokensCall = decodeInvocation(
+  Schema.Struct({ config: LLMConfig, input: LLMImageTokensInput, output: Schema.Struct({ tokens: ForwardedId }) })
+)
+
+/** An image's tokens from a text-to-image LLM, sent by the executor through the sidecar under the output's id. */
+const imageTokens = async (url: string, invocation: TaskInvocationWire, context: CallContext): Promise<CallResult> => {
+  const { config, input, output } = decodeImageTokensCall(invocation)
+  const body: ImageTokensRequest = {
+    model: config.model,
+    prompt: input.prompt,
+    id: output.tokens,
+    receivers: context.receivers,
+    ...(input.guidanceScale === undefined ? {} : { guidanceScale: input.guidanceScale }),
+    ...(input.temperature === undefined ? {} : { temperature: input.temperature }),
+    ...(input.seed === undefined ? {} : { seed: input.seed })
+  }
+  const response = await post(`${url}/v1/cornserve/image-tokens`, ImageTokensRequest, body, context)
+  decodeAnswer(ImageTokensResponse)(await response.json())
+  return { output: invocation.output }
+}
+
+export const llmCalls = {
+  chat,
+  "hidden-states": promptEmbeddings,
+  "kv-prefill": kvPrefill,
+  "image-tokens": imageTokens
+}
