@@ -55,10 +55,14 @@ export const startInternal = (args: ReadonlyArray<string>, ready: RegExp, env: R
     })
   })
 
-export const startSidecar = async (nodeId: string, env: Readonly<Record<string, string>> = {}) => {
+export const startSidecar = async (
+  nodeId: string,
+  env: Readonly<Record<string, string>> = {},
+  arenaBytes = 64 * 1024 * 1024
+) => {
   const socket = join(tmpdir(), `cornserve-test-${nodeId}-${process.pid}-${Date.now()}.sock`)
   const running = await startInternal(
-    ["sidecar", "--node-id", nodeId, "--socket", socket, "--arena-bytes", String(64 * 1024 * 1024)],
+    ["sidecar", "--node-id", nodeId, "--socket", socket, "--arena-bytes", String(arenaBytes)],
     /sidecar: ready/,
     env
   )

@@ -85,25 +85,56 @@ export const kvPrefillRoute = ({
 export const importKv = ({ engine, sidecar, waitMs }: KvTransferContext, prompt: PromptInput, id: string) =>
   Effect.gen(function* () {
     if (sidecar === undefined) return yield* new NoSidecar()
-    const payload = yield* attempt(() => sidecar.recv(id, 0, { timeoutMs: waitMs })).pipe(
-      Effect.mapError((error) =>
-        error instanceof RecvTimeout
-          ? new EmbeddingMissing({ message: `the KV cache ${id} did not arrive within ${waitMs} ms` })
-          : error
-      )
+    const received = yield* attempt(() => receiveCache(sidecar, id, waitMs)).pipe(
+      Effect.ensuring(Effect.promise(() => sidecar.markDone(id).catch(() => undefined)))
     )
-    const copied = yield* Effect.sync(() => {
-      if (!(payload instanceof Tensor) || payload.shape.length !== 4) return undefined
-      if (payload.dtype === "float32") return new Float32Array(payload.data as Float32Array)
-      if (payload.dtype === "float16") return new Uint16Array(payload.data as Uint16Array)
-      return undefined
-    }).pipe(Effect.ensuring(Effect.promise(() => sidecar.markDone(id).catch(() => undefined))))
-    if (copied === undefined || !(payload instanceof Tensor))
+    if (received === undefined)
       return yield* new BadRequest({
-        message: `${id} is not a KV cache: a float32 or float16 tensor [tensors, heads, positions, headDim]`
+        message: `${id} is not a KV cache: a float32 or float16 tensor [heads, positions, headDim] a chunk, one chunk a cache tensor`
       })
-    const [tensors, heads, positions, headDim] = payload.shape as [number, number, number, number]
-    const meta: LlmRequestMeta = { op: "kv-import", prompt, cache: copied, shape: [tensors, heads, positions, headDim] }
+    const { cache, shape } = received
+    const meta: LlmRequestMeta = { op: "kv-import", prompt, cache, shape }
     const result = yield* engine.runOne<KvResult>({ key: meta.op, inputs: {}, meta, ...(yield* workItemContext) })
     return result.positions ?? 0
   })
+
+/**
+ * Every chunk of the cache sent under `id`, copied out of the sidecar (each chunk is freed once
+ * read): a cache tensor a chunk, [heads, positions, headDim], all alike; undefined when the
+ * transfer is not such a cache.
+ */
+const receiveCache = async (sidecar: SidecarClient, id: string, waitMs: number) => {
+  const chunks: Array<Float32Array | Uint16Array> = []
+  let dims: ReadonlyArray<number> | undefined
+  let dtype: string | undefined
+  for (let chunk = 0; ; chunk++) {
+    let payload: Awaited<ReturnType<SidecarClient["recv"]>>
+    try {
+      payload = await sidecar.recv(id, chunk, { timeoutMs: waitMs })
+    } catch (error) {
+      if (chunk === 0 && error instanceof RecvTimeout)
+        throw new EmbeddingMissing({ message: `the KV cache ${id} did not arrive within ${waitMs} ms` })
+      throw error
+    }
+    if (payload === undefined) break
+    if (!(payload instanceof Tensor)) return undefined
+    const alike =
+      (payload.dtype === "float32" || payload.dtype === "float16") &&
+      payload.shape.length === 3 &&
+      (dims === undefined || (payload.dtype === dtype && payload.shape.join() === dims.join()))
+    if (!alike) return undefined
+    dims = payload.shape
+    dtype = payload.dtype
+    chunks.push(
+      payload.dtype === "float16"
+        ? new Uint16Array(payload.data as Uint16Array)
+        : new Float32Array(payload.data as Float32Array)
+    )
+    await sidecar.markDone(id, chunk)
+  }
+  if (dims === undefined) return undefined
+  const size = dims[0]! * dims[1]! * dims[2]!
+  const cache = dtype === "float16" ? new Uint16Array(chunks.length * size) : new Float32Array(chunks.length * size)
+  chunks.forEach((chunk, t) => cache.set(chunk, t * size))
+  return { cache, shape: [chunks.length, dims[0]!, dims[1]!, dims[2]!] as const }
+}

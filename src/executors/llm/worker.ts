@@ -48,8 +48,19 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | KvResult | WorkerStats 
     const exported = await exportPrefix(runner, op.prompt)
     if ("error" in exported) return exported
     if (sidecar === undefined) return { error: "this executor has no sidecar to send the cache through" }
+    // A chunk a cache tensor (a layer's keys or values): a long prompt's whole cache may be larger
+    // than the sidecar's largest slot.
     const dtype = exported.cache instanceof Uint16Array ? "float16" : "float32"
-    await sidecar.send(op.id, new Tensor(dtype, exported.shape, exported.cache), { to: op.receivers })
+    const [tensors, heads, positions, headDim] = exported.shape
+    const size = heads * positions * headDim
+    for (let t = 0; t < tensors; t++) {
+      const data = exported.cache.subarray(t * size, (t + 1) * size)
+      await sidecar.send(op.id, new Tensor(dtype, [heads, positions, headDim], data as never), {
+        to: op.receivers,
+        chunk: t,
+        numChunks: tensors
+      })
+    }
     return { shape: exported.shape, dtype }
   }
 

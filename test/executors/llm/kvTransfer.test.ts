@@ -102,10 +102,13 @@ describe("a chat's KV cache from a prefill executor to a decode executor", () =>
     })
     expect(wrong.status).toBe(400)
     expect(wrong.body.error.message).toMatch(/not a KV cache/)
-    // A cache of the prompt's blocks with the wrong width of heads: refused by the workers.
-    await client.send("kv-geometry", new Tensor("float32", [4, 3, 16, 24], new Float32Array(4 * 3 * 16 * 24)), {
-      to: [sidecar.nodeId]
-    })
+    // A cache of the prompt's blocks, a chunk a cache tensor, with another number of heads: refused by the workers.
+    for (let chunk = 0; chunk < 4; chunk++)
+      await client.send("kv-geometry", new Tensor("float32", [3, 16, 24], new Float32Array(3 * 16 * 24)), {
+        to: [sidecar.nodeId],
+        chunk,
+        numChunks: 4
+      })
     const geometry = await post<{ error: { message: string } }>(`${decode.url}/v1/chat/completions`, {
       ...greedy(),
       cornserve_kv: { id: "kv-geometry" }
