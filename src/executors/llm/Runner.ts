@@ -396,9 +396,8 @@ export class Runner implements StepRunner {
     if (this.io.useCacheBranch)
       feeds.use_cache_branch = new ort.Tensor("bool", Uint8Array.of(runPast.past[0]!.dims[2]! > 0 ? 1 : 0), [1])
     if (this.io.numLogitsToKeep) feeds.num_logits_to_keep = new ort.Tensor("int64", BigInt64Array.of(1n), [])
-    const outputs = await (batch > 1 && this.rowsDecoder !== undefined ? this.rowsDecoder : this.decoder).run(feeds, [
-      ...this.fetches
-    ])
+    const decoder = batch > 1 && this.rowsDecoder !== undefined ? this.rowsDecoder : this.decoder
+    const outputs = await decoder.run(feeds, this.fetches)
     this.kv.write(
       run,
       this.io.cache.map((names) => outputs[names.output]!)
@@ -467,7 +466,7 @@ export class Runner implements StepRunner {
     )
     if (this.io.useCacheBranch) feeds.use_cache_branch = new ort.Tensor("bool", Uint8Array.of(0), [1])
     if (this.io.numLogitsToKeep) feeds.num_logits_to_keep = new ort.Tensor("int64", BigInt64Array.of(1n), [])
-    return this.decoder.run(feeds, [...outputs])
+    return this.decoder.run(feeds, outputs)
   }
 
   /**
