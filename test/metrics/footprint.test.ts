@@ -16,7 +16,8 @@ const MiB = 1024 * 1024
 /**
  * A process that holds 32 MiB of its own, maps a /dev/shm file named after it of which it wrote
  * 4 MiB (the file's size is 64 MiB), and has a child of its own; it prints its child's pid once
- * all that is done.
+ * all that is done, and keeps every buffer reachable so that no collection frees one while the
+ * test reads it.
  */
 const holder = `
 const { openSync, ftruncateSync, writeSync } = require("node:fs")
@@ -26,11 +27,14 @@ const own = Buffer.alloc(32 * 1024 * 1024, 1)
 const path = "/dev/shm/cornserve-test-footprint-" + process.pid
 const fd = openSync(path, "wx+", 0o600)
 ftruncateSync(fd, 64 * 1024 * 1024)
-writeSync(fd, Buffer.alloc(4 * 1024 * 1024, 2), 0, 4 * 1024 * 1024, 0)
+const written = Buffer.alloc(4 * 1024 * 1024, 2)
+writeSync(fd, written, 0, 4 * 1024 * 1024, 0)
 const mapped = mmap.map(64 * 1024 * 1024, 3, mmap.MAP_SHARED, fd, 0)
 let sum = 0
 for (let at = 0; at < 4 * 1024 * 1024; at += 4096) sum += mapped[at]
 const child = spawn("sleep", ["600"], { stdio: "ignore" })
+// Everything stays reachable: a collection between the test's two reads would free megabytes.
+globalThis.held = [own, written, mapped, child]
 console.log(child.pid, sum, own.length)
 setInterval(() => {}, 1 << 30)
 `
