@@ -79,62 +79,58 @@ export const kvPrefillRoute = ({
 
 /**
  * Takes the KV cache sent under `id` for `prompt` into every lane's prefix cache (see
- * `cornserve_kv`); answers how many of the prompt's positions it holds. The cache is freed in the
- * sidecar once read, whatever becomes of it.
+ * `cornserve_kv`); answers how many of the prompt's positions it holds. The router waits for the
+ * chunks and checks what they are; each lane's worker reads them out of the sidecar itself, and
+ * the cache is freed in the sidecar once they have, whatever becomes of it.
  */
 export const importKv = ({ engine, sidecar, waitMs }: KvTransferContext, prompt: PromptInput, id: string) =>
   Effect.gen(function* () {
     if (sidecar === undefined) return yield* new NoSidecar()
-    const received = yield* attempt(() => receiveCache(sidecar, id, waitMs)).pipe(
-      Effect.ensuring(Effect.promise(() => sidecar.markDone(id).catch(() => undefined)))
-    )
-    if (received === undefined)
-      return yield* new BadRequest({
-        message: `${id} is not a KV cache: a float32 or float16 tensor [heads, positions, headDim] a chunk, one chunk a cache tensor`
-      })
-    const { cache, shape } = received
-    const meta: LlmRequestMeta = { op: "kv-import", prompt, cache, shape }
-    const result = yield* engine.runOne<KvResult>({ key: meta.op, inputs: {}, meta, ...(yield* workItemContext) })
-    return result.positions ?? 0
+    const context = yield* workItemContext
+    return yield* Effect.gen(function* () {
+      const received = yield* attempt(() => arrivedCache(sidecar, id, waitMs))
+      if (received === undefined)
+        return yield* new BadRequest({
+          message: `${id} is not a KV cache: a float32 or float16 tensor [heads, positions, headDim] a chunk, one chunk a cache tensor`
+        })
+      const meta: LlmRequestMeta = { op: "kv-import", prompt, id, ...received }
+      // Not cut short: the workers read the chunks in place until they answer.
+      const result = yield* Effect.uninterruptible(
+        engine.runOne<KvResult>({ key: meta.op, inputs: {}, meta, ...context })
+      )
+      return result.positions ?? 0
+    }).pipe(Effect.ensuring(Effect.promise(() => sidecar.markDone(id).catch(() => undefined))))
   })
 
 /**
- * Every chunk of the cache sent under `id`, copied out of the sidecar (each chunk is freed once
- * read): a cache tensor a chunk, [heads, positions, headDim], all alike; undefined when the
- * transfer is not such a cache.
+ * The shape and dtype of the cache sent under `id`, once all of it has arrived (its chunks are
+ * read in place, not copied): a cache tensor a chunk, [heads, positions, headDim], all alike;
+ * undefined when the transfer is not such a cache.
  */
-const receiveCache = async (sidecar: SidecarClient, id: string, waitMs: number) => {
-  const chunks: Array<Float32Array | Uint16Array> = []
+const arrivedCache = async (sidecar: SidecarClient, id: string, waitMs: number) => {
   let dims: ReadonlyArray<number> | undefined
-  let dtype: string | undefined
-  for (let chunk = 0; ; chunk++) {
+  let dtype: "float32" | "float16" | undefined
+  let chunks = 0
+  for (; ; chunks++) {
     let payload: Awaited<ReturnType<SidecarClient["recv"]>>
     try {
-      payload = await sidecar.recv(id, chunk, { timeoutMs: waitMs })
+      payload = await sidecar.recv(id, chunks, { timeoutMs: waitMs })
     } catch (error) {
-      if (chunk === 0 && error instanceof RecvTimeout)
+      if (chunks === 0 && error instanceof RecvTimeout)
         throw new EmbeddingMissing({ message: `the KV cache ${id} did not arrive within ${waitMs} ms` })
       throw error
     }
     if (payload === undefined) break
     if (!(payload instanceof Tensor)) return undefined
+    const kind = payload.dtype
     const alike =
-      (payload.dtype === "float32" || payload.dtype === "float16") &&
+      (kind === "float32" || kind === "float16") &&
       payload.shape.length === 3 &&
-      (dims === undefined || (payload.dtype === dtype && payload.shape.join() === dims.join()))
+      (dims === undefined || (kind === dtype && payload.shape.join() === dims.join()))
     if (!alike) return undefined
     dims = payload.shape
-    dtype = payload.dtype
-    chunks.push(
-      payload.dtype === "float16"
-        ? new Uint16Array(payload.data as Uint16Array)
-        : new Float32Array(payload.data as Float32Array)
-    )
-    await sidecar.markDone(id, chunk)
+    dtype = kind
   }
-  if (dims === undefined) return undefined
-  const size = dims[0]! * dims[1]! * dims[2]!
-  const cache = dtype === "float16" ? new Uint16Array(chunks.length * size) : new Float32Array(chunks.length * size)
-  chunks.forEach((chunk, t) => cache.set(chunk, t * size))
-  return { cache, shape: [chunks.length, dims[0]!, dims[1]!, dims[2]!] as const }
+  if (dims === undefined || dtype === undefined) return undefined
+  return { shape: [chunks, dims[0]!, dims[1]!, dims[2]!] as const, dtype }
 }

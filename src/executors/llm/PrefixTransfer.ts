@@ -2,7 +2,8 @@
  * A prompt's KV cache moved between two LLM executors of the same model, as prefix cache blocks:
  * the building block of prefill and decode apart. One runner computes the keys and values of the
  * prompt's whole blocks (all but its last token, which the receiving side runs to draw the first
- * token), packed as one array; the other puts them into its prefix cache under the prompt's own
+ * token), a key and a value array a layer as the decoder gave them; the other puts them into its
+ * prefix cache under the prompt's own
  * block keys, so that the same prompt joining it there is prefilled only from where they end, as
  * after any prefix cache hit. Only the numbers travel: the receiver keys them by the prompt it is
  * given, which must be the one they were computed for (the same request, prefilled by an executor
@@ -13,9 +14,12 @@ import { blockKeys } from "./PrefixCache.js"
 import type { PromptInput } from "./protocol.js"
 import type { Runner } from "./Runner.js"
 
-/** An exported prefix: [tensors, heads, positions, headDim], a key and a value per layer, in cache order. */
+/**
+ * An exported prefix: a key and a value array per layer, in cache order, each [heads, positions,
+ * headDim]; `shape` is [tensors, heads, positions, headDim].
+ */
 export interface ExportedPrefix {
-  readonly cache: CacheArray
+  readonly tensors: ReadonlyArray<CacheArray>
   readonly shape: readonly [tensors: number, heads: number, positions: number, headDim: number]
 }
 
@@ -34,15 +38,15 @@ export const exportPrefix = async (
   if (positions === 0)
     return { error: `the prompt is shorter than a prefix cache block (${cache.blockTokens} tokens) and a token` }
   const outputs = await runner.runAlone(prompt, positions, runner.presentNames)
-  const perTensor = heads * positions * headDim
-  const packed = half ? new Uint16Array(tensors * perTensor) : new Float32Array(tensors * perTensor)
-  runner.presentNames.forEach((name, t) => {
+  const arrays = runner.presentNames.map((name) => {
     const present = outputs[name]!
     if (present.dims.join() !== [1, heads, positions, headDim].join())
       throw new Error(`${name} is [${present.dims.join(", ")}], not [1, ${heads}, ${positions}, ${headDim}]`)
-    packed.set(present.data as CacheArray, t * perTensor)
+    const data = present.data as CacheArray
+    if (half !== data instanceof Uint16Array) throw new Error(`${name} is not ${half ? "float16" : "float32"}`)
+    return data
   })
-  return { cache: packed, shape: [tensors, heads, positions, headDim] }
+  return { tensors: arrays, shape: [tensors, heads, positions, headDim] }
 }
 
 /**
@@ -63,7 +67,7 @@ export const importPrefix = (
     return {
       error: `the cache sent is [${prefix.shape.join(", ")}]; this model's is [${tensors}, ${heads}, positions, ${headDim}]`
     }
-  if (half !== prefix.cache instanceof Uint16Array)
+  if (prefix.tensors.some((array) => half !== array instanceof Uint16Array))
     return {
       error: `the cache sent is ${half ? "float32" : "float16"}; this model's is ${half ? "float16" : "float32"}`
     }
@@ -72,15 +76,16 @@ export const importPrefix = (
     return {
       error: `${positions} positions are not whole blocks of ${B} within the prompt's ${prompt.inputIds.length} tokens`
     }
-  if (prefix.cache.length !== tensors * heads * positions * headDim)
-    return {
-      error: `the cache sent holds ${prefix.cache.length} numbers, not the ${tensors * heads * positions * headDim} its shape says`
-    }
   const perTensor = heads * positions * headDim
-  const past: PastData = {
-    tensors: Array.from({ length: tensors }, (_, t) => prefix.cache.subarray(t * perTensor, (t + 1) * perTensor)),
-    width: positions
-  }
+  const wrong = prefix.tensors.findIndex((array) => array.length !== perTensor)
+  if (prefix.tensors.length !== tensors || wrong >= 0)
+    return {
+      error:
+        wrong >= 0
+          ? `cache tensor ${wrong} holds ${prefix.tensors[wrong]!.length} numbers, not the ${perTensor} its shape says`
+          : `the cache sent holds ${prefix.tensors.length} tensors, not the ${tensors} its shape says`
+    }
+  const past: PastData = { tensors: prefix.tensors, width: positions }
   cache.insert(keys.slice(0, positions / B), { past, row: 0, length: positions, start: 0 })
   return { positions }
 }

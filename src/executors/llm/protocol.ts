@@ -117,12 +117,18 @@ export interface KvExportMeta {
   readonly receivers: ReadonlyArray<string>
 }
 
-/** A prompt's KV cache from another executor, for every lane's prefix cache. */
+/**
+ * A prompt's KV cache from another executor, for every lane's prefix cache: each lane's worker
+ * reads its chunks (a cache tensor a chunk, [heads, positions, headDim]) out of the sidecar under
+ * `id` itself; the router, which has seen them arrive, frees them once every lane has.
+ */
 export interface KvImportMeta {
   readonly op: "kv-import"
   readonly prompt: PromptInput
-  readonly cache: Float32Array | Uint16Array
+  readonly id: string
+  /** [tensors, heads, positions, headDim]. */
   readonly shape: readonly [number, number, number, number]
+  readonly dtype: "float32" | "float16"
 }
 
 /** The result of a kv-export or kv-import item; `error` is the caller's mistake (400). */

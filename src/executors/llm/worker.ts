@@ -17,8 +17,12 @@ import { exportPrefix, importPrefix } from "./PrefixTransfer.js"
 import type { EmbedResult, KvResult, StepOp, TokenPartial, WorkerStats } from "./protocol.js"
 import { JanusRunner } from "./JanusRunner.js"
 import { kvBudget } from "./Limits.js"
+import type { CacheArray } from "./PastCache.js"
 import { Runner } from "./Runner.js"
 import type { StepRunner } from "./StepRunner.js"
+
+/** A KV import's chunks have all arrived when the router asks for it: reading them waits no longer than this. */
+const importWaitMs = 5000
 
 export const load: LoadWorkerModel<StepOp, EmbedResult | KvResult | WorkerStats | undefined, TokenPartial> = async ({
   config,
@@ -44,23 +48,29 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | KvResult | WorkerStats 
   const transfer = async (op: StepOp): Promise<KvResult | undefined> => {
     if (op.op !== "kv-export" && op.op !== "kv-import") return undefined
     if (!(runner instanceof Runner)) return { error: "a Janus model's executor keeps no prefix cache to move" }
-    if (op.op === "kv-import") return importPrefix(runner, op.prompt, { cache: op.cache, shape: op.shape })
+    if (sidecar === undefined) return { error: "this executor has no sidecar to move a KV cache through" }
+    if (op.op === "kv-import") {
+      // Views of the sidecar's arena, copied once, into the prefix cache's blocks.
+      const tensors: Array<CacheArray> = []
+      for (let t = 0; t < op.shape[0]; t++) {
+        const chunk = await sidecar.recv(op.id, t, { timeoutMs: importWaitMs })
+        if (!(chunk instanceof Tensor) || chunk.dtype !== op.dtype) return { error: `chunk ${t} of ${op.id} is gone` }
+        tensors.push(chunk.data as CacheArray)
+      }
+      return importPrefix(runner, op.prompt, { tensors, shape: op.shape })
+    }
     const exported = await exportPrefix(runner, op.prompt)
     if ("error" in exported) return exported
-    if (sidecar === undefined) return { error: "this executor has no sidecar to send the cache through" }
-    // A chunk a cache tensor (a layer's keys or values): a long prompt's whole cache may be larger
-    // than the sidecar's largest slot.
-    const dtype = exported.cache instanceof Uint16Array ? "float16" : "float32"
+    // A chunk a cache tensor (a layer's keys or values), as the decoder gave it: a long prompt's
+    // whole cache may be larger than the sidecar's largest slot.
+    const dtype = exported.tensors[0] instanceof Uint16Array ? "float16" : "float32"
     const [tensors, heads, positions, headDim] = exported.shape
-    const size = heads * positions * headDim
-    for (let t = 0; t < tensors; t++) {
-      const data = exported.cache.subarray(t * size, (t + 1) * size)
-      await sidecar.send(op.id, new Tensor(dtype, [heads, positions, headDim], data as never), {
+    for (let t = 0; t < tensors; t++)
+      await sidecar.send(op.id, new Tensor(dtype, [heads, positions, headDim], exported.tensors[t] as never), {
         to: op.receivers,
         chunk: t,
         numChunks: tensors
       })
-    }
     return { shape: exported.shape, dtype }
   }
 

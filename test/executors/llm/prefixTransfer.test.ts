@@ -75,7 +75,8 @@ describe("a prompt's KV cache from one runner to another", () => {
         if ("error" in exported) throw new Error(exported.error)
         // 43 tokens: two whole blocks of 16, the rest (and the first token) the receiver's.
         expect(exported.shape).toEqual([2 * config.layers, config.kvHeads, 32, config.headDim])
-        expect(exported.cache).toBeInstanceOf(sender.prefixCache!.geometry.half ? Uint16Array : Float32Array)
+        for (const tensor of exported.tensors)
+          expect(tensor).toBeInstanceOf(sender.prefixCache!.geometry.half ? Uint16Array : Float32Array)
         expect(importPrefix(receiver, prompt, exported)).toEqual({ positions: 32 })
         expect(await generate(receiver)).toEqual(expected)
         expect(receiver.prefixCache!.stats).toMatchObject({ hits: 1, hitTokens: 32 })
@@ -91,7 +92,9 @@ describe("a prompt's KV cache from one runner to another", () => {
       const exported = await exportPrefix(sender, prompt)
       if ("error" in exported) throw new Error(exported.error)
       const [tensors, heads, positions, headDim] = exported.shape
-      expect(importPrefix(receiver, prompt, { ...exported, cache: new Uint16Array(exported.cache.length) })).toEqual({
+      expect(
+        importPrefix(receiver, prompt, { ...exported, tensors: exported.tensors.map((t) => new Uint16Array(t.length)) })
+      ).toEqual({
         error: expect.stringMatching(/float16.*float32/)
       })
       expect(importPrefix(receiver, prompt, { ...exported, shape: [tensors, heads + 1, positions, headDim] })).toEqual({
@@ -99,8 +102,12 @@ describe("a prompt's KV cache from one runner to another", () => {
       })
       const short = { ...prompt, inputIds: prompt.inputIds.subarray(0, 20) }
       expect(importPrefix(receiver, short, exported)).toEqual({ error: expect.stringMatching(/not whole blocks/) })
-      expect(importPrefix(receiver, prompt, { ...exported, cache: exported.cache.subarray(1) })).toEqual({
-        error: expect.stringMatching(/holds/)
+      const cut = exported.tensors.map((t, i) => (i === 3 ? t.subarray(1) : t))
+      expect(importPrefix(receiver, prompt, { ...exported, tensors: cut })).toEqual({
+        error: expect.stringMatching(/cache tensor 3 holds/)
+      })
+      expect(importPrefix(receiver, prompt, { ...exported, tensors: exported.tensors.slice(1) })).toEqual({
+        error: expect.stringMatching(/holds \d+ tensors/)
       })
       // 16 tokens: a block, but no token after it to run.
       expect(await exportPrefix(sender, { ...prompt, inputIds: prompt.inputIds.subarray(0, 16) })).toEqual({
