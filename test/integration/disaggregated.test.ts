@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { randomLlamaFiles } from "../../src/models/recipes/RandomLlama.js"
 import { writeModelFiles } from "../models/support/EmbeddingFixtures.js"
 import { smallLlamaConfig } from "../models/support/SmallLlama.js"
+import { disaggregatedAppSource, streamedText } from "../support/disaggregatedApps.js"
 import {
   adminHeaders,
   invoke,
@@ -20,31 +21,6 @@ import {
  * deployments of their own beside the plain LLM task on the model, and the prompt's KV cache goes
  * from one to the other through the sidecar (the decode executor's prefix cache takes it).
  */
-
-const appSource = (model: string, task: "LLMTask" | "DisaggregatedLLMTask") => `
-import { ChatCompletionRequest, defineApp, ${task} } from "cornserve/app"
-const llm = new ${task}({ model: ${JSON.stringify(model)} })
-export default defineApp({
-  tasks: { llm },
-  request: ChatCompletionRequest,
-  serve: (request) => llm.invoke(request as never)
-})
-`
-
-/** The text of an app's streamed answer (NDJSON chunks). */
-const streamedText = async (response: Response): Promise<string> => {
-  const body = await response.text()
-  expect(response.status, body).toBe(200)
-  return body
-    .split("\n")
-    .filter((line) => line.trim().length > 0)
-    .map((line) => JSON.parse(line) as { error?: unknown; choices?: Array<{ delta: { content?: string } }> })
-    .map((chunk) => {
-      if (chunk.error !== undefined) throw new Error(`the stream failed: ${JSON.stringify(chunk.error)}`)
-      return chunk.choices?.[0]?.delta.content ?? ""
-    })
-    .join("")
-}
 
 describe("an LLM's prefill and decode on executors apart", () => {
   let root: string
@@ -67,7 +43,7 @@ describe("an LLM's prefill and decode on executors apart", () => {
       ["apart", "DisaggregatedLLMTask"]
     ] as const) {
       const file = join(root, `${name}.ts`)
-      await writeFile(file, appSource(model, task))
+      await writeFile(file, disaggregatedAppSource(model, task))
       const registered = await runCli(["app", "register", file], { CORNSERVE_GATEWAY_URL: platform.url })
       expect(registered.code, registered.stderr).toBe(0)
     }
