@@ -52,7 +52,7 @@ export {
   type AudioGeneratorInput,
   type AudioChunk
 } from "./tasks/GeneratorTask.js"
-export { MLLMTask, type MLLMConfig } from "./tasks/MLLMTask.js"
+export { DisaggregatedMLLMTask, MLLMTask, type MLLMConfig } from "./tasks/MLLMTask.js"
 export {
   DecodeLLMTask,
   DisaggregatedLLMTask,

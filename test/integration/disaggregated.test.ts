@@ -5,7 +5,8 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { randomLlamaFiles } from "../../src/models/recipes/RandomLlama.js"
 import { writeModelFiles } from "../models/support/EmbeddingFixtures.js"
 import { smallLlamaConfig } from "../models/support/SmallLlama.js"
-import { disaggregatedAppSource, streamedText } from "../support/disaggregatedApps.js"
+import sharp from "sharp"
+import { disaggregatedAppSource, disaggregatedMllmAppSource, streamedText } from "../support/disaggregatedApps.js"
 import {
   adminHeaders,
   invoke,
@@ -35,7 +36,8 @@ describe("an LLM's prefill and decode on executors apart", () => {
       randomLlamaFiles({ config: smallLlamaConfig, layout: "decoder-only", dtypes: ["fp32"], seed: 10 })
     )
     platform = await startPlatform({
-      args: ["--devices", "cpu:0,cpu:1,cpu:2"],
+      // The text LLM three ways (whole, prefill, decode), then the VLM's four (its encoder, shared).
+      args: ["--devices", "cpu:0,cpu:1,cpu:2,cpu:3,cpu:4,cpu:5,cpu:6"],
       env: { CORNSERVE_MODEL_DIR: join(root, "models") }
     })
     for (const [name, task] of [
@@ -48,6 +50,13 @@ describe("an LLM's prefill and decode on executors apart", () => {
       expect(registered.code, registered.stderr).toBe(0)
     }
   }, 240_000)
+
+  /** The prefix cache hits of a task's executors, in positions, from the platform's /metrics. */
+  const hitTokens = async (task: string) =>
+    (await (await fetch(`${platform.url}/metrics`, { headers: adminHeaders() })).text())
+      .split("\n")
+      .filter((line) => line.startsWith("cornserve_llm_prefix_cache_hit_tokens_total") && line.includes(task))
+      .reduce((sum, line) => sum + Number(line.split(" ").at(-1)), 0)
 
   afterAll(async () => {
     await platform?.stop()
@@ -77,11 +86,61 @@ describe("an LLM's prefill and decode on executors apart", () => {
     expect(tasks.map((task) => task.config?.phase ?? "whole").sort()).toEqual(["decode", "prefill", "whole"])
     // The decode executor prefilled the long prompts from their caches: two blocks each at least.
     const decodeTask = tasks.find((task) => task.config?.phase === "decode")!.id
-    const metrics = await (await fetch(`${platform.url}/metrics`, { headers: adminHeaders() })).text()
-    const hitTokens = metrics
-      .split("\n")
-      .filter((line) => line.startsWith("cornserve_llm_prefix_cache_hit_tokens_total") && line.includes(decodeTask))
-      .reduce((sum, line) => sum + Number(line.split(" ").at(-1)), 0)
-    expect(hitTokens).toBeGreaterThanOrEqual(2 * 32)
+    expect(await hitTokens(decodeTask)).toBeGreaterThanOrEqual(2 * 32)
+  })
+
+  it("streams an image chat's answer as the MLLMTask does: the prefill task sends the image's embeddings on to the decode task", async () => {
+    const vlm = "cornserve/tiny-color-vlm"
+    for (const [name, task] of [
+      ["vlm-together", "MLLMTask"],
+      ["vlm-apart", "DisaggregatedMLLMTask"]
+    ] as const) {
+      const file = join(root, `${name}.ts`)
+      await writeFile(file, disaggregatedMllmAppSource(vlm, task))
+      const registered = await runCli(["app", "register", file], { CORNSERVE_GATEWAY_URL: platform.url })
+      expect(registered.code, registered.stderr).toBe(0)
+    }
+    const colours = [
+      [255, 0, 0],
+      [0, 0, 255]
+    ] as const
+    for (const [r, g, b] of colours) {
+      const png = await sharp({ create: { width: 8, height: 8, channels: 3, background: { r, g, b } } })
+        .png()
+        .toBuffer()
+      // Long enough that the cache holds whole blocks after the image, which only the decode executor's tail lacks.
+      const text =
+        "Look at the picture below and say which colour fills it, in one word, as plainly as you can, please."
+      const request = JSON.stringify({
+        messages: [
+          {
+            role: "user",
+            content: [
+              { type: "image_url", image_url: { url: `data:image/png;base64,${png.toString("base64")}` } },
+              { type: "text", text }
+            ]
+          }
+        ],
+        max_tokens: 8,
+        temperature: 0
+      })
+      const together = await invoke(platform.url, "vlm-together", request).then(streamedText)
+      const apart = await invoke(platform.url, "vlm-apart", request).then(streamedText)
+      expect(apart, `rgb(${r}, ${g}, ${b})`).toBe(together)
+      expect(apart.length).toBeGreaterThan(0)
+    }
+    const { tasks } = (await (await fetch(`${platform.url}/tasks/list`, { headers: adminHeaders() })).json()) as {
+      tasks: Array<{ id: string; name: string; config?: { phase?: string; model?: string } }>
+    }
+    const vlmTasks = tasks.filter((task) => task.config?.model === vlm)
+    // One encoder, shared by both apps; the whole LLM; its prefill and its decode.
+    expect(vlmTasks.map((task) => task.config?.phase ?? task.name.split("-")[0]).sort()).toEqual([
+      "decode",
+      "encoder",
+      "llm",
+      "prefill"
+    ])
+    const decodeTask = vlmTasks.find((task) => task.config?.phase === "decode")!.id
+    expect(await hitTokens(decodeTask)).toBeGreaterThanOrEqual(2 * 16)
   })
 })

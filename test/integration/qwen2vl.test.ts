@@ -14,6 +14,7 @@ import { referenceQwen2VLGreedy } from "../models/support/Qwen2VLModelReference.
 import { writeModelFiles } from "../models/support/SmolVlmFixture.js"
 import { offline } from "../models/support/TransformersJs.js"
 import { type RunningPlatform, runCli, startPlatform } from "../support/platform.js"
+import { disaggregatedMllmAppSource } from "../support/disaggregatedApps.js"
 import { gradientPng, mllmAppSource } from "../support/mllmApps.js"
 import { ffmpegFile, rawInput } from "../support/videos.js"
 
@@ -58,7 +59,9 @@ describe("Qwen2-VL end to end", () => {
     model25 = join(root, "qwen2.5-vl-tiny")
     await writeModelFiles(model25, fixture25.files)
     for (const [name, [width, height]] of Object.entries(sizes)) images.set(name, await gradientPng(width, height))
-    platform = await startPlatform({ args: ["--devices", "cpu:0,cpu:1,cpu:2,cpu:3", "--model-root", root] })
+    platform = await startPlatform({
+      args: ["--devices", "cpu:0,cpu:1,cpu:2,cpu:3,cpu:4,cpu:5", "--model-root", root]
+    })
     for (const [name, path, fission] of [
       ["qwen2vl_fission", model, true],
       ["qwen2vl_local", model, false],
@@ -69,7 +72,12 @@ describe("Qwen2-VL end to end", () => {
       const registered = await runCli(["app", "register", file], { CORNSERVE_GATEWAY_URL: platform.url })
       expect(registered.code, registered.stderr).toBe(0)
     }
-  }, 180_000)
+    // Prefill and decode apart: the image's features and patch grid go on from the prefill executor to the decode one.
+    const apart = join(root, "qwen2vl_apart.ts")
+    await writeFile(apart, disaggregatedMllmAppSource(model, "DisaggregatedMLLMTask", ["image", "video"]))
+    const registered = await runCli(["app", "register", apart], { CORNSERVE_GATEWAY_URL: platform.url })
+    expect(registered.code, registered.stderr).toBe(0)
+  }, 240_000)
 
   afterAll(async () => {
     await platform?.stop()
@@ -145,13 +153,13 @@ describe("Qwen2-VL end to end", () => {
     return processor.tokenizer!.decode(end < 0 ? tokens : tokens.slice(0, end), { skip_special_tokens: true })
   }
 
-  it("answers images of several sizes as transformers.js does, with encoder fission and without", async () => {
+  it("answers images of several sizes as transformers.js does, with encoder fission and without, and with prefill and decode apart", async () => {
     const question = "What is in this image"
     const expected = await references(Object.keys(sizes), question)
     expect(new Set(expected.values()).size).toBeGreaterThan(1)
     for (const [name, answer] of expected) {
       expect(answer.length).toBeGreaterThan(0)
-      for (const app of ["qwen2vl_local", "qwen2vl_fission"]) {
+      for (const app of ["qwen2vl_local", "qwen2vl_fission", "qwen2vl_apart"]) {
         expect(await ask(app, [imagePart(name), { type: "text", text: question }]), `${app}, ${name}`).toBe(answer)
       }
     }

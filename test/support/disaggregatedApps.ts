@@ -11,6 +11,17 @@ export default defineApp({
 })
 `
 
+/** An app that streams a chat with media through `task` on `model`, its encoders tasks of their own. */
+export const disaggregatedMllmAppSource = (
+  model: string,
+  task: "MLLMTask" | "DisaggregatedMLLMTask",
+  modalities: ReadonlyArray<string> = ["image"]
+) => `
+import { ChatCompletionRequest, defineApp, ${task} } from "cornserve/app"
+const mllm = new ${task}({ model: ${JSON.stringify(model)}, modalities: ${JSON.stringify(modalities)}, encoderFission: true })
+export default defineApp({ tasks: { mllm }, request: ChatCompletionRequest, serve: (request) => mllm.invoke(request) })
+`
+
 /** The text of an app's streamed answer (NDJSON chunks); a failed stream throws. */
 export const streamedText = async (response: Response): Promise<string> => {
   const body = await response.text()

@@ -20,6 +20,11 @@ export type DisaggregatedLLMConfig = Omit<LLMConfig, "phase">
 export interface PrefillLLMOutput {
   /** The prompt's KV cache, held in the sidecar for the decode task's executor. */
   readonly kv: DataForward<"Tensor">
+  /**
+   * The media embeddings the prompt took (its input's `cornserveEmbeddings`), sent on by the
+   * prefill executor, in order: the decode executor builds the same prompt from them.
+   */
+  readonly embeddings: ReadonlyArray<DataForward<"Tensor">>
 }
 
 /** A half of a DisaggregatedLLMTask: an LLM deployment of its own, named by its phase. */
@@ -41,8 +46,11 @@ export class PrefillLLMTask extends LLMPhaseTask<LLMInput, PrefillLLMOutput> {
     super(config, "prefill")
   }
 
-  protected makeRecordOutput(): PrefillLLMOutput {
-    return { kv: new DataForward("Tensor") }
+  protected makeRecordOutput(input: LLMInput): PrefillLLMOutput {
+    return {
+      kv: new DataForward("Tensor"),
+      embeddings: (input.cornserveEmbeddings ?? []).map(() => new DataForward("Tensor"))
+    }
   }
 }
 
@@ -81,7 +89,11 @@ export class DisaggregatedLLMTask extends CompositeTask<LLMInput, TaskStream<Cha
   }
 
   compose(input: LLMInput): TaskStream<ChatCompletionChunk> {
-    const { kv } = this.prefill.compose(input)
-    return this.decode.compose({ ...input, cornserveKv: kv })
+    const { kv, embeddings } = this.prefill.compose(input)
+    return this.decode.compose({
+      ...input,
+      ...(input.cornserveEmbeddings === undefined ? {} : { cornserveEmbeddings: embeddings }),
+      cornserveKv: kv
+    })
   }
 }

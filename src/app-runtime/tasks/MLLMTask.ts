@@ -3,6 +3,7 @@ import { type ChatCompletionChunk, type ChatCompletionRequest, chatMediaParts } 
 import type { DataForward } from "./DataForward.js"
 import { EncoderTask, Modality } from "./EncoderTask.js"
 import { ModelDtype } from "../schemas/ModelDtype.js"
+import { DisaggregatedLLMTask } from "./DisaggregatedLLMTask.js"
 import { LLMTask } from "./LLMTask.js"
 import { EncoderSettings, LlmSettings } from "./EngineSettings.js"
 import { CompositeTask, ScalingBounds, TaskConfigError } from "./Task.js"
@@ -33,13 +34,17 @@ export type MLLMConfig = typeof MLLMConfig.Encoded
  * A multimodal LLM: with encoder fission, one encoder task per modality plus an LLM that takes
  * their embeddings through the sidecar; without it, the LLM alone, encoding media in-process.
  */
-export class MLLMTask extends CompositeTask<ChatCompletionRequest, TaskStream<ChatCompletionChunk>> {
+export class MLLMTask<L extends LLMTask | DisaggregatedLLMTask = LLMTask> extends CompositeTask<
+  ChatCompletionRequest,
+  TaskStream<ChatCompletionChunk>
+> {
   readonly name: string
   readonly config: typeof MLLMConfig.Type
   readonly encoders: ReadonlyMap<string, EncoderTask>
-  readonly llm: LLMTask
+  readonly llm: L
 
-  constructor(config: MLLMConfig) {
+  /** `phases` "apart": the LLM's prefill and decode on executors apart (see DisaggregatedMLLMTask). */
+  constructor(config: MLLMConfig, phases: "together" | "apart" = "together") {
     super()
     const decoded = Schema.decodeUnknownEither(MLLMConfig)(config, { errors: "all", onExcessProperty: "error" })
     if (decoded._tag === "Left") {
@@ -65,16 +70,15 @@ export class MLLMTask extends CompositeTask<ChatCompletionRequest, TaskStream<Ch
           ])
         : []
     )
-    this.llm = this.use(
-      new LLMTask({
-        model,
-        receiveEmbeddings: encoderFission,
-        ...llmSettings,
-        ...idle,
-        ...(dtype === undefined ? {} : { dtype }),
-        ...(parseSpecialTokensInContent === undefined ? {} : { parseSpecialTokensInContent })
-      })
-    )
+    const llmConfig = {
+      model,
+      receiveEmbeddings: encoderFission,
+      ...llmSettings,
+      ...idle,
+      ...(dtype === undefined ? {} : { dtype }),
+      ...(parseSpecialTokensInContent === undefined ? {} : { parseSpecialTokensInContent })
+    }
+    this.llm = this.use(phases === "apart" ? new DisaggregatedLLMTask(llmConfig) : new LLMTask(llmConfig)) as L
     this.name = `mllm-${this.llm.name.slice("llm-".length)}`
   }
 
@@ -96,5 +100,16 @@ export class MLLMTask extends CompositeTask<ChatCompletionRequest, TaskStream<Ch
         }).embeddings[0]!
     )
     return this.llm.compose({ ...request, cornserveEmbeddings: embeddings })
+  }
+}
+
+/**
+ * A multimodal LLM whose prefill and decode run on executors apart (see DisaggregatedLLMTask): with
+ * encoder fission, the encoders' embeddings go to the prefill task, which sends them on to the
+ * decode task with the prompt's KV cache. An app uses it as it would an MLLMTask.
+ */
+export class DisaggregatedMLLMTask extends MLLMTask<DisaggregatedLLMTask> {
+  constructor(config: MLLMConfig) {
+    super(config, "apart")
   }
 }

@@ -146,10 +146,17 @@ const promptEmbeddings = async (
 }
 
 const decodeKvPrefillCall = decodeInvocation(
-  Schema.Struct({ config: LLMConfig, input: ChatInput, output: Schema.Struct({ kv: ForwardedId }) })
+  Schema.Struct({
+    config: LLMConfig,
+    input: ChatInput,
+    output: Schema.Struct({ kv: ForwardedId, embeddings: Schema.optional(Schema.Array(ForwardedId)) })
+  })
 )
 
-/** A PrefillLLMTask's call: the prompt prefilled, its KV cache sent through the sidecar under the output's id. */
+/**
+ * A PrefillLLMTask's call: the prompt prefilled, its KV cache sent through the sidecar under the
+ * output's id, and the embeddings it took sent on under the output's own ids, for the decode task.
+ */
 const kvPrefill = async (url: string, invocation: TaskInvocationWire, context: CallContext): Promise<CallResult> => {
   const { config, input, output } = decodeKvPrefillCall(invocation)
   const body: KvPrefillRequest = {
@@ -158,6 +165,9 @@ const kvPrefill = async (url: string, invocation: TaskInvocationWire, context: C
     ...embeddingRefs(input.cornserveEmbeddings, context),
     ...specialTokensParsed(input.parseSpecialTokensInContent),
     id: output.kv,
+    ...(output.embeddings === undefined || output.embeddings.length === 0
+      ? {}
+      : { forward_embeddings: output.embeddings }),
     receivers: context.receivers
   }
   const response = await post(`${url}/v1/cornserve/kv-prefill`, KvPrefillRequest, body, context)

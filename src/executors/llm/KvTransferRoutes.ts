@@ -45,6 +45,12 @@ export const kvPrefillRoute = ({
     // As a chat completion: the prompt leaves a position for the answer.
     yield* checkMedia(mediaParts(body.messages), body.cornserve_embeddings, maxModelLength - 1)
     if (sidecar === undefined) return yield* new NoSidecar()
+    const forward = body.forward_embeddings ?? []
+    if (forward.length > 0 && forward.length !== (body.cornserve_embeddings ?? []).length)
+      return yield* new BadRequest({
+        message: `forward_embeddings names ${forward.length} ids for ${(body.cornserve_embeddings ?? []).length} cornserve_embeddings`
+      })
+    const receivers = body.receivers ?? [sidecar.nodeId]
     const span = yield* RequestSpan
     const prompt = yield* attempt((signal) =>
       inSpan("prompt", { parent: span }, () =>
@@ -61,12 +67,9 @@ export const kvPrefillRoute = ({
         )
       )
     )
-    const meta: LlmRequestMeta = {
-      op: "kv-export",
-      prompt,
-      id: body.id,
-      receivers: body.receivers ?? [sidecar.nodeId]
-    }
+    // The embeddings go on first: the decode executor builds its prompt from them while this one prefills.
+    yield* attempt(() => forwardEmbeddings(sidecar, prompt, forward, receivers))
+    const meta: LlmRequestMeta = { op: "kv-export", prompt, id: body.id, receivers }
     const result = yield* engine.runOne<KvResult>({ key: meta.op, inputs: {}, meta, ...(yield* workItemContext) })
     const answer: KvPrefillResponse = {
       id: body.id,
@@ -76,6 +79,28 @@ export const kvPrefillRoute = ({
     }
     return HttpServerResponse.unsafeJson(answer)
   }).pipe(Effect.catchAll(errorAnswer))
+
+/**
+ * Sends each media item's embedding of `prompt` (taken from the sidecar: the encoders') on under
+ * the next of `ids`, as an encoder sends it: its grid first, where it has one, then its rows.
+ */
+const forwardEmbeddings = async (
+  sidecar: SidecarClient,
+  prompt: PromptInput,
+  ids: ReadonlyArray<string>,
+  to: ReadonlyArray<string>
+) => {
+  for (const [index, id] of ids.entries()) {
+    const input = prompt.media[index]!.input
+    if (input.kind !== "embedding") throw new Error(`media item ${index} was not taken from the sidecar`)
+    const chunks = [
+      ...(input.grid === undefined ? [] : [new Tensor("int32", [input.grid.length], Int32Array.from(input.grid))]),
+      new Tensor("float32", [...input.shape], input.data)
+    ]
+    for (const [chunk, tensor] of chunks.entries())
+      await sidecar.send(id, tensor, { to, chunk, numChunks: chunks.length })
+  }
+}
 
 /**
  * Takes the KV cache sent under `id` for `prompt` into every lane's prefix cache (see

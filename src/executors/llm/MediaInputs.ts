@@ -255,7 +255,13 @@ export const makeMediaInputs = (options: {
     return {
       modality: ref.modality,
       rows,
-      input: { kind: "embedding", data, shape: [rows, hidden] },
+      input: {
+        kind: "embedding",
+        data,
+        shape: [rows, hidden],
+        ...(grid === undefined ? {} : { grid: [grid.rows, grid.cols] as const }),
+        ...(thw === undefined ? {} : { grid: thw })
+      },
       ...(grid === undefined ? {} : { grid }),
       ...(thw === undefined ? {} : { thw })
     }

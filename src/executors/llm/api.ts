@@ -70,6 +70,11 @@ export const KvPrefillRequest = Schema.Struct({
   cornserve_embeddings: Schema.optional(Schema.Array(EmbeddingRef)),
   /** The sidecar id the cache goes out under. */
   id: DataId,
+  /**
+   * Ids each of cornserve_embeddings goes on under, in order, to the same receivers: the decode
+   * executor builds the same prompt from them.
+   */
+  forward_embeddings: Schema.optional(Schema.Array(DataId)),
   /** Node ids that receive it (default: this node). */
   receivers: Schema.optional(Schema.Array(Schema.String))
 })

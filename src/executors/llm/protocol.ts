@@ -25,7 +25,17 @@ export type MediaInput =
   | { readonly kind: "input_values"; readonly data: Float32Array; readonly shape: ReadonlyArray<number> }
   /** Ultravox: a clip's Whisper features, [1, mel bins, frames]. */
   | { readonly kind: "audio_values"; readonly data: Float32Array; readonly shape: ReadonlyArray<number> }
-  | { readonly kind: "embedding"; readonly data: Float32Array; readonly shape: readonly [number, number] }
+  /**
+   * An encoder's rows from the sidecar, with the grid its transfer began with (an Idefics3 image's
+   * tiles [rows, cols], or a Qwen2-VL image's or video's patches [t, h, w]): what a prefill
+   * executor sends on to its decode executor (KvTransferRoutes.ts).
+   */
+  | {
+      readonly kind: "embedding"
+      readonly data: Float32Array
+      readonly shape: readonly [number, number]
+      readonly grid?: readonly [number, number] | readonly [number, number, number]
+    }
 
 /**
  * One media item's rows in the prompt: positions [start, start + rows) of inputs_embeds, or, for

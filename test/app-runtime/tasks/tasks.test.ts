@@ -3,6 +3,7 @@ import {
   type ChatCompletionChunk,
   type ChatCompletionRequest,
   DataForward,
+  DisaggregatedMLLMTask,
   EncoderTask,
   type EncoderInput,
   LLMEmbeddingTask,
@@ -395,6 +396,32 @@ describe("invoking a task: record, dispatch, replay", () => {
 
     // The whole graph is plain data: it survives a JSON round trip unchanged.
     expect(JSON.parse(JSON.stringify(graph))).toEqual(graph)
+  })
+
+  it("records a disaggregated MLLM call as encoder, prefill, decode: the prefill sends the embeddings on under ids of its own", async () => {
+    const graphs = installEchoDispatcher()
+    const mllm = new DisaggregatedMLLMTask({ model, modalities: ["image"] })
+
+    await mllm.invoke(chatWithImage(imageUrl))
+
+    const graph = graphs[0]!
+    expect(graph.invocations.map((invocation) => invocation.taskId)).toEqual([
+      mllm.encoders.get("image")!.id,
+      mllm.llm.prefill.id,
+      mllm.llm.decode.id
+    ])
+    expect(graph.invocations.map((invocation) => invocation.operation)).toEqual(["embed", "kv-prefill", "chat"])
+    const encoded = forwardIds((invocationAt(graph, 0).output as { embeddings: unknown }).embeddings)
+    const prefill = invocationAt(graph, 1)
+    expect(forwardIds((prefill.input as { cornserveEmbeddings: unknown }).cornserveEmbeddings)).toEqual(encoded)
+    const sent = prefill.output as { kv: EncodedForward; embeddings: ReadonlyArray<EncodedForward> }
+    expect(sent.embeddings).toHaveLength(1)
+    const decode = invocationAt(graph, 2).input as { cornserveEmbeddings: unknown; cornserveKv: EncodedForward }
+    // Each datum has one producer and one consumer: the decode task reads the prefill task's copies.
+    expect(forwardIds(decode.cornserveEmbeddings)).toEqual(forwardIds(sent.embeddings))
+    expect(forwardIds(decode.cornserveEmbeddings)).not.toEqual(encoded)
+    expect(decode.cornserveKv.$dataForward).toBe(sent.kv.$dataForward)
+    expect(mllm.name).toBe(`mllm-disaggregated-${mllm.llm.prefill.config.model.split("/").at(-1)!.toLowerCase()}`)
   })
 
   it("returns a TaskStream that yields exactly the chunks the dispatcher streams", async () => {

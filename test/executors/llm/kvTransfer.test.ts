@@ -117,5 +117,19 @@ describe("a chat's KV cache from a prefill executor to a decode executor", () =>
     expect(geometry.body.error.message).toMatch(/this model's is/)
     const plain = await post<ChatCompletion>(`${decode.url}/v1/chat/completions`, greedy())
     expect(plain.status).toBe(200)
+    // Nothing of the refused caches is left in the sidecar: each was freed once read.
+    for (const id of ["kv-wrong", "kv-geometry"])
+      await expect(client.recv(id, 0, { timeoutMs: 50 })).rejects.toThrow(/within|timed out|RecvTimeout/i)
+  })
+
+  it("400 for embeddings to send on that do not match the prompt's", async () => {
+    const mismatched = await post<{ error: { message: string } }>(`${prefill.url}/v1/cornserve/kv-prefill`, {
+      model,
+      messages,
+      id: "kv-forward",
+      forward_embeddings: ["emb-on"]
+    })
+    expect(mismatched.status).toBe(400)
+    expect(mismatched.body.error.message).toMatch(/forward_embeddings names 1 ids for 0 cornserve_embeddings/)
   })
 })
