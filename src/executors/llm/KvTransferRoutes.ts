@@ -118,6 +118,8 @@ export const importKv = ({ engine, sidecar, waitMs }: KvTransferContext, prompt:
         return yield* new BadRequest({
           message: `${id} is not a KV cache: a float32 or float16 tensor [heads, positions, headDim] a chunk, one chunk a cache tensor`
         })
+      // No whole block was sent (a prompt shorter than one and a token): the prompt is prefilled here whole.
+      if (received.shape[2] === 0) return 0
       const meta: LlmRequestMeta = { op: "kv-import", prompt, id, ...received }
       // Not cut short: the workers read the chunks in place until they answer.
       const result = yield* Effect.uninterruptible(

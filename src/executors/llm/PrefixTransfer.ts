@@ -35,8 +35,11 @@ export const exportPrefix = async (
   const { tensors, heads, headDim, half } = cache.geometry
   // At least one token is left to run: its logits give the first token.
   const positions = Math.floor((prompt.inputIds.length - 1) / cache.blockTokens) * cache.blockTokens
-  if (positions === 0)
-    return { error: `the prompt is shorter than a prefix cache block (${cache.blockTokens} tokens) and a token` }
+  // A prompt shorter than a block and a token has nothing to send: the receiver prefills it all.
+  if (positions === 0) {
+    const empty = half ? new Uint16Array(0) : new Float32Array(0)
+    return { tensors: runner.presentNames.map(() => empty), shape: [tensors, heads, 0, headDim] }
+  }
   const outputs = await runner.runAlone(prompt, positions, runner.presentNames)
   const arrays = runner.presentNames.map((name) => {
     const present = outputs[name]!
@@ -71,6 +74,8 @@ export const importPrefix = (
     return {
       error: `the cache sent is ${half ? "float32" : "float16"}; this model's is ${half ? "float16" : "float32"}`
     }
+  if (positions === 0 && prefix.tensors.length === tensors && prefix.tensors.every((array) => array.length === 0))
+    return { positions: 0 }
   const keys = blockKeys(prompt, B)
   if (positions % B !== 0 || positions === 0 || positions / B > keys.length || positions >= prompt.inputIds.length)
     return {

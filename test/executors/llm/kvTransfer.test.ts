@@ -122,6 +122,32 @@ describe("a chat's KV cache from a prefill executor to a decode executor", () =>
       await expect(client.recv(id, 0, { timeoutMs: 50 })).rejects.toThrow(/within|timed out|RecvTimeout/i)
   })
 
+  it("sends no positions for a prompt under a block and a token; the decode executor prefills it whole", async () => {
+    const short = [{ role: "user", content: "hi" }]
+    const sent = await post<KvPrefillResponse>(`${prefill.url}/v1/cornserve/kv-prefill`, {
+      model,
+      messages: short,
+      id: "kv-short"
+    })
+    expect(sent.status, JSON.stringify(sent.body)).toBe(200)
+    expect(sent.body.prompt_tokens).toBeLessThanOrEqual(16)
+    expect(sent.body.shape).toEqual([
+      2 * smallLlamaConfig.layers,
+      smallLlamaConfig.kvHeads,
+      0,
+      smallLlamaConfig.headDim
+    ])
+    const request = { model, messages: short, max_tokens: 8, temperature: 0 }
+    const whole = await post<ChatCompletion>(`${prefill.url}/v1/chat/completions`, request)
+    const decoded = await post<ChatCompletion>(`${decode.url}/v1/chat/completions`, {
+      ...request,
+      cornserve_kv: { id: "kv-short" }
+    })
+    expect(decoded.status, JSON.stringify(decoded.body)).toBe(200)
+    expect(decoded.body.choices[0]!.message.content).toBe(whole.body.choices[0]!.message.content)
+    await expect(client.recv("kv-short", 0, { timeoutMs: 50 })).rejects.toThrow()
+  })
+
   it("400 for embeddings to send on that do not match the prompt's", async () => {
     const mismatched = await post<{ error: { message: string } }>(`${prefill.url}/v1/cornserve/kv-prefill`, {
       model,
