@@ -9,7 +9,9 @@ import { adminHeaders, eventually, invoke, type RunningPlatform, runCli, startPl
 /**
  * LLM failover through the real binary: the LLM executor's worker is killed while eight greedy
  * streams are under way; the task's executor is restarted, every stream goes on from the tokens its
- * client has, and every client reads the text it reads when nothing fails.
+ * client has, and every client reads the text it reads when nothing fails. With prefill and decode
+ * apart, the decode executor's worker is killed: the graph runs again, the prompt is prefilled
+ * again and its cache sent again, and the streams go on alike.
  */
 
 /**
@@ -33,9 +35,9 @@ const config = {
 const streams = 8
 const maxTokens = 64
 
-const appSource = (model: string) => `
-import { ChatCompletionRequest, defineApp, LLMTask } from "cornserve/app"
-const llm = new LLMTask({ model: ${JSON.stringify(model)} })
+const appSource = (model: string, task: "LLMTask" | "DisaggregatedLLMTask" = "LLMTask") => `
+import { ChatCompletionRequest, defineApp, ${task} } from "cornserve/app"
+const llm = new ${task}({ model: ${JSON.stringify(model)} })
 export default defineApp({
   tasks: { llm },
   request: ChatCompletionRequest,
@@ -45,7 +47,12 @@ export default defineApp({
 
 const request = (index: number) =>
   JSON.stringify({
-    messages: [{ role: "user", content: `Tell me story number ${index} about the sea.` }],
+    messages: [
+      {
+        role: "user",
+        content: `Tell me story number ${index} about the sea, the ships that sail on it and the birds above them.`
+      }
+    ],
     max_tokens: maxTokens,
     temperature: 0
   })
@@ -83,22 +90,39 @@ const readStream = (response: Response) => {
   }
 }
 
+/** The platform on `devices`, serving the stories app through `task`. */
+const startStories = async (devices: string, task: "LLMTask" | "DisaggregatedLLMTask") => {
+  const root = await mkdtemp(join(tmpdir(), "cornserve-failover-"))
+  const model = join(root, "models", "tiny-llama")
+  for (const [file, bytes] of randomLlamaFiles({ config, layout: "decoder-only", dtypes: ["fp32"] })) {
+    await mkdir(dirname(join(model, file)), { recursive: true })
+    await writeFile(join(model, file), bytes)
+  }
+  const platform = await startPlatform({
+    args: ["--devices", devices],
+    env: { CORNSERVE_MODEL_DIR: join(root, "models") }
+  })
+  const file = join(root, "stories.ts")
+  await writeFile(file, appSource(model, task))
+  const registered = await runCli(["app", "register", file], { CORNSERVE_GATEWAY_URL: platform.url })
+  expect(registered.code, registered.stderr).toBe(0)
+  return { root, platform }
+}
+
+const failoversOf = async (platform: RunningPlatform) => {
+  const metrics = await (await fetch(`${platform.url}/metrics`, { headers: adminHeaders() })).text()
+  return [...metrics.matchAll(/^cornserve_llm_failovers_total\{task="[^"]+"\} (\d+)/gm)].reduce(
+    (sum, match) => sum + Number(match[1]),
+    0
+  )
+}
+
 describe("an LLM executor's worker dies mid-stream", () => {
   let platform: RunningPlatform
   let root: string
 
   beforeAll(async () => {
-    root = await mkdtemp(join(tmpdir(), "cornserve-failover-"))
-    const model = join(root, "models", "tiny-llama")
-    for (const [file, bytes] of randomLlamaFiles({ config, layout: "decoder-only", dtypes: ["fp32"] })) {
-      await mkdir(dirname(join(model, file)), { recursive: true })
-      await writeFile(join(model, file), bytes)
-    }
-    platform = await startPlatform({ args: ["--devices", "cpu:0"], env: { CORNSERVE_MODEL_DIR: join(root, "models") } })
-    const file = join(root, "stories.ts")
-    await writeFile(file, appSource(model))
-    const registered = await runCli(["app", "register", file], { CORNSERVE_GATEWAY_URL: platform.url })
-    expect(registered.code, registered.stderr).toBe(0)
+    ;({ root, platform } = await startStories("cpu:0", "LLMTask"))
   })
 
   afterAll(async () => {
@@ -126,9 +150,7 @@ describe("an LLM executor's worker dies mid-stream", () => {
     const texts = await Promise.all(disturbed.map((stream) => stream.text))
 
     expect(texts).toEqual(undisturbed)
-    const metrics = await (await fetch(`${platform.url}/metrics`, { headers: adminHeaders() })).text()
-    const failovers = Number(/^cornserve_llm_failovers_total\{task="[^"]+"\} (\d+)/m.exec(metrics)?.[1] ?? 0)
-    expect(failovers).toBeGreaterThanOrEqual(1)
+    expect(await failoversOf(platform)).toBeGreaterThanOrEqual(1)
     // The executor was restarted, and the task is whole again.
     await eventually(async () => {
       const listing = (await (await fetch(`${platform.url}/tasks/list`)).json()) as {
@@ -137,5 +159,46 @@ describe("an LLM executor's worker dies mid-stream", () => {
       const executors = listing.tasks.flatMap((task) => task.executors)
       return executors.length === 1 && executors[0]!.healthy && executors[0]!.outstanding === 0 ? true : undefined
     })
+  })
+})
+
+describe("a decode executor's worker dies mid-stream, prefill and decode apart", () => {
+  let platform: RunningPlatform
+  let root: string
+
+  beforeAll(async () => {
+    ;({ root, platform } = await startStories("cpu:0,cpu:1", "DisaggregatedLLMTask"))
+  })
+
+  afterAll(async () => {
+    await platform?.stop()
+    await rm(root, { recursive: true, force: true })
+  })
+
+  it("runs the graph again: the prompts prefilled and their caches sent again, each client reads the undisturbed text", async () => {
+    const ask = async () =>
+      (
+        await Promise.all(
+          Array.from({ length: streams }, (_, index) => invoke(platform.url, "stories", request(index)))
+        )
+      ).map(readStream)
+    const undisturbed = await Promise.all((await ask()).map((stream) => stream.text))
+    expect(undisturbed.every((text) => text.length > 0)).toBe(true)
+
+    const listing = (await (await fetch(`${platform.url}/tasks/list`, { headers: adminHeaders() })).json()) as {
+      tasks: Array<{ config?: { phase?: string }; devices: ReadonlyArray<string> }>
+    }
+    const device = listing.tasks.find((task) => task.config?.phase === "decode")!.devices[0]!
+    const decodeExecutor = descendants(platform.process.pid!).find(
+      (entry) => entry.command.includes(" internal executor ") && entry.command.includes(` --devices ${device} `)
+    )
+    expect(decodeExecutor, device).toBeDefined()
+    const worker = descendants(decodeExecutor!.pid).find((entry) => entry.command.includes(" executor-worker "))
+    expect(worker).toBeDefined()
+    const disturbed = await ask()
+    await Promise.all(disturbed.map((stream) => stream.reached(5)))
+    process.kill(worker!.pid, "SIGKILL")
+    expect(await Promise.all(disturbed.map((stream) => stream.text))).toEqual(undisturbed)
+    expect(await failoversOf(platform)).toBeGreaterThanOrEqual(1)
   })
 })
