@@ -58,11 +58,13 @@ export const startInternal = (args: ReadonlyArray<string>, ready: RegExp, env: R
 export const startSidecar = async (
   nodeId: string,
   env: Readonly<Record<string, string>> = {},
-  arenaBytes = 64 * 1024 * 1024
+  arenaBytes = 64 * 1024 * 1024,
+  /** More flags: its peer port and peers, say. */
+  extra: ReadonlyArray<string> = []
 ) => {
   const socket = join(tmpdir(), `cornserve-test-${nodeId}-${process.pid}-${Date.now()}.sock`)
   const running = await startInternal(
-    ["sidecar", "--node-id", nodeId, "--socket", socket, "--arena-bytes", String(arenaBytes)],
+    ["sidecar", "--node-id", nodeId, "--socket", socket, "--arena-bytes", String(arenaBytes), ...extra],
     /sidecar: ready/,
     env
   )

@@ -19,7 +19,10 @@ const decodeStats = Schema.decodeUnknownOption(Schema.parseJson(LlmStats))
 export interface ExecutorPrefixCache {
   readonly task: string
   readonly executor: string
-  readonly cache: NonNullable<LlmStats["prefixCache"]>
+  /** Absent for an executor that keeps no prefix cache. */
+  readonly cache?: NonNullable<LlmStats["prefixCache"]>
+  /** The KV caches other executors prefilled that its requests took (prefill and decode apart). */
+  readonly imports?: NonNullable<LlmStats["kvImports"]>
 }
 
 /** GET of an executor's stats, bounded in time and size; undefined when it does not answer with them. */
@@ -65,15 +68,29 @@ export const llmPrefixCaches = async (
     )
   const answers = await Promise.all(executors.map((executor) => getStats(executor.url, secret)))
   return executors.flatMap((executor, index) => {
-    const cache = answers[index]?.prefixCache
-    return cache === undefined ? [] : [{ task: executor.task, executor: executor.executor, cache }]
+    const { prefixCache: cache, kvImports: imports } = answers[index] ?? {}
+    if (cache === undefined && imports === undefined) return []
+    return [
+      {
+        task: executor.task,
+        executor: executor.executor,
+        ...(cache === undefined ? {} : { cache }),
+        ...(imports === undefined ? {} : { imports })
+      }
+    ]
   })
 }
 
 /** The Prometheus metrics of those caches, by task and executor. */
 export const prefixCacheMetrics = (caches: ReadonlyArray<ExecutorPrefixCache>): ReadonlyArray<string> => {
-  const samples = (field: keyof ExecutorPrefixCache["cache"]) =>
-    caches.map(({ task, executor, cache }) => [{ task, executor }, cache[field]] as const)
+  const samples = (field: keyof NonNullable<ExecutorPrefixCache["cache"]>) =>
+    caches.flatMap(({ task, executor, cache }) =>
+      cache === undefined ? [] : [[{ task, executor }, cache[field]] as const]
+    )
+  const imported = (field: "requests" | "tokens") =>
+    caches.flatMap(({ task, executor, imports }) =>
+      imports === undefined ? [] : [[{ task, executor }, imports[field]] as const]
+    )
   return [
     metric(
       "cornserve_llm_prefix_cache_lookups_total",
@@ -110,6 +127,18 @@ export const prefixCacheMetrics = (caches: ReadonlyArray<ExecutorPrefixCache>): 
       "counter",
       "Blocks evicted from the prefix cache, least recently used first, to stay within its bound.",
       samples("evictions")
+    ),
+    metric(
+      "cornserve_llm_kv_imported_requests_total",
+      "counter",
+      "Requests that started from a KV cache another executor prefilled (prefill and decode apart).",
+      imported("requests")
+    ),
+    metric(
+      "cornserve_llm_kv_imported_tokens_total",
+      "counter",
+      "Prompt tokens not prefilled because another executor prefilled them and sent their KV cache.",
+      imported("tokens")
     )
   ]
 }

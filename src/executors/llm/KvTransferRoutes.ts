@@ -1,10 +1,10 @@
 /**
  * A prompt's KV cache between two LLM executors of one model, through the sidecar: prefill and
  * decode apart. `POST /v1/cornserve/kv-prefill` renders a chat's messages as a chat completion
- * would, runs its whole blocks but the last token (PrefixTransfer.ts) and sends their keys and
- * values under the request's id; a chat completion on the decode executor that names that id
- * (`cornserve_kv`) takes them into its prefix cache first, so that it prefills only the rest of
- * the prompt and then decodes, as after any prefix cache hit.
+ * would, runs all of them but the last token (PrefixTransfer.ts) and sends their keys and values
+ * under the request's id; a chat completion on the decode executor that names that id
+ * (`cornserve_kv`) starts its cache from them, so that it runs only the last token and then
+ * decodes.
  */
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
@@ -18,7 +18,8 @@ import { errorAnswer, RequestSpan, workItemContext } from "../common/Router.js"
 import { KvPrefillRequest, type KvPrefillResponse } from "./api.js"
 import { mediaParts } from "./Prompt.js"
 import type { PromptEmbeddingsContext } from "./PromptEmbeddingsRoute.js"
-import type { KvResult, LlmRequestMeta, PromptInput } from "./protocol.js"
+import type { Generation } from "./Generation.js"
+import type { KvImport, KvResult, LlmRequestMeta, PromptInput } from "./protocol.js"
 
 /** What the routes share with the router: its engine, sidecar, and how it checks and builds prompts. */
 export interface KvTransferContext
@@ -103,40 +104,70 @@ const forwardEmbeddings = async (
 }
 
 /**
- * Takes the KV cache sent under `id` for `prompt` into every lane's prefix cache (see
- * `cornserve_kv`); answers how many of the prompt's positions it holds. The router waits for the
- * chunks and checks what they are; each lane's worker reads them out of the sidecar itself, and
- * the cache is freed in the sidecar once they have, whatever becomes of it.
+ * The KV cache sent under `id` for `prompt` (`cornserve_kv`), once it has arrived whole and every
+ * lane's model has found that it fits: what the request's generate items carry (GenerateMeta's
+ * `kv`), for the worker that runs each to take in place as it joins. Undefined when it holds no
+ * positions (a one-token prompt: prefilled here whole). A cache refused is freed at once; one
+ * taken, by `releaseKv` once every request that takes it has joined.
  */
-export const importKv = ({ engine, sidecar, waitMs }: KvTransferContext, prompt: PromptInput, id: string) =>
+export const receiveKv = ({ engine, sidecar, waitMs }: KvTransferContext, prompt: PromptInput, id: string) =>
   Effect.gen(function* () {
     if (sidecar === undefined) return yield* new NoSidecar()
     const context = yield* workItemContext
+    const free = Effect.promise(() => sidecar.markDone(id).catch(() => undefined))
     return yield* Effect.gen(function* () {
       const received = yield* attempt(() => arrivedCache(sidecar, id, waitMs))
       if (received === undefined)
         return yield* new BadRequest({
-          message: `${id} is not a KV cache: a float32 or float16 tensor [heads, positions, headDim] a chunk, one chunk a cache tensor`
+          message: `${id} is not a KV cache: a float32 or float16 tensor [heads, positions, headDim] a chunk, one chunk a cache tensor, then its token ids, int32 [positions]`
         })
-      // No whole block was sent (a prompt shorter than one and a token): the prompt is prefilled here whole.
-      if (received.shape[2] === 0) return 0
-      const meta: LlmRequestMeta = { op: "kv-import", prompt, id, ...received }
-      // Not cut short: the workers read the chunks in place until they answer.
-      const result = yield* Effect.uninterruptible(
-        engine.runOne<KvResult>({ key: meta.op, inputs: {}, meta, ...context })
-      )
-      return result.positions ?? 0
-    }).pipe(Effect.ensuring(Effect.promise(() => sidecar.markDone(id).catch(() => undefined))))
+      const { shape, dtype, ids } = received
+      const meta: LlmRequestMeta = { op: "kv-import", prompt, shape, dtype }
+      yield* engine.runOne<KvResult>({ key: meta.op, inputs: {}, meta, ...context })
+      // A cache of no positions (a one-token prompt), or of a prompt rendered otherwise (the prefill
+      // executor was not given the same messages and tools): the prompt is prefilled here whole.
+      if (shape[2] === 0 || !startsWith(prompt, ids)) {
+        yield* free
+        return undefined
+      }
+      const kv: KvImport = { id, shape, dtype }
+      return kv
+    }).pipe(Effect.onError(() => free))
   })
 
 /**
+ * Frees a cache `receiveKv` took once each of `generations` has joined (its first token, or its
+ * end), or at once when `cancelled` aborts: a cancelled request's answer, whatever its cache held,
+ * goes nowhere, and an imported cache never enters the prefix cache.
+ */
+export const releaseKv = (
+  { sidecar }: KvTransferContext,
+  kv: KvImport | undefined,
+  generations: ReadonlyArray<Generation>,
+  cancelled: AbortSignal
+) => {
+  if (kv === undefined || sidecar === undefined) return
+  let freed = false
+  const free = () => {
+    if (freed) return
+    freed = true
+    void sidecar.markDone(kv.id).catch(() => undefined)
+  }
+  cancelled.addEventListener("abort", free, { once: true })
+  // A request has joined by its first token; one that failed or ended settles `started` too.
+  void Promise.all(generations.map((generation) => generation.started)).then(free)
+}
+
+/**
  * The shape and dtype of the cache sent under `id`, once all of it has arrived (its chunks are
- * read in place, not copied): a cache tensor a chunk, [heads, positions, headDim], all alike;
- * undefined when the transfer is not such a cache.
+ * read in place, not copied): a cache tensor a chunk, [heads, positions, headDim], all alike, then
+ * the token ids they are the keys and values of, int32 [positions]; undefined when the transfer is
+ * not such a cache.
  */
 const arrivedCache = async (sidecar: SidecarClient, id: string, waitMs: number) => {
   let dims: ReadonlyArray<number> | undefined
   let dtype: "float32" | "float16" | undefined
+  let ids: Int32Array | undefined
   let chunks = 0
   for (; ; chunks++) {
     let payload: Awaited<ReturnType<SidecarClient["recv"]>>
@@ -148,8 +179,12 @@ const arrivedCache = async (sidecar: SidecarClient, id: string, waitMs: number) 
       throw error
     }
     if (payload === undefined) break
-    if (!(payload instanceof Tensor)) return undefined
+    if (!(payload instanceof Tensor) || ids !== undefined) return undefined
     const kind = payload.dtype
+    if (kind === "int32" && payload.shape.length === 1 && dims !== undefined && payload.shape[0] === dims[1]) {
+      ids = payload.data as Int32Array
+      continue
+    }
     const alike =
       (kind === "float32" || kind === "float16") &&
       payload.shape.length === 3 &&
@@ -158,6 +193,10 @@ const arrivedCache = async (sidecar: SidecarClient, id: string, waitMs: number) 
     dims = payload.shape
     dtype = kind
   }
-  if (dims === undefined || dtype === undefined) return undefined
-  return { shape: [chunks, dims[0]!, dims[1]!, dims[2]!] as const, dtype }
+  if (dims === undefined || dtype === undefined || ids === undefined) return undefined
+  return { shape: [chunks - 1, dims[0]!, dims[1]!, dims[2]!] as const, dtype, ids }
 }
+
+/** Whether `ids` are the first tokens of `prompt`. */
+const startsWith = (prompt: PromptInput, ids: Int32Array): boolean =>
+  ids.length < prompt.inputIds.length && ids.every((token, index) => token === prompt.inputIds[index])

@@ -1,16 +1,15 @@
 /**
- * A prompt's KV cache moved between two LLM executors of the same model, as prefix cache blocks:
- * the building block of prefill and decode apart. One runner computes the keys and values of the
- * prompt's whole blocks (all but its last token, which the receiving side runs to draw the first
- * token), a key and a value array a layer as the decoder gave them; the other puts them into its
- * prefix cache under the prompt's own
- * block keys, so that the same prompt joining it there is prefilled only from where they end, as
- * after any prefix cache hit. Only the numbers travel: the receiver keys them by the prompt it is
- * given, which must be the one they were computed for (the same request, prefilled by an executor
- * of the same model, through the sidecar's authenticated peers).
+ * A prompt's KV cache moved between two LLM executors of the same model: the building block of
+ * prefill and decode apart. One runner computes the keys and values of all of the prompt but its
+ * last token (which the receiving side runs to draw the first token), a key and a value array a
+ * layer as the decoder gave them; the other starts the request's cache from them when the same
+ * prompt joins (StepItem's `imported`), copying them once, into the request's own cache, and runs
+ * only the last token. Only the numbers travel: the receiver is given the prompt, which must be the
+ * one they were computed for (the same request, prefilled by an executor of the same model,
+ * through the sidecar's authenticated peers).
  */
+import type { KvGeometry } from "./KvLayout.js"
 import type { CacheArray, PastData } from "./PastCache.js"
-import { blockKeys } from "./PrefixCache.js"
 import type { PromptInput } from "./protocol.js"
 import type { Runner } from "./Runner.js"
 
@@ -23,19 +22,11 @@ export interface ExportedPrefix {
   readonly shape: readonly [tensors: number, heads: number, positions: number, headDim: number]
 }
 
-const noCache = "this executor keeps no prefix cache (its decoder runs prompts apart, or its prefix cache is off)"
-
-/** The keys and values of `prompt`'s whole blocks but its last token's, computed by `runner`'s decoder alone. */
-export const exportPrefix = async (
-  runner: Runner,
-  prompt: PromptInput
-): Promise<ExportedPrefix | { readonly error: string }> => {
-  const cache = runner.prefixCache
-  if (cache === undefined) return { error: noCache }
-  const { tensors, heads, headDim, half } = cache.geometry
-  // At least one token is left to run: its logits give the first token.
-  const positions = Math.floor((prompt.inputIds.length - 1) / cache.blockTokens) * cache.blockTokens
-  // A prompt shorter than a block and a token has nothing to send: the receiver prefills it all.
+/** The keys and values of `prompt` but its last token, computed by `runner`'s decoder alone. */
+export const exportPrefix = async (runner: Runner, prompt: PromptInput): Promise<ExportedPrefix> => {
+  const { tensors, heads, headDim, half } = runner.cacheGeometry
+  // One token is left to run: its logits give the first token.
+  const positions = prompt.inputIds.length - 1
   if (positions === 0) {
     const empty = half ? new Uint16Array(0) : new Float32Array(0)
     return { tensors: runner.presentNames.map(() => empty), shape: [tensors, heads, 0, headDim] }
@@ -53,44 +44,51 @@ export const exportPrefix = async (
 }
 
 /**
- * Puts an exported prefix of `prompt` into `runner`'s prefix cache; answers how many positions it
- * holds, or why it cannot (another geometry or precision, a length that is not the prompt's whole blocks).
+ * Whether a cache of `shape` and `dtype` fits a model of `geometry` and `prompt`: the same
+ * geometry and precision, and positions that leave the prompt a token to run. Answers the
+ * positions, or why not.
  */
-export const importPrefix = (
-  runner: Runner,
+export const checkPrefix = (
+  geometry: KvGeometry,
   prompt: PromptInput,
-  prefix: ExportedPrefix
+  shape: ExportedPrefix["shape"],
+  dtype: "float32" | "float16"
 ): { readonly positions: number } | { readonly error: string } => {
-  const cache = runner.prefixCache
-  if (cache === undefined) return { error: noCache }
-  const { tensors, heads, headDim, half } = cache.geometry
-  const [sentTensors, sentHeads, positions, sentHeadDim] = prefix.shape
-  const B = cache.blockTokens
+  const { tensors, heads, headDim, half } = geometry
+  const [sentTensors, sentHeads, positions, sentHeadDim] = shape
   if (sentTensors !== tensors || sentHeads !== heads || sentHeadDim !== headDim)
     return {
-      error: `the cache sent is [${prefix.shape.join(", ")}]; this model's is [${tensors}, ${heads}, positions, ${headDim}]`
+      error: `the cache sent is [${shape.join(", ")}]; this model's is [${tensors}, ${heads}, positions, ${headDim}]`
     }
-  if (prefix.tensors.some((array) => half !== array instanceof Uint16Array))
-    return {
-      error: `the cache sent is ${half ? "float32" : "float16"}; this model's is ${half ? "float16" : "float32"}`
-    }
-  if (positions === 0 && prefix.tensors.length === tensors && prefix.tensors.every((array) => array.length === 0))
-    return { positions: 0 }
-  const keys = blockKeys(prompt, B)
-  if (positions % B !== 0 || positions === 0 || positions / B > keys.length || positions >= prompt.inputIds.length)
-    return {
-      error: `${positions} positions are not whole blocks of ${B} within the prompt's ${prompt.inputIds.length} tokens`
-    }
-  const perTensor = heads * positions * headDim
+  if (half !== (dtype === "float16"))
+    return { error: `the cache sent is ${dtype}; this model's is ${half ? "float16" : "float32"}` }
+  if (positions >= prompt.inputIds.length)
+    return { error: `${positions} positions leave none of the prompt's ${prompt.inputIds.length} tokens to run` }
+  return { positions }
+}
+
+/**
+ * An exported prefix of `prompt` as the past a request joining with it starts from (StepItem's
+ * `imported`), or why it does not fit `geometry`; undefined for one of no positions.
+ */
+export const importedPast = (
+  geometry: KvGeometry,
+  prompt: PromptInput,
+  prefix: ExportedPrefix
+): { readonly past: PastData | undefined } | { readonly error: string } => {
+  const dtype = prefix.tensors.some((array) => array instanceof Uint16Array) ? "float16" : "float32"
+  if (prefix.tensors.some((array) => array instanceof Uint16Array !== (dtype === "float16")))
+    return { error: "the cache sent mixes float16 and float32 tensors" }
+  const checked = checkPrefix(geometry, prompt, prefix.shape, dtype)
+  if ("error" in checked) return checked
+  const perTensor = geometry.heads * checked.positions * geometry.headDim
   const wrong = prefix.tensors.findIndex((array) => array.length !== perTensor)
-  if (prefix.tensors.length !== tensors || wrong >= 0)
+  if (prefix.tensors.length !== geometry.tensors || wrong >= 0)
     return {
       error:
         wrong >= 0
           ? `cache tensor ${wrong} holds ${prefix.tensors[wrong]!.length} numbers, not the ${perTensor} its shape says`
-          : `the cache sent holds ${prefix.tensors.length} tensors, not the ${tensors} its shape says`
+          : `the cache sent holds ${prefix.tensors.length} tensors, not the ${geometry.tensors} its shape says`
     }
-  const past: PastData = { tensors: prefix.tensors, width: positions }
-  cache.insert(keys.slice(0, positions / B), { past, row: 0, length: positions, start: 0 })
-  return { positions }
+  return { past: checked.positions === 0 ? undefined : { tensors: prefix.tensors, width: checked.positions } }
 }

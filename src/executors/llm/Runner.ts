@@ -21,7 +21,8 @@ import { Constraints } from "./Constraints.js"
 import type { DecoderChoice } from "./DecoderPlan.js"
 import { type DecoderOptions, type DecoderSessions, openDecoderSessions } from "./DecoderSessions.js"
 import { CopiedKvLayout } from "./CopiedKvLayout.js"
-import type { KvLayout, KvRun, RunPast } from "./KvLayout.js"
+import type { KvGeometry, KvLayout, KvRun, RunPast } from "./KvLayout.js"
+import type { PastData } from "./PastCache.js"
 import { paddedPositions, piecePositions, type PromptPositions, promptPositions, stepPositions } from "./PositionIds.js"
 import { chainKeys, mediaDigests, PrefixCache } from "./PrefixCache.js"
 import type { MediaSpan, PromptInput, SamplingParams, TokenPartial } from "./protocol.js"
@@ -100,6 +101,8 @@ export class Runner implements StepRunner {
   readonly rowsApart: boolean
   /** With a decoder rewritten onto a shared cache, "shared"; else why it runs as exported. */
   readonly kvCache: DecoderChoice["kvCache"]
+  /** Its cache tensors (each layer's key and value): their count, heads, head size and precision. */
+  readonly cacheGeometry: KvGeometry
 
   private constructor(model: ModelDirectory, sessions: DecoderSessions, prefill: PrefillOptions) {
     const spec = model.decoder!
@@ -129,6 +132,7 @@ export class Runner implements StepRunner {
       headDim: io.headDim,
       half: io.cacheType === "float16"
     }
+    this.cacheGeometry = geometry
     this.kv =
       choice.kvCache.mode === "shared"
         ? new SharedKvLayout(geometry, prefill.kvStoreBytes)
@@ -185,7 +189,8 @@ export class Runner implements StepRunner {
           kvCache: { ...this.kvCache, bytes: this.kv.bytes }
         }
     }
-    for (const item of items) if (item.op.op === "prefill") this.join(item.id, item.op.prompt, item.op.sampling)
+    for (const item of items)
+      if (item.op.op === "prefill") this.join(item.id, item.op.prompt, item.op.sampling, item.imported)
     const plan = this.planner.plan({
       // Its first token can only be emitted at its item: a step prefills the requests it names.
       prefilling: this.prefilling.flatMap((id) => {
@@ -233,15 +238,15 @@ export class Runner implements StepRunner {
     this.kv.release(id, longest)
   }
 
-  /** A request joins: its sequence starts from the prompt's cached blocks, if any. */
-  private join(id: string, prompt: PromptInput, sampling: SamplingParams): void {
-    const cache = this.prefixCache
+  /** A request joins from its prompt's cached blocks, if any, or from positions another executor sent (kept out of the prefix cache). */
+  private join(id: string, prompt: PromptInput, sampling: SamplingParams, imported?: PastData): void {
+    const cache = imported === undefined ? this.prefixCache : undefined
     const media = cache === undefined ? undefined : mediaDigests(prompt, cache.blockTokens)
     const keys = cache === undefined ? [] : chainKeys(prompt.inputIds, media!, cache.blockTokens)
     // At least one token runs: its logits give the first token.
     const cached =
       cache === undefined ? 0 : cache.lookup(keys, Math.floor((prompt.inputIds.length - 1) / cache.blockTokens))
-    const read = cached === 0 ? undefined : cache!.read(keys, cached)
+    const read = imported ?? (cached === 0 ? undefined : cache!.read(keys, cached))
     this.kv.join(id, prompt.inputIds.length, read)
     const located = promptPositions(prompt, this.io.positionAxes)
     this.sequences.set(id, {

@@ -2,11 +2,17 @@
  * What the LLM worker drives one step at a time: Runner.ts, or JanusRunner.ts for Janus's image
  * tokens; the items of a step and the answers of its embed and stats items.
  */
+import type { PastData } from "./PastCache.js"
 import type { KvCacheStats, PrefixCacheStats, StepOp, TokenPartial } from "./protocol.js"
 
 export interface StepItem {
   readonly id: string
   readonly op: StepOp
+  /**
+   * A prefill's prompt's first positions, computed by another executor (its `kv`): one row
+   * [heads, positions, headDim] per cache tensor, which the request's cache starts from.
+   */
+  readonly imported?: PastData
 }
 
 /** A runner the worker drives. */

@@ -230,7 +230,9 @@ export const LlmStats = Schema.Struct({
       maxBytes: Schema.Int,
       evictions: Schema.Int
     })
-  )
+  ),
+  /** Requests that took a KV cache another executor prefilled (cornserve_kv), and its positions. */
+  kvImports: Schema.optional(Schema.Struct({ requests: Schema.Int, tokens: Schema.Int }))
 })
 export type LlmStats = typeof LlmStats.Type
 

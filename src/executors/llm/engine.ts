@@ -123,6 +123,7 @@ export const runEngine = (config: ExecutorConfig) =>
             }
       const layouts = workers.flatMap((answer) => (answer.kvCache === undefined ? [] : [answer.kvCache]))
       const layout = layouts[0]
+      const imports = workers.flatMap((answer) => (answer.kvImports === undefined ? [] : [answer.kvImports]))
       return {
         waiting: waiting + embedQueue.length,
         running,
@@ -143,7 +144,15 @@ export const runEngine = (config: ExecutorConfig) =>
               })
         },
         ...counts,
-        ...(prefixCache === undefined ? {} : { prefixCache })
+        ...(prefixCache === undefined ? {} : { prefixCache }),
+        ...(imports.length === 0
+          ? {}
+          : {
+              kvImports: {
+                requests: imports.reduce((total, answer) => total + answer.requests, 0),
+                tokens: imports.reduce((total, answer) => total + answer.tokens, 0)
+              }
+            })
       }
     }
 
@@ -233,7 +242,12 @@ export const runEngine = (config: ExecutorConfig) =>
         const request = requests.get(id)
         if (request?.op === "generate")
           items.push(
-            firstItem(id, request, { op: "prefill", prompt: request.meta.prompt, sampling: request.meta.sampling })
+            firstItem(id, request, {
+              op: "prefill",
+              prompt: request.meta.prompt,
+              sampling: request.meta.sampling,
+              ...(request.meta.kv === undefined ? {} : { kv: request.meta.kv })
+            })
           )
       }
       counts.largestBatch = Math.max(counts.largestBatch, scheduler.running(lane).length)

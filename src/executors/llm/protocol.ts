@@ -104,6 +104,20 @@ export interface GenerateMeta {
   readonly op: "generate"
   readonly prompt: PromptInput
   readonly sampling: SamplingParams
+  /** The KV cache of the prompt's first positions, sent by a prefill executor: taken as it joins. */
+  readonly kv?: KvImport
+}
+
+/**
+ * A prompt's KV cache another executor sent through the sidecar under `id`, a chunk a cache
+ * tensor ([heads, positions, headDim]); `shape` is [tensors, heads, positions, headDim]. The worker
+ * that runs the request reads the chunks in place as it joins and copies them once, into the
+ * request's cache; the router frees them once every request that takes them has joined.
+ */
+export interface KvImport {
+  readonly id: string
+  readonly shape: readonly [number, number, number, number]
+  readonly dtype: "float32" | "float16"
 }
 
 export interface EmbedMeta {
@@ -128,14 +142,13 @@ export interface KvExportMeta {
 }
 
 /**
- * A prompt's KV cache from another executor, for every lane's prefix cache: each lane's worker
- * reads its chunks (a cache tensor a chunk, [heads, positions, headDim]) out of the sidecar under
- * `id` itself; the router, which has seen them arrive, frees them once every lane has.
+ * A prompt's KV cache from another executor, checked against every lane's model before a request
+ * takes it (KvImport): its geometry and precision, and that its positions are whole blocks within
+ * the prompt.
  */
 export interface KvImportMeta {
   readonly op: "kv-import"
   readonly prompt: PromptInput
-  readonly id: string
   /** [tensors, heads, positions, headDim]. */
   readonly shape: readonly [number, number, number, number]
   readonly dtype: "float32" | "float16"
@@ -155,7 +168,12 @@ export type LlmRequestMeta = GenerateMeta | EmbedMeta | StatsMeta | KvExportMeta
 /** `BatchItem.meta` of a step's items. */
 export type StepOp =
   /** Run the prompt, sample the first token, keep the cache, then decode with the batch. */
-  | { readonly op: "prefill"; readonly prompt: PromptInput; readonly sampling: SamplingParams }
+  | {
+      readonly op: "prefill"
+      readonly prompt: PromptInput
+      readonly sampling: SamplingParams
+      readonly kv?: KvImport
+    }
   /** One more token for a request whose cache the worker holds. */
   | { readonly op: "decode" }
   /** Drop the request's cache (cancelled). */
@@ -211,6 +229,8 @@ export interface KvCacheStats {
 export interface WorkerStats {
   readonly prefixCache?: PrefixCacheStats
   readonly kvCache?: KvCacheStats
+  /** Requests that joined with a KV cache another executor sent, and its positions. */
+  readonly kvImports?: { readonly requests: number; readonly tokens: number }
 }
 
 /** The result of an embed item, worker → engine → router; `error` is the caller's mistake (400). */

@@ -65,7 +65,7 @@ import {
   toolCallFormatOf
 } from "./ToolCalls.js"
 import { janusRouter } from "./JanusImageTokens.js"
-import { importKv, type KvTransferContext, kvPrefillRoute } from "./KvTransferRoutes.js"
+import { type KvTransferContext, kvPrefillRoute, receiveKv, releaseKv } from "./KvTransferRoutes.js"
 import { type PromptSource, promptEmbeddingsRoute, type SamplingFields } from "./PromptEmbeddingsRoute.js"
 import { contextLength, kvBudget } from "./Limits.js"
 import { makeMediaInputs } from "./MediaInputs.js"
@@ -465,8 +465,9 @@ export const routerKind: RouterKind = {
           continued.length === 0
             ? { prompt: asked, sampling: params }
             : yield* check(() => continuing(asked, params, continued))
-        // Its KV cache, which a prefill executor sent (cornserve_kv): into the prefix cache before it joins.
-        if (body.cornserve_kv !== undefined) yield* importKv(kvContext, prompt, body.cornserve_kv.id)
+        // Its KV cache, which a prefill executor sent (cornserve_kv): the request starts from it as it joins.
+        const kv =
+          body.cornserve_kv === undefined ? undefined : yield* receiveKv(kvContext, prompt, body.cornserve_kv.id)
         const stops =
           body.stop === undefined || body.stop === null ? [] : typeof body.stop === "string" ? [body.stop] : body.stop
         const context = yield* workItemContext
@@ -475,12 +476,16 @@ export const routerKind: RouterKind = {
           const meta: GenerateMeta = {
             op: "generate",
             prompt,
-            sampling: index === 0 ? samplingParams : { ...samplingParams, seed: samplingParams.seed + index }
+            sampling: index === 0 ? samplingParams : { ...samplingParams, seed: samplingParams.seed + index },
+            ...(kv === undefined ? {} : { kv })
           }
           return new Generation(engine, meta, tokenizer, stops, continued, context)
         })
+        const cancelled = new AbortController()
+        releaseKv(kvContext, kv, generations, cancelled.signal)
         const cancelAll = () => {
           for (const generation of generations) generation.cancel()
+          cancelled.abort()
         }
         const id = `chatcmpl-${randomUUID()}`
         const now = Math.floor(Date.now() / 1000)

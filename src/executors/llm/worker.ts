@@ -13,15 +13,15 @@ import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import { noSpan, type Span, startSpan } from "../../tracing/Tracing.js"
 import type { LoadWorkerModel } from "../common/WorkerModel.js"
-import { exportPrefix, importPrefix } from "./PrefixTransfer.js"
+import { checkPrefix, exportPrefix, importedPast } from "./PrefixTransfer.js"
 import type { EmbedResult, KvResult, StepOp, TokenPartial, WorkerStats } from "./protocol.js"
 import { JanusRunner } from "./JanusRunner.js"
 import { kvBudget } from "./Limits.js"
-import type { CacheArray } from "./PastCache.js"
+import type { CacheArray, PastData } from "./PastCache.js"
 import { Runner } from "./Runner.js"
 import type { StepRunner } from "./StepRunner.js"
 
-/** A KV import's chunks have all arrived when the router asks for it: reading them waits no longer than this. */
+/** A request's imported cache has arrived whole when the router submits it: reading it waits no longer than this. */
 const importWaitMs = 5000
 
 export const load: LoadWorkerModel<StepOp, EmbedResult | KvResult | WorkerStats | undefined, TokenPartial> = async ({
@@ -42,36 +42,52 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | KvResult | WorkerStats 
         ...(config.q4Activations === undefined ? {} : { q4Activations: config.q4Activations })
       })
   const sidecar = config.sidecarSocket === undefined ? undefined : await SidecarClient.connect(config.sidecarSocket)
+  /** Requests that joined with a cache another executor sent (a prefill's `kv`), and its positions. */
+  const imports = { requests: 0, tokens: 0 }
   /** The span of each traced request this worker generates for, with its tokens so far. */
   const generating = new Map<string, { readonly span: Span; tokens: number }>()
 
   const transfer = async (op: StepOp): Promise<KvResult | undefined> => {
     if (op.op !== "kv-export" && op.op !== "kv-import") return undefined
-    if (!(runner instanceof Runner)) return { error: "a Janus model's executor keeps no prefix cache to move" }
-    if (sidecar === undefined) return { error: "this executor has no sidecar to move a KV cache through" }
-    if (op.op === "kv-import") {
-      // Views of the sidecar's arena, copied once, into the prefix cache's blocks.
-      const tensors: Array<CacheArray> = []
-      for (let t = 0; t < op.shape[0]; t++) {
-        const chunk = await sidecar.recv(op.id, t, { timeoutMs: importWaitMs })
-        if (!(chunk instanceof Tensor) || chunk.dtype !== op.dtype) return { error: `chunk ${t} of ${op.id} is gone` }
-        tensors.push(chunk.data as CacheArray)
-      }
-      return importPrefix(runner, op.prompt, { tensors, shape: op.shape })
-    }
+    if (!(runner instanceof Runner)) return { error: "a Janus model's executor has no KV cache to move" }
+    if (op.op === "kv-import") return checkPrefix(runner.cacheGeometry, op.prompt, op.shape, op.dtype)
+    if (sidecar === undefined) return { error: "this executor has no sidecar to send a KV cache through" }
     const exported = await exportPrefix(runner, op.prompt)
-    if ("error" in exported) return exported
-    // A chunk a cache tensor (a layer's keys or values), as the decoder gave it: a long prompt's
-    // whole cache may be larger than the sidecar's largest slot.
-    const dtype = exported.tensors[0] instanceof Uint16Array ? "float16" : "float32"
+    // A chunk a cache tensor (a layer's keys or values), as the decoder gave it (a long prompt's
+    // whole cache may be larger than the sidecar's largest slot).
+    const dtype = runner.cacheGeometry.half ? "float16" : "float32"
     const [tensors, heads, positions, headDim] = exported.shape
     for (let t = 0; t < tensors; t++)
       await sidecar.send(op.id, new Tensor(dtype, [heads, positions, headDim], exported.tensors[t] as never), {
         to: op.receivers,
         chunk: t,
-        numChunks: tensors
+        numChunks: tensors + 1
       })
+    // Then the tokens they are the keys and values of: the receiver checks its prompt starts with them.
+    await sidecar.send(op.id, new Tensor("int32", [positions], op.prompt.inputIds.slice(0, positions)), {
+      to: op.receivers,
+      chunk: tensors,
+      numChunks: tensors + 1
+    })
     return { shape: exported.shape, dtype }
+  }
+
+  /**
+   * A prefill's cache sent by another executor (its `kv`), as views of the sidecar's arena that
+   * the runner copies once, into the request's cache; the router frees them once the request has
+   * joined. Chunks gone meanwhile leave the prompt to be prefilled whole.
+   */
+  const imported = async (op: StepOp): Promise<PastData | undefined> => {
+    if (op.op !== "prefill" || op.kv === undefined || sidecar === undefined || !(runner instanceof Runner))
+      return undefined
+    const tensors: Array<CacheArray> = []
+    for (let t = 0; t < op.kv.shape[0]; t++) {
+      const chunk = await sidecar.recv(op.kv.id, t, { timeoutMs: importWaitMs }).catch(() => undefined)
+      if (!(chunk instanceof Tensor)) return undefined
+      tensors.push(chunk.data as CacheArray)
+    }
+    const taken = importedPast(runner.cacheGeometry, op.prompt, { tensors, shape: op.kv.shape })
+    return "past" in taken ? taken.past : undefined
   }
 
   return {
@@ -98,10 +114,20 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | KvResult | WorkerStats 
       }
       // A prompt's KV cache out through the sidecar, or in from another executor (PrefixTransfer.ts).
       const transfers = await Promise.all(items.map((item) => transfer(item.meta)))
+      const pasts = await Promise.all(items.map((item) => imported(item.meta)))
+      for (const past of pasts)
+        if (past !== undefined) {
+          imports.requests++
+          imports.tokens += past.width
+        }
       let outputs: Awaited<ReturnType<StepRunner["step"]>>
       try {
         outputs = await runner.step(
-          items.map((item) => ({ id: item.requestId, op: item.meta })),
+          items.map((item, index) => ({
+            id: item.requestId,
+            op: item.meta,
+            ...(pasts[index] === undefined ? {} : { imported: pasts[index] })
+          })),
           (index, value) => {
             const id = items[index]!.requestId
             const traced = generating.get(id)
@@ -134,7 +160,8 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | KvResult | WorkerStats 
           if (output !== undefined && "prefixCache" in output)
             return {
               ...(output.prefixCache === undefined ? {} : { prefixCache: output.prefixCache }),
-              ...(output.kvCache === undefined ? {} : { kvCache: output.kvCache })
+              ...(output.kvCache === undefined ? {} : { kvCache: output.kvCache }),
+              kvImports: { ...imports }
             }
           if (output === undefined || op.op !== "embed") return undefined
           const span = embedding[index]!

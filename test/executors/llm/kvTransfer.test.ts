@@ -62,7 +62,7 @@ const messages = [
 const greedy = () => ({ model, messages, max_tokens: 8, temperature: 0 })
 
 describe("a chat's KV cache from a prefill executor to a decode executor", () => {
-  it("decodes from the cache sent: the same greedy text, the prompt's whole blocks a prefix cache hit", async () => {
+  it("decodes from the cache sent: the same greedy text, only the prompt's last token run", async () => {
     const sent = await post<KvPrefillResponse>(`${prefill.url}/v1/cornserve/kv-prefill`, {
       model,
       messages,
@@ -73,9 +73,7 @@ describe("a chat's KV cache from a prefill executor to a decode executor", () =>
     const positions = shape[2]
     expect(shape).toEqual([2 * smallLlamaConfig.layers, smallLlamaConfig.kvHeads, positions, smallLlamaConfig.headDim])
     expect(sent.body.dtype).toBe("float32")
-    expect(positions % 16).toBe(0)
-    expect(positions).toBeGreaterThanOrEqual(32)
-    expect(positions).toBeLessThan(prompt_tokens)
+    expect(positions).toBe(prompt_tokens - 1)
     const decoded = await post<ChatCompletion>(`${decode.url}/v1/chat/completions`, {
       ...greedy(),
       cornserve_kv: { id: "kv-fox" }
@@ -85,7 +83,10 @@ describe("a chat's KV cache from a prefill executor to a decode executor", () =>
     expect(decoded.body.choices[0]!.message.content).toBe(whole.body.choices[0]!.message.content)
     expect(decoded.body.usage).toEqual(whole.body.usage)
     const stats = (await (await fetch(`${decode.url}/v1/cornserve/stats`, { headers: authorized })).json()) as LlmStats
-    expect(stats.prefixCache).toMatchObject({ hits: 1, hitTokens: positions })
+    expect(stats.kvImports).toEqual({ requests: 1, tokens: positions })
+    // It stays out of the decode executor's prefix cache, and out of the sidecar once taken.
+    expect(stats.prefixCache).toMatchObject({ blocks: 0 })
+    await expect(client.recv("kv-fox", 0, { timeoutMs: 50 })).rejects.toThrow()
   })
 
   it("404 for a cache that never arrives, 400 for a tensor that is not one; the executor then decodes as before", async () => {
@@ -102,13 +103,18 @@ describe("a chat's KV cache from a prefill executor to a decode executor", () =>
     })
     expect(wrong.status).toBe(400)
     expect(wrong.body.error.message).toMatch(/not a KV cache/)
-    // A cache of the prompt's blocks, a chunk a cache tensor, with another number of heads: refused by the workers.
+    // A cache a chunk a cache tensor, then its token ids, with another number of heads: refused by the workers.
     for (let chunk = 0; chunk < 4; chunk++)
       await client.send("kv-geometry", new Tensor("float32", [3, 16, 24], new Float32Array(3 * 16 * 24)), {
         to: [sidecar.nodeId],
         chunk,
-        numChunks: 4
+        numChunks: 5
       })
+    await client.send("kv-geometry", new Tensor("int32", [16], new Int32Array(16)), {
+      to: [sidecar.nodeId],
+      chunk: 4,
+      numChunks: 5
+    })
     const geometry = await post<{ error: { message: string } }>(`${decode.url}/v1/chat/completions`, {
       ...greedy(),
       cornserve_kv: { id: "kv-geometry" }
@@ -122,7 +128,7 @@ describe("a chat's KV cache from a prefill executor to a decode executor", () =>
       await expect(client.recv(id, 0, { timeoutMs: 50 })).rejects.toThrow(/within|timed out|RecvTimeout/i)
   })
 
-  it("sends no positions for a prompt under a block and a token; the decode executor prefills it whole", async () => {
+  it("takes the cache of a short prompt too: all of it but its last token", async () => {
     const short = [{ role: "user", content: "hi" }]
     const sent = await post<KvPrefillResponse>(`${prefill.url}/v1/cornserve/kv-prefill`, {
       model,
@@ -130,13 +136,7 @@ describe("a chat's KV cache from a prefill executor to a decode executor", () =>
       id: "kv-short"
     })
     expect(sent.status, JSON.stringify(sent.body)).toBe(200)
-    expect(sent.body.prompt_tokens).toBeLessThanOrEqual(16)
-    expect(sent.body.shape).toEqual([
-      2 * smallLlamaConfig.layers,
-      smallLlamaConfig.kvHeads,
-      0,
-      smallLlamaConfig.headDim
-    ])
+    expect(sent.body.shape[2]).toBe(sent.body.prompt_tokens - 1)
     const request = { model, messages: short, max_tokens: 8, temperature: 0 }
     const whole = await post<ChatCompletion>(`${prefill.url}/v1/chat/completions`, request)
     const decoded = await post<ChatCompletion>(`${decode.url}/v1/chat/completions`, {
@@ -146,6 +146,28 @@ describe("a chat's KV cache from a prefill executor to a decode executor", () =>
     expect(decoded.status, JSON.stringify(decoded.body)).toBe(200)
     expect(decoded.body.choices[0]!.message.content).toBe(whole.body.choices[0]!.message.content)
     await expect(client.recv("kv-short", 0, { timeoutMs: 50 })).rejects.toThrow()
+  })
+
+  it("prefills the prompt whole when the cache sent is another prompt's, and answers as without it", async () => {
+    const sent = await post<KvPrefillResponse>(`${prefill.url}/v1/cornserve/kv-prefill`, {
+      model,
+      messages,
+      id: "kv-other"
+    })
+    expect(sent.status).toBe(200)
+    const before = (await (await fetch(`${decode.url}/v1/cornserve/stats`, { headers: authorized })).json()) as LlmStats
+    const other = [{ role: "user", content: `${messages[0]!.content}, and then it rained` }]
+    const request = { model, messages: other, max_tokens: 8, temperature: 0 }
+    const decoded = await post<ChatCompletion>(`${decode.url}/v1/chat/completions`, {
+      ...request,
+      cornserve_kv: { id: "kv-other" }
+    })
+    expect(decoded.status, JSON.stringify(decoded.body)).toBe(200)
+    const whole = await post<ChatCompletion>(`${prefill.url}/v1/chat/completions`, request)
+    expect(decoded.body.choices[0]!.message.content).toBe(whole.body.choices[0]!.message.content)
+    const after = (await (await fetch(`${decode.url}/v1/cornserve/stats`, { headers: authorized })).json()) as LlmStats
+    expect(after.kvImports).toEqual(before.kvImports)
+    await expect(client.recv("kv-other", 0, { timeoutMs: 50 })).rejects.toThrow()
   })
 
   it("400 for embeddings to send on that do not match the prompt's", async () => {

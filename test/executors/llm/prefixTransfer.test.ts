@@ -3,7 +3,8 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import type { KvCacheMode } from "../../../src/executors/llm/DecoderPlan.js"
-import { exportPrefix, importPrefix } from "../../../src/executors/llm/PrefixTransfer.js"
+import { checkPrefix, exportPrefix, importedPast } from "../../../src/executors/llm/PrefixTransfer.js"
+import type { PastData } from "../../../src/executors/llm/PastCache.js"
 import type { SamplingParams } from "../../../src/executors/llm/protocol.js"
 import { Runner } from "../../../src/executors/llm/Runner.js"
 import type { Dtype } from "../../../src/models/Dtype.js"
@@ -13,11 +14,11 @@ import { writeModelFiles } from "../../models/support/EmbeddingFixtures.js"
 import { smallLlamaConfig } from "../../models/support/SmallLlama.js"
 
 /**
- * A prompt's KV cache moved from one runner to another of the same model as prefix cache blocks
- * (PrefixTransfer.ts), in process: the receiver, given the prompt, prefills only its last part and
- * answers the greedy tokens a runner that prefilled it all answers; on the shared cache and on
- * copies, in fp32 and fp16. What it refuses: another geometry or precision, a length that is not
- * the prompt's whole blocks.
+ * A prompt's KV cache moved from one runner to another of the same model (PrefixTransfer.ts), in
+ * process: the receiver, given the prompt and the cache of all of it but its last token, runs only
+ * that token and answers the greedy tokens a runner that prefilled it all answers; on the shared
+ * cache and on copies, in fp32 and fp16. What it refuses: another geometry or precision, positions
+ * that leave the prompt no token to run.
  */
 
 const config = smallLlamaConfig
@@ -36,10 +37,10 @@ const prompt = { inputIds: Int32Array.from({ length: 43 }, (_, i) => (i * 29 + 3
 const greedy: SamplingParams = { temperature: 0, topP: 1, seed: 0, maxNewTokens: 10, stopTokenIds: [] }
 
 /** The greedy tokens `runner` answers for the prompt, one step at a time. */
-const generate = async (runner: Runner): Promise<Array<number>> => {
+const generate = async (runner: Runner, imported?: PastData): Promise<Array<number>> => {
   const tokens: Array<number> = []
   let items: Array<Parameters<Runner["step"]>[0][number]> = [
-    { id: "r", op: { op: "prefill", prompt, sampling: greedy } }
+    { id: "r", op: { op: "prefill", prompt, sampling: greedy }, ...(imported === undefined ? {} : { imported }) }
   ]
   while (tokens.length < greedy.maxNewTokens) {
     let finished = false
@@ -62,7 +63,7 @@ describe("a prompt's KV cache from one runner to another", () => {
     ["fp32", "copies"],
     ["fp16", "shared"]
   ] as const)(
-    "%s, %s cache: the receiver prefills the rest and answers as one that prefilled it all",
+    "%s, %s cache: the receiver runs the last token and answers as one that prefilled it all",
     async (dtype, kvCache) => {
       const [alone, sender, receiver] = await Promise.all([
         open(dtype, kvCache),
@@ -72,51 +73,47 @@ describe("a prompt's KV cache from one runner to another", () => {
       try {
         const expected = await generate(alone)
         const exported = await exportPrefix(sender, prompt)
-        if ("error" in exported) throw new Error(exported.error)
-        // 43 tokens: two whole blocks of 16, the rest (and the first token) the receiver's.
-        expect(exported.shape).toEqual([2 * config.layers, config.kvHeads, 32, config.headDim])
+        expect(exported.shape).toEqual([2 * config.layers, config.kvHeads, 42, config.headDim])
         for (const tensor of exported.tensors)
-          expect(tensor).toBeInstanceOf(sender.prefixCache!.geometry.half ? Uint16Array : Float32Array)
-        expect(importPrefix(receiver, prompt, exported)).toEqual({ positions: 32 })
-        expect(await generate(receiver)).toEqual(expected)
-        expect(receiver.prefixCache!.stats).toMatchObject({ hits: 1, hitTokens: 32 })
+          expect(tensor).toBeInstanceOf(sender.cacheGeometry.half ? Uint16Array : Float32Array)
+        const taken = importedPast(receiver.cacheGeometry, prompt, exported)
+        if (!("past" in taken) || taken.past === undefined) throw new Error(JSON.stringify(taken))
+        expect(await generate(receiver, taken.past)).toEqual(expected)
+        // It stays out of the receiver's prefix cache.
+        expect(receiver.prefixCache!.stats).toMatchObject({ lookups: 0, blocks: 0 })
       } finally {
         await Promise.all([alone.close(), sender.close(), receiver.close()])
       }
     }
   )
 
-  it("refuses a cache of another geometry or precision, or that is not the prompt's whole blocks", async () => {
+  it("refuses a cache of another geometry or precision, or that leaves no token to run; a one-token prompt sends none", async () => {
     const [sender, receiver] = await Promise.all([open("fp32", "shared"), open("fp32", "shared")])
     try {
       const exported = await exportPrefix(sender, prompt)
-      if ("error" in exported) throw new Error(exported.error)
       const [tensors, heads, positions, headDim] = exported.shape
-      expect(
-        importPrefix(receiver, prompt, { ...exported, tensors: exported.tensors.map((t) => new Uint16Array(t.length)) })
-      ).toEqual({
+      const geometry = receiver.cacheGeometry
+      expect(checkPrefix(geometry, prompt, exported.shape, "float16")).toEqual({
         error: expect.stringMatching(/float16.*float32/)
       })
-      expect(importPrefix(receiver, prompt, { ...exported, shape: [tensors, heads + 1, positions, headDim] })).toEqual({
+      expect(checkPrefix(geometry, prompt, [tensors, heads + 1, positions, headDim], "float32")).toEqual({
         error: expect.stringMatching(/this model's is/)
       })
-      const twenty = { ...prompt, inputIds: prompt.inputIds.subarray(0, 20) }
-      expect(importPrefix(receiver, twenty, exported)).toEqual({ error: expect.stringMatching(/not whole blocks/) })
+      const short = { ...prompt, inputIds: prompt.inputIds.subarray(0, 20) }
+      expect(checkPrefix(geometry, short, exported.shape, "float32")).toEqual({
+        error: expect.stringMatching(/leave none of the prompt's 20 tokens/)
+      })
       const cut = exported.tensors.map((t, i) => (i === 3 ? t.subarray(1) : t))
-      expect(importPrefix(receiver, prompt, { ...exported, tensors: cut })).toEqual({
+      expect(importedPast(geometry, prompt, { ...exported, tensors: cut })).toEqual({
         error: expect.stringMatching(/cache tensor 3 holds/)
       })
-      expect(importPrefix(receiver, prompt, { ...exported, tensors: exported.tensors.slice(1) })).toEqual({
+      expect(importedPast(geometry, prompt, { ...exported, tensors: exported.tensors.slice(1) })).toEqual({
         error: expect.stringMatching(/holds \d+ tensors/)
       })
-      // 16 tokens: a block, but no token after it to run: nothing to send, and nothing taken.
-      const short = { ...prompt, inputIds: prompt.inputIds.subarray(0, 16) }
-      const empty = await exportPrefix(sender, short)
-      if ("error" in empty) throw new Error(empty.error)
+      const one = { ...prompt, inputIds: prompt.inputIds.subarray(0, 1) }
+      const empty = await exportPrefix(sender, one)
       expect(empty.shape).toEqual([tensors, heads, 0, headDim])
-      expect(empty.tensors.every((tensor) => tensor.length === 0)).toBe(true)
-      expect(importPrefix(receiver, short, empty)).toEqual({ positions: 0 })
-      expect(receiver.prefixCache!.stats.blocks).toBe(0)
+      expect(importedPast(geometry, one, empty)).toEqual({ past: undefined })
     } finally {
       await Promise.all([sender.close(), receiver.close()])
     }
