@@ -162,6 +162,8 @@ const kvPrefill = async (url: string, invocation: TaskInvocationWire, context: C
   const body: KvPrefillRequest = {
     model: config.model,
     messages: input.messages,
+    // The decode executor renders them into the same prompt: the cache must be that prompt's.
+    ...(input.tools === undefined || input.tools === null ? {} : { tools: input.tools }),
     ...embeddingRefs(input.cornserveEmbeddings, context),
     ...specialTokensParsed(input.parseSpecialTokensInContent),
     id: output.kv,

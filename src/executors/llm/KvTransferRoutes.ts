@@ -13,7 +13,7 @@ import { RecvTimeout } from "../../sidecar/errors.js"
 import type { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import { inSpan } from "../../tracing/Tracing.js"
-import { BadRequest, EmbeddingMissing, NoSidecar } from "../common/errors.js"
+import { BadRequest, ContextLengthExceeded, EmbeddingMissing, NoSidecar } from "../common/errors.js"
 import { errorAnswer, RequestSpan, workItemContext } from "../common/Router.js"
 import { KvPrefillRequest, type KvPrefillResponse } from "./api.js"
 import { mediaParts } from "./Prompt.js"
@@ -59,6 +59,7 @@ export const kvPrefillRoute = ({
           {
             messages: body.messages,
             addGenerationPrompt: true,
+            ...(body.tools === undefined || body.tools === null ? {} : { tools: body.tools }),
             trusted: body.cornserve_parse_special_tokens === true
           },
           body.cornserve_embeddings,
@@ -68,6 +69,11 @@ export const kvPrefillRoute = ({
         )
       )
     )
+    // As a chat completion's: the answer needs a position after the prompt.
+    if (prompt.inputIds.length >= maxModelLength)
+      return yield* new ContextLengthExceeded({
+        message: `this model's maximum context length is ${maxModelLength} tokens; the messages take ${prompt.inputIds.length}`
+      })
     // The embeddings go on first: the decode executor builds its prompt from them while this one prefills.
     yield* attempt(() => forwardEmbeddings(sidecar, prompt, forward, receivers))
     const meta: LlmRequestMeta = { op: "kv-export", prompt, id: body.id, receivers }

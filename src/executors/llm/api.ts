@@ -66,6 +66,8 @@ export const KvPrefillRequest = Schema.Struct({
   model: Schema.optional(Schema.String),
   /** Rendered as a chat completion renders them, with the generation prompt. */
   messages: Schema.NonEmptyArray(ChatMessage),
+  /** The chat's tools, which its template renders into the prompt as a chat completion's would. */
+  tools: Schema.optional(Schema.NullOr(Schema.Array(OpenAI.FunctionTool).pipe(Schema.maxItems(128)))),
   cornserve_parse_special_tokens: Schema.optional(Schema.Boolean),
   cornserve_embeddings: Schema.optional(Schema.Array(EmbeddingRef)),
   /** The sidecar id the cache goes out under. */

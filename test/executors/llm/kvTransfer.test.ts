@@ -6,6 +6,7 @@ import type { ChatCompletion, KvPrefillResponse, LlmStats } from "../../../src/e
 import { randomLlamaFiles } from "../../../src/models/recipes/RandomLlama.js"
 import { SidecarClient } from "../../../src/sidecar/SidecarClient.js"
 import { Tensor } from "../../../src/sidecar/Tensor.js"
+import { packagedTokenizerConfig } from "../../models/support/tokenizerModels.js"
 import { writeModelFiles } from "../../models/support/EmbeddingFixtures.js"
 import { smallLlamaConfig } from "../../models/support/SmallLlama.js"
 import { startExecutor, startSidecar } from "../../support/executors.js"
@@ -31,9 +32,19 @@ const post = postAuthorized
 beforeAll(async () => {
   root = await mkdtemp(join(tmpdir(), "cornserve-kv-transfer-"))
   model = join(root, "small-llama")
+  // Qwen3's chat template, which renders a chat's tools into its prompt.
+  const qwenTemplate = String((await packagedTokenizerConfig("qwen3")).chat_template)
+  const extraFiles = new Map([["chat_template.jinja", new TextEncoder().encode(qwenTemplate)]])
   await writeModelFiles(
     model,
-    randomLlamaFiles({ config: smallLlamaConfig, layout: "decoder-only", dtypes: ["fp32"], seed: 9 })
+    // Room for a prompt with tools.
+    randomLlamaFiles({
+      config: { ...smallLlamaConfig, maxPositions: 1024 },
+      layout: "decoder-only",
+      dtypes: ["fp32"],
+      seed: 9,
+      extraFiles
+    })
   )
   const env = { CORNSERVE_MODEL_DIR: root, ...secretEnv }
   sidecar = await startSidecar("kv-node", env)
@@ -168,6 +179,47 @@ describe("a chat's KV cache from a prefill executor to a decode executor", () =>
     const after = (await (await fetch(`${decode.url}/v1/cornserve/stats`, { headers: authorized })).json()) as LlmStats
     expect(after.kvImports).toEqual(before.kvImports)
     await expect(client.recv("kv-other", 0, { timeoutMs: 50 })).rejects.toThrow()
+  })
+
+  it("takes the cache of a chat with tools, which both executors render into the prompt", async () => {
+    const tools = [
+      {
+        type: "function",
+        function: { name: "weather", description: "The weather in a city", parameters: { type: "object" } }
+      }
+    ]
+    const sent = await post<KvPrefillResponse>(`${prefill.url}/v1/cornserve/kv-prefill`, {
+      model,
+      messages,
+      tools,
+      id: "kv-tools"
+    })
+    expect(sent.status, JSON.stringify(sent.body)).toBe(200)
+    const before = (await (await fetch(`${decode.url}/v1/cornserve/stats`, { headers: authorized })).json()) as LlmStats
+    const request = { model, messages, tools, tool_choice: "none", max_tokens: 8, temperature: 0 }
+    const decoded = await post<ChatCompletion>(`${decode.url}/v1/chat/completions`, {
+      ...request,
+      cornserve_kv: { id: "kv-tools" }
+    })
+    expect(decoded.status, JSON.stringify(decoded.body)).toBe(200)
+    const whole = await post<ChatCompletion>(`${prefill.url}/v1/chat/completions`, request)
+    expect(decoded.body.choices[0]!.message.content).toBe(whole.body.choices[0]!.message.content)
+    const after = (await (await fetch(`${decode.url}/v1/cornserve/stats`, { headers: authorized })).json()) as LlmStats
+    expect(after.kvImports!.requests).toBe((before.kvImports?.requests ?? 0) + 1)
+    expect(after.kvImports!.tokens).toBe((before.kvImports?.tokens ?? 0) + sent.body.prompt_tokens - 1)
+  })
+
+  it("400 for a prompt over the model's context, as a chat completion's", async () => {
+    const long = [{ role: "user", content: "the red fox ran. ".repeat(400) }]
+    const refused = await post<{ error: { code: string; message: string } }>(`${prefill.url}/v1/cornserve/kv-prefill`, {
+      model,
+      messages: long,
+      id: "kv-long"
+    })
+    expect(refused.status).toBe(400)
+    expect(refused.body.error.message).toMatch(/maximum context length is 1024 tokens/)
+    const plain = await post<ChatCompletion>(`${prefill.url}/v1/chat/completions`, greedy())
+    expect(plain.status).toBe(200)
   })
 
   it("400 for embeddings to send on that do not match the prompt's", async () => {
