@@ -51,12 +51,14 @@ describe("an LLM's prefill and decode on executors apart", () => {
     }
   }, 240_000)
 
-  /** The prompt positions a task's executors took from caches sent to them, from the platform's /metrics. */
-  const importedTokens = async (task: string) =>
+  /** A counter of a task's executors, summed, from the platform's /metrics. */
+  const metricOf = async (metric: string, task: string) =>
     (await (await fetch(`${platform.url}/metrics`, { headers: adminHeaders() })).text())
       .split("\n")
-      .filter((line) => line.startsWith("cornserve_llm_kv_imported_tokens_total") && line.includes(task))
+      .filter((line) => line.startsWith(`${metric}{`) && line.includes(task))
       .reduce((sum, line) => sum + Number(line.split(" ").at(-1)), 0)
+  /** The prompt positions a task's executors took from caches sent to them. */
+  const importedTokens = (task: string) => metricOf("cornserve_llm_kv_imported_tokens_total", task)
 
   afterAll(async () => {
     await platform?.stop()
@@ -65,10 +67,13 @@ describe("an LLM's prefill and decode on executors apart", () => {
   })
 
   it("streams the greedy answers of the same model's LLMTask, from two deployments of its own", async () => {
+    const fox = "the red fox and the blue bird went to the green hill where the yellow sun shone on the white snow"
+    // The fox again last: the prefill executor's prefix cache holds its blocks by then.
     const prompts = [
-      "the red fox and the blue bird went to the green hill where the yellow sun shone on the white snow",
+      fox,
       "a short one",
-      "the black cat slept by the grey stone while the brown dog ran over the wide field to the old barn"
+      "the black cat slept by the grey stone while the brown dog ran over the wide field to the old barn",
+      fox
     ]
     for (const content of prompts) {
       const request = JSON.stringify({ messages: [{ role: "user", content }], max_tokens: 12, temperature: 0 })
@@ -87,6 +92,9 @@ describe("an LLM's prefill and decode on executors apart", () => {
     // The decode executor ran the prompts from their caches: all of each but its last token.
     const decodeTask = tasks.find((task) => task.config?.phase === "decode")!.id
     expect(await importedTokens(decodeTask)).toBeGreaterThanOrEqual(2 * 32)
+    // The prefill executor ran the fox's second time only after the blocks it had kept.
+    const prefillTask = tasks.find((task) => task.config?.phase === "prefill")!.id
+    expect(await metricOf("cornserve_llm_prefix_cache_hit_tokens_total", prefillTask)).toBeGreaterThanOrEqual(16)
   })
 
   it("streams an image chat's answer as the MLLMTask does: the prefill task sends the image's embeddings on to the decode task", async () => {
@@ -100,9 +108,11 @@ describe("an LLM's prefill and decode on executors apart", () => {
       const registered = await runCli(["app", "register", file], { CORNSERVE_GATEWAY_URL: platform.url })
       expect(registered.code, registered.stderr).toBe(0)
     }
+    // Red again last: the prefill executor's prefix cache holds the blocks of its image and text by then.
     const colours = [
       [255, 0, 0],
-      [0, 0, 255]
+      [0, 0, 255],
+      [255, 0, 0]
     ] as const
     for (const [r, g, b] of colours) {
       const png = await sharp({ create: { width: 8, height: 8, channels: 3, background: { r, g, b } } })
@@ -142,5 +152,7 @@ describe("an LLM's prefill and decode on executors apart", () => {
     ])
     const decodeTask = vlmTasks.find((task) => task.config?.phase === "decode")!.id
     expect(await importedTokens(decodeTask)).toBeGreaterThanOrEqual(2 * 16)
+    const prefillTask = vlmTasks.find((task) => task.config?.phase === "prefill")!.id
+    expect(await metricOf("cornserve_llm_prefix_cache_hit_tokens_total", prefillTask)).toBeGreaterThanOrEqual(16)
   })
 })

@@ -5,7 +5,7 @@
  * right-aligned under a mask (PastCache.ts).
  */
 import type * as ort from "onnxruntime-node"
-import { type KvGeometry, type KvLayout, type KvRun, emptyPast, type RunPast, wholeRow } from "./KvLayout.js"
+import { alonePast, type KvGeometry, type KvLayout, type KvRun, emptyPast, type RunPast, wholeRow } from "./KvLayout.js"
 import { type CacheArray, type CachedRow, gatherRows, type PastData, rightAlignedMask } from "./PastCache.js"
 import { cacheTensor } from "./Tensors.js"
 
@@ -42,7 +42,7 @@ export class CopiedKvLayout implements KvLayout {
       case "prompts":
         return { past: emptyPast(this.geometry, run.ids.length), mask: rightAlignedMask(run.lengths, run.width) }
       case "alone":
-        return { past: emptyPast(this.geometry, 1), mask: wholeRow(run.length) }
+        return { past: alonePast(this.geometry, run.after), mask: wholeRow(run.length) }
       case "piece":
         return { past: this.caches.get(run.id)!.past.tensors, mask: wholeRow(run.to) }
       case "decode": {

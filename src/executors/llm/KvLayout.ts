@@ -33,8 +33,12 @@ export type KvRun =
   | { readonly kind: "piece"; readonly id: string; readonly from: number; readonly to: number }
   /** One token for each of `ids`, whose caches hold `lengths` positions. */
   | { readonly kind: "decode"; readonly ids: ReadonlyArray<string>; readonly lengths: ReadonlyArray<number> }
-  /** A prompt of `length` positions alone, from nothing cached, keeping nothing (its hidden states). */
-  | { readonly kind: "alone"; readonly length: number }
+  /**
+   * A prompt's first `length` positions alone, keeping nothing (its hidden states, or its keys and
+   * values for another executor): from nothing cached, or after `after`, a dense past of its first
+   * positions (prefix cache blocks), [1, heads, after.width, headDim] a tensor.
+   */
+  | { readonly kind: "alone"; readonly length: number; readonly after?: PastData }
 
 /** What a run takes besides its tokens and positions. */
 export interface RunPast {
@@ -72,6 +76,12 @@ export const emptyPast = (geometry: KvGeometry, batch: number): ReadonlyArray<or
   ])
   return Array.from({ length: geometry.tensors }, () => empty)
 }
+
+/** An "alone" run's past: `after`'s tensors as they are, or none. */
+export const alonePast = (geometry: KvGeometry, after: PastData | undefined): ReadonlyArray<ort.Tensor> =>
+  after === undefined
+    ? emptyPast(geometry, 1)
+    : after.tensors.map((data) => cacheTensor(data, [1, geometry.heads, after.width, geometry.headDim]))
 
 /** A mask that shows every one of `length` positions of one row. */
 export const wholeRow = (length: number): BigInt64Array => new BigInt64Array(length).fill(1n)

@@ -82,7 +82,8 @@ export const kvPrefillRoute = ({
       id: body.id,
       shape: result.shape!,
       dtype: result.dtype ?? "float32",
-      prompt_tokens: prompt.inputIds.length
+      prompt_tokens: prompt.inputIds.length,
+      cached_tokens: result.cached ?? 0
     }
     return HttpServerResponse.unsafeJson(answer)
   }).pipe(Effect.catchAll(errorAnswer))

@@ -454,22 +454,22 @@ export class Runner implements StepRunner {
   }
 
   /**
-   * The decoder run over `prompt`'s first `length` positions alone, from nothing cached, keeping
-   * nothing: its `outputs` (hidden states, or the presents, which are then those positions' keys
-   * and values).
+   * The decoder run over `prompt`'s first `length` positions alone, from nothing or after `after`
+   * (its first positions' keys and values), keeping nothing: its `outputs` (hidden states, or the
+   * presents: the keys and values of the positions run, or of all of them as exported).
    */
-  async runAlone(prompt: PromptInput, length: number, outputs: ReadonlyArray<string>) {
-    const axes = this.io.positionAxes
+  async runAlone(prompt: PromptInput, length: number, outputs: ReadonlyArray<string>, after?: PastData) {
+    const [axes, from, hidden] = [this.io.positionAxes, after?.width ?? 0, this.hidden]
     const rows = this.tokens.embeds ? await this.tokens.promptEmbeds([prompt], prompt.inputIds.length) : undefined
     const feeds = this.feeds(
       rows === undefined
-        ? int64(BigInt64Array.from(prompt.inputIds.subarray(0, length), BigInt), [1, length])
-        : floatsAs(this.io.embedsType, rows.subarray(0, length * this.hidden), [1, length, this.hidden]),
-      this.kv.past({ kind: "alone", length }),
-      piecePositions(promptPositions(prompt, axes), 0, length, axes),
-      [1, length]
+        ? int64(BigInt64Array.from(prompt.inputIds.subarray(from, length), BigInt), [1, length - from])
+        : floatsAs(this.io.embedsType, rows.subarray(from * hidden, length * hidden), [1, length - from, hidden]),
+      this.kv.past({ kind: "alone", length, ...(after === undefined ? {} : { after }) }),
+      piecePositions(promptPositions(prompt, axes), from, length, axes),
+      [1, length - from]
     )
-    if (this.io.useCacheBranch) feeds.use_cache_branch = new ort.Tensor("bool", Uint8Array.of(0), [1])
+    if (this.io.useCacheBranch) feeds.use_cache_branch = new ort.Tensor("bool", Uint8Array.of(from > 0 ? 1 : 0), [1])
     if (this.io.numLogitsToKeep) feeds.num_logits_to_keep = new ort.Tensor("int64", BigInt64Array.of(1n), [])
     return this.decoder.run(feeds, outputs)
   }

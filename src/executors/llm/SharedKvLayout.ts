@@ -5,7 +5,7 @@
  * is first arranged into the first rows.
  */
 import type * as ort from "onnxruntime-node"
-import { type KvGeometry, type KvLayout, type KvRun, emptyPast, type RunPast, wholeRow } from "./KvLayout.js"
+import { alonePast, type KvGeometry, type KvLayout, type KvRun, type RunPast, wholeRow } from "./KvLayout.js"
 import { KvStore } from "./KvStore.js"
 import { kvBlockTokens } from "./Limits.js"
 import { type CacheArray, type PastData, rightAlignedMask } from "./PastCache.js"
@@ -44,7 +44,7 @@ export class SharedKvLayout implements KvLayout {
         throw new Error("the shared cache prefills each prompt over its own row")
       case "alone":
         return {
-          past: emptyPast(this.geometry, 1),
+          past: alonePast(this.geometry, run.after),
           mask: wholeRow(run.length),
           lengths: { seqlens: Int32Array.of(run.length - 1), total: run.length }
         }

@@ -87,7 +87,9 @@ export const KvPrefillResponse = Schema.Struct({
   /** [tensors, heads, positions, headDim]: a key and a value per layer, for the prompt's first `positions` tokens. */
   shape: Schema.Tuple(Schema.Int, Schema.Int, Schema.Int, Schema.Int),
   dtype: Schema.Literal("float32", "float16"),
-  prompt_tokens: Schema.Int
+  prompt_tokens: Schema.Int,
+  /** Of the positions sent, those this executor's prefix cache held: not run again. */
+  cached_tokens: Schema.Int
 })
 export type KvPrefillResponse = typeof KvPrefillResponse.Type
 

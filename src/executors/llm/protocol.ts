@@ -158,6 +158,8 @@ export interface KvImportMeta {
 export interface KvResult {
   readonly shape?: readonly [number, number, number, number]
   readonly dtype?: "float32" | "float16"
+  /** A kv-export's positions its prefix cache held. */
+  readonly cached?: number
   readonly positions?: number
   readonly error?: string
 }

@@ -69,7 +69,7 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | KvResult | WorkerStats 
       chunk: tensors,
       numChunks: tensors + 1
     })
-    return { shape: exported.shape, dtype }
+    return { shape: exported.shape, dtype, cached: exported.cached }
   }
 
   /**

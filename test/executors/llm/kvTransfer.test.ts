@@ -98,6 +98,23 @@ describe("a chat's KV cache from a prefill executor to a decode executor", () =>
     // It stays out of the decode executor's prefix cache, and out of the sidecar once taken.
     expect(stats.prefixCache).toMatchObject({ blocks: 0 })
     await expect(client.recv("kv-fox", 0, { timeoutMs: 50 })).rejects.toThrow()
+    expect(sent.body.cached_tokens).toBe(0)
+
+    // The same chat again (its next turn starts with it): the prefill executor runs only what
+    // follows the blocks its prefix cache kept, and the decode executor answers alike.
+    const again = await post<KvPrefillResponse>(`${prefill.url}/v1/cornserve/kv-prefill`, {
+      model,
+      messages,
+      id: "kv-fox-again"
+    })
+    expect(again.status, JSON.stringify(again.body)).toBe(200)
+    expect(again.body.shape).toEqual(shape)
+    expect(again.body.cached_tokens).toBeGreaterThanOrEqual(16)
+    const redecoded = await post<ChatCompletion>(`${decode.url}/v1/chat/completions`, {
+      ...greedy(),
+      cornserve_kv: { id: "kv-fox-again" }
+    })
+    expect(redecoded.body.choices[0]!.message.content).toBe(whole.body.choices[0]!.message.content)
   })
 
   it("404 for a cache that never arrives, 400 for a tensor that is not one; the executor then decodes as before", async () => {

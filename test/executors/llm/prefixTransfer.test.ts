@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import type { KvCacheMode } from "../../../src/executors/llm/DecoderPlan.js"
 import { checkPrefix, exportPrefix, importedPast } from "../../../src/executors/llm/PrefixTransfer.js"
 import type { PastData } from "../../../src/executors/llm/PastCache.js"
+import { floatsOf } from "../../../src/models/Float16.js"
 import type { SamplingParams } from "../../../src/executors/llm/protocol.js"
 import { Runner } from "../../../src/executors/llm/Runner.js"
 import type { Dtype } from "../../../src/models/Dtype.js"
@@ -37,10 +38,10 @@ const prompt = { inputIds: Int32Array.from({ length: 43 }, (_, i) => (i * 29 + 3
 const greedy: SamplingParams = { temperature: 0, topP: 1, seed: 0, maxNewTokens: 10, stopTokenIds: [] }
 
 /** The greedy tokens `runner` answers for the prompt, one step at a time. */
-const generate = async (runner: Runner, imported?: PastData): Promise<Array<number>> => {
+const generate = async (runner: Runner, imported?: PastData, id = "r"): Promise<Array<number>> => {
   const tokens: Array<number> = []
   let items: Array<Parameters<Runner["step"]>[0][number]> = [
-    { id: "r", op: { op: "prefill", prompt, sampling: greedy }, ...(imported === undefined ? {} : { imported }) }
+    { id, op: { op: "prefill", prompt, sampling: greedy }, ...(imported === undefined ? {} : { imported }) }
   ]
   while (tokens.length < greedy.maxNewTokens) {
     let finished = false
@@ -49,7 +50,7 @@ const generate = async (runner: Runner, imported?: PastData): Promise<Array<numb
       if (partial.finish !== undefined) finished = true
     })
     if (finished) break
-    items = [{ id: "r", op: { op: "decode" } }]
+    items = [{ id, op: { op: "decode" } }]
   }
   return tokens
 }
@@ -81,6 +82,25 @@ describe("a prompt's KV cache from one runner to another", () => {
         expect(await generate(receiver, taken.past)).toEqual(expected)
         // It stays out of the receiver's prefix cache.
         expect(receiver.prefixCache!.stats).toMatchObject({ lookups: 0, blocks: 0 })
+        expect(exported.cached).toBe(0)
+
+        // The same prompt again (the next turn of a chat starts with it): the sender runs only what
+        // follows the blocks its prefix cache kept, and the cache it sends answers alike.
+        const again = await exportPrefix(sender, prompt)
+        expect(again.cached).toBe(32)
+        expect(sender.prefixCache!.stats).toMatchObject({ hits: 1, hitTokens: 32 })
+        again.tensors.forEach((tensor, t) => {
+          const first = exported.tensors[t]!
+          const values = (array: typeof tensor) => (array instanceof Uint16Array ? floatsOf(array) : array)
+          const [a, b] = [values(tensor), values(first)]
+          expect(a.length).toBe(b.length)
+          let worst = 0
+          for (let i = 0; i < a.length; i++) worst = Math.max(worst, Math.abs(a[i]! - b[i]!))
+          expect(worst).toBeLessThan(dtype === "fp16" ? 1e-2 : 1e-5)
+        })
+        const retaken = importedPast(receiver.cacheGeometry, prompt, again)
+        if (!("past" in retaken) || retaken.past === undefined) throw new Error(JSON.stringify(retaken))
+        expect(await generate(receiver, retaken.past, "again")).toEqual(expected)
       } finally {
         await Promise.all([alone.close(), sender.close(), receiver.close()])
       }
