@@ -129,14 +129,14 @@ export const receiveKv = ({ engine, sidecar, waitMs }: KvTransferContext, prompt
           message: `${id} is not a KV cache: a float32 or float16 tensor [heads, positions, headDim] a chunk, one chunk a cache tensor, then its token ids, int32 [positions]`
         })
       const { shape, dtype, ids } = received
-      const meta: LlmRequestMeta = { op: "kv-import", prompt, shape, dtype }
-      yield* engine.runOne<KvResult>({ key: meta.op, inputs: {}, meta, ...context })
       // A cache of no positions (a one-token prompt), or of a prompt rendered otherwise (the prefill
       // executor was not given the same messages and tools): the prompt is prefilled here whole.
       if (shape[2] === 0 || !startsWith(prompt, ids)) {
         yield* free
         return undefined
       }
+      const meta: LlmRequestMeta = { op: "kv-import", prompt, shape, dtype }
+      yield* engine.runOne<KvResult>({ key: meta.op, inputs: {}, meta, ...context })
       const kv: KvImport = { id, shape, dtype }
       return kv
     }).pipe(Effect.onError(() => free))

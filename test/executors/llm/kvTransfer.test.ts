@@ -131,14 +131,23 @@ describe("a chat's KV cache from a prefill executor to a decode executor", () =>
     })
     expect(wrong.status).toBe(400)
     expect(wrong.body.error.message).toMatch(/not a KV cache/)
-    // A cache a chunk a cache tensor, then its token ids, with another number of heads: refused by the workers.
+    // A cache a chunk a cache tensor, then its token ids (the prompt's first 16, taken from a cache
+    // sent for it), with another number of heads: refused by the workers.
+    const source = await post<KvPrefillResponse>(`${prefill.url}/v1/cornserve/kv-prefill`, {
+      model,
+      messages,
+      id: "kv-geometry-source"
+    })
+    const sentIds = await client.recv("kv-geometry-source", source.body.shape[0])
+    const first16 = Int32Array.from(((sentIds as Tensor).data as Int32Array).subarray(0, 16))
+    await client.markDone("kv-geometry-source")
     for (let chunk = 0; chunk < 4; chunk++)
       await client.send("kv-geometry", new Tensor("float32", [3, 16, 24], new Float32Array(3 * 16 * 24)), {
         to: [sidecar.nodeId],
         chunk,
         numChunks: 5
       })
-    await client.send("kv-geometry", new Tensor("int32", [16], new Int32Array(16)), {
+    await client.send("kv-geometry", new Tensor("int32", [16], first16), {
       to: [sidecar.nodeId],
       chunk: 4,
       numChunks: 5
@@ -193,9 +202,24 @@ describe("a chat's KV cache from a prefill executor to a decode executor", () =>
     expect(decoded.status, JSON.stringify(decoded.body)).toBe(200)
     const whole = await post<ChatCompletion>(`${prefill.url}/v1/chat/completions`, request)
     expect(decoded.body.choices[0]!.message.content).toBe(whole.body.choices[0]!.message.content)
+    // And a longer prompt's cache for a shorter prompt: as much left aside, not refused.
+    const longer = await post<KvPrefillResponse>(`${prefill.url}/v1/cornserve/kv-prefill`, {
+      model,
+      messages: other,
+      id: "kv-longer"
+    })
+    expect(longer.status).toBe(200)
+    const shorter = await post<ChatCompletion>(`${decode.url}/v1/chat/completions`, {
+      ...greedy(),
+      cornserve_kv: { id: "kv-longer" }
+    })
+    expect(shorter.status, JSON.stringify(shorter.body)).toBe(200)
+    const shorterWhole = await post<ChatCompletion>(`${prefill.url}/v1/chat/completions`, greedy())
+    expect(shorter.body.choices[0]!.message.content).toBe(shorterWhole.body.choices[0]!.message.content)
     const after = (await (await fetch(`${decode.url}/v1/cornserve/stats`, { headers: authorized })).json()) as LlmStats
     expect(after.kvImports).toEqual(before.kvImports)
     await expect(client.recv("kv-other", 0, { timeoutMs: 50 })).rejects.toThrow()
+    await expect(client.recv("kv-longer", 0, { timeoutMs: 50 })).rejects.toThrow()
   })
 
   it("takes the cache of a chat with tools, which both executors render into the prompt", async () => {
