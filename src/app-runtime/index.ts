@@ -52,6 +52,7 @@ export {
   type AudioGeneratorInput,
   type AudioChunk
 } from "./tasks/GeneratorTask.js"
+export { TalkerTask, type TalkerInput, type TalkerFrame } from "./tasks/TalkerTask.js"
 export { DisaggregatedMLLMTask, MLLMTask, type MLLMConfig } from "./tasks/MLLMTask.js"
 export {
   DecodeLLMTask,

@@ -18,6 +18,7 @@ import { tinyJanus } from "./recipes/RandomJanus.js"
 import { tinyMimi } from "./recipes/RandomMimi.js"
 import { tinySpeechT5 } from "./recipes/RandomSpeechT5.js"
 import { tinyWhisper } from "./recipes/RandomWhisper.js"
+import { tinyTalker } from "./recipes/TinyTalker.js"
 
 /**
  * The model cache: built-in recipes are built into it on first use (or by `cornserve models
@@ -35,7 +36,8 @@ const builtinRecipes = [
   tinyWhisper,
   tinySpeechT5,
   tinyJanus,
-  tinyMimi
+  tinyMimi,
+  tinyTalker
 ]
 /** Random-weight presets at realistic sizes; hundreds of MB each, so built only when named. */
 const benchRecipes = [benchVitB16, benchDecoder125m, benchSmolLm2, benchLlama1b, benchMiniLmL6]

@@ -113,6 +113,22 @@ export const MediaProcessorOptions = Schema.Struct({
 })
 export type MediaProcessorOptions = typeof MediaProcessorOptions.Type
 
+/** What a chat answer holds: text, and audio from an app that speaks. */
+export const AnswerModality = Schema.Literal("text", "audio")
+
+/**
+ * OpenAI's audio output settings. The formats a whole answer is given in: wav, or pcm16 (24 kHz
+ * mono PCM16 little-endian, what a streamed answer's chunks always are).
+ */
+export const ChatAudioSettings = Schema.Struct({
+  voice: Schema.String.pipe(Schema.maxLength(64)),
+  format: Schema.Literal("wav", "pcm16")
+})
+export type ChatAudioSettings = typeof ChatAudioSettings.Type
+
+/** The sample rate of a chat answer's audio, as OpenAI's pcm16 is. */
+export const chatAudioSampleRate = 24_000
+
 /**
  * An OpenAI chat-completions request: every request OpenAI's API accepts for the fields Cornserve
  * honours. `model` may be left out: an app serves the model its tasks name, and an executor the
@@ -151,6 +167,13 @@ export const ChatCompletionRequest = Schema.Struct({
   stream_options: optionalNullable(Schema.Struct({ include_usage: Schema.optional(Schema.Boolean) })),
   /** The end user, as OpenAI's clients name them: taken, not used. */
   user: Schema.optional(Schema.String.pipe(Schema.maxLength(256))),
+  /**
+   * What the answer holds: ["text"] (the default), or ["text", "audio"], the answer spoken too,
+   * which an app with a talker (TalkerTask) gives; an LLM task alone refuses audio.
+   */
+  modalities: optionalNullable(Schema.Array(AnswerModality).pipe(Schema.minItems(1), Schema.maxItems(2))),
+  /** With "audio" in `modalities`: the voice (a model with none takes any name) and the format of the audio. */
+  audio: optionalNullable(ChatAudioSettings),
   /** Set by the gateway's `/v1/completions`: the prompt as it is, instead of the messages through the chat template. */
   cornserve_prompt: Schema.optional(RawPrompt)
 }).annotations({ identifier: "ChatCompletionRequest" })
@@ -193,6 +216,16 @@ export const ToolCallDelta = Schema.Struct({
 })
 export type ToolCallDelta = typeof ToolCallDelta.Type
 
+/** A piece of a spoken answer: its id (in the first piece), text, or audio. */
+export const AudioDelta = Schema.Struct({
+  id: Schema.optional(Schema.String),
+  transcript: Schema.optional(Schema.String),
+  /** PCM16 little-endian mono at 24 kHz, base64, an even count of bytes. */
+  data: Schema.optional(Schema.String),
+  expires_at: Schema.optional(Schema.Int)
+})
+export type AudioDelta = typeof AudioDelta.Type
+
 /** One chunk of a streamed chat completion. */
 export const ChatCompletionChunk = Schema.Struct({
   id: Schema.String,
@@ -206,7 +239,12 @@ export const ChatCompletionChunk = Schema.Struct({
         role: Schema.optional(Schema.Literal("assistant")),
         content: Schema.optional(Schema.String),
         /** A call's id, type and name come in its first delta, its arguments in pieces after. */
-        tool_calls: Schema.optional(Schema.Array(ToolCallDelta))
+        tool_calls: Schema.optional(Schema.Array(ToolCallDelta)),
+        /**
+         * With "audio" in the request's modalities: the answer's text as `transcript` pieces (not
+         * `content`) and its audio as `data` pieces, PCM16 at 24 kHz, base64, as OpenAI streams them.
+         */
+        audio: Schema.optional(AudioDelta)
       }),
       finish_reason: Schema.NullOr(FinishReason),
       logprobs: Schema.optional(Schema.NullOr(ChoiceLogprobs))
@@ -229,7 +267,11 @@ export const ChatCompletion = Schema.Struct({
       message: Schema.Struct({
         role: Schema.Literal("assistant"),
         content: Schema.NullOr(Schema.String),
-        tool_calls: Schema.optional(Schema.Array(ToolCall))
+        tool_calls: Schema.optional(Schema.Array(ToolCall)),
+        /** A spoken answer: its audio file in the request's format, base64, and its text. */
+        audio: Schema.optional(
+          Schema.Struct({ id: Schema.String, data: Schema.String, expires_at: Schema.Int, transcript: Schema.String })
+        )
       }),
       finish_reason: FinishReason,
       logprobs: Schema.NullOr(ChoiceLogprobs)

@@ -24,7 +24,13 @@ export const CodecDecoderInput = Schema.Struct({
   chunkFrames: Schema.optional(FrameCount),
   maxChunkFrames: Schema.optional(FrameCount),
   /** Frames before each chunk decoded with it (the model's whole reach, at most 25, when left out). */
-  contextFrames: Schema.optional(Schema.Int.pipe(Schema.between(0, 4096)))
+  contextFrames: Schema.optional(Schema.Int.pipe(Schema.between(0, 4096))),
+  /**
+   * Frames before this one are context only: no audio of theirs is answered. A stream of frames
+   * decoded piece by piece sends each piece with the frames before it (up to 25, Mimi's default
+   * context) and starts at the piece, so that the pieces join as one decoding of the whole.
+   */
+  startFrame: Schema.optional(Schema.Int.pipe(Schema.between(0, 7499)))
 })
 export type CodecDecoderInput = typeof CodecDecoderInput.Type
 

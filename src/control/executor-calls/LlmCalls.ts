@@ -12,8 +12,11 @@ import {
   KvPrefillResponse,
   LlmChunk,
   PromptEmbeddingsRequest,
-  PromptEmbeddingsResponse
+  PromptEmbeddingsResponse,
+  TalkLine,
+  TalkRequest
 } from "../../executors/llm/api.js"
+import { TalkerInput } from "../../app-runtime/tasks/TalkerTask.js"
 import { fromExecutor, remoteError } from "../RemoteError.js"
 import { responseLines } from "../ResponseLines.js"
 import type { ExecutorAnswer } from "./ExecutorHttp.js"
@@ -198,7 +201,35 @@ const imageTokens = async (url: string, invocation: TaskInvocationWire, context:
   return { output: invocation.output }
 }
 
+const decodeTalkCall = decodeInvocation(
+  Schema.Struct({ config: LLMConfig, input: Schema.Struct({ ...TalkerInput.fields, embeddings: ForwardedId }) })
+)
+const decodeTalkLine = decodeAnswer(Schema.parseJson(TalkLine))
+
+/** The frames of a talk answer (NDJSON), until its done line; an error line fails the stream. */
+async function* talkFrames(response: ExecutorAnswer): AsyncIterable<{ readonly frame: ReadonlyArray<number> }> {
+  for await (const line of responseLines(response)) {
+    if (line.trim().length === 0) continue
+    const parsed = decodeTalkLine(line)
+    if ("error" in parsed) {
+      const failure = decodeStreamError(line)
+      throw Either.isRight(failure) ? remoteError(failure.right.error, fromExecutor) : new Error(line)
+    }
+    if ("done" in parsed) return
+    yield { frame: parsed.frame }
+  }
+}
+
+/** A talker's call: the thinker's hidden states from the sidecar, its codec frames streamed back as they are chosen. */
+const talk = async (url: string, invocation: TaskInvocationWire, context: CallContext): Promise<CallResult> => {
+  const { config, input } = decodeTalkCall(invocation)
+  const body: TalkRequest = { model: config.model, ...input }
+  const response = await post(`${url}/v1/cornserve/talk`, TalkRequest, body, context)
+  return { output: {}, stream: talkFrames(response) }
+}
+
 export const llmCalls = {
+  talk,
   chat,
   "hidden-states": promptEmbeddings,
   "kv-prefill": kvPrefill,

@@ -211,7 +211,7 @@ export const makeInvokeRoute =
                 ? speechFormatOf(appId, openAi.fields)
                 : api === "images"
                   ? imagesFormat(appId)
-                  : (openAiFormat(api, openAi.stream, appId, options.maxResponseBytes) ?? nativeFormat)
+                  : (openAiFormat(api, openAi.stream, appId, options.maxResponseBytes, openAi.fields) ?? nativeFormat)
         const requestId = randomUUID()
         let streaming = false
         /** Characters of lines written while the response's buffer is full: the app hears of them on `drain`. */

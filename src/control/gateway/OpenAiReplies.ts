@@ -7,7 +7,10 @@ import * as Either from "effect/Either"
 import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import { responseTooLargeMessage } from "../../app-runtime/driver/protocol.js"
+import { wavHeader } from "../../executors/common/media/Wav.js"
 import {
+  type ChatAudioSettings,
+  chatAudioSampleRate,
   type ChatCompletion,
   ChatCompletionChunk,
   type ChoiceLogprobs,
@@ -25,6 +28,8 @@ const decodeChunk = Schema.decodeUnknownEither(Schema.parseJson(ChatCompletionCh
 
 interface GatheredChoice {
   text: string
+  /** A spoken answer's pieces (audio deltas): its id, its text and its PCM16. */
+  audio: { id: string; transcript: string; pcm: Array<Buffer>; expiresAt: number | undefined } | undefined
   finish: FinishReason | null
   logprobs: Array<NonNullable<ChoiceLogprobs["content"]>[number]>
   /** Tool calls by their index: the first delta names them, the rest add to their arguments. */
@@ -77,9 +82,18 @@ class Gathered {
         text: "",
         finish: null,
         logprobs: [],
-        calls: new Map()
+        calls: new Map(),
+        audio: undefined
       }
       gathered.text += choice.delta.content ?? ""
+      const audio = choice.delta.audio
+      if (audio !== undefined) {
+        gathered.audio ??= { id: "", transcript: "", pcm: [], expiresAt: undefined }
+        if (audio.id !== undefined) gathered.audio.id = audio.id
+        if (audio.expires_at !== undefined) gathered.audio.expiresAt = audio.expires_at
+        gathered.audio.transcript += audio.transcript ?? ""
+        if (audio.data !== undefined) gathered.audio.pcm.push(Buffer.from(audio.data, "base64"))
+      }
       for (const call of choice.delta.tool_calls ?? []) {
         const known = gathered.calls.get(call.index) ?? { id: "", name: "", arguments: "" }
         if (call.id !== undefined) known.id = call.id
@@ -121,8 +135,20 @@ const gatheringFormat = (
   }
 }
 
-/** Chat chunks gathered into one `chat.completion`. */
-export const chatCompletionFormat = (appId: string, maxResponseBytes: number): ReplyFormat =>
+/** A spoken answer's audio as the request asked: a WAV file, or its PCM16 as it is; base64. */
+const audioFile = (pcm: ReadonlyArray<Buffer>, format: ChatAudioSettings["format"]): string => {
+  const samples = Buffer.concat(pcm)
+  return (
+    format === "wav" ? Buffer.concat([wavHeader(chatAudioSampleRate, samples.length), samples]) : samples
+  ).toString("base64")
+}
+
+/** Chat chunks gathered into one `chat.completion`; a spoken answer's audio in `audioFormat` (wav when left out). */
+export const chatCompletionFormat = (
+  appId: string,
+  maxResponseBytes: number,
+  audioFormat: ChatAudioSettings["format"] = "wav"
+): ReplyFormat =>
   gatheringFormat(
     appId,
     maxResponseBytes,
@@ -135,7 +161,17 @@ export const chatCompletionFormat = (appId: string, maxResponseBytes: number): R
         index,
         message: {
           role: "assistant",
-          content: choice.text === "" && choice.calls.size > 0 ? null : choice.text,
+          content: choice.text === "" && (choice.calls.size > 0 || choice.audio !== undefined) ? null : choice.text,
+          ...(choice.audio === undefined
+            ? {}
+            : {
+                audio: {
+                  id: choice.audio.id,
+                  data: audioFile(choice.audio.pcm, audioFormat),
+                  expires_at: choice.audio.expiresAt ?? Math.floor(Date.now() / 1000) + 3600,
+                  transcript: choice.audio.transcript
+                }
+              }),
           ...(choice.calls.size === 0
             ? {}
             : {
@@ -248,16 +284,25 @@ export const completionFormat = (appId: string, maxResponseBytes: number): Reply
     })
   )
 
+/** The audio format a chat request asked for (the app's schema has checked it): wav unless pcm16. */
+const audioFormatOf = (fields: Readonly<Record<string, unknown>>): ChatAudioSettings["format"] => {
+  const audio = fields.audio
+  return typeof audio === "object" && audio !== null && (audio as { format?: unknown }).format === "pcm16"
+    ? "pcm16"
+    : "wav"
+}
+
 /** How the reply to an OpenAI request is written. */
 export const openAiFormat = (
   route: OpenAiRoute,
   stream: boolean,
   appId: string,
-  maxResponseBytes: number
+  maxResponseBytes: number,
+  fields: Readonly<Record<string, unknown>> = {}
 ): ReplyFormat | undefined => {
   switch (route) {
     case "chat":
-      return stream ? chatStreamFormat : chatCompletionFormat(appId, maxResponseBytes)
+      return stream ? chatStreamFormat : chatCompletionFormat(appId, maxResponseBytes, audioFormatOf(fields))
     case "completions":
       return stream ? completionStreamFormat(appId) : completionFormat(appId, maxResponseBytes)
     case "embeddings":

@@ -10,12 +10,10 @@ export const openAiRoutes = {
     path: "chat/completions",
     name: "chat completions",
     unimplemented: [
-      "audio",
       "function_call",
       "functions",
       "logit_bias",
       "metadata",
-      "modalities",
       "prediction",
       "prompt_cache_key",
       "reasoning_effort",

@@ -97,6 +97,8 @@ export const mimiSpec = (model: ModelDirectory): CodecSpec => {
 /** How a sequence of codes is cut into chunks: the chunk sizes, and the left context of each window. */
 export interface CodecPlan extends ChunkPlan {
   readonly contextFrames: number
+  /** Frames before this one are context only: no audio of theirs is answered (0 when left out). */
+  readonly startFrame?: number
 }
 
 /** The context a window gets by default: the decoder's whole reach, at most 25 frames. */
@@ -116,7 +118,7 @@ export interface CodecWindow {
  */
 export const codecWindows = (frames: number, plan: CodecPlan): ReadonlyArray<CodecWindow> => {
   const windows: Array<CodecWindow> = []
-  for (let keepFrom = 0, chunk = 0; keepFrom < frames; chunk++) {
+  for (let keepFrom = plan.startFrame ?? 0, chunk = 0; keepFrom < frames; chunk++) {
     let keepTo = Math.min(frames, keepFrom + nextChunkFrames(plan, chunk))
     if (frames - keepTo < plan.contextFrames) keepTo = frames
     windows.push({ from: Math.max(0, keepFrom - plan.contextFrames), keepFrom, keepTo })

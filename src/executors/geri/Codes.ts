@@ -92,8 +92,13 @@ export const codecRoutes = (context: { readonly model: ModelDirectory; readonly 
         firstChunkFrames,
         chunkFrames,
         maxChunkFrames: Math.max(body.maxChunkFrames ?? 200, chunkFrames),
-        contextFrames: body.contextFrames ?? contextFrames
+        contextFrames: body.contextFrames ?? contextFrames,
+        ...(body.startFrame === undefined ? {} : { startFrame: body.startFrame })
       }
+      if ((body.startFrame ?? 0) >= frames)
+        return yield* new BadRequest({
+          message: `startFrame ${body.startFrame} is not one of the ${frames} frames: at least one frame is decoded`
+        })
       // A chunk may take up to its context's worth more frames (the tail it would leave).
       const longestWindow = Math.min(frames, 2 * plan.contextFrames + plan.maxChunkFrames)
       if (longestWindow > spec.maxWindowFrames)

@@ -77,6 +77,8 @@ export const CodesRequest = Schema.Struct({
   maxChunkFrames: Schema.optional(Schema.Int.pipe(Schema.between(1, 4096))),
   /** Frames before each chunk decoded with it and thrown away (the model's reach, at most 25, when left out). */
   contextFrames: Schema.optional(Schema.Int.pipe(Schema.between(0, 4096))),
+  /** Frames before this one are context only (a stream decoded piece by piece sends them before its piece); 0 when left out. */
+  startFrame: Schema.optional(Schema.Int.pipe(Schema.between(0, 7499))),
   stream: Schema.optionalWith(Schema.Boolean, { default: () => true })
 })
 export type CodesRequest = typeof CodesRequest.Type

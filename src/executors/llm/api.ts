@@ -17,6 +17,8 @@ import { DataId } from "../common/DataId.js"
  *   sidecar to a decode executor of the same model, whose chat completion names it (`cornserve_kv`).
  * - `POST /v1/cornserve/image-tokens`: on a Janus-Pro model, an image's tokens for a prompt, sent
  *   through the sidecar to the generator that decodes them (the LLMImageTokensTask).
+ * - `POST /v1/cornserve/talk`: on a talker, the codec frames it writes from a thinker's hidden
+ *   states (read from the sidecar), streamed as NDJSON lines (the TalkerTask).
  * - `GET /v1/cornserve/stats`: requests waiting and running, the batch size and the KV cache's
  *   budget in effect, what it holds.
  *
@@ -267,3 +269,31 @@ export const ImageTokensResponse = Schema.Struct({
   tokens: Schema.Int
 })
 export type ImageTokensResponse = typeof ImageTokensResponse.Type
+
+/** A talker's frames for a thinker's hidden states, which another executor sent through the sidecar. */
+export const TalkRequest = Schema.Struct({
+  /** Checked when given, as in chat completions. */
+  model: Schema.optional(Schema.String),
+  /** The sidecar id of the hidden states: float32 [rows, thinker hidden], in one chunk or more. */
+  embeddings: DataId,
+  /** Frames at most (the model's default_max_frames when left out). */
+  maxFrames: Schema.optional(Schema.Int.pipe(Schema.between(1, 7500))),
+  /** 0 (the default) chooses each frame's first code greedily; above 0, a draw from the seeded generator. */
+  temperature: Schema.optional(Schema.Number.pipe(Schema.between(0, 2))),
+  topP: Schema.optional(Schema.Number.pipe(Schema.between(0, 1))),
+  seed: Schema.optional(Schema.Int)
+})
+export type TalkRequest = typeof TalkRequest.Type
+
+/** One line of a talk answer: a frame (a code per codebook), the end, or a failure midway. */
+export const TalkLine = Schema.Union(
+  Schema.Struct({ frame: Schema.Array(Schema.Int) }),
+  Schema.Struct({
+    done: Schema.Literal(true),
+    frames: Schema.Int,
+    finishReason: Schema.Literal("stop", "length"),
+    frameRate: Schema.Number
+  }),
+  Schema.Struct({ error: Schema.Unknown })
+)
+export type TalkLine = typeof TalkLine.Type

@@ -194,6 +194,8 @@ export interface TokenPartial {
   readonly logprob?: number
   /** With `logprobs` asked: the most likely tokens and their log probabilities, as [token, logprob, token, logprob, …]. */
   readonly top?: ReadonlyArray<number>
+  /** A talker's: the frame's codes, one per codebook (`token` is the first). */
+  readonly frame?: ReadonlyArray<number>
 }
 
 /** The result of a generate request, engine → router. */

@@ -3,7 +3,7 @@
  * generators. Requests are checked, rendered and tokenized here, their media preprocessed (or their
  * embeddings taken from the sidecar), and tokens turned back into text and OpenAI chunks; the
  * engine sees only token ids and tensors. A Janus-Pro model, served for image generation, has its
- * own routes (JanusImageTokens.ts).
+ * own routes (JanusImageTokens.ts), as has a talker, which writes codec frames (TalkerRoutes.ts).
  *
  * The event loop streams every request's tokens, so what may take long is bounded first and done
  * in the router's threads (preprocess.ts): a schema is measured before its thread compiles it, a
@@ -20,6 +20,7 @@ import * as Stream from "effect/Stream"
 import { decoderFiles } from "../../models/DecoderLayout.js"
 import { GenerationConfig } from "../../models/GenerationConfig.js"
 import { isJanus } from "../../models/JanusModel.js"
+import { isTalker } from "../../models/TalkerModel.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { type LiteralPrompt, type Marker, type Marks, unmark } from "../../models/SpecialTokenText.js"
 import { ChatTemplateError, ChatTokenizer } from "../../models/Tokenizer.js"
@@ -65,6 +66,7 @@ import {
   toolCallFormatOf
 } from "./ToolCalls.js"
 import { janusRouter } from "./JanusImageTokens.js"
+import { talkerRouter } from "./TalkerRoutes.js"
 import { type KvTransferContext, kvPrefillRoute, receiveKv, releaseKv } from "./KvTransferRoutes.js"
 import { type PromptSource, promptEmbeddingsRoute, type SamplingFields } from "./PromptEmbeddingsRoute.js"
 import { contextLength, kvBudget } from "./Limits.js"
@@ -86,6 +88,7 @@ export const routerKind: RouterKind = {
         catch: (error) => error as Error
       })
       if (isJanus(model)) return yield* janusRouter(config, engine, model)
+      if (isTalker(model)) return yield* talkerRouter(config, engine, model)
       if (model.decoder === undefined) {
         return yield* Effect.fail(
           new Error(`${config.model} is not a decoder model: its config.json (or text_config) has no vocab_size`)
@@ -428,6 +431,10 @@ export const routerKind: RouterKind = {
         yield* checkModel(body.model)
         if (body.top_logprobs != null && body.logprobs !== true)
           return yield* new BadRequest({ message: "top_logprobs needs logprobs: true" })
+        if (body.modalities?.includes("audio") === true)
+          return yield* new BadRequest({
+            message: `${config.model} answers text: a spoken answer (modalities "audio") comes from an app whose talker speaks the text (a TalkerTask)`
+          })
         const choices = body.n ?? 1
         const continued = body.cornserve_continuation?.token_ids ?? []
         if (choices > 1 && continued.length > 0)

@@ -1,6 +1,6 @@
 /**
  * The LLM executor's worker: a Runner on its device (a JanusRunner for a Janus model, whose tokens
- * are an image's), driven one step at a time by the LLM engine.
+ * are an image's; a TalkerRunner for a talker, whose are codec frames), driven one step at a time by the LLM engine.
  * Each batch the framework hands it is one step; its tokens go back as partial results the moment
  * they are sampled. Prompt embeddings go to the sidecar under the request's id.
  *
@@ -8,6 +8,7 @@
  * its compute spans many steps, batched with whichever other requests run then.
  */
 import { isJanus } from "../../models/JanusModel.js"
+import { isTalker } from "../../models/TalkerModel.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
@@ -19,6 +20,7 @@ import { JanusRunner } from "./JanusRunner.js"
 import { kvBudget } from "./Limits.js"
 import type { CacheArray, PastData } from "./PastCache.js"
 import { Runner } from "./Runner.js"
+import { TalkerRunner } from "./TalkerRunner.js"
 import type { StepRunner } from "./StepRunner.js"
 
 /** A request's imported cache has arrived whole when the router submits it: reading it waits no longer than this. */
@@ -33,14 +35,16 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | KvResult | WorkerStats 
   const budget = kvBudget(config, model)
   const runner: StepRunner = isJanus(model)
     ? await JanusRunner.open(model, device, config.threadsPerDevice, config.dtype)
-    : await Runner.open(model, device, config.threadsPerDevice, config.dtype, {
-        prefixCacheBytes: budget.prefixBytes,
-        kvStoreBytes: budget.rowBytes,
-        ...(config.prefillChunkTokens === undefined ? {} : { chunkTokens: config.prefillChunkTokens }),
-        ...(config.quantizedRows === undefined ? {} : { quantizedRows: config.quantizedRows }),
-        ...(config.kvCacheMode === undefined ? {} : { kvCache: config.kvCacheMode }),
-        ...(config.q4Activations === undefined ? {} : { q4Activations: config.q4Activations })
-      })
+    : isTalker(model)
+      ? await TalkerRunner.open(model, device, config.threadsPerDevice)
+      : await Runner.open(model, device, config.threadsPerDevice, config.dtype, {
+          prefixCacheBytes: budget.prefixBytes,
+          kvStoreBytes: budget.rowBytes,
+          ...(config.prefillChunkTokens === undefined ? {} : { chunkTokens: config.prefillChunkTokens }),
+          ...(config.quantizedRows === undefined ? {} : { quantizedRows: config.quantizedRows }),
+          ...(config.kvCacheMode === undefined ? {} : { kvCache: config.kvCacheMode }),
+          ...(config.q4Activations === undefined ? {} : { q4Activations: config.q4Activations })
+        })
   const sidecar = config.sidecarSocket === undefined ? undefined : await SidecarClient.connect(config.sidecarSocket)
   /** Requests that joined with a cache another executor sent (a prefill's `kv`), and its positions. */
   const imports = { requests: 0, tokens: 0 }
@@ -49,7 +53,7 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | KvResult | WorkerStats 
 
   const transfer = async (op: StepOp): Promise<KvResult | undefined> => {
     if (op.op !== "kv-export" && op.op !== "kv-import") return undefined
-    if (!(runner instanceof Runner)) return { error: "a Janus model's executor has no KV cache to move" }
+    if (!(runner instanceof Runner)) return { error: "this model's executor has no KV cache to move" }
     if (op.op === "kv-import") return checkPrefix(runner.cacheGeometry, op.prompt, op.shape, op.dtype)
     if (sidecar === undefined) return { error: "this executor has no sidecar to send a KV cache through" }
     const exported = await exportPrefix(runner, op.prompt)

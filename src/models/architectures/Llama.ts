@@ -47,9 +47,11 @@ export interface LlamaExport {
   readonly std: number
   /**
    * What the decoder answers: `logits` (a causal LM, the default) or `last_hidden_state`, the final
-   * norm's output without an lm_head, as embedding models (Qwen3-Embedding) are exported.
+   * norm's output without an lm_head, as embedding models (Qwen3-Embedding) are exported; or
+   * "both", logits and the last_hidden_state they are read from (a talker, whose depth head reads
+   * the hidden state too).
    */
-  readonly output?: "logits" | "last_hidden_state"
+  readonly output?: "logits" | "last_hidden_state" | "both"
   /**
    * How attention is written: "grouped" (queries reshaped per KV head, a bool mask through
    * Where; the default), or "sdpa", as torch exports scaled_dot_product_attention (what optimum's
@@ -58,6 +60,8 @@ export interface LlamaExport {
    * square root to both the query and the transposed keys, an additive float mask.
    */
   readonly attention?: "grouped" | "sdpa"
+  /** Added to the logits, [vocabulary] (a constructed model's fixed preferences). */
+  readonly logitBias?: Float32Array
 }
 
 /** config.json of the model, in transformers' LlamaConfig fields. */
@@ -394,12 +398,15 @@ const decoderGraph = (g: Graph, config: LlamaConfig, options: LlamaExport, rando
     ),
     config.rmsNormEps
   )
-  if (options.output === "last_hidden_state") {
+  if (options.output === "last_hidden_state" || options.output === "both")
     g.output(toIo(final), "last_hidden_state", io, ["batch_size", "sequence_length", hidden])
-    return
-  }
+  if (options.output === "last_hidden_state") return
   // Logits spread by ~2 so that greedy choices are not near ties.
-  const logits = w.linear(final, "lm_head", hidden, vocabSize, 2 / Math.sqrt(hidden))
+  const product = w.linear(final, "lm_head", hidden, vocabSize, 2 / Math.sqrt(hidden))
+  const logits =
+    options.logitBias === undefined
+      ? product
+      : g.op("Add", [product, g.weight("lm_head.bias", "float32", [vocabSize], options.logitBias)])
   g.output(toIo(logits), "logits", io, ["batch_size", "sequence_length", vocabSize])
 }
 
