@@ -8,7 +8,8 @@ const apps = [
   { text: "Speech recognition", link: "/apps/speech-recognition" },
   { text: "Image generation", link: "/apps/images" },
   { text: "Text-to-speech", link: "/apps/text-to-speech" },
-  { text: "Audio codes to speech", link: "/apps/codec" }
+  { text: "Audio codes to speech", link: "/apps/codec" },
+  { text: "Apps that speak", link: "/apps/speaking" }
 ]
 
 export default defineConfig({
