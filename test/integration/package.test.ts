@@ -11,7 +11,7 @@ import { trackGroup, trackPath } from "../support/reaper/registry.js"
 
 /** An install of the package's dependencies from npm's cache, two at once, on a busy two-core machine. */
 const installLimitMs = 300_000
-/** `serve --examples` registering the eleven examples (their executors start on their first call). */
+/** `serve --examples` registering the twelve examples (their executors start on their first call). */
 const readyLimitMs = 180_000
 
 const manifest = JSON.parse(readFileSync(join(repoRoot, "package.json"), "utf8")) as {
