@@ -159,7 +159,9 @@ export default async function omniBench(): Promise<void> {
         byRole.set(role, entry)
       }
 
-      console.log(`omni: ${rounds} rounds, ${maxTokens} thinker tokens, ${round(audioSeconds, 2)} s of speech an answer`)
+      console.log(
+        `omni: ${rounds} rounds, ${maxTokens} thinker tokens, ${round(audioSeconds, 2)} s of speech an answer`
+      )
       console.log("measure                              | median ms | vs text alone")
       console.log(`text alone (thinker)                 | ${textMs} | 1`)
       console.log(`spoken, streamed: transcript         | ${transcriptMs} | ${round(transcriptMs / textMs, 2)}`)
