@@ -37,7 +37,8 @@ const freshIds = (graph: TaskGraphWire) => {
 }
 
 /**
- * A request's dispatch, made of runs of its graph: a graph that fails as unavailable before anything
+ * A request's dispatch, made of runs of its graph, each under data ids of its own (never the
+ * app's): a graph that fails as unavailable before anything
  * of it reached the app (an LLM's node was lost, the sidecar went away) is run once more as a whole,
  * under fresh data ids.
  *
@@ -120,7 +121,11 @@ export const withFailover = (dispatchGraph: GraphRun, observer: CallObserver | u
     const tried = new Map<number, string>()
     const outcome = await (async () => {
       try {
-        return await dispatchGraph(graph, requestId, signal, context, tried)
+        // Every run goes under data ids of the platform's own: the ids an app names (it is hostile
+        // code, and may name another app's) never reach a sidecar; its outputs come back under them.
+        const { renamed, original } = freshIds(graph)
+        const first = await dispatchGraph(renamed, requestId, signal, context, tried)
+        return { ...first, outputs: first.outputs.map((output) => renameDataForwards(output, original)) }
       } catch (error) {
         if (!(error instanceof TaskUnavailable) || signal.aborted || refusedWhileLeasing.has(error)) throw error
         // Nothing of this graph reached the app: it runs once more, every invocation on an executor

@@ -208,6 +208,9 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
   })
 
   const graph = graphOf(encoderCall("encoder-a", ["img1"]), llmCall("llm-b", ["img1"]))
+  /** The id the LLM's `n`-th call was told its embedding has. */
+  const llmEmbeddingId = (n: number) =>
+    (llm.received[n]!.body as { cornserve_embeddings: Array<{ id: string }> }).cornserve_embeddings[0]!.id
 
   it("sends every invocation at once and streams the last one's chunks", async () => {
     let llmArrived: () => void = () => undefined
@@ -227,16 +230,22 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
     for await (const piece of outcome.stream!) text.push((piece as ReturnType<typeof chunk>).choices[0]!.delta.content)
     expect(text.join("")).toBe("red")
     const embedRequest = encoders.flatMap((encoder) => encoder.received)[0]!
+    // The data goes under an id of the platform's own, never the one the app named (an app is
+    // hostile code: it could name another app's), the same for its producer and its consumer.
+    const sent = (embedRequest.body as { items: Array<{ id: string }> }).items[0]!.id
+    expect(sent).not.toBe("img1")
+    expect(sent).toMatch(/^[0-9a-f]{32}$/)
     expect(embedRequest.body).toEqual({
-      items: [{ id: "img1", modality: "image", url: "https://example.com/img1.png" }],
+      items: [{ id: sent, modality: "image", url: "https://example.com/img1.png" }],
       receivers: ["node-test"],
       return: "sidecar"
     })
     expect(llm.received[0]!.body).toMatchObject({
       model: "m",
       stream: true,
-      cornserve_embeddings: [{ id: "img1", modality: "image" }]
+      cornserve_embeddings: [{ id: sent, modality: "image" }]
     })
+    expect(outcome.outputs[0]).toEqual({ embeddings: [forward("img1")] })
   })
 
   it("cancels the other invocations when one fails, with the input's fault as TaskInputRejected", async () => {
@@ -252,7 +261,7 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
       message: "task encoder-a: not an image"
     })
     await expect(llm.received[0]!.abandoned).resolves.toBe(true)
-    expect(released).toEqual([["img1"]])
+    expect(released).toEqual([[llmEmbeddingId(0)]])
   })
 
   it("fails with DispatchFailed, not an input error, when an executor fails on its own", async () => {
@@ -290,8 +299,8 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
       .flatMap((encoder) => encoder.received)
       .map((request) => (request.body as { items: Array<{ id: string }> }).items[0]!.id)
     expect(embedIds).toHaveLength(2)
-    expect(embedIds[0]).toBe("img1")
-    expect(embedIds[1]).not.toBe("img1")
+    expect(embedIds).not.toContain("img1")
+    expect(embedIds[1]).not.toBe(embedIds[0])
     const llmIds = llm.received.map(
       (request) => (request.body as { cornserve_embeddings: Array<{ id: string }> }).cornserve_embeddings[0]!.id
     )
@@ -320,11 +329,11 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
       (request) => (request.body as { cornserve_embeddings: Array<{ id: string }> }).cornserve_embeddings[0]!.id
     )
     expect(embedIds).toHaveLength(2)
-    expect(embedIds[0]).toBe("img1")
-    expect(embedIds[1]).not.toBe("img1")
+    expect(embedIds).not.toContain("img1")
+    expect(embedIds[1]).not.toBe(embedIds[0])
     expect(llmIds).toEqual(embedIds)
     // The first try's data is released; the app sees its own ids in the outputs.
-    expect(released).toEqual([["img1"]])
+    expect(released).toEqual([[embedIds[0]]])
     expect(outcome.outputs[0]).toEqual({ embeddings: [forward("img1")] })
   })
 
@@ -354,7 +363,7 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
     request.abort()
 
     await expect(outcome).rejects.toMatchObject({ _tag: "RequestCancelled" })
-    expect(released).toEqual([["img1"]])
+    expect(released).toEqual([[llmEmbeddingId(0)]])
     await expect(llm.received[0]!.abandoned).resolves.toBe(true)
   })
 
