@@ -94,10 +94,6 @@ export const promptEmbeddingsRoute = ({
   /** A completion of `prompt` whose tokens its hidden states then run over too (prompt-embeddings' `generate`). */
   const completeFirst = (prompt: PromptInput, asked: PromptGeneration) =>
     Effect.gen(function* () {
-      if (prompt.rope !== undefined)
-        return yield* new BadRequest({
-          message: "the hidden states of generated tokens are not given for a prompt with multimodal rotary positions"
-        })
       const params = yield* check(() =>
         sampling(
           {

@@ -165,6 +165,13 @@ export const referenceDecoderLogits = (
   w: Qwen2VLTextWeights,
   embeds: Rows,
   positions: ReadonlyArray<ReadonlyArray<number>>
+): Rows => linear(referenceDecoderHiddenStates(w, embeds, positions), { weight: w.lmHead })
+
+/** The decoder's final hidden states [sequence, hidden] (the final norm's output, what lm_head reads). */
+export const referenceDecoderHiddenStates = (
+  w: Qwen2VLTextWeights,
+  embeds: Rows,
+  positions: ReadonlyArray<ReadonlyArray<number>>
 ): Rows => {
   const { config } = w
   const headDim = config.hiddenSize / config.heads
@@ -207,7 +214,7 @@ export const referenceDecoderLogits = (
       )
     )
   }
-  return linear(rmsNorm(x, w.norm, config.rmsNormEps), { weight: w.lmHead })
+  return rmsNorm(x, w.norm, config.rmsNormEps)
 }
 
 /** Rows of the embedding table for `ids`. */
