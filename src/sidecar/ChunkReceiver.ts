@@ -204,7 +204,15 @@ export class ChunkReceiver {
   }
 
   private store(frame: PeerChunk, offset: number | undefined) {
-    this.options.table.store(frame.id, frame.chunk, frame.numChunks ?? undefined, frame.meta, offset, "remote")
+    this.options.table.store(
+      frame.id,
+      frame.chunk,
+      frame.numChunks ?? undefined,
+      frame.meta,
+      offset,
+      "remote",
+      frame.readers ?? 1
+    )
   }
 
   private settle(seq: number, action: () => void) {

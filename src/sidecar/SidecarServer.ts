@@ -238,11 +238,11 @@ export class SidecarServer {
           reason: `a chunk of ${bytes} bytes does not fit its ${slots.slotBytes(offset)}-byte slot`
         })
       }
-      const { local, remotes } = this.destinations(request.to)
+      const { local, remotes, readers } = this.destinations(request.to)
       const numChunks = request.numChunks ?? undefined
       if (local) {
         held = false
-        table.store(request.id, request.chunk, numChunks, request.meta, offset, "local")
+        table.store(request.id, request.chunk, numChunks, request.meta, offset, "local", readers(this.options.nodeId))
       }
       // Each forward holds the slot itself, so it outlives a local receiver marking the chunk done.
       const header = {
@@ -252,7 +252,10 @@ export class SidecarServer {
         meta: request.meta,
         timeoutMs: request.timeoutMs
       }
-      const forwards = remotes.map((remote) => peers.sendChunk(remote, header, offset))
+      const forwards = remotes.map((remote) => {
+        const count = readers(remote)
+        return peers.sendChunk(remote, count === 1 ? header : { ...header, readers: count }, offset)
+      })
       if (held) slots.release(offset!)
       held = false
       await Promise.all(forwards)
@@ -281,7 +284,12 @@ export class SidecarServer {
       if (node !== nodeId && !peers.knows(node))
         throw new UnknownNode({ nodeId: node, known: [nodeId, ...peers.knownNodes] })
     }
-    return { local: to.includes(nodeId), remotes: [...new Set(to.filter((node) => node !== nodeId))] }
+    return {
+      local: to.includes(nodeId),
+      remotes: [...new Set(to.filter((node) => node !== nodeId))],
+      /** Receivers on `node`: it is named once for each. */
+      readers: (node: string) => to.filter((named) => named === node).length
+    }
   }
 
   /** The client gives up a slot it owns: one it allocated, or a spare, which then holds data. */

@@ -25,6 +25,8 @@ export interface StoredChunk {
   readonly offset: number | undefined
   readonly storedAt: number
   readonly readers: Set<Reader>
+  /** Receivers yet to mark it done: it is freed when the last has. */
+  pending: number
 }
 
 export type RecvResult = StoredChunk | "end"
@@ -89,7 +91,9 @@ export class TransferTable {
     numChunks: number | undefined,
     meta: PayloadMeta,
     offset: number | undefined,
-    origin: ChunkOrigin
+    origin: ChunkOrigin,
+    /** Receivers on this node, each of which marks it done. */
+    receivers = 1
   ): void {
     try {
       const transfer = this.transfer(id)
@@ -100,7 +104,15 @@ export class TransferTable {
           reason: `chunk ${chunk} is past the end of transfer "${id}" (${transfer.numChunks} chunks)`
         })
       }
-      const stored: StoredChunk = { id, chunk, meta, offset, storedAt: Date.now(), readers: new Set() }
+      const stored: StoredChunk = {
+        id,
+        chunk,
+        meta,
+        offset,
+        storedAt: Date.now(),
+        readers: new Set(),
+        pending: Math.max(1, receivers)
+      }
       transfer.chunks.set(chunk, stored)
       transfer.startedAt ??= performance.now()
       transfer.bytes += payloadBytes(meta)
@@ -162,12 +174,19 @@ export class TransferTable {
     })
   }
 
-  /** Frees one chunk, or (chunk undefined) every chunk of the transfer and its record. */
+  /**
+   * One receiver is done with one chunk, freed once every receiver it was sent to is; or (chunk
+   * undefined) every chunk of the transfer and its record are freed.
+   */
   markDone(id: string, chunk: number | undefined): void {
     const transfer = this.transfers.get(id)
     if (transfer === undefined) return
     if (chunk !== undefined) {
       const stored = transfer.chunks.get(chunk)
+      if (stored !== undefined && --stored.pending > 0) {
+        transfer.touchedAt = Date.now()
+        return
+      }
       if (stored !== undefined) this.free(transfer, stored)
       transfer.done.add(chunk)
       transfer.touchedAt = Date.now()

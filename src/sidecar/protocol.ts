@@ -48,12 +48,19 @@ const Release = Schema.TaggedStruct("Release", { offset: Count })
 /** A traceparent is 55 characters; room for a later version's. */
 const maxTraceChars = 256
 
+/** Receivers of one chunk on one node, at most: one entry of a send's `to` each. */
+export const maxReaders = 64
+
 export const Send = Schema.TaggedStruct("Send", {
   id: TransferId,
   chunk: Count,
   /** null: a stream whose length CloseStream gives later. */
   numChunks: Schema.NullOr(Positive),
-  to: Schema.NonEmptyArray(NodeId),
+  /**
+   * The nodes of the chunk's receivers, a node once for each receiver there: it is freed on a node
+   * once that many have marked it done there.
+   */
+  to: Schema.NonEmptyArray(NodeId).pipe(Schema.maxItems(maxReaders)),
   meta: PayloadMeta,
   /** How long a receiving node may wait for room in its arena. */
   timeoutMs: Count,
@@ -200,7 +207,9 @@ export const PeerChunk = Schema.TaggedStruct("PeerChunk", {
   chunk: Count,
   numChunks: Schema.NullOr(Positive),
   meta: PayloadMeta,
-  timeoutMs: Count
+  timeoutMs: Count,
+  /** Receivers on that node that each read the chunk and mark it done (1 when left out). */
+  readers: Schema.optional(Positive.pipe(Schema.lessThanOrEqualTo(maxReaders)))
 })
 const PeerClose = Schema.TaggedStruct("PeerClose", { seq: Count, id: TransferId, numChunks: Count })
 const PeerAck = Schema.TaggedStruct("PeerAck", { seq: Count })
@@ -313,7 +322,7 @@ const sendOf = (raw: Fields): Extract<ClientRequest, { _tag: "Send" }> | undefin
   if (!isName(id) || !isCount(chunk) || !isCount(timeoutMs) || !isCountOrNull(offset)) return undefined
   if (!(numChunks === null || (isCount(numChunks) && numChunks > 0)) || typeof spare !== "boolean") return undefined
   if (trace !== undefined && !(typeof trace === "string" && trace.length <= maxTraceChars)) return undefined
-  if (!Array.isArray(to) || to.length === 0 || !to.every(isName)) return undefined
+  if (!Array.isArray(to) || to.length === 0 || to.length > maxReaders || !to.every(isName)) return undefined
   const meta = payloadMetaOf(raw.meta)
   if (meta === undefined) return undefined
   return {

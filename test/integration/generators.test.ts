@@ -17,7 +17,7 @@ import { tinyMimi } from "../../src/models/recipes/RandomMimi.js"
 import { tinySpeechT5 } from "../../src/models/recipes/RandomSpeechT5.js"
 import { writeModelFiles } from "../models/support/SmolVlmFixture.js"
 import { offline } from "../models/support/TransformersJs.js"
-import { invoke, type RunningPlatform, repoRoot, runCli, startPlatform } from "../support/platform.js"
+import { adminHeaders, invoke, type RunningPlatform, repoRoot, runCli, startPlatform } from "../support/platform.js"
 
 /**
  * Generators through the real binary and OpenAI's client. Text to speech: examples/speak.ts (a SpeechSynthesisTask on the built-in
@@ -364,6 +364,61 @@ export default defineApp({
     expect(["stop", "length"]).toContain(finishReason)
     expect(generated!.shape[0] - tokenIds.length).toBeGreaterThanOrEqual(states!.shape[0])
     for (const { image } of answers) expect((await sharp(Buffer.from(image, "base64")).metadata()).width).toBe(16)
+  })
+
+  it("reads one image's embedding in two tasks on one node, and leaves nothing in the sidecar", async () => {
+    // The encoder's output goes to the LLM that paints from it and to the LLM that names the colour.
+    const file = join(root, "name_and_paint.ts")
+    await writeFile(
+      file,
+      `import { ChatCompletionRequest, CompositeTask, defineApp, EncoderTask, ImageGeneratorTask, LLMEmbeddingTask, LLMTask } from "cornserve/app"
+const model = "cornserve/tiny-color-vlm"
+class NameAndPaint extends CompositeTask<{ url: string }, any> {
+  readonly name = "name_and_paint"
+  private readonly encoder = this.use(new EncoderTask({ model, modality: "image" }))
+  private readonly embed = this.use(new LLMEmbeddingTask({ model, receiveEmbeddings: true }))
+  private readonly painter = this.use(new ImageGeneratorTask({ model: "cornserve/tiny-color-painter" }))
+  private readonly llm = this.use(new LLMTask({ model, receiveEmbeddings: true, maxBatchSize: 4 }))
+  compose({ url }: { url: string }) {
+    const { embeddings: [image] } = this.encoder.compose({ urls: [url] })
+    const messages = [{ role: "user" as const, content: [{ type: "image_url" as const, image_url: { url } }, { type: "text" as const, text: "What colour is this image?" }] }]
+    const { embeddings } = this.embed.compose({ messages, cornserveEmbeddings: [image!] })
+    const { image: painted } = this.painter.compose({ embeddings, width: 16, height: 16 })
+    const answer = this.llm.compose({ messages, cornserveEmbeddings: [image!], max_tokens: 4 })
+    return { painted, answer }
+  }
+}
+const nameAndPaint = new NameAndPaint()
+export default defineApp({
+  tasks: { nameAndPaint },
+  request: ChatCompletionRequest,
+  async *serve(request) {
+    const part = (request.messages[0]!.content as ReadonlyArray<{ type: string; image_url?: { url: string } }>).find((p) => p.type === "image_url")!
+    const { painted, answer } = await nameAndPaint.invoke({ url: part.image_url!.url })
+    let text = ""
+    for await (const chunk of answer) text += chunk.choices[0]?.delta.content ?? ""
+    yield { text, painted: painted.length }
+  }
+})
+`
+    )
+    const registered = await runCli(["app", "register", file], { CORNSERVE_GATEWAY_URL: platform.url })
+    expect(registered.code, registered.stderr).toBe(0)
+    const red =
+      "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+    const response = await invoke(
+      platform.url,
+      "name_and_paint",
+      JSON.stringify({ messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: red } }] }] })
+    )
+    const text = await response.text()
+    expect(response.status, text).toBe(200)
+    const answer = JSON.parse(text.trim().split("\n")[0]!) as { text: string; painted: number }
+    expect(answer.text.toLowerCase()).toContain("red")
+    expect(answer.painted).toBeGreaterThan(0)
+    // Nothing is left in the node's sidecar once both have read it.
+    const metrics = await (await fetch(`${platform.url}/metrics`, { headers: adminHeaders() })).text()
+    expect(metrics).toMatch(/^cornserve_sidecar_bytes_in_use\{node="[^"]+"\} 0$/m)
   })
 
   it("paints images for OpenAI's image generations: the size asked for, the colour named, seeded", async () => {

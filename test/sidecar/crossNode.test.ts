@@ -82,6 +82,18 @@ describe("between two nodes", () => {
     expect((await onB.stats()).bytesInUse).toBe(0)
   })
 
+  it("a chunk for two receivers on another node is freed there once both have marked it done", async () => {
+    const sent = pattern(1 * MiB, 9)
+    await onA.send("pair", sent, { to: ["node-b", "node-b"], chunk: 0, numChunks: 1 })
+    sameBytes(await onB.recv("pair", 0), sent)
+    await onB.markDone("pair", 0)
+    expect((await onB.stats()).bytesInUse).toBeGreaterThan(0)
+    sameBytes(await onB.recv("pair", 0), sent)
+    await onB.markDone("pair", 0)
+    expect((await onB.stats()).bytesInUse).toBe(0)
+    expect((await onA.stats()).bytesInUse).toBe(0)
+  })
+
   it("a full arena on the receiving node holds senders back until its executors mark data done", async () => {
     const parts = [0, 1, 2].map((i) => pattern(32 * MiB, i))
     await onA.send("remote-full-0", parts[0]!, { to: ["node-b"] })

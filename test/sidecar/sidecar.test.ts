@@ -187,6 +187,25 @@ describe("same-node transfers", () => {
     await expect(receiver.recv(id, 1, { timeoutMs: 100 })).rejects.toMatchObject({ _tag: "RecvTimeout" })
   })
 
+  it("keep a chunk sent to a node once for each of its receivers there until each has marked it done", async () => {
+    const id = nextId("two-readers")
+    const sent = sampleTensor("float32", [256, 4], 3)
+    // Two consumers of one datum on this node: the node is named twice.
+    await sender.send(id, sent, { to: [sidecar.nodeId, sidecar.nodeId], chunk: 0, numChunks: 1 })
+    expectSameTensor(await receiver.recv(id, 0), sent)
+    await receiver.markDone(id, 0)
+    // The first consumer is done; the second still reads it.
+    expect(await bytesInUse()).toBe(4096)
+    expectSameTensor(await sender.recv(id, 0), sent)
+    await sender.markDone(id, 0)
+    expect(await bytesInUse()).toBe(0)
+    await expect(receiver.recv(id, 0)).rejects.toMatchObject({ message: expect.stringMatching(/already marked done/) })
+    // A send may name at most 64 receivers.
+    await expect(
+      sender.send(nextId("crowd"), "x", { to: new Array<string>(65).fill(sidecar.nodeId) as [string, ...string[]] })
+    ).rejects.toMatchObject({ _tag: "InvalidRequest" })
+  })
+
   it("end a stream of unknown length with closeStream, also for a receiver already waiting past its end", async () => {
     const id = nextId("stream")
     const pastTheEnd = receiver.recv(id, 3)

@@ -37,8 +37,25 @@ export const wireDataForwards = (graph: TaskGraphWire): ReadonlyArray<DataWiring
 }
 
 /**
- * The nodes invocation `index` sends what it produces to: those of its consumers' executors, or its
- * own (`own`) when it forwards nothing.
+ * The nodes datum `id` goes to: the node of each of its consumers' executors, once for each
+ * consumer (each reads it and marks it done, and the sidecar frees it once all of them have).
+ */
+export const datumReceivers = (
+  wiring: ReadonlyArray<DataWiring>,
+  id: string,
+  nodeOf: (index: number) => string | undefined
+): ReadonlyArray<string> =>
+  (wiring.find((datum) => datum.id === id)?.consumers ?? []).flatMap((consumer) => {
+    const node = nodeOf(consumer)
+    return node === undefined ? [] : [node]
+  })
+
+/**
+ * The nodes invocation `index` sends what it produces to: the node of each of its consumers'
+ * executors, once for each consumer (see datumReceivers), or its own (`own`) when it forwards
+ * nothing. Where its data differ in their consumers, each node is named as often as it has
+ * consumers of one datum at most: a call that sends several data gives each its own receivers
+ * where its executor takes them (an encoder's items).
  */
 export const receiversOf = (
   wiring: ReadonlyArray<DataWiring>,
@@ -46,14 +63,16 @@ export const receiversOf = (
   nodeOf: (index: number) => string | undefined,
   own: string | undefined
 ): ReadonlyArray<string> => {
-  const nodes = new Set<string>()
+  const readers = new Map<string, number>()
   for (const datum of wiring) {
     if (datum.producer !== index) continue
+    const perNode = new Map<string, number>()
     for (const consumer of datum.consumers) {
       const node = nodeOf(consumer)
-      if (node !== undefined) nodes.add(node)
+      if (node !== undefined) perNode.set(node, (perNode.get(node) ?? 0) + 1)
     }
+    for (const [node, count] of perNode) readers.set(node, Math.max(readers.get(node) ?? 0, count))
   }
-  if (nodes.size > 0) return [...nodes]
+  if (readers.size > 0) return [...readers].flatMap(([node, count]) => new Array<string>(count).fill(node))
   return own === undefined ? [] : [own]
 }

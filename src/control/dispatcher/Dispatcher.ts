@@ -21,7 +21,7 @@ import {
 } from "../executor-calls/ExecutorCalls.js"
 import { RequestScope } from "../RequestScope.js"
 import { passThrough, timedChunks } from "./ChunkStreams.js"
-import { receiversOf, wireDataForwards } from "./DataWiring.js"
+import { datumReceivers, receiversOf, wireDataForwards } from "./DataWiring.js"
 import { withFailover } from "./Failover.js"
 import { type GraphRun, refusedWhileLeasing, spannedRuns } from "./GraphRuns.js"
 
@@ -201,7 +201,12 @@ const runGraph =
           attributes: { "cornserve.task": invocation.taskId, "cornserve.cache": "hit" }
         })
         try {
-          const result = await fromCache({ receivers: receivers(index), modalities, signal: controller.signal })
+          const result = await fromCache({
+            receivers: receivers(index),
+            receiversOf: (id) => datumReceivers(wiring, id, nodeOf),
+            modalities,
+            signal: controller.signal
+          })
           cacheSpan.end()
           return result
         } catch (error) {
@@ -245,6 +250,7 @@ const runGraph =
       try {
         const result = await call(lease.url, invocation, {
           receivers: receivers(index),
+          receiversOf: (id) => datumReceivers(wiring, id, nodeOf),
           modalities,
           signal: callSignal.signal,
           ...(environment.credential === undefined ? {} : { credential: environment.credential }),

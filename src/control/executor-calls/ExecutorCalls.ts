@@ -92,7 +92,9 @@ export const embedFromCache = (
   for (const _ of hits) caching.observe(invocation.taskId, "hit")
   return async (context) => {
     await Promise.all(
-      hits.map((hit, index) => caching.forward(output.embeddings[index]!, hit.chunks, context.receivers))
+      hits.map((hit, index) =>
+        caching.forward(output.embeddings[index]!, hit.chunks, receiversOf(context, output.embeddings[index]!))
+      )
     )
     return { output: invocation.output }
   }
@@ -117,6 +119,12 @@ export const producedModalities = (invocations: ReadonlyArray<TaskInvocationWire
       })
   )
 
+/** Where datum `id` goes: its own receivers when the call knows them, else the call's. */
+const receiversOf = (context: CallContext, id: string): ReadonlyArray<string> => {
+  const own = context.receiversOf?.(id)
+  return own === undefined || own.length === 0 ? context.receivers : own
+}
+
 /**
  * An encoder call. With the cache: items in it are forwarded from it; the others go to the encoder,
  * those with a key (a `data:` URL) sent to this node to be cached and forwarded from here.
@@ -138,7 +146,7 @@ const embed = async (url: string, invocation: TaskInvocationWire, context: CallC
     return { id, url: itemUrl, key, hit, capture: key === undefined || hit !== undefined ? undefined : randomId() }
   })
   const forwarded = items.flatMap((item) =>
-    item.hit === undefined ? [] : [caching!.forward(item.id, item.hit.chunks, context.receivers)]
+    item.hit === undefined ? [] : [caching!.forward(item.id, item.hit.chunks, receiversOf(context, item.id))]
   )
   const missing = items.filter((item) => item.hit === undefined)
   if (missing.length > 0) {
@@ -146,7 +154,7 @@ const embed = async (url: string, invocation: TaskInvocationWire, context: CallC
       id: item.capture ?? item.id,
       modality: config.modality,
       url: item.url,
-      ...(item.capture === undefined ? {} : { receivers: [caching!.node] })
+      receivers: item.capture === undefined ? receiversOf(context, item.id) : [caching!.node]
     }))
     if (!Arr.isNonEmptyArray(requested)) throw new InvalidTaskGraph({ message: "an encoder call with no items" })
     const body: EmbeddingsRequest = {
@@ -162,7 +170,7 @@ const embed = async (url: string, invocation: TaskInvocationWire, context: CallC
         if (item.capture === undefined) continue
         const chunks = await caching!.take(item.capture)
         caching!.cache.set(item.key!, cachedEmbedding(chunks))
-        forwarded.push(caching!.forward(item.id, chunks, context.receivers))
+        forwarded.push(caching!.forward(item.id, chunks, receiversOf(context, item.id)))
       }
     } catch (error) {
       // What the encoder sent here for the cache would otherwise stay in the sidecar until its TTL.

@@ -23,8 +23,13 @@ export interface CallContext {
    * without it is refused (401).
    */
   readonly credential?: string
-  /** The node whose executors consume forwarded data (one node for now). */
+  /**
+   * The nodes whose executors consume the data the call forwards, a node once for each consumer
+   * there (the sidecar frees a datum once each has marked it done).
+   */
   readonly receivers: ReadonlyArray<string>
+  /** One datum's receivers, where the call's data differ in their consumers (see `receivers`). */
+  readonly receiversOf?: (id: string) => ReadonlyArray<string>
   /** The modality of each forwarded datum an encoder produces, by id. */
   readonly modalities: ReadonlyMap<string, Modality>
   readonly signal: AbortSignal

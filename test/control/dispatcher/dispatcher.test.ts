@@ -8,6 +8,7 @@ import {
   type TaskInvocationWire
 } from "../../../src/app-runtime/tasks/TaskGraph.js"
 import { makeDispatch, wireDataForwards } from "../../../src/control/dispatcher/Dispatcher.js"
+import { datumReceivers, receiversOf } from "../../../src/control/dispatcher/DataWiring.js"
 import { BusyClock } from "../../../src/metrics/BusyClock.js"
 import { TaskManagers } from "../../../src/control/task-manager/TaskManagers.js"
 import { answerJson, cpuGroups, refuse, StandInExecutor, standInKind } from "../../support/standInExecutors.js"
@@ -64,6 +65,29 @@ describe("wireDataForwards", () => {
       ])
     )
     expect(wiring).toHaveLength(3)
+  })
+
+  it("names a datum's node once for each of its consumers there, so that the sidecar keeps it for each", () => {
+    const graph = graphOf(
+      encoderCall("encoder-image", ["img1", "img2"]),
+      encoderCall("encoder-audio", ["aud1"]),
+      llmCall("llm-first", ["img1", "aud1"]),
+      llmCall("llm-second", ["img2", "img1"])
+    )
+    const wiring = wireDataForwards(graph)
+    if (typeof wiring === "string") throw new Error(wiring)
+    // The LLMs on two nodes, then on one.
+    const apart = (index: number) => (index === 3 ? "node-b" : "node-a")
+    expect(datumReceivers(wiring, "img1", apart)).toEqual(["node-a", "node-b"])
+    expect(datumReceivers(wiring, "img2", apart)).toEqual(["node-b"])
+    const together = () => "node-a"
+    expect(datumReceivers(wiring, "img1", together)).toEqual(["node-a", "node-a"])
+    expect(datumReceivers(wiring, "img2", together)).toEqual(["node-a"])
+    // The encoder's call as a whole: as many as its most-read datum has (each item gets its own).
+    expect(receiversOf(wiring, 0, together, "node-a")).toEqual(["node-a", "node-a"])
+    expect(receiversOf(wiring, 1, together, "node-a")).toEqual(["node-a"])
+    // An invocation that forwards nothing: its own node.
+    expect(receiversOf(wiring, 3, together, "node-c")).toEqual(["node-c"])
   })
 
   it("answers an empty wiring for a graph that forwards nothing", () => {
@@ -236,7 +260,7 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
     expect(sent).not.toBe("img1")
     expect(sent).toMatch(/^[0-9a-f]{32}$/)
     expect(embedRequest.body).toEqual({
-      items: [{ id: sent, modality: "image", url: "https://example.com/img1.png" }],
+      items: [{ id: sent, modality: "image", url: "https://example.com/img1.png", receivers: ["node-test"] }],
       receivers: ["node-test"],
       return: "sidecar"
     })
