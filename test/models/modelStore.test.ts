@@ -53,7 +53,8 @@ describe("buildModel", () => {
       "cornserve/tiny-whisper",
       "cornserve/tiny-speecht5",
       "cornserve/tiny-janus",
-      "cornserve/tiny-mimi"
+      "cornserve/tiny-mimi",
+      "cornserve/tiny-talker"
     ])
     expect(benchModelNames).toEqual([
       "bench/vit-b16",
