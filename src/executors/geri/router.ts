@@ -12,10 +12,10 @@ import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import * as Effect from "effect/Effect"
 import { isJanus } from "../../models/JanusModel.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
-import { RecvTimeout } from "../../sidecar/errors.js"
-import { type Payload, SidecarClient } from "../../sidecar/SidecarClient.js"
+import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
-import { BadRequest, EmbeddingMissing } from "../common/errors.js"
+import { BadRequest } from "../common/errors.js"
+import { receiveRows } from "../common/SidecarRows.js"
 import { mediaSourceOptionsOf } from "../common/media/MediaSource.js"
 import { errorAnswer, RequestSpan, type RouterKind, workItemContext } from "../common/Router.js"
 import { inSpan } from "../../tracing/Tracing.js"
@@ -111,39 +111,23 @@ export const routerKind: RouterKind = {
 
       /** Every chunk of each id, in order, as one [rows, hidden] float32 tensor; the chunks are then released. */
       const takeEmbeddings = async (ids: ReadonlyArray<string>, skip: number): Promise<Tensor<"float32">> => {
-        const rows: Array<Float32Array> = []
-        let hidden = 0
+        const parts: Array<Float32Array> = []
+        let hidden: number | undefined
         for (const id of ids) {
-          for (let chunk = 0; ; chunk++) {
-            let payload: Payload | undefined
-            try {
-              payload = await sidecar.recv(id, chunk, { timeoutMs: config.embeddingWaitMs })
-            } catch (error) {
-              if (chunk === 0 && error instanceof RecvTimeout)
-                throw new EmbeddingMissing({
-                  message: `embedding ${id} did not arrive within ${config.embeddingWaitMs} ms`
-                })
-              throw error
-            }
-            if (payload === undefined) break
-            if (!(payload instanceof Tensor) || payload.dtype !== "float32" || payload.shape.length !== 2) {
-              throw new BadRequest({ message: `embedding ${id} chunk ${chunk} is not a float32 [rows, hidden] tensor` })
-            }
-            hidden = payload.shape[1]!
-            rows.push((payload.data as Float32Array).slice())
-            await sidecar.markDone(id, chunk)
-          }
+          const { rows, width } = await receiveRows(sidecar, id, config.embeddingWaitMs, "embedding", hidden)
+          hidden = width
+          parts.push(rows)
         }
-        const joined = new Float32Array(rows.reduce((sum, part) => sum + part.length, 0))
+        const joined = new Float32Array(parts.reduce((sum, part) => sum + part.length, 0))
         let at = 0
-        for (const part of rows) {
+        for (const part of parts) {
           joined.set(part, at)
           at += part.length
         }
-        const count = hidden === 0 ? 0 : joined.length / hidden
+        const count = !hidden ? 0 : joined.length / hidden
         if (count <= skip)
           throw new BadRequest({ message: `the embeddings have ${count} rows, not more than skipTokens (${skip})` })
-        return new Tensor("float32", [count - skip, hidden], joined.subarray(skip * hidden))
+        return new Tensor("float32", [count - skip, hidden!], joined.subarray(skip * hidden!))
       }
 
       /** The engine's results for one item, cancelled with the request. */

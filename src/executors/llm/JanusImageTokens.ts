@@ -18,12 +18,13 @@ import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import type { EngineClient } from "../common/EngineClient.js"
 import type { ExecutorConfig } from "../common/ExecutorConfig.js"
-import { BadRequest, ContextLengthExceeded, ModelNotFound } from "../common/errors.js"
+import { BadRequest, ContextLengthExceeded } from "../common/errors.js"
 import { errorAnswer, RequestSpan, workItemContext } from "../common/Router.js"
 import { inSpan } from "../../tracing/Tracing.js"
-import { ImageTokensRequest, type ImageTokensResponse, type LlmStats, type ModelList } from "./api.js"
+import { ImageTokensRequest, type ImageTokensResponse } from "./api.js"
 import { contextLength, kvBudget } from "./Limits.js"
-import type { GenerateMeta, GenerateResult, LlmRequestMeta, SamplingParams, TokenPartial } from "./protocol.js"
+import { modelRoutes } from "./ModelRoutes.js"
+import type { GenerateMeta, GenerateResult, SamplingParams, TokenPartial } from "./protocol.js"
 
 const imageTemplate = "text_to_image"
 
@@ -48,15 +49,11 @@ export const janusRouter = (config: ExecutorConfig, engine: EngineClient, model:
             (client) => Effect.promise(() => client.close())
           )
     const maxModelLength = spec.maxPositions ?? contextLength(model)
-    const created = Math.floor(Date.now() / 1000)
     yield* Effect.logInfo(
       `${config.model}: Janus image generation, ${spec.imageTokens} tokens an image, guidance scale ${spec.guidanceScale ?? "none"}`
     )
 
-    const checkModel = (name: string | undefined) =>
-      name === undefined || name === config.model
-        ? Effect.void
-        : Effect.fail(new ModelNotFound({ message: `this executor serves "${config.model}", not "${name}"` }))
+    const { checkModel, models, stats } = modelRoutes(config.model, engine, maxModelLength)
 
     const imageOnly = Effect.fail(
       new BadRequest({
@@ -119,20 +116,6 @@ export const janusRouter = (config: ExecutorConfig, engine: EngineClient, model:
       return HttpServerResponse.unsafeJson(answer)
     }).pipe(Effect.catchAll(errorAnswer))
 
-    const stats = Effect.gen(function* () {
-      const result = yield* engine.runOne<LlmStats>({
-        key: "stats",
-        inputs: {},
-        meta: { op: "stats" } satisfies LlmRequestMeta
-      })
-      return HttpServerResponse.unsafeJson(result)
-    }).pipe(Effect.catchAll(errorAnswer))
-
-    const models: ModelList = {
-      object: "list",
-      data: [{ id: config.model, object: "model", created, owned_by: "cornserve", max_model_len: maxModelLength }]
-    }
-
     return {
       info: {
         modalities: [],
@@ -144,10 +127,7 @@ export const janusRouter = (config: ExecutorConfig, engine: EngineClient, model:
       },
       routes: HttpRouter.empty.pipe(
         HttpRouter.post("/v1/chat/completions", imageOnly),
-        HttpRouter.get(
-          "/v1/models",
-          Effect.sync(() => HttpServerResponse.unsafeJson(models))
-        ),
+        HttpRouter.get("/v1/models", models),
         HttpRouter.post("/v1/cornserve/prompt-embeddings", imageOnly),
         HttpRouter.post("/v1/cornserve/image-tokens", imageTokens),
         HttpRouter.get("/v1/cornserve/stats", stats)

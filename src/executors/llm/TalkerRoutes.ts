@@ -14,17 +14,17 @@ import * as Effect from "effect/Effect"
 import * as Stream from "effect/Stream"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { talkerSpec } from "../../models/TalkerModel.js"
-import { RecvTimeout } from "../../sidecar/errors.js"
-import { type Payload, SidecarClient } from "../../sidecar/SidecarClient.js"
-import { Tensor } from "../../sidecar/Tensor.js"
+import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import type { EngineClient } from "../common/EngineClient.js"
 import type { ExecutorConfig } from "../common/ExecutorConfig.js"
-import { BadRequest, ContextLengthExceeded, EmbeddingMissing, ModelNotFound } from "../common/errors.js"
+import { BadRequest, ContextLengthExceeded } from "../common/errors.js"
+import { receiveRows } from "../common/SidecarRows.js"
 import { answeredFailure, errorAnswer, errorBody, workItemContext } from "../common/Router.js"
 import type { WorkItem } from "../common/wire.js"
-import { type LlmStats, type ModelList, TalkRequest, type TalkLine } from "./api.js"
+import { TalkRequest, type TalkLine } from "./api.js"
 import { contextLength, kvBudget } from "./Limits.js"
-import type { GenerateMeta, GenerateResult, LlmRequestMeta, TokenPartial } from "./protocol.js"
+import { modelRoutes } from "./ModelRoutes.js"
+import type { GenerateMeta, GenerateResult, TokenPartial } from "./protocol.js"
 
 const ndjson = (line: TalkLine) => Buffer.from(`${JSON.stringify(line)}\n`)
 
@@ -40,15 +40,11 @@ export const talkerRouter = (config: ExecutorConfig, engine: EngineClient, model
       (client) => Effect.promise(() => client.close())
     )
     const maxModelLength = spec.maxPositions ?? contextLength(model)
-    const created = Math.floor(Date.now() / 1000)
     yield* Effect.logInfo(
       `${config.model}: a talker, ${spec.codebooks} codebooks of ${spec.codebookSize} codes at ${spec.frameRate} frames a second`
     )
 
-    const checkModel = (name: string | undefined) =>
-      name === undefined || name === config.model
-        ? Effect.void
-        : Effect.fail(new ModelNotFound({ message: `this executor serves "${config.model}", not "${name}"` }))
+    const { checkModel, models, stats } = modelRoutes(config.model, engine, maxModelLength)
 
     const talkOnly = Effect.fail(
       new BadRequest({
@@ -56,47 +52,14 @@ export const talkerRouter = (config: ExecutorConfig, engine: EngineClient, model
       })
     ).pipe(Effect.catchAll(errorAnswer))
 
-    /** Every chunk of the hidden states, in order, as [rows, thinker hidden]; the chunks are then released. */
-    const hiddenStates = async (id: string): Promise<Float32Array> => {
-      const parts: Array<Float32Array> = []
-      for (let chunk = 0; ; chunk++) {
-        let payload: Payload | undefined
-        try {
-          payload = await sidecar.recv(id, chunk, { timeoutMs: config.embeddingWaitMs })
-        } catch (error) {
-          if (chunk === 0 && error instanceof RecvTimeout)
-            throw new EmbeddingMissing({
-              message: `hidden states ${id} did not arrive within ${config.embeddingWaitMs} ms`
-            })
-          throw error
-        }
-        if (payload === undefined) break
-        const fits =
-          payload instanceof Tensor &&
-          payload.dtype === "float32" &&
-          payload.shape.length === 2 &&
-          payload.shape[1] === spec.thinkerHiddenSize
-        // Copied before the chunk is released: its memory is the sidecar's.
-        if (fits) parts.push(((payload as Tensor).data as Float32Array).slice())
-        await sidecar.markDone(id, chunk)
-        if (!fits)
-          throw new BadRequest({
-            message: `hidden states ${id} chunk ${chunk} is not a float32 [rows, ${spec.thinkerHiddenSize}] tensor: this talker reads a thinker ${spec.thinkerHiddenSize} wide`
-          })
-      }
-      const data = new Float32Array(parts.reduce((sum, part) => sum + part.length, 0))
-      let at = 0
-      for (const part of parts) {
-        data.set(part, at)
-        at += part.length
-      }
-      return data
-    }
-
     const talk = Effect.gen(function* () {
       const body = yield* HttpServerRequest.schemaBodyJson(TalkRequest)
       yield* checkModel(body.model)
-      const states = yield* Effect.tryPromise({ try: () => hiddenStates(body.embeddings), catch: (error) => error })
+      const { rows: states } = yield* Effect.tryPromise({
+        try: () =>
+          receiveRows(sidecar, body.embeddings, config.embeddingWaitMs, "hidden states", spec.thinkerHiddenSize),
+        catch: (error) => error
+      })
       const rows = states.length / spec.thinkerHiddenSize
       if (rows === 0) return yield* new BadRequest({ message: `hidden states ${body.embeddings} are empty` })
       const maxFrames = body.maxFrames ?? spec.defaultMaxFrames
@@ -142,20 +105,6 @@ export const talkerRouter = (config: ExecutorConfig, engine: EngineClient, model
       return HttpServerResponse.stream(lines, { contentType: "application/x-ndjson" })
     }).pipe(Effect.catchAll(errorAnswer))
 
-    const stats = Effect.gen(function* () {
-      const result = yield* engine.runOne<LlmStats>({
-        key: "stats",
-        inputs: {},
-        meta: { op: "stats" } satisfies LlmRequestMeta
-      })
-      return HttpServerResponse.unsafeJson(result)
-    }).pipe(Effect.catchAll(errorAnswer))
-
-    const models: ModelList = {
-      object: "list",
-      data: [{ id: config.model, object: "model", created, owned_by: "cornserve", max_model_len: maxModelLength }]
-    }
-
     return {
       info: {
         modalities: [],
@@ -167,10 +116,7 @@ export const talkerRouter = (config: ExecutorConfig, engine: EngineClient, model
       },
       routes: HttpRouter.empty.pipe(
         HttpRouter.post("/v1/chat/completions", talkOnly),
-        HttpRouter.get(
-          "/v1/models",
-          Effect.sync(() => HttpServerResponse.unsafeJson(models))
-        ),
+        HttpRouter.get("/v1/models", models),
         HttpRouter.post("/v1/cornserve/prompt-embeddings", talkOnly),
         HttpRouter.post("/v1/cornserve/kv-prefill", talkOnly),
         HttpRouter.post("/v1/cornserve/talk", talk),

@@ -25,7 +25,7 @@ import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { type LiteralPrompt, type Marker, type Marks, unmark } from "../../models/SpecialTokenText.js"
 import { ChatTemplateError, ChatTokenizer } from "../../models/Tokenizer.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
-import { BadRequest, ContextLengthExceeded, EmptyPrompt, ModelNotFound } from "../common/errors.js"
+import { BadRequest, ContextLengthExceeded, EmptyPrompt } from "../common/errors.js"
 import { checkMediaItemCount } from "../common/media/MediaLimits.js"
 import {
   answeredFailure,
@@ -52,7 +52,6 @@ import {
   type FinishReason,
   type LlmChunk,
   type LlmStats,
-  type ModelList,
   type Usage
 } from "./api.js"
 import type { ResponseFormat } from "./Constraints.js"
@@ -67,13 +66,14 @@ import {
 } from "./ToolCalls.js"
 import { janusRouter } from "./JanusImageTokens.js"
 import { talkerRouter } from "./TalkerRoutes.js"
+import { modelRoutes } from "./ModelRoutes.js"
 import { type KvTransferContext, kvPrefillRoute, receiveKv, releaseKv } from "./KvTransferRoutes.js"
 import { type PromptSource, promptEmbeddingsRoute, type SamplingFields } from "./PromptEmbeddingsRoute.js"
 import { contextLength, kvBudget } from "./Limits.js"
 import { makeMediaInputs } from "./MediaInputs.js"
 import { markClientTexts, type MediaPart, mediaParts, PromptError, templateMessages } from "./Prompt.js"
 import { bytesPerToken, fewestTokens } from "./PromptBytes.js"
-import type { GenerateMeta, LlmRequestMeta, PromptInput, SamplingParams } from "./protocol.js"
+import type { GenerateMeta, PromptInput, SamplingParams } from "./protocol.js"
 import { checkSchemaBounds, SchemaTooLarge } from "./structured/SchemaBounds.js"
 
 const sseLine = (data: unknown) =>
@@ -124,12 +124,7 @@ export const routerKind: RouterKind = {
       const generation = yield* Effect.try({ try: () => GenerationConfig.of(model), catch: (error) => error as Error })
       const stopTokenIds = generation.eosTokenIds
       const defaults = generation.sampling
-      const created = Math.floor(Date.now() / 1000)
-
-      const checkModel = (name: string | undefined) =>
-        name === undefined || name === config.model
-          ? Effect.void
-          : Effect.fail(new ModelNotFound({ message: `this executor serves "${config.model}", not "${name}"` }))
+      const { checkModel, models, stats } = modelRoutes(config.model, engine, maxModelLength, { decoder })
 
       /**
        * The chat template over the messages, with the client's texts in them and in the tools
@@ -656,20 +651,6 @@ export const routerKind: RouterKind = {
         sampling
       })
 
-      const stats = Effect.gen(function* () {
-        const result = yield* engine.runOne<LlmStats>({
-          key: "stats",
-          inputs: {},
-          meta: { op: "stats" } satisfies LlmRequestMeta
-        })
-        return HttpServerResponse.unsafeJson({ decoder, ...result })
-      }).pipe(Effect.catchAll(errorAnswer))
-
-      const models: ModelList = {
-        object: "list",
-        data: [{ id: config.model, object: "model", created, owned_by: "cornserve", max_model_len: maxModelLength }]
-      }
-
       return {
         info: {
           modalities: media.accepted,
@@ -680,10 +661,7 @@ export const routerKind: RouterKind = {
         },
         routes: HttpRouter.empty.pipe(
           HttpRouter.post("/v1/chat/completions", chatCompletions),
-          HttpRouter.get(
-            "/v1/models",
-            Effect.sync(() => HttpServerResponse.unsafeJson(models))
-          ),
+          HttpRouter.get("/v1/models", models),
           HttpRouter.post("/v1/cornserve/prompt-embeddings", promptEmbeddings),
           HttpRouter.post("/v1/cornserve/kv-prefill", kvPrefillRoute(kvContext)),
           HttpRouter.get("/v1/cornserve/stats", stats)
