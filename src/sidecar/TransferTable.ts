@@ -53,6 +53,13 @@ interface Transfer {
 export type ChunkOrigin = "local" | "remote"
 
 /** Every chunk of the transfer has been marked done (its count known). */
+/** A record with nothing in it: no chunk stored or done, nobody waiting, no length known. */
+const isEmpty = (transfer: Transfer): boolean =>
+  transfer.chunks.size === 0 &&
+  transfer.done.size === 0 &&
+  transfer.waiters.size === 0 &&
+  transfer.numChunks === undefined
+
 const finished = (transfer: Transfer): boolean =>
   transfer.numChunks !== undefined && transfer.done.size >= transfer.numChunks
 
@@ -160,6 +167,8 @@ export class TransferTable {
       }
       const timeout = () => {
         finish()
+        // A wait for data that never came leaves no record of it behind.
+        if (this.transfers.get(id) === transfer && isEmpty(transfer)) this.transfers.delete(id)
         this.counters.recvTimeouts++
         reject(new RecvTimeout({ id, chunk, waitedMs: timeoutMs }))
       }

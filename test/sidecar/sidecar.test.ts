@@ -158,10 +158,13 @@ describe("same-node transfers", () => {
     expectSameTensor(await waiting, tensor)
     await receiver.markDone(id)
 
+    const active = (await sender.stats()).transfersActive
     await expect(receiver.recv(nextId("never-sent"), 0, { timeoutMs: 200 })).rejects.toMatchObject({
       _tag: "RecvTimeout",
       message: expect.stringMatching(/chunk 0 of transfer "never-sent-\d+" did not arrive within 200 ms/)
     })
+    // The wait leaves no record of the transfer that never came.
+    expect((await sender.stats()).transfersActive).toBe(active)
   })
 
   it("give the same view on every receive until the chunk is marked done, which frees its slot", async () => {
