@@ -9,24 +9,21 @@
 import { randomInt } from "node:crypto"
 import * as HttpRouter from "@effect/platform/HttpRouter"
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
-import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import * as Effect from "effect/Effect"
-import * as Stream from "effect/Stream"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { talkerSpec } from "../../models/TalkerModel.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import type { EngineClient } from "../common/EngineClient.js"
 import type { ExecutorConfig } from "../common/ExecutorConfig.js"
 import { BadRequest, ContextLengthExceeded } from "../common/errors.js"
+import { ndjsonAnswer } from "../common/NdjsonAnswer.js"
 import { receiveRows } from "../common/SidecarRows.js"
-import { answeredFailure, errorAnswer, errorBody, workItemContext } from "../common/Router.js"
+import { errorAnswer, workItemContext } from "../common/Router.js"
 import type { WorkItem } from "../common/wire.js"
 import { TalkRequest, type TalkLine } from "./api.js"
 import { contextLength, kvBudget } from "./Limits.js"
 import { modelRoutes } from "./ModelRoutes.js"
 import type { GenerateMeta, GenerateResult, TokenPartial } from "./protocol.js"
-
-const ndjson = (line: TalkLine) => Buffer.from(`${JSON.stringify(line)}\n`)
 
 export const talkerRouter = (config: ExecutorConfig, engine: EngineClient, model: ModelDirectory) =>
   Effect.gen(function* () {
@@ -82,27 +79,22 @@ export const talkerRouter = (config: ExecutorConfig, engine: EngineClient, model
         }
       }
       const item: WorkItem<GenerateMeta> = { key: meta.op, inputs: {}, meta, ...(yield* workItemContext) }
-      const lines = Stream.async<Uint8Array>((emit) => {
+      return ndjsonAnswer<GenerateResult, TokenPartial>(engine, item, (send) => {
         let frames = 0
-        const submitted = engine.submit<GenerateResult, TokenPartial>([item], (_, partial) => {
-          if (partial.frame === undefined) return
-          frames++
-          void emit.single(ndjson({ frame: partial.frame }))
-        })
-        submitted.results.then(
-          ([result]) => {
-            const finishReason = result!.finishReason === "stop" ? "stop" : "length"
-            void emit.single(ndjson({ done: true, frames, finishReason, frameRate: spec.frameRate }))
-            void emit.end()
+        return {
+          partial: (value) => {
+            if (value.frame === undefined) return
+            frames++
+            send({ frame: value.frame } satisfies TalkLine)
           },
-          (failure: unknown) => {
-            void emit.single(ndjson(errorBody(Effect.runSync(answeredFailure(failure)))))
-            void emit.end()
-          }
-        )
-        return Effect.sync(() => engine.cancel(submitted.id))
+          done: (result): TalkLine => ({
+            done: true,
+            frames,
+            finishReason: result.finishReason === "stop" ? "stop" : "length",
+            frameRate: spec.frameRate
+          })
+        }
       })
-      return HttpServerResponse.stream(lines, { contentType: "application/x-ndjson" })
     }).pipe(Effect.catchAll(errorAnswer))
 
     return {
