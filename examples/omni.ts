@@ -2,12 +2,13 @@
  * A model that answers in text and speech, as OpenAI's chat answers audio: post a chat with
  * `"modalities": ["text", "audio"]` and `"audio": { "voice": "alloy", "format": "wav" }` to
  * `/app/omni/v1/chat/completions`. A thinker (the LLM) answers the question, an image's or a
- * tone's; its hidden states go through the sidecar to a talker, an LLM that writes a neural audio
- * codec's frames from them, a frame (all 8 codebooks) a step; the frames are decoded to 24 kHz
- * audio by the codec on Geri piece by piece as the talker writes them. Streamed (`"stream": true`),
- * the text comes first as `delta.audio.transcript`, then the audio as `delta.audio.data` chunks
- * (PCM16, base64) while the talker is still writing; whole, the answer's `message.audio` holds the
- * file and its transcript. Without "audio" in `modalities` the thinker's text streams as a chat's.
+ * tone's; its hidden states stream through the sidecar to a talker, an LLM that writes a neural
+ * audio codec's frames from them, a frame (all 8 codebooks) a step, starting from the prompt's and
+ * taking each word's as the thinker says it; the frames are decoded to 24 kHz audio by the codec
+ * on Geri piece by piece as the talker writes them. Streamed (`"stream": true`), the text comes
+ * as `delta.audio.transcript` pieces as the thinker says them, among the audio's `delta.audio.data`
+ * chunks (PCM16, base64); whole, the answer's `message.audio` holds the file and its transcript.
+ * Without "audio" in `modalities` the thinker's text streams as a chat's.
  *
  * The built-in models: `cornserve/tiny-color-vlm` thinks (it names an image's colour), the
  * random-weight `cornserve/tiny-talker` writes `cornserve/tiny-mimi`'s codes from its hidden
@@ -25,9 +26,10 @@ import {
   type LLMEmbeddingOutput,
   LLMEmbeddingTask,
   LLMTask,
+  type TalkerOutput,
   TalkerTask,
-  type TaskStream,
-  type TalkerFrame
+  type TalkerTextDone,
+  type TaskStream
 } from "cornserve/app"
 
 const thinkerModel = "cornserve/tiny-color-vlm"
@@ -40,29 +42,38 @@ const maxPieceFrames = 40
 type ChatRequest = typeof ChatCompletionRequest.Type
 
 interface Spoken {
-  readonly completion: LLMEmbeddingOutput["completion"]
+  /** The prompt's hidden states: a row a prompt token. */
   readonly shape: LLMEmbeddingOutput["shape"]
-  readonly frames: TaskStream<TalkerFrame>
+  /** The talker's frames, with the thinker's text among them as it comes. */
+  readonly frames: TaskStream<TalkerOutput>
 }
 
-/** The thinker answers and forwards its hidden states; the talker writes codec frames from them. */
+/**
+ * The thinker answers, streaming its hidden states (the prompt's, then each token's) and its text;
+ * the talker writes codec frames from them as they come, and passes the text on.
+ */
 class ThinkAndTalk extends CompositeTask<ChatRequest, Spoken> {
   readonly name = "think_and_talk"
   private readonly thinker = this.use(
-    new LLMEmbeddingTask({ model: thinkerModel, source: "hidden_states", generate: true })
+    new LLMEmbeddingTask({ model: thinkerModel, source: "hidden_states", generate: "stream" })
   )
   private readonly talker = this.use(new TalkerTask({ model: "cornserve/tiny-talker" }))
 
   compose(request: ChatRequest): Spoken {
-    const { embeddings, completion, shape } = this.thinker.compose({
+    const { embeddings, transcript, shape } = this.thinker.compose({
       messages: request.messages,
       ...(request.max_tokens == null ? {} : { max_tokens: request.max_tokens }),
       ...(request.max_completion_tokens == null ? {} : { max_completion_tokens: request.max_completion_tokens }),
       ...(request.temperature == null ? {} : { temperature: request.temperature }),
       ...(request.seed == null ? {} : { seed: request.seed })
     })
-    const frames = this.talker.compose({ embeddings, ...(request.seed == null ? {} : { seed: request.seed }) })
-    return { completion, shape, frames }
+    const frames = this.talker.compose({
+      embeddings,
+      trailing: true,
+      ...(transcript === undefined ? {} : { transcript }),
+      ...(request.seed == null ? {} : { seed: request.seed })
+    })
+    return { shape, frames }
   }
 }
 
@@ -108,7 +119,7 @@ export default defineApp({
       yield* await thinker.invoke(request)
       return
     }
-    const { completion, shape, frames } = await speaker.invoke(request)
+    const { shape, frames } = await speaker.invoke(request)
     const id = `chatcmpl-${randomUUID()}`
     const created = Math.floor(Date.now() / 1000)
     const chunk = (
@@ -121,12 +132,21 @@ export default defineApp({
       model: thinkerModel,
       choices: [{ index: 0, delta, finish_reason: finish }]
     })
-    yield chunk({ role: "assistant", audio: { id: `audio-${randomUUID()}`, transcript: completion?.text ?? "" } })
+    yield chunk({ role: "assistant", audio: { id: `audio-${randomUUID()}`, transcript: "" } })
     const said: Array<ReadonlyArray<number>> = []
     let spoken = 0
     let piece = firstPieceFrames
-    for await (const { frame } of frames) {
-      said.push(frame)
+    let text: TalkerTextDone["textDone"] | undefined
+    for await (const item of frames) {
+      if ("text" in item) {
+        yield chunk({ audio: { transcript: item.text } })
+        continue
+      }
+      if ("textDone" in item) {
+        text = item.textDone
+        continue
+      }
+      said.push(item.frame)
       if (said.length - spoken < piece) continue
       for await (const data of decoded(said, spoken, said.length)) yield chunk({ audio: { data } })
       spoken = said.length
@@ -134,9 +154,9 @@ export default defineApp({
     }
     if (spoken < said.length)
       for await (const data of decoded(said, spoken, said.length)) yield chunk({ audio: { data } })
-    yield chunk({}, completion?.finishReason === "length" ? "length" : "stop")
+    yield chunk({}, text?.finishReason === "length" ? "length" : "stop")
     if (request.stream_options?.include_usage === true && shape !== undefined) {
-      const completionTokens = completion?.tokenIds.length ?? 0
+      const completionTokens = text?.completionTokens ?? 0
       yield {
         id,
         object: "chat.completion.chunk",
@@ -144,9 +164,9 @@ export default defineApp({
         model: thinkerModel,
         choices: [],
         usage: {
-          prompt_tokens: shape[0] - completionTokens,
+          prompt_tokens: shape[0],
           completion_tokens: completionTokens,
-          total_tokens: shape[0]
+          total_tokens: shape[0] + completionTokens
         }
       } satisfies ChatCompletionChunk
     }

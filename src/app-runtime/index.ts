@@ -52,7 +52,14 @@ export {
   type AudioGeneratorInput,
   type AudioChunk
 } from "./tasks/GeneratorTask.js"
-export { TalkerTask, type TalkerInput, type TalkerFrame } from "./tasks/TalkerTask.js"
+export {
+  TalkerTask,
+  type TalkerInput,
+  type TalkerFrame,
+  type TalkerOutput,
+  type TalkerText,
+  type TalkerTextDone
+} from "./tasks/TalkerTask.js"
 export { DisaggregatedMLLMTask, MLLMTask, type MLLMConfig } from "./tasks/MLLMTask.js"
 export {
   DecodeLLMTask,

@@ -13,12 +13,13 @@ import { talkerReference, thinkerReference } from "../support/talkerReference.js
 
 /**
  * examples/omni.ts, the speaking pipeline, through the real binary: the thinker (tiny-color-vlm)
- * answers and forwards its hidden states through the sidecar, the talker (tiny-talker, on an LLM
- * executor) writes Mimi frames from them, streamed to the app, and the codec (tiny-mimi on Geri)
- * decodes them piece by piece. The answer, streamed or whole as OpenAI gives audio, is the
- * thinker's greedy text and the audio of the three run in sequence in-process (the thinker's and
- * the talker's graphs with ONNX Runtime, the codec with transformers.js's MimiDecoderModel over
- * the whole sequence), within 1 LSB.
+ * answers and streams its hidden states through the sidecar (the prompt's, then each token's as
+ * its step runs) with its text, the talker (tiny-talker, on an LLM executor) writes Mimi frames
+ * from them as they come, adding the answer's rows a frame at a time, streamed to the app with the
+ * text, and the codec (tiny-mimi on Geri) decodes them piece by piece. The answer, streamed or
+ * whole as OpenAI gives audio, is the thinker's greedy text and the audio of the three run in
+ * sequence in-process (the thinker's and the talker's graphs with ONNX Runtime, the codec with
+ * transformers.js's MimiDecoderModel over the whole sequence), within 1 LSB.
  */
 
 const pcmOf = (waveform: Float32Array) =>
@@ -59,6 +60,7 @@ describe("examples/omni.ts: text and speech from thinker, talker and codec", () 
   let platform: RunningPlatform
   let codec: MimiDecoderModel
   let expected: { text: string; pcm: Int16Array }
+  let thought: Awaited<ReturnType<typeof thinkerReference>>
 
   const chat = (body: Record<string, unknown>) =>
     fetch(`${platform.url}/app/omni/v1/chat/completions`, {
@@ -75,8 +77,16 @@ describe("examples/omni.ts: text and speech from thinker, talker and codec", () 
     await writeModelFiles(codecDir, tinyMimi.build())
     codec = (await MimiDecoderModel.from_pretrained(offline(codecDir), { dtype: "fp32" })) as MimiDecoderModel
     // In-process: the thinker's answer and hidden states, the talker's frames, the codec over them all.
-    const thought = await thinkerReference(thinkerDir, messages, maxTokens)
-    const spoken = await talkerReference(talkerFiles(), thought.hiddenStates, thought.hiddenSize, frames)
+    thought = await thinkerReference(thinkerDir, messages, maxTokens)
+    // Streamed, the thinker's last token has no row: no step reads it.
+    const rows = thought.promptIds.length + thought.generated.length - 1
+    const spoken = await talkerReference(
+      talkerFiles(),
+      thought.hiddenStates.subarray(0, rows * thought.hiddenSize),
+      thought.hiddenSize,
+      frames,
+      thought.promptIds.length
+    )
     expect(spoken).toHaveLength(frames)
     const codes = Array.from({ length: 8 }, (_, q) => spoken.map((frame) => frame[q]!))
     const whole = (await codec({
@@ -101,20 +111,25 @@ describe("examples/omni.ts: text and speech from thinker, talker and codec", () 
     if (root !== undefined) await rm(root, { recursive: true, force: true })
   })
 
-  it("streams the thinker's text, then audio in pieces as the talker writes, equal to the graphs in sequence", async () => {
+  it("streams the thinker's text and audio in pieces as the talker writes, equal to the graphs in sequence", async () => {
     const response = await chat({
       messages,
       max_tokens: maxTokens,
       modalities: ["text", "audio"],
       audio: { voice: "alloy", format: "pcm16" },
-      stream: true
+      stream: true,
+      stream_options: { include_usage: true }
     })
     expect(response.status).toBe(200)
     const chunks = eventChunks(await response.text())
     const deltas = chunks.flatMap((chunk) => chunk.choices.map((choice) => choice.delta))
-    // The text first, as the audio's transcript (OpenAI's spoken answers carry no content).
-    expect(deltas[0]!.audio?.transcript).toBe(expected.text)
+    // The text as the audio's transcript, in pieces as the thinker says them (OpenAI's spoken answers carry no content).
     expect(deltas[0]!.audio?.id).toMatch(/^audio-/)
+    const said = deltas.flatMap((delta) => (delta.audio?.transcript ? [delta.audio.transcript] : []))
+    expect(said.join("")).toBe(expected.text)
+    // The talker passes the text on before its own end, so it comes before the last piece of audio.
+    const textAt = deltas.findIndex((delta) => delta.audio?.transcript)
+    expect(textAt).toBeLessThan(deltas.findLastIndex((delta) => delta.audio?.data !== undefined))
     expect(deltas.some((delta) => delta.content !== undefined)).toBe(false)
     const pieces = deltas.flatMap((delta) =>
       delta.audio?.data === undefined ? [] : [Buffer.from(delta.audio.data, "base64")]
@@ -122,7 +137,15 @@ describe("examples/omni.ts: text and speech from thinker, talker and codec", () 
     // Pieces of 5, 10, 20 frames, then the 5 left: decoded while the talker was still writing.
     expect(pieces.map((piece) => piece.length / 2 / hop)).toEqual([5, 10, 20, 5])
     expect(largestDifference(samplesOf(Buffer.concat(pieces)), expected.pcm)).toBeLessThanOrEqual(1)
-    expect(chunks.at(-1)!.choices[0]!.finish_reason).toMatch(/^(stop|length)$/)
+    const finished = chunks.filter((chunk) => chunk.choices[0]?.finish_reason != null)
+    expect(finished.map((chunk) => chunk.choices[0]!.finish_reason)).toEqual([
+      thought.generated.length >= maxTokens ? "length" : "stop"
+    ])
+    expect((chunks.at(-1) as unknown as { usage: Record<string, number> }).usage).toEqual({
+      prompt_tokens: thought.promptIds.length,
+      completion_tokens: thought.generated.length,
+      total_tokens: thought.promptIds.length + thought.generated.length
+    })
   })
 
   it("answers a whole chat's audio as a WAV file with its transcript, and pcm16 as it is", async () => {

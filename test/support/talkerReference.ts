@@ -92,12 +92,17 @@ export const thinkerReference = async (
   }
 }
 
-/** A talker's greedy frames (architectures/Talker.ts) from a thinker's hidden states, [frames][codebooks]. */
+/**
+ * A talker's greedy frames (architectures/Talker.ts) from a thinker's hidden states, [frames][codebooks].
+ * With `promptRows`, the rows after the first `promptRows` trail, as a streamed thinker's do
+ * (TalkerRunner.ts): row k, projected, is added to frame k + 1's input.
+ */
 export const talkerReference = async (
   files: ModelFiles,
   hiddenStates: Float32Array,
   thinkerHidden: number,
-  maxFrames: number
+  maxFrames: number,
+  promptRows?: number
 ): Promise<Array<Array<number>>> => {
   const config = JSON.parse(new TextDecoder().decode(files.get("config.json")!)) as {
     hidden_size: number
@@ -110,12 +115,17 @@ export const talkerReference = async (
   const [projection, decoder, predictor, embed] = (await Promise.all(
     ["thinker_projection", "decoder_model_merged", "code_predictor", "codec_embed"].map(graph)
   )) as [ort.InferenceSession, ort.InferenceSession, ort.InferenceSession, ort.InferenceSession]
-  const rows = hiddenStates.length / thinkerHidden
+  const rows = promptRows ?? hiddenStates.length / thinkerHidden
+  const trailing = hiddenStates.subarray(rows * thinkerHidden)
   const codebooks = config.talker.num_code_groups
   const begin = config.talker.codebook_size
   const end = begin + 1
   let { inputs_embeds: embeds } = await projection.run({
-    thinker_hidden_states: new ort.Tensor("float32", hiddenStates, [1, rows, thinkerHidden])
+    thinker_hidden_states: new ort.Tensor("float32", hiddenStates.slice(0, rows * thinkerHidden), [
+      1,
+      rows,
+      thinkerHidden
+    ])
   })
   let pasts: Record<string, ort.Tensor> = emptyPasts(decoder, config.num_key_value_heads, config.head_dim)
   let width = 0
@@ -149,6 +159,19 @@ export const talkerReference = async (
     const frame = [first, ...Array.from(codes!.data as BigInt64Array, Number)]
     frames.push(frame)
     ;({ inputs_embeds: embeds } = await embed.run({ codes: int64(frame, [1, 1, codebooks]) }))
+    const row = frames.length - 1
+    if ((row + 1) * thinkerHidden <= trailing.length) {
+      const { inputs_embeds: projected } = await projection.run({
+        thinker_hidden_states: new ort.Tensor(
+          "float32",
+          trailing.slice(row * thinkerHidden, (row + 1) * thinkerHidden),
+          [1, 1, thinkerHidden]
+        )
+      })
+      const sum = embeds!.data as Float32Array
+      const add = projected!.data as Float32Array
+      for (let i = 0; i < sum.length; i++) sum[i]! += add[i]!
+    }
   }
   await Promise.all([projection, decoder, predictor, embed].map((s) => s.release()))
   return frames

@@ -82,7 +82,7 @@ export const LLMEmbeddingInput = Schema.extend(
     /** The task's `source` unless the call says (see LLMEmbeddingTaskOptions). */
     embeddingSource: Schema.optional(PromptEmbeddingSource),
     /** The task's `generate` unless the call says (see LLMEmbeddingTaskOptions). */
-    embeddingGenerate: Schema.optional(Schema.Boolean)
+    embeddingGenerate: Schema.optional(Schema.Union(Schema.Boolean, Schema.Literal("stream")))
   })
 )
 export type LLMEmbeddingInput = typeof LLMEmbeddingInput.Type
@@ -99,8 +99,13 @@ export interface LLMEmbeddingTaskOptions extends LLMTaskOptions {
    * With source "hidden_states": first answer the call's messages (its `max_tokens`, `temperature`
    * and `seed`; greedy by default), then forward the hidden states of the prompt and of the tokens
    * generated, [prompt + generated, hidden]; the output's `completion` says what was generated.
+   *
+   * "stream": the hidden states stream as they are computed, for a talker to read as the answer
+   * is generated (TalkerTask's `trailing`). The call answers once the prompt's are sent, as chunk 0
+   * of the stream (`shape` is theirs); each generated token's follows as the next step reads it
+   * (the last token's is never computed), and the text goes as it is said to `transcript`.
    */
-  readonly generate?: boolean
+  readonly generate?: boolean | "stream"
 }
 
 export interface LLMEmbeddingOutput {
@@ -109,7 +114,9 @@ export interface LLMEmbeddingOutput {
   /** Their shape and dtype, once the call has run (not while an app's graph is being recorded). */
   readonly shape?: readonly [rows: number, hidden: number]
   readonly dtype?: "float32"
-  /** With `generate`: the answer, whose tokens are the embeddings' last rows. */
+  /** With generate "stream": the answer's text, piece by piece as it is said, for a talker to pass on. */
+  readonly transcript?: DataForward<"string">
+  /** With `generate` (not "stream"): the answer, whose tokens are the embeddings' last rows. */
   readonly completion?: {
     readonly text: string
     readonly tokenIds: ReadonlyArray<number>
@@ -128,7 +135,7 @@ export class LLMEmbeddingTask extends UnitTask<LLMEmbeddingInput, LLMEmbeddingOu
   protected readonly inputSchema = LLMEmbeddingInput
   private readonly options: LLMTaskOptions
   private readonly source: PromptEmbeddingSource | undefined
-  private readonly generate: boolean | undefined
+  private readonly generate: boolean | "stream" | undefined
 
   constructor({ parseSpecialTokensInContent, source, generate, ...config }: LLMConfig & LLMEmbeddingTaskOptions) {
     super("llm", LLMConfig, config)
@@ -149,8 +156,11 @@ export class LLMEmbeddingTask extends UnitTask<LLMEmbeddingInput, LLMEmbeddingOu
     })
   }
 
-  protected makeRecordOutput(): LLMEmbeddingOutput {
-    return { embeddings: new DataForward("Tensor") }
+  protected makeRecordOutput(input: LLMEmbeddingInput): LLMEmbeddingOutput {
+    return {
+      embeddings: new DataForward("Tensor"),
+      ...(input.embeddingGenerate === "stream" ? { transcript: new DataForward("string") } : {})
+    }
   }
 }
 

@@ -148,6 +148,9 @@ const runGraph =
         )
       : () => undefined
     const asked = performance.now()
+    /** Calls that answered and go on (CallResult's `goesOn`). */
+    let going = 0
+    let over = false
     // Encoder invocations whose every item is in the cache need no executor: they are served from it.
     const caching = environment.embeddings
     const served = graph.invocations.map((invocation) =>
@@ -259,6 +262,26 @@ const runGraph =
           ...(share === undefined ? {} : { share: { app: share.app, weight: share.weight } }),
           ...(continuation !== undefined && index === graph.invocations.length - 1 ? { continuation } : {})
         })
+        if (result.goesOn !== undefined) {
+          // Answered, and still at work for the invocations after it: its lease is held, and its
+          // failure fails the request, until its work ends (or the run does, which cancels it).
+          going++
+          const ended = () => {
+            going--
+            stopListening()
+            release("ok")
+            observe("ok")
+          }
+          result.goesOn.then(ended, (error: unknown) => {
+            // Cut short by the run's end: nobody was left to work for.
+            if (over) return ended()
+            going--
+            observe("error", error)
+            release("failed")
+            fail(lostNode(lease, error), invocation.taskId)
+          })
+          return { output: result.output }
+        }
         if (result.stream === undefined) {
           stopListening()
           release("ok")
@@ -299,20 +322,22 @@ const runGraph =
       )
       const outputs = results.map((result) => result.output)
       const last = results[results.length - 1]!
-      if (last.stream === undefined) {
+      // Calls still at work when the run is over have nobody left to work for.
+      const close = () => {
+        over = true
+        if (going > 0) controller.abort()
         scope.close()
+      }
+      if (last.stream === undefined) {
+        close()
         return { outputs }
       }
       return {
         outputs,
-        stream: passThrough(
-          last.stream,
-          () => scope.close(),
-          (error) => {
-            scope.close()
-            throw firstFailure ?? error
-          }
-        )
+        stream: passThrough(last.stream, close, (error) => {
+          scope.close()
+          throw firstFailure ?? error
+        })
       }
     } catch (error) {
       // The calls still running end with the controller; a streamed answer nobody will read ends here.

@@ -62,6 +62,12 @@ export interface CallResult {
   readonly output: unknown
   /** The streamed chunks of a streaming invocation. */
   readonly stream?: AsyncIterable<unknown>
+  /**
+   * A call that answered its output early and goes on (a thinker streaming the rest of its
+   * answer to another task through the sidecar): settles when the executor's work ends, rejects
+   * with its failure, which fails the request.
+   */
+  readonly goesOn?: Promise<void>
 }
 
 const decodeErrorBody = Schema.decodeUnknownEither(Schema.parseJson(ErrorBody))

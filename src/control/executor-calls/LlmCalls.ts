@@ -13,10 +13,11 @@ import {
   LlmChunk,
   PromptEmbeddingsRequest,
   PromptEmbeddingsResponse,
+  StatesLine,
   TalkLine,
   TalkRequest
 } from "../../executors/llm/api.js"
-import { TalkerInput } from "../../app-runtime/tasks/TalkerTask.js"
+import { TalkerInput, type TalkerOutput } from "../../app-runtime/tasks/TalkerTask.js"
 import { fromExecutor, remoteError } from "../RemoteError.js"
 import { responseLines } from "../ResponseLines.js"
 import type { ExecutorAnswer } from "./ExecutorHttp.js"
@@ -51,10 +52,10 @@ const decodeHiddenStatesCall = decodeInvocation(
       ChatInput,
       Schema.Struct({
         embeddingSource: Schema.optional(PromptEmbeddingSource),
-        embeddingGenerate: Schema.optional(Schema.Boolean)
+        embeddingGenerate: Schema.optional(Schema.Union(Schema.Boolean, Schema.Literal("stream")))
       })
     ),
-    output: Schema.Struct({ embeddings: ForwardedId })
+    output: Schema.Struct({ embeddings: ForwardedId, transcript: Schema.optional(ForwardedId) })
   })
 )
 
@@ -116,6 +117,7 @@ const promptEmbeddings = async (
   context: CallContext
 ): Promise<CallResult> => {
   const { config, input, output } = decodeHiddenStatesCall(invocation)
+  if (input.embeddingGenerate === "stream") return streamedStates(url, invocation, context)
   const body: PromptEmbeddingsRequest = {
     model: config.model,
     messages: input.messages,
@@ -146,6 +148,69 @@ const promptEmbeddings = async (
           })
     }
   }
+}
+
+const decodeStatesLine = decodeAnswer(Schema.parseJson(StatesLine))
+
+/**
+ * LLMEmbeddingTask's generate "stream": the call answers once the prompt's hidden states are sent
+ * (their shape), and goes on while the generation streams the rest and its text to the talker
+ * (`goesOn`), until its last line, which says what was generated.
+ */
+const streamedStates = async (
+  url: string,
+  invocation: TaskInvocationWire,
+  context: CallContext
+): Promise<CallResult> => {
+  const { config, input, output } = decodeHiddenStatesCall(invocation)
+  const readers = (id: string) => context.receiversOf?.(id) ?? context.receivers
+  const body: PromptEmbeddingsRequest = {
+    model: config.model,
+    messages: input.messages,
+    add_generation_prompt: false,
+    ...embeddingRefs(input.cornserveEmbeddings, context),
+    ...specialTokensParsed(input.parseSpecialTokensInContent),
+    id: output.embeddings,
+    receivers: readers(output.embeddings),
+    source: "hidden_states",
+    return: "sidecar",
+    generate: {
+      ...generationOf(input),
+      stream: true,
+      ...(output.transcript === undefined
+        ? {}
+        : { transcript: { id: output.transcript, receivers: readers(output.transcript) } })
+    }
+  }
+  const response = await post(`${url}/v1/cornserve/prompt-embeddings`, PromptEmbeddingsRequest, body, context)
+  const lines = responseLines(response)[Symbol.asyncIterator]()
+  const { shape } = await lines
+    .next()
+    .then((first) => {
+      if (first.done === true) throw new Error("the executor's answer ended before the prompt's hidden states")
+      return decodeAnswer(Schema.parseJson(PromptEmbeddingsResponse))(first.value)
+    })
+    .catch(async (error: unknown) => {
+      await lines.return?.()
+      throw error
+    })
+  const goesOn = (async () => {
+    try {
+      for (let line = await lines.next(); line.done !== true; line = await lines.next()) {
+        if (line.value.trim().length === 0) continue
+        const parsed = decodeStatesLine(line.value)
+        if ("error" in parsed) {
+          const failure = decodeStreamError(line.value)
+          throw Either.isRight(failure) ? remoteError(failure.right.error, fromExecutor) : new Error(line.value)
+        }
+        return
+      }
+      throw new Error("the executor's answer ended before the generation did")
+    } finally {
+      await lines.return?.()
+    }
+  })()
+  return { output: { ...(invocation.output as object), shape, dtype: "float32" }, goesOn }
 }
 
 const decodeKvPrefillCall = decodeInvocation(
@@ -202,12 +267,15 @@ const imageTokens = async (url: string, invocation: TaskInvocationWire, context:
 }
 
 const decodeTalkCall = decodeInvocation(
-  Schema.Struct({ config: LLMConfig, input: Schema.Struct({ ...TalkerInput.fields, embeddings: ForwardedId }) })
+  Schema.Struct({
+    config: LLMConfig,
+    input: Schema.Struct({ ...TalkerInput.fields, embeddings: ForwardedId, transcript: Schema.optional(ForwardedId) })
+  })
 )
 const decodeTalkLine = decodeAnswer(Schema.parseJson(TalkLine))
 
-/** The frames of a talk answer (NDJSON), until its done line; an error line fails the stream. */
-async function* talkFrames(response: ExecutorAnswer): AsyncIterable<{ readonly frame: ReadonlyArray<number> }> {
+/** The frames (and the thinker's text passed on) of a talk answer (NDJSON), until its done line; an error line fails the stream. */
+async function* talkFrames(response: ExecutorAnswer): AsyncIterable<TalkerOutput> {
   for await (const line of responseLines(response)) {
     if (line.trim().length === 0) continue
     const parsed = decodeTalkLine(line)
@@ -216,7 +284,7 @@ async function* talkFrames(response: ExecutorAnswer): AsyncIterable<{ readonly f
       throw Either.isRight(failure) ? remoteError(failure.right.error, fromExecutor) : new Error(line)
     }
     if ("done" in parsed) return
-    yield { frame: parsed.frame }
+    yield parsed
   }
 }
 

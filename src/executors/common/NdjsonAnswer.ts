@@ -13,7 +13,7 @@ import type { WorkItem } from "./wire.js"
 export interface AnswerLines<Result, Partial> {
   /** A partial value: it sends what lines it makes of it (none, one, several) through `send`. */
   readonly partial: (value: Partial) => void
-  /** The last line, from the item's result. */
+  /** The last line, from the item's result (when it settles, if a promise). */
   readonly done: (result: Result) => unknown
 }
 
@@ -26,16 +26,18 @@ export const ndjsonAnswer = <Result, Partial>(
     const send = (line: unknown) => void emit.single(Buffer.from(`${JSON.stringify(line)}\n`))
     const { partial, done } = lines(send)
     const submitted = engine.submit<Result, Partial>([item], (_, value) => partial(value))
-    submitted.results.then(
-      ([result]) => {
-        send(done(result!))
-        void emit.end()
-      },
-      (failure: unknown) => {
-        send(errorBody(Effect.runSync(answeredFailure(failure))))
-        void emit.end()
-      }
-    )
+    submitted.results
+      .then(([result]) => done(result!))
+      .then(
+        (last) => {
+          send(last)
+          void emit.end()
+        },
+        (failure: unknown) => {
+          send(errorBody(Effect.runSync(answeredFailure(failure))))
+          void emit.end()
+        }
+      )
     return Effect.sync(() => engine.cancel(submitted.id))
   })
   return HttpServerResponse.stream(stream, { contentType: "application/x-ndjson" })

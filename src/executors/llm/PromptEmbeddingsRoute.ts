@@ -9,6 +9,7 @@ import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import * as Effect from "effect/Effect"
 import type { FunctionTool } from "../../app-runtime/schemas/OpenAI.js"
+import type { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { inSpan } from "../../tracing/Tracing.js"
 import type { EngineClient } from "../common/EngineClient.js"
 import { BadRequest, ContextLengthExceeded, type MediaError, type ModelNotFound, NoSidecar } from "../common/errors.js"
@@ -22,6 +23,7 @@ import {
   type PromptGeneration
 } from "./api.js"
 import { Generation } from "./Generation.js"
+import { streamedStates } from "./StreamedStates.js"
 import { type MediaPart, mediaParts } from "./Prompt.js"
 import type { EmbedResult, LlmRequestMeta, PromptInput, SamplingParams } from "./protocol.js"
 import type { Detokenizer } from "./TextStream.js"
@@ -58,7 +60,7 @@ export interface PromptEmbeddingsContext {
   readonly engine: EngineClient
   readonly tokenizer: Detokenizer
   /** This node's sidecar, where embeddings go by default; none: inline answers only. */
-  readonly sidecarNode: string | undefined
+  readonly sidecar: SidecarClient | undefined
   readonly maxModelLength: number
   readonly checkModel: (name: string | undefined) => Effect.Effect<void, ModelNotFound>
   readonly checkMedia: (
@@ -84,26 +86,31 @@ const check = <A>(run: () => A) => Effect.try({ try: run, catch: (error) => erro
 export const promptEmbeddingsRoute = ({
   engine,
   tokenizer,
-  sidecarNode,
+  sidecar,
   maxModelLength,
   checkModel,
   checkMedia,
   buildPrompt,
   sampling
 }: PromptEmbeddingsContext) => {
+  const sidecarNode = sidecar?.nodeId
+  /** How prompt-embeddings' `generate` samples: greedy unless it says. */
+  const generationParams = (prompt: PromptInput, asked: PromptGeneration) =>
+    check(() =>
+      sampling(
+        {
+          ...(asked.max_tokens === undefined ? {} : { max_tokens: asked.max_tokens }),
+          temperature: asked.temperature ?? 0,
+          ...(asked.seed === undefined ? {} : { seed: asked.seed })
+        },
+        prompt.inputIds.length
+      )
+    )
+
   /** A completion of `prompt` whose tokens its hidden states then run over too (prompt-embeddings' `generate`). */
   const completeFirst = (prompt: PromptInput, asked: PromptGeneration) =>
     Effect.gen(function* () {
-      const params = yield* check(() =>
-        sampling(
-          {
-            ...(asked.max_tokens === undefined ? {} : { max_tokens: asked.max_tokens }),
-            temperature: asked.temperature ?? 0,
-            ...(asked.seed === undefined ? {} : { seed: asked.seed })
-          },
-          prompt.inputIds.length
-        )
-      )
+      const params = yield* generationParams(prompt, asked)
       const generation = new Generation(engine, { op: "generate", prompt, sampling: params }, tokenizer, [], [], {
         ...(yield* workItemContext)
       })
@@ -152,6 +159,22 @@ export const promptEmbeddingsRoute = ({
         message: `this model's maximum context length is ${maxModelLength} tokens; the prompt takes ${prompt.inputIds.length}`
       })
     }
+    const receivers = body.receivers ?? (sidecarNode === undefined ? [] : [sidecarNode])
+    if (body.generate?.stream === true) {
+      if (inline)
+        return yield* new BadRequest({ message: 'streamed hidden states go through the sidecar, not "inline"' })
+      return yield* streamedStates({
+        engine,
+        tokenizer,
+        sidecar,
+        prompt,
+        sampling: yield* generationParams(prompt, body.generate),
+        id: body.id,
+        receivers,
+        transcript: body.generate.transcript,
+        itemContext: yield* workItemContext
+      })
+    }
     const completion = body.generate === undefined ? undefined : yield* completeFirst(prompt, body.generate)
     const meta: LlmRequestMeta = {
       op: "embed",
@@ -161,7 +184,7 @@ export const promptEmbeddingsRoute = ({
           : { ...prompt, inputIds: Int32Array.from([...prompt.inputIds, ...completion.tokens]) },
       id: body.id,
       source: body.source,
-      receivers: body.receivers ?? (sidecarNode === undefined ? [] : [sidecarNode]),
+      receivers,
       inline
     }
     const result = yield* engine.runOne<EmbedResult>({

@@ -14,7 +14,6 @@
 import * as ort from "onnxruntime-node"
 import type { DecoderFiles, DecoderInterface } from "../../models/DecoderLayout.js"
 import type { Dtype } from "../../models/Dtype.js"
-import { floatsOf } from "../../models/Float16.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { sharedCacheInputs } from "../../models/onnx/SharedCacheRewrite.js"
 import { Constraints } from "./Constraints.js"
@@ -30,7 +29,7 @@ import { Sampler } from "./Sampler.js"
 import { SharedKvLayout } from "./SharedKvLayout.js"
 import type { EmbedOutput, StepItem, StepRunner } from "./StepRunner.js"
 import { type PlannerOptions, type StepPlan, StepPlanner } from "./StepPlanner.js"
-import { float32Data, floatsAs, int64 } from "./Tensors.js"
+import { float32Data, floatsAs, int64, lastRows } from "./Tensors.js"
 import { TokenInputs } from "./TokenInputs.js"
 
 /** Decoder outputs that hold final hidden states, by the names exports give them. */
@@ -299,7 +298,7 @@ export class Runner implements StepRunner {
       this.io.positionAxes
     )
     const tokens = await this.tokens.prompts(prompts, width)
-    const logits = await this.run({ kind: "prompts", ids, lengths, width }, tokens, positions, [ids.length, width])
+    const { logits } = await this.run({ kind: "prompts", ids, lengths, width }, tokens, positions, [ids.length, width])
     return sequences.map((sequence, row) => {
       sequence.length = lengths[row]!
       return { id: ids[row]!, logits, row }
@@ -317,7 +316,7 @@ export class Runner implements StepRunner {
     const to = from + count
     const positions = piecePositions(prefill.located, from, to, this.io.positionAxes)
     const tokens = await this.tokens.piece(prefill.prompt, prefill.features, from, to)
-    const logits = await this.run({ kind: "piece", id, from, to }, tokens, positions, [1, count])
+    const { logits } = await this.run({ kind: "piece", id, from, to }, tokens, positions, [1, count])
     sequence.length = to
     if (to < prefill.prompt.inputIds.length) return undefined
     return { id, logits, row: 0 }
@@ -331,11 +330,20 @@ export class Runner implements StepRunner {
       sequences.map((sequence) => sequence.length + sequence.positionDelta),
       this.io.positionAxes
     )
-    const logits = await this.run({ kind: "decode", ids, lengths }, tokens, positions, [ids.length, 1])
+    // A request that streams its hidden states gets its step input's (its last token's) with its next token.
+    const states = sequences.some((sequence) => sequence.sampling.hiddenStates === true)
+    const run = await this.run({ kind: "decode", ids, lengths }, tokens, positions, [ids.length, 1], states)
     ids.forEach((id, row) => {
       const sequence = sequences[row]!
       sequence.length++
-      this.accept(id, sequence, this.draw(sequence, logits, row), take)
+      const hidden = sequence.sampling.hiddenStates === true ? run.states : undefined
+      this.accept(
+        id,
+        sequence,
+        this.draw(sequence, run.logits, row),
+        take,
+        hidden?.slice(row * this.hidden, (row + 1) * this.hidden)
+      )
     })
   }
 
@@ -345,7 +353,7 @@ export class Runner implements StepRunner {
     return sequence.sampler.next(logits, row * this.vocab, this.vocab, remaining)
   }
 
-  private accept(id: string, sequence: Sequence, token: number, take: Take) {
+  private accept(id: string, sequence: Sequence, token: number, take: Take, hidden?: Float32Array) {
     sequence.lastToken = token
     sequence.generated++
     // A constrained value that is whole ends the sequence: nothing may follow it.
@@ -365,7 +373,8 @@ export class Runner implements StepRunner {
     take(id, {
       token,
       ...(finish === undefined ? {} : { finish }),
-      ...(logprobs === undefined ? {} : { logprob: logprobs.logprob, top: logprobs.top })
+      ...(logprobs === undefined ? {} : { logprob: logprobs.logprob, top: logprobs.top }),
+      ...(hidden === undefined ? {} : { hidden })
     })
   }
 
@@ -387,14 +396,16 @@ export class Runner implements StepRunner {
 
   /**
    * One decoder run of `run` with the inputs its graph takes, its past laid out by the KV layout,
-   * which keeps its presents; answers each row's logits at its last position.
+   * which keeps its presents; answers each row's logits at its last position (and with `withStates`,
+   * its final hidden states, [batch × length × hidden]).
    */
   private async run(
     run: KvRun,
     tokens: ort.Tensor,
     positions: BigInt64Array,
-    shape: readonly [batch: number, length: number]
-  ): Promise<Float32Array> {
+    shape: readonly [batch: number, length: number],
+    withStates = false
+  ): Promise<{ readonly logits: Float32Array; readonly states?: Float32Array }> {
     const [batch] = shape
     const runPast = this.kv.past(run)
     const feeds = this.feeds(tokens, runPast, positions, shape)
@@ -402,12 +413,14 @@ export class Runner implements StepRunner {
       feeds.use_cache_branch = new ort.Tensor("bool", Uint8Array.of(runPast.past[0]!.dims[2]! > 0 ? 1 : 0), [1])
     if (this.io.numLogitsToKeep) feeds.num_logits_to_keep = new ort.Tensor("int64", BigInt64Array.of(1n), [])
     const decoder = batch > 1 && this.rowsDecoder !== undefined ? this.rowsDecoder : this.decoder
-    const outputs = await decoder.run(feeds, this.fetches)
+    const states = withStates ? this.statesOutput : undefined
+    const outputs = await decoder.run(feeds, states === undefined ? this.fetches : [...this.fetches, states])
     this.kv.write(
       run,
       this.io.cache.map((names) => outputs[names.output]!)
     )
-    return this.lastLogits(outputs.logits!, batch)
+    const logits = lastRows(outputs.logits!, batch, this.vocab)
+    return states === undefined ? { logits } : { logits, states: float32Data(outputs[states]!) }
   }
 
   /** The inputs every run takes: tokens, mask, the shared cache's lengths, positions and past. */
@@ -431,21 +444,9 @@ export class Runner implements StepRunner {
     return feeds
   }
 
-  /** Each row's logits at its last position, [batch × vocab] as float32. */
-  private lastLogits(logits: ort.Tensor, batch: number): Float32Array {
-    const width = logits.dims[1]!
-    // A decode step (or num_logits_to_keep) gives one float32 position per row: already the layout wanted.
-    if (width === 1 && logits.data instanceof Float32Array) return logits.data
-    const out = new Float32Array(batch * this.vocab)
-    const data = logits.data as Float32Array | Uint16Array
-    for (let row = 0; row < batch; row++) {
-      const from = ((row + 1) * width - 1) * this.vocab
-      out.set(
-        data instanceof Uint16Array ? floatsOf(data, from, from + this.vocab) : data.subarray(from, from + this.vocab),
-        row * this.vocab
-      )
-    }
-    return out
+  /** The decoder's output of its final hidden states (DecoderSessions.ts opens it rewritten to give them). */
+  private get statesOutput(): string | undefined {
+    return hiddenStateOutputs.find((name) => this.decoder.outputNames.includes(name))
   }
 
   /** The decoder's cache outputs, in cache order. */
@@ -486,7 +487,7 @@ export class Runner implements StepRunner {
         : {
             error: `this model is a text-only export (onnx/model.onnx) with no embed_tokens: it gives no input embeddings; ask for source "hidden_states"`
           }
-    const output = hiddenStateOutputs.find((name) => this.decoder.outputNames.includes(name))
+    const output = this.statesOutput
     if (output === undefined)
       return {
         error: `this model's decoder gives no hidden states (no ${hiddenStateOutputs.join(" or ")} output, and no lm_head to read them before); ask for source "embed_tokens"`

@@ -10,6 +10,8 @@ import { randomInt } from "node:crypto"
 import * as HttpRouter from "@effect/platform/HttpRouter"
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
+import * as Schema from "effect/Schema"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { talkerSpec } from "../../models/TalkerModel.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
@@ -17,13 +19,15 @@ import type { EngineClient } from "../common/EngineClient.js"
 import type { ExecutorConfig } from "../common/ExecutorConfig.js"
 import { BadRequest, ContextLengthExceeded } from "../common/errors.js"
 import { ndjsonAnswer } from "../common/NdjsonAnswer.js"
-import { receiveRows } from "../common/SidecarRows.js"
+import { receiveChunks, receiveRows } from "../common/SidecarRows.js"
 import { errorAnswer, workItemContext } from "../common/Router.js"
 import type { WorkItem } from "../common/wire.js"
-import { TalkRequest, type TalkLine } from "./api.js"
+import { TalkRequest, type TalkLine, TranscriptChunk } from "./api.js"
 import { contextLength, kvBudget } from "./Limits.js"
 import { modelRoutes } from "./ModelRoutes.js"
 import type { GenerateMeta, GenerateResult, TokenPartial } from "./protocol.js"
+
+const decodeTranscript = Schema.decodeUnknownEither(Schema.parseJson(TranscriptChunk))
 
 export const talkerRouter = (config: ExecutorConfig, engine: EngineClient, model: ModelDirectory) =>
   Effect.gen(function* () {
@@ -52,9 +56,17 @@ export const talkerRouter = (config: ExecutorConfig, engine: EngineClient, model
     const talk = Effect.gen(function* () {
       const body = yield* HttpServerRequest.schemaBodyJson(TalkRequest)
       yield* checkModel(body.model)
+      // Trailing: the first chunk is the prompt; the worker reads the rest as they come (TrailingRows.ts).
       const { rows: states } = yield* Effect.tryPromise({
         try: () =>
-          receiveRows(sidecar, body.embeddings, config.embeddingWaitMs, "hidden states", spec.thinkerHiddenSize),
+          receiveRows(
+            sidecar,
+            body.embeddings,
+            config.embeddingWaitMs,
+            "hidden states",
+            spec.thinkerHiddenSize,
+            body.trailing === true ? 1 : undefined
+          ),
         catch: (error) => error
       })
       const rows = states.length / spec.thinkerHiddenSize
@@ -76,23 +88,50 @@ export const talkerRouter = (config: ExecutorConfig, engine: EngineClient, model
           seed: body.seed ?? randomInt(2 ** 31),
           maxNewTokens: maxFrames,
           stopTokenIds: []
-        }
+        },
+        ...(body.trailing === true ? { trailing: { id: body.embeddings, firstChunk: 1 } } : {})
       }
       const item: WorkItem<GenerateMeta> = { key: meta.op, inputs: {}, meta, ...(yield* workItemContext) }
+      const transcript = body.transcript
       return ndjsonAnswer<GenerateResult, TokenPartial>(engine, item, (send) => {
         let frames = 0
+        // The thinker's text, passed on as it comes; the last line waits for its end.
+        const said =
+          transcript === undefined
+            ? Promise.resolve([])
+            : receiveChunks(sidecar, transcript, config.embeddingWaitMs, "transcript", (payload, chunk) => {
+                const piece = typeof payload === "string" ? decodeTranscript(payload) : undefined
+                if (piece === undefined || Either.isLeft(piece))
+                  throw new BadRequest({
+                    message: `transcript ${transcript} chunk ${chunk} is not a transcript's piece`
+                  })
+                const line: TalkLine =
+                  "text" in piece.right
+                    ? { text: piece.right.text }
+                    : {
+                        textDone: {
+                          finishReason: piece.right.finish_reason,
+                          completionTokens: piece.right.completion_tokens
+                        }
+                      }
+                send(line)
+              })
+        said.catch(() => undefined)
         return {
           partial: (value) => {
             if (value.frame === undefined) return
             frames++
             send({ frame: value.frame } satisfies TalkLine)
           },
-          done: (result): TalkLine => ({
-            done: true,
-            frames,
-            finishReason: result.finishReason === "stop" ? "stop" : "length",
-            frameRate: spec.frameRate
-          })
+          done: async (result): Promise<TalkLine> => {
+            await said
+            return {
+              done: true,
+              frames,
+              finishReason: result.finishReason === "stop" ? "stop" : "length",
+              frameRate: spec.frameRate
+            }
+          }
         }
       })
     }).pipe(Effect.catchAll(errorAnswer))

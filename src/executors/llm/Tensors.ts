@@ -18,3 +18,20 @@ export const floatsAs = (type: "float32" | "float16", data: Float32Array, dims: 
 /** A float tensor's data as float32 (a copy for float16). */
 export const float32Data = (tensor: ort.Tensor): Float32Array =>
   tensor.type === "float16" ? floatsOf(tensor.data as Uint16Array) : (tensor.data as Float32Array)
+
+/** Each row's values at its last position of a [batch, length, width] tensor, [batch × width] as float32. */
+export const lastRows = (tensor: ort.Tensor, batch: number, width: number): Float32Array => {
+  const length = tensor.dims[1]!
+  // A decode step (or num_logits_to_keep) gives one float32 position per row: already the layout wanted.
+  if (length === 1 && tensor.data instanceof Float32Array) return tensor.data
+  const out = new Float32Array(batch * width)
+  const data = tensor.data as Float32Array | Uint16Array
+  for (let row = 0; row < batch; row++) {
+    const from = ((row + 1) * length - 1) * width
+    out.set(
+      data instanceof Uint16Array ? floatsOf(data, from, from + width) : data.subarray(from, from + width),
+      row * width
+    )
+  }
+  return out
+}

@@ -132,7 +132,16 @@ export const PromptGeneration = Schema.Struct({
   /** By default, as a chat completion's: what the model's generation config and context leave. */
   max_tokens: Schema.optional(Schema.Int.pipe(Schema.between(1, 1_000_000))),
   temperature: Schema.optional(Schema.Number.pipe(Schema.between(0, 2))),
-  seed: Schema.optional(Schema.Int)
+  seed: Schema.optional(Schema.Int),
+  /**
+   * Stream the hidden states as they are computed: the prompt's as chunk 0 of the sidecar stream
+   * `id`, then each generated token's, [1, hidden], as the next step reads it (the last token's is
+   * never computed), and the text's pieces, as they are said, as strings on the stream
+   * `transcript` names. The answer is NDJSON: the prompt's shape at once (a
+   * PromptEmbeddingsResponse), then a `StatesDone` line, or an error line.
+   */
+  stream: Schema.optional(Schema.Boolean),
+  transcript: Schema.optional(Schema.Struct({ id: DataId, receivers: Schema.optional(Schema.Array(Schema.String)) }))
 })
 export type PromptGeneration = typeof PromptGeneration.Type
 
@@ -177,6 +186,30 @@ export const PromptEmbeddingsResponse = Schema.Struct({
   )
 })
 export type PromptEmbeddingsResponse = typeof PromptEmbeddingsResponse.Type
+
+/** The last line of a streamed generation's hidden states: what was generated. */
+export const StatesDone = Schema.Struct({
+  done: Schema.Literal(true),
+  completion: Schema.Struct({
+    text: Schema.String,
+    token_ids: Schema.Array(Schema.Int),
+    finish_reason: OpenAI.FinishReason
+  })
+})
+export type StatesDone = typeof StatesDone.Type
+
+/**
+ * A chunk of a streamed generation's transcript (PromptGeneration's `transcript`), a JSON string:
+ * a piece of its text as it is said, then, last, how it ended.
+ */
+export const TranscriptChunk = Schema.Union(
+  Schema.Struct({ text: Schema.String }),
+  Schema.Struct({ finish_reason: OpenAI.FinishReason, completion_tokens: Schema.Int })
+)
+export type TranscriptChunk = typeof TranscriptChunk.Type
+
+/** A line of a streamed generation's answer after the first: its end, or a failure midway. */
+export const StatesLine = Schema.Union(StatesDone, Schema.Struct({ error: Schema.Unknown }))
 
 export const LlmStats = Schema.Struct({
   /**
@@ -281,13 +314,27 @@ export const TalkRequest = Schema.Struct({
   /** 0 (the default) chooses each frame's first code greedily; above 0, a draw from the seeded generator. */
   temperature: Schema.optional(Schema.Number.pipe(Schema.between(0, 2))),
   topP: Schema.optional(Schema.Number.pipe(Schema.between(0, 1))),
-  seed: Schema.optional(Schema.Int)
+  seed: Schema.optional(Schema.Int),
+  /**
+   * The hidden states stream in (a thinker's generation streamed): their first chunk is the
+   * prompt, and each later chunk's rows are added, one a step, to the frames' inputs, frame k + 1
+   * taking row k; a step waits for its row until the stream ends.
+   */
+  trailing: Schema.optional(Schema.Boolean),
+  /**
+   * The sidecar id of the thinker's transcript (TranscriptChunk), passed on as `{ text }` lines as
+   * its pieces come, then a `{ textDone }` line.
+   */
+  transcript: Schema.optional(DataId)
 })
 export type TalkRequest = typeof TalkRequest.Type
 
 /** One line of a talk answer: a frame (a code per codebook), the end, or a failure midway. */
 export const TalkLine = Schema.Union(
   Schema.Struct({ frame: Schema.Array(Schema.Int) }),
+  Schema.Struct({ text: Schema.String }),
+  /** The thinker's text ended: how, and its tokens. */
+  Schema.Struct({ textDone: Schema.Struct({ finishReason: OpenAI.FinishReason, completionTokens: Schema.Int }) }),
   Schema.Struct({
     done: Schema.Literal(true),
     frames: Schema.Int,

@@ -246,7 +246,9 @@ export const runEngine = (config: ExecutorConfig) =>
               op: "prefill",
               prompt: request.meta.prompt,
               sampling: request.meta.sampling,
-              ...(request.meta.kv === undefined ? {} : { kv: request.meta.kv })
+              ...(request.meta.kv === undefined ? {} : { kv: request.meta.kv }),
+              ...(request.meta.states === undefined ? {} : { states: request.meta.states }),
+              ...(request.meta.trailing === undefined ? {} : { trailing: request.meta.trailing })
             })
           )
       }

@@ -94,6 +94,8 @@ export interface SamplingParams {
    * prompt's row and an unconditional row, which holds KV cache positions of its own.
    */
   readonly guidanceScale?: number
+  /** Each decode step's input token's final hidden state goes with the step's token (TokenPartial's `hidden`). */
+  readonly hiddenStates?: boolean
 }
 
 /** KV cache positions a request reserves: its prompt and every token it may generate, on each row it runs. */
@@ -106,6 +108,28 @@ export interface GenerateMeta {
   readonly sampling: SamplingParams
   /** The KV cache of the prompt's first positions, sent by a prefill executor: taken as it joins. */
   readonly kv?: KvImport
+  /** Where the worker streams the hidden states of the tokens it generates (with `sampling.hiddenStates`). */
+  readonly states?: StatesStream
+  /** A talker's: the stream of hidden states whose rows join its frames' inputs (TrailingRows.ts). */
+  readonly trailing?: TrailingStates
+}
+
+/** A sidecar stream whose chunks from `firstChunk` on are rows a talker adds to its frames' inputs, a row a step. */
+export interface TrailingStates {
+  readonly id: string
+  readonly firstChunk: number
+}
+
+/**
+ * A sidecar stream of a generation's hidden states (LLMEmbeddingTask's generate "stream"): chunk
+ * 0 holds the prompt's ([prompt, hidden], sent by an embed item with `stream`), then from
+ * `firstChunk` on each generated token's, [1, hidden], as the step that reads it runs. The stream
+ * is closed when the request ends. Its last token's is never computed: no step reads it.
+ */
+export interface StatesStream {
+  readonly id: string
+  readonly receivers: ReadonlyArray<string>
+  readonly firstChunk: number
 }
 
 /**
@@ -127,6 +151,8 @@ export interface EmbedMeta {
   readonly source: EmbeddingSource
   readonly receivers: ReadonlyArray<string>
   readonly inline: boolean
+  /** Sent as chunk 0 of a stream that a generation goes on (StatesStream). */
+  readonly stream?: boolean
 }
 
 export interface StatsMeta {
@@ -175,6 +201,8 @@ export type StepOp =
       readonly prompt: PromptInput
       readonly sampling: SamplingParams
       readonly kv?: KvImport
+      readonly states?: StatesStream
+      readonly trailing?: TrailingStates
     }
   /** One more token for a request whose cache the worker holds. */
   | { readonly op: "decode" }
@@ -196,6 +224,12 @@ export interface TokenPartial {
   readonly top?: ReadonlyArray<number>
   /** A talker's: the frame's codes, one per codebook (`token` is the first). */
   readonly frame?: ReadonlyArray<number>
+  /**
+   * With `sampling.hiddenStates`, from the runner to its worker (which streams it through the
+   * sidecar and sends the partial on without it): the final hidden state of the step's input, the
+   * token before this one.
+   */
+  readonly hidden?: Float32Array
 }
 
 /** The result of a generate request, engine → router. */

@@ -643,7 +643,7 @@ export const routerKind: RouterKind = {
       const promptEmbeddings = promptEmbeddingsRoute({
         engine,
         tokenizer,
-        sidecarNode: sidecar?.nodeId,
+        sidecar,
         maxModelLength,
         checkModel,
         checkMedia,

@@ -15,7 +15,7 @@ import { Tensor } from "../../sidecar/Tensor.js"
 import { noSpan, type Span, startSpan } from "../../tracing/Tracing.js"
 import type { LoadWorkerModel } from "../common/WorkerModel.js"
 import { checkPrefix, exportPrefix, importedPast } from "./PrefixTransfer.js"
-import type { EmbedResult, KvResult, StepOp, TokenPartial, WorkerStats } from "./protocol.js"
+import type { EmbedResult, KvResult, StatesStream, StepOp, TokenPartial, WorkerStats } from "./protocol.js"
 import { JanusRunner } from "./JanusRunner.js"
 import { kvBudget } from "./Limits.js"
 import type { CacheArray, PastData } from "./PastCache.js"
@@ -33,10 +33,11 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | KvResult | WorkerStats 
 }) => {
   const model = await loadModelDirectory(config.modelDir)
   const budget = kvBudget(config, model)
+  const sidecar = config.sidecarSocket === undefined ? undefined : await SidecarClient.connect(config.sidecarSocket)
   const runner: StepRunner = isJanus(model)
     ? await JanusRunner.open(model, device, config.threadsPerDevice, config.dtype)
     : isTalker(model)
-      ? await TalkerRunner.open(model, device, config.threadsPerDevice)
+      ? await TalkerRunner.open(model, device, config.threadsPerDevice, sidecar, config.embeddingWaitMs)
       : await Runner.open(model, device, config.threadsPerDevice, config.dtype, {
           prefixCacheBytes: budget.prefixBytes,
           kvStoreBytes: budget.rowBytes,
@@ -45,11 +46,45 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | KvResult | WorkerStats 
           ...(config.kvCacheMode === undefined ? {} : { kvCache: config.kvCacheMode }),
           ...(config.q4Activations === undefined ? {} : { q4Activations: config.q4Activations })
         })
-  const sidecar = config.sidecarSocket === undefined ? undefined : await SidecarClient.connect(config.sidecarSocket)
   /** Requests that joined with a cache another executor sent (a prefill's `kv`), and its positions. */
   const imports = { requests: 0, tokens: 0 }
   /** The span of each traced request this worker generates for, with its tokens so far. */
   const generating = new Map<string, { readonly span: Span; tokens: number }>()
+  /** Generations that stream their hidden states: each one's next chunk, and its sends so far, in order. */
+  const streaming = new Map<string, { readonly states: StatesStream; next: number; sent: Promise<void> }>()
+
+  /**
+   * A generated token's partial, its step input's hidden state (if it has one) sent on as the
+   * next chunk of its stream, which its last token closes. A chunk that cannot be sent leaves the
+   * stream open: its reader's wait for the chunk ends in that reader's time limit.
+   */
+  const streamStates = (id: string, partial: TokenPartial): TokenPartial => {
+    const streamed = streaming.get(id)
+    if (streamed === undefined || sidecar === undefined) return partial
+    const { hidden, ...rest } = partial
+    const { states } = streamed
+    if (hidden !== undefined) {
+      const chunk = streamed.next++
+      streamed.sent = streamed.sent.then(() =>
+        sidecar.send(states.id, new Tensor("float32", [1, hidden.length], hidden), {
+          to: states.receivers,
+          chunk,
+          stream: true
+        })
+      )
+    }
+    if (partial.finish !== undefined) closeStates(id)
+    return rest
+  }
+  const closeStates = (id: string) => {
+    const streamed = streaming.get(id)
+    streaming.delete(id)
+    if (streamed === undefined || sidecar === undefined) return
+    const { states } = streamed
+    void streamed.sent
+      .then(() => sidecar.closeStream(states.id, { numChunks: streamed.next, to: states.receivers }))
+      .catch(() => undefined)
+  }
 
   const transfer = async (op: StepOp): Promise<KvResult | undefined> => {
     if (op.op !== "kv-export" && op.op !== "kv-import") return undefined
@@ -103,6 +138,9 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | KvResult | WorkerStats 
       )
       for (const item of items) {
         const op = item.meta
+        if (op.op === "prefill" && op.states !== undefined)
+          streaming.set(item.requestId, { states: op.states, next: op.states.firstChunk, sent: Promise.resolve() })
+        else if (op.op === "free") closeStates(item.requestId)
         if (op.op === "prefill" && item.trace !== undefined) {
           const span = startSpan("generate", {
             parent: item.trace,
@@ -145,7 +183,7 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | KvResult | WorkerStats 
                 generating.delete(id)
               }
             }
-            emit(index, value)
+            emit(index, streamStates(id, value))
           }
         )
       } catch (error) {
@@ -175,6 +213,7 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | KvResult | WorkerStats 
             if (sidecar === undefined) return { error: 'this executor has no sidecar; ask for return: "inline"' }
             await sidecar.send(op.id, new Tensor("float32", output.shape, output.embedding), {
               to: op.receivers,
+              ...(op.stream === true ? { stream: true } : {}),
               ...(span.traceparent === undefined ? {} : { traceparent: span.traceparent })
             })
             return { shape: output.shape }

@@ -655,6 +655,108 @@ describe("Dispatcher.dispatch, against stand-in executors", () => {
       expect(await outstanding()).toEqual(none)
     })
 
+    describe("with a call that answers and goes on (a thinker streaming to a talker)", () => {
+      const thinkAndTalk = graphOf(
+        {
+          taskId: "encoder-a",
+          kind: "llm",
+          operation: "hidden-states",
+          config: { model: "m" },
+          input: {
+            messages: [{ role: "user", content: "hi" }],
+            embeddingSource: "hidden_states",
+            embeddingGenerate: "stream"
+          },
+          output: { embeddings: forward("states"), transcript: { $dataForward: "text", dataType: "string" } },
+          streams: false
+        },
+        {
+          taskId: "llm-b",
+          kind: "llm",
+          operation: "talk",
+          config: { model: "m" },
+          input: {
+            embeddings: forward("states"),
+            transcript: { $dataForward: "text", dataType: "string" },
+            trailing: true
+          },
+          output: {},
+          streams: true
+        }
+      )
+      const thinkerHead = { id: "x", source: "hidden_states", dtype: "float32", shape: [3, 64] }
+      /** The thinker's head at once; `end` then writes its last line (or an error) and ends its answer. */
+      const thinking = () => {
+        let end: (line: unknown) => void = () => undefined
+        for (const encoder of encoders)
+          encoder.handle = (_, response) => {
+            response.writeHead(200, { "content-type": "application/x-ndjson" })
+            response.write(`${JSON.stringify(thinkerHead)}\n`)
+            end = (line) => response.end(`${JSON.stringify(line)}\n`)
+          }
+        return { end: (line: unknown) => end(line) }
+      }
+      const frame = `${JSON.stringify({ frame: [1, 2] })}\n`
+
+      it("answers its output at its first line, and the request fails when it fails later", async () => {
+        const thinker = thinking()
+        llm.handle = (_, response) => {
+          response.writeHead(200, { "content-type": "application/x-ndjson" })
+          response.write(frame)
+        }
+        const outcome = await dispatch(thinkAndTalk, "goes-on-fails", requestSignal())
+        expect(outcome.outputs[0]).toMatchObject({ shape: [3, 64], dtype: "float32" })
+        const reader = outcome.stream![Symbol.asyncIterator]()
+        expect((await reader.next()).value).toEqual({ frame: [1, 2] })
+        expect((await outstanding())["encoder-a"]).toBe(1)
+        thinker.end({ error: { code: "ExecutorFailed", message: "worker 0 failed" } })
+        await expect(reader.next()).rejects.toMatchObject({
+          _tag: "DispatchFailed",
+          message: "task encoder-a: ExecutorFailed: worker 0 failed"
+        })
+        await expect(llm.received[0]!.abandoned).resolves.toBe(true)
+        expect(await outstanding()).toEqual(none)
+      })
+
+      it("holds its lease until its work ends, and cuts it short when the last stream ends first", async () => {
+        const thinker = thinking()
+        llm.handle = (_, response) => {
+          response.writeHead(200, { "content-type": "application/x-ndjson" })
+          response.write(frame)
+          void thinkerDone.then(() =>
+            response.end(`${JSON.stringify({ done: true, frames: 1, finishReason: "length", frameRate: 12.5 })}\n`)
+          )
+        }
+        let finishTalk: () => void = () => undefined
+        const thinkerDone = new Promise<void>((resolve) => (finishTalk = resolve))
+        const whole = await dispatch(thinkAndTalk, "goes-on-ends", requestSignal())
+        thinker.end({ done: true, completion: { text: "hi", token_ids: [1], finish_reason: "stop" } })
+        await new Promise((resolve) => setTimeout(resolve, 50))
+        expect((await outstanding())["encoder-a"]).toBe(0)
+        finishTalk()
+        const items: Array<unknown> = []
+        for await (const item of whole.stream!) items.push(item)
+        expect(items).toEqual([{ frame: [1, 2] }])
+        expect(await outstanding()).toEqual(none)
+
+        // A talker that ends first: the thinker still at work is cancelled, and nothing fails.
+        thinking()
+        llm.handle = (_, response) => {
+          response.writeHead(200, { "content-type": "application/x-ndjson" })
+          response.end(
+            `${frame}${JSON.stringify({ done: true, frames: 1, finishReason: "length", frameRate: 12.5 })}\n`
+          )
+        }
+        const short = await dispatch(thinkAndTalk, "goes-on-cut", requestSignal())
+        for await (const _ of short.stream!) {
+          // drained
+        }
+        const thinkerCall = encoders.flatMap((encoder) => encoder.received).at(-1)!
+        await expect(thinkerCall.abandoned).resolves.toBe(true)
+        expect(await outstanding()).toEqual(none)
+      })
+    })
+
     it("when the stream breaks off mid-way", async () => {
       for (const encoder of encoders)
         encoder.handle = (request, response) => answerJson(response, embedded(request.body))

@@ -3,7 +3,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as ort from "onnxruntime-node"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import type { SamplingParams } from "../../../src/executors/llm/protocol.js"
+import type { SamplingParams, TokenPartial } from "../../../src/executors/llm/protocol.js"
 import { Runner } from "../../../src/executors/llm/Runner.js"
 import type { EmbedOutput } from "../../../src/executors/llm/StepRunner.js"
 import { llamaGraphs } from "../../../src/models/architectures/Llama.js"
@@ -42,8 +42,8 @@ afterAll(async () => {
 
 const promptIds = Int32Array.from({ length: 11 }, (_, i) => (i * 53 + 7) % config.vocabSize)
 
-/** The same model's embedding export (no lm_head: last_hidden_state), run in-process on the prompt. */
-const reference = async (dtype: Dtype): Promise<Float32Array> => {
+/** The same model's embedding export (no lm_head: last_hidden_state), run in-process on the prompt (or `ids`). */
+const reference = async (dtype: Dtype, ids: ArrayLike<number> = promptIds): Promise<Float32Array> => {
   const bytes = llamaGraphs(
     config,
     {
@@ -60,9 +60,9 @@ const reference = async (dtype: Dtype): Promise<Float32Array> => {
     .get("model")!
     .toBytes()
   const session = await ort.InferenceSession.create(bytes, { intraOpNumThreads: 1 })
-  const length = promptIds.length
+  const length = ids.length
   const feeds: Record<string, ort.Tensor> = {
-    input_ids: new ort.Tensor("int64", BigInt64Array.from(promptIds, BigInt), [1, length]),
+    input_ids: new ort.Tensor("int64", BigInt64Array.from(Array.from(ids), BigInt), [1, length]),
     attention_mask: new ort.Tensor("int64", new BigInt64Array(length).fill(1n), [1, length]),
     position_ids: new ort.Tensor(
       "int64",
@@ -120,6 +120,56 @@ describe("a text-generation export's final hidden states", () => {
         )
         expect(decoded).toBe(2)
         check(outputs.find((output) => output !== undefined && "embedding" in output))
+      } finally {
+        await runner.close()
+      }
+    }
+  )
+
+  // fp32: an 8-bit export quantises each run's activations with one scale, which spans a decode
+  // step's rows there and the whole sequence in the reference.
+  it.each(["fp32"] as const)(
+    "%s: a generation that asks gets each step's input token's hidden state with its next token, as a run over the whole sequence gives",
+    async (dtype) => {
+      const runner = await Runner.open(await loadModelDirectory(root), "cpu", 1, dtype)
+      try {
+        const prefill = (id: string, ids: ArrayLike<number>, sampling: SamplingParams) => ({
+          id,
+          op: { op: "prefill" as const, prompt: { inputIds: Int32Array.from(ids), media: [] }, sampling }
+        })
+        const tokens: Array<number> = []
+        const rows: Array<Float32Array> = []
+        const take = (index: number, partial: TokenPartial) => {
+          if (index !== 0) return expect(partial.hidden).toBeUndefined()
+          tokens.push(partial.token)
+          if (partial.hidden !== undefined) rows.push(partial.hidden)
+        }
+        // Beside another request that does not ask for them.
+        await runner.step(
+          [
+            prefill("states", promptIds, { ...greedy, maxNewTokens: 6, hiddenStates: true }),
+            prefill("other", [77, 3], greedy)
+          ],
+          take
+        )
+        while (tokens.length < 6)
+          await runner.step(
+            [
+              { id: "states", op: { op: "decode" } },
+              { id: "other", op: { op: "decode" } }
+            ],
+            take
+          )
+        // The first token comes from the prompt, and the last is never read: a row for each between.
+        expect(tokens).toHaveLength(6)
+        expect(rows).toHaveLength(5)
+        const expected = await reference(dtype, [...promptIds, ...tokens])
+        const width = config.hiddenSize
+        rows.forEach((row, k) => {
+          const at = (promptIds.length + k) * width
+          const error = relativeError(row, expected.subarray(at, at + width))
+          expect(error, `row ${k}: relative error ${error}`).toBeLessThanOrEqual(1e-5)
+        })
       } finally {
         await runner.close()
       }

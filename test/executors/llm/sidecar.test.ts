@@ -13,7 +13,8 @@ import { Random } from "../../../src/models/Random.js"
 import { colors } from "../../../src/models/recipes/ColorChannels.js"
 import { colorImage, tone } from "../../models/support/Synthetic.js"
 import { startExecutor, startSidecar } from "../../support/executors.js"
-import { postAuthorized, secretEnv, testSecret } from "../executorSecret.js"
+import { relativeError } from "../../models/support/Ort.js"
+import { authorized, postAuthorized, secretEnv, testSecret } from "../executorSecret.js"
 
 /**
  * The LLM executor among the others on one node, as real processes on loopback: Eric sends image
@@ -200,6 +201,79 @@ describe("prompt embeddings through the sidecar (the LLM embedding task)", () =>
     })
     expect(tokens.body.embedding).not.toEqual(inline.body.embedding)
     await sidecarClient.markDone("prompt-states")
+  })
+
+  it("streams a generation's hidden states, the prompt's at once and then a row a token, its text beside them", async () => {
+    const messages = [{ role: "user", content: [{ type: "image_url", image_url: { url: await imageUrl(2, 11) } }] }]
+    const body = { model, messages, source: "hidden_states" }
+    const whole = await post<PromptEmbeddingsResponse>(`${llm.url}/v1/cornserve/prompt-embeddings`, {
+      ...body,
+      id: "whole",
+      return: "inline",
+      generate: { max_tokens: 6 }
+    })
+    expect(whole.status).toBe(200)
+    const response = await fetch(`${llm.url}/v1/cornserve/prompt-embeddings`, {
+      method: "POST",
+      headers: { ...authorized, "content-type": "application/json" },
+      body: JSON.stringify({
+        ...body,
+        id: "streamed",
+        receivers: [sidecar.nodeId],
+        generate: { max_tokens: 6, stream: true, transcript: { id: "streamed-text" } }
+      })
+    })
+    expect(response.status).toBe(200)
+    expect(response.headers.get("content-type")).toContain("application/x-ndjson")
+    const lines = (await response.text())
+      .trim()
+      .split("\n")
+      .map((line) => JSON.parse(line) as Record<string, unknown>)
+    const completion = whole.body.completion!
+    const [width, generated] = [whole.body.shape[1], completion.token_ids.length]
+    const promptRows = whole.body.shape[0] - generated
+    expect(lines).toEqual([
+      { id: "streamed", source: "hidden_states", dtype: "float32", shape: [promptRows, width] },
+      { done: true, completion }
+    ])
+    // Chunk 0 the prompt's rows, then one a generated token but the last, then the stream's end.
+    const rows: Array<Float32Array> = []
+    for (let chunk = 0; ; chunk++) {
+      const tensor = (await sidecarClient.recv("streamed", chunk, { timeoutMs: 5_000 })) as Tensor | undefined
+      if (tensor === undefined) break
+      expect(tensor.shape).toEqual([chunk === 0 ? promptRows : 1, width])
+      rows.push((tensor.data as Float32Array).slice())
+      await sidecarClient.markDone("streamed", chunk)
+    }
+    expect(rows).toHaveLength(generated)
+    const streamed = Float32Array.from(rows.flatMap((part) => Array.from(part)))
+    const expected = whole.body.embedding!.slice(0, streamed.length)
+    expect(relativeError(streamed, Float32Array.from(expected))).toBeLessThanOrEqual(1e-5)
+    // The text's pieces, then how it ended.
+    const pieces: Array<Record<string, unknown>> = []
+    for (let chunk = 0; ; chunk++) {
+      const piece = await sidecarClient.recv("streamed-text", chunk, { timeoutMs: 5_000 })
+      if (piece === undefined) break
+      pieces.push(JSON.parse(piece as string) as Record<string, unknown>)
+      await sidecarClient.markDone("streamed-text", chunk)
+    }
+    expect(
+      pieces
+        .slice(0, -1)
+        .map((piece) => piece.text)
+        .join("")
+    ).toBe(completion.text)
+    expect(pieces.at(-1)).toEqual({ finish_reason: completion.finish_reason, completion_tokens: generated })
+    expect((await sidecarClient.stats()).transfersActive).toBe(0)
+
+    const inline = await post<{ error: { message: string } }>(`${llm.url}/v1/cornserve/prompt-embeddings`, {
+      ...body,
+      id: "inline-stream",
+      return: "inline",
+      generate: { stream: true }
+    })
+    expect(inline.status).toBe(400)
+    expect(inline.body.error.message).toMatch(/not "inline"/)
   })
 
   it("feeds Geri's painter, which paints the colour the prompt names", async () => {

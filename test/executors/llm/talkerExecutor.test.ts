@@ -110,6 +110,56 @@ describe("a talker on the LLM executor", () => {
     expect(stats.bytesInUse).toBe(0)
   })
 
+  it("takes a streaming thinker's rows as they come, a row a frame, and passes its transcript on", async () => {
+    const random = new Random(8)
+    const prompt = random.normals(5 * thinkerHidden, 1)
+    const answer = random.normals(4 * thinkerHidden, 1)
+    const states = new Float32Array([...prompt, ...answer])
+    const expected = await talkerReference(talkerFiles(), states, thinkerHidden, 8, 5)
+    // The rows matter: without them the frames after the first differ.
+    const alone = await talkerReference(talkerFiles(), prompt, thinkerHidden, 8)
+    expect(alone[0]).toEqual(expected[0])
+    expect(alone.slice(1)).not.toEqual(expected.slice(1))
+
+    const to = [sidecar.nodeId]
+    await client.send("trail", new Tensor("float32", [5, thinkerHidden], prompt), { to, chunk: 0, stream: true })
+    const response = await talk({ embeddings: "trail", trailing: true, transcript: "trail-text", maxFrames: 8 })
+    expect(response.status).toBe(200)
+    const reader = response.body!.getReader()
+    const decoder = new TextDecoder()
+    let text = ""
+    // The first frame comes from the prompt alone; the next waits for the thinker's first row.
+    while (!text.includes("\n")) text += decoder.decode((await reader.read()).value, { stream: true })
+    expect(JSON.parse(text.slice(0, text.indexOf("\n")))).toEqual({ frame: expected[0] })
+    const row = (from: number, rows: number) =>
+      new Tensor("float32", [rows, thinkerHidden], answer.slice(from * thinkerHidden, (from + rows) * thinkerHidden))
+    const piece = (chunk: number, value: object) =>
+      client.send("trail-text", JSON.stringify(value), { to, chunk, stream: true })
+    await client.send("trail", row(0, 1), { to, chunk: 1, stream: true })
+    await piece(0, { text: "hel" })
+    await client.send("trail", row(1, 2), { to, chunk: 2, stream: true })
+    await piece(1, { text: "lo" })
+    await client.send("trail", row(3, 1), { to, chunk: 3, stream: true })
+    await piece(2, { finish_reason: "stop", completion_tokens: 5 })
+    await client.closeStream("trail")
+    await client.closeStream("trail-text")
+    for (let read = await reader.read(); !read.done; read = await reader.read())
+      text += decoder.decode(read.value, { stream: true })
+    const all = text
+      .trim()
+      .split("\n")
+      .map((line) => JSON.parse(line) as Line & { text?: string; textDone?: unknown })
+    expect(all.flatMap((line) => (line.frame === undefined ? [] : [line.frame]))).toEqual(expected)
+    expect(all.flatMap((line) => (line.text === undefined ? [] : [line.text]))).toEqual(["hel", "lo"])
+    expect(all.filter((line) => line.textDone !== undefined)).toEqual([
+      { textDone: { finishReason: "stop", completionTokens: 5 } }
+    ])
+    expect(all.at(-1)).toEqual({ done: true, frames: 8, finishReason: "length", frameRate: 12.5 })
+    const stats = await client.stats()
+    expect(stats.transfersActive).toBe(0)
+    expect(stats.bytesInUse).toBe(0)
+  })
+
   it("refuses hidden states of another width, ones that never come, and a request over its context, and goes on", async () => {
     await send("narrow", new Random(4).normals(5 * 32, 1), 32)
     const narrow = await talk({ embeddings: "narrow" })
