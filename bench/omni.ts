@@ -4,7 +4,7 @@
  * against the same app answering text alone, in the same run:
  *
  * - text: the thinker's answer alone (no "audio" in modalities), whole: the baseline.
- * - spoken, streamed: the time to the transcript (the thinker's text), to the first audio piece,
+ * - spoken, streamed: the time to the transcript's first piece (the thinker's text), to the first audio piece,
  *   and to the end; the real-time factor (wall seconds ÷ audio seconds).
  * - spoken, whole: one WAV answer.
  * - 4 concurrent spoken streams: audio seconds made per wall second, against one stream's.
@@ -86,7 +86,7 @@ export default async function omniBench(): Promise<void> {
             }
             const audio = chunk.choices[0]?.delta.audio
             const now = (performance.now() - start) / 1000
-            if (audio?.transcript !== undefined) transcriptSeconds ??= now
+            if (audio?.transcript) transcriptSeconds ??= now
             if (audio?.data !== undefined) {
               firstAudioSeconds ??= now
               bytes += Buffer.from(audio.data, "base64").length
