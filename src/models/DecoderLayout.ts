@@ -121,6 +121,8 @@ export interface DecoderInterface {
   readonly positionIds: boolean
   /** 3 where position_ids is [3, batch, sequence] (Qwen2-VL's multimodal rotary positions), else 1. */
   readonly positionAxes: 1 | 3
+  /** The first token's position (DecoderSpec's `firstPosition`). */
+  readonly firstPosition: 0 | 1
   /** Older merged exports switch between their prefill and decode branches on this bool. */
   readonly useCacheBranch: boolean
   /** Exports that can compute logits for the last positions only. */
@@ -149,7 +151,12 @@ const floatType = (value: GraphValue, file: string, path: string): CacheType => 
 export const decoderInterface = (
   inputs: ReadonlyArray<GraphValue>,
   outputs: ReadonlyArray<GraphValue>,
-  expected: { readonly layers: number; readonly kvHeads: number; readonly headDim: number },
+  expected: {
+    readonly layers: number
+    readonly kvHeads: number
+    readonly headDim: number
+    readonly firstPosition?: 0 | 1
+  },
   file: string,
   path: string
 ): DecoderInterface => {
@@ -206,6 +213,7 @@ export const decoderInterface = (
     embedsType: tokens === "inputs_embeds" ? floatType(byName.get("inputs_embeds")!, file, path) : "float32",
     positionIds: byName.has("position_ids"),
     positionAxes: byName.get("position_ids")?.shape.length === 3 ? 3 : 1,
+    firstPosition: expected.firstPosition ?? 0,
     useCacheBranch: byName.has("use_cache_branch"),
     numLogitsToKeep: byName.has("num_logits_to_keep"),
     cache,

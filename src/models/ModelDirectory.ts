@@ -96,6 +96,24 @@ export interface DecoderSpec {
   readonly maxPositions: number | undefined
   /** The positions each attends within, where the model's attention is windowed. */
   readonly slidingWindow: number | undefined
+  /** The first token's position: 1 for Gemma 3 and PaliGemma, whose exports transformers.js feeds so, else 0. */
+  readonly firstPosition: 0 | 1
+}
+
+/** Model types whose position_ids count from 1 (transformers.js's `create_position_ids` start index). */
+const countsFromOne = new Set(["gemma3", "gemma3_text", "paligemma"])
+
+/**
+ * Gemma 3's text_config as Google writes it holds only what differs from Gemma3TextConfig's
+ * defaults (no vocab_size, no head counts): those defaults, under what the config gives.
+ */
+const gemma3TextDefaults = {
+  vocab_size: 262208,
+  num_attention_heads: 8,
+  num_key_value_heads: 4,
+  head_dim: 256,
+  max_position_embeddings: 131072,
+  sliding_window: 4096
 }
 
 export interface ModelDirectory {
@@ -166,7 +184,8 @@ const readJsonObject = async (
  * vocab_size; an encoder-decoder's (Whisper's) describes its own layers, read by its own reader.
  */
 const decoderSpec = (config: Readonly<Record<string, unknown>>, path: string): DecoderSpec | undefined => {
-  const section = (config.text_config ?? config) as Record<string, unknown>
+  const given = (config.text_config ?? config) as Record<string, unknown>
+  const section = given.model_type === "gemma3_text" ? { ...gemma3TextDefaults, ...given } : given
   if (section.vocab_size === undefined || config.is_encoder_decoder === true) return undefined
   const decoder = decodeModelFile(DecoderConfig, section, path, "config.json (decoder fields)")
   return {
@@ -180,7 +199,8 @@ const decoderSpec = (config: Readonly<Record<string, unknown>>, path: string): D
     slidingWindow:
       typeof section.sliding_window === "number" && section.use_sliding_window !== false
         ? section.sliding_window
-        : undefined
+        : undefined,
+    firstPosition: countsFromOne.has(String(config.model_type)) ? 1 : 0
   }
 }
 
@@ -205,7 +225,13 @@ export const loadModelDirectory = async (dir: string): Promise<ModelDirectory> =
   if (!info.isDirectory()) throw new InvalidModelDirectory({ path, reason: "it is not a directory" })
 
   const rawConfig = (await readJsonObject(path, "config.json", true))!
-  const config = decodeModelFile(ModelConfig, rawConfig, path, "config.json")
+  // Gemma 3 and LLaVA-style configs name the image token image_token_index, which transformers.js reads too.
+  const config = decodeModelFile(
+    ModelConfig,
+    { ...rawConfig, image_token_id: rawConfig.image_token_id ?? rawConfig.image_token_index },
+    path,
+    "config.json"
+  )
   const tokenizerJson = await readJsonObject(path, "tokenizer.json", false)
   const tokenizerConfigJson = await readJsonObject(path, "tokenizer_config.json", false)
   if (tokenizerJson === undefined && tokenizerConfigJson !== undefined) {

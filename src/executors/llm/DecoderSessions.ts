@@ -138,7 +138,7 @@ export const openDecoderSessions = async (
   const io = decoderInterface(
     metadataOf(decoder!.inputMetadata).filter((value) => !own.has(value.name)),
     metadataOf(decoder!.outputMetadata),
-    { layers: spec.layers, kvHeads: spec.keyValueHeads, headDim: spec.headDim },
+    { layers: spec.layers, kvHeads: spec.keyValueHeads, headDim: spec.headDim, firstPosition: spec.firstPosition },
     files.decoder.slice(model.path.length + 1),
     model.path
   )

@@ -13,11 +13,12 @@ export interface PromptPositions {
 
 /**
  * Each token's position in a prompt, axis by axis: its M-RoPE positions where the prompt has
- * them, index + delta past them, the index on every axis without them.
+ * them, index + delta past them, the index (plus `first`, for a model that counts from 1) on
+ * every axis without them.
  */
-export const promptPositions = (prompt: PromptInput, axes: 1 | 3): PromptPositions => {
+export const promptPositions = (prompt: PromptInput, axes: 1 | 3, first: 0 | 1 = 0): PromptPositions => {
   const rope = axes === 3 ? prompt.rope : undefined
-  if (rope === undefined) return { at: (_, p) => p, delta: 0 }
+  if (rope === undefined) return { at: (_, p) => p + first, delta: first }
   const length = rope.positions.length / 3
   return {
     at: (axis, p) => (p < length ? rope.positions[axis * length + p]! : p + rope.delta),

@@ -247,7 +247,7 @@ export class Runner implements StepRunner {
       cache === undefined ? 0 : cache.lookup(keys, Math.floor((prompt.inputIds.length - 1) / cache.blockTokens))
     const read = imported ?? (cached === 0 ? undefined : cache!.read(keys, cached))
     this.kv.join(id, prompt.inputIds.length, read)
-    const located = promptPositions(prompt, this.io.positionAxes)
+    const located = promptPositions(prompt, this.io.positionAxes, this.io.firstPosition)
     this.sequences.set(id, {
       sampler: new Sampler(
         sampling,
@@ -467,7 +467,7 @@ export class Runner implements StepRunner {
         ? int64(BigInt64Array.from(prompt.inputIds.subarray(from, length), BigInt), [1, length - from])
         : floatsAs(this.io.embedsType, rows.subarray(from * hidden, length * hidden), [1, length - from, hidden]),
       this.kv.past({ kind: "alone", length, ...(after === undefined ? {} : { after }) }),
-      piecePositions(promptPositions(prompt, axes), from, length, axes),
+      piecePositions(promptPositions(prompt, axes, this.io.firstPosition), from, length, axes),
       [1, length - from]
     )
     if (this.io.useCacheBranch) feeds.use_cache_branch = new ort.Tensor("bool", Uint8Array.of(from > 0 ? 1 : 0), [1])
