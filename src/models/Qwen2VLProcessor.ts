@@ -1,10 +1,11 @@
-import { rawImageResize } from "./RawImageResize.js"
 import * as Either from "effect/Either"
 import * as Schema from "effect/Schema"
-import sharp from "sharp"
 import { InvalidProcessorConfig, preprocessorConfigFile } from "./Idefics3Processor.js"
 import type { RgbImage } from "./ImageProcessor.js"
 import { decodeConfig } from "./ModelDirectory.js"
+import { type DecodeOptions, decodeRgb, levelTables, resizeRgb } from "./RgbPixels.js"
+
+export { resizeRgb }
 
 /**
  * The Qwen2-VL processor (Qwen2-VL and Qwen2.5-VL), computing what transformers.js's
@@ -197,10 +198,7 @@ export const qwen2VLRequestSettings = (
   }
 }
 
-export interface Qwen2VLImageOptions extends PixelBounds {
-  /** sharp's limit on the pixels of an encoded image, checked from its header before decoding. */
-  readonly limitInputPixels?: number
-}
+export interface Qwen2VLImageOptions extends PixelBounds, DecodeOptions {}
 
 /** [t, h, w]: temporal patches, and patch rows and columns, as image_grid_thw / video_grid_thw hold them. */
 export type GridThw = readonly [t: number, h: number, w: number]
@@ -213,56 +211,6 @@ export interface Qwen2VLVisionInputs {
   /** The length of a row of pixelValues. */
   readonly patchDim: number
 }
-
-/** An encoded image as transformers.js reads it: oriented by EXIF, alpha dropped (not blended), gray spread to RGB. */
-const decodeRgb = async (bytes: Uint8Array, options: Qwen2VLImageOptions): Promise<RgbImage> => {
-  const { data, info } = await sharp(
-    bytes,
-    options.limitInputPixels === undefined ? {} : { limitInputPixels: options.limitInputPixels }
-  )
-    .rotate()
-    .removeAlpha()
-    .toColourspace("srgb")
-    .raw()
-    .toBuffer({ resolveWithObject: true })
-  return { data: new Uint8Array(data.buffer, data.byteOffset, data.length), width: info.width, height: info.height }
-}
-
-/** RawImage.resize of transformers.js under Node (see RawImageResize.ts). */
-export const resizeRgb = async (
-  image: RgbImage,
-  size: { readonly height: number; readonly width: number },
-  resample: Qwen2VLImageProcessorConfig["resample"]
-): Promise<RgbImage> => {
-  if (image.width === size.width && image.height === size.height) return image
-  const source = sharp(image.data, { raw: { width: image.width, height: image.height, channels: 3 } })
-  const resized = rawImageResize(source, image, size, resample)
-  const { data, info } = await resized.raw().toBuffer({ resolveWithObject: true })
-  if (info.width !== size.width || info.height !== size.height || info.channels !== 3) {
-    throw new Error(
-      `resizing ${image.width}×${image.height} to ${size.width}×${size.height} gave ${info.width}×${info.height}×${info.channels}`
-    )
-  }
-  return { data: new Uint8Array(data.buffer, data.byteOffset, data.length), width: info.width, height: info.height }
-}
-
-/**
- * Per channel, the normalized value of each 8-bit level: rescaled, then normalized, each result
- * stored as float32 as transformers.js stores it.
- */
-const levelTables = (config: Qwen2VLImageProcessorConfig): ReadonlyArray<Float32Array> =>
-  [0, 1, 2].map((c) => {
-    const mean = typeof config.image_mean === "number" ? config.image_mean : config.image_mean[c]!
-    const std = typeof config.image_std === "number" ? config.image_std : config.image_std[c]!
-    const table = new Float32Array(256)
-    for (let level = 0; level < 256; level++) {
-      let value = level
-      if (config.do_rescale) value = Math.fround(config.rescale_factor * value)
-      if (config.do_normalize) value = Math.fround((value - mean) / std)
-      table[level] = value
-    }
-    return table
-  })
 
 /**
  * Frames of one size (at least one; edges multiples of patch_size × merge_size) → the patches,

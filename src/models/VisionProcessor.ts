@@ -1,3 +1,4 @@
+import { type Gemma3ProcessorConfig, gemma3ProcessorConfig } from "./Gemma3Processor.js"
 import { type Idefics3Processor, idefics3Processor } from "./Idefics3Processor.js"
 import { decodeImageProcessorConfig, type ImageProcessorConfig } from "./ImageProcessor.js"
 import { InvalidModelDirectory, type ModelDirectory } from "./ModelDirectory.js"
@@ -8,19 +9,22 @@ import { type Qwen2VLProcessor, qwen2VLProcessor } from "./Qwen2VLProcessor.js"
  * a fixed-size processor (size: { height, width }: one frame per image, a fixed number of feature
  * rows), or Idefics3's (SmolVLM; size: { longest_edge }: tiles plus a global image, a grid the
  * prompt spells out), or Qwen2-VL's (Qwen2-VL, Qwen2.5-VL: images and videos at their own
- * resolution, as many patches as their area within min_pixels and max_pixels).
+ * resolution, as many patches as their area within min_pixels and max_pixels), or Gemma 3's (one
+ * frame at the size given, a fixed number of soft tokens that the prompt spells out).
  */
 export type VisionProcessor =
   | { readonly kind: "fixed"; readonly config: ImageProcessorConfig }
   | { readonly kind: "idefics3"; readonly processor: Idefics3Processor }
   | { readonly kind: "qwen2vl"; readonly processor: Qwen2VLProcessor }
+  | { readonly kind: "gemma3"; readonly processor: Gemma3ProcessorConfig }
 
 const idefics3Types = new Set(["Idefics3ImageProcessor", "SmolVLMImageProcessor"])
 const qwen2VLTypes = new Set(["Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast"])
 const qwen2VLModels = new Set(["qwen2_vl", "qwen2_5_vl"])
+const gemma3Types = new Set(["Gemma3ImageProcessor", "Gemma3ImageProcessorFast"])
 
 export const supportedImageProcessors =
-  "a fixed-size image processor (size: { height, width }) Idefics3ImageProcessor / SmolVLMImageProcessor (size: { longest_edge }) or Qwen2VLImageProcessor (min_pixels, max_pixels)"
+  "a fixed-size image processor (size: { height, width }) Idefics3ImageProcessor / SmolVLMImageProcessor (size: { longest_edge }), Qwen2VLImageProcessor (min_pixels, max_pixels) or Gemma3ImageProcessor"
 
 /** The model's image processor; a preprocessor config none of them follows is refused, naming the file and why. */
 export const visionProcessorOf = (model: ModelDirectory): VisionProcessor => {
@@ -40,6 +44,9 @@ export const visionProcessorOf = (model: ModelDirectory): VisionProcessor => {
   const qwen2VL =
     (typeof declared === "string" && qwen2VLTypes.has(declared)) ||
     (declared === undefined && qwen2VLModels.has(String(model.config.model_type)))
+  // Gemma 3's processor reads three files and says itself which is wrong.
+  if ((typeof declared === "string" && gemma3Types.has(declared)) || model.config.model_type === "gemma3")
+    return { kind: "gemma3", processor: gemma3ProcessorConfig(model) }
   try {
     if (qwen2VL) return { kind: "qwen2vl", processor: qwen2VLProcessor(config) }
     if (idefics3) {

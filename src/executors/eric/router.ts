@@ -64,9 +64,13 @@ export const routerKind: RouterKind = {
       const speech = isWhisper(model)
         ? yield* Effect.try({ try: () => speechModelOf(model), catch: (error) => error as Error })
         : undefined
-      // Idefics3 embeds images only: a video would be its frames as images, which its prompt does not spell.
+      // Idefics3 and Gemma 3 embed images only: a video would be its frames as images, which their prompts do not spell.
       const modalities = [
-        ...(vision === undefined ? [] : vision.kind === "idefics3" ? ["image"] : ["image", "video"]),
+        ...(vision === undefined
+          ? []
+          : vision.kind === "idefics3" || vision.kind === "gemma3"
+            ? ["image"]
+            : ["image", "video"]),
         ...(audioConfig || ultravox ? ["audio"] : []),
         ...(text === undefined ? [] : ["text"]),
         ...(speech === undefined ? [] : ["speech"])
@@ -116,7 +120,9 @@ export const routerKind: RouterKind = {
             case "image":
               return vision?.kind === "idefics3"
                 ? run("idefics3Image", { bytes, config: vision.processor.image, limits })
-                : run("image", { bytes, config: imageConfig, limits })
+                : vision?.kind === "gemma3"
+                  ? run("gemma3Image", { bytes, config: vision.processor, limits })
+                  : run("image", { bytes, config: imageConfig, limits })
             case "video":
               return run("video", {
                 bytes,

@@ -4,6 +4,7 @@
  * thread pool) or, when the request names sidecar embeddings, the rows an encoder executor sent.
  */
 import { decodeAudioProcessorConfig } from "../../models/AudioProcessor.js"
+import { expandGemma3Prompt, Gemma3ImageMarkerMismatch } from "../../models/Gemma3Processor.js"
 import { expandIdefics3Prompt } from "../../models/Idefics3Processor.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { mropePositions, VisionTokenMismatch } from "../../models/MRope.js"
@@ -88,6 +89,7 @@ export const makeMediaInputs = (options: {
     vision?.kind === "fixed" && model.config.image_seq_length !== undefined ? vision.config : undefined
   const idefics3 = vision?.kind === "idefics3" ? vision.processor : undefined
   const qwen2VL = vision?.kind === "qwen2vl" ? vision.processor : undefined
+  const gemma3 = vision?.kind === "gemma3" ? vision.processor : undefined
   const mergeSize = qwen2VL?.config.merge_size ?? 1
   const ultravox = ultravoxAudioOf(model)
   const audioConfig =
@@ -97,7 +99,7 @@ export const makeMediaInputs = (options: {
   const encodable = accepted.filter(
     (modality) =>
       (modality === "image"
-        ? (imageConfig ?? idefics3 ?? qwen2VL)
+        ? (imageConfig ?? idefics3 ?? qwen2VL ?? gemma3)
         : modality === "video"
           ? qwen2VL
           : (audioConfig ?? ultravox)) !== undefined
@@ -150,6 +152,15 @@ export const makeMediaInputs = (options: {
         rows: pixels.shape[0]! * idefics3.imageSeqLen,
         input: { kind: "pixel_values", data: pixels.data as Float32Array, shape: pixels.shape },
         grid: grid!
+      }
+    }
+    if (part.modality === "image" && gemma3 !== undefined) {
+      const { inputs } = await run("gemma3Image", { bytes, config: gemma3, limits })
+      const pixels = inputs.pixel_values!
+      return {
+        modality: "image",
+        rows: gemma3.imageSeqLength,
+        input: { kind: "pixel_values", data: pixels.data as Float32Array, shape: pixels.shape }
       }
     }
     if (part.modality === "image") {
@@ -245,6 +256,11 @@ export const makeMediaInputs = (options: {
     if (idefics3 !== undefined && ref.modality === "image" && grid === undefined) {
       throw new PromptError(`embedding ${ref.id} has no tile grid: it is not an Idefics3 image encoding`)
     }
+    if (gemma3 !== undefined && ref.modality === "image" && rows !== gemma3.imageSeqLength) {
+      throw new PromptError(
+        `embedding ${ref.id} has ${rows} rows: this model's images are ${gemma3.imageSeqLength} soft tokens each`
+      )
+    }
     if (qwen2VL !== undefined && ref.modality !== "audio") {
       if (thw === undefined || thw.some((n) => !(n > 0)) || visionTokenCount(thw, mergeSize) !== rows) {
         throw new PromptError(
@@ -268,8 +284,17 @@ export const makeMediaInputs = (options: {
   }
 
   const promptText = (text: string, media: ReadonlyArray<ResolvedMedia>): string => {
-    if (idefics3 === undefined) return text
     const images = media.filter((item) => item.modality === "image")
+    // Gemma 3: each image's marker the chat template wrote, spelled out as its soft tokens.
+    if (gemma3 !== undefined) {
+      try {
+        return expandGemma3Prompt(text, gemma3, images.length)
+      } catch (error) {
+        if (error instanceof Gemma3ImageMarkerMismatch) throw new PromptError(error.message)
+        throw error
+      }
+    }
+    if (idefics3 === undefined) return text
     try {
       return expandIdefics3Prompt(
         text,
@@ -282,7 +307,7 @@ export const makeMediaInputs = (options: {
   }
 
   const layout = (ids: ReadonlyArray<number>, media: ReadonlyArray<ResolvedMedia>) => {
-    if (idefics3 === undefined) {
+    if (idefics3 === undefined && gemma3 === undefined) {
       const { inputIds, starts } = expandPlaceholders(ids, placeholders, media)
       const spans = media.map((item, index) => ({ start: starts[index]!, rows: item.rows, input: item.input }))
       if (qwen2VL === undefined) return { inputIds, spans }
@@ -302,7 +327,8 @@ export const makeMediaInputs = (options: {
         throw error
       }
     }
-    const positions = scatterPlaceholders(ids, model.config.image_token_id!, media)
+    // Idefics3's and Gemma 3's prompts spell their images' tokens out: each image's rows go to its own.
+    const positions = scatterPlaceholders(ids, gemma3?.image.id ?? model.config.image_token_id!, media)
     return {
       inputIds: Int32Array.from(ids),
       spans: media.map((item, index) => ({
