@@ -33,6 +33,14 @@ export const gelu = (g: Graph, x: Value): Value => {
   return g.op("Mul", [x, gate])
 }
 
+/** GELU's tanh approximation (gelu_pytorch_tanh): 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))). */
+export const geluTanh = (g: Graph, x: Value): Value => {
+  const cubic = g.op("Mul", [g.op("Mul", [g.op("Mul", [x, x]), x]), g.floatScalar(0.044715)])
+  const inner = g.op("Mul", [g.op("Add", [x, cubic]), g.floatScalar(Math.sqrt(2 / Math.PI))])
+  const gate = g.op("Mul", [g.op("Add", [g.op("Tanh", [inner]), g.floatScalar(1)]), g.floatScalar(0.5)])
+  return g.op("Mul", [x, gate])
+}
+
 export const mlp = (g: Graph, x: Value, w: MlpWeights, name: string): Value =>
   g.scope(name, () => linear(g, gelu(g, linear(g, x, w.up, "up_proj")), w.down, "down_proj"))
 
