@@ -12,6 +12,7 @@ import {
   gemma3PixelValues,
   gemma3ProcessorConfig
 } from "../../src/models/Gemma3Processor.js"
+import { gemma3PreprocessorConfig } from "../../src/models/recipes/RandomGemma3.js"
 import { InvalidModelDirectory, loadModelDirectory, type ModelDirectory } from "../../src/models/ModelDirectory.js"
 import { type ChatMessage, ChatTokenizer } from "../../src/models/Tokenizer.js"
 import { offline } from "./support/TransformersJs.js"
@@ -24,25 +25,7 @@ import { packagedTokenizerConfig, writeTokenizerModel } from "./support/tokenize
  * same input_ids.
  */
 
-/** google/gemma-3-4b-it's preprocessor_config.json, at `side` pixels. */
-const googlePreprocessorConfig = (side: number) => ({
-  do_convert_rgb: null,
-  do_normalize: true,
-  do_pan_and_scan: null,
-  do_rescale: true,
-  do_resize: true,
-  image_mean: [0.5, 0.5, 0.5],
-  image_processor_type: "Gemma3ImageProcessor",
-  image_seq_length: 4,
-  image_std: [0.5, 0.5, 0.5],
-  pan_and_scan_max_num_crops: null,
-  pan_and_scan_min_crop_size: null,
-  pan_and_scan_min_ratio_to_activate: null,
-  processor_class: "Gemma3Processor",
-  resample: 2,
-  rescale_factor: 0.00392156862745098,
-  size: { height: side, width: side }
-})
+const googlePreprocessorConfig = (side: number) => gemma3PreprocessorConfig(side, 4)
 
 const side = 56
 const imageSeqLength = 4

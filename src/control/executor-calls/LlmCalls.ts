@@ -111,25 +111,36 @@ const generationOf = (input: typeof ChatInput.Type) => {
   }
 }
 
+/** An LLM embedding call's request to the executor: the prompt's embeddings out under the output's id. */
+const promptEmbeddingsBody = (
+  { config, input, output }: ReturnType<typeof decodeHiddenStatesCall>,
+  context: CallContext,
+  receivers: ReadonlyArray<string>,
+  asked: Pick<PromptEmbeddingsRequest, "source" | "generate">
+): PromptEmbeddingsRequest => ({
+  model: config.model,
+  messages: input.messages,
+  add_generation_prompt: false,
+  ...embeddingRefs(input.cornserveEmbeddings, context),
+  ...specialTokensParsed(input.parseSpecialTokensInContent),
+  id: output.embeddings,
+  receivers,
+  return: "sidecar",
+  ...asked
+})
+
 const promptEmbeddings = async (
   url: string,
   invocation: TaskInvocationWire,
   context: CallContext
 ): Promise<CallResult> => {
-  const { config, input, output } = decodeHiddenStatesCall(invocation)
-  if (input.embeddingGenerate === "stream") return streamedStates(url, invocation, context)
-  const body: PromptEmbeddingsRequest = {
-    model: config.model,
-    messages: input.messages,
-    add_generation_prompt: false,
-    ...embeddingRefs(input.cornserveEmbeddings, context),
-    ...specialTokensParsed(input.parseSpecialTokensInContent),
-    id: output.embeddings,
-    receivers: context.receivers,
+  const call = decodeHiddenStatesCall(invocation)
+  const { input } = call
+  if (input.embeddingGenerate === "stream") return streamedStates(url, call, invocation, context)
+  const body = promptEmbeddingsBody(call, context, context.receivers, {
     source: input.embeddingSource ?? "embed_tokens",
-    return: "sidecar",
     ...(input.embeddingGenerate === true ? { generate: generationOf(input) } : {})
-  }
+  })
   const response = await post(`${url}/v1/cornserve/prompt-embeddings`, PromptEmbeddingsRequest, body, context)
   const { shape, completion } = decodeAnswer(PromptEmbeddingsResponse)(await response.json())
   return {
@@ -159,21 +170,14 @@ const decodeStatesLine = decodeAnswer(Schema.parseJson(StatesLine))
  */
 const streamedStates = async (
   url: string,
+  call: ReturnType<typeof decodeHiddenStatesCall>,
   invocation: TaskInvocationWire,
   context: CallContext
 ): Promise<CallResult> => {
-  const { config, input, output } = decodeHiddenStatesCall(invocation)
+  const { input, output } = call
   const readers = (id: string) => context.receiversOf?.(id) ?? context.receivers
-  const body: PromptEmbeddingsRequest = {
-    model: config.model,
-    messages: input.messages,
-    add_generation_prompt: false,
-    ...embeddingRefs(input.cornserveEmbeddings, context),
-    ...specialTokensParsed(input.parseSpecialTokensInContent),
-    id: output.embeddings,
-    receivers: readers(output.embeddings),
+  const body = promptEmbeddingsBody(call, context, readers(output.embeddings), {
     source: "hidden_states",
-    return: "sidecar",
     generate: {
       ...generationOf(input),
       stream: true,
@@ -181,7 +185,7 @@ const streamedStates = async (
         ? {}
         : { transcript: { id: output.transcript, receivers: readers(output.transcript) } })
     }
-  }
+  })
   const response = await post(`${url}/v1/cornserve/prompt-embeddings`, PromptEmbeddingsRequest, body, context)
   const lines = responseLines(response)[Symbol.asyncIterator]()
   const { shape } = await lines

@@ -13,8 +13,9 @@ import {
 } from "../architectures/Gemma3.js"
 import { type ByteLevelBpe, byteLevelBpe } from "../ByteLevelBpe.js"
 import { Random } from "../Random.js"
-import { type LayerNormWeights, type LinearWeights, matrix, type TransformerBlockWeights } from "../Weights.js"
+import { matrix, type TransformerBlockWeights } from "../Weights.js"
 import { jsonFile, type ModelFiles } from "./Recipe.js"
+import { WeightDraw } from "./RandomWeights.js"
 
 /**
  * Model directories of a random-weight Gemma 3 (image and text) in the split layout
@@ -125,29 +126,6 @@ export const tinyGemma3Config = (vocabSize: number): Gemma3Config => ({
   mmTokensPerImage: 4
 })
 
-class WeightDraw {
-  constructor(private readonly random: Random) {}
-
-  /** Scaled by 1/√inputs so that activations keep their size through the layers. */
-  linear(inputs: number, outputs: number, bias: boolean): LinearWeights {
-    const weight = matrix(inputs, outputs, this.random.normals(inputs * outputs, 1 / Math.sqrt(inputs)))
-    return bias ? { weight, bias: this.random.normals(outputs, 0.1) } : { weight }
-  }
-
-  /** Gemma's RMSNorm weights w (scaling by 1 + w): off zero, so that a norm without the 1 shows. */
-  gemmaNorm(width: number): Float32Array {
-    return this.random.normals(width, 0.1)
-  }
-
-  layerNorm(width: number, epsilon: number): LayerNormWeights {
-    return {
-      gamma: this.random.normals(width, 0.1).map((value) => 1 + value),
-      beta: this.random.normals(width, 0.1),
-      epsilon
-    }
-  }
-}
-
 export const randomGemma3VisionWeights = (
   config: Gemma3VisionConfig,
   mmTokensPerImage: number,
@@ -189,15 +167,9 @@ export const randomGemma3VisionWeights = (
     positions: matrix(patches, hidden, random.normals(patches * hidden, 0.5)),
     layers,
     postLayerNorm: draw.layerNorm(hidden, layerNormEps),
-    softEmbeddingNorm: draw.gemmaNorm(hidden),
+    softEmbeddingNorm: draw.offsets(hidden),
     inputProjection: draw.linear(hidden, textHidden, false).weight
   }
-}
-
-const transposed = (rows: number, cols: number, data: Float32Array): Float32Array => {
-  const out = new Float32Array(rows * cols)
-  for (let r = 0; r < rows; r++) for (let c = 0; c < cols; c++) out[c * rows + r] = data[r * cols + c]!
-  return out
 }
 
 export const randomGemma3TextWeights = (config: Gemma3TextConfig, random: Random): Gemma3TextWeights => {
@@ -208,26 +180,18 @@ export const randomGemma3TextWeights = (config: Gemma3TextConfig, random: Random
   const layers = Array.from(
     { length: config.layers },
     (): Gemma3DecoderLayerWeights => ({
-      inputNorm: draw.gemmaNorm(hidden),
-      q: draw.linear(hidden, config.heads * headDim, false),
-      k: draw.linear(hidden, config.kvHeads * headDim, false),
-      v: draw.linear(hidden, config.kvHeads * headDim, false),
-      o: draw.linear(config.heads * headDim, hidden, false),
-      qNorm: draw.gemmaNorm(headDim),
-      kNorm: draw.gemmaNorm(headDim),
-      postAttentionNorm: draw.gemmaNorm(hidden),
-      preFeedforwardNorm: draw.gemmaNorm(hidden),
-      postFeedforwardNorm: draw.gemmaNorm(hidden),
-      gate: draw.linear(hidden, intermediateSize, false),
-      up: draw.linear(hidden, intermediateSize, false),
-      down: draw.linear(intermediateSize, hidden, false)
+      inputNorm: draw.offsets(hidden),
+      ...draw.attention(hidden, config.heads, config.kvHeads, headDim, false),
+      qNorm: draw.offsets(headDim),
+      kNorm: draw.offsets(headDim),
+      postAttentionNorm: draw.offsets(hidden),
+      preFeedforwardNorm: draw.offsets(hidden),
+      postFeedforwardNorm: draw.offsets(hidden),
+      ...draw.gatedMlp(hidden, intermediateSize)
     })
   )
-  const norm = draw.gemmaNorm(hidden)
-  const lmHead = config.tieWordEmbeddings
-    ? matrix(hidden, vocabSize, transposed(vocabSize, hidden, embedTokens.data))
-    : matrix(hidden, vocabSize, random.normals(hidden * vocabSize, 2 / Math.sqrt(hidden)))
-  return { config, embedTokens, layers, norm, lmHead }
+  const norm = draw.offsets(hidden)
+  return { config, embedTokens, layers, norm, lmHead: draw.lmHead(embedTokens, config.tieWordEmbeddings) }
 }
 
 /** The weights of one seed: the vision tower's and projector's drawn first, then the language model's. */
@@ -376,6 +340,26 @@ const gemma3Tokenizer = (): FixtureTokenizer => {
   }
 }
 
+/** google/gemma-3-4b-it's preprocessor_config.json, at `side` pixels and `softTokens` an image. */
+export const gemma3PreprocessorConfig = (side: number, softTokens: number) => ({
+  do_convert_rgb: null,
+  do_normalize: true,
+  do_pan_and_scan: null,
+  do_rescale: true,
+  do_resize: true,
+  image_mean: [0.5, 0.5, 0.5],
+  image_processor_type: "Gemma3ImageProcessor",
+  image_seq_length: softTokens,
+  image_std: [0.5, 0.5, 0.5],
+  pan_and_scan_max_num_crops: null,
+  pan_and_scan_min_crop_size: null,
+  pan_and_scan_min_ratio_to_activate: null,
+  processor_class: "Gemma3Processor",
+  resample: 2,
+  rescale_factor: 0.00392156862745098,
+  size: { height: side, width: side }
+})
+
 export interface RandomGemma3Options {
   readonly seed?: number
   /**
@@ -432,27 +416,7 @@ export const randomGemma3 = (options: RandomGemma3Options = {}): RandomGemma3 =>
         do_sample: false
       })
     ],
-    [
-      "preprocessor_config.json",
-      jsonFile({
-        do_convert_rgb: null,
-        do_normalize: true,
-        do_pan_and_scan: null,
-        do_rescale: true,
-        do_resize: true,
-        image_mean: [0.5, 0.5, 0.5],
-        image_processor_type: "Gemma3ImageProcessor",
-        image_seq_length: config.mmTokensPerImage,
-        image_std: [0.5, 0.5, 0.5],
-        pan_and_scan_max_num_crops: null,
-        pan_and_scan_min_crop_size: null,
-        pan_and_scan_min_ratio_to_activate: null,
-        processor_class: "Gemma3Processor",
-        resample: 2,
-        rescale_factor: 1 / 255,
-        size: { height: imageSize, width: imageSize }
-      })
-    ],
+    ["preprocessor_config.json", jsonFile(gemma3PreprocessorConfig(imageSize, config.mmTokensPerImage))],
     [
       "processor_config.json",
       jsonFile({ image_seq_length: config.mmTokensPerImage, processor_class: "Gemma3Processor" })

@@ -11,8 +11,9 @@ import {
 } from "../architectures/Qwen2VL.js"
 import { type ByteLevelBpe, byteLevelBpe } from "../ByteLevelBpe.js"
 import { Random } from "../Random.js"
-import { type LayerNormWeights, type LinearWeights, matrix } from "../Weights.js"
+import { matrix } from "../Weights.js"
 import { jsonFile, type ModelFiles } from "./Recipe.js"
+import { WeightDraw } from "./RandomWeights.js"
 
 /**
  * Model directories of a random-weight Qwen2-VL in the community's split layout
@@ -120,25 +121,6 @@ export const tinyQwen2VLConfig = (vocabSize: number): Qwen2VLConfig => ({
   }
 })
 
-class WeightDraw {
-  constructor(private readonly random: Random) {}
-
-  /** Scaled by 1/√inputs so that activations keep their size through the layers. */
-  linear(inputs: number, outputs: number, bias: boolean): LinearWeights {
-    const weight = matrix(inputs, outputs, this.random.normals(inputs * outputs, 1 / Math.sqrt(inputs)))
-    return bias ? { weight, bias: this.random.normals(outputs, 0.1) } : { weight }
-  }
-
-  /** Near 1, so that a wrong norm weight shows. */
-  scales(width: number): Float32Array {
-    return this.random.normals(width, 0.1).map((value) => 1 + value)
-  }
-
-  layerNorm(width: number): LayerNormWeights {
-    return { gamma: this.scales(width), beta: this.random.normals(width, 0.1), epsilon: 1e-6 }
-  }
-}
-
 export const randomQwen2VLVisionWeights = (
   config: Qwen2VLVisionConfig,
   textHidden: number,
@@ -168,12 +150,6 @@ export const randomQwen2VLVisionWeights = (
   }
 }
 
-const transposed = (rows: number, cols: number, data: Float32Array): Float32Array => {
-  const out = new Float32Array(rows * cols)
-  for (let r = 0; r < rows; r++) for (let c = 0; c < cols; c++) out[c * rows + r] = data[r * cols + c]!
-  return out
-}
-
 export const randomQwen2VLTextWeights = (config: Qwen2VLTextConfig, random: Random): Qwen2VLTextWeights => {
   const draw = new WeightDraw(random)
   const { hiddenSize: hidden, vocabSize, intermediateSize } = config
@@ -183,21 +159,13 @@ export const randomQwen2VLTextWeights = (config: Qwen2VLTextConfig, random: Rand
     { length: config.layers },
     (): Qwen2DecoderLayerWeights => ({
       inputNorm: draw.scales(hidden),
-      q: draw.linear(hidden, config.heads * headDim, true),
-      k: draw.linear(hidden, config.kvHeads * headDim, true),
-      v: draw.linear(hidden, config.kvHeads * headDim, true),
-      o: draw.linear(config.heads * headDim, hidden, false),
+      ...draw.attention(hidden, config.heads, config.kvHeads, headDim, true),
       postNorm: draw.scales(hidden),
-      gate: draw.linear(hidden, intermediateSize, false),
-      up: draw.linear(hidden, intermediateSize, false),
-      down: draw.linear(intermediateSize, hidden, false)
+      ...draw.gatedMlp(hidden, intermediateSize)
     })
   )
   const norm = draw.scales(hidden)
-  const lmHead = config.tieWordEmbeddings
-    ? matrix(hidden, vocabSize, transposed(vocabSize, hidden, embedTokens.data))
-    : matrix(hidden, vocabSize, random.normals(hidden * vocabSize, 2 / Math.sqrt(hidden)))
-  return { config, embedTokens, layers, norm, lmHead }
+  return { config, embedTokens, layers, norm, lmHead: draw.lmHead(embedTokens, config.tieWordEmbeddings) }
 }
 
 /** The weights of one seed: the vision tower's drawn first, then the language model's. */
