@@ -1,9 +1,13 @@
 /**
- * Qwen2-VL image chats: a random-weight Qwen2-VL in the community's split layout (vision tower of
- * 8 blocks at 512 wide, a Qwen2 decoder of 6 layers at 512 wide; 224×224 images, 256 patches, 64
- * vision tokens a prompt) through the LLM executor's chat API, against transformers.js's
- * Qwen2VLForConditionalGeneration on the same files in this process, with the same ONNX Runtime
- * thread count, in the same run.
+ * Image chats, family by family: a random-weight model in the community's split layout (a vision
+ * tower of 8 blocks at 512 wide, a decoder of 6 layers at 512 wide; 224×224 images, 64 vision
+ * tokens a prompt) through the LLM executor's chat API, against transformers.js's
+ * ...ForConditionalGeneration on the same files in this process, with the same ONNX Runtime
+ * thread count, in the same run. The families:
+ *
+ * - qwen2vl: Qwen2-VL (256 patches of 14 pixels, merged 2×2; M-RoPE positions);
+ * - gemma3: Gemma 3 (a SigLIP tower over 256 patches of 14 pixels, pooled 2×2 into 64 soft
+ *   tokens; a decoder of sliding-window layers (a window of 512) and a full one, positions from 1).
  *
  * - 1 request: one streamed image chat at a time vs one generate() at a time: chats per second and
  *   time to first token.
@@ -20,7 +24,8 @@
  * rounds; the ratios are medians. Prints a table, then (as the last line) one JSON object.
  *
  * Env: BENCH_ROUNDS (default 3), BENCH_THREADS (ONNX Runtime threads, default 2), BENCH_TOKENS
- * (at most this many tokens a chat, default 16; both sides stop at the end of sequence).
+ * (at most this many tokens a chat, default 16; both sides stop at the end of sequence),
+ * BENCH_FAMILY (qwen2vl, gemma3, or all: the default).
  */
 import { mkdtemp, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
@@ -28,9 +33,13 @@ import { basename, dirname, join } from "node:path"
 import { AutoModelForImageTextToText, AutoProcessor, env, RawImage, type Tensor } from "@huggingface/transformers"
 import * as ort from "onnxruntime-node"
 import sharp from "sharp"
-import { qwen2VLImage } from "../src/executors/common/media/preprocess.js"
+import { gemma3Image, qwen2VLImage } from "../src/executors/common/media/preprocess.js"
+import { gemma3ProcessorConfig } from "../src/models/Gemma3Processor.js"
+import { loadModelDirectory } from "../src/models/ModelDirectory.js"
 import { qwen2VLProcessor } from "../src/models/Qwen2VLProcessor.js"
+import { randomGemma3, tinyGemma3Config } from "../src/models/recipes/RandomGemma3.js"
 import { qwen2VLVocabulary, randomQwen2VLFiles } from "../src/models/recipes/RandomQwen2VL.js"
+import type { ModelFiles } from "../src/models/recipes/Recipe.js"
 import { writeModelFiles } from "../test/models/support/SmolVlmFixture.js"
 import { SidecarClient } from "../src/sidecar/SidecarClient.js"
 import { executorHeaders, startExecutor, startSidecar } from "../test/support/executors.js"
@@ -62,9 +71,95 @@ const image = (seed: number): Promise<Buffer> => {
 
 const dataUrl = (png: Buffer) => `data:image/png;base64,${png.toString("base64")}`
 
+/** What differs from one family to the next. */
+interface Family {
+  readonly name: string
+  readonly described: string
+  readonly reference: string
+  readonly files: () => ModelFiles
+  /** transformers.js's processor options: Gemma 3's chat template writes the <bos> itself. */
+  readonly processorOptions: Record<string, unknown>
+  /** The vision encoder's feeds for an image, preprocessed as the executors do. */
+  readonly encoderFeeds: (model: string) => Promise<(png: Buffer) => Promise<Record<string, ort.Tensor>>>
+  /** The chunks Eric sends an image's encoding in. */
+  readonly ericChunks: number
+}
+
+const floats = (tensor: { readonly data: unknown; readonly shape: ReadonlyArray<number> }) =>
+  new ort.Tensor("float32", tensor.data as Float32Array, tensor.shape as Array<number>)
+
+const qwen2VLFamily: Family = {
+  name: "qwen2vl",
+  described: "random Qwen2-VL (vision 8×512, decoder 6×512)",
+  reference: "Qwen2VLForConditionalGeneration",
+  files: () => qwen2VLBenchFiles(),
+  processorOptions: {},
+  encoderFeeds: async (model) => {
+    const processor = qwen2VLProcessor((await loadModelDirectory(model)).preprocessorConfig!)
+    return async (png) => {
+      const { inputs, thw } = await qwen2VLImage({ bytes: new Uint8Array(png), processor })
+      return {
+        pixel_values: floats(inputs.pixel_values!),
+        grid_thw: new ort.Tensor("int64", BigInt64Array.from(thw!, BigInt), [1, 3])
+      }
+    }
+  },
+  // The patch grid, then the features.
+  ericChunks: 2
+}
+
+const gemma3Family: Family = {
+  name: "gemma3",
+  described: "random Gemma 3 (SigLIP 8×512 pooled to 64 soft tokens, decoder 6×512: 5 sliding layers, 1 full)",
+  reference: "Gemma3ForConditionalGeneration",
+  files: () => {
+    const tiny = tinyGemma3Config(randomGemma3().config.text.vocabSize)
+    return randomGemma3({
+      seed: 11,
+      config: {
+        vision: { ...tiny.vision, hiddenSize: 512, intermediateSize: 2048, layers: 8, heads: 8, imageSize: side },
+        text: {
+          ...tiny.text,
+          hiddenSize: 512,
+          intermediateSize: 1408,
+          layers: 6,
+          heads: 8,
+          kvHeads: 2,
+          headDim: 64,
+          maxPositions: 4096,
+          queryPreAttnScalar: 64,
+          slidingWindow: 512,
+          layerTypes: [...Array.from({ length: 5 }, () => "sliding_attention" as const), "full_attention"]
+        },
+        mmTokensPerImage: 64
+      }
+    }).files
+  },
+  processorOptions: { add_special_tokens: false },
+  encoderFeeds: async (model) => {
+    const config = gemma3ProcessorConfig(await loadModelDirectory(model))
+    return async (png) => ({
+      pixel_values: floats((await gemma3Image({ bytes: new Uint8Array(png), config })).inputs.pixel_values!)
+    })
+  },
+  ericChunks: 1
+}
+
+const families: ReadonlyArray<Family> = [qwen2VLFamily, gemma3Family]
+
 export default async function vlmBench(): Promise<void> {
+  const asked = process.env.BENCH_FAMILY ?? "all"
+  const chosen = families.filter((family) => asked === "all" || family.name === asked)
+  if (chosen.length === 0)
+    throw new Error(`BENCH_FAMILY ${asked}: not one of ${families.map((family) => family.name).join(", ")}, all`)
+  const results: Array<Record<string, unknown>> = []
+  for (const family of chosen) results.push(await benchFamily(family))
+  console.log(JSON.stringify({ bench: "vlm", threads, rounds, tokens, families: results, targets }))
+}
+
+const qwen2VLBenchFiles = (): ModelFiles => {
   const vocabSize = qwen2VLVocabulary().vocabSize
-  const fixture = randomQwen2VLFiles({
+  return randomQwen2VLFiles({
     seed: 11,
     config: {
       vision: {
@@ -92,10 +187,14 @@ export default async function vlmBench(): Promise<void> {
       }
     },
     maxPixels: side * side
-  })
+  }).files
+}
+
+/** One family's runs; prints its table and answers its figures. */
+async function benchFamily(family: Family): Promise<Record<string, unknown>> {
   const root = await mkdtemp(join(tmpdir(), "cornserve-bench-vlm-"))
-  const model = join(root, "qwen2-vl-bench")
-  await writeModelFiles(model, fixture.files)
+  const model = join(root, `${family.name}-bench`)
+  await writeModelFiles(model, family.files())
   console.error(`vlm bench: ${model}, ${tokens} tokens a chat, ${threads} threads, ${rounds} rounds`)
 
   env.allowRemoteModels = false
@@ -111,7 +210,11 @@ export default async function vlmBench(): Promise<void> {
   ) as string
   /** transformers.js's greedy answer and its time to first token (from `origin`). */
   const reference = async (png: Buffer, origin: number) => {
-    const inputs = await processor(prompt, await RawImage.fromBlob(new Blob([new Uint8Array(png)])))
+    const inputs = await processor(
+      prompt,
+      await RawImage.fromBlob(new Blob([new Uint8Array(png)])),
+      family.processorOptions
+    )
     let puts = 0
     let firstAt = 0
     const streamer = {
@@ -173,9 +276,7 @@ export default async function vlmBench(): Promise<void> {
     eric.process.kill("SIGTERM")
   }
   process.once("SIGINT", stop)
-  const encoderProcessor = qwen2VLProcessor(
-    JSON.parse(new TextDecoder().decode(fixture.files.get("preprocessor_config.json")!))
-  )
+  const encoderFeeds = await family.encoderFeeds(model)
   const vision = await ort.InferenceSession.create(join(model, "onnx", "vision_encoder.onnx"), {
     intraOpNumThreads: threads,
     interOpNumThreads: 1,
@@ -197,12 +298,7 @@ export default async function vlmBench(): Promise<void> {
         { ignore_eos: false }
       )
     const direct = async (png: Buffer) => {
-      const { inputs, thw } = await qwen2VLImage({ bytes: new Uint8Array(png), processor: encoderProcessor })
-      const pixels = inputs.pixel_values!
-      await vision.run({
-        pixel_values: new ort.Tensor("float32", pixels.data as Float32Array, pixels.shape as Array<number>),
-        grid_thw: new ort.Tensor("int64", BigInt64Array.from(thw!, BigInt), [1, 3])
-      })
+      await vision.run(await encoderFeeds(png))
     }
     let nextId = 0
     const encode = async (png: Buffer) => {
@@ -214,8 +310,7 @@ export default async function vlmBench(): Promise<void> {
       })
       if (response.status !== 200) throw new Error(`Eric answered ${response.status}: ${await response.text()}`)
       await response.arrayBuffer()
-      // The patch grid, then the features.
-      for (const chunk of [0, 1]) {
+      for (let chunk = 0; chunk < family.ericChunks; chunk++) {
         await receiver.recv(id, chunk, { timeoutMs: 10_000 })
         await receiver.markDone(id, chunk)
       }
@@ -352,43 +447,37 @@ export default async function vlmBench(): Promise<void> {
     ]
     const widths = table[0]!.map((_, column) => Math.max(...table.map((row) => row[column]!.length)))
     console.log(
-      `vlm bench: random Qwen2-VL (vision 8×512, decoder 6×512), ${side}×${side} images (64 vision tokens), ${tokens} greedy tokens a chat, ${threads} ORT threads each side, medians over ${rounds} rounds`
+      `vlm bench, ${family.name}: ${family.described}, ${side}×${side} images (64 vision tokens), ${tokens} greedy tokens a chat, ${threads} ORT threads each side, medians over ${rounds} rounds`
     )
     console.log(
-      "baseline: transformers.js Qwen2VLForConditionalGeneration (chats), a direct ONNX Runtime loop of the same preprocessing and vision_encoder.onnx (encoder)"
+      `baseline: transformers.js ${family.reference} (chats), a direct ONNX Runtime loop of the same preprocessing and vision_encoder.onnx (encoder)`
     )
     for (const row of table) console.log(row.map((cell, column) => cell.padEnd(widths[column]!)).join("  "))
-    console.log(
-      JSON.stringify({
-        bench: "vlm",
-        threads,
-        rounds,
-        tokens,
-        answersDifferingFromTransformersJs: mismatches,
-        single: {
-          transformersJsChatsPerSecond: figure(samples.single.ref),
-          apiChatsPerSecond: figure(samples.single.api),
-          transformersJsTtftMs: figure(samples.single.refTtft, 1),
-          apiTtftMs: figure(samples.single.apiTtft, 1)
-        },
-        concurrent: {
-          transformersJsChatsPerSecond: figure(samples.concurrent.ref),
-          apiChatsPerSecond: figure(samples.concurrent.api),
-          transformersJsTtftMs: figure(samples.concurrent.refTtft, 1),
-          apiTtftMs: figure(samples.concurrent.apiTtft, 1)
-        },
-        encoder: {
-          directImagesPerSecond: figure(samples.encoder.ref),
-          ericImagesPerSecond: figure(samples.encoder.api)
-        },
-        ratios: {
-          single: figure(ratios.single, 3),
-          concurrent: figure(ratios.concurrent, 3),
-          encoder: figure(ratios.encoder, 3)
-        },
-        targets
-      })
-    )
+    return {
+      family: family.name,
+      answersDifferingFromTransformersJs: mismatches,
+      single: {
+        transformersJsChatsPerSecond: figure(samples.single.ref),
+        apiChatsPerSecond: figure(samples.single.api),
+        transformersJsTtftMs: figure(samples.single.refTtft, 1),
+        apiTtftMs: figure(samples.single.apiTtft, 1)
+      },
+      concurrent: {
+        transformersJsChatsPerSecond: figure(samples.concurrent.ref),
+        apiChatsPerSecond: figure(samples.concurrent.api),
+        transformersJsTtftMs: figure(samples.concurrent.refTtft, 1),
+        apiTtftMs: figure(samples.concurrent.apiTtft, 1)
+      },
+      encoder: {
+        directImagesPerSecond: figure(samples.encoder.ref),
+        ericImagesPerSecond: figure(samples.encoder.api)
+      },
+      ratios: {
+        single: figure(ratios.single, 3),
+        concurrent: figure(ratios.concurrent, 3),
+        encoder: figure(ratios.encoder, 3)
+      }
+    }
   } finally {
     process.off("SIGINT", stop)
     await receiver.close()
