@@ -108,7 +108,9 @@ describe("the decoder recipe", () => {
       keyValueHeads: heads,
       headDim,
       vocabSize: 1000,
-      maxPositions: 64
+      maxPositions: 64,
+      slidingWindow: undefined,
+      firstPosition: 0
     })
     decoder = await session(onnxPath(model, "decoder_model_merged"))
   })
