@@ -44,12 +44,20 @@ export const ExecutorSettings = Schema.Struct({
    * default), or quantised to 8 bits per row (about 2× the decode speed; tokens may part from
    * transformers.js's at near-ties).
    */
-  q4Activations: Schema.optional(Schema.Literal("exported", "int8"))
+  q4Activations: Schema.optional(Schema.Literal("exported", "int8")),
+  /**
+   * Eric: other models whose vision encoders hold this model's tower and differ in the projector
+   * alone (Gemma 3's sizes): the executor runs the tower once for all and each model's projector
+   * apart (the original Cornserve's encoder adapters). Sorted, without the executor's own model.
+   */
+  adapters: Schema.optional(Schema.Array(Schema.NonEmptyTrimmedString).pipe(Schema.maxItems(16)))
 })
 export type ExecutorSettings = typeof ExecutorSettings.Type
 
 /** Whether two records ask for the same executor (their fields equal, whatever their order). */
 export const sameSettings = (a: ExecutorSettings, b: ExecutorSettings): boolean => {
   const keys = new Set([...Object.keys(a), ...Object.keys(b)]) as Set<keyof ExecutorSettings>
-  return [...keys].every((key) => a[key] === b[key])
+  return [...keys].every((key) =>
+    key === "adapters" ? (a.adapters ?? []).join("\n") === (b.adapters ?? []).join("\n") : a[key] === b[key]
+  )
 }

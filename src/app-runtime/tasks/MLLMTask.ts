@@ -19,6 +19,14 @@ export const MLLMConfig = Schema.Struct({
   encoderFission: Schema.optionalWith(Schema.Boolean, { default: () => true }),
   /** The encoder's model when it differs from the LLM's. */
   encoderModel: Schema.optional(Schema.NonEmptyTrimmedString),
+  /**
+   * Models whose vision encoders share one tower (Gemma 3's sizes), this one among them: every
+   * MLLM task that lists the same models uses one encoder deployment, which runs the tower once
+   * for them all and each model's projector apart (the original's `encoder_model_ids`).
+   */
+  encoderModels: Schema.optional(
+    Schema.Array(Schema.NonEmptyTrimmedString).pipe(Schema.minItems(1), Schema.maxItems(16))
+  ),
   /** The messages are the app's own trusted prompt (see LLMTask). */
   parseSpecialTokensInContent: Schema.optional(Schema.Boolean),
   /** The LLM's engine settings (see LLMTask: maxBatchSize, kvCacheBytes, ...). */
@@ -56,17 +64,32 @@ export class MLLMTask<L extends LLMTask | DisaggregatedLLMTask = LLMTask> extend
       dtype,
       encoderFission,
       encoderModel,
+      encoderModels,
       parseSpecialTokensInContent,
       llmSettings,
       encoderSettings,
       idleReleaseS
     } = this.config
     const idle = idleReleaseS === undefined ? {} : { idleReleaseS }
+    const shared = encoderModels === undefined ? undefined : [...new Set(encoderModels)].sort()
+    if (shared !== undefined && (encoderModel !== undefined || !shared.includes(model))) {
+      throw new TaskConfigError({
+        message:
+          encoderModel !== undefined
+            ? "MLLM: give encoderModel or encoderModels, not both"
+            : `MLLM: encoderModels must include the task's model ${model}`
+      })
+    }
+    // Shared: the first model (sorted) is the encoder's, the others its adapters, whichever task names them.
+    const encoderModelConfig =
+      shared === undefined
+        ? { model: encoderModel ?? model }
+        : { model: shared[0]!, ...(shared.length > 1 ? { adapters: shared.slice(1) } : {}) }
     this.encoders = new Map(
       encoderFission
         ? this.config.modalities.map((modality) => [
             modality,
-            this.use(new EncoderTask({ model: encoderModel ?? model, modality, ...encoderSettings, ...idle }))
+            this.use(new EncoderTask({ ...encoderModelConfig, modality, ...encoderSettings, ...idle }))
           ])
         : []
     )
@@ -96,6 +119,7 @@ export class MLLMTask<L extends LLMTask | DisaggregatedLLMTask = LLMTask> extend
       (part) =>
         this.encoders.get(part.modality)!.compose({
           urls: [part.url],
+          ...(this.config.encoderModels === undefined ? {} : { model: this.config.model }),
           ...(processor === undefined || part.modality === "audio" ? {} : { processor })
         }).embeddings[0]!
     )

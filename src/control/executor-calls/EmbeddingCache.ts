@@ -43,6 +43,8 @@ export interface ItemReading {
   readonly modality: string
   /** The media processor's settings (mm_processor_kwargs), as the call sends them to the encoder. */
   readonly processor?: unknown
+  /** Whose projector embeds it (an encoder with adapters embeds one image for several models). */
+  readonly model?: string
 }
 
 /**
@@ -62,7 +64,12 @@ export const embeddingKey = (taskId: string, reading: ItemReading, url: string):
   } catch {
     return undefined
   }
-  const how = JSON.stringify([reading.modality, media.mimeType ?? null, reading.processor ?? null])
+  const how = JSON.stringify([
+    reading.modality,
+    media.mimeType ?? null,
+    reading.processor ?? null,
+    reading.model ?? null
+  ])
   const hash = createHash("sha256").update(media.bytes).digest("hex")
   return `${taskId}\u0000${how}\u0000${hash}`
 }

@@ -68,7 +68,7 @@ const cacheKeysOf = (invocation: TaskInvocationWire): ReadonlyArray<string | und
   if (keys === undefined) {
     const { config, input } = decodeEncoderCall(invocation)
     // How the call asks the encoder to read its items, exactly as `embed` sends it.
-    const reading = { modality: config.modality, processor: input.processor }
+    const reading = { modality: config.modality, processor: input.processor, model: input.model ?? config.model }
     keys = input.urls.map((itemUrl) => embeddingKey(invocation.taskId, reading, itemUrl))
     itemKeys.set(invocation, keys)
   }
@@ -154,7 +154,8 @@ const embed = async (url: string, invocation: TaskInvocationWire, context: CallC
       id: item.capture ?? item.id,
       modality: config.modality,
       url: item.url,
-      receivers: item.capture === undefined ? receiversOf(context, item.id) : [caching!.node]
+      receivers: item.capture === undefined ? receiversOf(context, item.id) : [caching!.node],
+      ...(input.model === undefined ? {} : { model: input.model })
     }))
     if (!Arr.isNonEmptyArray(requested)) throw new InvalidTaskGraph({ message: "an encoder call with no items" })
     const body: EmbeddingsRequest = {

@@ -43,6 +43,9 @@ export interface ExecutorKind {
 
 const modelOf = (task: UnitTaskSpec) => (task.config as { readonly model: string }).model
 const dtypeOf = (task: UnitTaskSpec) => (task.config as { readonly dtype?: Dtype }).dtype
+/** An encoder's adapters: models whose projectors it runs over its tower, each prepared on its node too. */
+const adaptersOf = (task: UnitTaskSpec): ReadonlyArray<string> =>
+  (task.config as { readonly adapters?: ReadonlyArray<string> }).adapters ?? []
 
 /**
  * The executor kinds this platform runs, by unit-task kind: the encoder and the text embedder on
@@ -57,7 +60,10 @@ export class ExecutorKinds extends Effect.Service<ExecutorKinds>()("cornserve/Ex
       (kind: string): ExecutorKind => ({
         kind,
         devicesPerExecutor: () => 1,
-        prepare: (task, node, onProgress) => node.prepareModel(modelOf(task), dtypeOf(task), onProgress),
+        prepare: (task, node, onProgress) =>
+          Effect.forEach([modelOf(task), ...adaptersOf(task)], (model) =>
+            node.prepareModel(model, dtypeOf(task), onProgress)
+          ).pipe(Effect.asVoid),
         start: (task, slot) =>
           Effect.map(
             slot.node.startExecutor({

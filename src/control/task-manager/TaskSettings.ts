@@ -29,7 +29,12 @@ export const taskSettings = (task: UnitTaskSpec, defaults: EngineDefaults = defa
     maxBatchDelayMs: named.maxBatchDelayMs ?? (runsAtOnce.has(task.kind) ? 0 : defaults.maxBatchDelayMs),
     preprocessThreads: named.preprocessThreads ?? defaults.preprocessThreads
   }
-  if (task.kind !== "llm") return base
+  if (task.kind !== "llm") {
+    // An encoder's adapters: the models whose projectors it runs over its tower (EncoderTask).
+    const adapters =
+      task.kind === "encoder" ? (task.config as { readonly adapters?: ReadonlyArray<string> }).adapters : undefined
+    return adapters === undefined || adapters.length === 0 ? base : { ...base, adapters }
+  }
   const kvCacheBytes = named.kvCacheBytes ?? defaults.kvCacheBytes
   const prefixCacheBytes = named.prefixCacheBytes ?? defaults.prefixCacheBytes
   const prefillChunkTokens = named.prefillChunkTokens ?? defaults.prefillChunkTokens

@@ -93,10 +93,18 @@ export const runExecutor = (options: ExecutorOptions) =>
       try: () => resolveModel(options.model, { dtype: options.dtype }),
       catch: (error) => new Error(`model ${options.model}: ${asError(error).message}`)
     })
+    const adapters = ("adapters" in settings.right ? settings.right.adapters : undefined) ?? []
+    const adapterDirs = yield* Effect.forEach(adapters, (adapter) =>
+      Effect.tryPromise({
+        try: () => resolveModel(adapter, { dtype: options.dtype }),
+        catch: (error) => new Error(`adapter model ${adapter}: ${asError(error).message}`)
+      })
+    )
     const config: ExecutorConfig = {
       ...given,
       ...settings.right,
       modelDir,
+      ...(adapters.length === 0 ? {} : { adapterDirs }),
       runDir: options.runDir ?? join(tmpdir(), `cornserve-executor-${process.pid}`)
     }
     // Under memory pressure the executor goes before the platform that started it; its engine and

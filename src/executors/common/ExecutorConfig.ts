@@ -13,6 +13,8 @@ export const ExecutorConfig = Schema.Struct({
   model: Schema.String,
   /** The model's directory on this node. */
   modelDir: Schema.String,
+  /** Eric: the directories of `adapters` (see ExecutorSettings), on this node, in their order. */
+  adapterDirs: Schema.optional(Schema.Array(Schema.String)),
   /** Which of the model's ONNX exports to run; by default fp32, or the closest there is. */
   dtype: Schema.optional(Schema.Literal(...dtypes)),
   devices: Schema.Array(Schema.String),

@@ -20,7 +20,9 @@ export const EmbeddingItem = Schema.Struct({
   /** A data: URL, a file: URL under the executor's media root, or http(s). */
   url: Schema.String,
   /** Node ids that receive this item's embedding (default: the request's receivers). */
-  receivers: Schema.optional(Schema.Array(Schema.String))
+  receivers: Schema.optional(Schema.Array(Schema.String)),
+  /** Whose projector embeds it: the executor's model (the default) or one of its adapters. */
+  model: Schema.optional(Schema.String)
 })
 export type EmbeddingItem = typeof EmbeddingItem.Type
 

@@ -26,6 +26,7 @@ import { allOrNone } from "../common/ThreadPool.js"
 import { inSpan } from "../../tracing/Tracing.js"
 import type { WorkItem } from "../common/wire.js"
 import { type EmbeddingResult, EmbeddingsRequest } from "./api.js"
+import { checkSharedProcessing } from "./SharedTower.js"
 import { textEmbeddings } from "./TextEmbeddings.js"
 import { speechModelOf, transcriptions } from "./Transcriptions.js"
 import { isWhisper } from "../../models/WhisperGeneration.js"
@@ -75,6 +76,18 @@ export const routerKind: RouterKind = {
         ...(text === undefined ? [] : ["text"]),
         ...(speech === undefined ? [] : ["speech"])
       ]
+      const adapters = config.adapters ?? []
+      if (adapters.length > 0) {
+        yield* Effect.tryPromise({
+          try: () =>
+            checkSharedProcessing(
+              { id: config.model, dir: config.modelDir },
+              adapters.map((id, index) => ({ id, dir: config.adapterDirs![index]! }))
+            ),
+          catch: (error) => error as Error
+        })
+      }
+      const embedsFor = [config.model, ...adapters]
       const sidecarNode =
         config.sidecarSocket === undefined
           ? undefined
@@ -159,6 +172,12 @@ export const routerKind: RouterKind = {
             message: `model ${config.model} takes ${modalities.join(", ")}; item ${unsupported.id} is ${unsupported.modality}`
           })
         }
+        const otherModel = body.items.find((item) => item.model !== undefined && !embedsFor.includes(item.model))
+        if (otherModel !== undefined) {
+          return yield* new BadRequest({
+            message: `this encoder embeds for ${embedsFor.join(", ")}; item ${otherModel.id} asks for ${otherModel.model}`
+          })
+        }
         let settings: Qwen2VLRequestSettings | undefined
         if (body.processor !== undefined) {
           if (vision?.kind !== "qwen2vl") {
@@ -186,7 +205,10 @@ export const routerKind: RouterKind = {
           // Ultravox clips batch only with clips of as many frames: their features stack by length.
           key:
             item.modality !== "audio"
-              ? "vision"
+              ? // A shared tower's batches are of one model each: each runs its model's projector.
+                adapters.length === 0
+                ? "vision"
+                : `vision:${item.model ?? config.model}`
               : ultravox === undefined
                 ? "audio"
                 : `audio:${preprocessed[index]!.inputs.audio_values!.shape[2]}`,
@@ -196,6 +218,7 @@ export const routerKind: RouterKind = {
             modality: item.modality,
             receivers: item.receivers ?? body.receivers ?? (sidecarNode === undefined ? [] : [sidecarNode]),
             inline,
+            ...(adapters.length === 0 ? {} : { model: item.model ?? config.model }),
             ...(preprocessed[index]!.grid === undefined ? {} : { grid: preprocessed[index]!.grid }),
             ...(preprocessed[index]!.thw === undefined ? {} : { thw: preprocessed[index]!.thw })
           } satisfies EricItemMeta,
@@ -219,6 +242,7 @@ export const routerKind: RouterKind = {
       return {
         info: {
           modalities,
+          models: embedsFor,
           maxVideoFrames,
           sidecarNode: sidecarNode ?? null,
           ...(text === undefined

@@ -22,7 +22,9 @@ import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import { createSession, fromOrt, qwen2VLGridInput, toOrt } from "../common/Sessions.js"
 import { everyItem, type LoadWorkerModel } from "../common/WorkerModel.js"
+import type { BatchItem } from "../common/wire.js"
 import { isWhisper } from "../../models/WhisperGeneration.js"
+import { SharedTower } from "./SharedTower.js"
 import { SpeechRecognizer } from "./SpeechRecognizer.js"
 import { TextEncoder, type TextItemMeta } from "./TextEncoder.js"
 
@@ -36,6 +38,8 @@ export interface MediaItemMeta {
   readonly grid?: { readonly rows: number; readonly cols: number }
   /** Qwen2-VL images and videos: the patch grid [t, h, w]. */
   readonly thw?: readonly [number, number, number]
+  /** An encoder with adapters (SharedTower): whose projector embeds the item. */
+  readonly model?: string
 }
 
 /** What the router attaches to a Whisper pass: the prompt it decodes after (its features are the item's input_features). */
@@ -59,6 +63,8 @@ export interface EricItemResult {
 
 const encoderFiles = { vision: "vision_encoder", audio: "audio_encoder" } as const
 
+const megabytes = (bytes: number) => `${(bytes / 2 ** 20).toFixed(1)} MiB`
+
 /** Frames [n, 3, h, w] as one Idefics3 image sequence: pixel_values [1, n, 3, h, w], every pixel real. */
 export const frameSequence = (shape: ReadonlyArray<number>, pixels: ort.Tensor): Record<string, ort.Tensor> => {
   const [frames, channels, height, width] = shape as [number, number, number, number]
@@ -79,10 +85,31 @@ export const load: LoadWorkerModel<EricItemMeta, EricItemResult | Float32Array |
   device
 }) => {
   const model = await loadModelDirectory(config.modelDir)
+  const adapters = config.adapters ?? []
+  // With adapters the vision encoder runs as one tower and a projector per model, not whole.
+  const shared =
+    adapters.length === 0
+      ? undefined
+      : await SharedTower.open(
+          { id: config.model, dir: config.modelDir },
+          adapters.map((id, index) => ({ id, dir: config.adapterDirs![index]! })),
+          device,
+          config.threadsPerDevice
+        )
+  if (shared !== undefined)
+    console.log(
+      `executor: worker ${rank} runs one vision tower (${megabytes(shared.sizes.towerWeightBytes)}) and a projector for each of ${Object.entries(
+        shared.sizes.projectorWeightBytes
+      )
+        .map(([id, bytes]) => `${id} (${megabytes(bytes)})`)
+        .join(", ")}`
+    )
   const sessions = new Map<"vision" | "audio", ort.InferenceSession>()
   for (const [encoder, file] of Object.entries(encoderFiles) as Array<["vision" | "audio", string]>) {
     const path = model.onnx.get(file)
-    if (path !== undefined) sessions.set(encoder, await createSession(path, device, config.threadsPerDevice))
+    if (path !== undefined && !(encoder === "vision" && shared !== undefined)) {
+      sessions.set(encoder, await createSession(path, device, config.threadsPerDevice))
+    }
   }
   const text = hasTextEmbeddingGraph(model)
     ? await TextEncoder.open(model, device, config.threadsPerDevice, config.dtype)
@@ -116,6 +143,22 @@ export const load: LoadWorkerModel<EricItemMeta, EricItemResult | Float32Array |
     return { shape }
   }
 
+  /** Each item's rows of a batch's features [images, positions, hidden], delivered. */
+  const deliverRows = (items: ReadonlyArray<BatchItem<MediaItemMeta>>, features: Tensor) => {
+    const [, positions, hidden] = features.shape as [number, number, number]
+    const rowElements = positions * hidden
+    return Promise.all(
+      items.map((item) => {
+        const meta = item.meta
+        const [from, to] = item.rows
+        const data = (features.data as Float32Array).subarray(from * rowElements, to * rowElements)
+        const grid =
+          meta.grid === undefined ? undefined : new Tensor("int32", [2], Int32Array.of(meta.grid.rows, meta.grid.cols))
+        return deliver(meta, [(to - from) * positions, hidden], data, item.trace, grid)
+      })
+    )
+  }
+
   return {
     async run({ inputs, items }) {
       if (everyItem(items, isText)) {
@@ -139,6 +182,13 @@ export const load: LoadWorkerModel<EricItemMeta, EricItemResult | Float32Array |
       }
       if (!everyItem(items, isMedia)) throw new Error("a batch holds items of different modalities")
       const encoder = items[0]!.meta.modality === "audio" ? "audio" : "vision"
+      if (encoder === "vision" && shared !== undefined) {
+        // A batch is of one model's items (the router's batch key names it).
+        const output = await shared.run(items[0]!.meta.model ?? config.model, {
+          [shared.inputNames[0]!]: toOrt(inputs.pixel_values!)
+        })
+        return deliverRows(items, fromOrt(output))
+      }
       const session = sessions.get(encoder)
       if (session === undefined) throw new Error(`the model has no ${encoderFiles[encoder]}.onnx`)
       const input = (encoder === "audio" ? (inputs.audio_values ?? inputs.input_values) : inputs.pixel_values)!
@@ -183,23 +233,10 @@ export const load: LoadWorkerModel<EricItemMeta, EricItemResult | Float32Array |
           ? frameSequence(input.shape, toOrt(input))
           : { [session.inputNames[0]!]: toOrt(input) }
       )
-      const features = fromOrt(outputs[session.outputNames[0]!]!)
-      const [, positions, hidden] = features.shape as [number, number, number]
-      const rowElements = positions * hidden
-      return Promise.all(
-        items.map((item) => {
-          const meta = item.meta
-          const [from, to] = item.rows
-          const data = (features.data as Float32Array).subarray(from * rowElements, to * rowElements)
-          const grid =
-            meta.grid === undefined
-              ? undefined
-              : new Tensor("int32", [2], Int32Array.of(meta.grid.rows, meta.grid.cols))
-          return deliver(meta, [(to - from) * positions, hidden], data, item.trace, grid)
-        })
-      )
+      return deliverRows(items, fromOrt(outputs[session.outputNames[0]!]!))
     },
     async close() {
+      await shared?.release()
       await Promise.all([...sessions.values()].map((session) => session.release()))
       await text?.release()
       await speech?.release()

@@ -324,6 +324,36 @@ describe("MLLMTask", () => {
     expect(new Set(distinct.map((unit) => unit.id)).size).toBe(3)
   })
 
+  it("shares one encoder among models that name each other in encoderModels: the first sorted runs the tower, the others are its adapters", async () => {
+    const [a, b, c] = ["google/gemma-3-12b-it", "google/gemma-3-4b-it", "google/gemma-3-27b-it"]
+    const twelve = new MLLMTask({ model: a, modalities: ["image"], encoderModels: [a, b, c] })
+    const four = new MLLMTask({ model: b, modalities: ["image"], encoderModels: [c, b, a, b] })
+    const encoder = twelve.encoders.get("image")!
+    expect(four.encoders.get("image")!.id).toBe(encoder.id)
+    expect(encoder.config).toMatchObject({ model: a, adapters: [c, b] })
+    expect(encoder.models).toEqual([a, c, b])
+    expect(four.llm.id).not.toBe(twelve.llm.id)
+    // An encoder given its adapters by hand, in another order and with its own model among them, is the same task.
+    expect(new EncoderTask({ model: a, modality: "image", adapters: [b, a, c] }).id).toBe(encoder.id)
+
+    // Each call names its model, so the encoder runs that model's projector.
+    const graphs = installEchoDispatcher()
+    await four.invoke({
+      model: b,
+      messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: imageUrl } }] }]
+    })
+    expect(invocationAt(graphs[0]!, 0).input).toEqual({ urls: [imageUrl], model: b })
+    expect(thrownBy(() => encoder.compose({ urls: [imageUrl], model: "google/gemma-3-1b-it" }))).toBeInstanceOf(
+      TaskInputError
+    )
+    expect(thrownBy(() => new MLLMTask({ model: a, modalities: ["image"], encoderModels: [b, c] })).message).toMatch(
+      /encoderModels must include the task's model/
+    )
+    expect(
+      thrownBy(() => new MLLMTask({ model: a, modalities: ["image"], encoderModels: [a], encoderModel: b })).message
+    ).toMatch(/not both/)
+  })
+
   it("distinctUnitTasks keeps one deployment per id across different tasks, in first-seen order", () => {
     const imageOnly = new MLLMTask({ model, modalities: ["image"] })
     const imageAndVideo = new MLLMTask({ model, modalities: ["image", "video"] })

@@ -44,6 +44,10 @@ describe("the cache of encoder outputs", () => {
     expect(resized).not.toBe(embeddingKey("enc", image, base64))
     expect(resized).not.toBe(embeddingKey("enc", { modality: "image", processor: { max_pixels: 6272 } }, base64))
     expect(resized).toBe(embeddingKey("enc", { modality: "image", processor: { max_pixels: 3136 } }, base64))
+    // And whose projector embeds it: a shared tower's models answer one image differently.
+    expect(embeddingKey("enc", { modality: "image", model: "gemma-3-4b" }, base64)).not.toBe(
+      embeddingKey("enc", { modality: "image", model: "gemma-3-12b" }, base64)
+    )
     expect(embeddingKey("enc", image, "https://example.com/a.png")).toBeUndefined()
     expect(embeddingKey("enc", image, "file:///tmp/a.png")).toBeUndefined()
     expect(embeddingKey("enc", image, "data:,%E0%A4%A")).toBeUndefined()
