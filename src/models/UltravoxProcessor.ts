@@ -1,6 +1,7 @@
 import * as Either from "effect/Either"
 import * as Schema from "effect/Schema"
 import { decodeConfig, type ModelDirectory } from "./ModelDirectory.js"
+import { type VoxtralAudio, voxtralAudioOf } from "./VoxtralProcessor.js"
 import { type WhisperFeatureExtractor, whisperFeatureExtractor } from "./WhisperFeatures.js"
 
 /**
@@ -21,6 +22,7 @@ const UltravoxProcessorConfig = Schema.Struct({
 })
 
 export interface UltravoxAudio {
+  readonly kind: "ultravox"
   readonly extractor: WhisperFeatureExtractor
   /** The text that stands for a clip in the prompt, once before expansion. */
   readonly placeholder: string
@@ -28,13 +30,20 @@ export interface UltravoxAudio {
   readonly stackFactor: number
 }
 
-/** The model's Ultravox audio processor, or undefined when it has none. */
-export const ultravoxAudioOf = (model: ModelDirectory): UltravoxAudio | undefined => {
+/**
+ * The audio of the chat models whose audio_encoder takes Whisper features as audio_values and
+ * whose clips stand in the prompt for as many placeholder tokens as it gives rows: Ultravox's, and
+ * Voxtral's (VoxtralProcessor.ts), which transformers.js runs through the same UltravoxModel.
+ */
+export type AudioChatProcessor = UltravoxAudio | VoxtralAudio
+
+const ultravoxOnlyAudioOf = (model: ModelDirectory): UltravoxAudio | undefined => {
   if (!model.onnx.has("audio_encoder")) return undefined
   if (model.preprocessorConfig?.feature_extractor_type !== "WhisperFeatureExtractor") return undefined
   const decoded = decodeConfig(UltravoxProcessorConfig, model.processorConfig ?? {})
   if (Either.isLeft(decoded)) return undefined
   return {
+    kind: "ultravox",
     extractor: whisperFeatureExtractor(model.preprocessorConfig),
     placeholder: decoded.right.audio_placeholder,
     encoderDownsampling: decoded.right.encoder_ds_factor,
@@ -42,6 +51,12 @@ export const ultravoxAudioOf = (model: ModelDirectory): UltravoxAudio | undefine
   }
 }
 
+/** The model's Ultravox or Voxtral audio processor, or undefined when it has neither. */
+export const ultravoxAudioOf = (model: ModelDirectory): AudioChatProcessor | undefined =>
+  voxtralAudioOf(model) ?? ultravoxOnlyAudioOf(model)
+
 /** The rows (placeholder copies) a clip of `samples` samples takes, as UltravoxProcessor counts them. */
-export const ultravoxAudioRows = (audio: UltravoxAudio, samples: number): number =>
-  1 + Math.ceil(Math.round(samples / audio.encoderDownsampling + 1e-4) / audio.stackFactor)
+export const ultravoxAudioRows = (
+  audio: Pick<UltravoxAudio, "encoderDownsampling" | "stackFactor">,
+  samples: number
+): number => 1 + Math.ceil(Math.round(samples / audio.encoderDownsampling + 1e-4) / audio.stackFactor)

@@ -215,15 +215,19 @@ export const load: LoadWorkerModel<EricItemMeta, EricItemResult | Float32Array |
         return results
       }
       if (session.inputNames.includes("audio_values")) {
-        // Ultravox: one clip a run, [1, mel bins, frames]; it gives [1, rows, hidden].
+        // Ultravox and Voxtral: one clip a run, [1, mel bins, frames] or (Voxtral) [chunks, mel bins, 3000];
+        // it gives its rows, [1, rows, hidden] or [rows, hidden].
         const [, bins, frames] = input.shape as [number, number, number]
         const results: Array<EricItemResult> = []
         for (const item of items) {
-          const [from] = item.rows
-          const clip = (input.data as Float32Array).subarray(from * bins * frames, (from + 1) * bins * frames)
-          const outputs = await session.run({ audio_values: new ort.Tensor("float32", clip, [1, bins, frames]) })
+          const [from, to] = item.rows
+          const clip = (input.data as Float32Array).subarray(from * bins * frames, to * bins * frames)
+          const outputs = await session.run({
+            audio_values: new ort.Tensor("float32", clip, [to - from, bins, frames])
+          })
           const features = fromOrt(outputs[session.outputNames[0]!]!)
-          const [, rows, hidden] = features.shape as [number, number, number]
+          const hidden = features.shape.at(-1)!
+          const rows = features.data.length / hidden
           results.push(await deliver(item.meta, [rows, hidden], features.data as Float32Array, item.trace, undefined))
         }
         return results

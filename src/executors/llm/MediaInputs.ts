@@ -18,6 +18,7 @@ import {
 } from "../../models/Qwen2VLProcessor.js"
 import { ultravoxAudioOf } from "../../models/UltravoxProcessor.js"
 import { visionProcessorOf } from "../../models/VisionProcessor.js"
+import { voxtralRowsPerChunk } from "../../models/VoxtralProcessor.js"
 import { RecvTimeout } from "../../sidecar/errors.js"
 import type { Payload, SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
@@ -261,6 +262,11 @@ export const makeMediaInputs = (options: {
         `embedding ${ref.id} has ${rows} rows: this model's images are ${gemma3.imageSeqLength} soft tokens each`
       )
     }
+    if (ultravox?.kind === "voxtral" && ref.modality === "audio" && rows % voxtralRowsPerChunk !== 0) {
+      throw new PromptError(
+        `embedding ${ref.id} has ${rows} rows: this model's clips are ${voxtralRowsPerChunk} rows a ${ultravox.extractor.nSamples / ultravox.extractor.samplingRate} s chunk`
+      )
+    }
     if (qwen2VL !== undefined && ref.modality !== "audio") {
       if (thw === undefined || thw.some((n) => !(n > 0)) || visionTokenCount(thw, mergeSize) !== rows) {
         throw new PromptError(
@@ -308,7 +314,12 @@ export const makeMediaInputs = (options: {
 
   const layout = (ids: ReadonlyArray<number>, media: ReadonlyArray<ResolvedMedia>) => {
     if (idefics3 === undefined && gemma3 === undefined) {
-      const { inputIds, starts } = expandPlaceholders(ids, placeholders, media)
+      const { inputIds, starts } = expandPlaceholders(
+        ids,
+        placeholders,
+        media,
+        ultravox?.kind === "voxtral" ? { audio: [ultravox.beginAudioId] } : {}
+      )
       const spans = media.map((item, index) => ({ start: starts[index]!, rows: item.rows, input: item.input }))
       if (qwen2VL === undefined) return { inputIds, spans }
       try {
@@ -344,7 +355,7 @@ export const makeMediaInputs = (options: {
     accepted,
     encodable,
     placeholders,
-    mediaText: ultravox === undefined ? {} : { audio: ultravox.placeholder },
+    mediaText: ultravox?.kind === "ultravox" ? { audio: ultravox.placeholder } : {},
     promptText,
     layout,
     resolve: async (parts, refs, processor, signal) => {

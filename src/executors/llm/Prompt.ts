@@ -137,12 +137,14 @@ export const scatterPlaceholders = (
 
 /**
  * Expands each placeholder token of `ids` (by `placeholders`, token id → modality) into `rows[i]`
- * copies for the i-th media item; answers the expanded ids and where each item's rows start.
+ * copies for the i-th media item, after the tokens `before` names for its modality (Voxtral's
+ * [BEGIN_AUDIO]); answers the expanded ids and where each item's rows start.
  */
 export const expandPlaceholders = (
   ids: ReadonlyArray<number>,
   placeholders: ReadonlyMap<number, Modality>,
-  media: ReadonlyArray<{ readonly modality: Modality; readonly rows: number }>
+  media: ReadonlyArray<{ readonly modality: Modality; readonly rows: number }>,
+  before: Partial<Record<Modality, ReadonlyArray<number>>> = {}
 ): { readonly inputIds: Int32Array; readonly starts: ReadonlyArray<number> } => {
   const expanded: Array<number> = []
   const starts: Array<number> = []
@@ -159,6 +161,7 @@ export const expandPlaceholders = (
       throw new PromptError(
         `media item ${starts.length} is ${item.modality}, but its place in the prompt is a ${modality} placeholder`
       )
+    expanded.push(...(before[modality] ?? []))
     starts.push(expanded.length)
     for (let row = 0; row < item.rows; row++) expanded.push(id)
   }

@@ -80,6 +80,24 @@ export const whisperInputFrames = (size: WhisperSize): number => size.sourcePosi
 export const whisperEncoderGraph = (size: WhisperSize, w: WhisperWeights): Graph => {
   const g = new Graph("encoder_model")
   const features = g.input("input_features", "float32", ["batch_size", size.melBins, whisperInputFrames(size)])
+  g.output(whisperEncoderStates(g, features, size, w), "last_hidden_state", "float32", [
+    "batch_size",
+    size.sourcePositions,
+    size.dModel
+  ])
+  return g
+}
+
+/**
+ * The encoder's body in `g`: features [batch, mel bins, 2 · positions] → its last hidden state
+ * [batch, positions, d_model]; what encoders built on Whisper's (Voxtral's) add their own layers to.
+ */
+export const whisperEncoderStates = (
+  g: Graph,
+  features: Value,
+  size: WhisperSize,
+  w: Pick<WhisperWeights, "conv1" | "conv2" | "encoderPositions" | "encoderLayers" | "encoderNorm">
+): Value => {
   const conv = (x: Value, weights: WhisperConv, inputs: number, stride: number, name: string) =>
     g.scope(name, () =>
       gelu(
@@ -103,12 +121,7 @@ export const whisperEncoderGraph = (size: WhisperSize, w: WhisperWeights): Graph
   w.encoderLayers.forEach((layer, index) => {
     x = transformerBlock(g, x, layer, {}, `layers.${index}`).output
   })
-  g.output(layerNorm(g, x, w.encoderNorm, "layer_norm"), "last_hidden_state", "float32", [
-    "batch_size",
-    size.sourcePositions,
-    size.dModel
-  ])
-  return g
+  return layerNorm(g, x, w.encoderNorm, "layer_norm")
 }
 
 export const whisperDecoderGraph = (size: WhisperSize, w: WhisperWeights): Graph => {

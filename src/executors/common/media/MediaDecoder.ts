@@ -114,6 +114,8 @@ const readWav = (
     const size = bytes.readUInt32LE(offset + 4)
     const body = offset + 8
     if (id === "fmt ") {
+      if (size < 16 || body + size > bytes.length)
+        throw new MediaError({ message: "the WAV file's format chunk is cut short" })
       format = {
         code: bytes.readUInt16LE(body),
         channels: bytes.readUInt16LE(body + 2),

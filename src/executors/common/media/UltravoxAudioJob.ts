@@ -1,11 +1,12 @@
-import type { UltravoxAudio } from "../../../models/UltravoxProcessor.js"
+import type { AudioChatProcessor } from "../../../models/UltravoxProcessor.js"
 import type { ThreadPool } from "../ThreadPool.js"
 import type { MediaLimits } from "./MediaLimits.js"
 import type { Preprocessed } from "./preprocess.js"
 
 /**
- * A clip as Ultravox takes it, made in the thread pool (preprocess.ts's `ultravoxAudio`): what Eric
- * and the LLM executor both ask, the one encoding the clip, the other when it encodes it itself.
+ * A clip as Ultravox or Voxtral takes it, made in the thread pool (preprocess.ts's `ultravoxAudio`
+ * or `voxtralAudio`): what Eric and the LLM executor both ask, the one encoding the clip, the other
+ * when it encodes it itself.
  */
 export const ultravoxAudioJob = (
   pool: ThreadPool,
@@ -13,25 +14,30 @@ export const ultravoxAudioJob = (
     readonly bytes: Uint8Array
     readonly mimeType: string | undefined
     readonly preprocessorConfig: unknown
-    readonly ultravox: UltravoxAudio
+    readonly ultravox: AudioChatProcessor
     readonly limits: MediaLimits
     /** Ends the job: its request ended. */
     readonly signal?: AbortSignal
   }
-): Promise<Preprocessed> =>
-  pool.run<Preprocessed>(
-    "ultravoxAudio",
-    {
-      bytes: input.bytes,
-      mimeType: input.mimeType,
-      preprocessorConfig: input.preprocessorConfig,
-      // The extractor's tables are built again in the thread, from the config.
-      audio: {
-        placeholder: input.ultravox.placeholder,
-        encoderDownsampling: input.ultravox.encoderDownsampling,
-        stackFactor: input.ultravox.stackFactor
-      },
-      limits: input.limits
-    },
-    { signal: input.signal }
-  )
+): Promise<Preprocessed> => {
+  const { bytes, mimeType, preprocessorConfig, limits } = input
+  const processor = input.ultravox
+  // The extractor's tables are built again in the thread, from the config.
+  return processor.kind === "voxtral"
+    ? pool.run<Preprocessed>("voxtralAudio", { bytes, mimeType, preprocessorConfig, limits }, { signal: input.signal })
+    : pool.run<Preprocessed>(
+        "ultravoxAudio",
+        {
+          bytes,
+          mimeType,
+          preprocessorConfig,
+          audio: {
+            placeholder: processor.placeholder,
+            encoderDownsampling: processor.encoderDownsampling,
+            stackFactor: processor.stackFactor
+          },
+          limits
+        },
+        { signal: input.signal }
+      )
+}

@@ -21,6 +21,7 @@ import {
   sampleVideoFrames
 } from "../../../models/Qwen2VLProcessor.js"
 import { type UltravoxAudio, ultravoxAudioRows } from "../../../models/UltravoxProcessor.js"
+import { voxtralAudioRows, voxtralAudioValues } from "../../../models/VoxtralProcessor.js"
 import { whisperFeatureExtractor, whisperFeatures } from "../../../models/WhisperFeatures.js"
 import { audioWindows, maxSpeechWindows } from "../../../models/WhisperGeneration.js"
 import { BadRequest } from "../errors.js"
@@ -42,7 +43,7 @@ export interface Preprocessed {
   readonly grid?: TileGrid
   /** Qwen2-VL images and videos: [temporal patches, patch rows, patch columns], the encoder's grid_thw. */
   readonly thw?: GridThw
-  /** Ultravox audio: the rows its encoder gives, which its placeholder is repeated for. */
+  /** Ultravox and Voxtral audio: the rows its encoder gives, which its placeholder is repeated for. */
   readonly rows?: number
 }
 
@@ -309,7 +310,7 @@ export const ultravoxAudio = async (input: {
   readonly bytes: Uint8Array
   readonly mimeType: string | undefined
   readonly preprocessorConfig: unknown
-  readonly audio: Omit<UltravoxAudio, "extractor">
+  readonly audio: Omit<UltravoxAudio, "extractor" | "kind">
   readonly limits?: MediaLimits
 }): Promise<Preprocessed> => {
   const extractor = extractorOf(input.preprocessorConfig)
@@ -323,6 +324,27 @@ export const ultravoxAudio = async (input: {
   const { data, frames } = whisperFeatures(extractor, samples, { pad: false })
   return {
     inputs: { audio_values: { dtype: "float32", shape: [1, extractor.featureSize, frames], data } },
-    rows: ultravoxAudioRows({ ...input.audio, extractor }, samples.length)
+    rows: ultravoxAudioRows(input.audio, samples.length)
+  }
+}
+
+/**
+ * A clip as Voxtral takes it: decoded and resampled to the feature extractor's rate, cut in
+ * chunks of its window (30 s), each chunk's Whisper features padded to the window
+ * (audio_values [chunks, mel bins, frames]), and the rows its encoder gives (375 a chunk).
+ */
+export const voxtralAudio = async (input: {
+  readonly bytes: Uint8Array
+  readonly mimeType: string | undefined
+  readonly preprocessorConfig: unknown
+  readonly limits?: MediaLimits
+}): Promise<Preprocessed> => {
+  const extractor = extractorOf(input.preprocessorConfig)
+  const samples = await decodeAudio(bufferOf(input.bytes), input.mimeType, extractor.samplingRate, input.limits)
+  if (samples.length === 0) throw new MediaError({ message: "the audio has no samples" })
+  const { data, chunks, frames } = voxtralAudioValues(extractor, samples)
+  return {
+    inputs: { audio_values: { dtype: "float32", shape: [chunks, extractor.featureSize, frames], data } },
+    rows: voxtralAudioRows(chunks)
   }
 }
