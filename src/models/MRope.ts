@@ -4,7 +4,8 @@ import { type GridThw, type VisionGrids, type VisionPadTokens, visionTokenCount 
 /**
  * Multimodal rotary positions (M-RoPE) of Qwen2-VL, as its get_rope_index computes them for a
  * prompt whose image and video pads are expanded: every position has a temporal, a height and a
- * width component.
+ * width component. Qwen2.5-VL's images and Qwen3-VL's take the same positions (Qwen3-VL
+ * interleaves the three axes over its rotary frequencies inside its decoder graph, from these).
  *
  * - A text token takes the next position on all three axes: one past the largest position so far.
  * - An image's (video's) tokens, one per merged block in the order the vision encoder gives them,

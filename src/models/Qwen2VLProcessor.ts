@@ -8,8 +8,8 @@ import { type DecodeOptions, decodeRgb, levelTables, resizeRgb } from "./RgbPixe
 export { resizeRgb }
 
 /**
- * The Qwen2-VL processor (Qwen2-VL and Qwen2.5-VL), computing what transformers.js's
- * Qwen2VLImageProcessor and Qwen2VLProcessor compute:
+ * The Qwen2-VL processor (Qwen2-VL, Qwen2.5-VL, and Qwen3-VL's images with its 16-pixel patches),
+ * computing what transformers.js's Qwen2VLImageProcessor and Qwen2VLProcessor compute:
  *
  * - an image is decoded with sharp into 8-bit RGB and resized to the size `smartResize` gives
  *   (both edges multiples of patch_size × merge_size, the area within min_pixels and max_pixels)
@@ -84,6 +84,8 @@ export interface Qwen2VLProcessor {
   /** The area bounds, from min_pixels / max_pixels, else size, else 56·56 and 28·28·1280. */
   readonly minPixels: number
   readonly maxPixels: number
+  /** Why the model's videos are refused, where they are (Qwen3-VL's: see VisionProcessor.ts); else it takes them. */
+  readonly videoRefusal?: string
 }
 
 /** The processor a preprocessor_config.json (parsed) describes; one it cannot follow is refused, naming why. */

@@ -9,7 +9,8 @@ import { type Qwen2VLProcessor, qwen2VLProcessor } from "./Qwen2VLProcessor.js"
  * a fixed-size processor (size: { height, width }: one frame per image, a fixed number of feature
  * rows), or Idefics3's (SmolVLM; size: { longest_edge }: tiles plus a global image, a grid the
  * prompt spells out), or Qwen2-VL's (Qwen2-VL, Qwen2.5-VL: images and videos at their own
- * resolution, as many patches as their area within min_pixels and max_pixels), or Gemma 3's (one
+ * resolution, as many patches as their area within min_pixels and max_pixels; Qwen3-VL: its images
+ * so, its videos refused), or Gemma 3's (one
  * frame at the size given, a fixed number of soft tokens that the prompt spells out).
  */
 export type VisionProcessor =
@@ -20,7 +21,18 @@ export type VisionProcessor =
 
 const idefics3Types = new Set(["Idefics3ImageProcessor", "SmolVLMImageProcessor"])
 const qwen2VLTypes = new Set(["Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast"])
-const qwen2VLModels = new Set(["qwen2_vl", "qwen2_5_vl"])
+const qwen2VLModels = new Set(["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+
+/**
+ * Qwen3-VL's videos are refused. transformers (Python) writes each temporal patch of a video into
+ * the prompt as its own "<t seconds>" timestamp and <|vision_start|><|video_pad|>…<|vision_end|>
+ * run, and gives each its own M-RoPE frame (Qwen3VLProcessor, get_rope_index): Qwen2-VL's one
+ * run per video would be a prompt the model was not trained on. transformers.js 4.3.1, the
+ * reference the platform's answers are checked against, has no video path for it to follow: its
+ * Qwen3VLProcessor (a Qwen2VLProcessor) takes no videos and its model encodes images only.
+ */
+const qwen3VLVideoRefusal =
+  "Qwen3-VL models take images here, not videos: a Qwen3-VL video needs a timestamp before each frame's tokens, which transformers.js 4.3.1, the reference this platform follows, does not write"
 const gemma3Types = new Set(["Gemma3ImageProcessor", "Gemma3ImageProcessorFast"])
 
 export const supportedImageProcessors =
@@ -48,7 +60,14 @@ export const visionProcessorOf = (model: ModelDirectory): VisionProcessor => {
   if ((typeof declared === "string" && gemma3Types.has(declared)) || model.config.model_type === "gemma3")
     return { kind: "gemma3", processor: gemma3ProcessorConfig(model) }
   try {
-    if (qwen2VL) return { kind: "qwen2vl", processor: qwen2VLProcessor(config) }
+    if (qwen2VL) {
+      const processor = qwen2VLProcessor(config)
+      return {
+        kind: "qwen2vl",
+        processor:
+          model.config.model_type === "qwen3_vl" ? { ...processor, videoRefusal: qwen3VLVideoRefusal } : processor
+      }
+    }
     if (idefics3) {
       return {
         kind: "idefics3",

@@ -65,11 +65,14 @@ export const routerKind: RouterKind = {
       const speech = isWhisper(model)
         ? yield* Effect.try({ try: () => speechModelOf(model), catch: (error) => error as Error })
         : undefined
-      // Idefics3 and Gemma 3 embed images only: a video would be its frames as images, which their prompts do not spell.
+      // Idefics3 and Gemma 3 embed images only: a video would be its frames as images, which their prompts do not
+      // spell. Qwen3-VL too: its videos need timestamps (its processor's videoRefusal says why).
       const modalities = [
         ...(vision === undefined
           ? []
-          : vision.kind === "idefics3" || vision.kind === "gemma3"
+          : vision.kind === "idefics3" ||
+              vision.kind === "gemma3" ||
+              (vision.kind === "qwen2vl" && vision.processor.videoRefusal !== undefined)
             ? ["image"]
             : ["image", "video"]),
         ...(audioConfig || ultravox ? ["audio"] : []),
@@ -88,6 +91,7 @@ export const routerKind: RouterKind = {
         })
       }
       const embedsFor = [config.model, ...adapters]
+      const videoRefusal = vision?.kind === "qwen2vl" ? vision.processor.videoRefusal : undefined
       const sidecarNode =
         config.sidecarSocket === undefined
           ? undefined
@@ -169,7 +173,7 @@ export const routerKind: RouterKind = {
         const unsupported = body.items.find((item) => !modalities.includes(item.modality))
         if (unsupported !== undefined) {
           return yield* new UnsupportedModality({
-            message: `model ${config.model} takes ${modalities.join(", ")}; item ${unsupported.id} is ${unsupported.modality}`
+            message: `model ${config.model} takes ${modalities.join(", ")}; item ${unsupported.id} is ${unsupported.modality}${videoRefusal !== undefined && unsupported.modality === "video" ? `: ${videoRefusal}` : ""}`
           })
         }
         const otherModel = body.items.find((item) => item.model !== undefined && !embedsFor.includes(item.model))

@@ -118,6 +118,8 @@ export const makeMediaInputs = (options: {
         `model ${config.model} cannot take ${part.modality}${accepted.includes(part.modality) ? " without embeddings from an encoder (cornserve_embeddings)" : ""}`
       )
     }
+    // Qwen3-VL's videos are refused before their bytes are read (VisionProcessor.ts says why).
+    if (part.modality === "video" && qwen2VL?.videoRefusal !== undefined) throw new PromptError(qwen2VL.videoRefusal)
     const media = await readMedia(part.url, mediaOptions)
     const bytes = new Uint8Array(media.bytes.buffer, media.bytes.byteOffset, media.bytes.byteLength)
     const run = (task: string, input: unknown) => pool.run<Preprocessed>(task, input, { signal })

@@ -200,11 +200,12 @@ const int64 = (g: Graph, x: Value) => g.op("Cast", [x], { to: elementType("int64
 const toFloat = (g: Graph, x: Value) => g.op("Cast", [x], { to: elementType("float32") })
 
 /**
- * Each patch's place, from grid_thw and the processor's order (image, frame, merge block row,
- * merge block column, row in block, column in block): its row and column in its frame, and the
- * index of its frame's first patch, which names the frame for attention.
+ * Each patch's place, from grid_thw (image_grid_thw) and the processor's order (image, frame, merge block
+ * row, merge block column, row in block, column in block): its row and column in its frame, its
+ * image's patch rows and columns (Qwen3-VL interpolates its learned positions over them), and the index of its frame's first patch, which names the frame
+ * for attention.
  */
-const patchPlaces = (g: Graph, pixelValues: Value, gridThw: Value, mergeSize: number) =>
+export const patchPlaces = (g: Graph, pixelValues: Value, gridThw: Value, mergeSize: number) =>
   g.scope("patch_places", () => {
     const patchCount = g.op("Gather", [g.op("Shape", [pixelValues]), g.int64Scalar(0)], { axis: 0 })
     const patch = g.op("Range", [g.int64Scalar(0), patchCount, g.int64Scalar(1)])
@@ -218,19 +219,22 @@ const patchPlaces = (g: Graph, pixelValues: Value, gridThw: Value, mergeSize: nu
       g.op("Unsqueeze", [ends, g.int64s([0])])
     ])
     const image = g.op("ReduceSum", [int64(g, past), g.int64s([1])], { keepdims: 0 })
-    const local = g.op("Sub", [patch, g.op("Gather", [starts, image], { axis: 0 })])
-    const frameSize = g.op("Gather", [frameSizes, image], { axis: 0 })
-    const inFrame = g.op("Mod", [local, frameSize])
-    const frameStart = g.op("Sub", [patch, inFrame])
+    const ofImage = (values: Value) => g.op("Gather", [values, image], { axis: 0 })
+    const local = g.op("Sub", [patch, ofImage(starts)])
+    const inFrame = g.op("Mod", [local, ofImage(frameSizes)])
+    const imageRows = ofImage(rows)
+    const imageColumns = ofImage(columns)
     const s = g.int64Scalar(mergeSize)
-    const blocksPerRow = g.op("Div", [g.op("Gather", [columns, image], { axis: 0 }), s])
+    const blocksPerRow = g.op("Div", [imageColumns, s])
     const block = g.op("Div", [inFrame, g.int64Scalar(mergeSize * mergeSize)])
     const rowInBlock = g.op("Mod", [g.op("Div", [inFrame, s]), s])
     const columnInBlock = g.op("Mod", [inFrame, s])
     return {
       row: g.op("Add", [g.op("Mul", [g.op("Div", [block, blocksPerRow]), s]), rowInBlock]),
       column: g.op("Add", [g.op("Mul", [g.op("Mod", [block, blocksPerRow]), s]), columnInBlock]),
-      frameStart
+      imageRows,
+      imageColumns,
+      frameStart: g.op("Sub", [patch, inFrame])
     }
   })
 

@@ -267,6 +267,7 @@ export const qwen2VLVideo = async (input: {
   readonly fps?: number
 }): Promise<Preprocessed> => {
   const { processor } = input
+  if (processor.videoRefusal !== undefined) throw new MediaError({ message: processor.videoRefusal })
   const demuxer = containerDemuxerOf(input.bytes)
   if (demuxer === undefined) {
     throw new MediaError({ message: "a video for this model must be an mp4, mov or webm (Matroska) file" })
