@@ -1,4 +1,4 @@
-import { causalMask, maskedScore, selfAttention } from "../onnx/Attention.js"
+import { causalMask, groupedCacheAttention, selfAttention } from "../onnx/Attention.js"
 import { type Dim, elementType, Graph, type Value } from "../onnx/Graph.js"
 import { geluTanh, layerNorm, linear, matrixWeight, patchEmbedding } from "../onnx/Layers.js"
 import type {
@@ -375,7 +375,6 @@ export const gemma3DecoderGraph = (w: Gemma3TextWeights): Graph => {
     }
   }
   const byType = new Map([...new Set(config.layerTypes)].map((type) => [type, attentionOf(type)] as const))
-  const group = heads / kvHeads
   const norm = (x: Value, name: string, weight: Float32Array) => gemmaRmsNorm(g, x, name, weight, config.rmsNormEps)
   const presents: Array<{ readonly key: Value; readonly value: Value }> = []
 
@@ -402,22 +401,13 @@ export const gemma3DecoderGraph = (w: Gemma3TextWeights): Graph => {
           headDim
         )
         const newValue = split(linear(g, normed, layer.v, "v_proj"), kvHeads)
-        const key = g.op("Concat", [pasts[i]!.key, newKey], { axis: 2 })
-        const value = g.op("Concat", [pasts[i]!.value, newValue], { axis: 2 })
-        presents.push({ key, value })
-        // Grouped queries: [batch, kvHeads, group, sequence, headDim] against each KV head's keys.
-        const grouped = g.op("Reshape", [query, g.int64s([0, kvHeads, group, -1, headDim])])
-        const keyT = g.op("Unsqueeze", [g.op("Transpose", [key], { perm: [0, 1, 3, 2] }), g.int64s([2])])
-        const scores = g.op("Mul", [
-          g.op("MatMul", [grouped, keyT]),
-          g.floatScalar(1 / Math.sqrt(config.queryPreAttnScalar))
-        ])
-        const weights = g.op("Softmax", [g.op("Where", [mask, scores, g.floatScalar(maskedScore)])], { axis: -1 })
-        const context = g.op("MatMul", [weights, g.op("Unsqueeze", [value, g.int64s([2])])])
-        const merged = g.op("Reshape", [
-          g.op("Transpose", [g.op("Reshape", [context, g.int64s([0, heads, -1, headDim])])], { perm: [0, 2, 1, 3] }),
-          g.int64s([0, 0, heads * headDim])
-        ])
+        const { merged, present } = groupedCacheAttention(g, { query, newKey, newValue }, pasts[i]!, mask, {
+          heads,
+          kvHeads,
+          headDim,
+          scale: 1 / Math.sqrt(config.queryPreAttnScalar)
+        })
+        presents.push(present)
         return linear(g, merged, layer.o, "o_proj")
       })
       const afterAttention = g.op("Add", [

@@ -1,4 +1,4 @@
-import { causalMask, maskedScore } from "../onnx/Attention.js"
+import { causalMask, groupedCacheAttention, maskedScore } from "../onnx/Attention.js"
 import { elementType, Graph, type Value } from "../onnx/Graph.js"
 import { gelu, layerNorm, linear, matrixWeight } from "../onnx/Layers.js"
 import type { LayerNormWeights, LinearWeights, Matrix } from "../Weights.js"
@@ -238,33 +238,56 @@ export const patchPlaces = (g: Graph, pixelValues: Value, gridThw: Value, mergeS
     }
   })
 
+/** A vision block's rotary tables and its mask of patches of one frame. */
+export interface FrameRope {
+  readonly cos: Value
+  readonly sin: Value
+  readonly mask: Value
+}
+
+/**
+ * A Qwen-VL vision block's attention: the pre-norm, one qkv projection, 2D rotary queries and keys,
+ * attention within each frame (the mask), the heads merged and projected. Qwen2-VL's and
+ * Qwen3-VL's towers share it; their MLPs differ.
+ */
+export const frameAttention = (
+  g: Graph,
+  x: Value,
+  w: { readonly norm1: LayerNormWeights; readonly qkv: LinearWeights; readonly proj: LinearWeights },
+  shape: { readonly heads: number; readonly headDim: number; readonly width: number },
+  rope: FrameRope
+): Value =>
+  g.scope("attn", () => {
+    const { heads, headDim, width } = shape
+    const qkv = linear(g, layerNorm(g, x, w.norm1, "norm1"), w.qkv, "qkv")
+    // [patches, 3, heads, head_dim] → [3, heads, patches, head_dim]
+    const split = g.op("Transpose", [g.op("Reshape", [qkv, g.int64s([0, 3, heads, headDim])])], {
+      perm: [1, 2, 0, 3]
+    })
+    const part = (index: number) => g.op("Gather", [split, g.int64Scalar(index)], { axis: 0 })
+    const query = rotary(g, part(0), rope.cos, rope.sin, headDim)
+    const key = rotary(g, part(1), rope.cos, rope.sin, headDim)
+    const keyT = g.op("Transpose", [key], { perm: [0, 2, 1] })
+    const scores = g.op("Mul", [g.op("MatMul", [query, keyT]), g.floatScalar(1 / Math.sqrt(headDim))])
+    const weights = g.op("Softmax", [g.op("Where", [rope.mask, scores, g.floatScalar(maskedScore)])], { axis: -1 })
+    const merged = g.op("Reshape", [
+      g.op("Transpose", [g.op("MatMul", [weights, part(2)])], { perm: [1, 0, 2] }),
+      g.int64s([0, width])
+    ])
+    return linear(g, merged, w.proj, "proj")
+  })
+
 const visionBlock = (
   g: Graph,
   x: Value,
   w: Qwen2VLVisionBlockWeights,
   config: Qwen2VLVisionConfig,
-  rope: { readonly cos: Value; readonly sin: Value; readonly mask: Value },
+  rope: FrameRope,
   name: string
 ): Value =>
   g.scope(name, () => {
-    const headDim = visionHeadDim(config)
-    const attention = g.scope("attn", () => {
-      const qkv = linear(g, layerNorm(g, x, w.norm1, "norm1"), w.qkv, "qkv")
-      // [patches, 3, heads, head_dim] → [3, heads, patches, head_dim]
-      const split = g.op("Transpose", [g.op("Reshape", [qkv, g.int64s([0, 3, config.heads, headDim])])], {
-        perm: [1, 2, 0, 3]
-      })
-      const part = (index: number) => g.op("Gather", [split, g.int64Scalar(index)], { axis: 0 })
-      const query = rotary(g, part(0), rope.cos, rope.sin, headDim)
-      const key = rotary(g, part(1), rope.cos, rope.sin, headDim)
-      const keyT = g.op("Transpose", [key], { perm: [0, 2, 1] })
-      const scores = g.op("Mul", [g.op("MatMul", [query, keyT]), g.floatScalar(1 / Math.sqrt(headDim))])
-      const weights = g.op("Softmax", [g.op("Where", [rope.mask, scores, g.floatScalar(maskedScore)])], { axis: -1 })
-      const heads = g.op("MatMul", [weights, part(2)])
-      const merged = g.op("Reshape", [g.op("Transpose", [heads], { perm: [1, 0, 2] }), g.int64s([0, config.embedDim])])
-      return linear(g, merged, w.proj, "proj")
-    })
-    const afterAttention = g.op("Add", [x, attention])
+    const shape = { heads: config.heads, headDim: visionHeadDim(config), width: config.embedDim }
+    const afterAttention = g.op("Add", [x, frameAttention(g, x, w, shape, rope)])
     const mlp = g.scope("mlp", () =>
       linear(g, quickGelu(g, linear(g, layerNorm(g, afterAttention, w.norm2, "norm2"), w.fc1, "fc1")), w.fc2, "fc2")
     )
@@ -320,34 +343,30 @@ export const qwen2VLEmbedTokensGraph = (w: Qwen2VLTextWeights): Graph => {
 }
 
 /**
- * M-RoPE's cos and sin, [batch, 1, sequence, head_dim]: the angles of each position axis (t, h, w
- * rows of position_ids), and for each rotary dimension those of the axis its mrope_section chunk
- * names, both halves alike.
+ * Multimodal rotary positions' cos and sin, [batch, 1, sequence, head_dim]: the angles of each
+ * position axis (t, h, w rows of position_ids [3, batch, sequence]), and for each rotary frequency
+ * k (of head_dim / 2) those of the axis `axisOf[k]` names, both halves alike. Qwen2-VL's M-RoPE
+ * gives each axis a run of frequencies (mrope_section), Qwen3-VL's interleaves them.
  */
-const multimodalRotary = (g: Graph, positionIds: Value, config: Qwen2VLTextConfig) =>
+export const selectedAxesRotary = (
+  g: Graph,
+  positionIds: Value,
+  headDim: number,
+  theta: number,
+  axisOf: ReadonlyArray<number>
+) =>
   g.scope("rotary_emb", () => {
-    const headDim = textHeadDim(config)
     const half = headDim / 2
-    const sectionTotal = config.mropeSection.reduce((a, b) => a + b, 0)
-    if (sectionTotal !== half) {
-      throw new Error(
-        `mrope_section [${config.mropeSection.join(", ")}] sums to ${sectionTotal}, not head_dim / 2 = ${half}`
-      )
-    }
-    const frequencies = inverseFrequencies(headDim, config.ropeTheta)
+    const frequencies = inverseFrequencies(headDim, theta)
     const both = new Float32Array(headDim)
     both.set(frequencies, 0)
     both.set(frequencies, half)
     const selection = new Float32Array(3 * headDim)
-    let at = 0
-    config.mropeSection.forEach((width, axis) => {
-      for (let i = at; i < at + width; i++) {
-        selection[axis * headDim + i] = 1
-        selection[axis * headDim + half + i] = 1
-      }
-      at += width
+    axisOf.forEach((axis, k) => {
+      selection[axis * headDim + k] = 1
+      selection[axis * headDim + half + k] = 1
     })
-    // [3, batch, sequence, 1] · [head_dim] → [3, batch, sequence, head_dim], then each dimension's axis.
+    // [3, batch, sequence, 1] · [head_dim] → [3, batch, sequence, head_dim], then each frequency's axis.
     const perAxis = g.op("Mul", [
       g.op("Unsqueeze", [toFloat(g, positionIds), g.int64s([3])]),
       g.weight("inv_freq", "float32", [headDim], both)
@@ -356,6 +375,19 @@ const multimodalRotary = (g: Graph, positionIds: Value, config: Qwen2VLTextConfi
     const angles = g.op("Unsqueeze", [g.op("ReduceSum", [chosen, g.int64s([0])], { keepdims: 0 }), g.int64s([1])])
     return { cos: g.op("Cos", [angles]), sin: g.op("Sin", [angles]) }
   })
+
+/** M-RoPE: each axis takes the run of frequencies its mrope_section chunk names. */
+const multimodalRotary = (g: Graph, positionIds: Value, config: Qwen2VLTextConfig) => {
+  const headDim = textHeadDim(config)
+  const sectionTotal = config.mropeSection.reduce((a, b) => a + b, 0)
+  if (sectionTotal !== headDim / 2) {
+    throw new Error(
+      `mrope_section [${config.mropeSection.join(", ")}] sums to ${sectionTotal}, not head_dim / 2 = ${headDim / 2}`
+    )
+  }
+  const axisOf = config.mropeSection.flatMap((width, axis) => Array.from({ length: width }, () => axis))
+  return selectedAxesRotary(g, positionIds, headDim, config.ropeTheta, axisOf)
+}
 
 export const qwen2VLDecoderGraph = (w: Qwen2VLTextWeights): Graph => {
   const { config } = w
@@ -373,7 +405,6 @@ export const qwen2VLDecoderGraph = (w: Qwen2VLTextWeights): Graph => {
   // [batch, 1 (kv head), 1 (group), sequence, total]
   const mask = g.op("Unsqueeze", [causalMask(g, inputsEmbeds, pasts[0]!.key, attentionMask), g.int64s([1])])
   const { cos, sin } = multimodalRotary(g, positionIds, config)
-  const group = heads / kvHeads
   const norm = (x: Value, name: string, weight: Float32Array) =>
     rmsNorm(g, x, g.weight(name, "float32", [hidden], weight), config.rmsNormEps)
 
@@ -387,19 +418,14 @@ export const qwen2VLDecoderGraph = (w: Qwen2VLTextWeights): Graph => {
         const query = rotary(g, split(linear(g, normed, layer.q, "q_proj"), heads), cos, sin, headDim)
         const newKey = rotary(g, split(linear(g, normed, layer.k, "k_proj"), kvHeads), cos, sin, headDim)
         const newValue = split(linear(g, normed, layer.v, "v_proj"), kvHeads)
-        const key = g.op("Concat", [pasts[i]!.key, newKey], { axis: 2 })
-        const value = g.op("Concat", [pasts[i]!.value, newValue], { axis: 2 })
-        g.output(key, presentName(i, "key"), "float32", cacheShape("total_sequence_length"))
-        g.output(value, presentName(i, "value"), "float32", cacheShape("total_sequence_length"))
-        const grouped = g.op("Reshape", [query, g.int64s([0, kvHeads, group, -1, headDim])])
-        const keyT = g.op("Unsqueeze", [g.op("Transpose", [key], { perm: [0, 1, 3, 2] }), g.int64s([2])])
-        const scores = g.op("Mul", [g.op("MatMul", [grouped, keyT]), g.floatScalar(1 / Math.sqrt(headDim))])
-        const weights = g.op("Softmax", [g.op("Where", [mask, scores, g.floatScalar(maskedScore)])], { axis: -1 })
-        const context = g.op("MatMul", [weights, g.op("Unsqueeze", [value, g.int64s([2])])])
-        const merged = g.op("Reshape", [
-          g.op("Transpose", [g.op("Reshape", [context, g.int64s([0, heads, -1, headDim])])], { perm: [0, 2, 1, 3] }),
-          g.int64s([0, 0, heads * headDim])
-        ])
+        const { merged, present } = groupedCacheAttention(g, { query, newKey, newValue }, pasts[i]!, mask, {
+          heads,
+          kvHeads,
+          headDim,
+          scale: 1 / Math.sqrt(headDim)
+        })
+        g.output(present.key, presentName(i, "key"), "float32", cacheShape("total_sequence_length"))
+        g.output(present.value, presentName(i, "value"), "float32", cacheShape("total_sequence_length"))
         return linear(g, merged, layer.o, "o_proj")
       })
       const afterAttention = g.op("Add", [x, attention])

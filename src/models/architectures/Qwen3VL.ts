@@ -1,9 +1,9 @@
-import { causalMask, maskedScore } from "../onnx/Attention.js"
+import { causalMask, groupedCacheAttention } from "../onnx/Attention.js"
 import { elementType, Graph, type Value } from "../onnx/Graph.js"
 import { gelu, geluTanh, layerNorm, linear, matrixWeight } from "../onnx/Layers.js"
 import type { LayerNormWeights, LinearWeights, Matrix } from "../Weights.js"
 import { pastName, presentName, rmsNorm, rotary } from "./Llama.js"
-import { patchPlaces } from "./Qwen2VL.js"
+import { type FrameRope, frameAttention, patchPlaces, selectedAxesRotary } from "./Qwen2VL.js"
 
 /**
  * Qwen3-VL as the three graphs of the community's split export for transformers.js
@@ -290,31 +290,12 @@ const visionBlock = (
   x: Value,
   w: Qwen3VLVisionBlockWeights,
   config: Qwen3VLVisionConfig,
-  rope: { readonly cos: Value; readonly sin: Value; readonly mask: Value },
+  rope: FrameRope,
   name: string
 ): Value =>
   g.scope(name, () => {
-    const headDim = qwen3VLVisionHeadDim(config)
-    const attention = g.scope("attn", () => {
-      const qkv = linear(g, layerNorm(g, x, w.norm1, "norm1"), w.qkv, "qkv")
-      // [patches, 3, heads, head_dim] → [3, heads, patches, head_dim]
-      const split = g.op("Transpose", [g.op("Reshape", [qkv, g.int64s([0, 3, config.heads, headDim])])], {
-        perm: [1, 2, 0, 3]
-      })
-      const part = (index: number) => g.op("Gather", [split, g.int64Scalar(index)], { axis: 0 })
-      const query = rotary(g, part(0), rope.cos, rope.sin, headDim)
-      const key = rotary(g, part(1), rope.cos, rope.sin, headDim)
-      const keyT = g.op("Transpose", [key], { perm: [0, 2, 1] })
-      const scores = g.op("Mul", [g.op("MatMul", [query, keyT]), g.floatScalar(1 / Math.sqrt(headDim))])
-      const weights = g.op("Softmax", [g.op("Where", [rope.mask, scores, g.floatScalar(maskedScore)])], { axis: -1 })
-      const heads = g.op("MatMul", [weights, part(2)])
-      const merged = g.op("Reshape", [
-        g.op("Transpose", [heads], { perm: [1, 0, 2] }),
-        g.int64s([0, config.hiddenSize])
-      ])
-      return linear(g, merged, w.proj, "proj")
-    })
-    const afterAttention = g.op("Add", [x, attention])
+    const shape = { heads: config.heads, headDim: qwen3VLVisionHeadDim(config), width: config.hiddenSize }
+    const afterAttention = g.op("Add", [x, frameAttention(g, x, w, shape, rope)])
     const mlp = g.scope("mlp", () =>
       linear(
         g,
@@ -361,33 +342,9 @@ export const qwen3VLEmbedTokensGraph = (w: Qwen3VLTextWeights): Graph => {
   return g
 }
 
-/**
- * Interleaved M-RoPE's cos and sin, [batch, 1, sequence, head_dim]: the angles of each position
- * axis (t, h, w rows of position_ids), and for each rotary frequency those of the axis
- * `interleavedMropeAxes` gives it, both halves alike.
- */
+/** Interleaved M-RoPE: each rotary frequency takes the axis `interleavedMropeAxes` gives it. */
 const interleavedRotary = (g: Graph, positionIds: Value, config: Qwen3VLTextConfig) =>
-  g.scope("rotary_emb", () => {
-    const { headDim } = config
-    const half = headDim / 2
-    const frequencies = inverseFrequencies(headDim, config.ropeTheta)
-    const both = new Float32Array(headDim)
-    both.set(frequencies, 0)
-    both.set(frequencies, half)
-    const selection = new Float32Array(3 * headDim)
-    interleavedMropeAxes(config).forEach((axis, k) => {
-      selection[axis * headDim + k] = 1
-      selection[axis * headDim + half + k] = 1
-    })
-    // [3, batch, sequence, 1] · [head_dim] → [3, batch, sequence, head_dim], then each frequency's axis.
-    const perAxis = g.op("Mul", [
-      g.op("Unsqueeze", [toFloat(g, positionIds), g.int64s([3])]),
-      g.weight("inv_freq", "float32", [headDim], both)
-    ])
-    const chosen = g.op("Mul", [perAxis, g.weight("mrope_selection", "float32", [3, 1, 1, headDim], selection)])
-    const angles = g.op("Unsqueeze", [g.op("ReduceSum", [chosen, g.int64s([0])], { keepdims: 0 }), g.int64s([1])])
-    return { cos: g.op("Cos", [angles]), sin: g.op("Sin", [angles]) }
-  })
+  selectedAxesRotary(g, positionIds, config.headDim, config.ropeTheta, interleavedMropeAxes(config))
 
 export const qwen3VLDecoderGraph = (w: Qwen3VLTextWeights): Graph => {
   const { config } = w
@@ -404,7 +361,6 @@ export const qwen3VLDecoderGraph = (w: Qwen3VLTextWeights): Graph => {
   // [batch, 1 (kv head), 1 (group), sequence, total]
   const mask = g.op("Unsqueeze", [causalMask(g, inputsEmbeds, pasts[0]!.key, attentionMask), g.int64s([1])])
   const { cos, sin } = interleavedRotary(g, positionIds, config)
-  const group = heads / kvHeads
   const norm = (x: Value, name: string, weight: Float32Array) =>
     rmsNorm(g, x, g.weight(name, "float32", [weight.length], weight), config.rmsNormEps)
   const presents: Array<{ readonly key: Value; readonly value: Value }> = []
@@ -431,19 +387,13 @@ export const qwen3VLDecoderGraph = (w: Qwen3VLTextWeights): Graph => {
           headDim
         )
         const newValue = split(linear(g, normed, layer.v, "v_proj"), kvHeads)
-        const key = g.op("Concat", [pasts[i]!.key, newKey], { axis: 2 })
-        const value = g.op("Concat", [pasts[i]!.value, newValue], { axis: 2 })
-        presents.push({ key, value })
-        // Grouped queries: [batch, kvHeads, group, sequence, headDim] against each KV head's keys.
-        const grouped = g.op("Reshape", [query, g.int64s([0, kvHeads, group, -1, headDim])])
-        const keyT = g.op("Unsqueeze", [g.op("Transpose", [key], { perm: [0, 1, 3, 2] }), g.int64s([2])])
-        const scores = g.op("Mul", [g.op("MatMul", [grouped, keyT]), g.floatScalar(1 / Math.sqrt(headDim))])
-        const weights = g.op("Softmax", [g.op("Where", [mask, scores, g.floatScalar(maskedScore)])], { axis: -1 })
-        const context = g.op("MatMul", [weights, g.op("Unsqueeze", [value, g.int64s([2])])])
-        const merged = g.op("Reshape", [
-          g.op("Transpose", [g.op("Reshape", [context, g.int64s([0, heads, -1, headDim])])], { perm: [0, 2, 1, 3] }),
-          g.int64s([0, 0, heads * headDim])
-        ])
+        const { merged, present } = groupedCacheAttention(g, { query, newKey, newValue }, pasts[i]!, mask, {
+          heads,
+          kvHeads,
+          headDim,
+          scale: 1 / Math.sqrt(headDim)
+        })
+        presents.push(present)
         return linear(g, merged, layer.o, "o_proj")
       })
       const afterAttention = g.op("Add", [x, attention])

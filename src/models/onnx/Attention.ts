@@ -117,3 +117,33 @@ export const transformerBlock = (
     ])
     return attention.present === undefined ? { output } : { output, present: attention.present }
   })
+
+/**
+ * Grouped-query attention over a cache as the split-layout VLM decoders write it: the step's keys
+ * and values appended to the layer's past (the present, which the graph gives back), each KV head's
+ * group of queries against its keys, scaled by `scale`, the mask applied (bool [batch, 1, 1,
+ * sequence, total]), and the heads merged to [batch, sequence, heads · headDim]. `query` is
+ * [batch, heads, sequence, headDim], `newKey` and `newValue` [batch, kvHeads, sequence, headDim].
+ */
+export const groupedCacheAttention = (
+  g: Graph,
+  step: { readonly query: Value; readonly newKey: Value; readonly newValue: Value },
+  past: KvCache,
+  mask: Value,
+  shape: { readonly heads: number; readonly kvHeads: number; readonly headDim: number; readonly scale: number }
+): { readonly merged: Value; readonly present: KvCache } => {
+  const { heads, kvHeads, headDim, scale } = shape
+  const key = g.op("Concat", [past.key, step.newKey], { axis: 2 })
+  const value = g.op("Concat", [past.value, step.newValue], { axis: 2 })
+  // Grouped queries: [batch, kvHeads, group, sequence, headDim] against each KV head's keys.
+  const grouped = g.op("Reshape", [step.query, g.int64s([0, kvHeads, heads / kvHeads, -1, headDim])])
+  const keyT = g.op("Unsqueeze", [g.op("Transpose", [key], { perm: [0, 1, 3, 2] }), g.int64s([2])])
+  const scores = g.op("Mul", [g.op("MatMul", [grouped, keyT]), g.floatScalar(scale)])
+  const weights = g.op("Softmax", [g.op("Where", [mask, scores, g.floatScalar(maskedScore)])], { axis: -1 })
+  const context = g.op("MatMul", [weights, g.op("Unsqueeze", [value, g.int64s([2])])])
+  const merged = g.op("Reshape", [
+    g.op("Transpose", [g.op("Reshape", [context, g.int64s([0, heads, -1, headDim])])], { perm: [0, 2, 1, 3] }),
+    g.int64s([0, 0, heads * headDim])
+  ])
+  return { merged, present: { key, value } }
+}

@@ -69,7 +69,12 @@ export const qwen2VLVocabulary = (): ByteLevelBpe =>
     specialTokens: Object.values(qwen2VLSpecialTokens)
   })
 
-const tokenizerConfig = (vocabulary: ByteLevelBpe, modelMaxLength: number) => ({
+/** tokenizer_config.json of the Qwen-VL recipes (Qwen3-VL's with its own chat template). */
+export const qwen2VLTokenizerConfig = (
+  vocabulary: ByteLevelBpe,
+  modelMaxLength: number,
+  chatTemplate: string = qwen2VLChatTemplate
+) => ({
   tokenizer_class: "Qwen2Tokenizer",
   add_prefix_space: false,
   bos_token: null,
@@ -80,7 +85,7 @@ const tokenizerConfig = (vocabulary: ByteLevelBpe, modelMaxLength: number) => ({
   clean_up_tokenization_spaces: false,
   model_max_length: modelMaxLength,
   split_special_tokens: false,
-  chat_template: qwen2VLChatTemplate,
+  chat_template: chatTemplate,
   additional_special_tokens: Object.values(qwen2VLSpecialTokens).slice(1),
   added_tokens_decoder: Object.fromEntries(
     Object.values(qwen2VLSpecialTokens).map((content) => [
@@ -226,7 +231,7 @@ const smallTokenizer = (maxPositions: number): FixtureTokenizer => {
   const vocabulary = qwen2VLVocabulary()
   return {
     json: vocabulary.tokenizerJson,
-    config: tokenizerConfig(vocabulary, maxPositions),
+    config: qwen2VLTokenizerConfig(vocabulary, maxPositions),
     vocabSize: vocabulary.vocabSize,
     tokenId: vocabulary.tokenId
   }

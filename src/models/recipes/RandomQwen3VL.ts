@@ -8,12 +8,11 @@ import {
   qwen3VLConfigJson,
   qwen3VLGraphs
 } from "../architectures/Qwen3VL.js"
-import type { ByteLevelBpe } from "../ByteLevelBpe.js"
 import { Random } from "../Random.js"
 import { matrix } from "../Weights.js"
 import { jsonFile, type ModelFiles } from "./Recipe.js"
 import { WeightDraw } from "./RandomWeights.js"
-import { qwen2VLSpecialTokens, qwen2VLVocabulary } from "./RandomQwen2VL.js"
+import { qwen2VLSpecialTokens, qwen2VLTokenizerConfig, qwen2VLVocabulary } from "./RandomQwen2VL.js"
 
 /**
  * Model directories of a random-weight Qwen3-VL in the community's split layout
@@ -30,26 +29,6 @@ import { qwen2VLSpecialTokens, qwen2VLVocabulary } from "./RandomQwen2VL.js"
  */
 export const qwen3VLChatTemplate =
   "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' }}{%- if messages[0]['content'] is string %}{{- messages[0]['content'] }}{%- else %}{%- for content in messages[0]['content'] %}{%- if 'text' in content %}{{- content['text'] }}{%- endif %}{%- endfor %}{%- endif %}{{- '<|im_end|>\\n' }}{%- endif %}{%- set image_count = namespace(value=0) %}{%- set video_count = namespace(value=0) %}{%- for message in messages %}{%- if message['role'] == 'user' or message['role'] == 'assistant' %}{{- '<|im_start|>' + message['role'] + '\\n' }}{%- if message['content'] is string %}{{- message['content'] }}{%- else %}{%- for content in message['content'] %}{%- if content['type'] == 'image' or 'image' in content or 'image_url' in content %}{%- set image_count.value = image_count.value + 1 %}{%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}<|vision_start|><|image_pad|><|vision_end|>{%- elif content['type'] == 'video' or 'video' in content %}{%- set video_count.value = video_count.value + 1 %}{%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}<|vision_start|><|video_pad|><|vision_end|>{%- elif 'text' in content %}{{- content['text'] }}{%- endif %}{%- endfor %}{%- endif %}{{- '<|im_end|>\\n' }}{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-
-const tokenizerConfig = (vocabulary: ByteLevelBpe, modelMaxLength: number) => ({
-  tokenizer_class: "Qwen2Tokenizer",
-  add_prefix_space: false,
-  bos_token: null,
-  eos_token: qwen2VLSpecialTokens.imEnd,
-  pad_token: qwen2VLSpecialTokens.endOfText,
-  unk_token: null,
-  errors: "replace",
-  clean_up_tokenization_spaces: false,
-  model_max_length: modelMaxLength,
-  split_special_tokens: false,
-  chat_template: qwen3VLChatTemplate,
-  added_tokens_decoder: Object.fromEntries(
-    Object.values(qwen2VLSpecialTokens).map((content) => [
-      String(vocabulary.tokenId(content)),
-      { content, lstrip: false, normalized: false, rstrip: false, single_word: false, special: true }
-    ])
-  )
-})
 
 /**
  * A geometry small enough for tests: two vision blocks of width 32 over a 6 × 6 grid of learned
@@ -223,7 +202,10 @@ export const randomQwen3VLFiles = (options: RandomQwen3VLOptions = {}): RandomQw
       )
     ],
     ["tokenizer.json", jsonFile(vocabulary.tokenizerJson)],
-    ["tokenizer_config.json", jsonFile(tokenizerConfig(vocabulary, config.text.maxPositions))]
+    [
+      "tokenizer_config.json",
+      jsonFile(qwen2VLTokenizerConfig(vocabulary, config.text.maxPositions, qwen3VLChatTemplate))
+    ]
   ])
   for (const [stem, graph] of qwen3VLGraphs(vision, text)) files.set(`onnx/${stem}.onnx`, graph.toBytes())
   return { files, config, tokenId: id }
