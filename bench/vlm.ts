@@ -1,11 +1,13 @@
 /**
  * Image chats, family by family: a random-weight model in the community's split layout (a vision
  * tower of 8 blocks at 512 wide, a decoder of 6 layers at 512 wide; 224×224 images, 64 vision
- * tokens a prompt) through the LLM executor's chat API, against transformers.js's
+ * tokens a prompt, 49 for Qwen3-VL) through the LLM executor's chat API, against transformers.js's
  * ...ForConditionalGeneration on the same files in this process, with the same ONNX Runtime
  * thread count, in the same run. The families:
  *
  * - qwen2vl: Qwen2-VL (256 patches of 14 pixels, merged 2×2; M-RoPE positions);
+ * - qwen3vl: Qwen3-VL (196 patches of 16 pixels, merged 2×2 into 49 tokens; learned positions
+ *   interpolated; interleaved M-RoPE);
  * - gemma3: Gemma 3 (a SigLIP tower over 256 patches of 14 pixels, pooled 2×2 into 64 soft
  *   tokens; a decoder of sliding-window layers (a window of 512) and a full one, positions from 1).
  *
@@ -25,7 +27,7 @@
  *
  * Env: BENCH_ROUNDS (default 3), BENCH_THREADS (ONNX Runtime threads, default 2), BENCH_TOKENS
  * (at most this many tokens a chat, default 16; both sides stop at the end of sequence),
- * BENCH_FAMILY (qwen2vl, gemma3, or all: the default).
+ * BENCH_FAMILY (qwen2vl, qwen3vl, gemma3, or all: the default).
  */
 import { mkdtemp, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
@@ -33,12 +35,13 @@ import { basename, dirname, join } from "node:path"
 import { AutoModelForImageTextToText, AutoProcessor, env, RawImage, type Tensor } from "@huggingface/transformers"
 import * as ort from "onnxruntime-node"
 import sharp from "sharp"
-import { gemma3Image, qwen2VLImage } from "../src/executors/common/media/preprocess.js"
+import { fixedSizeImage, qwen2VLImage } from "../src/executors/common/media/preprocess.js"
 import { gemma3ProcessorConfig } from "../src/models/Gemma3Processor.js"
 import { loadModelDirectory } from "../src/models/ModelDirectory.js"
 import { qwen2VLProcessor } from "../src/models/Qwen2VLProcessor.js"
 import { randomGemma3, tinyGemma3Config } from "../src/models/recipes/RandomGemma3.js"
 import { qwen2VLVocabulary, randomQwen2VLFiles } from "../src/models/recipes/RandomQwen2VL.js"
+import { randomQwen3VLFiles, tinyQwen3VLConfig } from "../src/models/recipes/RandomQwen3VL.js"
 import type { ModelFiles } from "../src/models/recipes/Recipe.js"
 import { writeModelFiles } from "../test/models/support/SmolVlmFixture.js"
 import { SidecarClient } from "../src/sidecar/SidecarClient.js"
@@ -83,6 +86,8 @@ interface Family {
   readonly encoderFeeds: (model: string) => Promise<(png: Buffer) => Promise<Record<string, ort.Tensor>>>
   /** The chunks Eric sends an image's encoding in. */
   readonly ericChunks: number
+  /** The rows an image takes in the prompt. */
+  readonly visionTokens: number
 }
 
 const floats = (tensor: { readonly data: unknown; readonly shape: ReadonlyArray<number> }) =>
@@ -105,7 +110,8 @@ const qwen2VLFamily: Family = {
     }
   },
   // The patch grid, then the features.
-  ericChunks: 2
+  ericChunks: 2,
+  visionTokens: 64
 }
 
 const gemma3Family: Family = {
@@ -139,13 +145,62 @@ const gemma3Family: Family = {
   encoderFeeds: async (model) => {
     const config = gemma3ProcessorConfig(await loadModelDirectory(model))
     return async (png) => ({
-      pixel_values: floats((await gemma3Image({ bytes: new Uint8Array(png), config })).inputs.pixel_values!)
+      pixel_values: floats((await fixedSizeImage({ bytes: new Uint8Array(png), config })).inputs.pixel_values!)
     })
   },
-  ericChunks: 1
+  ericChunks: 1,
+  visionTokens: 64
 }
 
-const families: ReadonlyArray<Family> = [qwen2VLFamily, gemma3Family]
+const qwen3VLFamily: Family = {
+  name: "qwen3vl",
+  described: "random Qwen3-VL (vision 8×512 over 196 patches of 16 pixels, merged 2×2; decoder 6×512)",
+  reference: "Qwen3VLForConditionalGeneration",
+  files: () => {
+    const vocabSize = qwen2VLVocabulary().vocabSize
+    const tiny = tinyQwen3VLConfig(vocabSize)
+    return randomQwen3VLFiles({
+      seed: 11,
+      config: {
+        vision: {
+          ...tiny.vision,
+          depth: 8,
+          hiddenSize: 512,
+          heads: 8,
+          intermediateSize: 2048,
+          outHiddenSize: 512,
+          numPositionEmbeddings: 2304
+        },
+        text: {
+          ...tiny.text,
+          hiddenSize: 512,
+          intermediateSize: 1408,
+          layers: 6,
+          heads: 8,
+          kvHeads: 2,
+          headDim: 64,
+          mropeSection: [16, 8, 8]
+        }
+      },
+      maxPixels: side * side
+    }).files
+  },
+  processorOptions: {},
+  encoderFeeds: async (model) => {
+    const processor = qwen2VLProcessor((await loadModelDirectory(model)).preprocessorConfig!)
+    return async (png) => {
+      const { inputs, thw } = await qwen2VLImage({ bytes: new Uint8Array(png), processor })
+      return {
+        pixel_values: floats(inputs.pixel_values!),
+        image_grid_thw: new ort.Tensor("int64", BigInt64Array.from(thw!, BigInt), [1, 3])
+      }
+    }
+  },
+  ericChunks: 2,
+  visionTokens: 49
+}
+
+const families: ReadonlyArray<Family> = [qwen2VLFamily, qwen3VLFamily, gemma3Family]
 
 export default async function vlmBench(): Promise<void> {
   const asked = process.env.BENCH_FAMILY ?? "all"
@@ -447,7 +502,7 @@ async function benchFamily(family: Family): Promise<Record<string, unknown>> {
     ]
     const widths = table[0]!.map((_, column) => Math.max(...table.map((row) => row[column]!.length)))
     console.log(
-      `vlm bench, ${family.name}: ${family.described}, ${side}×${side} images (64 vision tokens), ${tokens} greedy tokens a chat, ${threads} ORT threads each side, medians over ${rounds} rounds`
+      `vlm bench, ${family.name}: ${family.described}, ${side}×${side} images (${family.visionTokens} vision tokens), ${tokens} greedy tokens a chat, ${threads} ORT threads each side, medians over ${rounds} rounds`
     )
     console.log(
       `baseline: transformers.js ${family.reference} (chats), a direct ONNX Runtime loop of the same preprocessing and vision_encoder.onnx (encoder)`

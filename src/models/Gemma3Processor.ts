@@ -1,8 +1,14 @@
-import * as Either from "effect/Either"
-import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
+import {
+  Count,
+  decodeConfigFile,
+  type FixedSizePixels,
+  fixedSizeImageFields,
+  fixedSizePixels,
+  fixedSizePixelValues,
+  off
+} from "./FixedSizeImage.js"
 import { InvalidModelDirectory, type ModelDirectory } from "./ModelDirectory.js"
-import { type DecodeOptions, decodeRgb, type LevelScaling, levelTables, type Resample, resizeRgb } from "./RgbPixels.js"
 
 /**
  * Gemma 3's processor, computing what transformers.js's Gemma3Processor and Gemma3ImageProcessor
@@ -22,45 +28,11 @@ import { type DecodeOptions, decodeRgb, type LevelScaling, levelTables, type Res
  * transformers.js's ImageProcessor's: note that do_normalize is off unless the file turns it on.
  */
 
-const Count = Schema.Int.pipe(Schema.positive())
-const PerChannel = Schema.Union(Schema.Number, Schema.Tuple(Schema.Number, Schema.Number, Schema.Number))
-/** A step of the base image processor that Gemma 3's configs leave off; a config that turns one on is refused. */
-const Off = Schema.optional(
-  Schema.NullOr(Schema.Literal(false).annotations({ message: () => "is not supported by Gemma 3's processor" }))
-)
-const nullable = { nullable: true } as const
+const Off = off("Gemma 3")
 
 /** preprocessor_config.json of a Gemma 3 model (Gemma3ImageProcessor), as transformers.js reads it. */
 const Gemma3ImageProcessorConfig = Schema.Struct({
-  /** Only height and width: a size given another way (shortest_edge, longest_edge) would keep the aspect ratio. */
-  size: Schema.Struct({ height: Count, width: Count }).annotations({
-    parseOptions: { onExcessProperty: "error" }
-  }),
-  do_resize: Schema.optional(
-    Schema.NullOr(
-      Schema.Literal(true).annotations({ message: () => "must be true: the vision encoder takes one size" })
-    )
-  ),
-  resample: Schema.optionalWith(
-    Schema.Literal(0, 1, 2, 3, 4, 5).annotations({
-      message: () => ({
-        message: "must be one of PIL's filters: 0 nearest, 1 Lanczos, 2 bilinear, 3 bicubic, 4 box, 5 Hamming",
-        override: true
-      })
-    }),
-    { ...nullable, default: () => 2 as const }
-  ),
-  do_rescale: Schema.optionalWith(Schema.Boolean, { ...nullable, default: () => true }),
-  rescale_factor: Schema.optionalWith(Schema.Number, { ...nullable, default: () => 1 / 255 }),
-  do_normalize: Schema.optionalWith(Schema.Boolean, { ...nullable, default: () => false }),
-  image_mean: Schema.optional(PerChannel),
-  image_std: Schema.optional(PerChannel),
-  /** Null (Google's files) means true, as in transformers.js. */
-  do_convert_rgb: Schema.optional(
-    Schema.NullOr(
-      Schema.Literal(true).annotations({ message: () => "must be true: this processor reads every image as RGB" })
-    )
-  ),
+  ...fixedSizeImageFields,
   /** transformers.js reads it from processor_config.json; when this file has it too, they must agree. */
   image_seq_length: Schema.optional(Count),
   do_center_crop: Off,
@@ -79,9 +51,7 @@ export interface Gemma3Token {
 }
 
 /** Everything Gemma 3's processor needs, as plain data (it crosses to preprocessing threads). */
-export interface Gemma3ProcessorConfig extends LevelScaling {
-  readonly size: { readonly height: number; readonly width: number }
-  readonly resample: Resample
+export interface Gemma3ProcessorConfig extends FixedSizePixels {
   /** <image_soft_token>s per image: the rows the vision encoder gives for one image. */
   readonly imageSeqLength: number
   /** The marker the chat template writes for an image, which expansion surrounds. */
@@ -93,17 +63,6 @@ export interface Gemma3ProcessorConfig extends LevelScaling {
 
 const preprocessorFile = "preprocessor_config.json"
 const processorFile = "processor_config.json"
-
-/** A config file decoded, or refused naming each wrong field with the first reason its schema gives. */
-const decodeFile = <A, I>(model: ModelDirectory, schema: Schema.Schema<A, I>, value: unknown, file: string): A =>
-  Either.getOrThrowWith(Schema.decodeUnknownEither(schema)(value, { errors: "all" }), (error) => {
-    const issues = ParseResult.ArrayFormatter.formatErrorSync(error)
-    // A field of a union (optional fields are unions with undefined) reports once per member: keep its first.
-    const reasons = issues
-      .filter((issue, i) => issues.findIndex((other) => other.path.join(".") === issue.path.join(".")) === i)
-      .map((issue) => `${issue.path.join(".")} ${issue.message}`.trim())
-    return new InvalidModelDirectory({ path: model.path, reason: `${file}: ${reasons.join("; ")}` })
-  })
 
 /**
  * The id of an added token of tokenizer.json: the three tokens must be added tokens, which the
@@ -142,14 +101,12 @@ const agrees = (model: ModelDirectory, field: string, given: unknown, value: num
 export const gemma3ProcessorConfig = (model: ModelDirectory): Gemma3ProcessorConfig => {
   const refuse = (reason: string) => new InvalidModelDirectory({ path: model.path, reason })
   if (model.preprocessorConfig === undefined) throw refuse(`${preprocessorFile} is missing (Gemma 3 needs it)`)
-  const image = decodeFile(model, Gemma3ImageProcessorConfig, model.preprocessorConfig, preprocessorFile)
-  if (image.do_normalize && (image.image_mean === undefined || image.image_std === undefined)) {
-    throw refuse(`${preprocessorFile} turns do_normalize on but lacks image_mean or image_std`)
-  }
+  const image = decodeConfigFile(model, Gemma3ImageProcessorConfig, model.preprocessorConfig, preprocessorFile)
+  const pixels = fixedSizePixels(model, image, preprocessorFile)
   if (model.processorConfig === undefined) {
     throw refuse(`${processorFile} is missing (Gemma 3's processor reads image_seq_length from it)`)
   }
-  const { image_seq_length: imageSeqLength } = decodeFile(
+  const { image_seq_length: imageSeqLength } = decodeConfigFile(
     model,
     ProcessorConfigJson,
     model.processorConfig,
@@ -184,13 +141,7 @@ export const gemma3ProcessorConfig = (model: ModelDirectory): Gemma3ProcessorCon
   agrees(model, "eoi_token_index", raw.eoi_token_index, eoi.id, `the id of ${eoi.text}`)
 
   return {
-    size: image.size,
-    resample: image.resample,
-    do_rescale: image.do_rescale,
-    rescale_factor: image.rescale_factor,
-    do_normalize: image.do_normalize,
-    image_mean: image.image_mean,
-    image_std: image.image_std,
+    ...pixels,
     imageSeqLength,
     boi,
     eoi,
@@ -201,30 +152,8 @@ export const gemma3ProcessorConfig = (model: ModelDirectory): Gemma3ProcessorCon
 // ---------------------------------------------------------------------------------------------
 // Pixels
 
-/** One image as Gemma 3's vision encoder takes it. */
-export interface Gemma3PixelValues {
-  /** float32, channels first. */
-  readonly data: Float32Array
-  readonly shape: readonly [1, 3, number, number]
-}
-
-/** An encoded image (PNG, JPEG, WebP, ...) → pixel_values [1, 3, height, width], as transformers.js gives them. */
-export const gemma3PixelValues = async (
-  bytes: Uint8Array,
-  config: Gemma3ProcessorConfig,
-  options: DecodeOptions = {}
-): Promise<Gemma3PixelValues> => {
-  const { width, height } = config.size
-  const rgb = await resizeRgb(await decodeRgb(bytes, options), config.size, config.resample)
-  const tables = levelTables(config)
-  const plane = width * height
-  const data = new Float32Array(3 * plane)
-  for (let c = 0; c < 3; c++) {
-    const table = tables[c]!
-    for (let i = 0, source = c; i < plane; i++, source += 3) data[c * plane + i] = table[rgb.data[source]!]!
-  }
-  return { data, shape: [1, 3, height, width] }
-}
+/** An encoded image → pixel_values [1, 3, height, width], as transformers.js's Gemma3ImageProcessor gives them. */
+export const gemma3PixelValues = fixedSizePixelValues
 
 // ---------------------------------------------------------------------------------------------
 // Prompts

@@ -1,6 +1,11 @@
 import { type Gemma3ProcessorConfig, gemma3ProcessorConfig } from "./Gemma3Processor.js"
 import { type Idefics3Processor, idefics3Processor } from "./Idefics3Processor.js"
 import { decodeImageProcessorConfig, type ImageProcessorConfig } from "./ImageProcessor.js"
+import {
+  isLlavaOnevision,
+  type LlavaOnevisionProcessorConfig,
+  llavaOnevisionProcessorConfig
+} from "./LlavaOnevisionProcessor.js"
 import { InvalidModelDirectory, type ModelDirectory } from "./ModelDirectory.js"
 import { type Qwen2VLProcessor, qwen2VLProcessor } from "./Qwen2VLProcessor.js"
 
@@ -18,6 +23,7 @@ export type VisionProcessor =
   | { readonly kind: "idefics3"; readonly processor: Idefics3Processor }
   | { readonly kind: "qwen2vl"; readonly processor: Qwen2VLProcessor }
   | { readonly kind: "gemma3"; readonly processor: Gemma3ProcessorConfig }
+  | { readonly kind: "llavaOnevision"; readonly processor: LlavaOnevisionProcessorConfig }
 
 const idefics3Types = new Set(["Idefics3ImageProcessor", "SmolVLMImageProcessor"])
 const qwen2VLTypes = new Set(["Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast"])
@@ -36,7 +42,7 @@ const qwen3VLVideoRefusal =
 const gemma3Types = new Set(["Gemma3ImageProcessor", "Gemma3ImageProcessorFast"])
 
 export const supportedImageProcessors =
-  "a fixed-size image processor (size: { height, width }) Idefics3ImageProcessor / SmolVLMImageProcessor (size: { longest_edge }), Qwen2VLImageProcessor (min_pixels, max_pixels) or Gemma3ImageProcessor"
+  "a fixed-size image processor (size: { height, width }) Idefics3ImageProcessor / SmolVLMImageProcessor (size: { longest_edge }), Qwen2VLImageProcessor (min_pixels, max_pixels), Gemma3ImageProcessor or LlavaOnevisionImageProcessor"
 
 /** The model's image processor; a preprocessor config none of them follows is refused, naming the file and why. */
 export const visionProcessorOf = (model: ModelDirectory): VisionProcessor => {
@@ -59,6 +65,7 @@ export const visionProcessorOf = (model: ModelDirectory): VisionProcessor => {
   // Gemma 3's processor reads three files and says itself which is wrong.
   if ((typeof declared === "string" && gemma3Types.has(declared)) || model.config.model_type === "gemma3")
     return { kind: "gemma3", processor: gemma3ProcessorConfig(model) }
+  if (isLlavaOnevision(model)) return { kind: "llavaOnevision", processor: llavaOnevisionProcessorConfig(model) }
   try {
     if (qwen2VL) {
       const processor = qwen2VLProcessor(config)

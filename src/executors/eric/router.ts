@@ -65,13 +65,14 @@ export const routerKind: RouterKind = {
       const speech = isWhisper(model)
         ? yield* Effect.try({ try: () => speechModelOf(model), catch: (error) => error as Error })
         : undefined
-      // Idefics3 and Gemma 3 embed images only: a video would be its frames as images, which their prompts do not
-      // spell. Qwen3-VL too: its videos need timestamps (its processor's videoRefusal says why).
+      // Idefics3, Gemma 3 and LLaVA-OneVision embed images only: a video would be its frames as images, which
+      // their prompts do not spell (transformers.js pools no LLaVA-OneVision frames). Qwen3-VL too: its videos need timestamps (its processor's videoRefusal says why).
       const modalities = [
         ...(vision === undefined
           ? []
           : vision.kind === "idefics3" ||
               vision.kind === "gemma3" ||
+              vision.kind === "llavaOnevision" ||
               (vision.kind === "qwen2vl" && vision.processor.videoRefusal !== undefined)
             ? ["image"]
             : ["image", "video"]),
@@ -137,8 +138,8 @@ export const routerKind: RouterKind = {
             case "image":
               return vision?.kind === "idefics3"
                 ? run("idefics3Image", { bytes, config: vision.processor.image, limits })
-                : vision?.kind === "gemma3"
-                  ? run("gemma3Image", { bytes, config: vision.processor, limits })
+                : vision?.kind === "gemma3" || vision?.kind === "llavaOnevision"
+                  ? run("fixedSizeImage", { bytes, config: vision.processor, limits })
                   : run("image", { bytes, config: imageConfig, limits })
             case "video":
               return run("video", {

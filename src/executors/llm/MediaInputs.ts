@@ -91,6 +91,7 @@ export const makeMediaInputs = (options: {
   const idefics3 = vision?.kind === "idefics3" ? vision.processor : undefined
   const qwen2VL = vision?.kind === "qwen2vl" ? vision.processor : undefined
   const gemma3 = vision?.kind === "gemma3" ? vision.processor : undefined
+  const llavaOnevision = vision?.kind === "llavaOnevision" ? vision.processor : undefined
   const mergeSize = qwen2VL?.config.merge_size ?? 1
   const ultravox = ultravoxAudioOf(model)
   const audioConfig =
@@ -100,7 +101,7 @@ export const makeMediaInputs = (options: {
   const encodable = accepted.filter(
     (modality) =>
       (modality === "image"
-        ? (imageConfig ?? idefics3 ?? qwen2VL ?? gemma3)
+        ? (imageConfig ?? idefics3 ?? qwen2VL ?? gemma3 ?? llavaOnevision)
         : modality === "video"
           ? qwen2VL
           : (audioConfig ?? ultravox)) !== undefined
@@ -157,12 +158,13 @@ export const makeMediaInputs = (options: {
         grid: grid!
       }
     }
-    if (part.modality === "image" && gemma3 !== undefined) {
-      const { inputs } = await run("gemma3Image", { bytes, config: gemma3, limits })
+    const fixedSize = gemma3 ?? llavaOnevision
+    if (part.modality === "image" && fixedSize !== undefined) {
+      const { inputs } = await run("fixedSizeImage", { bytes, config: fixedSize, limits })
       const pixels = inputs.pixel_values!
       return {
         modality: "image",
-        rows: gemma3.imageSeqLength,
+        rows: gemma3?.imageSeqLength ?? llavaOnevision!.imageTokens,
         input: { kind: "pixel_values", data: pixels.data as Float32Array, shape: pixels.shape }
       }
     }
@@ -262,6 +264,11 @@ export const makeMediaInputs = (options: {
     if (gemma3 !== undefined && ref.modality === "image" && rows !== gemma3.imageSeqLength) {
       throw new PromptError(
         `embedding ${ref.id} has ${rows} rows: this model's images are ${gemma3.imageSeqLength} soft tokens each`
+      )
+    }
+    if (llavaOnevision !== undefined && ref.modality === "image" && rows !== llavaOnevision.imageTokens) {
+      throw new PromptError(
+        `embedding ${ref.id} has ${rows} rows: this model's images are ${llavaOnevision.imageTokens} <image> tokens each`
       )
     }
     if (ultravox?.kind === "voxtral" && ref.modality === "audio" && rows % voxtralRowsPerChunk !== 0) {

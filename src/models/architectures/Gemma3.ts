@@ -229,21 +229,24 @@ export const gemma3ConfigJson = (
   tie_word_embeddings: config.text.tieWordEmbeddings,
   torch_dtype: "float32",
   text_config: gemma3TextConfigJson(config.text, tokens),
-  vision_config: {
-    model_type: "siglip_vision_model",
-    hidden_size: config.vision.hiddenSize,
-    intermediate_size: config.vision.intermediateSize,
-    num_hidden_layers: config.vision.layers,
-    num_attention_heads: config.vision.heads,
-    num_channels: 3,
-    image_size: config.vision.imageSize,
-    patch_size: config.vision.patchSize,
-    hidden_act: "gelu_pytorch_tanh",
-    layer_norm_eps: config.vision.layerNormEps,
-    attention_dropout: 0,
-    vision_use_head: false
-  },
+  vision_config: siglipVisionConfigJson(config.vision),
   ...extra
+})
+
+/** vision_config in SiglipVisionConfig's fields: the tower without its head. */
+export const siglipVisionConfigJson = (vision: Gemma3VisionConfig) => ({
+  model_type: "siglip_vision_model",
+  hidden_size: vision.hiddenSize,
+  intermediate_size: vision.intermediateSize,
+  num_hidden_layers: vision.layers,
+  num_attention_heads: vision.heads,
+  num_channels: 3,
+  image_size: vision.imageSize,
+  patch_size: vision.patchSize,
+  hidden_act: "gelu_pytorch_tanh",
+  layer_norm_eps: vision.layerNormEps,
+  attention_dropout: 0,
+  vision_use_head: false
 })
 
 /** Gemma3RMSNorm over the last axis: x · rsqrt(mean(x²) + ε) · (1 + w). */
@@ -260,6 +263,26 @@ const siglipLayer = (g: Graph, x: Value, w: TransformerBlockWeights, name: strin
     return g.op("Add", [afterAttention, mlp])
   })
 
+/** SigLIP's vision tower up to its last encoder layer: the patch embedding, learnt positions and layers. */
+export type SiglipTowerWeights = Pick<Gemma3VisionWeights, "patch" | "positions" | "layers">
+
+/**
+ * The output of SigLIP's last encoder layer (hidden_states[-1], before post_layernorm), [batch,
+ * patches, hidden], its weights named under vision_tower.vision_model.
+ */
+export const siglipHiddenStates = (g: Graph, pixelValues: Value, w: SiglipTowerWeights): Value => {
+  let x = g.scope("vision_tower.vision_model.embeddings", () =>
+    g.op("Add", [
+      patchEmbedding(g, pixelValues, w.patch, "patch_embedding"),
+      matrixWeight(g, "position_embedding.weight", w.positions)
+    ])
+  )
+  w.layers.forEach((layer, i) => {
+    x = siglipLayer(g, x, layer, `vision_tower.vision_model.encoder.layers.${i}`)
+  })
+  return x
+}
+
 export const gemma3VisionGraph = (w: Gemma3VisionWeights): Graph => {
   const { config } = w
   const grid = config.imageSize / config.patchSize
@@ -273,16 +296,12 @@ export const gemma3VisionGraph = (w: Gemma3VisionWeights): Graph => {
   const hidden = config.hiddenSize
   const g = new Graph("vision_encoder")
   const pixelValues = g.input("pixel_values", "float32", ["batch_size", 3, config.imageSize, config.imageSize])
-  let x = g.scope("vision_tower.vision_model.embeddings", () =>
-    g.op("Add", [
-      patchEmbedding(g, pixelValues, w.patch, "patch_embedding"),
-      matrixWeight(g, "position_embedding.weight", w.positions)
-    ])
+  const x = layerNorm(
+    g,
+    siglipHiddenStates(g, pixelValues, w),
+    w.postLayerNorm,
+    "vision_tower.vision_model.post_layernorm"
   )
-  w.layers.forEach((layer, i) => {
-    x = siglipLayer(g, x, layer, `vision_tower.vision_model.encoder.layers.${i}`)
-  })
-  x = layerNorm(g, x, w.postLayerNorm, "vision_tower.vision_model.post_layernorm")
   const features = g.scope("multi_modal_projector", () => {
     // [batch, patches, hidden] → [batch, hidden, grid, grid] → pooled → [batch, tokens, hidden]
     const planes = g.op("Reshape", [g.op("Transpose", [x], { perm: [0, 2, 1] }), g.int64s([0, hidden, grid, grid])])

@@ -1,5 +1,5 @@
-import { causalMask, groupedCacheAttention, maskedScore } from "../onnx/Attention.js"
-import { elementType, Graph, type Value } from "../onnx/Graph.js"
+import { causalMask, groupedCacheAttention, type KvCache, maskedScore } from "../onnx/Attention.js"
+import { type Dim, elementType, Graph, type Value } from "../onnx/Graph.js"
 import { gelu, layerNorm, linear, matrixWeight } from "../onnx/Layers.js"
 import type { LayerNormWeights, LinearWeights, Matrix } from "../Weights.js"
 import { pastName, presentName, rmsNorm, rotary } from "./Llama.js"
@@ -389,24 +389,48 @@ const multimodalRotary = (g: Graph, positionIds: Value, config: Qwen2VLTextConfi
   return selectedAxesRotary(g, positionIds, headDim, config.ropeTheta, axisOf)
 }
 
-export const qwen2VLDecoderGraph = (w: Qwen2VLTextWeights): Graph => {
+/** A Qwen2 language model's weights, whatever positions it rotates by. */
+export interface Qwen2TextWeights {
+  readonly config: Omit<Qwen2VLTextConfig, "mropeSection">
+  readonly embedTokens: Matrix
+  readonly layers: ReadonlyArray<Qwen2DecoderLayerWeights>
+  readonly norm: Float32Array
+  readonly lmHead: Matrix
+}
+
+/**
+ * A Qwen2 decoder in the split layout (decoder_model_merged: inputs_embeds, attention_mask,
+ * position_ids, past_key_values.N.key/value → logits, present.N.key/value): q/k/v with biases,
+ * grouped queries over the cache, SwiGLU. `positions` says position_ids' shape and how they become
+ * the rotary tables: M-RoPE's [3, batch, sequence] (Qwen2-VL) or plain [batch, sequence]
+ * (LLaVA-OneVision's Qwen2).
+ */
+export const qwen2DecoderGraph = (
+  w: Qwen2TextWeights,
+  positions: {
+    readonly dims: ReadonlyArray<Dim>
+    readonly rotary: (g: Graph, positionIds: Value, headDim: number) => { readonly cos: Value; readonly sin: Value }
+  }
+): Graph => {
   const { config } = w
   const { hiddenSize: hidden, heads, kvHeads, layers } = config
-  const headDim = textHeadDim(config)
+  const headDim = hidden / heads
   const g = new Graph("decoder_model_merged")
   const inputsEmbeds = g.input("inputs_embeds", "float32", ["batch_size", "sequence_length", hidden])
   const attentionMask = g.input("attention_mask", "int64", ["batch_size", "total_sequence_length"])
-  const positionIds = g.input("position_ids", "int64", [3, "batch_size", "sequence_length"])
-  const cacheShape = (length: string) => ["batch_size", kvHeads, length, headDim]
+  const positionIds = g.input("position_ids", "int64", positions.dims)
+  // Head count and head size are numbers: transformers.js sizes the first step's empty cache from them.
+  const cacheShape = (length: string): ReadonlyArray<Dim> => ["batch_size", kvHeads, length, headDim]
   const pasts = Array.from({ length: layers }, (_, i) => ({
     key: g.input(pastName("past_key_values", i, "key"), "float32", cacheShape("past_sequence_length")),
     value: g.input(pastName("past_key_values", i, "value"), "float32", cacheShape("past_sequence_length"))
   }))
   // [batch, 1 (kv head), 1 (group), sequence, total]
   const mask = g.op("Unsqueeze", [causalMask(g, inputsEmbeds, pasts[0]!.key, attentionMask), g.int64s([1])])
-  const { cos, sin } = multimodalRotary(g, positionIds, config)
+  const { cos, sin } = positions.rotary(g, positionIds, headDim)
   const norm = (x: Value, name: string, weight: Float32Array) =>
     rmsNorm(g, x, g.weight(name, "float32", [hidden], weight), config.rmsNormEps)
+  const presents: Array<KvCache> = []
 
   let x = inputsEmbeds
   w.layers.forEach((layer, i) => {
@@ -424,8 +448,7 @@ export const qwen2VLDecoderGraph = (w: Qwen2VLTextWeights): Graph => {
           headDim,
           scale: 1 / Math.sqrt(headDim)
         })
-        g.output(present.key, presentName(i, "key"), "float32", cacheShape("total_sequence_length"))
-        g.output(present.value, presentName(i, "value"), "float32", cacheShape("total_sequence_length"))
+        presents.push(present)
         return linear(g, merged, layer.o, "o_proj")
       })
       const afterAttention = g.op("Add", [x, attention])
@@ -438,11 +461,20 @@ export const qwen2VLDecoderGraph = (w: Qwen2VLTextWeights): Graph => {
       x = g.op("Add", [afterAttention, mlp])
     })
   })
-  const final = norm(x, "model.norm.weight", w.norm)
-  const logits = g.op("MatMul", [final, matrixWeight(g, "lm_head.weight", w.lmHead)])
+  const logits = g.op("MatMul", [norm(x, "model.norm.weight", w.norm), matrixWeight(g, "lm_head.weight", w.lmHead)])
   g.output(logits, "logits", "float32", ["batch_size", "sequence_length", config.vocabSize])
+  presents.forEach((present, i) => {
+    g.output(present.key, presentName(i, "key"), "float32", cacheShape("total_sequence_length"))
+    g.output(present.value, presentName(i, "value"), "float32", cacheShape("total_sequence_length"))
+  })
   return g
 }
+
+export const qwen2VLDecoderGraph = (w: Qwen2VLTextWeights): Graph =>
+  qwen2DecoderGraph(w, {
+    dims: [3, "batch_size", "sequence_length"],
+    rotary: (g, positionIds) => multimodalRotary(g, positionIds, w.config)
+  })
 
 /** The three graphs by their onnx/ stem. */
 export const qwen2VLGraphs = (

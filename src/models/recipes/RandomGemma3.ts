@@ -9,7 +9,8 @@ import {
   type Gemma3VisionConfig,
   type Gemma3VisionWeights,
   gemma3ConfigJson,
-  gemma3Graphs
+  gemma3Graphs,
+  type SiglipTowerWeights
 } from "../architectures/Gemma3.js"
 import { type ByteLevelBpe, byteLevelBpe } from "../ByteLevelBpe.js"
 import { Random } from "../Random.js"
@@ -126,12 +127,8 @@ export const tinyGemma3Config = (vocabSize: number): Gemma3Config => ({
   mmTokensPerImage: 4
 })
 
-export const randomGemma3VisionWeights = (
-  config: Gemma3VisionConfig,
-  mmTokensPerImage: number,
-  textHidden: number,
-  random: Random
-): Gemma3VisionWeights => {
+/** SigLIP's patch embedding, learnt positions and encoder layers (fc1 and fc2 as `mlp.up` and `mlp.down`). */
+export const randomSiglipTower = (config: Gemma3VisionConfig, random: Random): SiglipTowerWeights => {
   const draw = new WeightDraw(random)
   const { hiddenSize: hidden, patchSize, layerNormEps } = config
   const patchInputs = 3 * patchSize * patchSize
@@ -155,8 +152,6 @@ export const randomGemma3VisionWeights = (
   )
   const patches = (config.imageSize / patchSize) ** 2
   return {
-    config,
-    mmTokensPerImage,
     patch: {
       channels: 3,
       hidden,
@@ -165,8 +160,24 @@ export const randomGemma3VisionWeights = (
       bias: random.normals(hidden, 0.1)
     },
     positions: matrix(patches, hidden, random.normals(patches * hidden, 0.5)),
-    layers,
-    postLayerNorm: draw.layerNorm(hidden, layerNormEps),
+    layers
+  }
+}
+
+export const randomGemma3VisionWeights = (
+  config: Gemma3VisionConfig,
+  mmTokensPerImage: number,
+  textHidden: number,
+  random: Random
+): Gemma3VisionWeights => {
+  const tower = randomSiglipTower(config, random)
+  const draw = new WeightDraw(random)
+  const hidden = config.hiddenSize
+  return {
+    config,
+    mmTokensPerImage,
+    ...tower,
+    postLayerNorm: draw.layerNorm(hidden, config.layerNormEps),
     softEmbeddingNorm: draw.offsets(hidden),
     inputProjection: draw.linear(hidden, textHidden, false).weight
   }

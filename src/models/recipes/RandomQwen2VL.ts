@@ -1,5 +1,6 @@
 import {
   type Qwen2DecoderLayerWeights,
+  type Qwen2TextWeights,
   type Qwen2VLConfig,
   type Qwen2VLTextConfig,
   type Qwen2VLTextWeights,
@@ -44,8 +45,11 @@ export const qwen2VLSpecialTokens = {
 export const qwen2VLChatTemplate =
   "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}{% for message in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n{% else %}{% for content in message['content'] %}{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>{% elif content['type'] == 'video' or 'video' in content %}{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 
-/** A small byte-level BPE with single tokens for the chat template's words and Qwen2's special tokens. */
-export const qwen2VLVocabulary = (): ByteLevelBpe =>
+/**
+ * A small byte-level BPE with single tokens for the chat template's words and Qwen2's special
+ * tokens, then `extraSpecialTokens` (a model's own, such as LLaVA-OneVision's <image>).
+ */
+export const qwen2VLVocabulary = (extraSpecialTokens: ReadonlyArray<string> = []): ByteLevelBpe =>
   byteLevelBpe({
     words: [
       "system",
@@ -66,14 +70,15 @@ export const qwen2VLVocabulary = (): ByteLevelBpe =>
       " picture",
       "Hello"
     ],
-    specialTokens: Object.values(qwen2VLSpecialTokens)
+    specialTokens: [...Object.values(qwen2VLSpecialTokens), ...extraSpecialTokens]
   })
 
-/** tokenizer_config.json of the Qwen-VL recipes (Qwen3-VL's with its own chat template). */
+/** tokenizer_config.json of the Qwen-VL recipes (Qwen3-VL's with its own chat template), the vocabulary's extra special tokens included. */
 export const qwen2VLTokenizerConfig = (
   vocabulary: ByteLevelBpe,
   modelMaxLength: number,
-  chatTemplate: string = qwen2VLChatTemplate
+  chatTemplate: string = qwen2VLChatTemplate,
+  extraSpecialTokens: ReadonlyArray<string> = []
 ) => ({
   tokenizer_class: "Qwen2Tokenizer",
   add_prefix_space: false,
@@ -86,9 +91,9 @@ export const qwen2VLTokenizerConfig = (
   model_max_length: modelMaxLength,
   split_special_tokens: false,
   chat_template: chatTemplate,
-  additional_special_tokens: Object.values(qwen2VLSpecialTokens).slice(1),
+  additional_special_tokens: [...Object.values(qwen2VLSpecialTokens).slice(1), ...extraSpecialTokens],
   added_tokens_decoder: Object.fromEntries(
-    Object.values(qwen2VLSpecialTokens).map((content) => [
+    [...Object.values(qwen2VLSpecialTokens), ...extraSpecialTokens].map((content) => [
       String(vocabulary.tokenId(content)),
       { content, lstrip: false, normalized: false, rstrip: false, single_word: false, special: true }
     ])
@@ -155,7 +160,11 @@ export const randomQwen2VLVisionWeights = (
   }
 }
 
-export const randomQwen2VLTextWeights = (config: Qwen2VLTextConfig, random: Random): Qwen2VLTextWeights => {
+/** A Qwen2 language model's random weights (Qwen2-VL's, LLaVA-OneVision's), drawn in one order. */
+export const randomQwen2VLTextWeights = <C extends Qwen2TextWeights["config"] = Qwen2VLTextConfig>(
+  config: C,
+  random: Random
+): Qwen2TextWeights & { readonly config: C } => {
   const draw = new WeightDraw(random)
   const { hiddenSize: hidden, vocabSize, intermediateSize } = config
   const headDim = hidden / config.heads

@@ -127,6 +127,8 @@ export const randomQwen3VLWeights = (
 
 export interface RandomQwen3VLOptions {
   readonly seed?: number
+  /** The geometry; by default `tinyQwen3VLConfig`. */
+  readonly config?: Qwen3VLConfig
   /** The area bounds an image is resized within; small by default so that images stay a few patches. */
   readonly minPixels?: number
   readonly maxPixels?: number
@@ -166,7 +168,7 @@ export const qwen3VLPreprocessorConfig = (minPixels: number, maxPixels: number, 
 
 export const randomQwen3VLFiles = (options: RandomQwen3VLOptions = {}): RandomQwen3VL => {
   const vocabulary = qwen2VLVocabulary()
-  const config = tinyQwen3VLConfig(vocabulary.vocabSize)
+  const config = options.config ?? tinyQwen3VLConfig(vocabulary.vocabSize)
   const id = vocabulary.tokenId
   const special = qwen2VLSpecialTokens
   const eos = id(special.imEnd)

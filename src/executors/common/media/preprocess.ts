@@ -6,7 +6,7 @@
  */
 import { windowingProblems, windowingText } from "../../../app-runtime/schemas/Transcriptions.js"
 import { type AudioProcessorConfig, inputValues } from "../../../models/AudioProcessor.js"
-import { type Gemma3ProcessorConfig, gemma3PixelValues } from "../../../models/Gemma3Processor.js"
+import { type FixedSizePixels, fixedSizePixelValues } from "../../../models/FixedSizeImage.js"
 import { type Idefics3ImageProcessorConfig, idefics3ImageFrames } from "../../../models/Idefics3Processor.js"
 import { type ImageProcessorConfig, normalizePixels, resizeTarget } from "../../../models/ImageProcessor.js"
 import {
@@ -213,15 +213,18 @@ export const speechWindows = async (input: {
   return { duration: samples.length / rate, windows }
 }
 
-/** An image as Gemma 3 takes it (as transformers.js's Gemma3ImageProcessor makes it): pixel_values [1, 3, size, size]. */
-export const gemma3Image = async (input: {
+/**
+ * An image as a vision encoder of one input size takes it (Gemma 3's, LLaVA-OneVision's), as
+ * transformers.js's base ImageProcessor makes it: pixel_values [1, 3, height, width].
+ */
+export const fixedSizeImage = async (input: {
   readonly bytes: Uint8Array
-  readonly config: Gemma3ProcessorConfig
+  readonly config: FixedSizePixels
   readonly limits?: MediaLimits
 }): Promise<Preprocessed> => {
   const maxPixels = (input.limits ?? defaultMediaLimits).maxImagePixels
   try {
-    const { data, shape } = await gemma3PixelValues(input.bytes, input.config, { limitInputPixels: maxPixels })
+    const { data, shape } = await fixedSizePixelValues(input.bytes, input.config, { limitInputPixels: maxPixels })
     return { inputs: { pixel_values: { dtype: "float32", shape: [...shape], data } } }
   } catch (error) {
     if ((error as { readonly _tag?: string })._tag !== undefined) return asMediaError(error)
