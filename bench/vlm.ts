@@ -8,6 +8,8 @@
  * - qwen2vl: Qwen2-VL (256 patches of 14 pixels, merged 2×2; M-RoPE positions);
  * - qwen3vl: Qwen3-VL (196 patches of 16 pixels, merged 2×2 into 49 tokens; learned positions
  *   interpolated; interleaved M-RoPE);
+ * - llava-onevision: LLaVA-OneVision as transformers.js runs it (a SigLIP tower's 64 patches of 28
+ *   pixels, every one a row; a Qwen2 decoder);
  * - gemma3: Gemma 3 (a SigLIP tower over 256 patches of 14 pixels, pooled 2×2 into 64 soft
  *   tokens; a decoder of sliding-window layers (a window of 512) and a full one, positions from 1).
  *
@@ -27,19 +29,28 @@
  *
  * Env: BENCH_ROUNDS (default 3), BENCH_THREADS (ONNX Runtime threads, default 2), BENCH_TOKENS
  * (at most this many tokens a chat, default 16; both sides stop at the end of sequence),
- * BENCH_FAMILY (qwen2vl, qwen3vl, gemma3, or all: the default).
+ * BENCH_FAMILY (qwen2vl, qwen3vl, gemma3, llava-onevision, or all: the default).
  */
 import { mkdtemp, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { basename, dirname, join } from "node:path"
-import { AutoModelForImageTextToText, AutoProcessor, env, RawImage, type Tensor } from "@huggingface/transformers"
+import {
+  AutoModelForImageTextToText,
+  AutoProcessor,
+  AutoTokenizer,
+  env,
+  RawImage,
+  type Tensor
+} from "@huggingface/transformers"
 import * as ort from "onnxruntime-node"
 import sharp from "sharp"
 import { fixedSizeImage, qwen2VLImage } from "../src/executors/common/media/preprocess.js"
 import { gemma3ProcessorConfig } from "../src/models/Gemma3Processor.js"
+import { llavaOnevisionProcessorConfig } from "../src/models/LlavaOnevisionProcessor.js"
 import { loadModelDirectory } from "../src/models/ModelDirectory.js"
 import { qwen2VLProcessor } from "../src/models/Qwen2VLProcessor.js"
 import { randomGemma3, tinyGemma3Config } from "../src/models/recipes/RandomGemma3.js"
+import { randomLlavaOnevision, tinyLlavaOnevisionConfig } from "../src/models/recipes/RandomLlavaOnevision.js"
 import { qwen2VLVocabulary, randomQwen2VLFiles } from "../src/models/recipes/RandomQwen2VL.js"
 import { randomQwen3VLFiles, tinyQwen3VLConfig } from "../src/models/recipes/RandomQwen3VL.js"
 import type { ModelFiles } from "../src/models/recipes/Recipe.js"
@@ -88,6 +99,12 @@ interface Family {
   readonly ericChunks: number
   /** The rows an image takes in the prompt. */
   readonly visionTokens: number
+  /**
+   * transformers.js's inputs for a chat with an image, where its processor does not make them
+   * itself (LLaVA-OneVision: no processor class, the prompt spelled out by hand); by default its
+   * AutoProcessor's on the chat template's prompt.
+   */
+  readonly referenceInputs?: (model: string) => Promise<(png: Buffer) => Promise<Record<string, unknown>>>
 }
 
 const floats = (tensor: { readonly data: unknown; readonly shape: ReadonlyArray<number> }) =>
@@ -200,7 +217,65 @@ const qwen3VLFamily: Family = {
   visionTokens: 49
 }
 
-const families: ReadonlyArray<Family> = [qwen2VLFamily, qwen3VLFamily, gemma3Family]
+const llavaOnevisionFamily: Family = {
+  name: "llava-onevision",
+  described: "random LLaVA-OneVision (SigLIP 8×512 over 64 patches of 28 pixels, a Qwen2 decoder 6×512)",
+  reference: "LlavaOnevisionForConditionalGeneration",
+  files: () => {
+    const tiny = tinyLlavaOnevisionConfig(randomLlavaOnevision().config.text.vocabSize)
+    return randomLlavaOnevision({
+      seed: 11,
+      config: {
+        ...tiny,
+        vision: {
+          ...tiny.vision,
+          hiddenSize: 512,
+          intermediateSize: 2048,
+          layers: 8,
+          heads: 8,
+          imageSize: side,
+          patchSize: 28
+        },
+        text: {
+          ...tiny.text,
+          hiddenSize: 512,
+          intermediateSize: 1408,
+          layers: 6,
+          heads: 8,
+          kvHeads: 2,
+          maxPositions: 4096
+        }
+      }
+    }).files
+  },
+  processorOptions: {},
+  encoderFeeds: async (model) => {
+    const config = llavaOnevisionProcessorConfig(await loadModelDirectory(model))
+    return async (png) => ({
+      pixel_values: floats((await fixedSizeImage({ bytes: new Uint8Array(png), config })).inputs.pixel_values!)
+    })
+  },
+  ericChunks: 1,
+  visionTokens: 64,
+  // transformers.js has no LLaVA-OneVision processor: its image processor's pixels, and the chat
+  // template's <image> spelled out once a row, as its masked scatter needs.
+  referenceInputs: async (id) => {
+    const processor = await AutoProcessor.from_pretrained(id)
+    const tokenizer = await AutoTokenizer.from_pretrained(id)
+    const prompt = (
+      tokenizer.apply_chat_template(
+        [{ role: "user", content: [{ type: "image" }, { type: "text", text: question }] }] as never,
+        { add_generation_prompt: true, tokenize: false }
+      ) as string
+    ).replace("<image>", "<image>".repeat(64))
+    return async (png) => ({
+      ...tokenizer(prompt),
+      ...(await processor(await RawImage.fromBlob(new Blob([new Uint8Array(png)]))))
+    })
+  }
+}
+
+const families: ReadonlyArray<Family> = [qwen2VLFamily, qwen3VLFamily, gemma3Family, llavaOnevisionFamily]
 
 export default async function vlmBench(): Promise<void> {
   const asked = process.env.BENCH_FAMILY ?? "all"
@@ -259,17 +334,18 @@ async function benchFamily(family: Family): Promise<Record<string, unknown>> {
     dtype: "fp32",
     session_options: { intraOpNumThreads: threads, interOpNumThreads: 1 }
   })
-  const prompt = processor.apply_chat_template(
-    [{ role: "user", content: [{ type: "image" }, { type: "text", text: question }] }],
-    { add_generation_prompt: true }
+  const tokenizer = await AutoTokenizer.from_pretrained(basename(model))
+  const prompt = tokenizer.apply_chat_template(
+    [{ role: "user", content: [{ type: "image" }, { type: "text", text: question }] }] as never,
+    { add_generation_prompt: true, tokenize: false }
   ) as string
+  const referenceInputs =
+    (await family.referenceInputs?.(basename(model))) ??
+    (async (png: Buffer) =>
+      processor(prompt, await RawImage.fromBlob(new Blob([new Uint8Array(png)])), family.processorOptions))
   /** transformers.js's greedy answer and its time to first token (from `origin`). */
   const reference = async (png: Buffer, origin: number) => {
-    const inputs = await processor(
-      prompt,
-      await RawImage.fromBlob(new Blob([new Uint8Array(png)])),
-      family.processorOptions
-    )
+    const inputs = (await referenceInputs(png)) as Record<string, unknown> & { readonly input_ids: Tensor }
     let puts = 0
     let firstAt = 0
     const streamer = {
@@ -286,7 +362,7 @@ async function benchFamily(family: Family): Promise<Record<string, unknown>> {
     })) as Tensor
     const length = (inputs.input_ids as Tensor).dims[1]!
     const generated = Array.from(output.data as BigInt64Array, Number).slice(length)
-    return { text: processor.tokenizer!.decode(generated, { skip_special_tokens: true }), ttft: firstAt - origin }
+    return { text: tokenizer.decode(generated, { skip_special_tokens: true }), ttft: firstAt - origin }
   }
 
   // The model is a directory of the bench's own: the executors are allowed its root.
