@@ -1,5 +1,5 @@
 import { dirname } from "node:path"
-import type * as ort from "onnxruntime-node"
+import * as ort from "onnxruntime-node"
 import { loadModelDirectory, type ModelDirectory } from "../../models/ModelDirectory.js"
 import { splitAtProjector } from "../../models/onnx/ProjectorSplit.js"
 import { graphWithWeightsInPlace, initializerBytes } from "../../models/onnx/WeightsInPlace.js"
@@ -116,18 +116,62 @@ export class SharedTower {
     })
   }
 
-  /** The encoder's output for `model`: the tower's states, then that model's projector. */
-  async run(model: string, inputs: Record<string, ort.Tensor>): Promise<ort.Tensor> {
-    const projector = this.projectors.get(model)
-    if (projector === undefined)
-      throw new Error(`this encoder embeds for ${[...this.projectors.keys()].join(", ")}, not ${model}`)
+  /**
+   * A batch's features: the tower once over all its images, whichever model each is for, then
+   * each model's projector over its items' states. `items` gives each item's model and its images
+   * (rows of the batch's first axis); each item gets its model's output over those images.
+   */
+  async embed(
+    inputs: Record<string, ort.Tensor>,
+    items: ReadonlyArray<{ readonly model: string; readonly rows: readonly [number, number] }>
+  ): Promise<ReadonlyArray<ort.Tensor>> {
+    for (const item of items) {
+      if (!this.projectors.has(item.model)) {
+        throw new Error(`this encoder embeds for ${[...this.projectors.keys()].join(", ")}, not ${item.model}`)
+      }
+    }
     const states = (await this.tower.run(inputs))[this.cut]!
     try {
-      const outputs = await projector.run({ [this.cut]: states })
-      return outputs[projector.outputNames[0]!]!
+      const [, ...inner] = states.dims
+      const perImage = inner.reduce((product, size) => product * size, 1)
+      const data = states.data as Float32Array
+      const results = new Array<ort.Tensor>(items.length)
+      const models = [...new Set(items.map((item) => item.model))]
+      for (const model of models) {
+        const mine = items.flatMap((item, index) => (item.model === model ? [{ item, index }] : []))
+        const images = mine.reduce((sum, { item }) => sum + item.rows[1] - item.rows[0], 0)
+        const gathered = new (data.constructor as Float32ArrayConstructor)(images * perImage)
+        let at = 0
+        for (const { item } of mine) {
+          gathered.set(data.subarray(item.rows[0] * perImage, item.rows[1] * perImage), at)
+          at += (item.rows[1] - item.rows[0]) * perImage
+        }
+        const projector = this.projectors.get(model)!
+        const input = new ort.Tensor(states.type, gathered, [images, ...inner])
+        const output = (await projector.run({ [this.cut]: input }))[projector.outputNames[0]!]!
+        const [, ...outInner] = output.dims
+        const perOutput = outInner.reduce((product, size) => product * size, 1)
+        const outData = output.data as Float32Array
+        let from = 0
+        for (const { item, index } of mine) {
+          const count = item.rows[1] - item.rows[0]
+          results[index] = new ort.Tensor(output.type, outData.slice(from * perOutput, (from + count) * perOutput), [
+            count,
+            ...outInner
+          ])
+          from += count
+        }
+      }
+      return results
     } finally {
       states.dispose()
     }
+  }
+
+  /** One model's encoder output for a batch of its images. */
+  async run(model: string, inputs: Record<string, ort.Tensor>): Promise<ort.Tensor> {
+    const images = Object.values(inputs)[0]!.dims[0]!
+    return (await this.embed(inputs, [{ model, rows: [0, images] }]))[0]!
   }
 
   get inputNames(): ReadonlyArray<string> {

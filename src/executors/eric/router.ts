@@ -210,10 +210,8 @@ export const routerKind: RouterKind = {
           // Ultravox clips batch only with clips of as many frames: their features stack by length.
           key:
             item.modality !== "audio"
-              ? // A shared tower's batches are of one model each: each runs its model's projector.
-                adapters.length === 0
-                ? "vision"
-                : `vision:${item.model ?? config.model}`
+              ? // A shared tower's batches mix its models: the tower runs once, each model's projector on its own.
+                "vision"
               : ultravox === undefined
                 ? "audio"
                 : `audio:${preprocessed[index]!.inputs.audio_values!.shape[2]}`,

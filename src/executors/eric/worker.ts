@@ -183,11 +183,18 @@ export const load: LoadWorkerModel<EricItemMeta, EricItemResult | Float32Array |
       if (!everyItem(items, isMedia)) throw new Error("a batch holds items of different modalities")
       const encoder = items[0]!.meta.modality === "audio" ? "audio" : "vision"
       if (encoder === "vision" && shared !== undefined) {
-        // A batch is of one model's items (the router's batch key names it).
-        const output = await shared.run(items[0]!.meta.model ?? config.model, {
-          [shared.inputNames[0]!]: toOrt(inputs.pixel_values!)
-        })
-        return deliverRows(items, fromOrt(output))
+        // One tower run for the whole batch, whichever model each image is for; a projector run per model.
+        const outputs = await shared.embed(
+          { [shared.inputNames[0]!]: toOrt(inputs.pixel_values!) },
+          items.map((item) => ({ model: item.meta.model ?? config.model, rows: item.rows }))
+        )
+        return Promise.all(
+          items.map((item, index) => {
+            const [images, rows, hidden] = outputs[index]!.dims as [number, number, number]
+            const data = outputs[index]!.data as Float32Array
+            return deliver(item.meta, [images * rows, hidden], data, item.trace, undefined)
+          })
+        )
       }
       const session = sessions.get(encoder)
       if (session === undefined) throw new Error(`the model has no ${encoderFiles[encoder]}.onnx`)

@@ -57,6 +57,25 @@ describe("a vision tower shared by models", () => {
         expect(Array.from(got.data as Float32Array)).toEqual(Array.from(expected.data as Float32Array))
       }
       await expect(tower.run("other", { pixel_values: pixels })).rejects.toThrow(/embeds for small, wider, not other/)
+      // A batch of both models' images: one tower run, each image through its own model's projector.
+      const mixed = await tower.embed({ pixel_values: pixels }, [
+        { model: "wider", rows: [0, 1] },
+        { model: "small", rows: [1, 3] }
+      ])
+      for (const [name, output, from, to] of [
+        ["wider", mixed[0]!, 0, 1],
+        ["small", mixed[1]!, 1, 3]
+      ] as const) {
+        const alone = await tower.run(name, {
+          pixel_values: new ort.Tensor(
+            "float32",
+            (pixels.data as Float32Array).slice(from * 3 * side * side, to * 3 * side * side),
+            [to - from, 3, side, side]
+          )
+        })
+        expect(output.dims).toEqual(alone.dims)
+        expect(Array.from(output.data as Float32Array)).toEqual(Array.from(alone.data as Float32Array))
+      }
     } finally {
       await tower.release()
     }
