@@ -389,11 +389,16 @@ const multimodalRotary = (g: Graph, positionIds: Value, config: Qwen2VLTextConfi
   return selectedAxesRotary(g, positionIds, headDim, config.ropeTheta, axisOf)
 }
 
-/** A Qwen2 language model's weights, whatever positions it rotates by. */
+/**
+ * A Qwen2 language model's weights, whatever positions it rotates by; a Qwen3's too: its layers
+ * norm each head's query and key (qNorm, kNorm) and its config gives its own head_dim.
+ */
 export interface Qwen2TextWeights {
-  readonly config: Omit<Qwen2VLTextConfig, "mropeSection">
+  readonly config: Omit<Qwen2VLTextConfig, "mropeSection"> & { readonly headDim?: number }
   readonly embedTokens: Matrix
-  readonly layers: ReadonlyArray<Qwen2DecoderLayerWeights>
+  readonly layers: ReadonlyArray<
+    Qwen2DecoderLayerWeights & { readonly qNorm?: Float32Array | undefined; readonly kNorm?: Float32Array | undefined }
+  >
   readonly norm: Float32Array
   readonly lmHead: Matrix
 }
@@ -401,7 +406,8 @@ export interface Qwen2TextWeights {
 /**
  * A Qwen2 decoder in the split layout (decoder_model_merged: inputs_embeds, attention_mask,
  * position_ids, past_key_values.N.key/value → logits, present.N.key/value): q/k/v with biases,
- * grouped queries over the cache, SwiGLU. `positions` says position_ids' shape and how they become
+ * grouped queries over the cache, SwiGLU; or a Qwen3's, whose queries and keys are normed per
+ * head before they rotate. `positions` says position_ids' shape and how they become
  * the rotary tables: M-RoPE's [3, batch, sequence] (Qwen2-VL) or plain [batch, sequence]
  * (LLaVA-OneVision's Qwen2).
  */
@@ -414,7 +420,7 @@ export const qwen2DecoderGraph = (
 ): Graph => {
   const { config } = w
   const { hiddenSize: hidden, heads, kvHeads, layers } = config
-  const headDim = hidden / heads
+  const headDim = config.headDim ?? hidden / heads
   const g = new Graph("decoder_model_merged")
   const inputsEmbeds = g.input("inputs_embeds", "float32", ["batch_size", "sequence_length", hidden])
   const attentionMask = g.input("attention_mask", "int64", ["batch_size", "total_sequence_length"])
@@ -429,7 +435,14 @@ export const qwen2DecoderGraph = (
   const mask = g.op("Unsqueeze", [causalMask(g, inputsEmbeds, pasts[0]!.key, attentionMask), g.int64s([1])])
   const { cos, sin } = positions.rotary(g, positionIds, headDim)
   const norm = (x: Value, name: string, weight: Float32Array) =>
-    rmsNorm(g, x, g.weight(name, "float32", [hidden], weight), config.rmsNormEps)
+    rmsNorm(g, x, g.weight(name, "float32", [weight.length], weight), config.rmsNormEps)
+  /** Heads [batch, count, sequence, headDim], normed per head (Qwen3) and rotated. */
+  const heads_ = (value: Value, count: number, name: string, weight: Float32Array | undefined) => {
+    const split = g.op("Transpose", [g.op("Reshape", [value, g.int64s([0, 0, count, headDim])])], {
+      perm: [0, 2, 1, 3]
+    })
+    return rotary(g, weight === undefined ? split : norm(split, name, weight), cos, sin, headDim)
+  }
   const presents: Array<KvCache> = []
 
   let x = inputsEmbeds
@@ -437,11 +450,13 @@ export const qwen2DecoderGraph = (
     g.scope(`model.layers.${i}`, () => {
       const normed = norm(x, "input_layernorm.weight", layer.inputNorm)
       const attention = g.scope("self_attn", () => {
-        const split = (value: Value, count: number) =>
-          g.op("Transpose", [g.op("Reshape", [value, g.int64s([0, 0, count, headDim])])], { perm: [0, 2, 1, 3] })
-        const query = rotary(g, split(linear(g, normed, layer.q, "q_proj"), heads), cos, sin, headDim)
-        const newKey = rotary(g, split(linear(g, normed, layer.k, "k_proj"), kvHeads), cos, sin, headDim)
-        const newValue = split(linear(g, normed, layer.v, "v_proj"), kvHeads)
+        const query = heads_(linear(g, normed, layer.q, "q_proj"), heads, "q_norm.weight", layer.qNorm)
+        const newKey = heads_(linear(g, normed, layer.k, "k_proj"), kvHeads, "k_norm.weight", layer.kNorm)
+        const newValue = g.op(
+          "Transpose",
+          [g.op("Reshape", [linear(g, normed, layer.v, "v_proj"), g.int64s([0, 0, kvHeads, headDim])])],
+          { perm: [0, 2, 1, 3] }
+        )
         const { merged, present } = groupedCacheAttention(g, { query, newKey, newValue }, pasts[i]!, mask, {
           heads,
           kvHeads,

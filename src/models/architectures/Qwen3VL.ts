@@ -1,9 +1,7 @@
-import { causalMask, groupedCacheAttention } from "../onnx/Attention.js"
 import { elementType, Graph, type Value } from "../onnx/Graph.js"
 import { gelu, geluTanh, layerNorm, linear, matrixWeight } from "../onnx/Layers.js"
 import type { LayerNormWeights, LinearWeights, Matrix } from "../Weights.js"
-import { pastName, presentName, rmsNorm, rotary } from "./Llama.js"
-import { type FrameRope, frameAttention, patchPlaces, selectedAxesRotary } from "./Qwen2VL.js"
+import { type FrameRope, frameAttention, patchPlaces, qwen2DecoderGraph, selectedAxesRotary } from "./Qwen2VL.js"
 
 /**
  * Qwen3-VL as the three graphs of the community's split export for transformers.js
@@ -346,74 +344,11 @@ export const qwen3VLEmbedTokensGraph = (w: Qwen3VLTextWeights): Graph => {
 const interleavedRotary = (g: Graph, positionIds: Value, config: Qwen3VLTextConfig) =>
   selectedAxesRotary(g, positionIds, config.headDim, config.ropeTheta, interleavedMropeAxes(config))
 
-export const qwen3VLDecoderGraph = (w: Qwen3VLTextWeights): Graph => {
-  const { config } = w
-  const { hiddenSize: hidden, heads, kvHeads, headDim } = config
-  const g = new Graph("decoder_model_merged")
-  const inputsEmbeds = g.input("inputs_embeds", "float32", ["batch_size", "sequence_length", hidden])
-  const attentionMask = g.input("attention_mask", "int64", ["batch_size", "total_sequence_length"])
-  const positionIds = g.input("position_ids", "int64", [3, "batch_size", "sequence_length"])
-  const cacheShape = (length: string) => ["batch_size", kvHeads, length, headDim]
-  const pasts = Array.from({ length: config.layers }, (_, i) => ({
-    key: g.input(pastName("past_key_values", i, "key"), "float32", cacheShape("past_sequence_length")),
-    value: g.input(pastName("past_key_values", i, "value"), "float32", cacheShape("past_sequence_length"))
-  }))
-  // [batch, 1 (kv head), 1 (group), sequence, total]
-  const mask = g.op("Unsqueeze", [causalMask(g, inputsEmbeds, pasts[0]!.key, attentionMask), g.int64s([1])])
-  const { cos, sin } = interleavedRotary(g, positionIds, config)
-  const norm = (x: Value, name: string, weight: Float32Array) =>
-    rmsNorm(g, x, g.weight(name, "float32", [weight.length], weight), config.rmsNormEps)
-  const presents: Array<{ readonly key: Value; readonly value: Value }> = []
-
-  let x = inputsEmbeds
-  w.layers.forEach((layer, i) => {
-    g.scope(`model.layers.${i}`, () => {
-      const normed = norm(x, "input_layernorm.weight", layer.inputNorm)
-      const attention = g.scope("self_attn", () => {
-        const split = (value: Value, count: number) =>
-          g.op("Transpose", [g.op("Reshape", [value, g.int64s([0, 0, count, headDim])])], { perm: [0, 2, 1, 3] })
-        const query = rotary(
-          g,
-          norm(split(linear(g, normed, layer.q, "q_proj"), heads), "q_norm.weight", layer.qNorm),
-          cos,
-          sin,
-          headDim
-        )
-        const newKey = rotary(
-          g,
-          norm(split(linear(g, normed, layer.k, "k_proj"), kvHeads), "k_norm.weight", layer.kNorm),
-          cos,
-          sin,
-          headDim
-        )
-        const newValue = split(linear(g, normed, layer.v, "v_proj"), kvHeads)
-        const { merged, present } = groupedCacheAttention(g, { query, newKey, newValue }, pasts[i]!, mask, {
-          heads,
-          kvHeads,
-          headDim,
-          scale: 1 / Math.sqrt(headDim)
-        })
-        presents.push(present)
-        return linear(g, merged, layer.o, "o_proj")
-      })
-      const afterAttention = g.op("Add", [x, attention])
-      const normed2 = norm(afterAttention, "post_attention_layernorm.weight", layer.postNorm)
-      const mlp = g.scope("mlp", () => {
-        const gate = linear(g, normed2, layer.gate, "gate_proj")
-        const silu = g.op("Mul", [gate, g.op("Sigmoid", [gate])])
-        return linear(g, g.op("Mul", [silu, linear(g, normed2, layer.up, "up_proj")]), layer.down, "down_proj")
-      })
-      x = g.op("Add", [afterAttention, mlp])
-    })
+export const qwen3VLDecoderGraph = (w: Qwen3VLTextWeights): Graph =>
+  qwen2DecoderGraph(w, {
+    dims: [3, "batch_size", "sequence_length"],
+    rotary: (g, positionIds) => interleavedRotary(g, positionIds, w.config)
   })
-  const logits = g.op("MatMul", [norm(x, "model.norm.weight", w.norm), matrixWeight(g, "lm_head.weight", w.lmHead)])
-  g.output(logits, "logits", "float32", ["batch_size", "sequence_length", config.vocabSize])
-  presents.forEach((present, i) => {
-    g.output(present.key, presentName(i, "key"), "float32", cacheShape("total_sequence_length"))
-    g.output(present.value, presentName(i, "value"), "float32", cacheShape("total_sequence_length"))
-  })
-  return g
-}
 
 /** The three graphs by their onnx/ stem. */
 export const qwen3VLGraphs = (

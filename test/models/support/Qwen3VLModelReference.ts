@@ -1,32 +1,7 @@
 import type { Qwen3VLTextWeights, Qwen3VLVisionWeights } from "../../../src/models/architectures/Qwen3VL.js"
 import type { GridThw } from "../../../src/models/Qwen2VLProcessor.js"
-import { add, gelu, layerNorm, linear, softmaxInPlace } from "../../../src/models/reference/Numeric.js"
-
-/**
- * Qwen3-VL computed in float64 with plain loops, from the definitions in transformers'
- * modeling_qwen3_vl.py rather than from the ONNX graphs: the vision tower's
- * fast_pos_embed_interpolate (linspace over the learned grid, the four corners' indices and
- * weights per image in row-major order, then repeated per frame and permuted into merge blocks),
- * rot_pos_emb, attention within each cu_seqlens frame, the patch merger; and the Qwen3 decoder
- * (q_norm, k_norm) with apply_interleaved_mrope, without a cache.
- *
- * Rows are flat row-major Float64Arrays.
- */
-
-const geluTanh = (x: number): number => 0.5 * x * (1 + Math.tanh(Math.sqrt(2 / Math.PI) * (x + 0.044715 * x ** 3)))
-
-/** RMSNorm over rows of `weight.length`. */
-const rmsNorm = (x: Float64Array, weight: Float32Array, epsilon: number): Float64Array => {
-  const width = weight.length
-  const y = new Float64Array(x.length)
-  for (let start = 0; start < x.length; start += width) {
-    let squares = 0
-    for (let i = 0; i < width; i++) squares += x[start + i]! ** 2
-    const scale = 1 / Math.sqrt(squares / width + epsilon)
-    for (let i = 0; i < width; i++) y[start + i] = x[start + i]! * scale * weight[i]!
-  }
-  return y
-}
+import { add, gelu, layerNorm, linear } from "../../../src/models/reference/Numeric.js"
+import { argmax, attend, geluTanh, rmsNorm } from "./ReferenceLayers.js"
 
 /** rotate_half(x) · sin + x · cos over each head of `headDim` in a row, with that row's cos and sin. */
 const rotateRow = (
@@ -41,44 +16,6 @@ const rotateRow = (
     for (let i = 0; i < headDim; i++) {
       const other = i < half ? -row[start + i + half]! : row[start + i - half]!
       out[start + i] = row[start + i]! * cos[i]! + other * sin[i]!
-    }
-  }
-  return out
-}
-
-/**
- * Softmax attention of query rows [rows, heads·headDim] over key and value rows [total,
- * kvHeads·headDim] (query head h reads KV head ⌊h / (heads / kvHeads)⌋), where `visible` allows.
- */
-const attend = (
-  queries: Float64Array,
-  keys: Float64Array,
-  values: Float64Array,
-  shape: { readonly heads: number; readonly kvHeads: number; readonly headDim: number },
-  visible: (query: number, key: number) => boolean
-): Float64Array => {
-  const { heads, kvHeads, headDim } = shape
-  const scale = 1 / Math.sqrt(headDim)
-  const queryWidth = heads * headDim
-  const keyWidth = kvHeads * headDim
-  const rows = queries.length / queryWidth
-  const total = keys.length / keyWidth
-  const out = new Float64Array(rows * queryWidth)
-  for (let h = 0; h < heads; h++) {
-    const kv = Math.floor(h / (heads / kvHeads))
-    for (let s = 0; s < rows; s++) {
-      const seen = Array.from({ length: total }, (_, t) => t).filter((t) => visible(s, t))
-      const scores = Float64Array.from(seen, (t) => {
-        let dot = 0
-        for (let d = 0; d < headDim; d++)
-          dot += queries[s * queryWidth + h * headDim + d]! * keys[t * keyWidth + kv * headDim + d]!
-        return dot * scale
-      })
-      softmaxInPlace(scores)
-      seen.forEach((t, j) => {
-        for (let d = 0; d < headDim; d++)
-          out[s * queryWidth + h * headDim + d]! += scores[j]! * values[t * keyWidth + kv * headDim + d]!
-      })
     }
   }
   return out
@@ -263,12 +200,6 @@ export const referenceQwen3VLLogits = (
   linear(referenceQwen3VLHiddenStates(w, embeds, positions), embeds.length / w.config.hiddenSize, {
     weight: w.lmHead
   })
-
-const argmax = (row: ArrayLike<number>): number => {
-  let best = 0
-  for (let i = 1; i < row.length; i++) if (row[i]! > row[best]!) best = i
-  return best
-}
 
 /**
  * Greedy decoding with the float64 reference: the prompt's embeddings (vision features, rows of
