@@ -31,6 +31,8 @@ describe("one vision tower shared by two Gemma 3 sizes", () => {
   let platform: RunningPlatform
   const small = randomGemma3({ seed: 5 })
   const wider = randomGemma3({ seed: 5, config: { ...small.config, text: { ...small.config.text, hiddenSize: 48 } } })
+  /** Another tower: an encoder cannot serve it beside the others. */
+  const other = randomGemma3({ seed: 6 })
   const models = { small: "", wider: "" }
   const images = new Map<string, Buffer>()
 
@@ -40,6 +42,7 @@ describe("one vision tower shared by two Gemma 3 sizes", () => {
     models.wider = join(root, "gemma-3-b")
     await writeModelFiles(models.small, small.files)
     await writeModelFiles(models.wider, wider.files)
+    await writeModelFiles(join(root, "gemma-3-c"), other.files)
     images.set("wide", await gradientPng(112, 42))
     images.set("tall", await gradientPng(40, 100))
     platform = await startPlatform({ args: ["--devices", "cpu:0,cpu:1,cpu:2", "--model-root", root] })
@@ -144,5 +147,15 @@ describe("one vision tower shared by two Gemma 3 sizes", () => {
       expect(answer, `${name}, ${image}`).toBe(expected[name].get(image))
     }
     expect((await text).every((answer) => typeof answer === "string")).toBe(true)
+  })
+
+  it("refuses, at registration and saying why, an app whose models' towers differ", async () => {
+    const file = join(root, "shared_other.ts")
+    await writeFile(file, sharedApp(models.small, [models.small, join(root, "gemma-3-c")]))
+    const registered = await runCli(["app", "register", file], { CORNSERVE_GATEWAY_URL: platform.url })
+    expect(registered.code).not.toBe(0)
+    expect(registered.stderr).toMatch(/vision tower differs/)
+    // The apps that share a tower still answer.
+    expect(typeof (await ask("shared_small", models.small, "wide", "What is in this image"))).toBe("string")
   })
 })

@@ -231,10 +231,12 @@ export const runRouter = (
     yield* Console.log(
       `executor: serving at http://${config.host}:${address.port} (${config.kind}, ${config.model}, ${config.devices.join(",")})`
     )
+    // Served while the workers load (health answers "loading"); an executor whose workers cannot
+    // load its model (a worker exited: a broken file, a tower an adapter does not share) ends,
+    // saying why, so that whoever started it learns at once instead of waiting out its bound.
     yield* Effect.tryPromise({ try: () => engine.whenReady(), catch: (error) => error as Error }).pipe(
       Effect.tap(() => Console.log("executor: ready")),
-      Effect.catchAll((error) => Console.error(`executor: not ready: ${error.message}`)),
-      Effect.forkScoped
+      Effect.tapError((error) => Console.error(`executor: not ready: ${error.message}`))
     )
     return yield* Effect.never
   })
