@@ -10,7 +10,7 @@
  * prompt refused by its length in bytes when it certainly takes more tokens than the context
  * holds, and a long prompt tokenized in a thread.
  */
-import { randomInt, randomUUID } from "node:crypto"
+import { randomUUID } from "node:crypto"
 import { relative } from "node:path"
 import * as HttpRouter from "@effect/platform/HttpRouter"
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
@@ -22,11 +22,9 @@ import { GenerationConfig } from "../../models/GenerationConfig.js"
 import { isJanus } from "../../models/JanusModel.js"
 import { isTalker } from "../../models/TalkerModel.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
-import { type LiteralPrompt, type Marker, type Marks, unmark } from "../../models/SpecialTokenText.js"
-import { ChatTemplateError, ChatTokenizer } from "../../models/Tokenizer.js"
+import { ChatTokenizer } from "../../models/Tokenizer.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
-import { BadRequest, ContextLengthExceeded, EmptyPrompt } from "../common/errors.js"
-import { checkMediaItemCount } from "../common/media/MediaLimits.js"
+import { BadRequest } from "../common/errors.js"
 import {
   answeredFailure,
   errorAnswer,
@@ -36,19 +34,11 @@ import {
   workItemContext
 } from "../common/Router.js"
 import { inSpan } from "../../tracing/Tracing.js"
-import type {
-  ChoiceLogprobs,
-  FunctionTool,
-  MediaProcessorOptions,
-  RawPrompt,
-  TokenLogprob
-} from "../../app-runtime/schemas/OpenAI.js"
+import type { ChoiceLogprobs, TokenLogprob } from "../../app-runtime/schemas/OpenAI.js"
 import {
   type ChatCompletion,
   type ChatCompletionChunk,
   ChatCompletionRequest,
-  type ChatMessage,
-  type EmbeddingRef,
   type FinishReason,
   type LlmChunk,
   type LlmStats,
@@ -68,12 +58,12 @@ import { janusRouter } from "./JanusImageTokens.js"
 import { talkerRouter } from "./TalkerRoutes.js"
 import { modelRoutes } from "./ModelRoutes.js"
 import { type KvTransferContext, kvPrefillRoute, receiveKv, releaseKv } from "./KvTransferRoutes.js"
-import { type PromptSource, promptEmbeddingsRoute, type SamplingFields } from "./PromptEmbeddingsRoute.js"
+import { promptEmbeddingsRoute } from "./PromptEmbeddingsRoute.js"
 import { contextLength, kvBudget } from "./Limits.js"
 import { makeMediaInputs } from "./MediaInputs.js"
-import { markClientTexts, type MediaPart, mediaParts, PromptError, templateMessages } from "./Prompt.js"
-import { bytesPerToken, fewestTokens } from "./PromptBytes.js"
-import type { GenerateMeta, PromptInput, SamplingParams } from "./protocol.js"
+import { promptBuilder } from "./PromptBuilder.js"
+import { mediaParts } from "./Prompt.js"
+import type { GenerateMeta } from "./protocol.js"
 import { checkSchemaBounds, SchemaTooLarge } from "./structured/SchemaBounds.js"
 
 const sseLine = (data: unknown) =>
@@ -122,198 +112,22 @@ export const routerKind: RouterKind = {
       const media = makeMediaInputs({ config, model, pool: threads, sidecar })
       const maxModelLength = contextLength(model)
       const generation = yield* Effect.try({ try: () => GenerationConfig.of(model), catch: (error) => error as Error })
-      const stopTokenIds = generation.eosTokenIds
-      const defaults = generation.sampling
       const { checkModel, models, stats } = modelRoutes(config.model, engine, maxModelLength, { decoder })
 
-      /**
-       * The chat template over the messages, with the client's texts in them and in the tools
-       * marked by `marker` when one is given, so that the special tokens they spell stay text; a
-       * template that refuses them (or none at all) is the request's problem.
-       */
-      const renderChat = (
-        messages: ReadonlyArray<ChatMessage>,
-        addGenerationPrompt: boolean,
-        tools: ReadonlyArray<FunctionTool> | undefined,
-        marker: Marker | undefined
-      ): string => {
-        const clientMessages = marker === undefined ? messages : markClientTexts(messages, marker.text)
-        const clientTools = tools === undefined || marker === undefined ? tools : marker.value(tools)
-        try {
-          return tokenizer.applyChatTemplate(templateMessages(clientMessages, media.mediaText), {
-            addGenerationPrompt,
-            ...(clientTools === undefined ? {} : { tools: clientTools })
-          })
-        } catch (error) {
-          if (!(error instanceof ChatTemplateError)) throw error
-          throw new PromptError(
-            `the model's chat template (${error.template}) cannot render these messages: ${error.reason}`
-          )
-        }
-      }
-
-      /** The most bytes of a text one token stands for, if the tokenizer bounds it (PromptBytes.ts). */
-      const perToken = bytesPerToken(model.tokenizer!.json as Record<string, unknown>, model.tokenizer!.rawConfig)
-
-      /**
-       * Refuses a prompt that certainly takes more than `maxTokens` tokens, by its length in bytes
-       * alone: before it is tokenized.
-       */
-      const checkPromptBytes = (text: string, maxTokens: number) => {
-        if (perToken === undefined) return
-        const bytes = Buffer.byteLength(text, "utf8")
-        const fewest = fewestTokens(bytes, perToken)
-        if (fewest > maxTokens) {
-          throw new ContextLengthExceeded({
-            message: `this model's maximum context length is ${maxModelLength} tokens; the prompt (${bytes} bytes) takes at least ${fewest}, as no token stands for more than ${perToken} bytes, and it may take ${maxTokens}`
-          })
-        }
-      }
-
-      /** Prompts longer than this (UTF-16 units) are tokenized in a thread, shorter ones here. */
-      const tokenizedHere = 8192
-
-      const encode = async (prompt: LiteralPrompt, addSpecialTokens: boolean): Promise<ReadonlyArray<number>> =>
-        prompt.text.length <= tokenizedHere
-          ? tokenizer.encodePrompt(prompt, { addSpecialTokens })
-          : Array.from(
-              await threads.run<Int32Array>("tokenize", { modelDir: config.modelDir, prompt, addSpecialTokens })
-            )
-
-      /**
-       * The prompt a chat request (or a plain text) runs: ids with expanded placeholders, media rows
-       * to splice. It may take `maxTokens` tokens at most, which its bytes are checked against first.
-       */
-      const buildPrompt = async (
-        source: PromptSource,
-        refs: ReadonlyArray<EmbeddingRef> | undefined,
-        maxTokens: number,
-        processor?: MediaProcessorOptions,
-        signal?: AbortSignal
-      ): Promise<PromptInput> => {
-        let text =
-          "messages" in source
-            ? renderChat(source.messages, source.addGenerationPrompt, source.tools, undefined)
-            : source.text
-        // The prompt as the model reads it is measured before the client's texts are scanned for special tokens.
-        checkPromptBytes(text, maxTokens)
-        let marks: Marks = { nonce: "", contents: [] }
-        if ("messages" in source && !source.trusted) {
-          const marker = tokenizer.specials.marker()
-          text = renderChat(source.messages, source.addGenerationPrompt, source.tools, marker)
-          marks = marker.marks
-        }
-        const parts = "messages" in source ? mediaParts(source.messages) : []
-        const resolved = await media.resolve(parts, refs, processor, signal)
-        const prompt = unmark(media.promptText(text, resolved), marks)
-        const { inputIds, spans, rope } = media.layout(await encode(prompt, false), resolved)
-        if (inputIds.length === 0) throw new EmptyPrompt()
-        return { inputIds, media: spans, ...(rope === undefined ? {} : { rope }) }
-      }
-
-      const sampling = (body: SamplingFields, promptTokens: number): SamplingParams => {
-        if (promptTokens >= maxModelLength) {
-          throw new ContextLengthExceeded({
-            message: `this model's maximum context length is ${maxModelLength} tokens; the messages take ${promptTokens}`
-          })
-        }
-        const asked = body.max_completion_tokens ?? body.max_tokens ?? undefined
-        const maxNewTokens =
-          asked ?? Math.min(generation.maxNewTokens(promptTokens) ?? Infinity, maxModelLength - promptTokens)
-        if (promptTokens + maxNewTokens > maxModelLength) {
-          throw new ContextLengthExceeded({
-            message: `this model's maximum context length is ${maxModelLength} tokens; ${promptTokens + maxNewTokens} were asked for (${promptTokens} in the messages, ${maxNewTokens} in the completion)`
-          })
-        }
-        return {
-          temperature: body.temperature ?? defaults.temperature,
-          topP: body.top_p ?? defaults.topP,
-          topK: body.top_k === undefined || body.top_k === null ? defaults.topK : Math.max(body.top_k, 0),
-          repetitionPenalty: body.repetition_penalty ?? defaults.repetitionPenalty,
-          ...(body.presence_penalty == null ? {} : { presencePenalty: body.presence_penalty }),
-          ...(body.frequency_penalty == null ? {} : { frequencyPenalty: body.frequency_penalty }),
-          ...(body.logprobs === true ? { logprobs: body.top_logprobs ?? 0 } : {}),
-          seed: body.seed ?? randomInt(2 ** 31),
-          maxNewTokens,
-          stopTokenIds: body.ignore_eos === true ? [] : stopTokenIds
-        }
-      }
-
-      /**
-       * The prompt of a completion that goes on from `tokens` another executor generated: they
-       * follow the generation prompt, and its budget of new tokens shrinks by as many.
-       */
-      const continuing = (
-        prompt: PromptInput,
-        params: SamplingParams,
-        tokens: ReadonlyArray<number>
-      ): { readonly prompt: PromptInput; readonly sampling: SamplingParams } => {
-        const vocabulary = model.decoder!.vocabSize
-        const foreign = tokens.find((token) => token >= vocabulary)
-        if (foreign !== undefined)
-          throw new BadRequest({
-            message: `token ${foreign} of the continuation is not in the vocabulary (${vocabulary})`
-          })
-        if (tokens.length >= params.maxNewTokens)
-          throw new BadRequest({
-            message: `the continuation has ${tokens.length} tokens, the completion's whole budget is ${params.maxNewTokens}`
-          })
-        const inputIds = new Int32Array(prompt.inputIds.length + tokens.length)
-        inputIds.set(prompt.inputIds)
-        inputIds.set(tokens, prompt.inputIds.length)
-        return {
-          prompt: { ...prompt, inputIds },
-          sampling: { ...params, maxNewTokens: params.maxNewTokens - tokens.length }
-        }
-      }
-
-      /** Prompt rows a media part takes when the model embeds it itself: known from its config, before decoding. */
-      const encodedRows: Readonly<Record<MediaPart["modality"], number | undefined>> = {
-        image: model.config.image_seq_length,
-        audio: model.config.audio_seq_length,
-        video: undefined
-      }
-
-      /**
-       * Refuses, before any media is read or decoded, a request with too many media parts, or whose
-       * media alone take more than `maxPromptTokens` positions. Rows of sidecar embeddings are known
-       * only once they arrive, so those are counted after.
-       */
-      const checkMedia = (
-        parts: ReadonlyArray<MediaPart>,
-        refs: ReadonlyArray<EmbeddingRef> | undefined,
-        maxPromptTokens: number
-      ) =>
-        Effect.gen(function* () {
-          yield* checkMediaItemCount(parts.length, config.maxMediaItems)
-          if (refs !== undefined) return
-          const rows = parts.reduce((sum, part) => sum + (encodedRows[part.modality] ?? 0), 0)
-          if (rows > maxPromptTokens) {
-            return yield* new ContextLengthExceeded({
-              message: `this model's maximum context length is ${maxModelLength} tokens; the ${parts.length} media parts alone take ${rows}`
-            })
-          }
-        })
+      const { buildPrompt, rawPrompt, sampling, continuing, checkMedia } = promptBuilder({
+        config,
+        model,
+        tokenizer,
+        media,
+        threads,
+        maxModelLength,
+        generation
+      })
 
       /** `run`'s signal aborts when the request ends. */
       const attempt = <A>(run: (signal: AbortSignal) => Promise<A>) =>
         Effect.tryPromise({ try: run, catch: (error) => error })
       const check = <A>(run: () => A) => Effect.try({ try: run, catch: (error) => error })
-
-      /** A prompt given as it is (`/v1/completions`): a text tokenized with the model's own special tokens, or token ids. */
-      const rawPrompt = async (raw: RawPrompt, maxTokens: number): Promise<PromptInput> => {
-        if (typeof raw === "string") {
-          checkPromptBytes(raw, maxTokens)
-          const inputIds = Int32Array.from(await encode({ text: raw, literals: [] }, true))
-          if (inputIds.length === 0) throw new EmptyPrompt()
-          return { inputIds, media: [] }
-        }
-        const vocabulary = model.decoder!.vocabSize
-        const foreign = raw.find((token) => token >= vocabulary)
-        if (foreign !== undefined)
-          throw new BadRequest({ message: `token ${foreign} of the prompt is not in the vocabulary (${vocabulary})` })
-        return { inputIds: Int32Array.from(raw), media: [] }
-      }
 
       /** A token as OpenAI's logprobs spell it: its text alone, and that text's UTF-8 bytes. */
       const tokenTexts = new Map<number, { readonly token: string; readonly bytes: ReadonlyArray<number> }>()
