@@ -80,6 +80,14 @@ const treePss = (pid: number) =>
 
 export default async function encoderSharingBench(): Promise<void> {
   const root = await mkdtemp(join(tmpdir(), "cornserve-bench-sharing-"))
+  try {
+    await runBench(root)
+  } finally {
+    await rm(root, { recursive: true, force: true })
+  }
+}
+
+async function runBench(root: string): Promise<void> {
   const models = { small: join(root, "gemma-3-a"), wide: join(root, "gemma-3-b") }
   const built = performance.now()
   await writeModelFiles(models.small, modelFiles(1024))
@@ -211,6 +219,5 @@ export default async function encoderSharingBench(): Promise<void> {
     for (const executor of executors) executor.process.kill("SIGTERM")
     await receiver.close()
     sidecar.process.kill("SIGTERM")
-    await rm(root, { recursive: true, force: true })
   }
 }
