@@ -9,10 +9,11 @@
 import { GenerationConfig } from "../../models/GenerationConfig.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"
 import { ConstrainedDecoder } from "./structured/ConstrainedDecoder.js"
-import { compileGrammar, type Grammar, type ResponseFormat, UnsupportedSchema } from "./structured/JsonGrammar.js"
+import { type Grammar, type ResponseFormat, UnsupportedSchema } from "./structured/GrammarNodes.js"
+import { compileGrammar } from "./structured/JsonGrammar.js"
 import { missingBytes, TokenVocabulary, tokenBytes, UnspelledBytes } from "./structured/TokenVocabulary.js"
 
-export type { ResponseFormat } from "./structured/JsonGrammar.js"
+export type { ResponseFormat } from "./structured/GrammarNodes.js"
 export { SchemaTooLarge } from "./structured/SchemaBounds.js"
 
 /** Compiled grammars kept per worker and router, at most. */

@@ -8,7 +8,7 @@
  */
 import { isGuided } from "../../models/JanusModel.js"
 import type { EmbeddingSource, FinishReason } from "./api.js"
-import type { ResponseFormat } from "./structured/JsonGrammar.js"
+import type { ResponseFormat } from "./structured/GrammarNodes.js"
 
 /** An image or audio clip for the model's own encoder, or an embedding from the sidecar. */
 export type MediaInput =

@@ -1,4 +1,4 @@
-import type { Grammar } from "./JsonGrammar.js"
+import type { Grammar } from "./GrammarNodes.js"
 import { machineOf, stepState, type Thread } from "./JsonMachine.js"
 import { computeMask, computeNeedLevels } from "./TokenMask.js"
 import { type MaskEntry, type TokenVocabulary, UnspelledBytes } from "./TokenVocabulary.js"

@@ -1,5 +1,12 @@
-import * as Schema from "effect/Schema"
-import { checkSchemaBounds, schemaBounds, schemaTooLarge } from "./SchemaBounds.js"
+import { type Draft, settleGrammar } from "./GrammarSettle.js"
+import {
+  type Grammar,
+  type GrammarNode,
+  type ObjectLayout,
+  type ResponseFormat,
+  UnsupportedSchema
+} from "./GrammarNodes.js"
+import { checkSchemaBounds } from "./SchemaBounds.js"
 
 /**
  * What a structured-output request asks for (OpenAI's `response_format`, or a tool's parameters),
@@ -32,116 +39,6 @@ import { checkSchemaBounds, schemaBounds, schemaTooLarge } from "./SchemaBounds.
  * out in one pass, references are compiled from a queue rather than by recursion, and the
  * shortest values are found in one pass over the schema's graph.
  */
-
-export type ResponseFormat =
-  | { readonly type: "json_object" }
-  | {
-      readonly type: "json_schema"
-      readonly json_schema: {
-        readonly name?: string | undefined
-        readonly schema?: unknown
-        readonly strict?: boolean | null | undefined
-      }
-    }
-
-/** A schema (or part of one) that cannot be held to; the router answers 400 with its message. */
-export class UnsupportedSchema extends Schema.TaggedError<UnsupportedSchema>()("UnsupportedSchema", {
-  /** The keyword at fault, e.g. `pattern` or `$ref`. */
-  keyword: Schema.String,
-  /** A JSON pointer into the schema, `#` for its root. */
-  path: Schema.String,
-  reason: Schema.String
-}) {
-  override get message() {
-    return `${this.reason} at ${this.path}`
-  }
-}
-
-/** A complete JSON value written as one sequence of bytes: the node admits exactly these. */
-export interface LiteralTrie {
-  readonly id: number
-  readonly children: ReadonlyMap<number, LiteralTrie>
-  /** A literal ends here. */
-  readonly terminal: boolean
-  /** Bytes from here to the nearest end of a literal, and the first of them (-1 at an end). */
-  readonly minRemaining: number
-  readonly minNext: number
-}
-
-export interface Property {
-  readonly name: string
-  /** The key as written: `"name"`, quotes included, as UTF-8. */
-  readonly key: Uint8Array
-  readonly value: GrammarNode
-  readonly required: boolean
-}
-
-/**
- * Bytes still to write in an object with declared properties, by the index of the next property
- * that may be written (all earlier ones written or left out). The keys that may come next at an
- * index are those from it up to the first required one (see `keyCandidates`).
- */
-export interface ObjectLayout {
-  /** The first required property from this index on (the count of properties when none is left). */
-  readonly nextRequired: ReadonlyArray<number>
-  /** Of the keys that may come next, the one whose key, value and tail are the fewest bytes (-1 when none may). */
-  readonly cheapest: ReadonlyArray<number>
-  /** After a value, with properties from this index left: `}` or `,` and the rest. */
-  readonly tail: ReadonlyArray<number>
-  /** Where a key starts (after `,` or `{`): the cheapest candidate's key, `:`, value, and the tail. */
-  readonly nextKey: ReadonlyArray<number>
-  /** Right after `{`. */
-  readonly open: number
-}
-
-/** The properties whose key may come next at `index` (all before it written or left out). */
-export const keyCandidates = (layout: ObjectLayout, index: number): Array<number> => {
-  const count = layout.nextRequired.length - 1
-  const end = Math.min(layout.nextRequired[index]! + 1, count)
-  const candidates: Array<number> = []
-  for (let j = index; j < end; j++) candidates.push(j)
-  return candidates
-}
-
-/** No property is left to write from `index` on but optional ones: the object may close. */
-export const mayCloseAt = (layout: ObjectLayout, index: number): boolean =>
-  layout.nextRequired[index] === layout.nextRequired.length - 1
-
-export type GrammarNode =
-  | {
-      readonly kind: "object"
-      readonly id: number
-      readonly properties: ReadonlyArray<Property>
-      /** Defined for an object of any keys, whose values are this node. */
-      readonly extra: GrammarNode | undefined
-      readonly layout: ObjectLayout
-      readonly minLength: number
-    }
-  | {
-      readonly kind: "array"
-      readonly id: number
-      readonly items: GrammarNode
-      readonly minItems: number
-      readonly maxItems: number
-      readonly minLength: number
-    }
-  | { readonly kind: "string"; readonly id: number; readonly minLength: number }
-  | { readonly kind: "number"; readonly id: number; readonly integer: boolean; readonly minLength: number }
-  | { readonly kind: "literal"; readonly id: number; readonly trie: LiteralTrie; readonly minLength: number }
-  | {
-      readonly kind: "union"
-      readonly id: number
-      readonly options: ReadonlyArray<GrammarNode>
-      readonly minLength: number
-    }
-
-export interface Grammar {
-  /** Equal for equal requests: masks computed for one serve the other. */
-  readonly key: string
-  readonly root: GrammarNode
-}
-
-export const numberLimits = { integerDigits: 16, fractionDigits: 8, exponentDigits: 2 } as const
 
 /** The grammar of a `response_format` of type json_object or json_schema. */
 export const compileGrammar = (format: ResponseFormat): Grammar => {
@@ -192,23 +89,6 @@ type TypeName = (typeof typeNames)[number]
 const utf8 = new TextEncoder()
 const pointer = (path: string, ...segments: ReadonlyArray<string | number>) =>
   [path, ...segments.map((s) => String(s).replaceAll("~", "~0").replaceAll("/", "~1"))].join("/")
-
-/** Mutable while compiling; read through GrammarNode afterwards. */
-type Draft =
-  | {
-      kind: "object"
-      id: number
-      properties: Array<{ name: string; key: Uint8Array; value: Draft; required: boolean }>
-      extra: Draft | undefined
-      layout: ObjectLayout
-      minLength: number
-    }
-  | { kind: "array"; id: number; items: Draft; minItems: number; maxItems: number; minLength: number }
-  | { kind: "string"; id: number; minLength: number }
-  | { kind: "number"; id: number; integer: boolean; minLength: number }
-  | { kind: "literal"; id: number; trie: LiteralTrie; minLength: number }
-  | { kind: "union"; id: number; options: Array<Draft>; minLength: number }
-  | { kind: "ref"; id: number; target: Draft | undefined; path: string; minLength: number }
 
 const noLayout: ObjectLayout = { nextRequired: [0], cheapest: [-1], tail: [1], nextKey: [Infinity], open: 1 }
 
@@ -287,76 +167,7 @@ class Compiler {
 
   /** Resolves references, drops what admits no finite value, and fills in lengths and layouts. */
   finish(root: Draft): GrammarNode {
-    const resolved = new Map<Draft, Draft>()
-    /** What a reference (or a chain of them) stands for; each reference is followed once. */
-    const resolve = (node: Draft): Draft => {
-      const chain: Array<Draft> = []
-      let at = node
-      while (at.kind === "ref") {
-        const known = resolved.get(at)
-        if (known !== undefined) {
-          at = known
-          break
-        }
-        if (chain.includes(at) || at.target === undefined) {
-          throw new UnsupportedSchema({ keyword: "$ref", path: at.path, reason: "$ref refers to itself" })
-        }
-        chain.push(at)
-        at = at.target
-      }
-      for (const ref of chain) resolved.set(ref, at)
-      return at
-    }
-    for (const node of this.nodes) {
-      if (node.kind === "object") {
-        for (const property of node.properties) property.value = resolve(property.value)
-        if (node.extra !== undefined) node.extra = resolve(node.extra)
-      } else if (node.kind === "array") node.items = resolve(node.items)
-    }
-    let steps = 0
-    /** A union's options, the options of unions among them in their place, each once. */
-    const flatten = (union: Extract<Draft, { kind: "union" }>): Array<Draft> => {
-      const out: Array<Draft> = []
-      const seen = new Set<Draft>([union])
-      const pending: Array<{ readonly options: ReadonlyArray<Draft>; at: number }> = [{ options: union.options, at: 0 }]
-      while (pending.length > 0) {
-        const top = pending[pending.length - 1]!
-        if (top.at === top.options.length) {
-          pending.pop()
-          continue
-        }
-        if (++steps > schemaBounds.alternatives) {
-          throw schemaTooLarge("alternatives", "steps of gathering the options of nested anyOf")
-        }
-        const option = resolve(top.options[top.at++]!)
-        if (seen.has(option)) continue
-        seen.add(option)
-        if (option.kind === "union") pending.push({ options: option.options, at: 0 })
-        else out.push(option)
-      }
-      return out
-    }
-    for (const node of this.nodes) if (node.kind === "union") node.options = flatten(node)
-    const top = resolve(root)
-    const live = this.nodes.filter((node) => node.kind !== "ref")
-    shortestValues(live)
-    if (!Number.isFinite(top.minLength)) {
-      throw new UnsupportedSchema({
-        keyword: "$ref",
-        path: "#",
-        reason: "the schema admits no finite value (its recursion never ends)"
-      })
-    }
-    for (const node of live) {
-      if (node.kind === "union") node.options = node.options.filter((o) => Number.isFinite(o.minLength))
-      if (node.kind === "array" && !Number.isFinite(node.items.minLength)) node.maxItems = 0
-      if (node.kind === "object") {
-        node.properties = node.properties.filter((p) => p.required || Number.isFinite(p.value.minLength))
-        if (node.extra !== undefined && !Number.isFinite(node.extra.minLength)) node.extra = undefined
-        node.layout = layout(node)
-      }
-    }
-    return top as GrammarNode
+    return settleGrammar(root, this.nodes)
   }
 
   private add<D extends Draft>(node: D): D {
@@ -636,161 +447,4 @@ const isOfType = (value: unknown, type: TypeName): boolean => {
     case "object":
       return typeof value === "object" && value !== null && !Array.isArray(value)
   }
-}
-
-/** What a node's shortest value needs first: none (its length is known), all of `needs`, or any one of them. */
-const needsOf = (node: Draft): { readonly all: boolean; readonly needs: ReadonlyArray<Draft> } | undefined => {
-  switch (node.kind) {
-    case "object":
-      return node.extra !== undefined
-        ? undefined
-        : { all: true, needs: node.properties.filter((p) => p.required).map((p) => p.value) }
-    case "array":
-      return node.minItems === 0 ? undefined : { all: true, needs: [node.items] }
-    case "union":
-      return { all: false, needs: node.options }
-    default:
-      return undefined
-  }
-}
-
-/** The length of a node's shortest value, from those of the nodes it needs. */
-const lengthOf = (node: Draft): number => {
-  switch (node.kind) {
-    case "object": {
-      if (node.extra !== undefined) return 2
-      let required = 0
-      let length = 2
-      for (const p of node.properties) {
-        if (!p.required) continue
-        required++
-        length += p.key.length + 1 + p.value.minLength
-      }
-      return length + Math.max(0, required - 1)
-    }
-    case "array":
-      return node.minItems === 0 ? 2 : 2 + node.minItems * (node.items.minLength + 1) - 1
-    case "string":
-      return 2
-    case "number":
-      return 1
-    case "literal":
-      return node.trie.minRemaining
-    case "union":
-    case "ref":
-      return Infinity
-  }
-}
-
-/**
- * Sets each node's `minLength`, Knuth's generalization of Dijkstra's algorithm over the schema's
- * graph (recursion through $ref makes it one): the shortest values are settled shortest first, a
- * node needing all its parts once they all are, a union at its first settled option. A node
- * never settled admits no finite value. Refuses a schema whose shortest values are longer, or
- * nest deeper, than SchemaBounds.ts takes.
- */
-const shortestValues = (nodes: ReadonlyArray<Draft>): void => {
-  const dependents = new Map<Draft, Array<Draft>>()
-  const waiting = new Map<Draft, number>()
-  const depth = new Map<Draft, number>()
-  const queue = new SettleQueue()
-  for (const node of nodes) {
-    const needs = needsOf(node)
-    if (needs === undefined || (needs.all && needs.needs.length === 0)) {
-      queue.push(node, lengthOf(node), 1)
-      continue
-    }
-    if (needs.all) waiting.set(node, needs.needs.length)
-    for (const need of needs.needs) {
-      const list = dependents.get(need)
-      if (list === undefined) dependents.set(need, [node])
-      else list.push(node)
-    }
-  }
-  for (let next = queue.pop(); next !== undefined; next = queue.pop()) {
-    const { node, length, nesting } = next
-    if (depth.has(node)) continue
-    if (length > schemaBounds.shortestValue) {
-      throw schemaTooLarge("shortestValue", "bytes in its shortest value (or in that of one of its parts)")
-    }
-    if (nesting > schemaBounds.shortestValueDepth) {
-      throw schemaTooLarge("shortestValueDepth", "values within values in its shortest value")
-    }
-    node.minLength = length
-    depth.set(node, nesting)
-    for (const dependent of dependents.get(node) ?? []) {
-      if (depth.has(dependent)) continue
-      if (dependent.kind === "union") {
-        queue.push(dependent, length, nesting)
-        continue
-      }
-      const left = waiting.get(dependent)! - 1
-      waiting.set(dependent, left)
-      if (left > 0) continue
-      let deepest = 0
-      for (const need of needsOf(dependent)!.needs) deepest = Math.max(deepest, depth.get(need)!)
-      queue.push(dependent, lengthOf(dependent), deepest + 1)
-    }
-  }
-}
-
-/** A binary heap of nodes by the length they would settle at. */
-class SettleQueue {
-  private readonly items: Array<{ readonly node: Draft; readonly length: number; readonly nesting: number }> = []
-
-  push(node: Draft, length: number, nesting: number): void {
-    const items = this.items
-    items.push({ node, length, nesting })
-    for (let at = items.length - 1; at > 0; ) {
-      const parent = (at - 1) >> 1
-      if (items[parent]!.length <= items[at]!.length) break
-      ;[items[parent], items[at]] = [items[at]!, items[parent]!]
-      at = parent
-    }
-  }
-
-  pop(): { readonly node: Draft; readonly length: number; readonly nesting: number } | undefined {
-    const items = this.items
-    const first = items[0]
-    const last = items.pop()
-    if (first === undefined || last === undefined || items.length === 0) return first
-    items[0] = last
-    for (let at = 0; ; ) {
-      const left = 2 * at + 1
-      const right = left + 1
-      let least = at
-      if (left < items.length && items[left]!.length < items[least]!.length) least = left
-      if (right < items.length && items[right]!.length < items[least]!.length) least = right
-      if (least === at) break
-      ;[items[least], items[at]] = [items[at]!, items[least]!]
-      at = least
-    }
-    return first
-  }
-}
-
-/** An object's layout in one pass from its last property back. */
-const layout = (node: Extract<Draft, { kind: "object" }>): ObjectLayout => {
-  const properties = node.properties
-  const count = properties.length
-  const nextRequired = new Array<number>(count + 1).fill(count)
-  const cheapest = new Array<number>(count + 1).fill(-1)
-  const tail = new Array<number>(count + 1).fill(1)
-  const nextKey = new Array<number>(count + 1).fill(Infinity)
-  for (let i = count - 1; i >= 0; i--) {
-    const p = properties[i]!
-    nextRequired[i] = p.required ? i : nextRequired[i + 1]!
-    // The candidates at i: i itself, and if it may be left out, those at i + 1 (earlier wins a tie).
-    const cost = p.key.length + 1 + p.value.minLength + tail[i + 1]!
-    if (p.required || cost <= nextKey[i + 1]!) {
-      nextKey[i] = cost
-      cheapest[i] = i
-    } else {
-      nextKey[i] = nextKey[i + 1]!
-      cheapest[i] = cheapest[i + 1]!
-    }
-    tail[i] = nextRequired[i]! < count ? 1 + nextKey[i]! : 1
-  }
-  const open = nextRequired[0]! < count ? nextKey[0]! : 1
-  return { nextRequired, cheapest, tail, nextKey, open }
 }

@@ -5,7 +5,7 @@ import {
   type LiteralTrie,
   mayCloseAt,
   numberLimits
-} from "./JsonGrammar.js"
+} from "./GrammarNodes.js"
 import { stringClosed, stringCompletion, stringNext, stringPlain, stringRefused } from "./JsonString.js"
 
 /**

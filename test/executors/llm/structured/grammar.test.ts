@@ -1,10 +1,6 @@
 import { describe, expect, it } from "vitest"
-import {
-  compileGrammar,
-  compileJsonSchema,
-  type Grammar,
-  UnsupportedSchema
-} from "../../../../src/executors/llm/structured/JsonGrammar.js"
+import { type Grammar, UnsupportedSchema } from "../../../../src/executors/llm/structured/GrammarNodes.js"
+import { compileGrammar, compileJsonSchema } from "../../../../src/executors/llm/structured/JsonGrammar.js"
 import { machineOf, stepState, type Thread } from "../../../../src/executors/llm/structured/JsonMachine.js"
 import { Random } from "../../../../src/models/Random.js"
 import { cases } from "./schemas.js"

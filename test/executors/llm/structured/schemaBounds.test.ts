@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest"
 import { ConstrainedDecoder } from "../../../../src/executors/llm/structured/ConstrainedDecoder.js"
-import { compileJsonSchema, type Grammar } from "../../../../src/executors/llm/structured/JsonGrammar.js"
+import type { Grammar } from "../../../../src/executors/llm/structured/GrammarNodes.js"
+import { compileJsonSchema } from "../../../../src/executors/llm/structured/JsonGrammar.js"
 import { machineOf, stepState } from "../../../../src/executors/llm/structured/JsonMachine.js"
 import { SchemaTooLarge, schemaBounds } from "../../../../src/executors/llm/structured/SchemaBounds.js"
 import { vocabulary } from "./support.js"

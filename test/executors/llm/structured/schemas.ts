@@ -1,4 +1,4 @@
-import type { ResponseFormat } from "../../../../src/executors/llm/structured/JsonGrammar.js"
+import type { ResponseFormat } from "../../../../src/executors/llm/structured/GrammarNodes.js"
 
 /** Response formats of every shape the grammar supports, each with the schema an independent validator checks. */
 export interface Case {

@@ -2,7 +2,7 @@ import { readFileSync } from "node:fs"
 import { fileURLToPath } from "node:url"
 import type { Sampler } from "../../../../src/executors/llm/Sampler.js"
 import { ConstrainedDecoder } from "../../../../src/executors/llm/structured/ConstrainedDecoder.js"
-import type { Grammar } from "../../../../src/executors/llm/structured/JsonGrammar.js"
+import type { Grammar } from "../../../../src/executors/llm/structured/GrammarNodes.js"
 import { TokenVocabulary } from "../../../../src/executors/llm/structured/TokenVocabulary.js"
 import { Random } from "../../../../src/models/Random.js"
 
