@@ -6,7 +6,31 @@ import {
   mayCloseAt,
   numberLimits
 } from "./GrammarNodes.js"
+import { append, Completions } from "./Completions.js"
 import { stringClosed, stringCompletion, stringNext, stringPlain, stringRefused } from "./JsonString.js"
+import {
+  afterValue,
+  arrayAfterValue,
+  arrayNextSpace,
+  arrayNextValue,
+  char,
+  colon,
+  dot,
+  exponent,
+  exponentDigits,
+  exponentSign,
+  fractionDigits,
+  integerDigits,
+  isDigit,
+  key,
+  minus,
+  nextKey,
+  nextSpace,
+  open,
+  value,
+  valueSpace,
+  zero
+} from "./MachinePhases.js"
 
 /**
  * A grammar as a pushdown machine over bytes. A thread is a stack of frames (the value being
@@ -31,32 +55,6 @@ const pass: Move = { kind: "pass" }
 const none: ReadonlyArray<Move> = []
 
 export type FrameKind = "value" | "object" | "array" | "string" | "number" | "literal" | "complete"
-
-/** Object phases: after `{`; in a key; after a key; after `:`; after `: `; after a value; after `,`; after `, `. */
-const open = 0
-const key = 1
-const colon = 2
-const valueSpace = 3
-const value = 4
-const afterValue = 5
-const nextSpace = 6
-const nextKey = 7
-/** Array phases (after `[` is `open`): after a value, after `,`, after `, `. */
-const arrayAfterValue = 1
-const arrayNextSpace = 2
-const arrayNextValue = 3
-/** Number phases: after `-`; `0`; integer digits; after `.`; fraction digits; after `e`; after its sign; its digits. */
-const minus = 0
-const zero = 1
-const integerDigits = 2
-const dot = 3
-const fractionDigits = 4
-const exponent = 5
-const exponentSign = 6
-const exponentDigits = 7
-
-const char = (c: string) => c.charCodeAt(0)
-const isDigit = (byte: number) => byte >= 0x30 && byte <= 0x39
 
 export class Frame {
   private moveTable: Array<ReadonlyArray<Move> | undefined> | undefined
@@ -181,7 +179,10 @@ export const machineOf = (grammar: Grammar): Machine => {
 
 export class Machine {
   private readonly frames = new Map<string, Frame>()
-  private readonly minValues = new Map<GrammarNode, ReadonlyArray<number>>()
+  private readonly completions = new Completions({
+    objectFrame: (node, phase, index) => this.objectFrame(node, phase, index),
+    arrayFrame: (node, phase, count) => this.arrayFrame(node, phase, count)
+  })
   /** The thread of a finished value. */
   readonly done: Thread
   /** The state before the first byte. */
@@ -490,136 +491,8 @@ export class Machine {
     }
   }
 
-  /** The shortest value of a node, as bytes. */
-  minValue(node: GrammarNode): ReadonlyArray<number> {
-    const known = this.minValues.get(node)
-    if (known !== undefined) return known
-    let bytes: ReadonlyArray<number>
-    switch (node.kind) {
-      case "object":
-        bytes = [char("{"), ...this.objectFrame(node, open, 0).completion]
-        break
-      case "array":
-        bytes = [char("["), ...this.arrayFrame(node, open, 0).completion]
-        break
-      case "string":
-        bytes = [char('"'), char('"')]
-        break
-      case "number":
-        bytes = [char("0")]
-        break
-      case "literal":
-        bytes = literalCompletion(node.trie)
-        break
-      case "union": {
-        const shortest = node.options.reduce((a, b) => (b.minLength < a.minLength ? b : a))
-        bytes = this.minValue(shortest)
-      }
-    }
-    this.minValues.set(node, bytes)
-    return bytes
-  }
-
+  /** The shortest bytes that finish `frame`. */
   completion(frame: Frame): ReadonlyArray<number> {
-    switch (frame.kind) {
-      case "value":
-        return this.minValue(frame.node!)
-      case "object":
-        return this.objectCompletion(frame, frame.node as Extract<GrammarNode, { kind: "object" }>)
-      case "array": {
-        const node = frame.node as Extract<GrammarNode, { kind: "array" }>
-        if (frame.phase === open && node.minItems === 0) return [char("]")]
-        const count = frame.phase === open ? 0 : frame.index
-        const item = this.minValue(node.items)
-        const bytes: Array<number> = []
-        let made = count
-        if (frame.phase !== arrayAfterValue) {
-          bytes.push(...item)
-          made++
-        }
-        for (; made < node.minItems; made++) bytes.push(char(","), ...item)
-        bytes.push(char("]"))
-        return bytes
-      }
-      case "string":
-        return [...stringCompletion[frame.position]!, char('"')]
-      case "number":
-        return frame.canEnd ? [] : [char("0")]
-      case "literal":
-        return literalCompletion(frame.literal!)
-      case "complete":
-        return []
-    }
+    return this.completions.completion(frame)
   }
-
-  private objectCompletion(frame: Frame, node: Extract<GrammarNode, { kind: "object" }>): ReadonlyArray<number> {
-    if (node.extra !== undefined) {
-      const item = this.minValue(node.extra)
-      const close = char("}")
-      switch (frame.phase) {
-        case colon:
-          return [char(":"), ...item, close]
-        case valueSpace:
-        case value:
-          return [...item, close]
-        case nextSpace:
-        case nextKey:
-          return [char('"'), char('"'), char(":"), ...item, close]
-        default:
-          return [close]
-      }
-    }
-    const { properties, layout } = node
-    const close = char("}")
-    /** The key of property `j` from its byte `from`, its shortest value, and the shortest way on to `}`. */
-    const entry = (j: number, from: number): Array<number> => {
-      const bytes: Array<number> = []
-      for (let at = j, skip = from; ; skip = 0) {
-        append(bytes, properties[at]!.key.subarray(skip))
-        bytes.push(char(":"))
-        append(bytes, this.minValue(properties[at]!.value))
-        if (mayCloseAt(layout, at + 1)) break
-        bytes.push(char(","))
-        at = layout.cheapest[at + 1]!
-      }
-      bytes.push(close)
-      return bytes
-    }
-    /** After a value, with properties from `i` left. */
-    const after = (i: number): Array<number> =>
-      mayCloseAt(layout, i) ? [close] : [char(","), ...entry(layout.cheapest[i]!, 0)]
-    switch (frame.phase) {
-      case open:
-        return mayCloseAt(layout, 0) ? [close] : entry(layout.cheapest[0]!, 0)
-      case key: {
-        const from = frame.position
-        const cost = (k: number) =>
-          properties[k]!.key.length - from + properties[k]!.value.minLength + layout.tail[k + 1]!
-        return entry(
-          frame.candidates.reduce((best, j) => (cost(j) < cost(best) ? j : best)),
-          from
-        )
-      }
-      case colon:
-        return [char(":"), ...this.minValue(properties[frame.index]!.value), ...after(frame.index + 1)]
-      case valueSpace:
-      case value:
-        return [...this.minValue(properties[frame.index]!.value), ...after(frame.index + 1)]
-      case afterValue:
-        return after(frame.index)
-      default:
-        return entry(layout.cheapest[frame.index]!, 0)
-    }
-  }
-}
-
-/** Appends `bytes` to `out` one by one: a spread into push would take them all as arguments. */
-const append = (out: Array<number>, bytes: ArrayLike<number>): void => {
-  for (let i = 0; i < bytes.length; i++) out.push(bytes[i]!)
-}
-
-const literalCompletion = (trie: LiteralTrie): Array<number> => {
-  const bytes: Array<number> = []
-  for (let node = trie; !node.terminal; node = node.children.get(node.minNext)!) bytes.push(node.minNext)
-  return bytes
 }
