@@ -7,7 +7,7 @@ import {
   siglipHiddenStates,
   siglipVisionConfigJson
 } from "./Gemma3.js"
-import { type Qwen2DecoderLayerWeights, qwen2DecoderGraph } from "./Qwen2VL.js"
+import { type Qwen2DecoderLayerWeights, qwen2DecoderGraph } from "./Qwen2Decoder.js"
 
 /**
  * LLaVA-OneVision (transformers' LlavaOnevisionForConditionalGeneration, e.g.

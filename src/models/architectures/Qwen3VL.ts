@@ -1,7 +1,8 @@
 import { elementType, Graph, type Value } from "../onnx/Graph.js"
 import { gelu, geluTanh, layerNorm, linear, matrixWeight } from "../onnx/Layers.js"
 import type { LayerNormWeights, LinearWeights, Matrix } from "../Weights.js"
-import { type FrameRope, frameAttention, patchPlaces, qwen2DecoderGraph, selectedAxesRotary } from "./Qwen2VL.js"
+import { qwen2DecoderGraph } from "./Qwen2Decoder.js"
+import { type FrameRope, frameAttention, patchPlaces, selectedAxesRotary } from "./Qwen2VL.js"
 
 /**
  * Qwen3-VL as the three graphs of the community's split export for transformers.js

@@ -1,6 +1,4 @@
 import {
-  type Qwen2DecoderLayerWeights,
-  type Qwen2TextWeights,
   type Qwen2VLConfig,
   type Qwen2VLTextConfig,
   type Qwen2VLTextWeights,
@@ -10,6 +8,7 @@ import {
   qwen2VLGraphs,
   qwen2VLTextConfigJson
 } from "../architectures/Qwen2VL.js"
+import type { Qwen2DecoderLayerWeights, Qwen2TextWeights } from "../architectures/Qwen2Decoder.js"
 import { type ByteLevelBpe, byteLevelBpe } from "../ByteLevelBpe.js"
 import { Random } from "../Random.js"
 import { matrix } from "../Weights.js"
