@@ -11,7 +11,8 @@ import {
   repoRoot,
   type RunningPlatform,
   runCli,
-  startPlatform
+  startPlatform,
+  boundClusterPort
 } from "../support/platform.js"
 
 /**
@@ -76,7 +77,7 @@ describe("cluster: a control plane and data-plane nodes", () => {
       args: ["--role", "control-plane", "--cluster-port", "0"],
       env: { CORNSERVE_CLUSTER_TOKEN: token }
     })
-    const port = await eventually(async () => /cluster port open on \S+:(\d+)/.exec(controlPlane.output())?.[1])
+    const port = await boundClusterPort(controlPlane)
     join = `http://127.0.0.1:${port}`
   })
 
@@ -266,7 +267,7 @@ describe("cluster: a node that lies about its devices", () => {
       args: ["--role", "control-plane", "--cluster-port", "0"],
       env: { CORNSERVE_CLUSTER_TOKEN: liarToken }
     })
-    const port = await eventually(async () => /cluster port open on \S+:(\d+)/.exec(controlPlane.output())?.[1])
+    const port = await boundClusterPort(controlPlane)
     const clusterUrl = `http://127.0.0.1:${port}`
     honest = spawn(process.execPath, dataPlaneArgs(clusterUrl, "node-honest", "cpu:0,cpu:1,cpu:2"), {
       cwd: repoRoot,

@@ -1,7 +1,14 @@
 import { type ChildProcess, spawn } from "node:child_process"
 import { request } from "node:http"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { dataPlaneArgs, eventually, repoRoot, type RunningPlatform, startPlatform } from "../support/platform.js"
+import {
+  dataPlaneArgs,
+  eventually,
+  repoRoot,
+  type RunningPlatform,
+  startPlatform,
+  boundClusterPort
+} from "../support/platform.js"
 
 /**
  * The cluster port and each node's `/rpc` check the cluster token from the request's headers
@@ -68,7 +75,7 @@ describe("cluster calls are authenticated before their bodies are read", () => {
       args: ["--role", "control-plane", "--cluster-port", "0"],
       env: { CORNSERVE_CLUSTER_TOKEN: token }
     })
-    const port = await eventually(async () => /cluster port open on \S+:(\d+)/.exec(controlPlane.output())?.[1])
+    const port = await boundClusterPort(controlPlane)
     clusterUrl = `http://127.0.0.1:${port}`
     node = spawn(process.execPath, dataPlaneArgs(clusterUrl, "node-a", "cpu:0"), {
       cwd: repoRoot,

@@ -11,7 +11,6 @@ import {
   adminHeaders,
   dataPlaneArgs,
   eventually,
-  freePort,
   invoke,
   platformStartMs,
   readyWithin,
@@ -19,7 +18,8 @@ import {
   repoRoot,
   type RunningPlatform,
   runCli,
-  startPlatform
+  startPlatform,
+  boundClusterPort
 } from "../support/platform.js"
 import { disaggregatedAppSource, streamedText } from "../support/disaggregatedApps.js"
 
@@ -80,11 +80,13 @@ describe(`prefill and decode apart across ${useNamespaces ? "network namespaces"
         randomLlamaFiles({ config: smallLlamaConfig, layout: "decoder-only", dtypes: ["fp32"], seed: 10 })
       )
       if (useNamespaces) network = await makeNetwork({ nodes: nodeCount })
-      const clusterPort = await freePort(controlPlaneHost())
+      // The kernel picks the cluster port as it binds it: a port found free and bound later could
+      // be taken in between by another process's ephemeral port.
       controlPlane = await startPlatform({
-        args: ["--role", "control-plane", "--host", controlPlaneHost(), "--cluster-port", String(clusterPort)],
+        args: ["--role", "control-plane", "--host", controlPlaneHost(), "--cluster-port", "0"],
         env: { CORNSERVE_CLUSTER_TOKEN: clusterToken }
       })
+      const clusterPort = await boundClusterPort(controlPlane)
       for (let index = 0; index < nodeCount; index++) {
         const name = `n${index}`
         const dir = join(root, name)

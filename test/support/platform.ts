@@ -127,6 +127,13 @@ export const startPlatform = async (
   return platform
 }
 
+/** The cluster port a control plane started with `--cluster-port 0` bound, once it says so. */
+export const boundClusterPort = (platform: RunningPlatform): Promise<number> =>
+  eventually(async () => {
+    const port = /cluster port open on \S+:(\d+)/.exec(platform.output())?.[1]
+    return port === undefined ? undefined : Number(port)
+  })
+
 /** Waits until the platform at `url` says app `appId` is ready, allowing for its `executors` to start. */
 export const appReady = (url: string, appId: string, executors: number) =>
   eventually(
