@@ -138,8 +138,9 @@ console.log(
 console.log(`  in what the tests start: ${seconds(inStarted)} CPU-s`)
 for (const [kind, entry] of [...byKind].sort((a, b) => b[1].cpu - a[1].cpu).slice(0, 8))
   console.log(`    ${kind.padEnd(16)} ${seconds(entry.cpu).padStart(6)} CPU-s in ${entry.processes} processes`)
+console.log(`  in vitest's own process: ${seconds(main?.cpu)} CPU-s`)
 console.log(
-  `  elsewhere (vitest's own process, processes whose parent went first): ${seconds(total - inWorkers - inStarted)} CPU-s`
+  `  elsewhere (processes whose parent went first, the rest of the machine): ${seconds(total - inWorkers - inStarted - (main?.cpu ?? 0))} CPU-s`
 )
 console.log("\n CPU-s  wall  file (the 30 that cost most; CPU-s counts the file's worker and all it started)")
 for (const file of files.slice(0, 30))
@@ -152,6 +153,7 @@ console.log(
     cpuSeconds: Math.round(total),
     workerCpuSeconds: Math.round(inWorkers),
     startedCpuSeconds: Math.round(inStarted),
+    vitestCpuSeconds: Math.round(main?.cpu ?? 0),
     processes: processes.size,
     files: Object.fromEntries(files.map((file) => [file.file, file.cpu === undefined ? null : Math.round(file.cpu)])),
     exitCode
