@@ -6,13 +6,13 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { joinAndBeat, joinOnce, type LyingNode, startLyingNode } from "../fixtures/cluster/forgedNode.js"
 import {
   adminHeaders,
+  boundClusterPort,
   dataPlaneArgs,
   eventually,
   repoRoot,
   type RunningPlatform,
   runCli,
-  startPlatform,
-  boundClusterPort
+  startPlatform
 } from "../support/platform.js"
 
 /**

@@ -2,12 +2,12 @@ import { type ChildProcess, spawn } from "node:child_process"
 import { request } from "node:http"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import {
+  boundClusterPort,
   dataPlaneArgs,
   eventually,
   repoRoot,
   type RunningPlatform,
-  startPlatform,
-  boundClusterPort
+  startPlatform
 } from "../support/platform.js"
 
 /**

@@ -9,6 +9,7 @@ import { smallLlamaConfig } from "../models/support/SmallLlama.js"
 import { makeNetwork, netnsAvailable, type VirtualNetwork } from "../support/netns.js"
 import {
   adminHeaders,
+  boundClusterPort,
   dataPlaneArgs,
   eventually,
   invoke,
@@ -16,10 +17,9 @@ import {
   readyWithin,
   removeStateDir,
   repoRoot,
-  type RunningPlatform,
   runCli,
-  startPlatform,
-  boundClusterPort
+  type RunningPlatform,
+  startPlatform
 } from "../support/platform.js"
 import { disaggregatedAppSource, streamedText } from "../support/disaggregatedApps.js"
 
