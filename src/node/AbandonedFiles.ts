@@ -1,6 +1,7 @@
 /**
  * Files that Cornserve processes killed with SIGKILL could not remove: node agents' run
- * directories, sidecars' arenas and executor engines' batch buffers. Each name ends with the pid
+ * directories, the socket directories of executors started by hand, sidecars' arenas and executor
+ * engines' batch buffers. Each name ends with the pid
  * of the process that owns it; a file is abandoned once that process is gone. Files of running
  * processes are never touched: other platforms may run on the same machine.
  */
@@ -8,6 +9,7 @@ import { readdirSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { batchBufferPrefix } from "../executors/common/BatchBuffer.js"
+import { standaloneRunDirPrefix } from "../executors/common/ExecutorConfig.js"
 import { arenaFilePrefix } from "../sidecar/Arena.js"
 
 /** Every node agent's run directory: `cornserve-node-<pid>-<random>` in the temporary directory. */
@@ -47,7 +49,8 @@ const trailingPid = (name: string) => {
 }
 
 const runDirOwner = (name: string) => {
-  const match = new RegExp(`^${runDirPrefix}(\\d+)-`).exec(name)
+  const match =
+    new RegExp(`^${runDirPrefix}(\\d+)-`).exec(name) ?? new RegExp(`^${standaloneRunDirPrefix}(\\d+)$`).exec(name)
   return match === null ? undefined : Number(match[1])
 }
 

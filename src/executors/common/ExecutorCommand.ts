@@ -26,7 +26,7 @@ import { configEnvName, spawnWorkers } from "./EarlySpawn.js"
 import type { EngineProgram } from "./EngineClient.js"
 import type { RouterKind } from "./Router.js"
 import { defaultMaxMediaItems, defaultMediaLimits } from "./media/MediaLimits.js"
-import { decodeConfig, deviceList, ExecutorConfig, executorDefaults } from "./ExecutorConfig.js"
+import { decodeConfig, deviceList, ExecutorConfig, executorDefaults, standaloneRunDirPrefix } from "./ExecutorConfig.js"
 
 export type ExecutorOptions = Omit<ExecutorConfig, "modelDir" | "runDir"> & {
   readonly runDir?: string
@@ -105,7 +105,7 @@ export const runExecutor = (options: ExecutorOptions) =>
       ...settings.right,
       modelDir,
       ...(adapters.length === 0 ? {} : { adapterDirs }),
-      runDir: options.runDir ?? join(tmpdir(), `cornserve-executor-${process.pid}`)
+      runDir: options.runDir ?? join(tmpdir(), `${standaloneRunDirPrefix}${process.pid}`)
     }
     // Under memory pressure the executor goes before the platform that started it; its engine and
     // workers inherit the score.

@@ -68,4 +68,11 @@ export const executorDefaults = {
 
 export const decodeConfig = Schema.decodeUnknownSync(Schema.parseJson(ExecutorConfig))
 
+/**
+ * An executor started by hand, without `--run-dir`, keeps its sockets in
+ * `cornserve-executor-<pid>` in the temporary directory (a platform gives each executor a
+ * directory inside its node agent's own).
+ */
+export const standaloneRunDirPrefix = "cornserve-executor-"
+
 export const ipcPath = (config: ExecutorConfig, name: string) => `ipc://${config.runDir}/${name}.sock`

@@ -206,7 +206,11 @@ const removeSharedMemory = (prefixes, pids) => {
   }
 }
 
-/** The run directories (`cornserve-node-<pid>-...` in the temporary directory) of node agents killed here. */
+/**
+ * The run directories in the temporary directory of node agents killed here (`cornserve-node-<pid>-...`)
+ * and of executors started by hand (`cornserve-executor-<pid>`) once their owner is gone
+ * (src/node/AbandonedFiles.ts).
+ */
 const removeRunDirectories = (pids) => {
   let names = []
   try {
@@ -215,8 +219,12 @@ const removeRunDirectories = (pids) => {
     return
   }
   for (const name of names) {
-    const match = /^cornserve-node-(\d+)-/.exec(name)
-    if (match !== null && pids.has(Number(match[1])))
+    const node = /^cornserve-node-(\d+)-/.exec(name)
+    const executor = /^cornserve-executor-(\d+)$/.exec(name)
+    if (
+      (node !== null && pids.has(Number(node[1]))) ||
+      (executor !== null && (pids.has(Number(executor[1])) || !isAliveAtAll(Number(executor[1]))))
+    )
       rmSync(join(config.tmpDir, name), { recursive: true, force: true })
   }
 }
