@@ -19,7 +19,12 @@
  * Prints a table per part, then (as the last line) one JSON object with the figures and their
  * ratios to the targets.
  *
- * Env: BENCH_IDLE_RELEASE_S (default 30), BENCH_READY_TIMEOUT_S (default 900).
+ * After the calls it measures what the platform's processes use of a core while nothing calls them
+ * (BENCH_IDLE_SETTLE_S after the last call, for BENCH_IDLE_WINDOW_S), by role, beside a bare Node
+ * process with one timer measured in the same window.
+ *
+ * Env: BENCH_IDLE_RELEASE_S (default 30), BENCH_READY_TIMEOUT_S (default 900), BENCH_IDLE_SETTLE_S
+ * (default 10), BENCH_IDLE_WINDOW_S (default 15).
  */
 import { type ChildProcess, execFileSync, spawn } from "node:child_process"
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs"
@@ -157,6 +162,50 @@ class Lineage {
   }
 }
 
+/** CPU seconds a process has used (user + system), from /proc; undefined once it is gone. */
+const cpuSeconds = (pid: number): number | undefined => {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8")
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ")
+    // utime and stime, fields 14 and 15 of stat(5), in clock ticks of 1/100 s.
+    return (Number(fields[11]) + Number(fields[12])) / 100
+  } catch {
+    return undefined
+  }
+}
+
+/**
+ * What the platform's processes use of a core while nothing calls them, by role, over `windowMs`;
+ * beside it, in the same window, a bare Node process with one timer (the floor of any process).
+ */
+const idleCpu = async (root: number, windowMs: number) => {
+  const bare = spawn(process.execPath, ["-e", "setInterval(() => {}, 1 << 30)"], { stdio: "ignore" })
+  await sleep(1_000)
+  const pids = [...processTree(root), bare.pid!]
+  const before = new Map(pids.map((pid) => [pid, cpuSeconds(pid)]))
+  const started = performance.now()
+  await sleep(windowMs)
+  const seconds = (performance.now() - started) / 1000
+  const byRole = new Map<string, { count: number; cpuS: number }>()
+  let gone = 0
+  for (const pid of pids) {
+    const [from, to] = [before.get(pid), cpuSeconds(pid)]
+    if (from === undefined || to === undefined) {
+      gone++
+      continue
+    }
+    const role = pid === bare.pid ? "bare node (baseline)" : roleOf(pid)
+    const entry = byRole.get(role) ?? { count: 0, cpuS: 0 }
+    byRole.set(role, { count: entry.count + 1, cpuS: entry.cpuS + (to - from) })
+  }
+  bare.kill()
+  const platform = [...byRole].filter(([role]) => role !== "bare node (baseline)")
+  const count = platform.reduce((sum, [, entry]) => sum + entry.count, 0)
+  const cpuS = platform.reduce((sum, [, entry]) => sum + entry.cpuS, 0)
+  const bareShare = (byRole.get("bare node (baseline)")?.cpuS ?? 0) / seconds
+  return { seconds, byRole, gone, count, share: cpuS / seconds, bareShare }
+}
+
 const waitForExit = (child: ChildProcess, timeoutMs: number) =>
   new Promise<boolean>((resolve) => {
     if (child.exitCode !== null || child.signalCode !== null) return resolve(true)
@@ -170,6 +219,8 @@ const waitForExit = (child: ChildProcess, timeoutMs: number) =>
 export default async function footprint() {
   const idleReleaseS = envNumber("BENCH_IDLE_RELEASE_S", 30)
   const readyTimeoutMs = envNumber("BENCH_READY_TIMEOUT_S", 900) * 1000
+  const idleSettleMs = envNumber("BENCH_IDLE_SETTLE_S", 10) * 1000
+  const idleWindowMs = envNumber("BENCH_IDLE_WINDOW_S", 15) * 1000
   const help = execFileSync(process.execPath, [binPath, "serve", "--help"], { encoding: "utf8" })
   const idleRelease = help.includes("--idle-release")
   const stateDir = mkdtempSync(join(tmpdir(), "cornserve-bench-footprint-"))
@@ -211,6 +262,9 @@ export default async function footprint() {
   }
   const afterCalls = measureFootprint(child.pid!)
   const rolesAfterCalls = pssByRole(child.pid!)
+  // Idle: the calls' work has ended, and (with the default idle release) no executor has gone yet.
+  await sleep(idleSettleMs)
+  const idle = await idleCpu(child.pid!, idleWindowMs)
 
   let released: ReturnType<typeof measureFootprint> | undefined
   if (idleRelease) {
@@ -284,6 +338,24 @@ export default async function footprint() {
       ...(released === undefined ? [] : [footprintRow("executors released", released)])
     ]
   )
+  const percent = (share: number) => Math.round(share * 1000) / 10
+  console.log(
+    `\nIdle CPU after the calls (% of one core over ${Math.round(idle.seconds)} s; ${idle.gone} processes went meanwhile)`
+  )
+  table(
+    ["role", "processes", "% of a core", "% each"],
+    [
+      ...[...idle.byRole.entries()]
+        .sort((a, b) => b[1].cpuS - a[1].cpuS)
+        .map(([role, { count, cpuS }]) => [
+          role,
+          count,
+          percent(cpuS / idle.seconds),
+          percent(cpuS / idle.seconds / count)
+        ]),
+      ["platform", idle.count, percent(idle.share), percent(idle.share / Math.max(1, idle.count))]
+    ]
+  )
   console.log("\nCalls (the request serve prints for each example; ms)")
   table(
     ["app", "first", "warm", ...(idleRelease ? ["cold"] : [])],
@@ -317,11 +389,17 @@ export default async function footprint() {
       coldCallMs: idleRelease
         ? Object.fromEntries(calls.map((entry) => [entry.app, Math.round(entry.cold!.ms)]))
         : null,
+      idleCpuPercent: percent(idle.share),
+      idleProcesses: idle.count,
+      bareNodeIdleCpuPercent: percent(idle.bareShare),
       failedApps: failed.map((entry) => entry.app),
       stopS: exited ? seconds(stopMs) : null,
       left: { processes: leftProcesses.length, shm: leftShm, tmp: leftTmp },
       ratios: {
         footprintToTarget: Math.round((bytes / TARGET.bytes) * 100) / 100,
+        // The platform's idle CPU per process, to a bare Node process's with one timer.
+        idlePerProcessToBareNode:
+          idle.bareShare === 0 ? null : Math.round((idle.share / Math.max(1, idle.count) / idle.bareShare) * 100) / 100,
         readyToTarget: Math.round((readyMs / 1000 / TARGET.readyS) * 100) / 100,
         maxColdToTarget:
           coldMs.length === 0 ? null : Math.round((Math.max(...coldMs) / 1000 / TARGET.coldS) * 100) / 100

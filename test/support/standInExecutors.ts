@@ -57,7 +57,11 @@ export class StandInExecutor {
     })
   }
 
-  /** Reports `health` as a real executor's router does: a line now, then one every watch period. */
+  /**
+   * Reports `health` at every look of a real executor's router, a line now and then one every watch
+   * period; a router writes only the lines that change or go stale (`healthLines`), which the control
+   * plane reads the same way.
+   */
   private watchHealth(response: Http.ServerResponse) {
     const report = () => {
       if (!this.silent) response.write(`${JSON.stringify({ status: this.health === 200 ? "ready" : "starting" })}\n`)

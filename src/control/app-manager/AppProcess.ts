@@ -31,10 +31,10 @@ export interface AppProcessLimits {
 /** Compiled once: every message an app's process sends goes through it. */
 const decodeFromWorker = Schema.decodeUnknownEither(FromApp)
 
-/** How often the resident memory of an app's process is read. */
 /** How long a process whose channel failed has to exit on its own, with its own exit code, before it is stopped. */
 const channelFailureGraceMs = 1_000
 
+/** How often the resident memory of an app's process is read. */
 const memoryCheckPeriodMs = 200
 const pageBytes = 4096
 

@@ -1,7 +1,7 @@
 import * as Http from "node:http"
 import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
-import type { HealthReport } from "../../executors/common/Health.js"
+import { type HealthReport, healthWatchPeriodMs } from "../../executors/common/Health.js"
 import type { Executor } from "./ExecutorKinds.js"
 
 /**
@@ -25,7 +25,10 @@ export class ExecutorWedgedAfter extends Context.Reference<ExecutorWedgedAfter>(
  */
 export const watchHealth = (
   executor: Executor,
-  heard: { readonly health: (healthy: boolean) => void; readonly queue: (inFlight: number) => void },
+  heard: {
+    readonly health: (healthy: boolean) => void
+    readonly queue: (inFlight: number, looks: number) => void
+  },
   secret: string | undefined,
   wedgedAfterMs: number
 ) =>
@@ -43,6 +46,16 @@ export const watchHealth = (
         heard.health(false)
         executor.restart(`its health watch was silent for ${wedgedAfterMs / 1000} s`)
       }, wedgedAfterMs)
+    }
+    // The executor writes a line only when its report changes or goes stale (Health.ts): the looks
+    // in between saw the last ready line's depth, and count as reports of it.
+    let lastReady: { readonly inFlight: number; readonly at: number } | undefined
+    const heardQueue = (inFlight: number) => {
+      const at = Date.now()
+      const leftOut = lastReady === undefined ? 0 : Math.round((at - lastReady.at) / healthWatchPeriodMs) - 1
+      if (lastReady !== undefined && leftOut > 0) heard.queue(lastReady.inFlight, leftOut)
+      heard.queue(inFlight, 1)
+      lastReady = { inFlight, at }
     }
     let ended = false
     const end = () => {
@@ -71,7 +84,8 @@ export const watchHealth = (
           }
           listen()
           heard.health(report.status === "ready")
-          if (report.status === "ready" && typeof report.inFlight === "number") heard.queue(report.inFlight)
+          if (report.status === "ready" && typeof report.inFlight === "number") heardQueue(report.inFlight)
+          else lastReady = undefined
           if (report.status === "unhealthy") executor.restart(report.reason ?? "it reported itself unhealthy")
         }
       })

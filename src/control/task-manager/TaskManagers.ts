@@ -74,7 +74,7 @@ export class TaskManagers extends Effect.Service<TaskManagers>()("cornserve/Task
         const member = task.add(id, group.node.name, executor, scope)
         const heard = {
           health: (healthy: boolean) => task.setHealth(member, healthy),
-          queue: (inFlight: number) => task.profileOf.observeQueue(inFlight, Date.now())
+          queue: (inFlight: number, looks: number) => task.profileOf.observeQueue(inFlight, Date.now(), looks)
         }
         yield* watchHealth(member.executor, heard, secret, wedgedAfterMs).pipe(
           Effect.zipRight(Effect.sleep(healthWatchPeriodMs)),

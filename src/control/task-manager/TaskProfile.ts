@@ -116,7 +116,8 @@ export class TaskProfile {
   private readonly groups = new Map<string, Group>()
   /** The calls of the recent window, oldest first: [endedAt, latencyMs]. */
   private readonly recentCalls: Array<readonly [number, number]> = []
-  private readonly queueReports: Array<readonly [number, number]> = []
+  /** [at, depth, looks]: `looks` of an executor's health watch saw `depth` calls in it. */
+  private readonly queueReports: Array<readonly [number, number, number]> = []
 
   record(sample: CallSample): void {
     this.calls++
@@ -145,10 +146,13 @@ export class TaskProfile {
     group.next = (group.next + 1) % latenciesKept
   }
 
-  /** An executor's health report said `depth` calls were in it at `at`. */
-  observeQueue(depth: number, at: number): void {
+  /**
+   * An executor's health report said `depth` calls were in it at `at`; `looks` counts the reports it
+   * stands for (an idle executor writes one line where its watch looked several times and saw the same).
+   */
+  observeQueue(depth: number, at: number, looks = 1): void {
     this.trim(this.queueReports, at)
-    this.queueReports.push([at, depth])
+    this.queueReports.push([at, depth, looks])
   }
 
   summary(now: number): ProfileSummary {
@@ -156,7 +160,8 @@ export class TaskProfile {
     this.trim(this.queueReports, now)
     const recent = this.recentCalls.map(([, latency]) => latency).sort((a, b) => a - b)
     const spanMs = Math.min(recentWindowMs, Math.max(1, now - this.startedAt))
-    const depths = this.queueReports.map(([, depth]) => depth)
+    const looks = this.queueReports.reduce((sum, [, , count]) => sum + count, 0)
+    const depthSum = this.queueReports.reduce((sum, [, depth, count]) => sum + depth * count, 0)
     const curves = new Map<number, Array<CurvePoint>>()
     const since = now - this.windowMs
     for (const [key, group] of this.groups) {
@@ -196,9 +201,9 @@ export class TaskProfile {
         p99Ms: round(percentile(recent, 0.99))
       },
       queueDepth: {
-        mean: round(depths.length === 0 ? 0 : depths.reduce((sum, depth) => sum + depth, 0) / depths.length),
-        max: depths.length === 0 ? 0 : Math.max(...depths),
-        reports: depths.length
+        mean: round(looks === 0 ? 0 : depthSum / looks),
+        max: this.queueReports.reduce((max, [, depth]) => Math.max(max, depth), 0),
+        reports: looks
       },
       curves: [...curves]
         .sort(([a], [b]) => a - b)
@@ -210,7 +215,7 @@ export class TaskProfile {
   }
 
   /** Drops entries older than the window. */
-  private trim(entries: Array<readonly [number, number]>, now: number) {
+  private trim(entries: Array<readonly [number, ...Array<number>]>, now: number) {
     let stale = 0
     while (stale < entries.length && entries[stale]![0] < now - recentWindowMs) stale++
     if (stale > 0) entries.splice(0, stale)

@@ -16,14 +16,13 @@ import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
 import * as Console from "effect/Console"
 import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
-import * as Schedule from "effect/Schedule"
 import type * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import { errorHeaders, httpStatusOf } from "../../errors/HttpStatus.js"
 import { listening } from "../../process/Listening.js"
 import { noSpan, type Span, startSpan } from "../../tracing/Tracing.js"
 import { EngineClient, type EngineProgram } from "./EngineClient.js"
-import { type HealthReport, healthWatchPeriodMs } from "./Health.js"
+import { type HealthReport, healthLines, healthWatchPeriodMs } from "./Health.js"
 import { type AnsweredError, answeredErrorOf, type ErrorBody, RouteNotFound } from "./errors.js"
 import type { ExecutorConfig } from "./ExecutorConfig.js"
 import { gatedExecutor } from "./ExecutorGate.js"
@@ -193,12 +192,20 @@ export const runRouter = (
             headers: errorHeaders(httpStatusOf({ _tag: "EngineUnavailable" }))
           })
     })
+    // A plain timer looks: on an idle executor its wake-ups are most of what the router does, and
+    // one through a schedule costs several times as much.
     const healthWatch = Effect.sync(() =>
       HttpServerResponse.stream(
-        Stream.repeatEffectWithSchedule(
-          Effect.sync(() => `${JSON.stringify(healthReport())}\n`),
-          Schedule.spaced(healthWatchPeriodMs)
-        ).pipe(Stream.encodeText),
+        Stream.async<string>((emit) => {
+          const lineOf = healthLines()
+          const look = () => {
+            const line = lineOf(healthReport())
+            if (line !== undefined) void emit.single(line)
+          }
+          look()
+          const timer = setInterval(look, healthWatchPeriodMs)
+          return Effect.sync(() => clearInterval(timer))
+        }).pipe(Stream.encodeText),
         { contentType: "application/x-ndjson" }
       )
     )

@@ -84,6 +84,14 @@ describe("TaskProfile: a task's calls as a throughput–latency curve", () => {
     expect(summary.curves[0]!.points[0]!.calls).toBe(31)
   })
 
+  it("weighs a queue report by the looks it stands for", () => {
+    const profile = new TaskProfile(0)
+    // An idle executor's line stands for the seven looks that saw nothing new, then a busy look.
+    profile.observeQueue(0, 1_000, 7)
+    profile.observeQueue(4, 1_250)
+    expect(profile.summary(1_500).queueDepth).toEqual({ mean: 0.5, max: 4, reports: 8 })
+  })
+
   it("keeps a bounded number of latencies per group: the percentiles follow the latest calls", () => {
     const profile = new TaskProfile(0)
     for (let i = 0; i < 2_000; i++)
