@@ -35,6 +35,11 @@
  * Load (BENCH_PARTS includes load): each engine from its start to ready and to a first token, and
  * the peak resident memory of the process that holds the weights.
  *
+ * Prepack (BENCH_PARTS includes prepack): ONNX Runtime alone, for each dtype, loading the export
+ * as the executor does (its MatMul weights packed into fresh memory as it loads) against loading a
+ * copy saved once with its packed weights beside the originals, which it maps from the file: the
+ * session's time, peak memory, a one-token step, and the copy's size on disk.
+ *
  * Ops (BENCH_PARTS includes ops): where a decode step's time goes, for each dtype at 1 row and at 8:
  * the executor's runner in this process (its decoder as the executor makes it: the same rewrites
  * and options), ONNX Runtime profiling each node of its runs, summed by op type per decode step
@@ -45,7 +50,7 @@
  *
  * Env: BENCH_SIZE (135m or 1b), BENCH_TOKENS (tokens per request, default 64), BENCH_ROUNDS
  * (default 3), BENCH_THREADS (threads, default 2), BENCH_DTYPES, BENCH_PARTS (decode,kv,prefill;
- * and load, ops), BENCH_QUANTIZED_ROWS (the q8 executor's --quantized-rows: apart, the default, or
+ * and load, prepack, ops), BENCH_QUANTIZED_ROWS (the q8 executor's --quantized-rows: apart, the default, or
  * per-row), BENCH_Q4_ACTIVATIONS (the q4 executor's --q4-activations: exported, the default, or int8).
  */
 import {
@@ -179,6 +184,7 @@ export default async function main(): Promise<void> {
     }
   }
   if (parts.includes("load")) summary.load = await loadBench(modelDir)
+  if (parts.includes("prepack")) summary.prepack = await prepackBench(modelDir)
   if (parts.includes("ops")) summary.ops = await opsBench(modelDir, promptIds)
   if (parts.includes("kv")) summary.kvCache = await kvCacheBench(tokenizer)
   if (parts.includes("prefill")) {
@@ -298,6 +304,103 @@ const peakRssOf = (pid: number): number => {
 const weightFileBytes = (modelDir: string, dtype: BenchDtype): number => {
   const file = join(modelDir, "onnx", onnxFiles[dtype])
   return statSync(file).size + (existsSync(`${file}_data`) ? statSync(`${file}_data`).size : 0)
+}
+
+/**
+ * ONNX Runtime's load with its MatMul weights packed as it loads (what the executor does now)
+ * against a load of the same model saved once with its packed weights beside the originals, which
+ * ONNX Runtime then maps from the file instead of packing into fresh memory. Each load in a process
+ * of its own (bench/support/ortPrepackLoad.mjs): the session's creation, its peak memory, and a
+ * one-token step, first and steady. The saved copy goes to a temporary folder on the model's disk
+ * and is removed after.
+ */
+async function prepackBench(modelDir: string) {
+  const rows: Array<Record<string, number | string>> = []
+  const load = (mode: string, onnx: string, out: string, dtype: BenchDtype) =>
+    JSON.parse(
+      execFileSync(
+        process.execPath,
+        [
+          "bench/support/ortPrepackLoad.mjs",
+          mode,
+          onnx,
+          out,
+          String(threads),
+          String(geometry.kvHeads),
+          String(geometry.headDim),
+          dtype === "fp16" ? "float16" : "float32"
+        ],
+        // The worker's allocator (src/executors/common/EarlySpawn.ts): huge pages for malloc.
+        { env: { ...process.env, GLIBC_TUNABLES: process.env.GLIBC_TUNABLES ?? "glibc.malloc.hugetlb=1" } }
+      )
+        .toString()
+        .trim()
+        .split("\n")
+        .at(-1)!
+    ) as {
+      createMs: number
+      peakRssBytes: number
+      rssBytes: number
+      firstStepMs: number
+      stepMs: number
+      savedBytes: number
+    }
+  for (const dtype of dtypes) {
+    const onnx = join(modelDir, "onnx", onnxFiles[dtype])
+    const weights = weightFileBytes(modelDir, dtype)
+    const dir = await mkdtemp(join(dirname(modelDir), ".prepack-bench-"))
+    const out = join(dir, onnxFiles[dtype])
+    try {
+      execFileSync("sh", ["-c", 'cat "$@" > /dev/null', "sh", ...[onnx, `${onnx}_data`].filter((f) => existsSync(f))])
+      const runs: Array<[string, ReturnType<typeof load>]> = []
+      runs.push(["packed at load", load("plain", onnx, out, dtype)])
+      runs.push(["packed and saved", load("save", onnx, out, dtype)])
+      runs.push(["saved, mapped", load("saved", onnx, out, dtype)])
+      runs.push(["saved, mapped (again)", load("saved", onnx, out, dtype)])
+      runs.push(["packed at load (again)", load("plain", onnx, out, dtype)])
+      const saved = runs[1]![1].savedBytes
+      for (const [how, run] of runs)
+        rows.push({
+          dtype,
+          how,
+          weightsGB: round(weights / 1e9, 2),
+          sessionS: round(run.createMs / 1000, 1),
+          peakGB: round(run.peakRssBytes / 1e9, 2),
+          rssAfterLoadGB: round(run.rssBytes / 1e9, 2),
+          firstStepMs: Math.round(run.firstStepMs),
+          stepMs: Math.round(run.stepMs),
+          onDiskGB:
+            how.startsWith("saved") || how === "packed and saved" ? round(saved / 1e9, 2) : round(weights / 1e9, 2)
+        })
+      const median = (a: number, b: number) => (a + b) / 2
+      const plain = median(runs[0]![1].createMs, runs[4]![1].createMs)
+      const mapped = median(runs[2]![1].createMs, runs[3]![1].createMs)
+      console.error(
+        `  prepack ${dtype}: session ${round(plain / 1000, 1)} s packed at load, ${round(mapped / 1000, 1)} s mapped`
+      )
+    } finally {
+      await rm(dir, { recursive: true, force: true })
+    }
+  }
+  console.log(`\nprepack: ${model}, ${threads} threads, ONNX Runtime alone; files in the page cache; peak = VmHWM`)
+  console.log(
+    "dtype | how | weights GB | session s | peak GB | RSS after load GB | first step ms | step ms | on disk GB"
+  )
+  for (const row of rows)
+    console.log(
+      [
+        row.dtype,
+        row.how,
+        row.weightsGB,
+        row.sessionS,
+        row.peakGB,
+        row.rssAfterLoadGB,
+        row.firstStepMs,
+        row.stepMs,
+        row.onDiskGB
+      ].join(" | ")
+    )
+  return rows
 }
 
 /**
