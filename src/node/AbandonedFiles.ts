@@ -10,6 +10,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { batchBufferPrefix } from "../executors/common/BatchBuffer.js"
 import { standaloneRunDirPrefix } from "../executors/common/ExecutorConfig.js"
+import { isRunning } from "../process/Pids.js"
 import { arenaFilePrefix } from "../sidecar/Arena.js"
 
 /** Every node agent's run directory: `cornserve-node-<pid>-<random>` in the temporary directory. */
@@ -17,15 +18,7 @@ export const runDirPrefix = "cornserve-node-"
 
 const sharedMemoryDir = "/dev/shm"
 
-/** Whether a process with this pid runs (one of another user's counts). */
-export const isRunning = (pid: number) => {
-  try {
-    process.kill(pid, 0)
-    return true
-  } catch (error) {
-    return (error as NodeJS.ErrnoException).code === "EPERM"
-  }
-}
+export { isRunning } from "../process/Pids.js"
 
 const removeAbandoned = (dir: string, ownerOf: (name: string) => number | undefined) => {
   let names: ReadonlyArray<string>
