@@ -38,6 +38,7 @@ export default defineConfig({
       "test/executors/geri/geri.test.ts",
       "test/executors/llm/hiddenStatesMrope.test.ts",
       "test/executors/llm/kvTransfer.test.ts",
+      "test/executors/llm/packedWeightsExecutor.test.ts",
       "test/executors/llm/llmExecutor.test.ts",
       "test/executors/llm/sampling.test.ts",
       "test/executors/llm/sidecar.test.ts",

@@ -33,7 +33,10 @@
  * Prints tables, then (as the last line) one JSON object.
  *
  * Load (BENCH_PARTS includes load): each engine from its start to ready and to a first token, and
- * the peak resident memory of the process that holds the weights.
+ * the peak resident memory of the process that holds the weights; the executor three times: as it
+ * loads by default (its weights packed as it loads), then with a packed-weights folder
+ * (`serve --packed-weights-dir`), whose first load writes the decoder's packed copy and whose
+ * second maps it.
  *
  * Prepack (BENCH_PARTS includes prepack): ONNX Runtime alone, for each dtype, loading the export
  * as the executor does (its MatMul weights packed into fresh memory as it loads) against loading a
@@ -138,24 +141,31 @@ const weightBytesPerToken = (dtype: BenchDtype) => {
   return (layers * perLayer + h * vocabSize) * bytesPerWeight[dtype]
 }
 
-const startLlmExecutor = (dtype: string, extra: ReadonlyArray<string> = []) =>
-  startExecutor([
-    "--kind",
-    "llm",
-    "--model",
-    model,
-    "--dtype",
-    dtype,
-    "--devices",
-    "cpu:0",
-    "--threads-per-device",
-    String(threads),
-    "--max-batch-size",
-    String(concurrency),
-    ...(dtype === "q8" ? ["--quantized-rows", quantizedRows] : []),
-    ...(dtype === "q4" ? ["--q4-activations", q4Activations] : []),
-    ...extra
-  ])
+const startLlmExecutor = (
+  dtype: string,
+  extra: ReadonlyArray<string> = [],
+  env: Readonly<Record<string, string>> = {}
+) =>
+  startExecutor(
+    [
+      "--kind",
+      "llm",
+      "--model",
+      model,
+      "--dtype",
+      dtype,
+      "--devices",
+      "cpu:0",
+      "--threads-per-device",
+      String(threads),
+      "--max-batch-size",
+      String(concurrency),
+      ...(dtype === "q8" ? ["--quantized-rows", quantizedRows] : []),
+      ...(dtype === "q4" ? ["--q4-activations", q4Activations] : []),
+      ...extra
+    ],
+    env
+  )
 
 export default async function main(): Promise<void> {
   console.error(
@@ -411,63 +421,81 @@ async function prepackBench(modelDir: string) {
  */
 async function loadBench(modelDir: string) {
   const rows: Array<Record<string, number | string>> = []
+  /** One executor load: to ready, to the first token of a request, and the peaks of its worker and router. */
+  const executorLoad = async (dtype: BenchDtype, env: Readonly<Record<string, string>>) => {
+    collect()
+    const start = performance.now()
+    const executor = await startLlmExecutor(dtype, [], env)
+    const readyMs = performance.now() - start
+    try {
+      await streamed(executor.url, model, prompts[0]!, 1, performance.now())
+      const firstTokenMs = performance.now() - start
+      const pids = descendants(executor.process.pid!).map((entry) => entry.pid)
+      return {
+        readyMs,
+        firstTokenMs,
+        workerPeak: Math.max(...pids.map(peakRssOf)),
+        routerPeak: peakRssOf(executor.process.pid!)
+      }
+    } finally {
+      await executor.stop()
+    }
+  }
   for (const dtype of dtypes) {
     const weights = weightFileBytes(modelDir, dtype)
     const gguf = await ggufOf(modelDir, dtype)
     const onnx = join(modelDir, "onnx", onnxFiles[dtype])
     const files = [onnx, `${onnx}_data`, gguf].filter((file) => existsSync(file))
     execFileSync("sh", ["-c", 'cat "$@" > /dev/null', "sh", ...files])
-    collect()
-    const start = performance.now()
-    const executor = await startLlmExecutor(dtype)
-    const readyMs = performance.now() - start
+    const llama = JSON.parse(
+      execFileSync(process.execPath, ["bench/support/llamaLoad.mjs", gguf, String(threads), String(concurrency), "256"])
+        .toString()
+        .trim()
+        .split("\n")
+        .at(-1)!
+    ) as { loadedMs: number; firstTokenMs: number; peakRssBytes: number }
+    // As the executor loads by default (its weights packed as it loads), then with a packed-weights
+    // folder (serve --packed-weights-dir): the first load writes the copy, the next one maps it.
+    const packedDir = await mkdtemp(join(dirname(modelDir), ".packed-weights-bench-"))
+    const packedEnv = { CORNSERVE_PACKED_WEIGHTS_DIR: packedDir }
     try {
-      await streamed(executor.url, model, prompts[0]!, 1, performance.now())
-      const firstTokenMs = performance.now() - start
-      const pids = descendants(executor.process.pid!).map((entry) => entry.pid)
-      const workerPeak = Math.max(...pids.map(peakRssOf))
-      const routerPeak = peakRssOf(executor.process.pid!)
-      const llama = JSON.parse(
-        execFileSync(process.execPath, [
-          "bench/support/llamaLoad.mjs",
-          gguf,
-          String(threads),
-          String(concurrency),
-          "256"
-        ])
-          .toString()
-          .trim()
-          .split("\n")
-          .at(-1)!
-      ) as { loadedMs: number; firstTokenMs: number; peakRssBytes: number }
-      rows.push({
-        dtype,
-        weightsGB: round(weights / 1e9, 2),
-        executorReadyS: round(readyMs / 1000, 1),
-        executorFirstTokenS: round(firstTokenMs / 1000, 1),
-        workerPeakGB: round(workerPeak / 1e9, 2),
-        workerPeakOverWeights: round(workerPeak / weights, 2),
-        routerPeakGB: round(routerPeak / 1e9, 2),
-        llamaCppLoadS: round(llama.loadedMs / 1000, 1),
-        llamaCppFirstTokenS: round(llama.firstTokenMs / 1000, 1),
-        llamaCppPeakGB: round(llama.peakRssBytes / 1e9, 2),
-        firstTokenOverLlamaCpp: round(firstTokenMs / llama.firstTokenMs, 2)
-      })
-      console.error(`  load ${dtype}: ${JSON.stringify(rows.at(-1))}`)
+      for (const [how, env] of [
+        ["packed at load", {}],
+        ["packed, copy written", packedEnv],
+        ["copy mapped", packedEnv]
+      ] as const) {
+        const load = await executorLoad(dtype, env)
+        rows.push({
+          dtype,
+          how,
+          weightsGB: round(weights / 1e9, 2),
+          executorReadyS: round(load.readyMs / 1000, 1),
+          executorFirstTokenS: round(load.firstTokenMs / 1000, 1),
+          workerPeakGB: round(load.workerPeak / 1e9, 2),
+          workerPeakOverWeights: round(load.workerPeak / weights, 2),
+          routerPeakGB: round(load.routerPeak / 1e9, 2),
+          llamaCppLoadS: round(llama.loadedMs / 1000, 1),
+          llamaCppFirstTokenS: round(llama.firstTokenMs / 1000, 1),
+          llamaCppPeakGB: round(llama.peakRssBytes / 1e9, 2),
+          firstTokenOverLlamaCpp: round(load.firstTokenMs / llama.firstTokenMs, 2)
+        })
+        console.error(`  load ${dtype}: ${JSON.stringify(rows.at(-1))}`)
+      }
     } finally {
-      await executor.stop()
+      await rm(packedDir, { recursive: true, force: true })
     }
   }
   console.log(
     `load: ${model}, ${threads} threads, files in the page cache; peak = VmHWM of the process holding the weights`
   )
   console.log(
-    "dtype | weights GB | executor ready s | executor first token s | worker peak GB | peak / weights | router peak GB | llama.cpp loaded s | llama.cpp first token s | llama.cpp peak GB | first token / llama.cpp's"
+    "dtype | how | weights GB | executor ready s | executor first token s | worker peak GB | peak / weights | router peak GB | llama.cpp loaded s | llama.cpp first token s | llama.cpp peak GB | first token / llama.cpp's"
   )
   for (const row of rows)
     console.log(
       [
         row.dtype,
+        row.how,
         row.weightsGB,
         row.executorReadyS,
         row.executorFirstTokenS,

@@ -21,6 +21,7 @@ import { defaultMaxJsonDepth } from "../control/gateway/JsonBody.js"
 import { defaultLevels, defaultSecondsPerLevel } from "../control/task-manager/ProfileRecording.js"
 import { dtypes } from "../models/Dtype.js"
 import { modelRootsEnvName, modelRootsFromEnvironment } from "../models/ModelRoots.js"
+import { packedWeightsDirEnvName } from "../executors/common/PackedWeights.js"
 import { adminTokenPath, ensureAdminToken, readAdminToken } from "../config/AdminTokenFile.js"
 import { defaultEngineSettings, type EngineDefaults } from "../config/ServeConfig.js"
 import { nodeNameProblem } from "../contracts/ClusterRpcs.js"
@@ -401,6 +402,14 @@ const serveCommand = Command.make(
       ),
       Options.repeated
     ),
+    packedWeightsDir: Options.directory("packed-weights-dir").pipe(
+      Options.withDescription(
+        "Keep LLM decoders' packed weights here (also CORNSERVE_PACKED_WEIGHTS_DIR): a decoder's first load on the " +
+          "CPU writes ONNX Runtime's optimized copy of it, its weights packed, and later loads map that copy instead " +
+          "of packing the weights again (a 1B fp32 model: about 3x faster to load, 11 GB on disk beside its 6)."
+      ),
+      Options.optional
+    ),
     publicMetrics: Options.boolean("public-metrics").pipe(
       Options.withDescription(
         "Serve /metrics to anyone. Otherwise it needs CORNSERVE_METRICS_TOKEN or the admin token: its counters " +
@@ -476,6 +485,9 @@ const serveCommand = Command.make(
           ...options.modelRoots.map((root) => resolvePath(root))
         ].join(pathDelimiter)
       }
+      // In the environment, so that the LLM executors this process starts keep their packed weights there.
+      if (Option.isSome(options.packedWeightsDir))
+        process.env[packedWeightsDirEnvName] = resolvePath(options.packedWeightsDir.value)
       // Loaded on demand: the client commands start faster without the whole control plane.
       const { serve } = yield* Effect.promise(() => import("./serve.js"))
       return yield* serve({

@@ -1,5 +1,6 @@
 import * as ort from "onnxruntime-node"
 import { type DType, Tensor } from "../../sidecar/Tensor.js"
+import { copyLabel, keptCopy, newCopy, type PackedWeightsUse, packedWeightsName, removeCopy } from "./PackedWeights.js"
 
 /**
  * ONNX Runtime 1.30's Linux build starts Microsoft's telemetry with its first session: it keeps
@@ -33,6 +34,11 @@ export const createSession = (
      * Chrome's trace format), written when the session is released: a bench's, as it slows each run.
      */
     readonly profilePrefix?: string
+    /** Where ONNX Runtime writes the optimized model with its packed weights (PackedWeights.ts's `newCopy`). */
+    readonly saveOptimized?: {
+      readonly optimizedModelFilePath: string
+      readonly sessionConfig: Readonly<Record<string, string>>
+    }
   } = {}
 ): Promise<ort.InferenceSession> => {
   onnxRuntimeTelemetryOff()
@@ -45,8 +51,14 @@ export const createSession = (
     interOpNumThreads: 1,
     graphOptimizationLevel: "all",
     ...(options.profilePrefix === undefined ? {} : { enableProfiling: true, profileFilePrefix: options.profilePrefix }),
+    // Saving, ONNX Runtime warns that the optimized model may hold this CPU's instructions: the copy's
+    // name holds the processor (PackedWeights.ts), so only errors are worth printing then.
+    ...(options.saveOptimized === undefined
+      ? {}
+      : { optimizedModelFilePath: options.saveOptimized.optimizedModelFilePath, logSeverityLevel: 3 as const }),
     extra: {
       session: {
+        ...options.saveOptimized?.sessionConfig,
         ...(options.spin === false ? { intra_op: { allow_spinning: "0" } } : {}),
         ...(options.externalDataFolder === undefined
           ? {}
@@ -57,6 +69,51 @@ export const createSession = (
   return typeof path === "string"
     ? ort.InferenceSession.create(path, sessionOptions)
     : ort.InferenceSession.create(path, sessionOptions)
+}
+
+/**
+ * A decoder's session on the CPU whose packed weights are kept in `packed.dir` (PackedWeights.ts):
+ * opened from its kept copy when there is one, else made from `graph` and its copy written. Where
+ * the copy cannot be written or opened, the session is made as `createSession` makes it.
+ */
+export const createPackedSession = async (
+  graph: Uint8Array,
+  device: string,
+  threads: number,
+  options: Parameters<typeof createSession>[3] & { readonly externalDataFolder: string },
+  packed: { readonly dir: string; readonly decoder: string }
+): Promise<{
+  readonly session: ort.InferenceSession
+  readonly packedWeights: PackedWeightsUse
+  readonly copy: string
+}> => {
+  const name = packedWeightsName(packed.decoder, graph, options.externalDataFolder, ort.env.versions.common ?? "")
+  const copy = copyLabel(packed.dir, name)
+  const kept = keptCopy(packed.dir, name)
+  if (kept !== undefined) {
+    try {
+      const { externalDataFolder: _, ...rest } = options
+      return { session: await createSession(kept, device, threads, rest), packedWeights: "mapped", copy }
+    } catch {
+      // A copy cut short or made by something else: written again below.
+      await removeCopy(packed.dir, name)
+    }
+  }
+  let target: Awaited<ReturnType<typeof newCopy>> | undefined
+  try {
+    target = await newCopy(packed.dir, name)
+  } catch {
+    return { session: await createSession(graph, device, threads, options), packedWeights: "packed", copy }
+  }
+  try {
+    const session = await createSession(graph, device, threads, { ...options, saveOptimized: target })
+    await target.keep()
+    return { session, packedWeights: "saved", copy }
+  } catch {
+    // No room for the copy, or a folder it cannot be written to: the decoder loads as it would without one.
+    await target.discard()
+    return { session: await createSession(graph, device, threads, options), packedWeights: "packed", copy }
+  }
 }
 
 /** A tensor (over any memory, the batch buffer included) as ONNX Runtime's input. */

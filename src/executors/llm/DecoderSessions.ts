@@ -3,7 +3,8 @@
  * know of the decoder file, applies the rewrites it asks for, and opens the decoder (and, where
  * they differ, the decoder for runs of several rows), embed_tokens and the media encoders.
  */
-import { dirname } from "node:path"
+import { createHash } from "node:crypto"
+import { basename, dirname } from "node:path"
 import type * as ort from "onnxruntime-node"
 import { type DecoderFiles, type DecoderInterface, decoderFiles, decoderInterface } from "../../models/DecoderLayout.js"
 import type { Dtype } from "../../models/Dtype.js"
@@ -13,7 +14,8 @@ import { rewriteSharedCache, sharedCacheInputs } from "../../models/onnx/SharedC
 import { exposeHiddenStates } from "../../models/onnx/HiddenStatesOutput.js"
 import { int8ActivationsLevel, withMatMulNBitsAccuracy } from "../../models/onnx/MatMulNBitsAccuracy.js"
 import { graphWithWeightsInPlace, initializerBytes } from "../../models/onnx/WeightsInPlace.js"
-import { createSession } from "../common/Sessions.js"
+import type { PackedWeightsUse } from "../common/PackedWeights.js"
+import { createPackedSession, createSession } from "../common/Sessions.js"
 import {
   addsScoreBiases,
   chooseDecoder,
@@ -34,6 +36,8 @@ export interface DecoderSessions {
   /** Runs of several rows, on a decoder that quantises per tensor: the per-row rewrite of `decoder`. */
   readonly rowsDecoder: ort.InferenceSession | undefined
   readonly encoders: MediaEncoders
+  /** With a packed-weights folder: where the decoder's packed weights came from, and its copy's name there. */
+  readonly packedWeights?: { readonly use: PackedWeightsUse; readonly copy: string }
 }
 
 /** The dtypes whose exports quantise activations with DynamicQuantizeLinear. */
@@ -52,6 +56,11 @@ export interface DecoderOptions {
    * and `<prefix>-rows_...` for a rows decoder), when the runner closes: a bench's.
    */
   readonly profilePrefix?: string
+  /**
+   * The folder decoders' packed weights are kept in (PackedWeights.ts, `serve --packed-weights-dir`):
+   * a decoder on the CPU opens from its kept copy, or writes one.
+   */
+  readonly packedWeightsDir?: string
 }
 
 /** Opens the model's decoder files at `dtype` (by default fp32, or the closest there is). */
@@ -115,29 +124,32 @@ export const openDecoderSessions = async (
     externalDataFolder: dirname(files.decoder),
     ...(options.profilePrefix === undefined ? {} : { profilePrefix: `${options.profilePrefix}-${name}` })
   })
+  // Decoders on the CPU keep their packed weights in the folder when there is one (one copy for each
+  // graph a decoder is made from); a rows decoder's use counts with the decoder's.
+  const packedDir = device.startsWith("cpu") ? options.packedWeightsDir : undefined
+  const decoderSession = async (graphBytes: Uint8Array, name: string) => {
+    if (packedDir === undefined)
+      return { session: await createSession(graphBytes, device, threads, decoderOptions(name)), packed: undefined }
+    const made = await createPackedSession(graphBytes, device, threads, decoderOptions(name), {
+      dir: packedDir,
+      // The model's folder by name and by a hash of its path: two models of one name keep a copy each.
+      decoder: `${basename(model.path)}-${createHash("sha256").update(model.path).digest("hex").slice(0, 8)}-${basename(files.decoder, ".onnx")}-${name}`
+    })
+    return { session: made.session, packed: { use: made.packedWeights, copy: made.copy } }
+  }
   const [embed, decoder, rowsDecoder, vision, audio] = await Promise.all([
     session(files.embedTokens),
-    createSession(
-      choice.decoder === "shared" ? shared!.bytes! : await graph(),
-      device,
-      threads,
-      decoderOptions("decoder")
-    ),
+    decoderSession(choice.decoder === "shared" ? shared!.bytes! : await graph(), "decoder"),
     choice.rowsDecoder === undefined
       ? undefined
-      : createSession(
-          choice.rowsDecoder === "shared-rows" ? sharedRows! : rows!,
-          device,
-          threads,
-          decoderOptions("rows")
-        ),
+      : decoderSession(choice.rowsDecoder === "shared-rows" ? sharedRows! : rows!, "rows"),
     session(files.vision),
     session(files.audio)
   ])
   const own = new Set<string>(Object.values(sharedCacheInputs))
   const io = decoderInterface(
-    metadataOf(decoder!.inputMetadata).filter((value) => !own.has(value.name)),
-    metadataOf(decoder!.outputMetadata),
+    metadataOf(decoder.session.inputMetadata).filter((value) => !own.has(value.name)),
+    metadataOf(decoder.session.outputMetadata),
     { layers: spec.layers, kvHeads: spec.keyValueHeads, headDim: spec.headDim, firstPosition: spec.firstPosition },
     files.decoder.slice(model.path.length + 1),
     model.path
@@ -147,8 +159,9 @@ export const openDecoderSessions = async (
     choice,
     io,
     embed,
-    decoder: decoder!,
-    rowsDecoder,
-    encoders: new MediaEncoders(model.path, vision, audio)
+    decoder: decoder.session,
+    rowsDecoder: rowsDecoder?.session,
+    encoders: new MediaEncoders(model.path, vision, audio),
+    ...(decoder.packed === undefined ? {} : { packedWeights: decoder.packed })
   }
 }

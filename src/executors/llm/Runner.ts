@@ -1,15 +1,13 @@
 /**
- * The model side of the LLM executor, on one device: the model's sessions (the decoder with its KV
- * cache; in the split layout also embed_tokens and the encoders it has) and the caches of the
- * requests it runs. The engine drives it one step at a time; a step prefills the requests that join
- * (their first token), then decodes one token for every request in the batch. How the decoder is
- * called (input_ids or inputs_embeds, position_ids or not, the cache's names and precision) is read
- * from its graph.
+ * The model side of the LLM executor, on one device: the model's sessions (the decoder with its KV cache; in the split
+ * layout also embed_tokens and the encoders it has) and the caches of the requests it runs. The engine drives it one
+ * step at a time; a step prefills the requests that join (their first token), then decodes one token for every
+ * request in the batch. How the decoder is called (input_ids or inputs_embeds, position_ids or not, the cache's names
+ * and precision) is read from its graph.
  *
- * The runner executes what others decide: which graph it opens and why (DecoderPlan.ts, opened by
- * DecoderSessions.ts), what each step runs (StepPlanner.ts), where the KV cache lies (KvLayout.ts:
- * the shared cache, or the decoder's copies), what the decoder's token input is (TokenInputs.ts,
- * with the media encoders of MediaEncoders.ts), and which prompt blocks are cached (PrefixCache.ts).
+ * The runner executes what others decide: which graph it opens and why (DecoderPlan.ts, DecoderSessions.ts), what
+ * each step runs (StepPlanner.ts), where the KV cache lies (KvLayout.ts: shared, or the decoder's copies), the token
+ * input (TokenInputs.ts, with MediaEncoders.ts's encoders), and which prompt blocks are cached (PrefixCache.ts).
  */
 import * as ort from "onnxruntime-node"
 import type { DecoderFiles, DecoderInterface } from "../../models/DecoderLayout.js"
@@ -102,11 +100,14 @@ export class Runner implements StepRunner {
   readonly kvCache: DecoderChoice["kvCache"]
   /** Its cache tensors (each layer's key and value): their count, heads, head size and precision. */
   readonly cacheGeometry: KvGeometry
+  /** With a packed-weights folder: where its decoder's packed weights came from (PackedWeights.ts). */
+  readonly packedWeights: DecoderSessions["packedWeights"]
 
   private constructor(model: ModelDirectory, sessions: DecoderSessions, prefill: PrefillOptions) {
     const spec = model.decoder!
     const { choice, io } = sessions
     this.files = sessions.files
+    this.packedWeights = sessions.packedWeights
     this.promptsApart = choice.promptsApart
     this.rowsApart = choice.rowsApart
     this.kvCache = choice.kvCache

@@ -13,6 +13,7 @@ import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { SidecarClient } from "../../sidecar/SidecarClient.js"
 import { Tensor } from "../../sidecar/Tensor.js"
 import { noSpan, type Span, startSpan } from "../../tracing/Tracing.js"
+import { packedWeightsDirEnvName } from "../common/PackedWeights.js"
 import type { LoadWorkerModel } from "../common/WorkerModel.js"
 import { checkPrefix, exportPrefix, importedPast } from "./PrefixTransfer.js"
 import type { EmbedResult, KvResult, StatesStream, StepOp, TokenPartial, WorkerStats } from "./protocol.js"
@@ -33,6 +34,7 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | KvResult | WorkerStats 
 }) => {
   const model = await loadModelDirectory(config.modelDir)
   const budget = kvBudget(config, model)
+  const packedWeightsDir = process.env[packedWeightsDirEnvName] || undefined
   const sidecar = config.sidecarSocket === undefined ? undefined : await SidecarClient.connect(config.sidecarSocket)
   const runner: StepRunner = isJanus(model)
     ? await JanusRunner.open(model, device, config.threadsPerDevice, config.dtype)
@@ -44,8 +46,19 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | KvResult | WorkerStats 
           ...(config.prefillChunkTokens === undefined ? {} : { chunkTokens: config.prefillChunkTokens }),
           ...(config.quantizedRows === undefined ? {} : { quantizedRows: config.quantizedRows }),
           ...(config.kvCacheMode === undefined ? {} : { kvCache: config.kvCacheMode }),
-          ...(config.q4Activations === undefined ? {} : { q4Activations: config.q4Activations })
+          ...(config.q4Activations === undefined ? {} : { q4Activations: config.q4Activations }),
+          ...(packedWeightsDir === undefined ? {} : { packedWeightsDir })
         })
+  if (runner instanceof Runner && runner.packedWeights !== undefined) {
+    const { use, copy } = runner.packedWeights
+    console.error(
+      use === "mapped"
+        ? `worker ${rank}: the decoder's packed weights are mapped from ${copy}`
+        : use === "saved"
+          ? `worker ${rank}: the decoder's packed weights were written to ${copy} for the next load`
+          : `worker ${rank}: the decoder's packed weights could not be kept in ${copy}; packed at load`
+    )
+  }
   /** Requests that joined with a cache another executor sent (a prefill's `kv`), and its positions. */
   const imports = { requests: 0, tokens: 0 }
   /** The span of each traced request this worker generates for, with its tokens so far. */
