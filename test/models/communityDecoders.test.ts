@@ -14,7 +14,7 @@ import { loadModelDirectory } from "../../src/models/ModelDirectory.js"
 import { int8ActivationsLevel, withMatMulNBitsAccuracy } from "../../src/models/onnx/MatMulNBitsAccuracy.js"
 import { Random } from "../../src/models/Random.js"
 import { type RandomLlamaOptions, randomLlamaFiles } from "../../src/models/recipes/RandomLlama.js"
-import { drive } from "../support/driveRunner.js"
+import { aloneAndBatched, drive } from "../support/driveRunner.js"
 import { smallLlamaConfig } from "./support/SmallLlama.js"
 import { transformersGreedy } from "./support/TransformersJs.js"
 
@@ -47,25 +47,8 @@ const writeModel = async (name: string, options: Omit<RandomLlamaOptions, "confi
 const runnerTokens = async (dir: string, dtype?: Dtype, options: DecoderOptions = {}) => {
   const runner = await Runner.open(await loadModelDirectory(dir), "cpu:0", 1, dtype, options)
   try {
-    const alone: Array<Array<number>> = []
-    for (const prompt of prompts) {
-      const tokens = await drive(runner, [
-        { id: "alone", prompt: { inputIds: Int32Array.from(prompt), media: [] }, sampling: greedy, joinAt: 0 }
-      ])
-      alone.push(tokens.get("alone")!)
-    }
-    const batched = await drive(
-      runner,
-      prompts.map((prompt, i) => ({
-        id: `r${i}`,
-        prompt: { inputIds: Int32Array.from(prompt), media: [] },
-        sampling: greedy,
-        joinAt: i === 2 ? 2 : 0
-      }))
-    )
     return {
-      alone,
-      batched: prompts.map((_, i) => batched.get(`r${i}`)!),
+      ...(await aloneAndBatched(runner, prompts, greedy)),
       files: runner.files,
       rowsApart: runner.rowsApart,
       promptsApart: runner.promptsApart,

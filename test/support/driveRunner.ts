@@ -45,3 +45,31 @@ export const drive = async (
   }
   return tokens
 }
+
+/**
+ * A runner's tokens for each prompt, alone (one after another), and batched: all at once, the
+ * third joining two steps after the first two, as continuous batching takes a late request.
+ */
+export const aloneAndBatched = async (
+  runner: StepRunner,
+  prompts: ReadonlyArray<ReadonlyArray<number>>,
+  sampling: SamplingParams
+): Promise<{ readonly alone: Array<Array<number>>; readonly batched: Array<Array<number>> }> => {
+  const alone: Array<Array<number>> = []
+  for (const prompt of prompts) {
+    const tokens = await drive(runner, [
+      { id: "alone", prompt: { inputIds: Int32Array.from(prompt), media: [] }, sampling, joinAt: 0 }
+    ])
+    alone.push(tokens.get("alone")!)
+  }
+  const batched = await drive(
+    runner,
+    prompts.map((prompt, i) => ({
+      id: `r${i}`,
+      prompt: { inputIds: Int32Array.from(prompt), media: [] },
+      sampling,
+      joinAt: i === 2 ? 2 : 0
+    }))
+  )
+  return { alone, batched: prompts.map((_, i) => batched.get(`r${i}`)!) }
+}

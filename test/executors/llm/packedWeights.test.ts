@@ -9,7 +9,7 @@ import type { Dtype } from "../../../src/models/Dtype.js"
 import { loadModelDirectory } from "../../../src/models/ModelDirectory.js"
 import { Random } from "../../../src/models/Random.js"
 import { randomLlamaFiles } from "../../../src/models/recipes/RandomLlama.js"
-import { drive } from "../../support/driveRunner.js"
+import { aloneAndBatched } from "../../support/driveRunner.js"
 import { smallLlamaConfig } from "../../models/support/SmallLlama.js"
 
 /**
@@ -55,23 +55,7 @@ const run = async (dtype: Dtype, packedWeightsDir?: string) => {
     packedWeightsDir === undefined ? {} : { packedWeightsDir }
   )
   try {
-    const alone: Array<Array<number>> = []
-    for (const prompt of prompts) {
-      const tokens = await drive(runner, [
-        { id: "alone", prompt: { inputIds: Int32Array.from(prompt), media: [] }, sampling: greedy, joinAt: 0 }
-      ])
-      alone.push(tokens.get("alone")!)
-    }
-    const batched = await drive(
-      runner,
-      prompts.map((prompt, i) => ({
-        id: `r${i}`,
-        prompt: { inputIds: Int32Array.from(prompt), media: [] },
-        sampling: greedy,
-        joinAt: i === 2 ? 2 : 0
-      }))
-    )
-    return { alone, batched: prompts.map((_, i) => batched.get(`r${i}`)!), packedWeights: runner.packedWeights }
+    return { ...(await aloneAndBatched(runner, prompts, greedy)), packedWeights: runner.packedWeights }
   } finally {
     await runner.close()
   }
