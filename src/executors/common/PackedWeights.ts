@@ -108,7 +108,7 @@ const removeAbandonedCopies = (dir: string) => {
     if (at < 0) continue
     const pid = Number(name.slice(at + partialMarker.length))
     if (Number.isSafeInteger(pid) && pid > 0 && pid !== process.pid && !isRunning(pid))
-      void rm(join(dir, name), { recursive: true, force: true })
+      void rm(join(dir, name), { recursive: true, force: true }).catch(() => undefined)
   }
 }
 

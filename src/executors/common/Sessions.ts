@@ -105,14 +105,21 @@ export const createPackedSession = async (
   } catch {
     return { session: await createSession(graph, device, threads, options), packedWeights: "packed", copy }
   }
+  let session: ort.InferenceSession
   try {
-    const session = await createSession(graph, device, threads, { ...options, saveOptimized: target })
-    await target.keep()
-    return { session, packedWeights: "saved", copy }
+    session = await createSession(graph, device, threads, { ...options, saveOptimized: target })
   } catch {
     // No room for the copy, or a folder it cannot be written to: the decoder loads as it would without one.
     await target.discard()
     return { session: await createSession(graph, device, threads, options), packedWeights: "packed", copy }
+  }
+  try {
+    await target.keep()
+    return { session, packedWeights: "saved", copy }
+  } catch {
+    // The session is made; only its copy could not take its place.
+    await target.discard()
+    return { session, packedWeights: "packed", copy }
   }
 }
 
