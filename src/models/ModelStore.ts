@@ -9,6 +9,7 @@ import { isUnderModelRoots, modelRootsFromEnvironment } from "./ModelRoots.js"
 import { benchDecoder125m } from "./recipes/BenchDecoder125m.js"
 import { benchVitB16 } from "./recipes/BenchVitB16.js"
 import { benchMiniLmL6, tinyTextEmbedder } from "./recipes/RandomBert.js"
+import { benchQwen2VL2b } from "./recipes/BenchQwen2VL2b.js"
 import { benchLlama1b, benchSmolLm2 } from "./recipes/RandomLlama.js"
 import { type ModelRecipe, writeModelBuild } from "./recipes/Recipe.js"
 import { tinyColorPainter } from "./recipes/TinyColorPainter.js"
@@ -40,7 +41,7 @@ const builtinRecipes = [
   tinyTalker
 ]
 /** Random-weight presets at realistic sizes; hundreds of MB each, so built only when named. */
-const benchRecipes = [benchVitB16, benchDecoder125m, benchSmolLm2, benchLlama1b, benchMiniLmL6]
+const benchRecipes = [benchVitB16, benchDecoder125m, benchSmolLm2, benchLlama1b, benchQwen2VL2b, benchMiniLmL6]
 const recipes = new Map<string, ModelRecipe>(
   [...builtinRecipes, ...benchRecipes].map((recipe) => [recipe.name, recipe])
 )

@@ -1,6 +1,6 @@
 import { causalMask, groupedCacheAttention, type KvCache } from "../onnx/Attention.js"
 import { type Dim, Graph, type Value } from "../onnx/Graph.js"
-import { linear, matrixWeight } from "../onnx/Layers.js"
+import { type LinearWriter, linear, matrixWeight } from "../onnx/Layers.js"
 import type { LinearWeights, Matrix } from "../Weights.js"
 import { pastName, presentName, rmsNorm, rotary } from "./Llama.js"
 
@@ -51,20 +51,31 @@ export interface Qwen2TextWeights {
 }
 
 /**
+ * What the decoder graph reads of a model's weights: its layers may come one at a time (a model of
+ * gigabytes drawn layer by layer, each released once its graph holds it in its own precision).
+ */
+export type Qwen2DecoderWeights = Omit<Qwen2TextWeights, "layers"> & {
+  readonly layers: Iterable<Qwen2TextWeights["layers"][number]>
+}
+
+/**
  * A Qwen2 decoder in the split layout (decoder_model_merged: inputs_embeds, attention_mask,
  * position_ids, past_key_values.N.key/value → logits, present.N.key/value): q/k/v with biases,
  * grouped queries over the cache, SwiGLU; or a Qwen3's, whose queries and keys are normed per
  * head before they rotate. `positions` says position_ids' shape and how they become
  * the rotary tables: M-RoPE's [3, batch, sequence] (Qwen2-VL) or plain [batch, sequence]
- * (LLaVA-OneVision's Qwen2).
+ * (LLaVA-OneVision's Qwen2). `quantized` writes every linear layer, the lm_head's included, in
+ * its own precision (a 4-bit export's MatMulNBits); by default they are fp32 MatMuls.
  */
 export const qwen2DecoderGraph = (
-  w: Qwen2TextWeights,
+  w: Qwen2DecoderWeights,
   positions: {
     readonly dims: ReadonlyArray<Dim>
     readonly rotary: (g: Graph, positionIds: Value, headDim: number) => { readonly cos: Value; readonly sin: Value }
-  }
+  },
+  quantized?: LinearWriter
 ): Graph => {
+  const linearOf = quantized ?? linear
   const { config } = w
   const { hiddenSize: hidden, heads, kvHeads, layers } = config
   const headDim = config.headDim ?? hidden / heads
@@ -93,15 +104,16 @@ export const qwen2DecoderGraph = (
   const presents: Array<KvCache> = []
 
   let x = inputsEmbeds
-  w.layers.forEach((layer, i) => {
+  let i = 0
+  for (const layer of w.layers) {
     g.scope(`model.layers.${i}`, () => {
       const normed = norm(x, "input_layernorm.weight", layer.inputNorm)
       const attention = g.scope("self_attn", () => {
-        const query = heads_(linear(g, normed, layer.q, "q_proj"), heads, "q_norm.weight", layer.qNorm)
-        const newKey = heads_(linear(g, normed, layer.k, "k_proj"), kvHeads, "k_norm.weight", layer.kNorm)
+        const query = heads_(linearOf(g, normed, layer.q, "q_proj"), heads, "q_norm.weight", layer.qNorm)
+        const newKey = heads_(linearOf(g, normed, layer.k, "k_proj"), kvHeads, "k_norm.weight", layer.kNorm)
         const newValue = g.op(
           "Transpose",
-          [g.op("Reshape", [linear(g, normed, layer.v, "v_proj"), g.int64s([0, 0, kvHeads, headDim])])],
+          [g.op("Reshape", [linearOf(g, normed, layer.v, "v_proj"), g.int64s([0, 0, kvHeads, headDim])])],
           { perm: [0, 2, 1, 3] }
         )
         const { merged, present } = groupedCacheAttention(g, { query, newKey, newValue }, pasts[i]!, mask, {
@@ -111,19 +123,25 @@ export const qwen2DecoderGraph = (
           scale: 1 / Math.sqrt(headDim)
         })
         presents.push(present)
-        return linear(g, merged, layer.o, "o_proj")
+        return linearOf(g, merged, layer.o, "o_proj")
       })
       const afterAttention = g.op("Add", [x, attention])
       const normed2 = norm(afterAttention, "post_attention_layernorm.weight", layer.postNorm)
       const mlp = g.scope("mlp", () => {
-        const gate = linear(g, normed2, layer.gate, "gate_proj")
+        const gate = linearOf(g, normed2, layer.gate, "gate_proj")
         const silu = g.op("Mul", [gate, g.op("Sigmoid", [gate])])
-        return linear(g, g.op("Mul", [silu, linear(g, normed2, layer.up, "up_proj")]), layer.down, "down_proj")
+        return linearOf(g, g.op("Mul", [silu, linearOf(g, normed2, layer.up, "up_proj")]), layer.down, "down_proj")
       })
       x = g.op("Add", [afterAttention, mlp])
     })
-  })
-  const logits = g.op("MatMul", [norm(x, "model.norm.weight", w.norm), matrixWeight(g, "lm_head.weight", w.lmHead)])
+    i++
+  }
+  if (i !== layers) throw new Error(`the decoder's config has ${layers} layers, its weights ${i}`)
+  const final = norm(x, "model.norm.weight", w.norm)
+  const logits =
+    quantized === undefined
+      ? g.op("MatMul", [final, matrixWeight(g, "lm_head.weight", w.lmHead)])
+      : quantized(g, final, { weight: w.lmHead }, "lm_head")
   g.output(logits, "logits", "float32", ["batch_size", "sequence_length", config.vocabSize])
   presents.forEach((present, i) => {
     g.output(present.key, presentName(i, "key"), "float32", cacheShape("total_sequence_length"))

@@ -1,6 +1,6 @@
 import { maskedScore } from "../onnx/Attention.js"
 import { elementType, Graph, type Value } from "../onnx/Graph.js"
-import { gelu, layerNorm, linear, matrixWeight } from "../onnx/Layers.js"
+import { gelu, type LinearWriter, layerNorm, linear, matrixWeight } from "../onnx/Layers.js"
 import type { LayerNormWeights, LinearWeights, Matrix } from "../Weights.js"
 import { rotary } from "./Llama.js"
 import { type Qwen2DecoderLayerWeights, qwen2DecoderGraph } from "./Qwen2Decoder.js"
@@ -91,6 +91,14 @@ export interface Qwen2VLTextWeights {
   readonly norm: Float32Array
   /** [hidden, vocab]; the transposed embeddings when the config ties them. */
   readonly lmHead: Matrix
+}
+
+/**
+ * What the vision graph reads of a tower's weights: its blocks may come one at a time (a tower of
+ * gigabytes drawn block by block).
+ */
+export type Qwen2VLVisionGraphWeights = Omit<Qwen2VLVisionWeights, "blocks"> & {
+  readonly blocks: Iterable<Qwen2VLVisionBlockWeights>
 }
 
 /** The vision tower's rotary base (VisionRotaryEmbedding's theta). */
@@ -286,7 +294,7 @@ const visionBlock = (
 /** The vision encoder's grid input: grid_thw in Qwen2-VL's export, image_grid_thw in Qwen2.5-VL's. */
 export type Qwen2VLGridInput = "grid_thw" | "image_grid_thw"
 
-export const qwen2VLVisionGraph = (w: Qwen2VLVisionWeights, gridInput: Qwen2VLGridInput = "grid_thw"): Graph => {
+export const qwen2VLVisionGraph = (w: Qwen2VLVisionGraphWeights, gridInput: Qwen2VLGridInput = "grid_thw"): Graph => {
   const { config } = w
   const patchWidth = config.inChannels * config.temporalPatchSize * config.patchSize ** 2
   const merge = config.spatialMergeSize ** 2
@@ -312,9 +320,9 @@ export const qwen2VLVisionGraph = (w: Qwen2VLVisionWeights, gridInput: Qwen2VLGr
   })
 
   let x = g.scope("patch_embed.proj", () => g.op("MatMul", [pixelValues, matrixWeight(g, "weight", w.patchEmbed)]))
-  w.blocks.forEach((block, i) => {
-    x = visionBlock(g, x, block, config, rope, `blocks.${i}`)
-  })
+  let i = 0
+  for (const block of w.blocks) x = visionBlock(g, x, block, config, rope, `blocks.${i++}`)
+  if (i !== config.depth) throw new Error(`the vision tower's config has ${config.depth} blocks, its weights ${i}`)
   const features = g.scope("merger", () => {
     const grouped = g.op("Reshape", [layerNorm(g, x, w.merger.norm, "ln_q"), g.int64s([-1, config.embedDim * merge])])
     return linear(g, gelu(g, linear(g, grouped, w.merger.fc1, "mlp.0")), w.merger.fc2, "mlp.2")
@@ -323,7 +331,7 @@ export const qwen2VLVisionGraph = (w: Qwen2VLVisionWeights, gridInput: Qwen2VLGr
   return g
 }
 
-export const qwen2VLEmbedTokensGraph = (w: Qwen2VLTextWeights): Graph => {
+export const qwen2VLEmbedTokensGraph = (w: Pick<Qwen2VLTextWeights, "config" | "embedTokens">): Graph => {
   const g = new Graph("embed_tokens")
   const inputIds = g.input("input_ids", "int64", ["batch_size", "sequence_length"])
   const embeds = g.op("Gather", [matrixWeight(g, "model.embed_tokens.weight", w.embedTokens), inputIds], { axis: 0 })
@@ -378,11 +386,18 @@ const multimodalRotary = (g: Graph, positionIds: Value, config: Qwen2VLTextConfi
   return selectedAxesRotary(g, positionIds, headDim, config.ropeTheta, axisOf)
 }
 
-export const qwen2VLDecoderGraph = (w: Qwen2VLTextWeights): Graph =>
-  qwen2DecoderGraph(w, {
-    dims: [3, "batch_size", "sequence_length"],
-    rotary: (g, positionIds) => multimodalRotary(g, positionIds, w.config)
-  })
+export const qwen2VLDecoderGraph = (
+  w: Omit<Qwen2VLTextWeights, "layers"> & { readonly layers: Iterable<Qwen2DecoderLayerWeights> },
+  quantized?: LinearWriter
+): Graph =>
+  qwen2DecoderGraph(
+    w,
+    {
+      dims: [3, "batch_size", "sequence_length"],
+      rotary: (g, positionIds) => multimodalRotary(g, positionIds, w.config)
+    },
+    quantized
+  )
 
 /** The three graphs by their onnx/ stem. */
 export const qwen2VLGraphs = (

@@ -260,7 +260,11 @@ const givenTokenizer = (given: NonNullable<RandomQwen2VLOptions["tokenizer"]>): 
   }
 }
 
-export const randomQwen2VLFiles = (options: RandomQwen2VLOptions = {}): RandomQwen2VL => {
+/**
+ * Everything of a random Qwen2-VL's directory but its graphs: config.json, the generation and
+ * preprocessor configs and the tokenizer's files, with the geometry they describe.
+ */
+export const randomQwen2VLMetadata = (options: Omit<RandomQwen2VLOptions, "seed"> = {}): RandomQwen2VL => {
   const maxPositions = options.config?.text.maxPositions ?? 4096
   const tokenizer = options.tokenizer === undefined ? smallTokenizer(maxPositions) : givenTokenizer(options.tokenizer)
   const config = options.config ?? tinyQwen2VLConfig(tokenizer.vocabSize)
@@ -271,7 +275,6 @@ export const randomQwen2VLFiles = (options: RandomQwen2VLOptions = {}): RandomQw
   const special = qwen2VLSpecialTokens
   const eos = id(special.imEnd)
   const endOfText = id(special.endOfText)
-  const { vision, text } = randomQwen2VLWeights(config, options.seed ?? 1)
   const qwen25 = options.family === "qwen2_5_vl"
   const family = qwen25
     ? {
@@ -326,7 +329,14 @@ export const randomQwen2VLFiles = (options: RandomQwen2VLOptions = {}): RandomQw
     ["tokenizer.json", jsonFile(tokenizer.json)],
     ["tokenizer_config.json", jsonFile(tokenizer.config)]
   ])
-  for (const [stem, graph] of qwen2VLGraphs(vision, text, qwen25 ? "image_grid_thw" : "grid_thw"))
-    files.set(`onnx/${stem}.onnx`, graph.toBytes())
   return { files, config, tokenId: id }
+}
+
+export const randomQwen2VLFiles = (options: RandomQwen2VLOptions = {}): RandomQwen2VL => {
+  const metadata = randomQwen2VLMetadata(options)
+  const { vision, text } = randomQwen2VLWeights(metadata.config, options.seed ?? 1)
+  const files = new Map(metadata.files)
+  const gridInput = options.family === "qwen2_5_vl" ? "image_grid_thw" : "grid_thw"
+  for (const [stem, graph] of qwen2VLGraphs(vision, text, gridInput)) files.set(`onnx/${stem}.onnx`, graph.toBytes())
+  return { ...metadata, files }
 }
