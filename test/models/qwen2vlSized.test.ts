@@ -140,22 +140,23 @@ describe("a Qwen2-VL built as bench/qwen2-vl-2b is, at a tiny geometry", () => {
     if (root !== undefined) await rm(root, { recursive: true, force: true })
   })
 
-  it("writes the vision encoder's weights as external data and the decoder at q4 only", () => {
+  it("writes the vision encoder's weights as external data and the language model at q4 only", () => {
     for (const file of [
       "vision_encoder.onnx",
       "vision_encoder.onnx_data",
-      "embed_tokens.onnx",
+      "embed_tokens_q4.onnx",
       "decoder_model_merged_q4.onnx"
     ])
       expect(existsSync(join(model, "onnx", file)), file).toBe(true)
-    expect(existsSync(join(model, "onnx", "decoder_model_merged.onnx"))).toBe(false)
+    for (const file of ["embed_tokens.onnx", "decoder_model_merged.onnx"])
+      expect(existsSync(join(model, "onnx", file)), file).toBe(false)
   })
 
   it("transformers.js answers an image at q4 as the float64 reference on the weights the codes stand for", async () => {
     const name = offline(model)
     const processor = await AutoProcessor.from_pretrained(name)
     const vlm = await AutoModelForImageTextToText.from_pretrained(name, {
-      dtype: { vision_encoder: "fp32", embed_tokens: "fp32", decoder_model_merged: "q4" }
+      dtype: { vision_encoder: "fp32", embed_tokens: "q4", decoder_model_merged: "q4" }
     })
     const steps = 6
     try {

