@@ -70,7 +70,7 @@ import {
 } from "./support/chat-stream.js"
 import { AutoModelForCausalLM, env, Tensor } from "@huggingface/transformers"
 import { execFileSync } from "node:child_process"
-import { existsSync, readFileSync, statSync } from "node:fs"
+import { existsSync, statSync } from "node:fs"
 import { mkdtemp, readdir, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { basename, dirname, join } from "node:path"
@@ -84,6 +84,7 @@ import { resolveModel } from "../src/models/ModelStore.js"
 import { llama32OneBGeometry, smolLm2Geometry } from "../src/models/recipes/RandomLlama.js"
 import { ChatTokenizer } from "../src/models/Tokenizer.js"
 import { drive } from "../test/support/driveRunner.js"
+import { peakRssOf } from "./support/processes.js"
 import { descendants, startExecutor } from "../test/support/executors.js"
 import { readBandwidth } from "./support/bandwidth.js"
 import { LlamaCpp, type LlamaRun } from "./support/llamaCpp.js"
@@ -299,15 +300,6 @@ async function ggufOf(modelDir: string, dtype: BenchDtype): Promise<string> {
     console.error(`wrote ${basename(gguf)} for llama.cpp in ${round((performance.now() - start) / 1000, 1)} s`)
   }
   return gguf
-}
-
-/** Peak resident memory (VmHWM) of process `pid`, in bytes. */
-const peakRssOf = (pid: number): number => {
-  try {
-    return Number(/VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0) * 1024
-  } catch {
-    return 0
-  }
 }
 
 /** The bytes of weights of `dtype`'s export: its .onnx file and its external data, if any. */

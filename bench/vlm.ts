@@ -27,10 +27,18 @@
  * through the API are checked against transformers.js's. Runs alternate between the two sides in
  * rounds; the ratios are medians. Prints a table, then (as the last line) one JSON object.
  *
+ * BENCH_SIZE=2b runs Qwen2-VL alone at Qwen2-VL-2B's geometry instead (`bench/qwen2-vl-2b`: a fp32
+ * vision encoder of 32 blocks at 1280 wide, a 4-bit decoder of 28 layers at 1536 wide and Qwen's
+ * vocabulary; about 4.6 GB, built into the model folder on first use with its build time printed),
+ * both sides running the decoder at q4; it also prints the peak resident memory of the LLM
+ * executor's and Eric's workers against the bytes of the weights they load.
+ *
  * Env: BENCH_ROUNDS (default 3), BENCH_THREADS (ONNX Runtime threads, default 2), BENCH_TOKENS
  * (at most this many tokens a chat, default 16; both sides stop at the end of sequence),
- * BENCH_FAMILY (qwen2vl, qwen3vl, gemma3, llava-onevision, or all: the default).
+ * BENCH_FAMILY (qwen2vl, qwen3vl, gemma3, llava-onevision, or all: the default), BENCH_SIZE
+ * (small, the default, or 2b).
  */
+import { existsSync, statSync } from "node:fs"
 import { mkdtemp, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { basename, dirname, join } from "node:path"
@@ -48,6 +56,7 @@ import { fixedSizeImage, qwen2VLImage } from "../src/executors/common/media/prep
 import { gemma3ProcessorConfig } from "../src/models/Gemma3Processor.js"
 import { llavaOnevisionProcessorConfig } from "../src/models/LlavaOnevisionProcessor.js"
 import { loadModelDirectory } from "../src/models/ModelDirectory.js"
+import { resolveModel } from "../src/models/ModelStore.js"
 import { qwen2VLProcessor } from "../src/models/Qwen2VLProcessor.js"
 import { randomGemma3, tinyGemma3Config } from "../src/models/recipes/RandomGemma3.js"
 import { randomLlavaOnevision, tinyLlavaOnevisionConfig } from "../src/models/recipes/RandomLlavaOnevision.js"
@@ -56,8 +65,9 @@ import { randomQwen3VLFiles, tinyQwen3VLConfig } from "../src/models/recipes/Ran
 import type { ModelFiles } from "../src/models/recipes/Recipe.js"
 import { writeModelFiles } from "../test/models/support/SmolVlmFixture.js"
 import { SidecarClient } from "../src/sidecar/SidecarClient.js"
-import { executorHeaders, startExecutor, startSidecar } from "../test/support/executors.js"
+import { descendants, executorHeaders, startExecutor, startSidecar } from "../test/support/executors.js"
 import { median, round, streamed } from "./support/chat-stream.js"
+import { peakRssOf } from "./support/processes.js"
 
 const rounds = Number(process.env.BENCH_ROUNDS ?? 3)
 const threads = Number(process.env.BENCH_THREADS ?? 2)
@@ -66,6 +76,8 @@ const concurrency = 8
 const side = 224
 const question = "Describe the picture"
 const targets = { single: 1, concurrent: 2, encoder: 0.9 }
+const size = process.env.BENCH_SIZE ?? "small"
+if (size !== "small" && size !== "2b") throw new Error(`BENCH_SIZE=${size}: small or 2b`)
 
 /** A 224×224 PNG of its own colours. */
 const image = (seed: number): Promise<Buffer> => {
@@ -90,7 +102,10 @@ interface Family {
   readonly name: string
   readonly described: string
   readonly reference: string
-  readonly files: () => ModelFiles
+  /** The model's files, written to a folder of the run's own; or a model the store builds (a bench recipe's name). */
+  readonly files: (() => ModelFiles) | { readonly recipe: string }
+  /** The decoder's dtype on both sides, where it is not fp32. */
+  readonly decoderDtype?: "q4"
   /** transformers.js's processor options: Gemma 3's chat template writes the <bos> itself. */
   readonly processorOptions: Record<string, unknown>
   /** The vision encoder's feeds for an image, preprocessed as the executors do. */
@@ -275,7 +290,16 @@ const llavaOnevisionFamily: Family = {
   }
 }
 
-const families: ReadonlyArray<Family> = [qwen2VLFamily, qwen3VLFamily, gemma3Family, llavaOnevisionFamily]
+/** Qwen2-VL at 2B's geometry, the decoder at 4 bits. */
+const qwen2VL2bFamily: Family = {
+  ...qwen2VLFamily,
+  described: "random Qwen2-VL at 2B's geometry (vision 32×1280 fp32, decoder 28×1536 q4)",
+  files: { recipe: "bench/qwen2-vl-2b" },
+  decoderDtype: "q4"
+}
+
+const families: ReadonlyArray<Family> =
+  size === "2b" ? [qwen2VL2bFamily] : [qwen2VLFamily, qwen3VLFamily, gemma3Family, llavaOnevisionFamily]
 
 export default async function vlmBench(): Promise<void> {
   const asked = process.env.BENCH_FAMILY ?? "all"
@@ -320,18 +344,52 @@ const qwen2VLBenchFiles = (): ModelFiles => {
   }).files
 }
 
+/** The bytes of onnx/<stem><suffix>.onnx and its external data. */
+const onnxBytes = (model: string, file: string): number =>
+  [file, `${file}_data`]
+    .map((name) => join(model, "onnx", name))
+    .filter((path) => existsSync(path))
+    .reduce((sum, path) => sum + statSync(path).size, 0)
+
+/**
+ * The peak resident memory of the LLM executor's and Eric's workers (the largest process under
+ * each) beside the bytes of the weights each loads: the LLM the vision encoder, the embeddings and
+ * the decoder (it encodes images itself when called directly); Eric the vision encoder.
+ */
+const workerPeaks = (model: string, decoderDtype: string | undefined, llmPid: number, ericPid: number) => {
+  const vision = onnxBytes(model, "vision_encoder.onnx")
+  const suffix = decoderDtype === undefined ? "" : `_${decoderDtype}`
+  const peak = (pid: number) => Math.max(...descendants(pid).map((entry) => peakRssOf(entry.pid)))
+  return {
+    llm: {
+      peakBytes: peak(llmPid),
+      weightBytes:
+        vision + onnxBytes(model, `embed_tokens${suffix}.onnx`) + onnxBytes(model, `decoder_model_merged${suffix}.onnx`)
+    },
+    eric: { peakBytes: peak(ericPid), weightBytes: vision }
+  }
+}
+
 /** One family's runs; prints its table and answers its figures. */
 async function benchFamily(family: Family): Promise<Record<string, unknown>> {
   const root = await mkdtemp(join(tmpdir(), "cornserve-bench-vlm-"))
-  const model = join(root, `${family.name}-bench`)
-  await writeModelFiles(model, family.files())
+  let model = join(root, `${family.name}-bench`)
+  if (typeof family.files === "function") await writeModelFiles(model, family.files())
+  else {
+    const started = performance.now()
+    model = await resolveModel(family.files.recipe)
+    console.error(`vlm bench: ${family.files.recipe} ready in ${round((performance.now() - started) / 1000, 1)} s`)
+  }
   console.error(`vlm bench: ${model}, ${tokens} tokens a chat, ${threads} threads, ${rounds} rounds`)
 
   env.allowRemoteModels = false
   env.localModelPath = dirname(model)
   const processor = await AutoProcessor.from_pretrained(basename(model))
   const vlm = await AutoModelForImageTextToText.from_pretrained(basename(model), {
-    dtype: "fp32",
+    dtype:
+      family.decoderDtype === undefined
+        ? "fp32"
+        : { vision_encoder: "fp32", embed_tokens: family.decoderDtype, decoder_model_merged: family.decoderDtype },
     session_options: { intraOpNumThreads: threads, interOpNumThreads: 1 }
   })
   const tokenizer = await AutoTokenizer.from_pretrained(basename(model))
@@ -366,7 +424,8 @@ async function benchFamily(family: Family): Promise<Record<string, unknown>> {
   }
 
   // The model is a directory of the bench's own: the executors are allowed its root.
-  const allowRoot = { CORNSERVE_MODEL_ROOTS: root }
+  const allowRoot = { CORNSERVE_MODEL_ROOTS: dirname(model) }
+  const dtypeArgs = family.decoderDtype === undefined ? [] : ["--dtype", family.decoderDtype]
   const llm = await startExecutor(
     [
       "--kind",
@@ -378,7 +437,8 @@ async function benchFamily(family: Family): Promise<Record<string, unknown>> {
       "--threads-per-device",
       String(threads),
       "--max-batch-size",
-      String(concurrency)
+      String(concurrency),
+      ...dtypeArgs
     ],
     allowRoot
   )
@@ -520,9 +580,9 @@ async function benchFamily(family: Family): Promise<Record<string, unknown>> {
         samples.concurrent.apiTtft.push(apiRuns.reduce((sum, run) => sum + run.firstTokenMs, 0) / concurrency)
         ratios.concurrent.push(refSeconds / apiSeconds)
       }
-      // The vision encoder: 24 images, Eric (8 requests at a time) vs the direct loop.
+      // The vision encoder: 24 images (8 at 2B), Eric (8 requests at a time) vs the direct loop.
       {
-        const pngs = [...(await fresh()), ...(await fresh()), ...(await fresh())]
+        const pngs = size === "2b" ? await fresh() : [...(await fresh()), ...(await fresh()), ...(await fresh())]
         const directStart = performance.now()
         for (const png of pngs) await direct(png)
         const directSeconds = (performance.now() - directStart) / 1000
@@ -584,8 +644,14 @@ async function benchFamily(family: Family): Promise<Record<string, unknown>> {
       `baseline: transformers.js ${family.reference} (chats), a direct ONNX Runtime loop of the same preprocessing and vision_encoder.onnx (encoder)`
     )
     for (const row of table) console.log(row.map((cell, column) => cell.padEnd(widths[column]!)).join("  "))
+    const memory = workerPeaks(model, family.decoderDtype, llm.process.pid!, eric.process.pid!)
+    for (const [role, figures] of Object.entries(memory))
+      console.log(
+        `${role} worker: peak resident ${round(figures.peakBytes / 1e9, 2)} GB, its weights' files ${round(figures.weightBytes / 1e9, 2)} GB (${round(figures.peakBytes / figures.weightBytes, 2)} ×)`
+      )
     return {
       family: family.name,
+      memory,
       answersDifferingFromTransformersJs: mismatches,
       single: {
         transformersJsChatsPerSecond: figure(samples.single.ref),
@@ -609,6 +675,14 @@ async function benchFamily(family: Family): Promise<Record<string, unknown>> {
         encoder: figure(ratios.encoder, 3)
       }
     }
+  } catch (error) {
+    // What the executors said last: a worker that died says why there.
+    for (const [role, executor] of [
+      ["LLM executor", llm],
+      ["Eric", eric]
+    ] as const)
+      console.error(`${role}'s last output (exit ${executor.process.exitCode}):\n${executor.output().slice(-4000)}`)
+    throw error
   } finally {
     process.off("SIGINT", stop)
     await receiver.close()

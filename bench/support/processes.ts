@@ -2,7 +2,7 @@
  * The processes of a platform a bench started, read from /proc: the tree below its serve process,
  * each one's role (serve, sidecar, an executor's router, engine or worker with its task and
  * devices, the app's sandboxed process), resident memory, and whether a process recorded earlier
- * still runs. Shared by the soak and overload benches.
+ * still runs, and a process's peak resident memory. Shared by the soak, overload, models and VLM benches.
  */
 import { readdirSync, readFileSync } from "node:fs"
 import { basename } from "node:path"
@@ -187,4 +187,13 @@ export function sampleProcesses(
 export function stillRunning(pid: number, startTime: string): boolean {
   const entry = readStat(pid)
   return entry !== undefined && entry.startTime === startTime && entry.state !== "Z"
+}
+
+/** Peak resident memory (VmHWM) of process `pid`, in bytes; 0 once it is gone. */
+export const peakRssOf = (pid: number): number => {
+  try {
+    return Number(/VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0) * 1024
+  } catch {
+    return 0
+  }
 }
