@@ -76,6 +76,7 @@ import { tmpdir } from "node:os"
 import { basename, dirname, join } from "node:path"
 import { setFlagsFromString } from "node:v8"
 import { runInNewContext } from "node:vm"
+import type { LlmStats } from "../src/executors/llm/api.js"
 import type { QuantizedRows } from "../src/executors/llm/DecoderPlan.js"
 import type { SamplingParams } from "../src/executors/llm/protocol.js"
 import { Runner } from "../src/executors/llm/Runner.js"
@@ -85,7 +86,7 @@ import { llama32OneBGeometry, smolLm2Geometry } from "../src/models/recipes/Rand
 import { ChatTokenizer } from "../src/models/Tokenizer.js"
 import { drive } from "../test/support/driveRunner.js"
 import { peakRssOf } from "./support/processes.js"
-import { descendants, startExecutor } from "../test/support/executors.js"
+import { descendants, executorHeaders, startExecutor } from "../test/support/executors.js"
 import { readBandwidth } from "./support/bandwidth.js"
 import { LlamaCpp, type LlamaRun } from "./support/llamaCpp.js"
 import { writeLlamaGguf } from "./support/llamaGguf.js"
@@ -556,6 +557,8 @@ async function decodeBench(
       llamaCppParallel: { rate: [] as Array<number>, ttft: [] as Array<number> },
       apiConcurrent: { rate: [] as Array<number>, ttft: [] as Array<number> }
     }
+    /** Where the executor's time went, for its 1-request runs and its concurrent ones. */
+    const clocks = { single: new TimeSplit(), concurrent: new TimeSplit() }
     let mismatches = 0
     /** How many leading greedy tokens llama.cpp's answers share with transformers.js's (near-ties part them later). */
     const llamaCppAgreement: Array<number> = []
@@ -608,7 +611,10 @@ async function decodeBench(
           },
           api: async () => {
             collect()
-            return streamed(executor.url, model, prompts[which]!, tokens, performance.now())
+            const before = await workerClock(executor.url)
+            const run = await streamed(executor.url, model, prompts[which]!, tokens, performance.now())
+            clocks.single.add(run.endMs, before, await workerClock(executor.url))
+            return run
           }
         }
         // Rotate the order between pairs and rounds.
@@ -651,8 +657,10 @@ async function decodeBench(
       }
       const runConcurrent = async () => {
         collect()
+        const before = await workerClock(executor.url)
         const start = performance.now()
         const runs = await Promise.all(prompts.map((prompt) => streamed(executor.url, model, prompt, tokens, start)))
+        clocks.concurrent.add(Math.max(...runs.map((run) => run.endMs)), before, await workerClock(executor.url))
         runs.forEach((run, index) => check(index, run))
         return {
           rate: (concurrency * tokens) / (Math.max(...runs.map((run) => run.endMs)) / 1000),
@@ -699,6 +707,11 @@ async function decodeBench(
       `${dtype}: memory-bandwidth limit at 1 request ${round(limit, 1)} tok/s (${round(weightBytesPerToken(dtype) / 1e6, 0)} MB a token at ${round(bandwidth / 1e9, 1)} GB/s): ` +
         `llama.cpp at ${round(figures.llamaCppSingle.tokensPerSecond / limit, 2)} of it, the executor at ${round(figures.apiSingle.tokensPerSecond / limit, 2)}`
     )
+    for (const [load, clock] of [
+      ["1 request", clocks.single],
+      ["8 concurrent", clocks.concurrent]
+    ] as const)
+      console.log(`${dtype}: where the executor's time went at ${load}: ${clock.describe()}`)
     console.log(
       `${dtype}: 1 request ${medians.singleOverLlamaCpp} × llama.cpp (target ≥ ${targets.singleOverLlamaCpp}), ${medians.singleOverTransformers} × transformers.js; ` +
         `8 concurrent ${medians.concurrentOverLlamaCpp} × llama.cpp's 8 parallel (target ≥ ${targets.concurrentOverLlamaCpp}), ${medians.concurrentOverSequential} × transformers.js one after another (target ≥ ${targets.concurrentOverSequential}); ` +
@@ -708,6 +721,7 @@ async function decodeBench(
     return {
       ...figures,
       ...medians,
+      timeSplit: { single: clocks.single.shares(), concurrent: clocks.concurrent.shares() },
       bandwidthLimitTokensPerSecond: round(limit, 1),
       outputMismatches: mismatches,
       llamaCppAgreement: median(llamaCppAgreement),
@@ -722,6 +736,53 @@ async function decodeBench(
     await executor.stop()
     await llama.close()
     await reference.dispose()
+  }
+}
+
+type StepClock = NonNullable<LlmStats["steps"]>
+
+/** The executor's step clock (its stats' `steps`), summed over its workers. */
+const workerClock = async (url: string): Promise<StepClock> => {
+  const response = await fetch(new URL("/v1/cornserve/stats", url), { headers: executorHeaders() })
+  const steps = ((await response.json()) as LlmStats).steps
+  if (steps === undefined) throw new Error("the executor's stats have no step clock")
+  return steps
+}
+
+/**
+ * A load's wall time at the client (its request to its last token) beside the worker's step time
+ * in it, and of that the decoder's runs in ONNX Runtime: how much of the time the API adds around
+ * ONNX Runtime, and whether it is in the worker's steps or between them.
+ */
+class TimeSplit {
+  private wallMs = 0
+  private stepMs = 0
+  private decoderMs = 0
+  private steps = 0
+
+  add(wallMs: number, before: StepClock, after: StepClock): void {
+    this.wallMs += wallMs
+    this.stepMs += (after.seconds - before.seconds) * 1000
+    this.decoderMs += (after.decoderSeconds - before.decoderSeconds) * 1000
+    this.steps += after.count - before.count
+  }
+
+  shares() {
+    return {
+      steps: this.steps,
+      stepShare: round(this.stepMs / this.wallMs, 3),
+      decoderShare: round(this.decoderMs / this.wallMs, 3),
+      decoderMsPerStep: round(this.decoderMs / this.steps, 2),
+      otherMsPerStep: round((this.wallMs - this.decoderMs) / this.steps, 2)
+    }
+  }
+
+  describe(): string {
+    const { steps, stepShare, decoderShare, decoderMsPerStep, otherMsPerStep } = this.shares()
+    return (
+      `${steps} steps; of the wall time, ${round(stepShare * 100, 1)}% in the worker's steps, ${round(decoderShare * 100, 1)}% in ONNX Runtime's decoder runs ` +
+      `(${decoderMsPerStep} ms a step, and ${otherMsPerStep} ms a step besides: sampling, bookkeeping, messages, waits between steps)`
+    )
   }
 }
 

@@ -74,6 +74,8 @@ type Take = (id: string, partial: TokenPartial) => void
 
 export class Runner implements StepRunner {
   private readonly sequences = new Map<string, Sequence>()
+  /** The decoder's runs in steps (prefills and decodes), and their seconds: what a step spends in ONNX Runtime. */
+  private readonly decoderRuns = { runs: 0, seconds: 0 }
   private readonly kv: KvLayout
   private readonly planner: StepPlanner
   private readonly tokens: TokenInputs
@@ -171,7 +173,7 @@ export class Runner implements StepRunner {
    * Runs one step: frees, embeddings, then what the step planner plans: prefill pieces (a prompt
    * done gives its first token), then one decode for the batch, which is the decode items and the
    * prompts done that go on. `emit(index, token)` reports each token as soon as it is sampled.
-   * Answers each embed and stats item's output at its index.
+   * Answers each embed and stats item's output at its index (a stats item's after the step's runs).
    */
   async step(items: ReadonlyArray<StepItem>, emit: (index: number, partial: TokenPartial) => void) {
     const outputs: Array<EmbedOutput | undefined> = items.map(() => undefined)
@@ -181,14 +183,8 @@ export class Runner implements StepRunner {
       if (index !== undefined) emit(index, partial)
     }
     for (const item of items) if (item.op.op === "free") this.forget(item.id)
-    for (const [index, item] of items.entries()) {
+    for (const [index, item] of items.entries())
       if (item.op.op === "embed") outputs[index] = await this.embedPrompt(item.op.prompt, item.op.source)
-      else if (item.op.op === "stats")
-        outputs[index] = {
-          prefixCache: this.prefixCache?.stats,
-          kvCache: { ...this.kvCache, bytes: this.kv.bytes }
-        }
-    }
     for (const item of items)
       if (item.op.op === "prefill") this.join(item.id, item.op.prompt, item.op.sampling, item.imported)
     const plan = this.planner.plan({
@@ -214,6 +210,14 @@ export class Runner implements StepRunner {
       else await this.decode(decoding, take)
       this.planner.decodeTook(performance.now() - started)
     }
+    // Stats last: they count this step's runs, as the worker's step count does.
+    for (const [index, item] of items.entries())
+      if (item.op.op === "stats")
+        outputs[index] = {
+          prefixCache: this.prefixCache?.stats,
+          kvCache: { ...this.kvCache, bytes: this.kv.bytes },
+          decoderRuns: { ...this.decoderRuns }
+        }
     return outputs
   }
 
@@ -415,7 +419,10 @@ export class Runner implements StepRunner {
     if (this.io.numLogitsToKeep) feeds.num_logits_to_keep = new ort.Tensor("int64", BigInt64Array.of(1n), [])
     const decoder = batch > 1 && this.rowsDecoder !== undefined ? this.rowsDecoder : this.decoder
     const states = withStates ? this.statesOutput : undefined
+    const started = performance.now()
     const outputs = await decoder.run(feeds, states === undefined ? this.fetches : [...this.fetches, states])
+    this.decoderRuns.runs++
+    this.decoderRuns.seconds += (performance.now() - started) / 1000
     this.kv.write(
       run,
       this.io.cache.map((names) => outputs[names.output]!)

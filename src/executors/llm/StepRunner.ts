@@ -32,4 +32,15 @@ export type EmbedOutput =
   | { readonly embedding: Float32Array; readonly shape: readonly [number, number] }
   | { readonly error: string }
   /** A stats item's answer. */
-  | { readonly prefixCache: PrefixCacheStats | undefined; readonly kvCache?: KvCacheStats }
+  | {
+      readonly prefixCache: PrefixCacheStats | undefined
+      readonly kvCache?: KvCacheStats
+      /** The decoder's runs in steps so far, and their seconds. */
+      readonly decoderRuns?: DecoderRuns
+    }
+
+/** How many times a runner's steps ran the decoder, and the seconds inside those runs. */
+export interface DecoderRuns {
+  readonly runs: number
+  readonly seconds: number
+}

@@ -271,7 +271,21 @@ export const LlmStats = Schema.Struct({
     })
   ),
   /** Requests that took a KV cache another executor prefilled (cornserve_kv), and its positions. */
-  kvImports: Schema.optional(Schema.Struct({ requests: Schema.Int, tokens: Schema.Int }))
+  kvImports: Schema.optional(Schema.Struct({ requests: Schema.Int, tokens: Schema.Int })),
+  /**
+   * Where the workers' time goes, all devices together (absent from a Janus-Pro or talker executor's):
+   * the steps that prefilled or decoded and their seconds, and of those seconds, the decoder's runs
+   * in ONNX Runtime. What is left (sampling, the cache's bookkeeping, streaming tokens out) is
+   * `seconds - decoderSeconds`.
+   */
+  steps: Schema.optional(
+    Schema.Struct({
+      count: Schema.Int,
+      seconds: Schema.Number,
+      decoderRuns: Schema.Int,
+      decoderSeconds: Schema.Number
+    })
+  )
 })
 export type LlmStats = typeof LlmStats.Type
 

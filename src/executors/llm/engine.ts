@@ -124,6 +124,9 @@ export const runEngine = (config: ExecutorConfig) =>
       const layouts = workers.flatMap((answer) => (answer.kvCache === undefined ? [] : [answer.kvCache]))
       const layout = layouts[0]
       const imports = workers.flatMap((answer) => (answer.kvImports === undefined ? [] : [answer.kvImports]))
+      const clocks = workers.flatMap((answer) => (answer.steps === undefined ? [] : [answer.steps]))
+      const clockSum = (field: keyof (typeof clocks)[number]) =>
+        clocks.reduce((total, clock) => total + clock[field], 0)
       return {
         waiting: waiting + embedQueue.length,
         running,
@@ -151,6 +154,16 @@ export const runEngine = (config: ExecutorConfig) =>
               kvImports: {
                 requests: imports.reduce((total, answer) => total + answer.requests, 0),
                 tokens: imports.reduce((total, answer) => total + answer.tokens, 0)
+              }
+            }),
+        ...(clocks.length === 0
+          ? {}
+          : {
+              steps: {
+                count: clockSum("count"),
+                seconds: clockSum("seconds"),
+                decoderRuns: clockSum("decoderRuns"),
+                decoderSeconds: clockSum("decoderSeconds")
               }
             })
       }

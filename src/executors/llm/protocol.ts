@@ -269,6 +269,16 @@ export interface WorkerStats {
   readonly kvCache?: KvCacheStats
   /** Requests that joined with a KV cache another executor sent, and its positions. */
   readonly kvImports?: { readonly requests: number; readonly tokens: number }
+  /** The steps that prefilled or decoded, and their time; of it, the decoder's ONNX Runtime runs. */
+  readonly steps?: StepClock
+}
+
+/** Steps that prefilled or decoded: how many and their seconds, and the decoder runs within them. */
+export interface StepClock {
+  readonly count: number
+  readonly seconds: number
+  readonly decoderRuns: number
+  readonly decoderSeconds: number
 }
 
 /** The result of an embed item, worker → engine → router; `error` is the caller's mistake (400). */

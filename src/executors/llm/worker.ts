@@ -61,6 +61,8 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | KvResult | WorkerStats 
   }
   /** Requests that joined with a cache another executor sent (a prefill's `kv`), and its positions. */
   const imports = { requests: 0, tokens: 0 }
+  /** Steps that prefilled or decoded, and the seconds the runner took for them. */
+  const steps = { count: 0, seconds: 0 }
   /** The span of each traced request this worker generates for, with its tokens so far. */
   const generating = new Map<string, { readonly span: Span; tokens: number }>()
   /** Generations that stream their hidden states: each one's next chunk, and its sends so far, in order. */
@@ -176,6 +178,8 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | KvResult | WorkerStats 
           imports.tokens += past.width
         }
       let outputs: Awaited<ReturnType<StepRunner["step"]>>
+      const generates = items.some((item) => item.meta.op === "prefill" || item.meta.op === "decode")
+      const started = performance.now()
       try {
         outputs = await runner.step(
           items.map((item, index) => ({
@@ -207,6 +211,10 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | KvResult | WorkerStats 
         for (const span of embedding) span.end(error)
         throw error
       }
+      if (generates) {
+        steps.count++
+        steps.seconds += (performance.now() - started) / 1000
+      }
       return Promise.all(
         items.map(async (item, index): Promise<EmbedResult | KvResult | WorkerStats | undefined> => {
           if (transfers[index] !== undefined) return transfers[index]
@@ -216,7 +224,16 @@ export const load: LoadWorkerModel<StepOp, EmbedResult | KvResult | WorkerStats 
             return {
               ...(output.prefixCache === undefined ? {} : { prefixCache: output.prefixCache }),
               ...(output.kvCache === undefined ? {} : { kvCache: output.kvCache }),
-              kvImports: { ...imports }
+              kvImports: { ...imports },
+              ...(output.decoderRuns === undefined
+                ? {}
+                : {
+                    steps: {
+                      ...steps,
+                      decoderRuns: output.decoderRuns.runs,
+                      decoderSeconds: output.decoderRuns.seconds
+                    }
+                  })
             }
           if (output === undefined || op.op !== "embed") return undefined
           const span = embedding[index]!

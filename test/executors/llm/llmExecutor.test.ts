@@ -272,7 +272,8 @@ describe("the LLM executor, through the openai client", () => {
     const alone: Array<string> = []
     for (const request of requests)
       alone.push((await client.chat.completions.create(request)).choices[0]!.message.content!)
-    const cachedBefore = (await stats()).prefixCache!
+    const before = await stats()
+    const cachedBefore = before.prefixCache!
     const batched = await Promise.all(
       requests.map(async (request) => (await client.chat.completions.create(request)).choices[0]!.message.content!)
     )
@@ -291,7 +292,15 @@ describe("the LLM executor, through the openai client", () => {
     expect(cached.bytes).toBeLessThanOrEqual(cached.maxBytes)
     // The decoder ran on the shared cache (its attention rewritten to read the executor's buffers),
     // which holds nothing once no request runs.
-    expect((await stats()).kvCache).toMatchObject({ mode: "shared", bytes: 0 })
+    const after = await stats()
+    expect(after.kvCache).toMatchObject({ mode: "shared", bytes: 0 })
+    // Where the workers' time went: the round's steps, and of their time, the decoder's runs.
+    const [stepsBefore, stepsAfter] = [before.steps!, after.steps!]
+    expect(stepsAfter.count).toBeGreaterThan(stepsBefore.count)
+    expect(stepsAfter.decoderRuns).toBeGreaterThan(stepsBefore.decoderRuns)
+    const decoderSeconds = stepsAfter.decoderSeconds - stepsBefore.decoderSeconds
+    expect(decoderSeconds).toBeGreaterThan(0)
+    expect(decoderSeconds).toBeLessThanOrEqual(stepsAfter.seconds - stepsBefore.seconds)
   })
 })
 
