@@ -61,6 +61,7 @@ describe("buildModel", () => {
       "bench/decoder-125m",
       "bench/smollm2-135m",
       "bench/llama-3.2-1b",
+      "bench/qwen2-vl-2b",
       "bench/minilm-l6"
     ])
   })
