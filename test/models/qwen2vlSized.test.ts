@@ -5,13 +5,14 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as ort from "onnxruntime-node"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import type { Qwen2VLConfig, Qwen2VLTextWeights } from "../../src/models/architectures/Qwen2VL.js"
+import type { Qwen2VLTextWeights } from "../../src/models/architectures/Qwen2VL.js"
 import { mropePositions } from "../../src/models/MRope.js"
 import { Graph } from "../../src/models/onnx/Graph.js"
 import { linearQ4, q4BlockSize, quantizeQ4 } from "../../src/models/onnx/Layers.js"
 import type { GridThw } from "../../src/models/Qwen2VLProcessor.js"
 import { Random } from "../../src/models/Random.js"
 import { qwen2VLSizedBuild, qwen2VLSizedWeights } from "../../src/models/recipes/BenchQwen2VL2b.js"
+import { tinyQwen2VLConfig } from "../../src/models/recipes/RandomQwen2VL.js"
 import { writeModelBuild } from "../../src/models/recipes/Recipe.js"
 import { type LinearWeights, type Matrix, matrix } from "../../src/models/Weights.js"
 import { gradientPng } from "../support/mllmApps.js"
@@ -99,31 +100,7 @@ describe("4-bit linear layers (MatMulNBits, blocks of 32)", () => {
 })
 
 /** Qwen2-VL-2B's build at a geometry small enough for a test, with Qwen's vocabulary. */
-const tinyConfig: Qwen2VLConfig = {
-  vision: {
-    depth: 2,
-    embedDim: 32,
-    heads: 2,
-    mlpRatio: 2,
-    inChannels: 3,
-    patchSize: 14,
-    temporalPatchSize: 2,
-    spatialMergeSize: 2
-  },
-  text: {
-    hiddenSize: 64,
-    intermediateSize: 128,
-    layers: 2,
-    heads: 4,
-    kvHeads: 2,
-    vocabSize: 151936,
-    maxPositions: 4096,
-    ropeTheta: 1000000,
-    rmsNormEps: 1e-6,
-    mropeSection: [2, 3, 3],
-    tieWordEmbeddings: false
-  }
-}
+const tinyConfig = tinyQwen2VLConfig(151936)
 
 describe("a Qwen2-VL built as bench/qwen2-vl-2b is, at a tiny geometry", () => {
   const seed = 3
