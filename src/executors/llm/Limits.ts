@@ -17,7 +17,7 @@ export const contextLength = (model: ModelDirectory): number => {
 export const kvBlockTokens = 256
 
 /** The prefix cache's bytes when nothing bounds the KV cache. */
-const defaultPrefixCacheBytes = 512 * 1024 * 1024
+export const defaultPrefixCacheBytes = 512 * 1024 * 1024
 
 /**
  * One device's KV cache, in bytes: what its running requests' rows may hold (the engine admits

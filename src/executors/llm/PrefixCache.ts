@@ -76,6 +76,9 @@ export const chainKeys = (
 }
 
 /** A block's key for each whole block of `prompt`, in order (each chained on the ones before it). */
+/** Positions per block, unless a runner is given its own. */
+export const defaultPrefixBlockTokens = 16
+
 export const blockKeys = (prompt: PromptInput, blockTokens: number): ReadonlyArray<string> =>
   chainKeys(prompt.inputIds, mediaDigests(prompt, blockTokens), blockTokens)
 

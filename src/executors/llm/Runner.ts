@@ -18,14 +18,15 @@ import { Constraints } from "./Constraints.js"
 import type { DecoderChoice } from "./DecoderPlan.js"
 import { type DecoderOptions, type DecoderSessions, openDecoderSessions } from "./DecoderSessions.js"
 import { CopiedKvLayout } from "./CopiedKvLayout.js"
+import { defaultPrefixCacheBytes } from "./Limits.js"
 import type { KvGeometry, KvLayout, KvRun, RunPast } from "./KvLayout.js"
 import type { PastData } from "./PastCache.js"
 import { paddedPositions, piecePositions, type PromptPositions, promptPositions, stepPositions } from "./PositionIds.js"
-import { chainKeys, mediaDigests, PrefixCache } from "./PrefixCache.js"
+import { chainKeys, defaultPrefixBlockTokens, mediaDigests, PrefixCache } from "./PrefixCache.js"
 import type { MediaSpan, PromptInput, SamplingParams, TokenPartial } from "./protocol.js"
 import { Sampler } from "./Sampler.js"
 import { SharedKvLayout } from "./SharedKvLayout.js"
-import type { EmbedOutput, StepItem, StepRunner } from "./StepRunner.js"
+import { DecoderClock, type EmbedOutput, type StepItem, type StepRunner } from "./StepRunner.js"
 import { type PlannerOptions, type StepPlan, StepPlanner } from "./StepPlanner.js"
 import { float32Data, floatsAs, int64, lastRows } from "./Tensors.js"
 import { TokenInputs } from "./TokenInputs.js"
@@ -67,15 +68,12 @@ export interface PrefillOptions extends Pick<PlannerOptions, "chunkTokens"> {
   readonly prefixBlockTokens?: number
 }
 
-const defaultPrefixCacheBytes = 512 * 1024 * 1024
-const defaultPrefixBlockTokens = 16
-
 type Take = (id: string, partial: TokenPartial) => void
 
 export class Runner implements StepRunner {
   private readonly sequences = new Map<string, Sequence>()
-  /** The decoder's runs in steps (prefills and decodes), and their seconds: what a step spends in ONNX Runtime. */
-  private readonly decoderRuns = { runs: 0, seconds: 0 }
+  /** The decoder's runs in steps (prefills and decodes), and their seconds. */
+  private readonly clock = new DecoderClock()
   private readonly kv: KvLayout
   private readonly planner: StepPlanner
   private readonly tokens: TokenInputs
@@ -216,7 +214,7 @@ export class Runner implements StepRunner {
         outputs[index] = {
           prefixCache: this.prefixCache?.stats,
           kvCache: { ...this.kvCache, bytes: this.kv.bytes },
-          decoderRuns: { ...this.decoderRuns }
+          decoderRuns: this.clock.reading
         }
     return outputs
   }
@@ -341,14 +339,9 @@ export class Runner implements StepRunner {
     ids.forEach((id, row) => {
       const sequence = sequences[row]!
       sequence.length++
-      const hidden = sequence.sampling.hiddenStates === true ? run.states : undefined
-      this.accept(
-        id,
-        sequence,
-        this.draw(sequence, run.logits, row),
-        take,
-        hidden?.slice(row * this.hidden, (row + 1) * this.hidden)
-      )
+      const rows = sequence.sampling.hiddenStates === true ? run.states : undefined
+      const hidden = rows?.slice(row * this.hidden, (row + 1) * this.hidden)
+      this.accept(id, sequence, this.draw(sequence, run.logits, row), take, hidden)
     })
   }
 
@@ -419,10 +412,8 @@ export class Runner implements StepRunner {
     if (this.io.numLogitsToKeep) feeds.num_logits_to_keep = new ort.Tensor("int64", BigInt64Array.of(1n), [])
     const decoder = batch > 1 && this.rowsDecoder !== undefined ? this.rowsDecoder : this.decoder
     const states = withStates ? this.statesOutput : undefined
-    const started = performance.now()
-    const outputs = await decoder.run(feeds, states === undefined ? this.fetches : [...this.fetches, states])
-    this.decoderRuns.runs++
-    this.decoderRuns.seconds += (performance.now() - started) / 1000
+    const fetches = states === undefined ? this.fetches : [...this.fetches, states]
+    const outputs = await this.clock.time(() => decoder.run(feeds, fetches))
     this.kv.write(
       run,
       this.io.cache.map((names) => outputs[names.output]!)

@@ -44,3 +44,23 @@ export interface DecoderRuns {
   readonly runs: number
   readonly seconds: number
 }
+
+/** Counts a runner's decoder runs and their seconds: what its steps spend in ONNX Runtime. */
+export class DecoderClock {
+  private runs = 0
+  private seconds = 0
+
+  async time<A>(run: () => Promise<A>): Promise<A> {
+    const started = performance.now()
+    try {
+      return await run()
+    } finally {
+      this.runs++
+      this.seconds += (performance.now() - started) / 1000
+    }
+  }
+
+  get reading(): DecoderRuns {
+    return { runs: this.runs, seconds: this.seconds }
+  }
+}
