@@ -4,7 +4,8 @@ import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import { readFile } from "node:fs/promises"
 import { join } from "node:path"
-import sharp, { type Sharp } from "sharp"
+import type { Sharp } from "sharp"
+import { sharp } from "./Sharp.js"
 import type { RgbImage } from "./ImageProcessor.js"
 
 /**

@@ -1,6 +1,7 @@
 import * as Either from "effect/Either"
 import * as Schema from "effect/Schema"
-import sharp, { type Sharp } from "sharp"
+import type { Sharp } from "sharp"
+import { sharp } from "./Sharp.js"
 import { decodeConfig } from "./ModelDirectory.js"
 
 /**

@@ -1,4 +1,4 @@
-import sharp from "sharp"
+import { sharp } from "./Sharp.js"
 import type { RgbImage } from "./ImageProcessor.js"
 import { rawImageResize } from "./RawImageResize.js"
 

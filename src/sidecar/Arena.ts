@@ -1,5 +1,7 @@
-import { closeSync, fstatSync, ftruncateSync, openSync, rmSync, unlinkSync, writeSync } from "node:fs"
-import mmapModule from "@riaskov/mmap-io"
+import { closeSync, existsSync, fstatSync, ftruncateSync, openSync, rmSync, unlinkSync, writeSync } from "node:fs"
+import { createRequire } from "node:module"
+import { dirname, join } from "node:path"
+import type mmapModule from "@riaskov/mmap-io"
 import * as Effect from "effect/Effect"
 import { ArenaUnavailable } from "./errors.js"
 
@@ -29,8 +31,29 @@ export const commitStepBytes = 64 * 1024
 /** Zeros written at once while committing. */
 const zeroRunBytes = 1024 * 1024
 
-// The package's typings declare a default export, but at run time the CommonJS module itself is the API.
-const mmap = mmapModule as unknown as typeof mmapModule.default
+type Mmap = typeof mmapModule.default
+
+/**
+ * mmap-io's native binding, loaded from its file on first use. The package's own entry finds that
+ * file through node-pre-gyp, which loads about forty modules (npmlog, semver, gauge, ...) to do it:
+ * about 70 ms of CPU in every process that maps the arena (the sidecar, each executor router and
+ * worker), on the path of every cold start. The paths are the two the package's install writes
+ * (its prebuilt binary, or a build from source); anything else falls back to the package's entry.
+ */
+let loadedMmap: Mmap | undefined
+const mmapBinding = (): Mmap => {
+  if (loadedMmap !== undefined) return loadedMmap
+  const require = createRequire(import.meta.url)
+  const root = dirname(require.resolve("@riaskov/mmap-io/package.json"))
+  const abi = `node-v${process.versions.modules}-${process.platform}-${process.arch}`
+  const binary = [
+    join(root, "build", "binding", "Release", abi, "mmap_io.node"),
+    join(root, "build", "Release", "mmap_io.node")
+  ].find((path) => existsSync(path))
+  // The package's typings declare a default export, but at run time the CommonJS module itself is the API.
+  loadedMmap = (binary === undefined ? require("@riaskov/mmap-io") : require(binary)) as Mmap
+  return loadedMmap
+}
 
 const describe = (error: unknown) => {
   if ((error as NodeJS.ErrnoException).code === "EEXIST") {
@@ -191,6 +214,7 @@ const readWrite = 3
 
 /** Shared, not populated: populating would fill the whole sparse file with memory. */
 const mapSegments = (fd: number, byteLength: number, segmentBytes: number): ReadonlyArray<Buffer> => {
+  const mmap = mmapBinding()
   const flags = mmap.MAP_SHARED
   const segments: Array<Buffer> = []
   for (let offset = 0; offset < byteLength; offset += segmentBytes) {

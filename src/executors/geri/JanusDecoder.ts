@@ -6,7 +6,7 @@
  * of the model's size, resized only when the request asks for another.
  */
 import * as ort from "onnxruntime-node"
-import sharp from "sharp"
+import { sharp } from "../../models/Sharp.js"
 import { floatsOf } from "../../models/Float16.js"
 import { janusGraphPath } from "../../models/JanusModel.js"
 import type { ModelDirectory } from "../../models/ModelDirectory.js"

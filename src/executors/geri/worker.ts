@@ -8,7 +8,7 @@
  * CodecDecoder.ts.
  */
 import * as ort from "onnxruntime-node"
-import sharp from "sharp"
+import { sharp } from "../../models/Sharp.js"
 import { loadModelDirectory } from "../../models/ModelDirectory.js"
 import { Random } from "../../models/Random.js"
 import { createSession } from "../common/Sessions.js"

@@ -1,4 +1,4 @@
-import sharp from "sharp"
+import { sharp } from "../../../models/Sharp.js"
 import { type ResizeTarget, type RgbImage, resizeRgb } from "../../../models/ImageProcessor.js"
 import { MediaError, MediaTooLarge } from "./errors.js"
 import { defaultMediaLimits, type MediaLimits } from "./MediaLimits.js"
