@@ -7,8 +7,9 @@
  * worker. That is what a platform's cold start costs the machine, and most of what the test suite
  * spends: its files start about a thousand such processes.
  *
- * Baseline, measured in the same run: a bare Node process (`node -e` with one timer), started and
- * read the same way, so that each role's cost is also given in bare Node starts.
+ * Baseline, measured in the same run: a bare Node process (`node -e` with one timer), which reports
+ * its own CPU once started, so that each role's cost is also given in bare Node starts. The
+ * platform's processes are read in /proc's ticks of 10 ms: a few percent of each.
  *
  * Prints a table per role (median over rounds of each process's CPU seconds, and the sum a round),
  * the seconds to serve's "serving at" line, to a registered app and to the chat's answer, then (as
@@ -99,16 +100,23 @@ const waitForOutput = (child: ChildProcess, pattern: RegExp, ms: number): Promis
     child.once("exit", (code) => reject(new Error(`exited (${code}) before ${pattern}:\n${output.slice(-2000)}`)))
   })
 
-/** A bare Node process's CPU once it has started: the floor every process of the platform pays. */
+/**
+ * A bare Node process's CPU once it has started: the floor every process of the platform pays. It
+ * reports its own (getrusage, in microseconds): /proc counts in ticks of 10 ms, a sixth of it.
+ */
 const bareNodeStart = async (): Promise<number> => {
-  const child = spawn(process.execPath, ["-e", "process.stdout.write('up\\n'); setInterval(() => {}, 1e6)"], {
-    stdio: ["ignore", "pipe", "ignore"]
-  })
-  await waitForOutput(child, /up/, 30_000)
-  const seconds = cpuSeconds(child.pid!) ?? Number.NaN
+  const child = spawn(
+    process.execPath,
+    [
+      "-e",
+      "const u = process.cpuUsage(); process.stdout.write(`cpu ${u.user + u.system}\\n`); setInterval(() => {}, 1e6)"
+    ],
+    { stdio: ["ignore", "pipe", "ignore"] }
+  )
+  const [, micros] = await waitForOutput(child, /cpu (\d+)\n/, 30_000)
   child.kill("SIGKILL")
   await once(child, "exit")
-  return seconds
+  return Number(micros) / 1e6
 }
 
 interface Round {
