@@ -1,7 +1,7 @@
 /**
  * Starts: what a cold start costs in CPU, process by process. Each round starts `cornserve serve`
  * on two CPU devices and a fresh state directory, registers color_chat (its image and audio
- * encoders and its LLM: three executors) with the CLI, sends it one chat, and then reads, before
+ * encoders and its LLM: three executors) with the CLI, sends it its own example chat, and then reads, before
  * anything stops, the CPU time (user + system, from /proc) each process below `serve` has used
  * since it started: serve itself, the sidecar, the app's process, each executor's router and its
  * worker. That is what a platform's cold start costs the machine, and most of what the test suite
@@ -32,22 +32,15 @@ const TOKEN = "cornserve-bench-starts-token"
 /** Clock ticks a second, as /proc/<pid>/stat counts them (USER_HZ, 100 on Linux). */
 const TICKS = 100
 
-const chat = {
-  messages: [
-    {
-      role: "user",
-      content: [
-        { type: "text", text: "What colour is this image?" },
-        {
-          type: "image_url",
-          image_url: {
-            url: "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
-          }
-        }
-      ]
-    }
-  ],
-  max_tokens: 8
+/** The request an app's own document gives as its example (`GET /app/:id/openapi.json`). */
+const exampleOf = async (url: string, app: string): Promise<unknown> => {
+  const response = await fetch(`${url}/app/${app}/openapi.json`, { headers: { authorization: `Bearer ${TOKEN}` } })
+  const document = (await response.json()) as {
+    paths?: Record<string, { post?: { requestBody?: { content?: Record<string, { example?: unknown }> } } }>
+  }
+  const example = document.paths?.[`/app/invoke/${app}`]?.post?.requestBody?.content?.["application/json"]?.example
+  if (example === undefined) throw new Error(`${app}'s document (${response.status}) gives no example request`)
+  return example
 }
 
 /** User + system CPU seconds a process has used, or undefined once it is gone. */
@@ -145,6 +138,7 @@ const oneRound = async (): Promise<Round> => {
       { cwd: repoRoot, env, timeout: 300_000 }
     )
     const registerS = (performance.now() - registering) / 1000
+    const chat = await exampleOf(url!, "color_chat")
     const asking = performance.now()
     const response = await fetch(`${url}/app/invoke/color_chat`, {
       method: "POST",
