@@ -1,11 +1,11 @@
 /**
  * Starts: what a cold start costs in CPU, process by process. Each round starts `cornserve serve`
  * on two CPU devices and a fresh state directory, registers color_chat (its image and audio
- * encoders and its LLM: three executors) with the CLI, sends it its own example chat, and then reads, before
- * anything stops, the CPU time (user + system, from /proc) each process below `serve` has used
+ * encoders and its LLM: three executors) with the CLI, sends it its own example chat, and then
+ * reads, before anything stops, the CPU time (user + system, from /proc) each process below `serve` has used
  * since it started: serve itself, the sidecar, the app's process, each executor's router and its
  * worker. That is what a platform's cold start costs the machine, and most of what the test suite
- * spends: its files start about a thousand such processes.
+ * spends: its files start about two thousand Node processes.
  *
  * Baseline, measured in the same run: a bare Node process (`node -e` with one timer), which reports
  * its own CPU once started, so that each role's cost is also given in bare Node starts. The
