@@ -33,6 +33,7 @@ import { join } from "node:path"
 import { performance } from "node:perf_hooks"
 import { setTimeout as sleep } from "node:timers/promises"
 import { footprintBytes, measureFootprint, processPss, processTree } from "../src/metrics/Footprint.js"
+import { cpuSeconds } from "./support/processes.js"
 
 const TARGET = { bytes: 2 ** 30, readyS: 30, coldS: 2 } as const
 const MiB = 2 ** 20
@@ -159,18 +160,6 @@ class Lineage {
     return readdirSync(dir).filter((name) =>
       [...name.matchAll(/-(\d+)(?=-|$)/g)].some((match) => this.seen.has(Number(match[1])))
     )
-  }
-}
-
-/** CPU seconds a process has used (user + system), from /proc; undefined once it is gone. */
-const cpuSeconds = (pid: number): number | undefined => {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, "utf8")
-    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ")
-    // utime and stime, fields 14 and 15 of stat(5), in clock ticks of 1/100 s.
-    return (Number(fields[11]) + Number(fields[12])) / 100
-  } catch {
-    return undefined
   }
 }
 

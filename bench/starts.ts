@@ -19,18 +19,16 @@
  */
 import { type ChildProcess, execFile, spawn } from "node:child_process"
 import { once } from "node:events"
-import { mkdtempSync, readFileSync, rmSync } from "node:fs"
+import { mkdtempSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { performance } from "node:perf_hooks"
 import { promisify } from "node:util"
 import { binPath, repoRoot } from "../test/support/platform.js"
-import { commandLine, processTree } from "./support/processes.js"
+import { cpuSeconds, sampleProcesses } from "./support/processes.js"
 
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3)
 const TOKEN = "cornserve-bench-starts-token"
-/** Clock ticks a second, as /proc/<pid>/stat counts them (USER_HZ, 100 on Linux). */
-const TICKS = 100
 
 /** The request an app's own document gives as its example (`GET /app/:id/openapi.json`). */
 const exampleOf = async (url: string, app: string): Promise<unknown> => {
@@ -41,30 +39,6 @@ const exampleOf = async (url: string, app: string): Promise<unknown> => {
   const example = document.paths?.[`/app/invoke/${app}`]?.post?.requestBody?.content?.["application/json"]?.example
   if (example === undefined) throw new Error(`${app}'s document (${response.status}) gives no example request`)
   return example
-}
-
-/** User + system CPU seconds a process has used, or undefined once it is gone. */
-const cpuSeconds = (pid: number): number | undefined => {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, "utf8")
-    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ")
-    return (Number(fields[11]) + Number(fields[12])) / TICKS
-  } catch {
-    return undefined
-  }
-}
-
-/** A process's role from its command line. */
-const roleOf = (argv: ReadonlyArray<string>): string => {
-  if (argv.some((arg) => arg.startsWith("--experimental-permission"))) return "app"
-  const at = argv.findIndex((arg) => arg.endsWith("bin/cornserve"))
-  if (at < 0) return argv[0]?.split("/").at(-1) ?? "?"
-  const [command, sub, ...rest] = argv.slice(at + 1)
-  if (command === "serve") return "serve"
-  if (command === "internal" && sub === "sidecar") return "sidecar"
-  if (command === "internal" && sub === "executor") return `router (${rest[rest.indexOf("--kind") + 1]})`
-  if (command === "internal" && sub === "executor-worker") return "worker"
-  return [command, sub].filter(Boolean).join(" ")
 }
 
 const median = (values: ReadonlyArray<number>) => {
@@ -150,11 +124,12 @@ const oneRound = async (): Promise<Round> => {
     if (!response.ok) throw new Error(`color_chat answered ${response.status}: ${body.slice(0, 500)}`)
     const answerS = (performance.now() - asking) / 1000
     const byRole = new Map<string, Array<number>>()
-    for (const entry of processTree(serve.pid!)) {
-      const seconds = cpuSeconds(entry.pid)
+    for (const { pid, role } of sampleProcesses(serve.pid!, new Map(), "color_chat")) {
+      const seconds = cpuSeconds(pid)
       if (seconds === undefined) continue
-      const role = roleOf(commandLine(entry.pid))
-      byRole.set(role, [...(byRole.get(role) ?? []), seconds])
+      // An executor's router and its workers by kind, without the devices each one holds.
+      const kind = role.replace(/ \(.*\)$/, "").replace(/ worker \d+$/, " worker")
+      byRole.set(kind, [...(byRole.get(kind) ?? []), seconds])
     }
     return { listenS, registerS, answerS, byRole }
   } finally {

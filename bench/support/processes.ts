@@ -189,6 +189,18 @@ export function stillRunning(pid: number, startTime: string): boolean {
   return entry !== undefined && entry.startTime === startTime && entry.state !== "Z"
 }
 
+/** CPU seconds a process has used (user + system), from /proc; undefined once it is gone. */
+export const cpuSeconds = (pid: number): number | undefined => {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8")
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ")
+    // utime and stime, fields 14 and 15 of stat(5), in clock ticks of 1/100 s.
+    return (Number(fields[11]) + Number(fields[12])) / 100
+  } catch {
+    return undefined
+  }
+}
+
 /** Peak resident memory (VmHWM) of process `pid`, in bytes; 0 once it is gone. */
 export const peakRssOf = (pid: number): number => {
   try {
