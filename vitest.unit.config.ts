@@ -24,6 +24,7 @@ export default defineConfig({
       "test/cli/models.test.ts",
       "test/cli/serve.test.ts",
       "test/cli/usability.test.ts",
+      "test/control/app-manager/runtimeLinks.test.ts",
       "test/control/gateway/speechApi.test.ts",
       "test/control/resource-manager/resourceManager.test.ts",
       "test/deploy/manifests.test.ts",

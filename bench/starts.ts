@@ -76,7 +76,7 @@ const bareNodeStart = async (): Promise<number> => {
     process.execPath,
     [
       "-e",
-      "const u = process.cpuUsage(); process.stdout.write(`cpu ${u.user + u.system}\\n`); setInterval(() => {}, 1e6)"
+      "const u = process.cpuUsage(); process.stdout.write('cpu ' + (u.user + u.system) + '\\n'); setInterval(() => {}, 1e6)"
     ],
     { stdio: ["ignore", "pipe", "ignore"] }
   )

@@ -100,7 +100,7 @@ export class AppProcess extends EventEmitter<{
     const { runtime } = sandbox
     const launch = sandbox.launch([
       "--experimental-permission",
-      ...runtime.readableDirs.map((dir) => `--allow-fs-read=${dir}`),
+      ...[...runtime.readableDirs, ...runtime.readableLinks].map((path) => `--allow-fs-read=${path}`),
       `--max-old-space-size=${limits.heapMiB}`,
       "--no-warnings=ExperimentalWarning",
       runtime.hostEntry

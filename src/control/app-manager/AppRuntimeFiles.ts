@@ -3,16 +3,17 @@ import {
   cpSync,
   existsSync,
   mkdirSync,
+  lstatSync,
   mkdtempSync,
   readdirSync,
   readFileSync,
+  readlinkSync,
   realpathSync,
   rmSync,
   writeFileSync
 } from "node:fs"
-import { createRequire } from "node:module"
 import { tmpdir } from "node:os"
-import { dirname, join } from "node:path"
+import { dirname, join, resolve, sep } from "node:path"
 import { fileURLToPath, pathToFileURL } from "node:url"
 import { isRunning } from "../../node/AbandonedFiles.js"
 
@@ -25,6 +26,11 @@ export interface AppRuntimeFiles {
   readonly hostEntry: string
   /** The directories the process may read (Node's permission model), each ending with `/`. */
   readonly readableDirs: ReadonlyArray<string>
+  /**
+   * The symbolic links Node's resolver passes on its way to them, which it checks by their own
+   * names (`linksOn`): a node_modules that is a link to another checkout's, a pnpm store's links.
+   */
+  readonly readableLinks: ReadonlyArray<string>
   /** The app's compiled code with its imports of the runtime pointing at these files. */
   relocate(code: string): string
 }
@@ -36,52 +42,103 @@ interface RuntimeDir {
   readonly copyAs: string
 }
 
+/** The runtime's directories, and the links Node's resolver passes on its way to them. */
+export interface RuntimeLayout {
+  readonly dirs: ReadonlyArray<RuntimeDir>
+  /** See `AppRuntimeFiles.readableLinks`. */
+  readonly links: ReadonlyArray<string>
+}
+
 const appRuntimeDir = realpathSync(fileURLToPath(new URL("../../app-runtime/", import.meta.url)))
 const workerInRuntime = join("driver", "worker.js")
 
-/** The runtime's directories where the platform is installed. */
-const runtimeDirs = (): ReadonlyArray<RuntimeDir> => [
-  { path: appRuntimeDir, copyAs: "app-runtime" },
-  ...packageClosure(dirname(createRequire(import.meta.url).resolve("effect/package.json"))).map((dir) => ({
-    path: realpathSync(dir),
-    copyAs: join("node_modules", packageName(dir))
-  }))
-]
-
-const packageName = (dir: string): string =>
-  (JSON.parse(readFileSync(join(dir, "package.json"), "utf8")) as { name: string }).name
-
-/** A package's directory and those of everything it depends on, found where Node would find them. */
-const packageClosure = (packageDir: string): ReadonlyArray<string> => {
+/**
+ * The directories an SDK at `sdkDir` loads: its own, and those of `effect` and of everything
+ * `effect` depends on, each found as Node finds it (from the real directory of the module that
+ * imports it), with the links on the way.
+ */
+export const runtimeLayout = (sdkDir: string): RuntimeLayout => {
+  const dirs: Array<RuntimeDir> = [{ path: sdkDir, copyAs: "app-runtime" }]
+  const links = new Set<string>()
   const found = new Set<string>()
-  const visit = (dir: string) => {
-    if (found.has(dir) || !existsSync(join(dir, "package.json"))) return
-    found.add(dir)
-    const manifest = JSON.parse(readFileSync(join(dir, "package.json"), "utf8")) as {
+  const visit = (importer: string, name: string) => {
+    const at = lookUp(importer, name)
+    if (at === undefined) return
+    for (const link of linksOn(at)) links.add(link)
+    const real = realpathSync(at)
+    if (found.has(real)) return
+    found.add(real)
+    const manifest = JSON.parse(readFileSync(join(real, "package.json"), "utf8")) as {
+      readonly name: string
       readonly dependencies?: Readonly<Record<string, string>>
     }
-    for (const name of Object.keys(manifest.dependencies ?? {})) {
-      // Node's lookup: the node_modules of the dependent's directory, then of each directory above it.
-      for (let ancestor = dir; ; ancestor = dirname(ancestor)) {
-        const candidate = join(ancestor, "node_modules", name)
-        if (existsSync(candidate)) {
-          visit(candidate)
-          break
-        }
-        if (dirname(ancestor) === ancestor) break
-      }
-    }
+    dirs.push({ path: real, copyAs: join("node_modules", manifest.name) })
+    for (const dependency of Object.keys(manifest.dependencies ?? {})) visit(real, dependency)
   }
-  visit(packageDir)
-  return [...found]
+  visit(sdkDir, "effect")
+  return { dirs, links: [...links] }
 }
 
-/** The runtime where the platform is installed: the app's code already imports these files. */
-export const installedRuntime = (): AppRuntimeFiles => ({
-  hostEntry: join(appRuntimeDir, workerInRuntime),
-  readableDirs: runtimeDirs().map((dir) => `${dir.path}/`),
-  relocate: (code) => code
-})
+/** Where Node's lookup finds package `name` for a module in `dir`: the node_modules of `dir`, then of each directory above it. */
+const lookUp = (dir: string, name: string): string | undefined => {
+  for (let ancestor = dir; ; ancestor = dirname(ancestor)) {
+    const candidate = join(ancestor, "node_modules", name)
+    if (existsSync(join(candidate, "package.json"))) return candidate
+    if (dirname(ancestor) === ancestor) return undefined
+  }
+}
+
+/** More links than this on one path is a loop (the kernel's own bound, ELOOP, is 40). */
+const maxLinks = 40
+
+/**
+ * The symbolic links that resolving `path` to its real path passes, each by the name it has where
+ * it is met: Node's realpath, which its module resolver calls, resolves a link and walks on from its
+ * target, and it is the link's own name that the permission model checks there (a node_modules that
+ * is a link to another checkout's; a pnpm store, where every package is a link).
+ */
+export const linksOn = (path: string): ReadonlyArray<string> => {
+  const links: Array<string> = []
+  const parts = (at: string) => at.split(sep).filter((part) => part !== "")
+  let rest = parts(path)
+  let at: string = sep
+  while (rest.length > 0 && links.length <= maxLinks) {
+    const next = join(at, rest[0]!)
+    if (lstatSync(next).isSymbolicLink()) {
+      links.push(next)
+      rest = [...parts(resolve(at, readlinkSync(next))), ...rest.slice(1)]
+      at = sep
+    } else {
+      at = next
+      rest = rest.slice(1)
+    }
+  }
+  return links
+}
+
+/**
+ * Whether a link may be named to the permission model: the model takes a name as a prefix, so that
+ * the app may read all that lies below it by that name. A link in a node_modules (the node_modules
+ * itself, or a package in it) opens packages; any other (a home directory that is a link on the way
+ * to another checkout's node_modules) would open much more.
+ */
+const opensPackagesOnly = (link: string): boolean => link.split(sep).includes("node_modules")
+
+/**
+ * The runtime where the platform is installed: the app's code already imports these files.
+ * Undefined where a link on the way to them may not be named (`opensPackagesOnly`): apps then load
+ * a copy.
+ */
+export const installedRuntime = (sdkDir = appRuntimeDir): AppRuntimeFiles | undefined => {
+  const { dirs, links } = runtimeLayout(sdkDir)
+  if (!links.every(opensPackagesOnly)) return undefined
+  return {
+    hostEntry: join(sdkDir, workerInRuntime),
+    readableDirs: dirs.map((dir) => `${dir.path}/`),
+    readableLinks: links,
+    relocate: (code) => code
+  }
+}
 
 /**
  * A copy of the runtime in a new directory that every user may read, for an app's process whose
@@ -94,7 +151,7 @@ export const copiedRuntime = (): AppRuntimeFiles => {
   removeAbandonedCopies()
   const root = mkdtempSync(join(tmpdir(), `${copyPrefix}${process.pid}-`))
   process.once("exit", () => rmSync(root, { recursive: true, force: true }))
-  const dirs = runtimeDirs()
+  const { dirs } = runtimeLayout(appRuntimeDir)
   for (const dir of dirs) {
     mkdirSync(dirname(join(root, dir.copyAs)), { recursive: true })
     cpSync(dir.path, join(root, dir.copyAs), { recursive: true, dereference: true })
@@ -109,6 +166,8 @@ export const copiedRuntime = (): AppRuntimeFiles => {
   return {
     hostEntry: join(root, "app-runtime", workerInRuntime),
     readableDirs: dirs.map((dir) => `${join(root, dir.copyAs)}/`),
+    // The copy's files are copies, not links.
+    readableLinks: [],
     relocate: (code) => moves.reduce((moved, { from, to }) => moved.replaceAll(from, to), code)
   }
 }

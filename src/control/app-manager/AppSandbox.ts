@@ -71,10 +71,11 @@ const probe = (): AppSandbox => {
       "apps run as the platform's own user, since it does not run as root: an app can change the priority of the platform's processes and signal them, and the OS lets it read what the platform's user may read and connect to the node's local sockets (the sidecar's, the executors')"
     )
   }
-  const runtime = users === undefined ? installedRuntime() : readableRuntime(users, unprotected)
+  const installed = installedRuntime()
+  const runtime = users === undefined ? (installed ?? copiedRuntime()) : readableRuntime(installed, users, unprotected)
   const chosenUsers = runtime === undefined ? undefined : users
   return {
-    runtime: runtime ?? installedRuntime(),
+    runtime: runtime ?? installed ?? copiedRuntime(),
     unprotected,
     launch: (nodeArgs) => {
       const user = chosenUsers?.()
@@ -166,10 +167,13 @@ const mapsIds = (file: "uid_map" | "gid_map", first: number, count: number): boo
  * may read; undefined (apps run as root) where not even the copy loads, such as a node binary that
  * only root may run.
  */
-const readableRuntime = (users: () => AppUser, unprotected: Array<string>): AppRuntimeFiles | undefined => {
+const readableRuntime = (
+  installed: AppRuntimeFiles | undefined,
+  users: () => AppUser,
+  unprotected: Array<string>
+): AppRuntimeFiles | undefined => {
   const user = users()
-  const installed = installedRuntime()
-  if (loads(installed, user) === undefined) return installed
+  if (installed !== undefined && loads(installed, user) === undefined) return installed
   const copy = copiedRuntime()
   const failure = loads(copy, user)
   if (failure === undefined) return copy
@@ -186,7 +190,8 @@ const readableRuntime = (users: () => AppUser, unprotected: Array<string>): AppR
  * platform's start would wait for.
  */
 const loads = (runtime: AppRuntimeFiles, user: AppUser): string | undefined => {
-  const files = runtime.readableDirs.flatMap(loadableFiles)
+  // A link's name is checked too: the user must be able to reach it (every directory above it).
+  const files = [...runtime.readableDirs.flatMap(loadableFiles), ...runtime.readableLinks]
   const tried = spawnSync(process.execPath, ["--input-type=module", "-e", accessScript], {
     uid: user.uid,
     gid: user.gid,
