@@ -142,9 +142,13 @@ console.log(`  in vitest's own process: ${seconds(main?.cpu)} CPU-s`)
 console.log(
   `  elsewhere (processes whose parent went first, the rest of the machine): ${seconds(total - inWorkers - inStarted - (main?.cpu ?? 0))} CPU-s`
 )
-console.log("\n CPU-s  wall  file (the 30 that cost most; CPU-s counts the file's worker and all it started)")
+console.log(
+  "\n CPU-s worker  wall  file (the 30 that cost most; CPU-s counts the file's worker and all it started, worker its own)"
+)
 for (const file of files.slice(0, 30))
-  console.log(`${seconds(file.cpu).padStart(6)} ${seconds(file.wall).padStart(5)}  ${file.file}`)
+  console.log(
+    `${seconds(file.cpu).padStart(6)} ${seconds(file.own).padStart(6)} ${seconds(file.wall).padStart(5)}  ${file.file}`
+  )
 const unmatched = files.filter((file) => file.cpu === undefined).length
 if (unmatched > 0) console.log(`(${unmatched} files not matched to a worker)`)
 console.log(
