@@ -271,7 +271,7 @@ async function opsBench(modelDir: string, promptIds: ReadonlyArray<ReadonlyArray
         .map((op) => `${op.op} ${round(op.ms, 2)} (${round(op.share * 100, 0)}%)`)
         .join(", ")
       console.log(
-        `${dtype} | ${profile.rows} | ${rows} | ${round(profile.stepMs, 2)} | ${round((profile.stepMs * profile.rows) / Number(rows), 2)} | ${top}`
+        `${dtype} | ${profile.rows} | ${rows} | ${round(profile.stepMs, 2)} | ${round(profile.stepMs / profile.rows, 2)} | ${top}`
       )
     }
   }
