@@ -4,10 +4,11 @@
 // that every process the run starts is counted when it exits, however short its life: the vitest
 // workers themselves (one a file: the suite isolates files), and everything each file starts
 // (platforms, executors, sidecars, apps, the CLI, ffmpeg, npm, Chromium). Each worker is matched to
-// the file it ran by their times. Prints the CPU seconds by kind and the files that cost most, then
+// the file it ran by their times. Prints the CPU seconds by kind, by the role of each Node process
+// (serve, an executor, a worker, a CLI command), and the files that cost most, then
 // (as the last line) one JSON object. Its accounting file is removed however the run ends.
 import { execFileSync, spawn } from "node:child_process"
-import { mkdtempSync, readFileSync, rmSync } from "node:fs"
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 
@@ -34,6 +35,29 @@ const cleanUp = () => {
 process.once("exit", cleanUp)
 execFileSync("sh", ["-c", `: > ${accounting} && accton ${accounting}`], { stdio: "ignore" })
 
+// Accounting names a process by its executable alone ("node" for nearly all of them), so every Node
+// process of the run also loads a small hook (NODE_OPTIONS, which the platform's children inherit; an
+// app's process gets a clean environment and is not seen) that writes its role and CPU when it exits.
+// A process that is killed outright writes nothing: the roles' sum is less than the whole.
+const roles = join(dir, "roles.ndjson")
+const hook = join(dir, "role-hook.cjs")
+writeFileSync(
+  hook,
+  `const { appendFileSync } = require("node:fs")
+const { basename } = require("node:path")
+const [, script = "", first = "", second = ""] = process.argv
+const role = script.endsWith("bin/cornserve")
+  ? first === "internal" ? second : first === "serve" ? "serve" : first === "app" ? "cli app " + second : "cli " + first
+  : script.includes("vitest") ? "vitest" : basename(script, ".js") || "node"
+process.on("exit", () => {
+  try {
+    const used = process.cpuUsage()
+    appendFileSync(${JSON.stringify(roles)}, JSON.stringify({ role, cpu: (used.user + used.system) / 1e6, up: process.uptime() }) + "\\n")
+  } catch {}
+})
+`
+)
+
 const startedAt = performance.now()
 const vitest = spawn(
   process.execPath,
@@ -45,7 +69,10 @@ const vitest = spawn(
     `--outputFile.json=${results}`,
     ...process.argv.slice(2)
   ],
-  { stdio: "inherit" }
+  {
+    stdio: "inherit",
+    env: { ...process.env, NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ""} --require ${hook}`.trim() }
+  }
 )
 for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"]) process.on(signal, () => vitest.kill(signal))
 const exitCode = await new Promise((resolve) => vitest.once("exit", (code) => resolve(code ?? 1)))
@@ -142,6 +169,24 @@ console.log(`  in vitest's own process: ${seconds(main?.cpu)} CPU-s`)
 console.log(
   `  elsewhere (processes whose parent went first, the rest of the machine): ${seconds(total - inWorkers - inStarted - (main?.cpu ?? 0))} CPU-s`
 )
+const byRole = new Map()
+for (const line of existsSync(roles) ? readFileSync(roles, "utf8").trim().split("\n") : []) {
+  if (line === "") continue
+  const { role, cpu, up } = JSON.parse(line)
+  const entry = byRole.get(role) ?? { processes: 0, cpu: 0, up: 0 }
+  entry.processes += 1
+  entry.cpu += cpu
+  entry.up += up
+  byRole.set(role, entry)
+}
+const roleRows = [...byRole].sort((a, b) => b[1].cpu - a[1].cpu)
+console.log(
+  `\n by role (each Node process that ended by itself, ${seconds(sum(roleRows.map(([, entry]) => entry.cpu)))} CPU-s of them; CPU-s, processes, CPU-s each, share of a core while alive)`
+)
+for (const [role, entry] of roleRows.slice(0, 16))
+  console.log(
+    `${seconds(entry.cpu).padStart(6)} ${String(entry.processes).padStart(5)} ${entry.cpu / entry.processes >= 10 ? seconds(entry.cpu / entry.processes).padStart(6) : (entry.cpu / entry.processes).toFixed(2).padStart(6)} ${`${((100 * entry.cpu) / Math.max(entry.up, 0.01)).toFixed(0)}%`.padStart(5)}  ${role}`
+  )
 console.log(
   "\n CPU-s worker  wall  file (the 30 that cost most; CPU-s counts the file's worker and all it started, worker its own)"
 )
@@ -159,6 +204,7 @@ console.log(
     startedCpuSeconds: Math.round(inStarted),
     vitestCpuSeconds: Math.round(main?.cpu ?? 0),
     processes: processes.size,
+    roles: Object.fromEntries(roleRows.map(([role, entry]) => [role, Math.round(entry.cpu)])),
     files: Object.fromEntries(files.map((file) => [file.file, file.cpu === undefined ? null : Math.round(file.cpu)])),
     exitCode
   })
