@@ -156,6 +156,8 @@ const files = report.testResults.map((file) => {
 files.sort((a, b) => (b.cpu ?? -1) - (a.cpu ?? -1))
 
 const seconds = (value) => (value === undefined ? "?" : value.toFixed(0))
+/** Seconds with two decimals under ten (a process's CPU), whole above. */
+const fine = (value) => (value < 10 ? value.toFixed(2) : value.toFixed(0))
 console.log(
   `\nsuite cost: ${seconds(wallSeconds)} s wall, ${seconds(total)} CPU-s in ${processes.size} processes on the machine (${seconds(total / wallSeconds)} cores busy on average)`
 )
@@ -185,7 +187,7 @@ console.log(
 )
 for (const [role, entry] of roleRows.slice(0, 16))
   console.log(
-    `${seconds(entry.cpu).padStart(6)} ${String(entry.processes).padStart(5)} ${entry.cpu / entry.processes >= 10 ? seconds(entry.cpu / entry.processes).padStart(6) : (entry.cpu / entry.processes).toFixed(2).padStart(6)} ${`${((100 * entry.cpu) / Math.max(entry.up, 0.01)).toFixed(0)}%`.padStart(5)}  ${role}`
+    `${seconds(entry.cpu).padStart(6)} ${String(entry.processes).padStart(5)} ${fine(entry.cpu / entry.processes).padStart(6)} ${`${((100 * entry.cpu) / Math.max(entry.up, 0.01)).toFixed(0)}%`.padStart(5)}  ${role}`
   )
 console.log(
   "\n CPU-s worker  wall  file (the 30 that cost most; CPU-s counts the file's worker and all it started, worker its own)"
